@@ -1,0 +1,147 @@
+"""The ``parity`` fixture object: capture or replay a model, depending on the session's mode."""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+
+from pytest_rocm_parity import dtypes as dt
+from pytest_rocm_parity.assertion import raise_if_failed
+from pytest_rocm_parity.engine import CheckSpec, capture, default_dtypes, replay
+from pytest_rocm_parity.errors import GoldenMissing, InvalidArgument, ParityError, WriteForbidden
+from pytest_rocm_parity.records import CheckResult
+from pytest_rocm_parity.tolerance import coerce
+
+
+class Parity:
+    """What a test gets as ``parity``: ``check``, ``check_lm`` and ``compare_op``."""
+
+    def __init__(self, session: Any, node: Any) -> None:
+        self._session = session
+        self._node = node
+        self._count = 0
+        marker = node.get_closest_marker("parity") if node is not None else None
+        self._defaults: dict[str, Any] = dict(marker.kwargs) if marker is not None else {}
+
+    @property
+    def device(self) -> str:
+        """The candidate device (``--parity-device``)."""
+        return self._session.device
+
+    @property
+    def capturing(self) -> bool:
+        return self._session.capturing
+
+    def _name(self, name: str | None) -> str:
+        self._count += 1
+        if name is not None:
+            if not isinstance(name, str) or not name.strip():
+                raise InvalidArgument(f"name={name!r}: must be a non-empty string")
+            return name
+        base = self._node.nodeid.split("/")[-1] if self._node is not None else "check"
+        return base if self._count == 1 else f"{base}#{self._count}"
+
+    def _spec(self, model: Any, name: str | None, dtypes: Sequence[str] | str | None,
+              layers: Sequence[str] | str | None, tolerance: Any, drill: int | None) -> CheckSpec:
+        dtypes = dtypes if dtypes is not None else self._defaults.get("dtypes")
+        if dtypes is None:
+            dtypes = self._session.options.dtypes or default_dtypes(model)
+        if isinstance(dtypes, str):
+            dtypes = [dtypes]
+        rungs = list(dict.fromkeys(dt.canonical_name(d) for d in dtypes))
+        if isinstance(layers, str):
+            layers = [layers]
+        nm = self._name(name)
+        return CheckSpec(
+            name=nm, test=self._node.nodeid if self._node is not None else "",
+            dtypes=rungs, layers=layers if layers is not None else self._defaults.get("layers"),
+            drill=drill if drill is not None else int(self._defaults.get("drill", self._session.options.drill)),
+            tolerance=coerce(tolerance if tolerance is not None else self._defaults.get("tolerance")),
+            regen_command=f"pytest --rocm-parity --parity-regen='{nm}' {self._node.nodeid if self._node else ''}".strip(),
+        )
+
+    def check(self, model: Any, inputs: Any, *, name: str | None = None,
+              dtypes: Sequence[str] | str | None = None, layers: Sequence[str] | str | None = None,
+              tolerance: Any = None, drill: int | None = None) -> list[CheckResult]:
+        """Capture (reference run) or judge (candidate run) ``model`` on ``inputs``, per layer and dtype."""
+        __tracebackhide__ = True
+        with _clean_errors():
+            _require_module(model)
+            spec = self._spec(model, name, dtypes, layers, tolerance, drill)
+        return self._run(spec, lambda: capture(model, inputs, spec, self._session.store, self.device,
+                                               overwrite=self._session.store.exists(spec.name), env=self._session.env),
+                         lambda: replay(model, inputs, spec, self._session.store, self.device, env=self._session.env))
+
+    def check_lm(self, model: Any, input_ids: Any, **kwargs: Any) -> list[CheckResult]:
+        """Per-layer parity plus perplexity, token agreement, KL and generation for a causal LM."""
+        __tracebackhide__ = True
+        from pytest_rocm_parity.lm import check_lm
+
+        return check_lm(self, model, input_ids, **kwargs)
+
+    def compare_op(self, candidate: Any, reference: Any, *args: Any, **kwargs: Any) -> Any:
+        """Fuzz-friendly operator check against a float64 CPU truth (see pytest_rocm_parity.fuzz)."""
+        __tracebackhide__ = True
+        from pytest_rocm_parity.fuzz import compare_op
+
+        kwargs.setdefault("device", self.device)
+        return compare_op(candidate, reference, *args, **kwargs)
+
+    # -- shared by check and check_lm -------------------------------------------------------
+    def _run(self, spec: CheckSpec, do_capture: Any, do_replay: Any) -> list[CheckResult]:
+        __tracebackhide__ = True
+        s = self._session
+        s.goldens.used.add(spec.name)
+        exists = s.store.exists(spec.name)
+        if s.capturing:
+            if exists and not s.regen_matches(spec.name):
+                s.goldens.kept.append(spec.name)
+                pytest.skip(f"golden for {spec.name!r} exists at {s.store.manifest_path(spec.name)}; capture never "
+                            f"overwrites: rerun with --parity-regen='{spec.name}' to rewrite it")
+            if not exists and s.options.regen not in (None, "*") and not s.regen_matches(spec.name):
+                pytest.skip(f"{spec.name!r} does not match --parity-regen={s.options.regen!r}")
+            if not s.options.may_write():
+                _fail(WriteForbidden(
+                    f"refusing to write the golden for {spec.name!r} into {s.store.root} because CI=true; goldens "
+                    f"are captured on the reference machine and committed. Pass --parity-allow-write to override."))
+            with _clean_errors():
+                do_capture()
+            (s.goldens.updated if exists else s.goldens.created).append(spec.name)
+            return []
+        if not exists:
+            s.goldens.missing.append(spec.name)
+            _fail(GoldenMissing(
+                f"no golden for {spec.name!r} in {s.store.root}. Capture it on the reference machine (CUDA) and "
+                f"commit it: pytest --rocm-parity --parity-mode=capture {spec.test}".rstrip(),
+                s.store.manifest_path(spec.name)))
+        with _clean_errors():
+            results = do_replay()
+        for r in results:
+            r.test = spec.test
+            s.add(r)
+        raise_if_failed(results)
+        return results
+
+
+@contextlib.contextmanager
+def _clean_errors() -> Iterator[None]:
+    """Show the plugin's own errors as a clean failure message, not a traceback into the core."""
+    __tracebackhide__ = True
+    try:
+        yield
+    except ParityError as exc:
+        _fail(exc)
+
+
+def _fail(exc: BaseException) -> None:
+    __tracebackhide__ = True
+    pytest.fail(f"{type(exc).__name__}: {exc}", pytrace=False)
+
+
+def _require_module(model: Any) -> None:
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        raise InvalidArgument(f"model: expected a torch.nn.Module, got {type(model).__name__}")

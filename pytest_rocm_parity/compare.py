@@ -1,0 +1,152 @@
+"""Pure comparison of one tensor leaf against its golden reference and float64 truth.
+
+Runs on whatever device the tensors are on (the candidate's: goldens are loaded
+there), in float64, one leaf at a time, and never raises on a mismatch: it
+returns LeafMetrics and leaves the verdict to judge.py.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pytest_rocm_parity.records import LeafMetrics
+
+JACKKNIFE_BLOCKS = 64
+
+
+def _first_index(mask: Any) -> list[int] | None:
+    idx = mask.nonzero()
+    if idx.numel() == 0:
+        return None
+    return [int(i) for i in idx[0].tolist()]
+
+
+def exact_metrics(leaf: str, cand: Any, ref: Any) -> LeafMetrics:
+    """Integer and bool outputs must match exactly."""
+    m = LeafMetrics(leaf=leaf, numel=int(ref.numel()), kind="exact")
+    if cand.shape != ref.shape:
+        m.mismatches = m.numel or 1
+        m.note = f"shape {tuple(cand.shape)} != golden {tuple(ref.shape)}"
+        return m
+    diff = cand.to(ref.device) != ref
+    m.mismatches = int(diff.sum())
+    if m.mismatches:
+        m.first_nonfinite = _first_index(diff)
+        m.note = f"{m.mismatches} of {m.numel} elements differ (exact dtype)"
+    return m
+
+
+def float_metrics(leaf: str, cand: Any, ref: Any, truth: Any, unit_roundoff: float,
+                  confidence: float = 3.0, nan_policy: str = "equal") -> LeafMetrics:
+    """Errors of candidate and reference against the truth, their ratio, and its significance."""
+    import torch
+
+    m = LeafMetrics(leaf=leaf, numel=int(ref.numel()))
+    if tuple(cand.shape) != tuple(ref.shape) or tuple(truth.shape) != tuple(ref.shape):
+        m.note = f"shape {tuple(cand.shape)} != golden {tuple(ref.shape)}"
+        m.ratio = m.ratio_lo = math.inf
+        return m
+    if ref.numel() == 0:
+        return m
+    dev = ref.device
+    c, r, t = (x.to(dev) for x in (cand, ref, truth))
+    if c.is_complex() or r.is_complex():
+        m.kind = "complex"
+        c, r, t = (torch.view_as_real(x.to(torch.complex128)) if x.is_complex() else x for x in (c, r, t))
+    c, r, t = (x.reshape(-1).to(torch.float64) for x in (c, r, t))
+
+    fin_r = torch.isfinite(r) & torch.isfinite(t)
+    fin_c = torch.isfinite(c)
+    bad = fin_r & ~fin_c
+    if not bool(fin_r.all()):
+        # The reference itself is non-finite here: equal non-finite values agree under "equal".
+        same = (c == r) | (torch.isnan(c) & torch.isnan(r))
+        odd = ~fin_r & ~same
+        if nan_policy == "fail":
+            odd = ~fin_r
+        bad = bad | odd
+    m.nonfinite = int(bad.sum())
+    if m.nonfinite:
+        flat = int(bad.nonzero()[0, 0])
+        m.first_nonfinite = list(_unravel(flat, tuple(ref.shape)))
+        m.note = f"{m.nonfinite} non-finite candidate element(s) where the reference is finite; first at index {m.first_nonfinite}"
+    keep = fin_r & fin_c
+    if not bool(keep.all()):
+        c, r, t = c[keep], r[keep], t[keep]
+    n = int(c.numel())
+    if n == 0:
+        return m
+    ec = c - t
+    er = r - t
+    sc = ec.square()
+    sr = er.square()
+    rms_t = float(t.square().mean().sqrt())
+    floor = unit_roundoff * 0.25 * rms_t
+    m.rms_truth = rms_t
+    m.err_cand = float(sc.mean().sqrt())
+    m.err_ref = float(sr.mean().sqrt())
+    denom = max(m.err_ref, floor)
+    if denom == 0.0:
+        m.ratio = m.ratio_lo = 0.0 if m.err_cand == 0.0 else math.inf
+    else:
+        m.ratio = m.err_cand / denom
+        m.ratio_lo = _jackknife_lower(sc, sr, floor, confidence)
+    diff = c - r
+    rms_r = float(r.square().mean().sqrt())
+    m.rel_to_ref = float(diff.square().mean().sqrt()) / rms_r if rms_r > 0 else float(diff.abs().max())
+    m.max_abs_to_ref = float(diff.abs().max())
+    ac, ar = ec.abs(), er.abs()
+    plus = int((ac > ar).sum())
+    minus = int((ac < ar).sum())
+    m.z = (plus - minus) / math.sqrt(plus + minus) if plus + minus else 0.0
+    return m
+
+
+def _jackknife_lower(sc: Any, sr: Any, floor: float, confidence: float) -> float:
+    """One-sided lower bound of the RMSE ratio, robust to correlated neighbouring elements.
+
+    Contiguous blocks keep spatially correlated errors together, so the interval
+    does not pretend a row of identical errors is many independent samples.
+    """
+    import torch
+
+    n = int(sc.numel())
+    blocks = min(JACKKNIFE_BLOCKS, n)
+    size = -(-n // blocks)
+    pad = size * blocks - n
+    if pad:
+        zeros = torch.zeros(pad, dtype=sc.dtype, device=sc.device)
+        sc, sr = torch.cat([sc, zeros]), torch.cat([sr, zeros])
+    counts = torch.full((blocks,), float(size), dtype=torch.float64, device=sc.device)
+    if pad:
+        counts[-1] -= pad
+        # the padded tail block might be empty if blocks*size - n >= size; drop such blocks
+    bc = sc.view(blocks, size).sum(1)
+    br = sr.view(blocks, size).sum(1)
+    keep = counts > 0
+    bc, br, counts = bc[keep], br[keep], counts[keep]
+    tc, tr, tn = bc.sum(), br.sum(), counts.sum()
+    f2 = floor * floor
+    num = tc
+    den = torch.clamp(tr, min=f2 * tn)
+    if float(num) == 0.0:
+        return 0.0
+    theta = 0.5 * (torch.log(num) - torch.log(den))
+    k = int(bc.numel())
+    if k < 2:
+        return float(theta.exp())
+    loo_num = torch.clamp(tc - bc, min=1e-300)
+    loo_den = torch.clamp(tr - br, min=1e-300)
+    loo_den = torch.maximum(loo_den, f2 * (tn - counts))
+    loo_den = torch.clamp(loo_den, min=1e-300)
+    thetas = 0.5 * (torch.log(loo_num) - torch.log(loo_den))
+    var = (k - 1) / k * (thetas - thetas.mean()).square().sum()
+    return float(torch.exp(theta - confidence * var.sqrt()))
+
+
+def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    out = []
+    for dim in reversed(shape):
+        out.append(flat % dim if dim else 0)
+        flat //= dim if dim else 1
+    return tuple(reversed(out))

@@ -1,0 +1,538 @@
+"""``rocm-parity doctor``: catch the environment mistakes that sink a CUDA-to-ROCm migration.
+
+A migration usually fails before any number is compared: a visible-devices variable
+that hides every GPU, PYTORCH_ROCM_ARCH missing the device's gfx, a Triton that does
+not match torch.  Each check here is ``ok``, ``warn`` or ``fail`` with a one-line fix.
+Facts are gathered once (:func:`gather_facts`); checks are pure functions of them so
+tests can feed recorded facts.  Exit code: 0 when no check fails, 1 otherwise
+(``--strict``: warnings fail too); 2 for usage errors (from the CLI).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from pytest_rocm_parity import compat
+from pytest_rocm_parity.backend import BackendInfo, backend_info, wheel_rocm_tag
+from pytest_rocm_parity.rocm_tools import ToolsReport, probe_tools
+
+Status = Literal["ok", "warn", "fail"]
+_RANK = {"ok": 0, "warn": 1, "fail": 2}
+GIB = 1024**3
+VISIBLE_VARS = ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL")
+ARCH_VARS = ("GPU_ARCHS", "HIP_ARCHITECTURES", "FX_GFX_ARCHS")  # flash-attn, mamba/xformers, vLLM
+TRITON_DISTS = ("pytorch-triton-rocm", "pytorch_triton_rocm", "triton", "pytorch-triton")
+# vLLM's default --gpu-memory-utilization; below this free fraction the default cannot start.
+VLLM_DEFAULT_UTIL = 0.9
+
+
+@dataclass(frozen=True)
+class Check:
+    """One doctor verdict: ``fix`` is a single line a user can act on (empty when ok)."""
+
+    name: str
+    status: Status
+    detail: str
+    fix: str = ""
+
+
+@dataclass
+class Facts:
+    """Everything the checks look at, gathered once."""
+
+    info: BackendInfo
+    env: Mapping[str, str]
+    tools: ToolsReport | None = None
+    packages: dict[str, str | None] = field(default_factory=dict)
+    memory: list[tuple[int, int, int]] = field(default_factory=list)  # (index, free, total) bytes
+
+
+# --------------------------------------------------------------------------- gathering
+
+
+def _dist_version(name: str) -> str | None:
+    from importlib import metadata  # noqa: PLC0415
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _torch_triton_pin() -> str | None:
+    """The triton version torch's wheel metadata requires (GPU wheels pin one; CPU wheels none)."""
+    from importlib import metadata  # noqa: PLC0415
+
+    try:
+        requires = metadata.requires("torch") or []
+    except metadata.PackageNotFoundError:
+        return None
+    for req in requires:
+        m = re.match(r"\s*(?:pytorch[-_]triton[-_]rocm|pytorch[-_]triton|triton)\s*==\s*([\w.+]+)", req)
+        if m:
+            return m.group(1)
+    return None
+
+
+def _packages() -> dict[str, str | None]:
+    names = (*TRITON_DISTS, "vllm", "pynvml", "nvidia-ml-py", "amdsmi")
+    found = {n: _dist_version(n) for n in names}
+    found["torch:triton-pin"] = _torch_triton_pin()
+    return found
+
+
+def _memory(info: BackendInfo) -> list[tuple[int, int, int]]:
+    if not info.devices:
+        return []
+    import torch  # noqa: PLC0415
+
+    out = []
+    for dev in info.devices:
+        try:
+            free, total = torch.cuda.mem_get_info(dev.index)
+        except Exception:  # noqa: BLE001 - unknown memory is reported as such, not raised
+            continue
+        out.append((dev.index, int(free), int(total)))
+    return out
+
+
+def gather_facts(*, run_tools: bool = True, timeout: float = 10.0, env: Mapping[str, str] | None = None) -> Facts:
+    """Query torch, installed packages and (optionally) the ROCm system tools."""
+    info = backend_info()
+    return Facts(
+        info=info,
+        env=dict(os.environ if env is None else env),
+        tools=probe_tools(timeout) if run_tools else None,
+        packages=_packages(),
+        memory=_memory(info),
+    )
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def check_backend(f: Facts) -> list[Check]:
+    info = f.info
+    amd_seen = bool(f.tools and f.tools.gpus)
+    if info.torch_version is None:
+        return [Check("backend", "fail", info.error or "torch is not importable",
+                      "pip install torch --index-url https://download.pytorch.org/whl/rocm6.4 (pick your ROCm)")]
+    versions = f"torch {info.torch_version}, " + (
+        f"HIP {info.hip_version}" if info.backend == "rocm" else
+        f"CUDA {info.cuda_version}" if info.backend == "cuda" else "no GPU runtime")
+    if info.error:
+        fix = ("pip install amdsmi (or uninstall pynvml/nvidia-ml-py), see pytorch #133259"
+               if "amdsmi" in info.error else "reinstall the torch wheel that matches this machine's GPU stack")
+        return [Check("backend", "fail", f"{info.backend} build ({versions}); device query failed: {info.error}", fix)]
+    if info.backend == "cpu":
+        if amd_seen:
+            return [Check("backend", "fail", f"AMD GPUs present (system tools) but torch is a CPU-only build ({versions})",
+                          "pip install torch --index-url https://download.pytorch.org/whl/rocmX.Y (match your ROCm)")]
+        return [Check("backend", "warn", f"CPU-only torch build ({versions}); only CPU can be a candidate",
+                      "install a ROCm (or CUDA) torch wheel to compare on a GPU")]
+    if info.backend == "cuda" and amd_seen:
+        return [Check("backend", "fail", f"AMD GPUs present but torch is a CUDA build ({versions})",
+                      "pip install torch --index-url https://download.pytorch.org/whl/rocmX.Y; with extensions use --no-build-isolation")]
+    if not info.gpu_available:
+        return [Check("backend", "fail", f"{info.backend} build ({versions}) but torch.cuda.is_available() is False",
+                      "check the visible-devices variables, the driver, and access to /dev/kfd and /dev/dri (render, video groups)")]
+    tag = wheel_rocm_tag(info.torch_version)
+    if info.backend == "rocm" and tag and compat.major_minor(tag) != info.hip_short:
+        return [Check("backend", "warn", f"rocm build but wheel tag +rocm{tag} disagrees with HIP {info.hip_version}",
+                      "reinstall torch from a single ROCm index; a mixed install was likely patched in place")]
+    return [Check("backend", "ok", f"{info.backend} build via torch.version.{'hip' if info.backend == 'rocm' else 'cuda'} ({versions})")]
+
+
+def check_devices(f: Facts) -> list[Check]:
+    info = f.info
+    if not info.devices:
+        return []
+    out = []
+    for d in info.devices:
+        cc = f"cc {d.capability[0]}.{d.capability[1]}" + (" (gfx-derived: CUDA-style gates misfire)" if info.backend == "rocm" else "")
+        suffix = f" ({d.arch_full})" if d.arch_full != d.arch else ""
+        detail = (f"{d.name or '<empty name>'}: {d.arch}{suffix}, warp {d.warp_size}"
+                  f"{'' if d.warp_size_source == 'props' else ' (inferred)'}, {d.multi_processor_count} CUs/SMs,"
+                  f" {d.total_memory / GIB:.0f} GiB, {cc}")
+        if not d.name:
+            out.append(Check(f"device[{d.index}]", "warn", detail,
+                             "empty device name (ROCm 5.2-5.7 on MI100/MI200): match devices by arch, not name"))
+        else:
+            out.append(Check(f"device[{d.index}]", "ok", detail))
+    if len(info.archs) > 1:
+        out.append(Check("devices", "warn", f"mixed archs {', '.join(info.archs)}: BLAS defaults and numerics differ per device",
+                         "set HIP_VISIBLE_DEVICES to devices of one arch for parity runs"))
+    return out
+
+
+def _tokens(value: str) -> list[str]:
+    return [t.strip() for t in value.split(",") if t.strip()]
+
+
+def check_visible_devices(f: Facts) -> list[Check]:
+    env, backend = f.env, f.info.backend
+    present = {k: env[k] for k in VISIBLE_VARS if k in env}
+    if not present:
+        return [Check("visible-devices", "ok", "no visible-devices variable set: all GPUs visible")]
+    shown = ", ".join(f"{k}={v!r}" for k, v in present.items())
+    for k, v in present.items():
+        if v.strip() in ("", "-1", "none", "NoDevFiles") or not _tokens(v):
+            return [Check("visible-devices", "fail", f"{k}={v!r} hides every GPU", f"unset {k} or list device indices, e.g. {k}=0")]
+        bad = [t for t in _tokens(v) if not (t.isdigit() or re.fullmatch(r"GPU-[0-9A-Za-z-]+", t))]
+        if bad:
+            return [Check("visible-devices", "fail", f"{k}={v!r}: {bad[0]!r} is neither an index nor a GPU-UUID; later entries are dropped",
+                          f"use comma-separated indices or GPU-UUIDs in {k}")]
+        if len(set(_tokens(v))) != len(_tokens(v)):
+            return [Check("visible-devices", "warn", f"{k}={v!r} lists a device twice", f"remove the duplicate from {k}")]
+    if backend != "rocm":
+        ignored = [k for k in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES") if k in present]
+        if ignored and backend == "cuda":
+            return [Check("visible-devices", "warn", f"{shown}: {', '.join(ignored)} are ignored by a CUDA build",
+                          "use CUDA_VISIBLE_DEVICES on NVIDIA machines")]
+        return [Check("visible-devices", "ok", shown)]
+    hip, cuda, rocr = present.get("HIP_VISIBLE_DEVICES"), present.get("CUDA_VISIBLE_DEVICES"), present.get("ROCR_VISIBLE_DEVICES")
+    effective = hip if hip is not None else cuda
+    if rocr is not None and effective is not None:
+        r, h = _tokens(rocr), _tokens(effective)
+        if any(t.startswith("GPU-") for t in r) and any(t.startswith("GPU-") for t in h):
+            return [Check("visible-devices", "fail", f"{shown}: torch rejects UUIDs in both ROCR_VISIBLE_DEVICES and HIP_VISIBLE_DEVICES",
+                          "select by UUID in ROCR_VISIBLE_DEVICES only and use indices (relative to it) in HIP_VISIBLE_DEVICES")]
+        out_of_range = [t for t in h if t.isdigit() and int(t) >= len(r)]
+        if out_of_range:
+            what = "leaves no device" if len(out_of_range) == len(h) else "drops some devices"
+            return [Check("visible-devices", "fail",
+                          f"{shown}: HIP indices are relative to ROCR's {len(r)} device(s); index {out_of_range[0]} is out of range, {what}",
+                          f"use HIP_VISIBLE_DEVICES={','.join(str(i) for i in range(min(len(r), len(h))))} or unset one of the two")]
+    if hip is not None and cuda is not None and _tokens(hip) != _tokens(cuda):
+        return [Check("visible-devices", "warn", f"{shown}: HIP_VISIBLE_DEVICES wins on ROCm, CUDA_VISIBLE_DEVICES is ignored",
+                      "set both to the same list or unset CUDA_VISIBLE_DEVICES")]
+    if "GPU_DEVICE_ORDINAL" in present and effective is not None:
+        return [Check("visible-devices", "warn", f"{shown}: GPU_DEVICE_ORDINAL filters again on top of HIP's list",
+                      "keep one visible-devices variable")]
+    return [Check("visible-devices", "ok", f"{shown}; torch sees {len(f.info.devices)} device(s)")]
+
+
+def _arch_tokens(value: str) -> list[str]:
+    return [t for t in re.split(r"[;\s,]+", value.strip()) if t]
+
+
+def check_rocm_arch(f: Facts) -> list[Check]:
+    info, env = f.info, f.env
+    if info.backend != "rocm":
+        if "PYTORCH_ROCM_ARCH" in env:
+            return [Check("pytorch-rocm-arch", "ok", f"PYTORCH_ROCM_ARCH={env['PYTORCH_ROCM_ARCH']!r} (unused by a {info.backend} build)")]
+        return []
+    out = []
+    built = {a.split(":")[0] for a in info.arch_list}
+    for arch in info.archs:
+        if built and arch not in built:
+            out.append(Check("arch-list", "fail", f"{arch} is not in torch.cuda.get_arch_list() {sorted(built)}: kernels fail with 'invalid device function'",
+                             f"install a torch wheel built for {arch} (check: roc-obj-ls libtorch_hip.so | grep {arch})"))
+        else:
+            out.append(Check("arch-list", "ok" if built else "warn",
+                             f"{arch} in torch.cuda.get_arch_list()" if built else "torch.cuda.get_arch_list() is empty",
+                             "" if built else "reinstall torch: the arch list could not be read"))
+        v = compat.check_arch_rocm(arch, info.hip_version)
+        if v is not None and v.status != "ok":
+            out.append(Check("arch-rocm", v.status, v.detail, v.fix))
+    if "HSA_OVERRIDE_GFX_VERSION" in env:
+        out.append(Check("hsa-override", "warn", f"HSA_OVERRIDE_GFX_VERSION={env['HSA_OVERRIDE_GFX_VERSION']!r} runs kernels built for another gfx",
+                         "unset HSA_OVERRIDE_GFX_VERSION for parity runs; it is a consumer-GPU workaround, not a production setting"))
+    value = env.get("PYTORCH_ROCM_ARCH")
+    need = info.archs
+    if value is None:
+        detected = " ".join(need) or "none visible"
+        out.append(Check("pytorch-rocm-arch", "ok", f"PYTORCH_ROCM_ARCH unset: extensions build for the visible archs ({detected})"))
+    else:
+        toks = _arch_tokens(value)
+        stripped = {t.split(":")[0] for t in toks}
+        bad = [t for t in toks if not re.fullmatch(r"gfx[0-9a-f]+(?:-generic)?(?::[a-z]+[+-])*", t)]
+        missing = [a for a in need if a not in stripped]
+        if not toks:
+            out.append(Check("pytorch-rocm-arch", "fail", "PYTORCH_ROCM_ARCH is set but empty (LoadHIP: 'No GPU arch specified')",
+                             f"export PYTORCH_ROCM_ARCH={' '.join(need) or 'gfx942'!r} or unset it"))
+        elif missing:
+            out.append(Check("pytorch-rocm-arch", "fail", f"PYTORCH_ROCM_ARCH={value!r} lacks detected {', '.join(missing)}: extensions will not run here",
+                             f"export PYTORCH_ROCM_ARCH=\"{' '.join(sorted(stripped | set(missing)))}\""))
+        elif bad:
+            out.append(Check("pytorch-rocm-arch", "warn", f"PYTORCH_ROCM_ARCH={value!r}: {bad[0]!r} is not a gfx target",
+                             "use ';'- or space-separated gfx names such as gfx90a;gfx942"))
+        else:
+            out.append(Check("pytorch-rocm-arch", "ok", f"PYTORCH_ROCM_ARCH={value!r} covers {' '.join(need) or 'no visible device'}"))
+    for var in ARCH_VARS:
+        if var in env:
+            toks = {t.split(":")[0] for t in _arch_tokens(env[var])}
+            missing = [a for a in need if a not in toks and "native" not in toks]
+            if missing:
+                out.append(Check(var.lower().replace("_", "-"), "warn", f"{var}={env[var]!r} lacks detected {', '.join(missing)}",
+                                 f"export {var}=\"{';'.join(sorted(toks | set(missing)))}\" (or native)"))
+    return out
+
+
+def _triton(f: Facts) -> tuple[str | None, str | None]:
+    for dist in TRITON_DISTS:  # the ROCm distribution first: both may be installed
+        v = f.packages.get(dist)
+        if v:
+            return dist, v
+    return None, None
+
+
+def check_versions(f: Facts) -> list[Check]:
+    info = f.info
+    out = []
+    if info.backend == "rocm":
+        v = compat.check_torch_rocm(info.torch_version, info.hip_version)
+        out.append(Check("torch-rocm", v.status, v.detail, v.fix))
+    dist, tv = _triton(f)
+    pin = f.packages.get("torch:triton-pin")
+    if info.backend == "cpu" and not pin:
+        if tv:
+            out.append(Check("triton", "ok", f"{dist} {tv} (a CPU torch build pins no triton)"))
+    elif info.torch_version is not None:
+        v = compat.check_triton(info.torch_version, tv, dist, pinned=pin)
+        out.append(Check("triton", v.status, v.detail, v.fix))
+    v = compat.check_vllm(f.packages.get("vllm"), info.hip_version, info.backend)
+    out.append(Check("vllm", v.status, v.detail, v.fix))
+    nvml = f.packages.get("pynvml") or f.packages.get("nvidia-ml-py")
+    if info.backend == "rocm" and nvml and not f.packages.get("amdsmi"):
+        out.append(Check("nvml", "warn", f"pynvml/nvidia-ml-py {nvml} installed without amdsmi: some torch versions fail device_count()",
+                         "pip uninstall pynvml nvidia-ml-py, or pip install amdsmi (pytorch #133259)"))
+    return out
+
+
+def check_tools(f: Facts) -> list[Check]:
+    if f.tools is None:
+        return []
+    out = []
+    for run in f.tools.runs:
+        name = " ".join(run.argv[:2]) if run.argv[0] == "amd-smi" else run.argv[0]
+        if not run.found:
+            continue
+        if run.error:
+            fix = ("load the amdgpu driver and check /dev/kfd access (render, video groups)"
+                   if any(s in run.error for s in ("ROCk", "Driver", "kfd")) else f"run `{' '.join(run.argv)}` by hand to see why")
+            status: Status = "warn"
+            out.append(Check(f"tool:{name}", status, f"{' '.join(run.argv)}: {run.error}", fix))
+    seen = {c.name for c in out}
+    for source in ("rocminfo", "rocm-smi", "amd-smi"):
+        gpus = f.tools.gpus_from(source)
+        if not gpus:
+            continue
+        key = f"tool:{'amd-smi static' if source == 'amd-smi' else source}"
+        if key in seen:
+            continue
+        desc = "; ".join(f"{g.index}: {g.name or '?'} {g.gfx or ''}".strip() for g in gpus[:4])
+        tool_archs = {g.gfx for g in gpus if g.gfx}
+        torch_archs = set(f.info.archs) if f.info.backend == "rocm" else set()
+        if tool_archs and torch_archs and not torch_archs <= tool_archs:
+            out.append(Check(key, "warn", f"{len(gpus)} GPU(s) [{desc}] but torch reports {sorted(torch_archs)}",
+                             "torch and the system see different GPUs: check HSA_OVERRIDE_GFX_VERSION and the torch install"))
+        else:
+            out.append(Check(key, "ok", f"{len(gpus)} GPU(s): {desc}"))
+    if not any(r.found for r in f.tools.runs):
+        hint = "apt-get install rocminfo rocm-smi (or use the ROCm install) for cross-checks" if f.info.backend == "rocm" else ""
+        out.append(Check("tools", "ok", "rocminfo, rocm-smi and amd-smi not on PATH", hint))
+    if f.tools.rocm_version:
+        out.append(Check("rocm-runtime", "ok", f"amd-smi reports ROCm {f.tools.rocm_version}; torch bundles HIP {f.info.hip_version}"))
+    return out
+
+
+def recommend_utilization(free: int, total: int, margin: float = 0.02) -> float:
+    """Largest ``--gpu-memory-utilization`` that fits in free memory (2-point margin, cap 0.95)."""
+    if total <= 0:
+        return 0.0
+    return max(0.0, min(0.95, math.floor((free / total - margin) * 100) / 100))
+
+
+def check_memory(f: Facts) -> list[Check]:
+    out = []
+    mem = list(f.memory)
+    if not mem and f.tools is not None:
+        mem = [(g.index, g.vram_total - g.vram_used, g.vram_total) for g in f.tools.gpus_from("rocm-smi")
+               if g.vram_total and g.vram_used is not None]
+    for idx, free, total in mem:
+        frac = free / total if total else 0.0
+        util = recommend_utilization(free, total)
+        detail = f"{free / GIB:.1f} of {total / GIB:.1f} GiB free ({frac:.0%})"
+        name = f"memory[{idx}]"
+        if frac >= VLLM_DEFAULT_UTIL:
+            out.append(Check(name, "ok", f"{detail}; vLLM's default --gpu-memory-utilization {VLLM_DEFAULT_UTIL} fits"))
+        elif frac >= 0.1:
+            out.append(Check(name, "warn", f"{detail}: other processes hold {(total - free) / GIB:.1f} GiB",
+                             f"pass --gpu-memory-utilization {util:.2f} (or lower) to vLLM, or free the GPU"))
+        else:
+            out.append(Check(name, "fail", f"{detail}: too little headroom for a parity run",
+                             "stop the processes holding this GPU (rocm-smi --showpids) or pick another device"))
+    for var in ("PYTORCH_NO_HIP_MEMORY_CACHING", "PYTORCH_NO_CUDA_MEMORY_CACHING"):
+        if f.env.get(var, "0") not in ("", "0"):
+            out.append(Check("memory-caching", "warn", f"{var}={f.env[var]!r} disables the caching allocator (slow)",
+                             f"unset {var} unless debugging memory"))
+    return out
+
+
+def check_numerics(f: Facts) -> list[Check]:
+    info, env, s = f.info, f.env, f.info.settings
+    if info.torch_version is None or not s:
+        return []
+    out = []
+    rocm = info.backend == "rocm"
+    tf32 = bool(s.get("tf32_matmul")) or s.get("float32_matmul_precision") not in (None, "highest")
+    cudnn = "; cudnn/MIOpen allow_tf32=" + str(s.get("tf32_cudnn"))
+    if tf32:
+        why = "MI300 TF32 runs as XF32 (less accurate than NVIDIA TF32)" if rocm else "the reference side rounds fp32 matmuls to TF32"
+        out.append(Check("tf32", "warn", f"fp32 matmuls use TF32 (allow_tf32={s.get('tf32_matmul')}, precision={s.get('float32_matmul_precision')!r}): {why}{cudnn}",
+                         "torch.backends.cuda.matmul.allow_tf32 = False; torch.set_float32_matmul_precision('highest') on both sides"))
+    else:
+        out.append(Check("tf32", "ok", f"fp32 matmuls in full fp32 (precision 'highest'){cudnn}"))
+    blas = s.get("blas_library")
+    detail = f"preferred_blas_library={blas}"
+    for var in ("TORCH_BLAS_PREFER_HIPBLASLT", "TORCH_BLAS_PREFER_CUBLASLT"):
+        if var in env:
+            detail += f", {var}={env[var]!r}"
+    detail += f"; fp16/bf16 reduced-precision reduction {s.get('fp16_reduced_precision_reduction')}/{s.get('bf16_reduced_precision_reduction')}"
+    hipblaslt = blas in ("cublaslt", "hipblaslt") or env.get("TORCH_BLAS_PREFER_HIPBLASLT", "") not in ("", "0")
+    if rocm and hipblaslt and "gfx90a" in info.archs:
+        out.append(Check("blas", "warn", f"{detail}: hipBLASLt on gfx90a flushes fp16 backward denormals (pytorch #182952)",
+                         "torch.backends.cuda.preferred_blas_library('cublas') (rocBLAS) for fp16 training parity"))
+    else:
+        out.append(Check("blas", "ok", detail))
+    alt = {k: env[k] for k in ("ROCBLAS_INTERNAL_FP16_ALT_IMPL", "MIOPEN_DEBUG_CONVOLUTION_ATTRIB_FP16_ALT_IMPL") if k in env}
+    if alt:
+        out.append(Check("fp16-alt-impl", "warn", ", ".join(f"{k}={v!r}" for k, v in alt.items()) + " changes MI200 fp16 GEMM/conv rounding",
+                         "unset these unless the reference was produced with the same values"))
+    sdpa = s.get("sdpa") or {}
+    on = [k for k, v in sdpa.items() if v]
+    off = [k for k, v in sdpa.items() if v is False]
+    fa = s.get("rocm_fa_library")
+    sd = f"SDPA enabled: {', '.join(on) or 'none'}" + (f"; disabled: {', '.join(off)}" if off else "")
+    if rocm:
+        sd += f"; ROCm flash library {fa or 'default (AOTriton)'}"
+    if rocm and (env.get("TORCH_ROCM_FA_PREFER_CK", "") not in ("", "0") or fa == "ck"):
+        out.append(Check("attention", "warn", sd + ": CK flash attention instead of the AOTriton default",
+                         "unset TORCH_ROCM_FA_PREFER_CK unless the tolerances were set for CK"))
+    elif "math" in off and not on:
+        out.append(Check("attention", "fail", sd, "torch.backends.cuda.enable_math_sdp(True)"))
+    else:
+        out.append(Check("attention", "ok", sd))
+    if s.get("cudnn_benchmark"):
+        lib = "MIOpen exhaustive find" if rocm else "cuDNN autotuning"
+        out.append(Check("determinism", "warn", f"cudnn.benchmark=True: {lib} picks solvers per shape, numerics vary run to run",
+                         "torch.backends.cudnn.benchmark = False for parity runs"))
+    else:
+        out.append(Check("determinism", "ok", f"cudnn.benchmark=False, deterministic algorithms={s.get('deterministic')}"))
+    blocking = [k for k in ("HIP_LAUNCH_BLOCKING", "AMD_SERIALIZE_KERNEL", "CUDA_LAUNCH_BLOCKING") if env.get(k, "0") not in ("", "0")]
+    if blocking:
+        out.append(Check("debug-env", "warn", f"{', '.join(blocking)} set: every kernel launch is serialized (slow)",
+                         f"unset {' '.join(blocking)} outside debugging"))
+    return out
+
+
+CHECKS: tuple[Callable[[Facts], list[Check]], ...] = (
+    check_backend, check_devices, check_visible_devices, check_rocm_arch,
+    check_versions, check_tools, check_memory, check_numerics,
+)
+
+
+def run_checks(facts: Facts) -> list[Check]:
+    """All checks in a fixed order; a crashing check becomes a warning, never a traceback."""
+    out: list[Check] = []
+    for fn in CHECKS:
+        try:
+            out += fn(facts)
+        except Exception as exc:  # noqa: BLE001 - a doctor must not die on an odd environment
+            out.append(Check(fn.__name__.removeprefix("check_"), "warn", f"check crashed: {type(exc).__name__}: {exc}",
+                             "please report this with `rocm-parity doctor --json`"))
+    return out
+
+
+def worst(checks: list[Check]) -> Status:
+    return max((c.status for c in checks), key=_RANK.__getitem__, default="ok")
+
+
+# --------------------------------------------------------------------------- output
+
+
+def format_table(checks: list[Check]) -> str:
+    """Fixed-width text table; a ``fix:`` line under each non-ok row."""
+    width = max((len(c.name) for c in checks), default=5)
+    lines = [f"{'STATUS':<6}  {'CHECK':<{width}}  DETAIL"]
+    for c in checks:
+        lines.append(f"{c.status.upper():<6}  {c.name:<{width}}  {c.detail}")
+        if c.fix and c.status != "ok":
+            lines.append(f"{'':<6}  {'':<{width}}  fix: {c.fix}")
+    counts = {s: sum(c.status == s for c in checks) for s in _RANK}
+    lines.append(f"{counts['ok']} ok, {counts['warn']} warn, {counts['fail']} fail")
+    return "\n".join(lines)
+
+
+def to_json(checks: list[Check], facts: Facts) -> dict[str, Any]:
+    return {
+        "status": worst(checks),
+        "summary": {s: sum(c.status == s for c in checks) for s in _RANK},
+        "checks": [asdict(c) for c in checks],
+        "backend": facts.info.to_dict(),
+        "packages": facts.packages,
+        "tools": None if facts.tools is None else {
+            "runs": [{"argv": list(r.argv), "found": r.found, "returncode": r.returncode, "error": r.error} for r in facts.tools.runs],
+            "gpus": [asdict(g) for g in facts.tools.gpus],
+            "rocm_version": facts.tools.rocm_version,
+        },
+    }
+
+
+def exit_code(checks: list[Check], strict: bool = False) -> int:
+    """0 when nothing fails (with ``strict``, nothing warns either), else 1."""
+    return int(_RANK[worst(checks)] >= (1 if strict else 2))
+
+
+def add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the checks and facts as JSON")
+    parser.add_argument("--no-tools", action="store_true", help="do not run rocminfo, rocm-smi or amd-smi")
+    parser.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="time limit for each system tool (default: 10)")
+    parser.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
+
+
+def run_doctor(args: argparse.Namespace) -> int:
+    if args.timeout <= 0:
+        from pytest_rocm_parity.errors import InvalidArgument  # noqa: PLC0415
+
+        raise InvalidArgument(f"--timeout must be positive, got {args.timeout!r}")
+    facts = gather_facts(run_tools=not args.no_tools, timeout=args.timeout)
+    checks = run_checks(facts)
+    if args.json:
+        print(json.dumps(to_json(checks, facts), indent=2, default=str))
+    else:
+        print(format_table(checks))
+    return exit_code(checks, args.strict)
+
+
+def header_lines() -> list[str]:
+    """Short pytest report header: the backend in one line, problems in a second.
+
+    Runs no external tool (pytest start-up must stay fast) and never raises.
+    """
+    try:
+        facts = gather_facts(run_tools=False)
+        info = facts.info
+        lines = [f"rocm-parity: {info.backend} build, torch {info.torch_version}"
+                 + (f", HIP {info.hip_version}" if info.hip_version else "")
+                 + (f", CUDA {info.cuda_version}" if info.cuda_version else "")]
+        if info.devices:
+            d = info.devices[0]
+            lines[0] += f"; {len(info.devices)} x {d.name or '<unnamed>'} [{', '.join(info.archs)}, warp {d.warp_size}]"
+        checks = run_checks(facts)
+        bad = [c for c in checks if c.status != "ok"]
+        if bad:
+            fails = sum(c.status == "fail" for c in bad)
+            names = ", ".join(dict.fromkeys(c.name for c in bad))
+            lines.append(f"rocm-parity doctor: {fails} fail, {len(bad) - fails} warn ({names}); run `rocm-parity doctor` for fixes")
+        return lines
+    except Exception as exc:  # noqa: BLE001 - a header must never break a test session
+        return [f"rocm-parity: environment check failed: {type(exc).__name__}: {exc}"]

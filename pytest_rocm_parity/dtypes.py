@@ -1,0 +1,54 @@
+"""Dtype names <-> torch dtypes, built with getattr so fp8 variants work where they exist."""
+from __future__ import annotations
+
+from typing import Any
+
+from pytest_rocm_parity.errors import InvalidArgument
+
+FLOAT_NAMES = ("float64", "float32", "bfloat16", "float16")
+_FP8 = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+_ALIASES = {
+    "fp64": "float64", "double": "float64", "fp32": "float32", "float": "float32",
+    "bf16": "bfloat16", "fp16": "float16", "half": "float16",
+}
+# Unit roundoff (half an ulp at 1.0) of each float format: the scale of one rounding.
+UNIT_ROUNDOFF = {
+    "float64": 2.0**-53, "float32": 2.0**-24, "tf32": 2.0**-11, "bfloat16": 2.0**-8, "float16": 2.0**-11,
+    "float8_e4m3fn": 2.0**-4, "float8_e4m3fnuz": 2.0**-4, "float8_e5m2": 2.0**-3, "float8_e5m2fnuz": 2.0**-3,
+}
+
+
+def canonical_name(name: str) -> str:
+    """'bf16' -> 'bfloat16'; raises InvalidArgument naming the allowed values."""
+    key = str(name).removeprefix("torch.")
+    key = _ALIASES.get(key, key)
+    if key not in FLOAT_NAMES + _FP8:
+        allowed = ", ".join(FLOAT_NAMES[1:])
+        raise InvalidArgument(f"dtypes: unknown precision {name!r}; allowed: {allowed} (or fp32/bf16/fp16)")
+    return key
+
+
+def to_torch(name: str) -> Any:
+    import torch
+
+    dt = getattr(torch, canonical_name(name), None)
+    if dt is None:
+        raise InvalidArgument(f"this torch ({torch.__version__}) has no dtype {name!r}")
+    return dt
+
+
+def name_of(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def is_float_name(name: str) -> bool:
+    return name in FLOAT_NAMES or name in _FP8
+
+
+def truth_dtype_name(rung: str) -> str:
+    """The dtype a rung's float64 truth is stored in.
+
+    float32 keeps ~1e-7 relative precision, 10^4 below the error of a bf16/fp16 rung, so storing
+    the truth in float32 there halves golden size at no cost; the fp32 rung keeps float64.
+    """
+    return "float64" if rung in ("float32", "float64") else "float32"

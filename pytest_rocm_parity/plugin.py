@@ -1,0 +1,71 @@
+"""pytest entry point: options, marker, the ``parity`` fixture and hook wiring. No logic, no torch.
+
+Loading this module must stay cheap and silent; the ParitySession that does the
+work is registered only when --rocm-parity is given.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pytest_rocm_parity import options as opt
+
+SESSION_KEY: pytest.StashKey[Any] = pytest.StashKey()
+SKIP_REASON = f"parity checks run only with {opt.ENABLE} (or rocm_parity = true in the ini file)"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    opt.addoption(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "parity(dtypes=None, layers=None, tolerance=None, drill=None): a cross-backend parity test; "
+        f"the keyword arguments are defaults for its parity.check calls. Skipped without {opt.ENABLE}.",
+    )
+    options = opt.from_config(config)
+    if not options.enabled:
+        return
+    from pytest_rocm_parity.session import ParitySession
+
+    session = ParitySession(config, options)
+    config.stash[SESSION_KEY] = session
+    config.pluginmanager.register(session, "rocm_parity_session")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if SESSION_KEY in config.stash:
+        return
+    skip = pytest.mark.skip(reason=SKIP_REASON)
+    for item in items:
+        if "parity" in getattr(item, "fixturenames", ()) or item.get_closest_marker("parity") is not None:
+            item.add_marker(skip)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    session = config.stash.get(SESSION_KEY, None)
+    if session is None:
+        return None
+    o = session.options
+    lines = [f"rocm-parity: mode={o.mode.value} device={o.device} goldens={o.golden_dir}"
+             + (f" regen={o.regen}" if o.regen else "")]
+    try:
+        from pytest_rocm_parity.doctor import header_lines
+
+        lines += header_lines()
+    except Exception as exc:  # the header must never break a run
+        lines.append(f"rocm-parity: environment summary unavailable ({type(exc).__name__}: {exc})")
+    return lines
+
+
+@pytest.fixture
+def parity(request: pytest.FixtureRequest) -> Any:
+    """Per-layer cross-backend parity: ``parity.check(model, inputs)``; see the README."""
+    session = request.config.stash.get(SESSION_KEY, None)
+    if session is None:
+        pytest.skip(SKIP_REASON)
+    from pytest_rocm_parity.api import Parity
+
+    return Parity(session, request.node)
