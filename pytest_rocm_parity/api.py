@@ -121,6 +121,10 @@ class Parity:
         for r in results:
             r.test = spec.test
             s.add(r)
+            if self._node is not None:  # reaches JUnit XML <properties> and CI test views
+                self._node.user_properties.append((f"parity[{r.name}][{r.dtype}]",
+                                                   f"{'pass' if r.passed else 'FAIL'}; culprit={r.culprit}; "
+                                                   f"first_divergent={r.first_divergent}"))
         raise_if_failed(results)
         return results
 

@@ -71,6 +71,13 @@ def message(result: CheckResult) -> str:
     bad_out = [o for o in result.outputs if not o.passed]
     for o in bad_out[:3]:
         lines.append(f"  output {o.name}: {o.reason}")
+    lm = result.extra.get("lm")
+    if lm:
+        gen = lm.get("generation") or {}
+        lines.append(f"  lm: ppl {lm['ppl']:.6g} vs reference {lm['ppl_ref']:.6g} (rel {lm['ppl_rel_delta']:+.2e}), "
+                     f"top-1 agreement {lm['top1_agreement']:.4f} ({lm['confident_flips']} confident flips), "
+                     f"KL mean {lm['kl_mean']:.2e} max {lm['kl_max']:.2e}"
+                     + (f", first divergent generation step {gen.get('first_divergent_step')}" if gen else ""))
     lines += table(result)
     fixes = {l.name: l.would_pass_ratio for l in result.layers if not l.iso_passed and l.would_pass_ratio}
     if fixes:

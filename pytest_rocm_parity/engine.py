@@ -45,6 +45,13 @@ class CheckSpec:
     drill: int = 2
     tolerance: Tolerance = field(default_factory=Tolerance)
     regen_command: str = ""
+    # (batch, seq) of token inputs: per-position errors are kept for layers shaped (batch, seq, ...)
+    positions: tuple[int, int] | None = None
+    # capture: fn(rung, model, args, kwargs) -> (json meta, {key: tensor}) stored under "extra/"
+    extra_capture: Callable[[str, Any, Any, Any], tuple[dict[str, Any], dict[str, Any]]] | None = None
+    # replay: fn(rung, model, args, kwargs, output, reader, meta, result) adds to result.extra
+    extra_judge: Callable[..., None] | None = None
+    manifest_extra: dict[str, Any] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,18 +246,18 @@ def capture(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device
         "seed": int(torch.initial_seed()), "dtypes": list(spec.dtypes),
         "layers": [{"name": s.name, "level": s.level, "primary": s.primary} for s in selected],
         "drill": spec.drill, "layer_patterns": list(spec.layers) if spec.layers else None,
-        "reference_env": env or collect_env(device), "rungs": {},
+        "reference_env": env or collect_env(device), "rungs": {}, **spec.manifest_extra,
     }
     rung_tensors: dict[str, dict[str, Any]] = {}
     for rung in spec.dtypes:
         manifest["rungs"][rung], rung_tensors[rung] = _capture_rung(
-            model, args0, kwargs0, selected, rung, device, spec.tolerance.tf32)
+            model, args0, kwargs0, selected, rung, device, spec.tolerance.tf32, spec.extra_capture)
     store.write(spec.name, manifest, rung_tensors, overwrite=overwrite)
     return manifest
 
 
 def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected], rung: str,
-                  device: str, tf32: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+                  device: str, tf32: bool, extra: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
     import torch
 
     dtype = dt.to_torch(rung)
@@ -286,6 +293,11 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
         outputs = {"out": {p: pool.add(t) for p, t in tensor_leaves(out).items()}, "const": constant_leaves(out)}
         pool.release()
         del out
+        extra_meta: dict[str, Any] = {}
+        if extra is not None:
+            with numerics(rung, tf32):
+                extra_meta, extra_t = extra(rung, m, args, kwargs)
+            tensors.update({f"extra/{k}": v.detach().to("cpu").contiguous() for k, v in extra_t.items()})
     finally:
         m.train(was_training)
     if m is not model:
@@ -329,7 +341,7 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
         e.pop("gtruth", None)
     meta = {"inputs": {"const": const_in}, "layers": layers, "outputs": outputs,
             "truth_dtype": dt.name_of(tdt), "tf32": tf32, "order": order,
-            "selected": sorted(by_name)}
+            "selected": sorted(by_name), "extra": extra_meta}
     return meta, tensors
 
 
@@ -451,6 +463,7 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
     u = tol.unit_roundoff(rung)
     prop: dict[str, list[LeafMetrics]] = {}
     iso: dict[str, list[LeafMetrics]] = {}
+    pos_err: dict[str, tuple[Any, Any]] = {}
 
     def compare(key: str, out: Any, truth_prefix: str, sink: dict[str, list[LeafMetrics]]) -> None:
         e = layers.get(key)
@@ -469,6 +482,10 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
             if ref.is_floating_point() or ref.is_complex():
                 truth = reader.get(f"{truth_prefix}/{key}/{p}")
                 res.append(float_metrics(p, c.detach(), ref, truth, u, t.confidence, t.nan))
+                if (spec.positions is not None and truth_prefix == "gtruth" and ref.dim() >= 2
+                        and tuple(ref.shape[:2]) == spec.positions and tuple(c.shape) == tuple(ref.shape)
+                        and not ref.is_complex() and key not in pos_err):
+                    pos_err[key] = _per_position(c.detach(), ref, truth)
             else:
                 res.append(exact_metrics(p, c.detach(), ref))
         sink[key] = res
@@ -482,6 +499,8 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
             with Hooks(m, selected, None, lambda k, s, o: compare(k, o, "gtruth", prop)) as hooks:
                 out = _run(m, args0, kwargs0)
             outs = _compare_outputs(out, meta, reader, u, tol)
+            if spec.extra_judge is not None:
+                pending = out
             del out
             # isolated, one nesting level at a time so no module's own computation is bypassed
             for level in sorted({s.level for s in selected}):
@@ -510,7 +529,28 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
             rec.reason = "module was not called in the candidate's isolated replay"
         result.layers.append(rec)
     result.outputs = outs
-    return finish(result, tol)
+    finish(result, tol)
+    if spec.extra_judge is not None:
+        result.extra["_pos_err"] = pos_err
+        m.eval()
+        try:
+            with numerics(rung, tol.tf32):
+                spec.extra_judge(rung, m, args0, kwargs0, pending, reader, meta, result)
+        finally:
+            m.train(was_training)
+            result.extra.pop("_pos_err", None)
+    return result
+
+
+def _per_position(c: Any, r: Any, t: Any) -> tuple[Any, Any]:
+    """RMSE over the feature dims at each (batch, position): where along the sequence a layer drifts."""
+    import torch
+
+    dims = tuple(range(2, c.dim()))
+    c64, r64, t64 = (x.to(torch.float64) for x in (c, r.to(c.device), t.to(c.device)))
+    if not dims:
+        return (c64 - t64).abs().cpu(), (r64 - t64).abs().cpu()
+    return ((c64 - t64).square().mean(dims).sqrt().cpu(), (r64 - t64).square().mean(dims).sqrt().cpu())
 
 
 def _compare_outputs(out: Any, meta: dict[str, Any], reader: RungReader, u: float, tol: Tolerance) -> list[LayerRecord]:

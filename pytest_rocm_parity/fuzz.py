@@ -1,0 +1,929 @@
+"""Operator fuzzing harness: run an op on the candidate device, judge it against a float64 truth.
+
+``compare_op(candidate, reference, *args, **kwargs)`` runs ``candidate`` on the
+candidate device in the inputs' own dtype and ``reference`` in float64 on the CPU,
+then judges every output element with the error model below.  Judging and
+raising are separate (``check_op`` returns the record; one function builds the
+message) so that suites can report every op, not just the first failure.
+
+Error model (docs/fuzzing.md has the reasoning), per output element::
+
+    tol = ulps * ulp_d(truth)                              # final rounding, transcendental slack
+        + (inter * u_d + acc * sqrt(K) * u_acc) * scale    # intermediates and accumulation
+        + tiny_d                                           # flush-to-zero of subnormal results
+
+``d`` is the lowest precision among the floating inputs and the output, ``u`` a
+unit roundoff (2^-p), ``K`` the reduction length, ``u_acc`` float32's unless the
+inputs are float64 (or 2^-11 when TF32 is on for the candidate), and ``scale`` the
+magnitude of the terms behind the element (``|A| @ |B|`` for a matmul) or, when
+the op gives none, ``max(|truth|, rms(truth))``.
+
+Golden replay: ``record_golden`` stores generated examples with their float64 truth
+and the reference device's output as safetensors plus a JSON manifest (never
+pickle); ``replay_golden`` re-runs exactly those inputs on the candidate.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import tempfile
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pytest_rocm_parity.errors import (
+    BackendUnavailable,
+    GoldenCorrupt,
+    GoldenMissing,
+    GoldenStale,
+    InvalidArgument,
+)
+from pytest_rocm_parity.strategies import OpArgs
+
+__all__ = [
+    "ErrorModel",
+    "GOLDEN_FORMAT",
+    "Golden",
+    "GoldenExample",
+    "OpResult",
+    "OutputRecord",
+    "check_op",
+    "compare_op",
+    "default_device",
+    "describe_value",
+    "load_golden",
+    "place",
+    "record_golden",
+    "replay_golden",
+]
+
+GOLDEN_FORMAT = 1
+_INLINE_LIMIT = 64  # tensors up to this many storage elements are printed in full in reproductions
+
+# mantissa bits (with the implicit one) and minimum normal exponent per floating dtype
+_PRECISION: dict[torch.dtype, tuple[int, int]] = {
+    torch.float64: (53, -1022),
+    torch.float32: (24, -126),
+    torch.float16: (11, -14),
+    torch.bfloat16: (8, -126),
+}
+# default ulps for the final-rounding term: low-precision results are rounded once
+# from a float32 value (0.5 ulp, doubled for safety); float32 results come from
+# libm/fast intrinsics (CUDA expf: 2 ulp; __expf and ex2.approx more) and short op chains.
+_DEFAULT_ULPS: dict[torch.dtype, float] = {
+    torch.float64: 8.0,
+    torch.float32: 8.0,
+    torch.float16: 2.0,
+    torch.bfloat16: 2.0,
+}
+
+
+def default_device() -> str:
+    """``"cuda"`` when a CUDA or ROCm device is visible (ROCm torch also calls it cuda), else ``"cpu"``."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _resolve_device(device: str | torch.device | None) -> torch.device:
+    dev = torch.device(device if device is not None else default_device())
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise BackendUnavailable(
+            f"device={str(dev)!r} was requested but torch {torch.__version__} sees no CUDA/ROCm device; "
+            "run on the GPU machine or pass device='cpu'"
+        )
+    return dev
+
+
+# --------------------------------------------------------------------------- error model
+
+
+@dataclass(frozen=True)
+class ErrorModel:
+    """How far from the float64 truth a correct kernel may land; the ``dtype_policy`` argument.
+
+    Leave a field at ``None`` for the per-dtype default.  ``magnitude`` maps the
+    float64 arguments to the per-element size of the terms (see ``OpArgs``).
+    """
+
+    ulps: float | None = None
+    inter: float = 2.0
+    acc: float = 4.0
+    reduction_length: int | None = None
+    magnitude: Callable[..., Any] | None = None
+    atol: float = 0.0
+    rtol: float = 0.0
+    allow_flush_to_zero: bool = True
+    equal_nan: bool = True
+    tf32: bool | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("ulps", "inter", "acc", "atol", "rtol"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, (int, float)) or value < 0 or math.isnan(value)):
+                raise InvalidArgument(f"ErrorModel({name}={value!r}) must be a non-negative number")
+        if self.reduction_length is not None and self.reduction_length < 1:
+            raise InvalidArgument(f"ErrorModel(reduction_length={self.reduction_length!r}) must be >= 1")
+
+    def describe(self, dtype: torch.dtype | None, k: int, tf32: bool) -> str:
+        if dtype is None or dtype not in _PRECISION:
+            return "exact equality (integer or boolean output)"
+        p, _ = _PRECISION[dtype]
+        ulps = self.ulps if self.ulps is not None else _DEFAULT_ULPS[dtype]
+        u_acc = _accumulation_roundoff(dtype, tf32)
+        scale = "|terms| (op magnitude)" if self.magnitude is not None else "max(|truth|, rms(truth))"
+        text = (f"tol = {ulps:g} ulp_{_dname(dtype)}(truth) + ({self.inter:g}*2^-{p} + {self.acc:g}*sqrt(K={k})"
+                f"*{u_acc:.3g}) * {scale}")
+        if self.allow_flush_to_zero:
+            text += f" + tiny ({float(torch.finfo(dtype).tiny):.3g}, flush-to-zero allowed)"
+        if self.atol or self.rtol:
+            text += f" + {self.atol:g} + {self.rtol:g}*|truth|"
+        return text + (" [TF32 on]" if tf32 else "")
+
+
+def _accumulation_roundoff(dtype: torch.dtype, tf32: bool) -> float:
+    if dtype == torch.float64:
+        return 2.0**-53
+    if dtype == torch.float32 and tf32:
+        return 2.0**-11
+    return 2.0**-24
+
+
+def _tf32_enabled(device: torch.device) -> bool:
+    """Whether float32 matmuls on ``device`` may run in TF32 (10-bit mantissa)."""
+    if device.type != "cuda":
+        return False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        precision = getattr(torch.backends.cuda.matmul, "fp32_precision", None)
+        if precision in ("tf32",):
+            return True
+        return bool(getattr(torch.backends.cuda.matmul, "allow_tf32", False))
+
+
+def _dname(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass
+class OutputRecord:
+    """The verdict for one output tensor (``out``, ``out[0]``, ``out['k']``)."""
+
+    path: str
+    ok: bool
+    shape: tuple[int, ...]
+    dtype: str
+    judged_as: str
+    numel: int = 0
+    mismatches: int = 0
+    max_abs_err: float = 0.0
+    max_ratio: float = 0.0
+    worst_index: tuple[int, ...] | None = None
+    worst_candidate: float | None = None
+    worst_truth: float | None = None
+    worst_tol: float | None = None
+    reason: str = ""
+
+
+@dataclass
+class OpResult:
+    """One candidate-versus-truth comparison; ``message()`` is the only place failure text is built."""
+
+    ok: bool
+    candidate: str
+    reference: str
+    device: str
+    outputs: list[OutputRecord] = field(default_factory=list)
+    inputs: list[str] = field(default_factory=list)
+    reduction_length: int = 1
+    model: str = ""
+    error: str | None = None
+    reproduction: str = ""
+    reference_error: str | None = None
+
+    @property
+    def max_ratio(self) -> float:
+        """Worst error/tolerance over all outputs (>1 fails); the 'minimum tolerance needed' factor."""
+        return max((o.max_ratio for o in self.outputs), default=0.0)
+
+    def summary(self) -> str:
+        if self.error:
+            return f"{self.candidate} on {self.device}: raised {self.error.splitlines()[0]}"
+        verdict = "ok" if self.ok else "MISMATCH"
+        return f"{self.candidate} on {self.device}: {verdict}, worst err/tol {self.max_ratio:.3g}"
+
+    def message(self) -> str:
+        return _build_message(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["max_ratio"] = self.max_ratio
+        return data
+
+
+def _build_message(result: OpResult) -> str:
+    """Format a failing ``OpResult``: header, per-output stats, inputs, model, reproduction."""
+    lines: list[str] = []
+    if result.error:
+        lines.append(f"Candidate {result.candidate} raised on {result.device}: {result.error}")
+    else:
+        bad = [o for o in result.outputs if not o.ok]
+        lines.append(f"Operator outputs are not close to the float64 truth! "
+                     f"({len(bad)} of {len(result.outputs)} output(s) off)")
+        for o in result.outputs:
+            if o.ok:
+                continue
+            lines.append(f"  {o.path}: shape {list(o.shape)}, {o.dtype} judged as {o.judged_as}")
+            if o.reason:
+                lines.append(f"    {o.reason}")
+            if o.numel:
+                pct = 100.0 * o.mismatches / o.numel
+                lines.append(f"    Mismatched elements: {o.mismatches} / {o.numel} ({pct:.1f}%)")
+            if o.worst_index is not None:
+                lines.append(f"    Greatest error/tolerance: {o.max_ratio:.3g} at index {o.worst_index}: "
+                             f"candidate {o.worst_candidate!r}, truth {o.worst_truth!r}, tol {o.worst_tol:.3g}")
+                lines.append(f"    Greatest absolute difference: {o.max_abs_err:.6g}")
+    lines.append(f"Candidate: {result.candidate} on {result.device}; truth: {result.reference} in float64 on cpu")
+    lines.append(f"Error model: {result.model}")
+    lines.append("Inputs:")
+    lines.extend(f"  {text}" for text in result.inputs)
+    if result.reproduction:
+        lines.append("Reproduce:")
+        lines.extend(f"  {line}" for line in result.reproduction.splitlines())
+    lines.append("Hypothesis keeps this failing example in its database (.hypothesis/) and replays it first "
+                 "on the next run; settings(print_blob=True) prints a @reproduce_failure line.")
+    return "\n".join(lines)
+
+
+def _raise(result: OpResult) -> None:
+    __tracebackhide__ = True
+    raise AssertionError(result.message())
+
+
+# --------------------------------------------------------------------------- describing inputs
+
+
+def describe_value(value: Any) -> str:
+    """A short, reproduction-minded description: dtype, shape, strides, offset, value summary."""
+    if isinstance(value, torch.Tensor):
+        t = value.detach()
+        head = f"{_dname(t.dtype)}{list(t.shape)}"
+        if not t.is_contiguous() or t.storage_offset():
+            head += f" stride={tuple(t.stride())} offset={t.storage_offset()}"
+            head += " (non-contiguous)" if not t.is_contiguous() else ""
+        if t.device.type != "cpu":
+            head += f" on {t.device}"
+        if t.numel() == 0:
+            return head + " (empty)"
+        if t.dtype.is_floating_point:
+            f = t.to("cpu", torch.float64)
+            finite = f[torch.isfinite(f)]
+            stats = [f"absmax={finite.abs().max().item():.6g}" if finite.numel() else "absmax=n/a"]
+            zeros = int((f == 0).sum())
+            tiny = float(torch.finfo(t.dtype).tiny)
+            subn = int(((f != 0) & (f.abs() < tiny)).sum())
+            nan = int(torch.isnan(f).sum())
+            inf = int(torch.isinf(f).sum())
+            stats += [f"zeros={zeros}"] + [f"{n}={c}" for n, c in (("subnormal", subn), ("nan", nan),
+                                                                    ("inf", inf)) if c]
+            if t.numel() <= 8:
+                stats.append(f"values={[float(v) for v in f.flatten()]}")
+            return f"{head} [{', '.join(stats)}]"
+        if t.numel() <= 8:
+            return f"{head} values={t.flatten().tolist()}"
+        return f"{head} [min={t.min().item()}, max={t.max().item()}]"
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(describe_value(v) for v in value)
+        return f"({inner})" if isinstance(value, tuple) else f"[{inner}]"
+    return repr(value)
+
+
+def _storage_span(t: torch.Tensor) -> int:
+    if t.numel() == 0:
+        return 0
+    return t.storage_offset() + 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()))
+
+
+def _tensor_literal(t: torch.Tensor) -> str:
+    t = t.detach().cpu()
+    span = _storage_span(t)
+    flat = t.as_strided((span,), (1,), 0) if span else t.reshape(0)
+    if t.dtype.is_floating_point:
+        vals = [float(v) for v in flat.to(torch.float64)]
+        body = "[" + ", ".join(repr(v) if math.isfinite(v) else f"float({str(v)!r})" for v in vals) + "]"
+    else:
+        body = repr(flat.tolist())
+    text = f"torch.tensor({body}, dtype=torch.{_dname(t.dtype)})"
+    if t.is_contiguous() and t.storage_offset() == 0:
+        return text + (f".view({tuple(t.shape)})" if t.dim() != 1 else "")
+    return text + f".as_strided({tuple(t.shape)}, {tuple(t.stride())}, {t.storage_offset()})"
+
+
+def _reproduction(candidate: Callable[..., Any], reference: Callable[..., Any], args: Sequence[Any],
+                  kwargs: Mapping[str, Any], device: torch.device) -> str:
+    lines = [f"# torch {torch.__version__}, candidate device {device}", "import torch"]
+    names: list[str] = []
+    too_big: list[str] = []
+
+    def literal(value: Any) -> str:
+        if isinstance(value, torch.Tensor):
+            name = f"t{len(names)}"
+            names.append(name)
+            if _storage_span(value) <= _INLINE_LIMIT:
+                lines.append(f"{name} = {_tensor_literal(value)}")
+            else:
+                too_big.append(name)
+                lines.append(f"{name} = ...  # {describe_value(value)}")
+            return name
+        if isinstance(value, (list, tuple)):
+            inner = ", ".join(literal(v) for v in value)
+            return f"({inner}{',' if len(value) == 1 else ''})" if isinstance(value, tuple) else f"[{inner}]"
+        if isinstance(value, torch.dtype):
+            return f"torch.{_dname(value)}"
+        return repr(value)
+
+    call_args = [literal(a) for a in args] + [f"{k}={literal(v)}" for k, v in kwargs.items()]
+    joined = ", ".join(call_args)
+    lines.append(f"out = {_qualname(candidate)}({joined})  # move tensors with fuzz.place(t, {str(device)!r})")
+    lines.append(f"truth = {_qualname(reference)}({joined})  # floating tensors as .double() on cpu")
+    if too_big:
+        lines.append(f"# {', '.join(too_big)} too large to print: replay the Hypothesis example or record a golden")
+    return "\n".join(lines)
+
+
+def _qualname(fn: Callable[..., Any]) -> str:
+    module = getattr(fn, "__module__", None) or ""
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+    return f"{module}.{name}" if module and module not in ("builtins", "__main__") else name
+
+
+# --------------------------------------------------------------------------- moving inputs
+
+
+def place(t: torch.Tensor, device: str | torch.device) -> torch.Tensor:
+    """Copy ``t`` to ``device`` keeping its exact strides and storage offset.
+
+    ``Tensor.to`` densifies non-dense views (``x[..., ::2]``), which would hide exactly
+    the stride bugs the fuzzer looks for; this copies the storage span instead.
+    """
+    device = torch.device(device)
+    if t.numel() == 0:
+        return torch.empty(t.shape, dtype=t.dtype, device=device)
+    span = _storage_span(t)
+    if any(st < 0 for st in t.stride()):  # pragma: no cover - torch does not make negative strides
+        return t.detach().to(device, copy=True)
+    flat = t.detach().as_strided((span,), (1,), 0).to(device, copy=True)
+    return flat.as_strided(tuple(t.shape), tuple(t.stride()), t.storage_offset())
+
+
+def _map(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, tuple):
+        return tuple(_map(v, fn) for v in value)
+    if isinstance(value, list):
+        return [_map(v, fn) for v in value]
+    if isinstance(value, dict):
+        return {k: _map(v, fn) for k, v in value.items()}
+    return value
+
+
+def _to_truth_input(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach()
+    if t.dtype.is_floating_point:
+        return t.to("cpu", torch.float64, copy=True)
+    return t.to("cpu", copy=True)
+
+
+def _flatten(value: Any, path: str = "out") -> Iterator[tuple[str, Any]]:
+    if isinstance(value, torch.Tensor) or value is None or isinstance(value, (int, float, bool)):
+        yield path, value
+    elif isinstance(value, (tuple, list)):
+        for i, v in enumerate(value):
+            yield from _flatten(v, f"{path}[{i}]")
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from _flatten(v, f"{path}[{k!r}]")
+    else:
+        yield path, value
+
+
+def _input_dtypes(args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[torch.dtype]:
+    found: list[torch.dtype] = []
+    _map((tuple(args), dict(kwargs)),
+         lambda t: found.append(t.dtype) if t.dtype.is_floating_point else None)
+    return found
+
+
+def _lowest(dtypes: Sequence[torch.dtype]) -> torch.dtype | None:
+    known = [d for d in dtypes if d in _PRECISION]
+    if not known:
+        return None
+    # bfloat16 has fewer mantissa bits than float16; the judged precision is the worst one
+    return min(known, key=lambda d: _PRECISION[d][0])
+
+
+def _default_k(args: Sequence[Any], kwargs: Mapping[str, Any]) -> int:
+    """Without a hint, assume the longest dimension of any input is reduced (conservative)."""
+    sizes: list[int] = [1]
+    _map((tuple(args), dict(kwargs)), lambda t: sizes.extend(int(s) for s in t.shape))
+    return max(sizes)
+
+
+# --------------------------------------------------------------------------- judging
+
+
+def _ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    p, emin = _PRECISION[dtype]
+    mag = x.abs().clamp_min(2.0**emin)
+    exp = torch.floor(torch.log2(mag)).clamp_min(emin)
+    return torch.pow(2.0, exp - (p - 1))
+
+
+def _verdict(c: torch.Tensor, t: torch.Tensor, scale: Any, model: ErrorModel, judged: torch.dtype, k: int,
+             tf32: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Elementwise (ok, err/tol, tol) of candidate ``c`` against truth ``t``, both float64."""
+    p, _ = _PRECISION[judged]
+    info = torch.finfo(judged)
+    ulps = model.ulps if model.ulps is not None else _DEFAULT_ULPS[judged]
+    u_acc = _accumulation_roundoff(judged, tf32)
+    t_fin = torch.where(torch.isfinite(t), t, torch.zeros_like(t))
+    if scale is None:
+        rms = float(t_fin.pow(2).mean().sqrt())
+        s = t_fin.abs().clamp_min(rms)
+    else:
+        s = torch.broadcast_to(torch.as_tensor(scale, dtype=torch.float64).detach().cpu(), t.shape).abs()
+        s = torch.where(torch.isfinite(s), s, torch.zeros_like(s))
+    coef = model.inter * 2.0**-p + model.acc * math.sqrt(k) * u_acc
+    tol = ulps * _ulp(t_fin, judged) + coef * s + model.atol + model.rtol * t_fin.abs()
+    tol = tol + (float(info.tiny) if model.allow_flush_to_zero else float(info.tiny) * 2.0 ** -(p - 1))
+    err = (c - t).abs()
+    within = err <= tol
+    # the truth itself overflows the dtype: a correct kernel returns inf of the same sign
+    limit = float(info.max) + 0.5 * float(_ulp(torch.tensor(float(info.max), dtype=torch.float64), judged))
+    overflow = torch.isfinite(t) & (t.abs() >= limit) & torch.isinf(c) & (torch.sign(c) == torch.sign(t))
+    special = ~torch.isfinite(t)
+    same_special = (c == t) | (torch.isnan(c) & torch.isnan(t) & model.equal_nan)
+    ok = torch.where(special, same_special, within | overflow)
+    ratio = torch.nan_to_num(err / tol, nan=math.inf, posinf=math.inf)
+    ratio = torch.where(ok, torch.where(within, ratio, torch.zeros_like(ratio)),
+                        ratio.clamp_min(math.nextafter(1.0, 2.0)))
+    return ok, ratio, tol
+
+
+def _judge(path: str, cand: Any, truth: Any, scale: Any, model: ErrorModel, judged: torch.dtype | None,
+           k: int, tf32: bool, alternative: tuple[Any, Any] | None = None) -> OutputRecord:
+    if not isinstance(truth, torch.Tensor) or not isinstance(cand, torch.Tensor):
+        same = (type(cand) is type(truth) and cand == truth) or (
+            isinstance(cand, float) and isinstance(truth, float) and math.isnan(cand) and math.isnan(truth))
+        return OutputRecord(path, bool(same), (), type(cand).__name__, "exact",
+                            reason="" if same else f"candidate {cand!r} != truth {truth!r}")
+    shape = tuple(cand.shape)
+    rec = OutputRecord(path, True, shape, _dname(cand.dtype), "exact", numel=cand.numel())
+    if tuple(truth.shape) != shape:
+        rec.ok = False
+        rec.reason = f"shape {list(shape)} but the truth has shape {list(truth.shape)}"
+        return rec
+    c = cand.detach().to("cpu", torch.float64)
+    t = truth.detach().to("cpu", torch.float64)
+    if judged is None:
+        diff = ~((c == t) | (torch.isnan(c) & torch.isnan(t)))
+        rec.mismatches = int(diff.sum())
+        rec.ok = rec.mismatches == 0
+        if not rec.ok:
+            idx = tuple(int(i) for i in diff.nonzero()[0])
+            rec.worst_index, rec.worst_candidate, rec.worst_truth = idx, float(c[idx]), float(t[idx])
+            rec.worst_tol, rec.max_ratio = 0.0, math.inf
+            rec.max_abs_err = float((c - t).abs().max())
+        return rec
+    rec.judged_as = _dname(judged)
+    if c.numel() == 0:
+        return rec
+    ok, ratio, tol = _verdict(c, t, scale, model, judged, k, tf32)
+    if alternative is not None and isinstance(alternative[0], torch.Tensor):
+        # flush-to-zero: a kernel may treat subnormal inputs as zero; judge against that truth too
+        t2 = alternative[0].detach().to("cpu", torch.float64)
+        ok2, ratio2, _ = _verdict(c, t2, alternative[1], model, judged, k, tf32)
+        ok, ratio = ok | ok2, torch.minimum(ratio, ratio2)
+    rec.mismatches = int((~ok).sum())
+    rec.ok = rec.mismatches == 0
+    flat_idx = int(torch.argmax(ratio.flatten()))
+    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat_idx), t.shape))
+    rec.max_ratio = float(ratio.flatten()[flat_idx])
+    rec.worst_index = idx
+    rec.worst_candidate = float(c.flatten()[flat_idx])
+    rec.worst_truth = float(t.flatten()[flat_idx])
+    rec.worst_tol = float(tol.flatten()[flat_idx])
+    err = (c - t).abs()
+    finite_err = err[torch.isfinite(err)]
+    rec.max_abs_err = float(finite_err.max()) if finite_err.numel() else math.inf
+    if not rec.ok and not bool(torch.isfinite(c).all()) and bool(torch.isfinite(t).all()):
+        rec.reason = "candidate produced NaN/inf where the truth is finite (overflow or 0/0 in the kernel?)"
+    return rec
+
+
+def _judge_outputs(result: OpResult, cand_out: Any, truth_out: Any, scale_out: Any, model: ErrorModel,
+                   in_dtypes: Sequence[torch.dtype], k: int, tf32: bool,
+                   alternative: tuple[Any, Any] | None = None) -> None:
+    cand_leaves = list(_flatten(cand_out))
+    truth_leaves = list(_flatten(truth_out))
+    if [p for p, _ in cand_leaves] != [p for p, _ in truth_leaves]:
+        result.outputs.append(OutputRecord(
+            "out", False, (), "", "structure",
+            reason=f"candidate returned {[p for p, _ in cand_leaves]} but the truth {[p for p, _ in truth_leaves]}"))
+        result.ok = False
+        return
+    scales = _leaves_like(truth_leaves, scale_out)
+    alt_truths = _leaves_like(truth_leaves, alternative[0]) if alternative else {}
+    alt_scales = _leaves_like(truth_leaves, alternative[1]) if alternative else {}
+    for (path, c), (_, t) in zip(cand_leaves, truth_leaves):
+        judged = None
+        if isinstance(c, torch.Tensor) and c.dtype.is_floating_point:
+            judged = _lowest([c.dtype, *in_dtypes])
+        alt = (alt_truths[path], alt_scales.get(path)) if path in alt_truths else None
+        result.outputs.append(_judge(path, c, t, scales.get(path), model, judged, k, tf32, alt))
+    result.ok = all(o.ok for o in result.outputs)
+
+
+def _leaves_like(truth_leaves: list[tuple[str, Any]], value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if len(truth_leaves) == 1 and isinstance(value, torch.Tensor):
+        return {truth_leaves[0][0]: value}
+    return dict(_flatten(value))
+
+
+def _flush_subnormals(t: torch.Tensor) -> torch.Tensor:
+    if not t.dtype.is_floating_point:
+        return t
+    tiny = float(torch.finfo(t.dtype).tiny)
+    return torch.where(t.abs() < tiny, torch.zeros_like(t), t)
+
+
+def _has_subnormals(args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
+    found: list[bool] = []
+    _map((tuple(args), dict(kwargs)), lambda t: found.append(
+        t.dtype.is_floating_point and bool(((t != 0) & (t.abs() < float(torch.finfo(t.dtype).tiny))).any())))
+    return any(found)
+
+
+def _truth(reference: Callable[..., Any], model: ErrorModel, args: Sequence[Any], kwargs: Mapping[str, Any],
+           ) -> tuple[Any, Any, tuple[Any, Any] | None]:
+    """Float64 truth, term magnitudes and, if inputs hold subnormals, the flush-to-zero truth."""
+
+    def run(prep: Callable[[torch.Tensor], torch.Tensor]) -> tuple[Any, Any]:
+        a = _map(tuple(args), lambda t: _to_truth_input(prep(t)))
+        kw = _map(dict(kwargs), lambda t: _to_truth_input(prep(t)))
+        out = reference(*a, **kw)
+        scale = model.magnitude(*a, **kw) if model.magnitude is not None else None
+        return out, scale
+
+    with torch.no_grad():
+        truth, scale = run(lambda t: t)
+        alternative = run(_flush_subnormals) if model.allow_flush_to_zero and _has_subnormals(args, kwargs) else None
+    return truth, scale, alternative
+
+
+# --------------------------------------------------------------------------- public entry points
+
+
+def _unpack(args: tuple[Any, ...], kwargs: dict[str, Any], model: ErrorModel | None
+            ) -> tuple[tuple[Any, ...], dict[str, Any], ErrorModel]:
+    if model is not None and not isinstance(model, ErrorModel):
+        raise InvalidArgument(f"dtype_policy={model!r} must be an ErrorModel (or None for the defaults)")
+    if len(args) == 1 and isinstance(args[0], OpArgs):
+        case = args[0]
+        model = model or ErrorModel()
+        if model.reduction_length is None:
+            model = replace(model, reduction_length=case.reduction_length)
+        if model.magnitude is None and case.magnitude is not None:
+            model = replace(model, magnitude=case.magnitude)
+        return tuple(case.args), {**case.kwargs, **kwargs}, model
+    return args, kwargs, model or ErrorModel()
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def check_op(candidate: Callable[..., Any], reference: Callable[..., Any], *args: Any,
+             device: str | torch.device | None = None, dtype_policy: ErrorModel | None = None,
+             **kwargs: Any) -> OpResult:
+    """Like :func:`compare_op` but never raises on a mismatch: returns the ``OpResult``.
+
+    A single ``OpArgs`` positional argument is unpacked (its reduction length and
+    magnitude feed the error model unless ``dtype_policy`` sets them).
+    """
+    args, kwargs, model = _unpack(args, kwargs, dtype_policy)
+    dev = _resolve_device(device)
+    k = model.reduction_length or _default_k(args, kwargs)
+    tf32 = model.tf32 if model.tf32 is not None else _tf32_enabled(dev)
+    in_dtypes = _input_dtypes(args, kwargs)
+    judged = _lowest(in_dtypes)
+    result = OpResult(ok=False, candidate=_qualname(candidate), reference=_qualname(reference), device=str(dev),
+                      inputs=[f"{n}: {describe_value(v)}" for n, v in _named(args, kwargs)],
+                      reduction_length=k, model=model.describe(judged, k, tf32))
+    truth, scale, alternative = _truth(reference, model, args, kwargs)
+    with torch.no_grad():
+        try:
+            cand_out = candidate(*_map(args, lambda t: place(t, dev)), **_map(kwargs, lambda t: place(t, dev)))
+            _synchronize(dev)
+        except Exception as exc:  # the op itself failing on the backend is a parity failure
+            result.error = f"{type(exc).__name__}: {exc}"
+            result.reproduction = _reproduction(candidate, reference, args, kwargs, dev)
+            return result
+    _judge_outputs(result, cand_out, truth, scale, model, in_dtypes, k, tf32, alternative)
+    if not result.ok:
+        result.reproduction = _reproduction(candidate, reference, args, kwargs, dev)
+    return result
+
+
+def compare_op(candidate: Callable[..., Any], reference: Callable[..., Any], *args: Any,
+               device: str | torch.device | None = None, dtype_policy: ErrorModel | None = None,
+               **kwargs: Any) -> OpResult:
+    """Run ``candidate`` on ``device`` and ``reference`` in float64 on the CPU; fail if they disagree.
+
+    Raises ``AssertionError`` describing the inputs (shapes, dtypes, strides, values
+    and a reproduction) when any output element is outside the error model.  Safe in
+    ``@given`` tests: it never calls ``assume``/``reject`` and keeps no per-example state.
+    """
+    __tracebackhide__ = True
+    result = check_op(candidate, reference, *args, device=device, dtype_policy=dtype_policy, **kwargs)
+    if not result.ok:
+        _raise(result)
+    return result
+
+
+def _named(args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    return [(f"args[{i}]", a) for i, a in enumerate(args)] + list(kwargs.items())
+
+
+# --------------------------------------------------------------------------- golden replay
+
+
+def _golden_paths(path: str | os.PathLike[str]) -> tuple[Path, Path]:
+    p = Path(path)
+    stem = p.with_suffix("") if p.suffix in (".safetensors", ".json") else p
+    return stem.with_name(stem.name + ".safetensors"), stem.with_name(stem.name + ".json")
+
+
+_DTYPE_BY_NAME = {n: getattr(torch, n) for n in ("float64", "float32", "float16", "bfloat16", "int64", "int32",
+                                                 "int16", "int8", "uint8", "bool") if getattr(torch, n, None)}
+for _fp8 in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
+    if getattr(torch, _fp8, None) is not None:
+        _DTYPE_BY_NAME[_fp8] = getattr(torch, _fp8)
+
+
+class _Packer:
+    """Turns nested argument structures into JSON specs plus a flat dict of tensors."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, torch.Tensor] = {}
+
+    def pack(self, value: Any, key: str) -> Any:
+        if isinstance(value, torch.Tensor):
+            t = value.detach().cpu()
+            span = _storage_span(t)
+            self.tensors[key] = t.as_strided((span,), (1,), 0).clone() if span else torch.empty(0, dtype=t.dtype)
+            return {"tensor": key, "dtype": _dname(t.dtype), "shape": list(t.shape), "stride": list(t.stride()),
+                    "offset": t.storage_offset()}
+        if isinstance(value, (list, tuple)):
+            return {"list" if isinstance(value, list) else "tuple":
+                    [self.pack(v, f"{key}.{i}") for i, v in enumerate(value)]}
+        if isinstance(value, Mapping):
+            return {"dict": {str(k): self.pack(v, f"{key}.{k}") for k, v in value.items()}}
+        if isinstance(value, torch.dtype):
+            return {"torch_dtype": _dname(value)}
+        if isinstance(value, float) and not math.isfinite(value):
+            return {"float": repr(value)}
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return {"value": value}
+        raise InvalidArgument(f"cannot store a {type(value).__name__} in a golden: only tensors, numbers, strings, "
+                              "None, dtypes and lists/tuples/dicts of them")
+
+
+def _unpack_spec(spec: Any, tensors: Mapping[str, torch.Tensor], where: Path) -> Any:
+    try:
+        if "tensor" in spec:
+            dtype = _DTYPE_BY_NAME[spec["dtype"]]
+            flat = tensors[spec["tensor"]]
+            if flat.dtype != dtype:
+                raise GoldenCorrupt(f"{where}: tensor {spec['tensor']!r} is {flat.dtype}, manifest says {dtype}", where)
+            if flat.numel() == 0:
+                return torch.empty(spec["shape"], dtype=dtype)
+            return flat.as_strided(tuple(spec["shape"]), tuple(spec["stride"]), int(spec["offset"]))
+        if "list" in spec:
+            return [_unpack_spec(s, tensors, where) for s in spec["list"]]
+        if "tuple" in spec:
+            return tuple(_unpack_spec(s, tensors, where) for s in spec["tuple"])
+        if "dict" in spec:
+            return {k: _unpack_spec(s, tensors, where) for k, s in spec["dict"].items()}
+        if "torch_dtype" in spec:
+            return _DTYPE_BY_NAME[spec["torch_dtype"]]
+        if "float" in spec:
+            return float(spec["float"])
+        return spec["value"]
+    except (KeyError, TypeError, RuntimeError) as exc:
+        raise GoldenCorrupt(f"{where}: malformed entry {spec!r} ({exc}); re-record the golden", where) from exc
+
+
+@dataclass
+class GoldenExample:
+    """One recorded input with its float64 truth, term magnitudes and the reference device's output."""
+
+    index: int
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    truth: Any
+    scale: Any
+    reference_output: Any
+    reduction_length: int
+    source: str
+
+    def __str__(self) -> str:  # used as a pytest id
+        return f"example{self.index}"
+
+    def check(self, candidate: Callable[..., Any], *, device: str | torch.device | None = None,
+              dtype_policy: ErrorModel | None = None) -> OpResult:
+        """Run ``candidate`` on exactly these inputs and judge it against the stored truth."""
+        model = dtype_policy or ErrorModel()
+        dev = _resolve_device(device)
+        k = model.reduction_length or self.reduction_length
+        tf32 = model.tf32 if model.tf32 is not None else _tf32_enabled(dev)
+        in_dtypes = _input_dtypes(self.args, self.kwargs)
+        result = OpResult(ok=False, candidate=_qualname(candidate), reference=f"golden {self.source}#{self.index}",
+                          device=str(dev), inputs=[f"{n}: {describe_value(v)}" for n, v in _named(self.args,
+                                                                                                   self.kwargs)],
+                          reduction_length=k, model=model.describe(_lowest(in_dtypes), k, tf32))
+        with torch.no_grad():
+            try:
+                out = candidate(*_map(self.args, lambda t: place(t, dev)),
+                                **_map(self.kwargs, lambda t: place(t, dev)))
+                _synchronize(dev)
+            except Exception as exc:
+                result.error = f"{type(exc).__name__}: {exc}"
+                return result
+        _judge_outputs(result, out, self.truth, self.scale, model, in_dtypes, k, tf32)
+        if self.reference_output is not None:
+            ref = OpResult(ok=False, candidate="reference device", reference="truth", device="recorded")
+            _judge_outputs(ref, self.reference_output, self.truth, self.scale, model, in_dtypes, k, tf32)
+            result.reference_error = f"reference device worst err/tol {ref.max_ratio:.3g}"
+        if not result.ok:
+            result.reproduction = (f"from pytest_rocm_parity.fuzz import load_golden\n"
+                                   f"load_golden({self.source!r}).examples[{self.index}].check({_qualname(candidate)})")
+        return result
+
+    def compare(self, candidate: Callable[..., Any], *, device: str | torch.device | None = None,
+                dtype_policy: ErrorModel | None = None) -> OpResult:
+        """Raising form of :meth:`check`."""
+        __tracebackhide__ = True
+        result = self.check(candidate, device=device, dtype_policy=dtype_policy)
+        if not result.ok:
+            _raise(result)
+        return result
+
+
+@dataclass
+class Golden:
+    """A loaded golden: its manifest (environment, op names) and the examples."""
+
+    path: Path
+    manifest: dict[str, Any]
+    examples: list[GoldenExample]
+
+
+def _collect_examples(strategy: Any, count: int, seed: int) -> list[Any]:
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hyp_seed
+
+    found: list[Any] = []
+
+    @hyp_seed(seed)
+    @settings(max_examples=count, database=None, deadline=None, phases=[Phase.generate],
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(strategy)
+    def _collect(case: Any) -> None:
+        found.append(case)
+
+    _collect()
+    return found
+
+
+def record_golden(path: str | os.PathLike[str], candidate: Callable[..., Any], reference: Callable[..., Any],
+                  strategy: Any, *, max_examples: int = 25, seed: int = 0,
+                  device: str | torch.device | None = None, overwrite: bool = False) -> Path:
+    """On the reference machine: generate examples, store inputs, float64 truth and device output.
+
+    ``strategy`` draws ``OpArgs`` (or tuples of positional arguments).  Writes
+    ``<path>.safetensors`` and ``<path>.json`` atomically; returns the manifest path.
+    """
+    from safetensors.torch import save_file
+
+    tensor_file, manifest_file = _golden_paths(path)
+    if manifest_file.exists() and not overwrite:
+        from pytest_rocm_parity.errors import GoldenExists
+
+        raise GoldenExists(f"{manifest_file} exists; pass overwrite=True to re-record it", manifest_file)
+    dev = _resolve_device(device)
+    packer = _Packer()
+    entries = []
+    for i, case in enumerate(_collect_examples(strategy, max_examples, seed)):
+        if not isinstance(case, OpArgs):
+            case = OpArgs(tuple(case) if isinstance(case, (tuple, list)) else (case,))
+        model = ErrorModel(reduction_length=case.reduction_length, magnitude=case.magnitude)
+        args, kwargs = tuple(case.args), dict(case.kwargs)
+        with torch.no_grad():
+            truth = reference(*_map(args, _to_truth_input), **_map(kwargs, _to_truth_input))
+            scale = model.magnitude(*_map(args, _to_truth_input), **_map(kwargs, _to_truth_input)) \
+                if model.magnitude is not None else None
+            out = candidate(*_map(args, lambda t: place(t, dev)), **_map(kwargs, lambda t: place(t, dev)))
+            _synchronize(dev)
+        entries.append({
+            "args": packer.pack(args, f"{i}.args"), "kwargs": packer.pack(kwargs, f"{i}.kwargs"),
+            "truth": packer.pack(truth, f"{i}.truth"), "scale": packer.pack(scale, f"{i}.scale"),
+            "reference_output": packer.pack(_map(out, lambda t: t.detach().cpu()), f"{i}.ref"),
+            "reduction_length": case.reduction_length,
+        })
+    manifest = {
+        "format": GOLDEN_FORMAT, "kind": "rocm-parity-op-golden", "candidate": _qualname(candidate),
+        "reference": _qualname(reference), "seed": seed, "examples": entries,
+        "environment": _environment(dev),
+    }
+    tensor_file.parent.mkdir(parents=True, exist_ok=True)
+    _atomic(tensor_file, lambda p: save_file(packer.tensors, str(p), metadata={"format": str(GOLDEN_FORMAT)}))
+    manifest["sha256"] = hashlib.sha256(tensor_file.read_bytes()).hexdigest()
+    _atomic(manifest_file, lambda p: p.write_text(json.dumps(manifest, indent=1, sort_keys=True)))
+    return manifest_file
+
+
+def _environment(dev: torch.device) -> dict[str, Any]:
+    env: dict[str, Any] = {"torch": torch.__version__, "device": str(dev),
+                           "hip": getattr(torch.version, "hip", None), "cuda": torch.version.cuda}
+    if dev.type == "cuda":
+        env["device_name"] = torch.cuda.get_device_name(dev)
+    return env
+
+
+def _atomic(target: Path, write: Callable[[Path], Any]) -> None:
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, target)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def load_golden(path: str | os.PathLike[str]) -> Golden:
+    """Load a golden written by :func:`record_golden`, checking format version and checksum."""
+    from safetensors.torch import load_file
+
+    tensor_file, manifest_file = _golden_paths(path)
+    if not manifest_file.exists() or not tensor_file.exists():
+        raise GoldenMissing(f"no op golden at {manifest_file} (+ .safetensors); record one on the reference "
+                            "machine with record_golden() or `rocm-parity ops --record DIR`", manifest_file)
+    try:
+        manifest = json.loads(manifest_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise GoldenCorrupt(f"{manifest_file}: unreadable manifest ({exc}); re-record it", manifest_file) from exc
+    if not isinstance(manifest, dict) or manifest.get("kind") != "rocm-parity-op-golden":
+        raise GoldenCorrupt(f"{manifest_file} is not an operator golden manifest", manifest_file)
+    if manifest.get("format") != GOLDEN_FORMAT:
+        raise GoldenStale(f"{manifest_file} has format {manifest.get('format')!r}, this version reads "
+                          f"{GOLDEN_FORMAT}; re-record it on the reference machine", manifest_file)
+    digest = hashlib.sha256(tensor_file.read_bytes()).hexdigest()
+    if digest != manifest.get("sha256"):
+        raise GoldenCorrupt(f"{tensor_file} does not match the checksum in {manifest_file.name}; the pair was "
+                            "edited or copied incompletely; re-record or re-copy both files", tensor_file)
+    try:
+        tensors = load_file(str(tensor_file))
+    except Exception as exc:  # safetensors raises its own error types
+        raise GoldenCorrupt(f"{tensor_file}: cannot read tensors ({exc})", tensor_file) from exc
+    examples = []
+    for i, entry in enumerate(manifest["examples"]):
+        examples.append(GoldenExample(
+            index=i, args=tuple(_unpack_spec(entry["args"], tensors, manifest_file)),
+            kwargs=dict(_unpack_spec(entry["kwargs"], tensors, manifest_file)),
+            truth=_unpack_spec(entry["truth"], tensors, manifest_file),
+            scale=_unpack_spec(entry["scale"], tensors, manifest_file),
+            reference_output=_unpack_spec(entry["reference_output"], tensors, manifest_file),
+            reduction_length=int(entry.get("reduction_length", 1)), source=str(manifest_file)))
+    return Golden(manifest_file, manifest, examples)
+
+
+def replay_golden(path: str | os.PathLike[str], candidate: Callable[..., Any], *,
+                  device: str | torch.device | None = None,
+                  dtype_policy: ErrorModel | None = None) -> list[OpResult]:
+    """On the candidate machine: run every recorded example and return all records (never raises on mismatch)."""
+    golden = load_golden(path)
+    return [ex.check(candidate, device=device, dtype_policy=dtype_policy) for ex in golden.examples]

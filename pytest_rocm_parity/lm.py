@@ -1,0 +1,330 @@
+"""Causal-LM parity: what the model says, tied back to the layer that made it say otherwise.
+
+On top of per-layer parity (engine.py) this judges perplexity (two-sided, against
+the golden and the float64 truth), top-1 agreement that ignores near-ties,
+mutual top-k containment, KL divergence, and greedy generation: the first
+divergent step, then a teacher-forced continuation so one flip does not cascade.
+At the first confident disagreement it names the layer that diverged first at
+that position.  docs/lm.md gives the rule's numbers.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pytest_rocm_parity import dtypes as dt
+from pytest_rocm_parity.engine import OUTPUT, CheckSpec, capture, replay
+from pytest_rocm_parity.errors import InputError, InvalidArgument
+
+# A top-1 flip counts only where the reference's top-1/top-2 logit margin exceeds
+# NOISE_K times the reference's own RMS logit error against the float64 truth.
+NOISE_K = 6.0
+PPL_K = 3.0          # |ppl_cand - ppl_truth| <= PPL_K * |ppl_ref - ppl_truth| + PPL_FLOOR_ULPS * u * ppl_truth
+PPL_FLOOR_ULPS = 0.5
+KL_K = 3.0           # mean KL(truth || cand) <= KL_K * mean KL(truth || ref) + KL_FLOOR
+
+
+def _logits(out: Any) -> Any:
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return out
+    if hasattr(out, "logits"):
+        return out.logits
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    raise InvalidArgument(f"check_lm: the model returned {type(out).__name__}; expected logits, a tuple starting "
+                          f"with logits, or an object with .logits")
+
+
+def _is_hf(model: Any) -> bool:
+    return hasattr(model, "config") and hasattr(model.config, "vocab_size")
+
+
+def vocab_size(model: Any) -> int | None:
+    if _is_hf(model):
+        return int(model.config.vocab_size)
+    import torch.nn as nn
+
+    embs = [m for m in model.modules() if isinstance(m, nn.Embedding)]
+    return int(embs[0].num_embeddings) if embs else None
+
+
+def validate(model: Any, input_ids: Any, attention_mask: Any, generate: Any) -> tuple[Any, Any]:
+    """Clear errors for bad LM inputs instead of a crash deep inside the model."""
+    import torch
+
+    if not isinstance(input_ids, torch.Tensor):
+        raise InputError(f"input_ids: expected a torch.LongTensor of token ids, got {type(input_ids).__name__}")
+    if input_ids.is_floating_point() or input_ids.dtype == torch.bool:
+        raise InputError(f"input_ids: expected integer token ids, got dtype {input_ids.dtype}; pass ids, not embeddings")
+    if input_ids.dim() == 1:
+        input_ids = input_ids.unsqueeze(0)
+        if attention_mask is not None and attention_mask.dim() == 1:
+            attention_mask = attention_mask.unsqueeze(0)
+    if input_ids.dim() != 2:
+        raise InputError(f"input_ids: expected shape (batch, seq), got {tuple(input_ids.shape)}")
+    if input_ids.numel() == 0:
+        raise InputError(f"input_ids: empty sequence (shape {tuple(input_ids.shape)}); give at least 2 tokens per row")
+    if input_ids.shape[1] < 2:
+        raise InputError("input_ids: perplexity needs at least 2 tokens per row")
+    v = vocab_size(model)
+    if v is not None:
+        bad = (input_ids < 0) | (input_ids >= v)
+        if bool(bad.any()):
+            idx = tuple(int(i) for i in bad.nonzero()[0])
+            raise InputError(f"input_ids: token id {int(input_ids[idx])} at index {idx} is outside the model's "
+                             f"vocabulary [0, {v}); check the tokenizer matches the model")
+    if attention_mask is not None:
+        if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != tuple(input_ids.shape):
+            shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
+            raise InputError(f"attention_mask: shape {shape} does not match input_ids {tuple(input_ids.shape)}")
+        if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
+            raise InputError("attention_mask: values must be 0 or 1")
+    elif _is_hf(model):
+        pad = getattr(model.config, "pad_token_id", None)
+        if pad is not None and input_ids.shape[0] > 1 and bool((input_ids == pad).any()):
+            raise InputError(f"input_ids: the batch contains padding (pad_token_id={pad}) but no attention_mask was "
+                             f"given; pass attention_mask=(input_ids != {pad}).long()")
+    if not isinstance(generate, int) or isinstance(generate, bool) or generate < 0:
+        raise InvalidArgument(f"generate={generate!r}: must be a non-negative int (greedy steps)")
+    if generate and attention_mask is not None and bool((attention_mask[:, -1] == 0).any()):
+        raise InputError("generate: right-padded rows cannot be continued; pad on the left (tokenizer.padding_side='left')")
+    return input_ids, attention_mask
+
+
+def _inputs(model: Any, ids: Any, mask: Any) -> Any:
+    if _is_hf(model):
+        kw: dict[str, Any] = {"input_ids": ids, "use_cache": False}
+        if mask is not None:
+            kw["attention_mask"] = mask
+        return kw
+    return {"input_ids": ids, "attention_mask": mask} if mask is not None else (ids,)
+
+
+def greedy(model: Any, ids: Any, mask: Any, steps: int) -> tuple[Any, Any]:
+    """Greedy tokens and the top-1/top-2 margin at each step (full recompute: works for any module)."""
+    import torch
+
+    toks, margins = [], []
+    with torch.inference_mode():
+        for _ in range(steps):
+            out = _inputs(model, ids, mask)
+            lg = _logits(model(**out) if isinstance(out, dict) else model(*out))[:, -1].double()
+            top2 = lg.topk(2, dim=-1)
+            nxt = top2.indices[:, :1]
+            toks.append(nxt)
+            margins.append(top2.values[:, :1] - top2.values[:, 1:2])
+            ids = torch.cat([ids, nxt.to(ids.dtype)], dim=1)
+            if mask is not None:
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+    b = ids.shape[0]
+    if not toks:
+        return ids.new_zeros((b, 0)), torch.zeros((b, 0), dtype=torch.float64)
+    return torch.cat(toks, 1), torch.cat(margins, 1)
+
+
+def check_lm(parity: Any, model: Any, input_ids: Any, *, name: str | None = None, dtypes: Any = None,
+             attention_mask: Any = None, generate: int = 0, layers: Any = None, tolerance: Any = None,
+             drill: int | None = None, top_k: int = 5) -> list[Any]:
+    """See Parity.check_lm."""
+    __tracebackhide__ = True
+    from pytest_rocm_parity.api import _clean_errors, _require_module
+
+    with _clean_errors():
+        _require_module(model)
+        input_ids, attention_mask = validate(model, input_ids, attention_mask, generate)
+        spec = parity._spec(model, name, dtypes, layers, tolerance, drill)
+    session = parity._session
+    prompt_len = int(input_ids.shape[1])
+
+    def full_inputs(cont: Any) -> tuple[Any, Any]:
+        import torch
+
+        if cont is None or cont.shape[1] == 0:
+            return input_ids, attention_mask
+        ids = torch.cat([input_ids, cont.to(input_ids.dtype)], 1)
+        mask = None if attention_mask is None else torch.cat([attention_mask, torch.ones_like(cont)], 1)
+        return ids, mask
+
+    def do_capture() -> Any:
+        import torch
+
+        from pytest_rocm_parity.engine import numerics, prepare_model
+
+        cont = None
+        if generate:
+            m32 = prepare_model(model, parity.device, torch.float32).eval()
+            with numerics("float32"):
+                cont, _ = greedy(m32, input_ids.to(parity.device),
+                                 None if attention_mask is None else attention_mask.to(parity.device), generate)
+            cont = cont.cpu()
+            del m32
+        ids, mask = full_inputs(cont)
+        spec.positions = (int(ids.shape[0]), int(ids.shape[1]))
+        spec.manifest_extra = {"lm": {"prompt_len": prompt_len, "generate": generate,
+                                      "continuation": [] if cont is None else cont.tolist()}}
+
+        def extra(rung: str, m: Any, args: Any, kwargs: Any) -> Any:
+            dev = parity.device
+            pm = None if attention_mask is None else attention_mask.to(dev)
+            toks, margins = greedy(m, input_ids.to(dev), pm, generate)
+            return {"generate": generate}, {"gen_tokens": toks, "gen_margins": margins}
+
+        spec.extra_capture = extra
+        return capture(model, _inputs(model, ids, mask), spec, session.store, parity.device,
+                       overwrite=session.store.exists(spec.name), env=session.env)
+
+    def do_replay() -> Any:
+        import torch
+
+        manifest = session.store.read_manifest(spec.name)
+        lm = manifest.get("lm", {})
+        cont_list = lm.get("continuation") or []
+        cont = torch.tensor(cont_list, dtype=torch.long) if cont_list else None
+        if int(lm.get("generate", 0)) != generate or int(lm.get("prompt_len", prompt_len)) != prompt_len:
+            from pytest_rocm_parity.errors import GoldenStale
+
+            raise GoldenStale(f"stale golden for {spec.name!r}: captured with generate={lm.get('generate')} and a "
+                              f"{lm.get('prompt_len')}-token prompt, asked generate={generate} on {prompt_len}. "
+                              f"Regenerate: {spec.regen_command}", session.store.manifest_path(spec.name))
+        ids, mask = full_inputs(cont)
+        spec.positions = (int(ids.shape[0]), int(ids.shape[1]))
+        spec.extra_judge = _judge(prompt_len, generate, top_k, ids, mask)
+        return replay(model, _inputs(model, ids, mask), spec, session.store, parity.device, env=session.env)
+
+    results = parity._run(spec, do_capture, do_replay)
+    return results
+
+
+def _judge(prompt_len: int, generate: int, top_k: int, ids_cpu: Any, mask_cpu: Any) -> Any:
+    def judge(rung: str, m: Any, args: Any, kwargs: Any, out: Any, reader: Any, meta: Any, result: Any) -> None:
+        import torch
+
+        dev = reader.get(meta["outputs"]["out"][_logits_leaf(meta)]).device
+        lc = _logits(out).to(dev, torch.float64)
+        lr = reader.get(meta["outputs"]["out"][_logits_leaf(meta)]).to(torch.float64)
+        lt = reader.get(f"gtruth/{OUTPUT}/{_logits_leaf(meta)}").to(dev, torch.float64)
+        ids = ids_cpu.to(dev)
+        valid = torch.ones(ids.shape, dtype=torch.bool, device=dev) if mask_cpu is None else mask_cpu.to(dev).bool()
+        u = dt.UNIT_ROUNDOFF[rung] if not (rung == "float32" and meta.get("tf32")) else dt.UNIT_ROUNDOFF["tf32"]
+        metrics: dict[str, Any] = {}
+        fails: list[str] = []
+
+        # perplexity over the prompt (real text), next-token targets
+        tgt = ids[:, 1:prompt_len]
+        pv = valid[:, 1:prompt_len] & valid[:, : prompt_len - 1]
+        ppl = {k: _ppl(l[:, : prompt_len - 1], tgt, pv) for k, l in (("cand", lc), ("ref", lr), ("truth", lt))}
+        metrics.update({"ppl": ppl["cand"], "ppl_ref": ppl["ref"], "ppl_truth": ppl["truth"],
+                        "ppl_rel_delta": ppl["cand"] / ppl["ref"] - 1.0,
+                        "ppl_rel_delta_truth": ppl["cand"] / ppl["truth"] - 1.0,
+                        "ppl_ref_rel_delta_truth": ppl["ref"] / ppl["truth"] - 1.0})
+        ppl_budget = PPL_K * abs(ppl["ref"] - ppl["truth"]) + PPL_FLOOR_ULPS * u * ppl["truth"]
+        metrics["ppl_budget_abs"] = ppl_budget
+        if abs(ppl["cand"] - ppl["truth"]) > ppl_budget:
+            fails.append(f"perplexity {ppl['cand']:.6g} vs reference {ppl['ref']:.6g} (truth {ppl['truth']:.6g}): "
+                         f"|cand - truth| = {abs(ppl['cand'] - ppl['truth']):.3g} > budget {ppl_budget:.3g}")
+
+        # token agreement, near-tie aware
+        noise = float((lr - lt)[valid].square().mean().sqrt()) if bool(valid.any()) else 0.0
+        delta = NOISE_K * noise
+        top2 = lr.topk(2, dim=-1)
+        margin = top2.values[..., 0] - top2.values[..., 1]
+        a_c, a_r = lc.argmax(-1), top2.indices[..., 0]
+        # a flip: the candidate strictly prefers another token than the reference's top-1 (exact ties are not flips)
+        flips = (lc.gather(-1, a_r.unsqueeze(-1)).squeeze(-1) < lc.gather(-1, a_c.unsqueeze(-1)).squeeze(-1)) & valid
+        confident = flips & (margin > delta)
+        n = int(valid.sum())
+        k = min(top_k, lc.shape[-1])
+        tk_c, tk_r = lc.topk(k, -1).indices, lr.topk(k, -1).indices
+        contain = ((tk_r == a_c.unsqueeze(-1)).any(-1) & (tk_c == a_r.unsqueeze(-1)).any(-1)) | ~valid
+        metrics.update({"positions": n, "top1_agreement": 1.0 - int(flips.sum()) / max(n, 1),
+                        "flips": int(flips.sum()), "confident_flips": int(confident.sum()),
+                        "near_tie_margin": delta, "logit_noise_rms": noise,
+                        f"top{k}_containment": float(contain.float().mean())})
+        # KL divergences per position
+        lpr, lpc, lpt = (torch.log_softmax(x, -1) for x in (lr, lc, lt))
+        kl_rc = (lpr.exp() * (lpr - lpc)).sum(-1)[valid]
+        kl_tc = (lpt.exp() * (lpt - lpc)).sum(-1)[valid]
+        kl_tr = (lpt.exp() * (lpt - lpr)).sum(-1)[valid]
+        metrics.update({"kl_mean": float(kl_rc.mean()), "kl_max": float(kl_rc.max()),
+                        "kl_truth_cand_mean": float(kl_tc.mean()), "kl_truth_ref_mean": float(kl_tr.mean())})
+        kl_budget = KL_K * float(kl_tr.mean()) + (u * u)
+        if float(kl_tc.mean()) > kl_budget:
+            fails.append(f"KL(truth||cand) mean {float(kl_tc.mean()):.3g} > budget {kl_budget:.3g} "
+                         f"(reference's own: {float(kl_tr.mean()):.3g})")
+        if int(confident.sum()):
+            fails.append(f"{int(confident.sum())} confident top-1 flip(s) (reference margin > {delta:.3g}); "
+                         f"{int(flips.sum()) - int(confident.sum())} near-tie flips ignored")
+        if not bool(contain.all()):
+            fails.append(f"mutual top-{k} containment broken at {int((~contain).sum())} position(s)")
+        first = None
+        if bool(confident.any()):
+            b, s = (int(x) for x in confident.nonzero()[0])
+            first = {"batch": b, "position": s, "ref_token": int(a_r[b, s]), "cand_token": int(a_c[b, s]),
+                     "ref_margin": float(margin[b, s]), "layer": _first_layer_at(result, b, s)}
+            metrics["first_confident_disagreement"] = first
+
+        # generation: free-running first divergence, then teacher-forced continuation
+        if generate:
+            gold = reader.get("extra/gen_tokens").to(dev)
+            gmarg = reader.get("extra/gen_margins").to(dev, torch.float64)
+            pm = None if mask_cpu is None else mask_cpu[:, :prompt_len].to(dev)
+            cand_toks, _ = greedy(m, ids[:, :prompt_len], pm, generate)
+            diverged = cand_toks.to(dev) != gold
+            steps = []
+            conf_div = 0
+            for b in range(gold.shape[0]):
+                idx = diverged[b].nonzero()
+                j = int(idx[0]) if idx.numel() else None
+                steps.append(j)
+                if j is not None and float(gmarg[b, j]) > delta:
+                    conf_div += 1
+            tf = slice(prompt_len - 1, prompt_len - 1 + generate)
+            tf_flips = flips[:, tf]
+            metrics["generation"] = {
+                "steps": generate, "first_divergent_step": steps,
+                "exact_match_rows": sum(1 for j in steps if j is None),
+                "confident_divergences": conf_div,
+                "teacher_forced_agreement": 1.0 - float(tf_flips.float().mean()) if tf_flips.numel() else 1.0,
+                "teacher_forced_confident_flips": int(confident[:, tf].sum()),
+            }
+            if conf_div:
+                fails.append(f"greedy generation diverged at a confident step in {conf_div} row(s) "
+                             f"(first divergent steps {steps})")
+        result.extra["lm"] = metrics
+        if fails:
+            result.passed = False
+            result.notes.extend(f"lm: {f}" for f in fails)
+            if first is not None:
+                result.notes.append(f"lm: first confident disagreement at batch {first['batch']} position "
+                                    f"{first['position']}; layer that diverged first there: {first['layer']}")
+        result.kind = "lm"
+
+    return judge
+
+
+def _logits_leaf(meta: dict[str, Any]) -> str:
+    outs = meta["outputs"]["out"]
+    return "logits" if "logits" in outs else next(iter(outs))
+
+
+def _ppl(logits: Any, tgt: Any, valid: Any) -> float:
+    import torch
+
+    lp = torch.log_softmax(logits, -1).gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+    nll = -(lp[valid]).mean()
+    return float(math.exp(float(nll)))
+
+
+def _first_layer_at(result: Any, b: int, s: int) -> str | None:
+    """First layer (execution order) whose propagated error at (b, s) exceeds its budget there."""
+    pos = result.extra.get("_pos_err", {})
+    for rec in result.layers:
+        e = pos.get(rec.name)
+        if e is None:
+            continue
+        ec, er = float(e[0][b, s]), float(e[1][b, s])
+        if ec > rec.prop_budget * er + 1e-30:
+            return rec.name
+    return None

@@ -1,0 +1,624 @@
+"""Reports people look at: one self-contained HTML page, CSV tables, failing tensors.
+
+``write_all(doc, out_dir)`` is called by the session after it wrote
+``parity-report.json`` (``doc`` is that document, see docs/reports.md) and writes:
+
+* ``parity-report.html``: one file that opens offline: inline CSS and inline SVG
+  plots drawn here in Python; no JavaScript, no CDN, no external resource;
+* ``layers.csv`` (one row per check x layer, every metric) and ``checks.csv``
+  (one row per check), through pandas when it is installed (stdlib csv otherwise).
+
+``save_failing_tensors(result, tensors, out_dir)`` writes the obtained tensors of
+a failing check's failing layers to ``<out_dir>/tensors/<check>-<dtype>.safetensors``;
+the HTML links that file when it exists.
+
+Nothing here imports torch at module level, and nothing here may break a test
+session: ``write_all`` reports a failed artifact as a warning and goes on.
+"""
+from __future__ import annotations
+
+import csv
+import html
+import json
+import math
+import os
+import tempfile
+import warnings
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+HTML_NAME = "parity-report.html"
+LAYERS_CSV = "layers.csv"
+CHECKS_CSV = "checks.csv"
+TENSORS_DIR = "tensors"
+MAX_TENSOR_BYTES = 256 * 1024 * 1024
+
+# colours of the plot (colour-blind safe pair: blue reference, orange candidate)
+C_REF = "#1f6fb4"
+C_CAND = "#e8710a"
+C_BUDGET = "#7a7a7a"
+C_FAIL = "#c62828"
+
+
+# ---------------------------------------------------------------------------------------------
+# public API
+
+def write_all(doc: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> dict[str, Path]:
+    """Write the HTML report and the CSV tables for ``doc`` into ``out_dir``; returns what was written."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+    for key, fn in (("layers_csv", _write_layers_csv), ("checks_csv", _write_checks_csv),
+                    ("html", _write_html)):
+        try:
+            path = fn(doc, out)
+        except Exception as exc:  # a report must never break the test session that produced it
+            warnings.warn(f"rocm-parity: could not write the {key} report into {out}: "
+                          f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
+            continue
+        if path is not None:
+            written[key] = path
+    return written
+
+
+def failing_tensors_path(out_dir: str | os.PathLike[str], name: str, dtype: str) -> Path:
+    """Where ``save_failing_tensors`` puts (and the HTML looks for) one check's tensors."""
+    from pytest_rocm_parity.golden import safe_name
+
+    return Path(out_dir) / TENSORS_DIR / f"{safe_name(f'{name}-{dtype}')}.safetensors"
+
+
+def failing_layer_names(result: Any) -> list[str]:
+    """Names of the layers (and model outputs) of ``result`` that failed, in execution order."""
+    d = _as_dict(result)
+    names = [l["name"] for l in d.get("layers", []) if not (l.get("passed", True) and l.get("prop_passed", True))]
+    names += [o["name"] for o in d.get("outputs", []) if not o.get("passed", True)]
+    return names
+
+
+def save_failing_tensors(result: Any, tensors: Mapping[str, Any], out_dir: str | os.PathLike[str],
+                         max_bytes: int = MAX_TENSOR_BYTES) -> Path | None:
+    """Save the obtained tensors of ``result``'s failing layers next to the HTML report.
+
+    ``result`` is a CheckResult (or its ``to_dict()``); ``tensors`` maps keys to tensors, each key
+    ``"<layer key>/<anything>"`` (e.g. ``"blocks.2/0/isolated"``) or exactly a layer key. Only keys
+    whose layer failed (isolated or propagated, or a failing model output ``<output>.<leaf>``) are
+    written, moved to the CPU, into ``<out_dir>/tensors/<check>-<dtype>.safetensors`` with the
+    check, dtype, culprit and test in the file's metadata; tensors beyond ``max_bytes`` in total
+    are left out (named in the metadata). Returns the file, or None when the check passed or no
+    key matched. When ``result`` is a CheckResult or a dict, ``extra["failing_tensors"]`` is set
+    to the file's path relative to ``out_dir`` so the JSON report names it too.
+    """
+    d = _as_dict(result)
+    if d.get("passed", True):
+        return None
+    failing = failing_layer_names(d)
+    chosen: dict[str, Any] = {}
+    skipped: list[str] = []
+    total = 0
+    for key, t in tensors.items():
+        if not any(key == n or key.startswith(n + "/") for n in failing):
+            continue
+        t = t.detach().to("cpu").contiguous()
+        size = t.numel() * t.element_size()
+        if total + size > max_bytes:
+            skipped.append(key)
+            continue
+        total += size
+        chosen[key] = t
+    if not chosen:
+        return None
+    from safetensors.torch import save_file
+
+    path = failing_tensors_path(out_dir, str(d.get("name", "check")), str(d.get("dtype", "")))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"check": str(d.get("name", "")), "dtype": str(d.get("dtype", "")), "test": str(d.get("test", "")),
+            "culprit": str(d.get("culprit")), "first_divergent": str(d.get("first_divergent")),
+            "failing_layers": json.dumps(failing), "skipped_over_budget": json.dumps(skipped)}
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".safetensors", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file(chosen, tmp, metadata=meta)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    rel = path.relative_to(Path(out_dir)).as_posix()
+    extra = result.get("extra") if isinstance(result, dict) else getattr(result, "extra", None)
+    if isinstance(extra, dict):
+        extra["failing_tensors"] = rel
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# tables (also the CSV rows)
+
+def _as_dict(result: Any) -> dict[str, Any]:
+    return result if isinstance(result, dict) else result.to_dict()
+
+
+def layer_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per check x layer (model outputs included, kind='output'), every metric flattened."""
+    rows = []
+    for c in doc.get("checks", []):
+        for kind, items in (("layer", c.get("layers", [])), ("output", c.get("outputs", []))):
+            for i, l in enumerate(items):
+                row: dict[str, Any] = {
+                    "test": c.get("test", ""), "check": c.get("name", ""), "dtype": c.get("dtype", ""),
+                    "check_passed": c.get("passed"), "kind": kind, "order": i, "layer": l.get("name", ""),
+                    "primary": l.get("primary", ""), "passed": l.get("passed"),
+                    "iso_passed": l.get("iso_passed"), "prop_passed": l.get("prop_passed"),
+                    "is_culprit": l.get("name") == c.get("culprit"),
+                    "is_first_divergent": l.get("name") == c.get("first_divergent"),
+                }
+                for k, v in (l.get("metrics") or {}).items():
+                    row[k] = json.dumps(v) if isinstance(v, (list, dict)) else v
+                rows.append(row)
+    return rows
+
+
+def _env_brief(env: Mapping[str, Any]) -> str:
+    if not env:
+        return ""
+    ver = " ".join(f"{k} {env[k]}" for k in ("cuda", "hip") if env.get(k))
+    return " ".join(str(x) for x in (env.get("backend", ""), env.get("device_name", ""), env.get("arch", ""),
+                                     f"torch {env.get('torch', '')}", ver) if x).strip()
+
+
+def check_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for c in doc.get("checks", []):
+        layers = c.get("layers", [])
+        prof = (c.get("extra") or {}).get("profile") or []
+        rows.append({
+            "test": c.get("test", ""), "check": c.get("name", ""), "dtype": c.get("dtype", ""),
+            "kind": c.get("kind", ""), "passed": c.get("passed"), "culprit": c.get("culprit"),
+            "culprit_block": c.get("culprit_block"), "first_divergent": c.get("first_divergent"),
+            "layers": len(layers), "failing_isolated": sum(1 for l in layers if not l.get("iso_passed", True)),
+            "failing_propagated": sum(1 for l in layers if not l.get("prop_passed", True)),
+            "failing_outputs": sum(1 for o in c.get("outputs", []) if not o.get("passed", True)),
+            "reference": _env_brief(c.get("reference_env") or {}),
+            "candidate": _env_brief(c.get("candidate_env") or {}),
+            "profile_flags": ";".join(f"{p.get('op')}x{_fmt_num(p.get('growth'))}" for p in _profile_flags(prof)),
+            "golden": c.get("golden", ""), "notes": " | ".join(c.get("notes", [])),
+        })
+    return rows
+
+
+def _write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        import pandas as pd
+    except ImportError:
+        cols: list[str] = []
+        for r in rows:
+            cols += [k for k in r if k not in cols]
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, fieldnames=cols)
+            w.writeheader()
+            w.writerows(rows)
+    else:
+        pd.DataFrame(rows).to_csv(tmp, index=False)
+    tmp.replace(path)
+    return path
+
+
+def _write_layers_csv(doc: Mapping[str, Any], out: Path) -> Path:
+    return _write_csv(layer_rows(doc), out / LAYERS_CSV)
+
+
+def _write_checks_csv(doc: Mapping[str, Any], out: Path) -> Path:
+    return _write_csv(check_rows(doc), out / CHECKS_CSV)
+
+
+# ---------------------------------------------------------------------------------------------
+# the SVG plot
+
+def _num(x: Any) -> float | None:
+    if x is None or isinstance(x, bool):
+        return None
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def _fmt_num(x: Any) -> str:
+    v = _num(x)
+    if v is None:
+        return "–"
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    if v == 0:
+        return "0"
+    if 1e-3 <= abs(v) < 1e4:
+        return f"{v:.3g}"
+    return f"{v:.2e}"
+
+
+def _series(layers: list[dict[str, Any]], prefix: str, budget_key: str) -> list[dict[str, Any]]:
+    """Per layer: reference error, candidate error and budget, relative to the truth's RMS."""
+    pts = []
+    for i, l in enumerate(layers):
+        m = l.get("metrics") or {}
+        if f"{prefix}_err_cand" not in m:
+            continue
+        kind = m.get(f"{prefix}_kind", "float")
+        ec, er = _num(m.get(f"{prefix}_err_cand")), _num(m.get(f"{prefix}_err_ref"))
+        rms = _num(m.get(f"{prefix}_rms_truth")) or 0.0
+        scale = rms if rms > 0 and math.isfinite(rms) else 1.0
+        ratio = _num(m.get(f"{prefix}_ratio"))
+        # ratio = err_cand / max(err_ref, floor): the denominator the budget multiplies
+        if ratio is not None and ratio > 0 and math.isfinite(ratio) and ec is not None and ec > 0:
+            denom = ec / ratio
+        else:
+            denom = er or 0.0
+        budget = _num(m.get(budget_key)) or 0.0
+        note = str(m.get(f"{prefix}_note", "") or "")
+        nonfinite = int(m.get(f"{prefix}_nonfinite") or 0)
+        broken = kind == "exact" or nonfinite > 0 or note.startswith("shape") or (ratio is not None and math.isinf(ratio))
+        pts.append({
+            "i": i, "name": l.get("name", ""), "level": int(m.get("level", 0) or 0),
+            "ref": None if er is None else er / scale, "cand": None if ec is None else ec / scale,
+            "budget": denom * budget / scale if denom > 0 else None,
+            "ratio": ratio, "failed": not l.get("iso_passed" if prefix == "iso" else "prop_passed", True),
+            "broken": broken and kind != "exact", "exact": kind == "exact",
+            "mismatches": int(m.get(f"{prefix}_mismatches") or 0), "note": note,
+        })
+    return pts
+
+
+def _log_range(values: Iterable[float]) -> tuple[float, float]:
+    vals = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
+    if not vals:
+        return 1e-8, 1.0
+    lo, hi = math.floor(math.log10(min(vals))), math.ceil(math.log10(max(vals)))
+    if hi - lo < 2:
+        lo, hi = lo - 1, hi + 1
+    return 10.0 ** lo, 10.0 ** hi
+
+
+def svg_plot(layers: list[dict[str, Any]], mode: str, culprit: str | None, first_divergent: str | None,
+             title: str, width: int = 560, height: int = 300) -> str:
+    """Inline SVG: error / RMS(truth) against layer depth, log scale, for ``mode`` 'iso' or 'prop'."""
+    budget_key = "budget_ratio" if mode == "iso" else "budget_propagated"
+    pts = _series(layers, mode, budget_key)
+    ml, mr, mt, mb = 64, 16, 30, 92
+    pw, ph = width - ml - mr, height - mt - mb
+    e = html.escape
+    out = [f'<svg class="plot" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" role="img" aria-label="{e(title)}" data-mode="{mode}">',
+           f'<title>{e(title)}</title>',
+           f'<rect x="{ml}" y="{mt}" width="{pw}" height="{ph}" fill="#fcfcfc" stroke="#ccc"/>',
+           f'<text x="{ml}" y="16" font-size="13" font-weight="600" fill="#222">{e(title)}</text>']
+    if not pts:
+        out.append(f'<text x="{ml + pw / 2}" y="{mt + ph / 2}" font-size="12" text-anchor="middle" '
+                   f'fill="#777">no float layers to plot</text></svg>')
+        return "".join(out)
+    lo, hi = _log_range([v for p in pts for v in (p["ref"], p["cand"], p["budget"])])
+    llo, lhi = math.log10(lo), math.log10(hi)
+    n = len(pts)
+
+    def X(k: int) -> float:
+        return ml + (pw * (k + 0.5) / n)
+
+    def Y(v: float | None) -> float:
+        if v is None or not math.isfinite(v):
+            return mt + 4.0   # non-finite: pinned at the top
+        if v <= 0:
+            return mt + ph - 2.0   # exact zero: pinned at the bottom
+        return mt + ph * (1 - (math.log10(min(max(v, lo), hi)) - llo) / (lhi - llo))
+
+    # decade grid and labels
+    for d in range(int(round(llo)), int(round(lhi)) + 1):
+        y = Y(10.0 ** d)
+        out.append(f'<line x1="{ml}" x2="{ml + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e6e6e6"/>'
+                   f'<text x="{ml - 6}" y="{y + 4:.1f}" font-size="10" text-anchor="end" fill="#555">1e{d}</text>')
+    out.append(f'<text transform="translate(14,{mt + ph / 2}) rotate(-90)" font-size="11" text-anchor="middle" '
+               f'fill="#444">RMSE / RMS(truth), log</text>')
+    # culprit band and first-divergent line
+    for k, p in enumerate(pts):
+        if culprit and p["name"] == culprit:
+            bw = max(pw / n, 6.0)
+            out.append(f'<rect class="culprit-band" x="{X(k) - bw / 2:.1f}" y="{mt}" width="{bw:.1f}" height="{ph}" '
+                       f'fill="{C_FAIL}" fill-opacity="0.13"/>'
+                       f'<text class="culprit-label" x="{min(max(X(k), ml + 40), ml + pw - 40):.1f}" y="{mt - 4}" '
+                       f'font-size="11" text-anchor="middle" fill="{C_FAIL}" font-weight="700">'
+                       f'culprit: {e(_short(p["name"], 28))}</text>')
+        if first_divergent and p["name"] == first_divergent and first_divergent != culprit:
+            out.append(f'<line x1="{X(k):.1f}" x2="{X(k):.1f}" y1="{mt}" y2="{mt + ph}" stroke="{C_FAIL}" '
+                       f'stroke-dasharray="2,3"><title>first divergent: {e(p["name"])}</title></line>')
+    # lines
+    for key, color, dash, wdt in (("budget", C_BUDGET, "5,4", 1.2), ("ref", C_REF, "", 1.6), ("cand", C_CAND, "", 1.6)):
+        coords = [f"{X(k):.1f},{Y(p[key]):.1f}" for k, p in enumerate(pts) if p[key] is not None and not p["exact"]]
+        if len(coords) > 1:
+            out.append(f'<polyline class="series-{key}" points="{" ".join(coords)}" fill="none" stroke="{color}" '
+                       f'stroke-width="{wdt}"' + (f' stroke-dasharray="{dash}"' if dash else "") + "/>")
+    # points, with native tooltips
+    for k, p in enumerate(pts):
+        r = 3.2 if p["level"] == 0 else 2.2
+        tip = (f'{p["name"]} (level {p["level"]}): reference {_fmt_num(p["ref"])}, candidate {_fmt_num(p["cand"])}, '
+               f'budget {_fmt_num(p["budget"])}, ratio {_fmt_num(p["ratio"])}'
+               + (f', {p["mismatches"]} exact mismatches' if p["exact"] else "") + (" FAIL" if p["failed"] else ""))
+        out.append(f'<g class="pt{" fail" if p["failed"] else ""}"><title>{e(tip)}</title>')
+        if p["exact"]:
+            y = mt + ph - 8
+            out.append(f'<rect x="{X(k) - 3:.1f}" y="{y - 3:.1f}" width="6" height="6" '
+                       f'fill="{C_FAIL if p["failed"] else "#888"}"/>')
+        else:
+            if p["ref"] is not None:
+                out.append(f'<circle cx="{X(k):.1f}" cy="{Y(p["ref"]):.1f}" r="{r}" fill="{C_REF}"/>')
+            if p["cand"] is not None:
+                if p["broken"] or (p["cand"] is not None and not math.isfinite(p["cand"])):
+                    x, y = X(k), mt + 4
+                    out.append(f'<path d="M{x - 5:.1f},{y + 8:.1f} L{x:.1f},{y - 1:.1f} L{x + 5:.1f},{y + 8:.1f} Z" '
+                               f'fill="{C_FAIL}"/>')
+                else:
+                    out.append(f'<circle cx="{X(k):.1f}" cy="{Y(p["cand"]):.1f}" r="{r}" fill="{C_CAND}"/>')
+            if p["failed"]:
+                y = Y(p["cand"]) if p["cand"] is not None and not p["broken"] else mt + 6
+                out.append(f'<circle cx="{X(k):.1f}" cy="{y:.1f}" r="{r + 3.5}" fill="none" '
+                           f'stroke="{C_FAIL}" stroke-width="1.8"/>')
+        out.append("</g>")
+    # x labels: every layer when few, else only the blocks (level 0) thinned to fit
+    show = list(range(n)) if n <= 28 else [k for k, p in enumerate(pts) if p["level"] == 0]
+    step = max(1, math.ceil(len(show) / 28))
+    for j, k in enumerate(show):
+        name = pts[k]["name"]
+        if j % step and name not in (culprit, first_divergent):
+            continue
+        col = C_FAIL if name == culprit else "#444"
+        out.append(f'<text transform="translate({X(k) + 3:.1f},{mt + ph + 9}) rotate(-40)" font-size="9" '
+                   f'text-anchor="end" fill="{col}">{e(_short(name, 20))}</text>')
+    out.append(f'<text x="{ml}" y="{height - 5}" font-size="11" fill="#444">layer, in execution order &#8594;</text>')
+    # legend, bottom right, clear of the data
+    lx = ml + pw - 246
+    for j, (label, color, dash) in enumerate((("reference", C_REF, ""), ("candidate", C_CAND, ""),
+                                              ("budget", C_BUDGET, "5,4"))):
+        x = lx + j * 84
+        out.append(f'<line x1="{x}" x2="{x + 18}" y1="{height - 9}" y2="{height - 9}" stroke="{color}" '
+                   f'stroke-width="2"' + (f' stroke-dasharray="{dash}"' if dash else "") + "/>"
+                   f'<text x="{x + 22}" y="{height - 5}" font-size="10" fill="#333">{label}</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _short(s: str, n: int) -> str:
+    return s if len(s) <= n else "…" + s[-(n - 1):]
+
+
+# ---------------------------------------------------------------------------------------------
+# HTML
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;margin:0;color:#1b1b1b;background:#f4f5f7}
+header{background:#1d2733;color:#fff;padding:14px 24px}
+header h1{margin:0;font-size:20px} header p{margin:4px 0 0;color:#c9d3de;font-size:13px}
+main{padding:16px 24px;max-width:1240px}
+section.check{background:#fff;border:1px solid #dde1e6;border-radius:6px;margin:16px 0;padding:12px 18px}
+section.check.fail{border-left:6px solid #c62828} section.check.pass{border-left:6px solid #2e7d32}
+h2{font-size:17px;margin:4px 0 8px} h3{font-size:14px;margin:14px 0 6px;color:#333}
+.badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:700;color:#fff;vertical-align:2px}
+.badge.pass{background:#2e7d32} .badge.fail{background:#c62828}
+.culprit{color:#c62828;font-weight:700}
+table{border-collapse:collapse;font-size:12.5px;margin:4px 0}
+th,td{border:1px solid #e1e4e8;padding:3px 7px;text-align:left;vertical-align:top}
+th{background:#f0f2f5} td.num{text-align:right;font-variant-numeric:tabular-nums;font-family:ui-monospace,Menlo,Consolas,monospace}
+tr.fail td{background:#fdecea} tr.culprit-row td{font-weight:700} tr.diff td{background:#fff6d6}
+.plots{display:flex;flex-wrap:wrap;gap:12px} .kv td:first-child{color:#555}
+.envs td{max-width:420px;word-break:break-word}
+code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}
+details summary{cursor:pointer;color:#1f4f8a;margin:6px 0}
+.notes{color:#7a4b00} .muted{color:#777}
+"""
+
+
+def _page(title: str, body: str) -> str:
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">"
+            f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>{body}</body></html>\n")
+
+
+def _anchor(c: Mapping[str, Any]) -> str:
+    from pytest_rocm_parity.golden import safe_name
+
+    return "check-" + safe_name(f"{c.get('name', '')}-{c.get('dtype', '')}")
+
+
+def _badge(passed: Any) -> str:
+    return '<span class="badge pass">PASS</span>' if passed else '<span class="badge fail">FAIL</span>'
+
+
+def _env_table(ref: Mapping[str, Any], cand: Mapping[str, Any]) -> str:
+    e = html.escape
+    keys = list(ref) + [k for k in cand if k not in ref]
+
+    def show(v: Any) -> str:
+        if isinstance(v, (dict, list)):
+            return json.dumps(v, sort_keys=True, default=str)
+        return "" if v is None else str(v)
+
+    rows = []
+    for k in keys:
+        a, b = show(ref.get(k)), show(cand.get(k))
+        cls = ' class="diff"' if a != b else ""
+        rows.append(f'<tr{cls}><td>{e(str(k))}</td><td>{e(a)}</td><td>{e(b)}</td></tr>')
+    return ('<table class="envs"><tr><th></th><th>reference (golden capture)</th><th>candidate (this run)</th></tr>'
+            + "".join(rows) + "</table>")
+
+
+def _profile_flags(prof: Any) -> list[dict[str, Any]]:
+    if isinstance(prof, dict):
+        prof = prof.get("flags", [])
+    return [p for p in prof if isinstance(p, dict)] if isinstance(prof, list) else []
+
+
+def _profile_table(prof: Any) -> str:
+    flags = _profile_flags(prof)
+    if not flags:
+        return ""
+    e = html.escape
+    rows = "".join(
+        f'<tr class="fail"><td><code>{e(str(p.get("op")))}</code></td><td class="num">{_pct(p.get("ref_share"))}</td>'
+        f'<td class="num">{_pct(p.get("cand_share"))}</td><td class="num">{_fmt_num(p.get("growth"))}x</td>'
+        f'<td>{e(str(p.get("note", "")))}</td></tr>' for p in flags)
+    factor = flags[0].get("factor")
+    return (f'<h3>Profiler parity: operators whose share of time grew'
+            f'{f" past {_fmt_num(factor)}x" if factor else ""}</h3>'
+            '<table><tr><th>operator</th><th>reference share</th><th>candidate share</th><th>growth</th>'
+            f'<th>note</th></tr>{rows}</table>')
+
+
+def _pct(x: Any) -> str:
+    v = _num(x)
+    return "–" if v is None else f"{100 * v:.1f}%"
+
+
+def _layer_table(c: Mapping[str, Any]) -> str:
+    e = html.escape
+    head = ("<tr><th>#</th><th>layer</th><th>lvl</th><th>verdict</th><th>iso ratio</th><th>ratio lo</th>"
+            "<th>z</th><th>budget</th><th>prop ratio</th><th>prop budget</th><th>err ref</th><th>err cand</th>"
+            "<th>rel to ref</th><th>reason</th></tr>")
+    rows = []
+    items = [("", l) for l in c.get("layers", [])] + [("out", o) for o in c.get("outputs", [])]
+    for i, (tag, l) in enumerate(items):
+        m = l.get("metrics") or {}
+        bad = not (l.get("passed", True) and l.get("prop_passed", True))
+        cls = []
+        if bad:
+            cls.append("fail")
+        if l.get("name") == c.get("culprit"):
+            cls.append("culprit-row")
+        verdict = ("ok" if not bad else
+                   "FAIL" + ("" if l.get("iso_passed", True) else " iso") + ("" if l.get("prop_passed", True) else " prop"))
+        pre = "iso" if "iso_ratio" in m else "prop"
+        rows.append(
+            f'<tr class="{" ".join(cls)}"><td class="num">{i}</td><td><code>{e(str(l.get("name", "")))}</code></td>'
+            f'<td class="num">{e(str(m.get("level", "")))}</td><td>{verdict}</td>'
+            f'<td class="num">{_fmt_num(m.get("iso_ratio"))}</td><td class="num">{_fmt_num(m.get("iso_ratio_lo"))}</td>'
+            f'<td class="num">{_fmt_num(m.get("iso_z"))}</td><td class="num">{_fmt_num(m.get("budget_ratio"))}</td>'
+            f'<td class="num">{_fmt_num(m.get("prop_ratio"))}</td><td class="num">{_fmt_num(m.get("budget_propagated"))}</td>'
+            f'<td class="num">{_fmt_num(m.get(pre + "_err_ref"))}</td><td class="num">{_fmt_num(m.get(pre + "_err_cand"))}</td>'
+            f'<td class="num">{_fmt_num(m.get(pre + "_rel_to_ref"))}</td>'
+            f'<td>{e(str(m.get("reason", "") or m.get(pre + "_note", "")))}</td></tr>')
+    if not rows:
+        return ""
+    n_bad = sum(1 for _, l in items if not (l.get("passed", True) and l.get("prop_passed", True)))
+    opened = " open" if len(rows) <= 40 or n_bad else ""
+    return (f"<details{opened}><summary>All {len(rows)} layers and outputs ({n_bad} failing)</summary>"
+            f"<table>{head}{''.join(rows)}</table></details>")
+
+
+def _extra_table(extra: Mapping[str, Any]) -> str:
+    e = html.escape
+    rows = []
+    for k, v in extra.items():
+        if k in ("profile", "failing_tensors"):
+            continue
+        if isinstance(v, dict):
+            v = ", ".join(f"{kk}={_fmt_num(vv) if _num(vv) is not None else vv}" for kk, vv in v.items())
+        rows.append(f"<tr><td>{e(str(k))}</td><td>{e(str(v))}</td></tr>")
+    return f'<h3>Extra</h3><table class="kv">{"".join(rows)}</table>' if rows else ""
+
+
+def _tensor_link(c: Mapping[str, Any], out: Path) -> str:
+    rel = (c.get("extra") or {}).get("failing_tensors")
+    path = out / rel if rel else failing_tensors_path(out, str(c.get("name", "")), str(c.get("dtype", "")))
+    if not path.is_file():
+        return ""
+    rel = path.relative_to(out).as_posix()
+    size = path.stat().st_size
+    return (f'<p>Obtained tensors of the failing layers: <a class="tensors" href="{html.escape(rel)}" download>'
+            f'{html.escape(rel)}</a> <span class="muted">({size / 1024:.1f} KiB, safetensors; '
+            f'<code>safetensors.torch.load_file(path)</code>)</span></p>')
+
+
+def _check_section(c: Mapping[str, Any], out: Path) -> str:
+    e = html.escape
+    passed = bool(c.get("passed"))
+    culprit, first = c.get("culprit"), c.get("first_divergent")
+    layers = list(c.get("layers", []))
+    by_name = {l.get("name"): l for l in layers}
+    parts = [f'<section class="check {"pass" if passed else "fail"}" id="{_anchor(c)}">',
+             f'<h2>{_badge(passed)} {e(str(c.get("name", "")))} <span class="muted">[{e(str(c.get("dtype", "")))}]'
+             f'</span></h2>']
+    kv = [("test", f'<code>{e(str(c.get("test", "")))}</code>'), ("kind", e(str(c.get("kind", ""))))]
+    if culprit:
+        reason = (by_name.get(culprit, {}).get("metrics") or {}).get("reason", "")
+        wp = (by_name.get(culprit, {}).get("metrics") or {}).get("would_pass_ratio")
+        kv.append(("culprit", f'<span class="culprit">{e(str(culprit))}</span>'
+                   + (f' (block <code>{e(str(c.get("culprit_block")))}</code>)' if c.get("culprit_block") else "")
+                   + (f"<br>{e(str(reason))}" if reason else "")
+                   + (f'<br><span class="muted">would pass with Tolerance(ratio={_fmt_num(wp)})</span>' if wp else "")))
+    elif not passed:
+        kv.append(("culprit", '<span class="muted">none in isolation</span>'))
+    if first:
+        kv.append(("first divergent", f"<code>{e(str(first))}</code>"))
+    kv.append(("golden", f'<code>{e(str(c.get("golden", "")))}</code>'))
+    parts.append('<table class="kv">' + "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in kv) + "</table>")
+    for note in c.get("notes", []):
+        parts.append(f'<p class="notes">{e(str(note))}</p>')
+    parts.append(_tensor_link(c, out))
+    # outputs are plotted at the end of the propagated panel
+    prop_layers = layers + [{**o, "metrics": {**(o.get("metrics") or {}), "level": 0}} for o in c.get("outputs", [])]
+    parts.append('<div class="plots">'
+                 + svg_plot(layers, "iso", culprit, first, "Isolated (each layer fed the golden inputs)")
+                 + svg_plot(prop_layers, "prop", culprit, first, "Propagated (whole model on the candidate)")
+                 + "</div>")
+    parts.append(_profile_table((c.get("extra") or {}).get("profile")))
+    parts.append(_extra_table(c.get("extra") or {}))
+    parts.append("<h3>Environments</h3>" + _env_table(c.get("reference_env") or {}, c.get("candidate_env") or {}))
+    parts.append("<h3>Layers</h3>" + _layer_table(c))
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def render_html(doc: Mapping[str, Any], out_dir: str | os.PathLike[str] = ".") -> str:
+    """The whole report page as a string (``out_dir`` is only used to find saved tensors)."""
+    e = html.escape
+    out = Path(out_dir)
+    checks = list(doc.get("checks", []))
+    n_fail = sum(1 for c in checks if not c.get("passed"))
+    summary_rows = []
+    for c in checks:
+        prof = _profile_flags((c.get("extra") or {}).get("profile"))
+        summary_rows.append(
+            f'<tr class="{"" if c.get("passed") else "fail"}"><td>{_badge(c.get("passed"))}</td>'
+            f'<td><a href="#{_anchor(c)}">{e(str(c.get("name", "")))}</a></td><td>{e(str(c.get("dtype", "")))}</td>'
+            f'<td class="culprit">{e(str(c.get("culprit") or ""))}</td><td>{e(str(c.get("first_divergent") or ""))}</td>'
+            f'<td>{e(", ".join(str(p.get("op")) for p in prof))}</td>'
+            f'<td>{e(_env_brief(c.get("reference_env") or {}))}</td><td>{e(_env_brief(c.get("candidate_env") or {}))}</td></tr>')
+    g = doc.get("goldens") or {}
+    glines = []
+    for label in ("created", "updated", "missing", "kept", "obsolete", "pruned"):
+        items = g.get(label) or []
+        if items:
+            glines.append(f"<tr><td>{label}</td><td>{e(', '.join(map(str, items)))}</td></tr>")
+    body = [f'<header><h1>rocm-parity report</h1><p>{len(checks)} checks, {n_fail} failing · '
+            f'schema {e(str(doc.get("schema", "")))} · tables: <a style="color:#9cd" href="{CHECKS_CSV}">{CHECKS_CSV}</a>, '
+            f'<a style="color:#9cd" href="{LAYERS_CSV}">{LAYERS_CSV}</a>, '
+            f'<a style="color:#9cd" href="parity-report.json">parity-report.json</a></p></header><main>']
+    if checks:
+        body.append('<table class="summary"><tr><th>verdict</th><th>check</th><th>dtype</th><th>culprit</th>'
+                    '<th>first divergent</th><th>profile flags</th><th>reference</th><th>candidate</th></tr>'
+                    + "".join(summary_rows) + "</table>")
+    else:
+        body.append('<p class="muted">No parity check ran in this session.</p>')
+    if glines:
+        body.append('<h3>Goldens</h3><table class="kv">' + "".join(glines) + "</table>")
+    order = sorted(checks, key=lambda c: (bool(c.get("passed")), str(c.get("name")), str(c.get("dtype"))))
+    body += [_check_section(c, out) for c in order]
+    body.append("</main>")
+    return _page("rocm-parity report" + (f" — {n_fail} failing" if n_fail else ""), "".join(body))
+
+
+def _write_html(doc: Mapping[str, Any], out: Path) -> Path:
+    path = out / HTML_NAME
+    tmp = out / f".{HTML_NAME}.tmp"
+    tmp.write_text(render_html(doc, out), encoding="utf-8")
+    tmp.replace(path)
+    return path

@@ -1,0 +1,1 @@
+#define WARP_SIZE 32
