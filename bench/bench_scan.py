@@ -91,15 +91,17 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         lines = make_corpus(Path(tmp), args.lines)
-        best = float("inf")
+        best, best_cpu = float("inf"), float("inf")
         findings = 0
         for _ in range(args.repeat):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             result = scan_path(tmp)
             best = min(best, time.perf_counter() - t0)
+            best_cpu = min(best_cpu, time.process_time() - c0)
             findings = len(result.findings)
         print(f"{result.files} files, {lines} lines, {findings} findings, best of {args.repeat}: "
-              f"{best:.3f}s = {lines / best:,.0f} lines/s (one core, hipify report off)")
+              f"wall {best:.3f}s = {lines / best:,.0f} lines/s, CPU {best_cpu:.3f}s = {lines / best_cpu:,.0f} lines/s "
+              f"(one core, hipify report off)")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 from pytest_rocm_parity.records import LeafMetrics
+from pytest_rocm_parity.tolerance import FLOOR_ULPS
 
 JACKKNIFE_BLOCKS = 64
 
@@ -50,26 +51,42 @@ def float_metrics(leaf: str, cand: Any, ref: Any, truth: Any, unit_roundoff: flo
         return m
     dev = ref.device
     c, r, t = (x.to(dev) for x in (cand, ref, truth))
-    if c.is_complex() or r.is_complex():
+    per = 1   # compared scalars per element (2 for complex: real and imaginary parts)
+    if c.is_complex() or r.is_complex() or t.is_complex():
         m.kind = "complex"
-        c, r, t = (torch.view_as_real(x.to(torch.complex128)) if x.is_complex() else x for x in (c, r, t))
+        if c.is_complex() != r.is_complex():
+            m.note = f"shape/kind: candidate is {cand.dtype}, golden is {ref.dtype} (complex vs real)"
+            m.ratio = m.ratio_lo = math.inf
+            return m
+        per = 2
+        c, r, t = (torch.view_as_real(x.to(torch.complex128)) if x.is_complex() else
+                   torch.stack([x.to(torch.float64), torch.zeros_like(x, dtype=torch.float64)], -1)
+                   for x in (c, r, t))
     c, r, t = (x.reshape(-1).to(torch.float64) for x in (c, r, t))
 
     fin_r = torch.isfinite(r) & torch.isfinite(t)
     fin_c = torch.isfinite(c)
     bad = fin_r & ~fin_c
     if not bool(fin_r.all()):
-        # The reference itself is non-finite here: equal non-finite values agree under "equal".
+        # The reference itself is non-finite here. Under "equal" the candidate agrees when it holds
+        # the same value (NaN counts as equal to NaN, +inf to +inf); under "fail" it never does.
         same = (c == r) | (torch.isnan(c) & torch.isnan(r))
         odd = ~fin_r & ~same
         if nan_policy == "fail":
             odd = ~fin_r
         bad = bad | odd
-    m.nonfinite = int(bad.sum())
+    bad_el = bad.view(-1, per).any(1)   # counted per element, not per real/imaginary part
+    m.nonfinite = int(bad_el.sum())
     if m.nonfinite:
-        flat = int(bad.nonzero()[0, 0])
+        flat = int(bad_el.nonzero()[0, 0])
         m.first_nonfinite = list(_unravel(flat, tuple(ref.shape)))
-        m.note = f"{m.nonfinite} non-finite candidate element(s) where the reference is finite; first at index {m.first_nonfinite}"
+        if bool((bad <= fin_r).all()):
+            what = "non-finite candidate value(s) where the reference is finite"
+        elif nan_policy == "fail":
+            what = "non-finite value(s) (the reference is non-finite there too, and the policy is nan='fail')"
+        else:
+            what = "value(s) disagreeing on non-finite entries (NaN/Inf in one of candidate and reference only)"
+        m.note = f"{m.nonfinite} {what}; first at index {m.first_nonfinite}"
     keep = fin_r & fin_c
     if not bool(keep.all()):
         c, r, t = c[keep], r[keep], t[keep]
@@ -81,7 +98,7 @@ def float_metrics(leaf: str, cand: Any, ref: Any, truth: Any, unit_roundoff: flo
     sc = ec.square()
     sr = er.square()
     rms_t = float(t.square().mean().sqrt())
-    floor = unit_roundoff * 0.25 * rms_t
+    floor = unit_roundoff * FLOOR_ULPS * rms_t
     m.rms_truth = rms_t
     m.err_cand = float(sc.mean().sqrt())
     m.err_ref = float(sr.mean().sqrt())

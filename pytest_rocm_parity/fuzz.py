@@ -748,6 +748,7 @@ class GoldenExample:
     reference_output: Any
     reduction_length: int
     source: str
+    flushed: Any = None
 
     def __str__(self) -> str:  # used as a pytest id
         return f"example{self.index}"
@@ -772,10 +773,11 @@ class GoldenExample:
             except Exception as exc:
                 result.error = f"{type(exc).__name__}: {exc}"
                 return result
-        _judge_outputs(result, out, self.truth, self.scale, model, in_dtypes, k, tf32)
+        alt = tuple(self.flushed) if self.flushed is not None and model.allow_flush_to_zero else None
+        _judge_outputs(result, out, self.truth, self.scale, model, in_dtypes, k, tf32, alt)
         if self.reference_output is not None:
             ref = OpResult(ok=False, candidate="reference device", reference="truth", device="recorded")
-            _judge_outputs(ref, self.reference_output, self.truth, self.scale, model, in_dtypes, k, tf32)
+            _judge_outputs(ref, self.reference_output, self.truth, self.scale, model, in_dtypes, k, tf32, alt)
             result.reference_error = f"reference device worst err/tol {ref.max_ratio:.3g}"
         if not result.ok:
             result.reproduction = (f"from pytest_rocm_parity.fuzz import load_golden\n"
@@ -841,15 +843,14 @@ def record_golden(path: str | os.PathLike[str], candidate: Callable[..., Any], r
             case = OpArgs(tuple(case) if isinstance(case, (tuple, list)) else (case,))
         model = ErrorModel(reduction_length=case.reduction_length, magnitude=case.magnitude)
         args, kwargs = tuple(case.args), dict(case.kwargs)
+        truth, scale, alternative = _truth(reference, model, args, kwargs)
         with torch.no_grad():
-            truth = reference(*_map(args, _to_truth_input), **_map(kwargs, _to_truth_input))
-            scale = model.magnitude(*_map(args, _to_truth_input), **_map(kwargs, _to_truth_input)) \
-                if model.magnitude is not None else None
             out = candidate(*_map(args, lambda t: place(t, dev)), **_map(kwargs, lambda t: place(t, dev)))
             _synchronize(dev)
         entries.append({
             "args": packer.pack(args, f"{i}.args"), "kwargs": packer.pack(kwargs, f"{i}.kwargs"),
             "truth": packer.pack(truth, f"{i}.truth"), "scale": packer.pack(scale, f"{i}.scale"),
+            "flushed": packer.pack(alternative, f"{i}.ftz"),
             "reference_output": packer.pack(_map(out, lambda t: t.detach().cpu()), f"{i}.ref"),
             "reduction_length": case.reduction_length,
         })
@@ -916,6 +917,7 @@ def load_golden(path: str | os.PathLike[str]) -> Golden:
             kwargs=dict(_unpack_spec(entry["kwargs"], tensors, manifest_file)),
             truth=_unpack_spec(entry["truth"], tensors, manifest_file),
             scale=_unpack_spec(entry["scale"], tensors, manifest_file),
+            flushed=_unpack_spec(entry.get("flushed", {"value": None}), tensors, manifest_file),
             reference_output=_unpack_spec(entry["reference_output"], tensors, manifest_file),
             reduction_length=int(entry.get("reduction_length", 1)), source=str(manifest_file)))
     return Golden(manifest_file, manifest, examples)

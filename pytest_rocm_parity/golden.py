@@ -12,10 +12,12 @@ previous golden whole, as git does with its refs.  Nothing here ever unpickles.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
+import stat
 import struct
 import tempfile
 from collections.abc import Iterator
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_rocm_parity.errors import (
-    GoldenCorrupt, GoldenExists, GoldenMissing, GoldenStale, GoldenWriteError,
+    GoldenCorrupt, GoldenExists, GoldenMissing, GoldenStale, GoldenWriteError, InvalidArgument,
 )
 
 FORMAT_VERSION = 1
@@ -35,19 +37,30 @@ SAFETENSORS_DTYPES = {
     "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E4M3FNUZ": 1, "F8_E5M2FNUZ": 1, "U16": 2, "U32": 4,
     "U64": 8, "C64": 8,
 }
+# complex128 has no safetensors dtype: such tensors are stored as their float64 real view and
+# listed under this metadata key, and RungReader turns them back into complex128.
+COMPLEX128_KEY = "complex128"
+PICKLE_MAGIC = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
+ZIP_MAGIC = b"PK\x03\x04"
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_HASHED = re.compile(r"-[0-9a-f]{12}$")
+# Names Windows refuses as file names whatever the extension (goldens are checked out everywhere).
+_RESERVED = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)), *(f"lpt{i}" for i in range(10))}
 MAX_NAME = 96
 
 
 def safe_name(name: str) -> str:
     """A file-system-safe directory name for any check name, distinct for distinct names.
 
-    Names already safe are kept (so `a.b` and `a_b` stay apart); anything
-    altered or shortened gets a hash of the exact original appended.
+    Names already safe are kept (so `a.b` and `a_b` stay apart); anything altered or
+    shortened gets a hash of the exact original appended.  So do names that would
+    collide on a case-insensitive file system (any upper-case letter), Windows device
+    names, and names that already end like a hash, so a kept name never equals a hashed one.
     """
-    cleaned = _SAFE.sub("_", name).strip("._") or "golden"
+    cleaned = _SAFE.sub("_", name).strip("._-") or "golden"
     cleaned = cleaned.replace("..", "_")
-    if cleaned == name and len(name) <= MAX_NAME:
+    if (cleaned == name and len(name) <= MAX_NAME and name == name.lower()
+            and not _HASHED.search(name) and name.split(".")[0] not in _RESERVED):
         return name
     digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
     return f"{cleaned[:MAX_NAME]}-{digest}"
@@ -82,10 +95,11 @@ class GoldenStore:
             return
         for d in sorted(self.root.iterdir()):
             m = d / MANIFEST
-            if d.is_dir() and m.is_file():
+            if d.is_dir() and not d.is_symlink() and m.is_file():
                 try:
-                    yield str(json.loads(m.read_text("utf-8")).get("name", d.name)), d
-                except (OSError, ValueError):
+                    name = load_manifest(m).get("name", d.name)
+                    yield name if isinstance(name, str) else d.name, d
+                except (GoldenCorrupt, GoldenStale):
                     yield d.name, d
 
     # -- reading ---------------------------------------------------------------------------
@@ -103,11 +117,16 @@ class GoldenStore:
         if not path.exists() and not path.is_symlink():
             raise GoldenMissing(f"no golden for {name!r} at {path}", path)
         self._inside(path)
-        return load_manifest(path)
+        m = load_manifest(path)
+        if "name" in m and m["name"] != name:
+            raise GoldenCorrupt(
+                f"{path}: this golden was captured for {m['name']!r}, not {name!r} (a copied or renamed "
+                f"directory); recapture it with --parity-regen", path)
+        return m
 
     def rung_file(self, name: str, manifest: dict[str, Any], dtype: str) -> Path:
         rung = manifest["rungs"].get(dtype)
-        if rung is None:
+        if not isinstance(rung, dict):
             raise GoldenStale(
                 f"{self.manifest_path(name)}: golden has no {dtype} rung (it holds {', '.join(manifest['rungs'])})",
                 self.manifest_path(name))
@@ -126,35 +145,49 @@ class GoldenStore:
     def write(self, name: str, manifest: dict[str, Any], rungs: dict[str, dict[str, Any]],
               overwrite: bool) -> Path:
         """Write all rungs, then commit by replacing the manifest; the old golden survives any failure."""
+        from safetensors import SafetensorError
+
         d = self.dir_for(name)
         mpath = d / MANIFEST
-        if mpath.exists() and not overwrite:
-            raise GoldenExists(f"{mpath}: golden for {name!r} exists; capture never overwrites it", mpath)
+        if d.is_symlink() or d.exists():
+            self._inside(d)   # never write (or collect garbage) through a link that leaves the root
         written: list[Path] = []
         try:
             d.mkdir(parents=True, exist_ok=True)
-            for dtype, tensors in rungs.items():
-                tmp = _write_tensors_tmp(d, tensors, {"format": str(FORMAT_VERSION), "name": name, "dtype": dtype})
-                digest = sha256_file(tmp)
-                final = d / f"{dtype}-{digest[:12]}.safetensors"
-                os.replace(tmp, final)
-                written.append(final)
-                manifest["rungs"][dtype]["file"] = final.name
-                manifest["rungs"][dtype]["sha256"] = digest
-                manifest["rungs"][dtype]["bytes"] = final.stat().st_size
-            _atomic_write_text(mpath, json.dumps(manifest, indent=1, sort_keys=True, default=str) + "\n")
-        except OSError as exc:
+            with _locked(d):   # concurrent writers of one golden (xdist workers) take turns
+                if mpath.exists() and not overwrite:
+                    raise GoldenExists(f"{mpath}: golden for {name!r} exists; capture never overwrites it "
+                                       f"(rerun with --parity-regen='{name}' to rewrite it)", mpath)
+                for dtype, tensors in rungs.items():
+                    tmp = _write_tensors_tmp(d, tensors, {"format": str(FORMAT_VERSION), "name": name, "dtype": dtype})
+                    digest = sha256_file(tmp)
+                    final = d / f"{dtype}-{digest[:12]}.safetensors"
+                    os.replace(tmp, final)
+                    written.append(final)
+                    manifest["rungs"][dtype]["file"] = final.name
+                    manifest["rungs"][dtype]["sha256"] = digest
+                    manifest["rungs"][dtype]["bytes"] = final.stat().st_size
+                _atomic_write_text(mpath, json.dumps(manifest, indent=1, sort_keys=True, default=str) + "\n")
+                with contextlib.suppress(OSError):   # committed: leftovers are only disk space
+                    self.collect_garbage(d)
+        except BaseException as exc:
+            # Whatever stopped us (disk full, permission, KeyboardInterrupt), the manifest still names
+            # the previous tensor files, so only the files this attempt wrote may go.
             keep = _referenced(mpath)
             for p in written:
                 if p.name not in keep:
-                    p.unlink(missing_ok=True)
-            raise GoldenWriteError(
-                f"{d}: writing the golden for {name!r} failed ({exc.strerror or exc}); the previous golden, "
-                f"if any, is intact. Free disk space or fix permissions on {d} and capture again.", d) from exc
-        self.collect_garbage(d)
+                    with contextlib.suppress(OSError):
+                        p.unlink(missing_ok=True)
+            if isinstance(exc, (OSError, SafetensorError)):
+                why = getattr(exc, "strerror", None) or exc
+                raise GoldenWriteError(
+                    f"{d}: writing the golden for {name!r} failed ({why}); the previous golden, if any, is "
+                    f"intact. Free disk space or fix permissions on {d} and capture again.", d) from exc
+            raise
         return mpath
 
     def collect_garbage(self, d: Path) -> None:
+        """Remove tensor files no manifest names and temp files of dead writers (call under _locked)."""
         keep = _referenced(d / MANIFEST)
         for p in d.iterdir():
             if p.name == MANIFEST or p.name in keep:
@@ -163,21 +196,66 @@ class GoldenStore:
                 p.unlink(missing_ok=True)
 
 
+@contextlib.contextmanager
+def _locked(d: Path) -> Iterator[None]:
+    """An exclusive advisory lock on the golden's directory itself (no lock file to commit).
+
+    Released by the kernel when the holder dies, so a killed capture never wedges the next.
+    Without fcntl (Windows) writers are not serialized; each write is still atomic.
+    """
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def _referenced(mpath: Path) -> set[str]:
     try:
         m = json.loads(mpath.read_text("utf-8"))
         return {str(r.get("file")) for r in m.get("rungs", {}).values()}
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return set()
+
+
+def _storable(tensors: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Tensors safetensors can hold: complex128 becomes its float64 real view (listed), others refused."""
+    import torch
+
+    ok = {getattr(torch, n, None) for n in (
+        "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
+        "complex64", "uint16", "uint32", "uint64",
+        "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")} - {None}
+    out: dict[str, Any] = {}
+    complex128: list[str] = []
+    for k, v in tensors.items():
+        if v.dtype == torch.complex128:
+            complex128.append(k)
+            v = torch.view_as_real(v.resolve_conj())
+        elif v.dtype not in ok:
+            raise InvalidArgument(
+                f"tensor {k!r} has dtype {v.dtype}, which a golden cannot store; return a supported dtype "
+                f"from the model (float, int, bool, complex64/128) or cast it in the test")
+        out[k] = v.contiguous()
+    return out, complex128
 
 
 def _write_tensors_tmp(d: Path, tensors: dict[str, Any], metadata: dict[str, str]) -> Path:
     from safetensors.torch import save_file
 
+    tensors, complex128 = _storable(tensors)
+    if complex128:
+        metadata = {**metadata, COMPLEX128_KEY: json.dumps(sorted(complex128))}
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".safetensors", dir=d)
     os.close(fd)
     try:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata=metadata)
+        save_file(tensors, tmp, metadata=metadata)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
     except BaseException:
@@ -199,27 +277,55 @@ def _atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+def _open_regular(path: Path) -> tuple[Any, int]:
+    """Open a regular file for reading (never a FIFO or device, which could block forever)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise GoldenCorrupt(f"{path}: not a regular file; a golden is plain files only. Remove it and "
+                                f"recapture this golden", path)
+        return os.fdopen(fd, "rb"), st.st_size
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _is_pickle(head: bytes) -> bool:
+    return head[:2] in PICKLE_MAGIC or head[:4] == ZIP_MAGIC
+
+
+def _json(raw: bytes) -> Any:
+    """Parse JSON bytes; ValueError for anything that is not (RecursionError on deep nesting too)."""
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
 def load_manifest(path: Path) -> dict[str, Any]:
     try:
-        size = path.stat().st_size
-        if size == 0:
-            raise GoldenCorrupt(f"{path}: empty manifest; recapture this golden", path)
-        if size > MAX_MANIFEST_BYTES:
-            raise GoldenCorrupt(f"{path}: manifest of {size} bytes exceeds {MAX_MANIFEST_BYTES}", path)
-        raw = path.read_bytes()
+        f, size = _open_regular(path)
+        with f:
+            if size == 0:
+                raise GoldenCorrupt(f"{path}: empty manifest; recapture this golden", path)
+            if size > MAX_MANIFEST_BYTES:
+                raise GoldenCorrupt(f"{path}: manifest of {size} bytes exceeds {MAX_MANIFEST_BYTES}; it is not "
+                                    f"a pytest-rocm-parity manifest. Recapture this golden", path)
+            raw = f.read(MAX_MANIFEST_BYTES + 1)
     except OSError as exc:
         raise GoldenCorrupt(f"{path}: cannot read manifest ({exc.strerror or exc})", path) from exc
-    if raw[:2] in (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05") or raw[:4] == b"PK\x03\x04":
+    if _is_pickle(raw):
         raise GoldenCorrupt(f"{path}: this is a pickle/torch.save file, not a JSON manifest; it was not "
                             f"loaded (pickles can run code). Recapture the golden.", path)
     try:
-        m = json.loads(raw.decode("utf-8"))
+        m = _json(raw)
     except (UnicodeDecodeError, ValueError) as exc:
         raise GoldenCorrupt(f"{path}: manifest is not valid JSON ({exc}); recapture this golden", path) from None
     if not isinstance(m, dict) or "format" not in m or not isinstance(m.get("rungs"), dict):
         raise GoldenCorrupt(f"{path}: manifest lacks 'format'/'rungs'; not a pytest-rocm-parity golden", path)
     fmt = m["format"]
-    if not isinstance(fmt, int):
+    if not isinstance(fmt, int) or isinstance(fmt, bool):
         raise GoldenCorrupt(f"{path}: manifest format {fmt!r} is not an integer", path)
     if fmt > FORMAT_VERSION:
         raise GoldenCorrupt(
@@ -227,18 +333,80 @@ def load_manifest(path: Path) -> dict[str, Any]:
             f"({FORMAT_VERSION}); upgrade with `pip install -U pytest-rocm-parity`", path)
     if fmt < FORMAT_VERSION:
         raise GoldenStale(f"{path}: golden format {fmt} is older than {FORMAT_VERSION}; regenerate it", path)
+    problem = _manifest_problem(m)
+    if problem:
+        raise GoldenCorrupt(f"{path}: manifest does not describe a golden: {problem} (edited or damaged); "
+                            f"recapture this golden", path)
     return m
 
 
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _str_map(x: Any) -> bool:
+    return isinstance(x, dict) and all(isinstance(v, str) for v in x.values())
+
+
+def _manifest_problem(m: dict[str, Any]) -> str:
+    """'' when every field the replay reads has the type it expects, else what is wrong.
+
+    Replay indexes into these fields without checks, so a bad type here would surface as
+    an internal TypeError/KeyError deep in the engine instead of this one clear error.
+    """
+    if "name" in m and not isinstance(m["name"], str):
+        return "'name' is not a string"
+    if not _str_map(m.get("fingerprint", {})):
+        return "'fingerprint' is not a mapping of strings"
+    layers = m.get("layers", [])
+    if not isinstance(layers, list) or not all(isinstance(x, dict) and isinstance(x.get("name"), str) for x in layers):
+        return "'layers' is not a list of {name: str}"
+    for key in ("reference_env", "lm"):
+        if not isinstance(m.get(key, {}), dict):
+            return f"{key!r} is not a mapping"
+    lm = m.get("lm", {})
+    if not all(_is_int(lm.get(k, 0)) for k in ("generate", "prompt_len")) or \
+            not (isinstance(lm.get("continuation") or [], list) and all(_is_int(t) for t in lm.get("continuation") or [])):
+        return "'lm' holds values of the wrong type"
+    for rung, r in m["rungs"].items():
+        where = f"rung {rung!r}"
+        if not isinstance(r, dict):
+            return f"{where} is not a mapping"
+        if not isinstance(r.get("file"), str):
+            return f"{where} names no tensor file"
+        if not isinstance(r.get("sha256"), (str, type(None))) or not _is_int(r.get("bytes", 0)):
+            return f"{where} has a bad 'sha256' or 'bytes'"
+        outs = r.get("outputs")
+        if not isinstance(outs, dict) or not _str_map(outs.get("out")):
+            return f"{where} has no 'outputs.out' mapping of leaf -> tensor key"
+        if not isinstance(r.get("layers"), list):
+            return f"{where} has no 'layers' list"
+        for e in r["layers"]:
+            if not (isinstance(e, dict) and isinstance(e.get("key"), str) and isinstance(e.get("name"), str)
+                    and _is_int(e.get("level")) and isinstance(e.get("primary"), str)
+                    and _str_map(e.get("in")) and _str_map(e.get("out"))):
+                return f"{where} has a layer entry without key/name/level/primary/in/out"
+        order = r.get("order", [])
+        if not isinstance(order, list) or not all(isinstance(k, str) for k in order):
+            return f"{where} has an 'order' that is not a list of layer keys"
+        if not isinstance(r.get("extra", {}), dict):
+            return f"{where} has an 'extra' that is not a mapping"
+    return ""
+
+
 def check_safetensors(path: Path, expected_sha: str | None = None) -> dict[str, Any]:
-    """Validate a tensor file's framing before any library parses it; returns its header."""
+    """Validate a tensor file's framing before any library parses it; returns its header.
+
+    Memory is bounded by MAX_HEADER_BYTES (the header is the only part read here) and the
+    file is never parsed by anything that can execute code.
+    """
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
+        f, size = _open_regular(path)
+        with f:
             head = f.read(8)
             if size == 0:
                 raise GoldenCorrupt(f"{path}: empty tensor file; recapture this golden", path)
-            if head[:2] in (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05") or head[:4] == b"PK\x03\x04":
+            if _is_pickle(head):
                 raise GoldenCorrupt(f"{path}: pickle/torch.save data where a safetensors file belongs; "
                                     f"it was not loaded (pickles can run code). Recapture the golden.", path)
             if len(head) < 8:
@@ -251,7 +419,7 @@ def check_safetensors(path: Path, expected_sha: str | None = None) -> dict[str, 
     except OSError as exc:
         raise GoldenCorrupt(f"{path}: cannot read ({exc.strerror or exc})", path) from exc
     try:
-        header = json.loads(raw.decode("utf-8"))
+        header = _json(raw)
         if not isinstance(header, dict):
             raise ValueError("header is not an object")
     except (UnicodeDecodeError, ValueError) as exc:
@@ -259,20 +427,23 @@ def check_safetensors(path: Path, expected_sha: str | None = None) -> dict[str, 
     data_len = size - 8 - n
     for key, info in header.items():
         if key == "__metadata__":
+            if not _str_map(info):
+                raise GoldenCorrupt(f"{path}: header metadata is not a mapping of strings; recapture this "
+                                    f"golden", path)
             continue
         try:
             dtype, shape, (start, end) = info["dtype"], info["shape"], info["data_offsets"]
         except (KeyError, TypeError, ValueError):
             raise GoldenCorrupt(f"{path}: bad entry for tensor {key!r} in header", path) from None
-        if dtype not in SAFETENSORS_DTYPES:
+        if not isinstance(dtype, str) or dtype not in SAFETENSORS_DTYPES:
             raise GoldenCorrupt(f"{path}: tensor {key!r} has unknown dtype {dtype!r}; this golden needs a "
                                 f"newer pytest-rocm-parity or is corrupt", path)
+        if not isinstance(shape, list) or not all(_is_int(s) and s >= 0 for s in shape):
+            raise GoldenCorrupt(f"{path}: tensor {key!r} has bad shape {shape!r}", path)
         numel = 1
         for s in shape:
-            if not isinstance(s, int) or s < 0:
-                raise GoldenCorrupt(f"{path}: tensor {key!r} has bad shape {shape!r}", path)
             numel *= s
-        if not (isinstance(start, int) and isinstance(end, int)) or not 0 <= start <= end <= data_len \
+        if not (_is_int(start) and _is_int(end)) or not 0 <= start <= end <= data_len \
                 or end - start != numel * SAFETENSORS_DTYPES[dtype]:
             raise GoldenCorrupt(f"{path}: tensor {key!r} lies outside the file's data (truncated or "
                                 f"corrupt); recapture this golden", path)
@@ -280,6 +451,11 @@ def check_safetensors(path: Path, expected_sha: str | None = None) -> dict[str, 
         raise GoldenCorrupt(f"{path}: content hash differs from the manifest's (edited or damaged); "
                             f"recapture this golden", path)
     return header
+
+
+def _is_panic(exc: BaseException) -> bool:
+    # pyo3 turns a Rust panic into PanicException, which derives from BaseException.
+    return type(exc).__name__ == "PanicException"
 
 
 class RungReader:
@@ -292,15 +468,33 @@ class RungReader:
         self.header = check_safetensors(path, expected_sha)
         try:
             self._f = safe_open(str(path), framework="pt", device=str(device))
-        except Exception as exc:  # safetensors raises its own SafetensorError
+            self.keys = set(self._f.keys())
+        except BaseException as exc:  # SafetensorError, or a Rust panic
+            if not (isinstance(exc, Exception) or _is_panic(exc)):
+                raise
             raise GoldenCorrupt(f"{path}: safetensors refused the file ({exc}); recapture this golden", path) from None
-        self.keys = set(self._f.keys())
+        try:
+            listed = _json(self.header.get("__metadata__", {}).get(COMPLEX128_KEY, "[]").encode())
+        except ValueError:
+            listed = None
+        if not isinstance(listed, list) or not all(isinstance(k, str) for k in listed):
+            raise GoldenCorrupt(f"{path}: bad {COMPLEX128_KEY!r} list in the header metadata; recapture "
+                                f"this golden", path)
+        self.complex128 = set(listed)
 
     def get(self, key: str) -> Any:
-        if key not in self.keys:
+        if not isinstance(key, str) or key not in self.keys:
             raise GoldenCorrupt(f"{self.path}: manifest names tensor {key!r} that the file lacks "
                                 f"(manifest and tensors do not match); recapture this golden", self.path)
         try:
-            return self._f.get_tensor(key)
-        except Exception as exc:
-            raise GoldenCorrupt(f"{self.path}: cannot read tensor {key!r} ({exc})", self.path) from None
+            t = self._f.get_tensor(key)
+            if key in self.complex128:
+                import torch
+
+                t = torch.view_as_complex(t)
+            return t
+        except BaseException as exc:
+            if not (isinstance(exc, Exception) or _is_panic(exc)):
+                raise
+            raise GoldenCorrupt(f"{self.path}: cannot read tensor {key!r} ({exc}); recapture this golden",
+                                self.path) from None

@@ -145,8 +145,18 @@ def from_config(config: pytest.Config) -> ParityOptions:
 
 
 def resolve_device(device: str) -> str:
-    if device != "auto":
-        return device
+    """'auto' -> cuda when available, else cpu; a named device that is absent is an error."""
     import torch
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    base, _, index = device.partition(":")
+    if base == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0 or (index and int(index) >= n):
+            from pytest_rocm_parity.errors import BackendUnavailable
+
+            raise BackendUnavailable(
+                f"{DEVICE}={device}: this torch ({torch.__version__}) sees {n} CUDA/ROCm device(s). Use "
+                f"{DEVICE}=cpu, or install the CUDA or ROCm build of torch for this machine (README)")
+    return device

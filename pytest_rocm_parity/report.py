@@ -143,7 +143,7 @@ def layer_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One row per check x layer (model outputs included, kind='output'), every metric flattened."""
     rows = []
     for c in doc.get("checks", []):
-        for kind, items in (("layer", c.get("layers", [])), ("output", c.get("outputs", []))):
+        for kind, items in (("layer", (c.get("layers") or [])), ("output", (c.get("outputs") or []))):
             for i, l in enumerate(items):
                 row: dict[str, Any] = {
                     "test": c.get("test", ""), "check": c.get("name", ""), "dtype": c.get("dtype", ""),
@@ -170,7 +170,7 @@ def _env_brief(env: Mapping[str, Any]) -> str:
 def check_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for c in doc.get("checks", []):
-        layers = c.get("layers", [])
+        layers = (c.get("layers") or [])
         prof = (c.get("extra") or {}).get("profile") or []
         rows.append({
             "test": c.get("test", ""), "check": c.get("name", ""), "dtype": c.get("dtype", ""),
@@ -178,7 +178,7 @@ def check_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
             "culprit_block": c.get("culprit_block"), "first_divergent": c.get("first_divergent"),
             "layers": len(layers), "failing_isolated": sum(1 for l in layers if not l.get("iso_passed", True)),
             "failing_propagated": sum(1 for l in layers if not l.get("prop_passed", True)),
-            "failing_outputs": sum(1 for o in c.get("outputs", []) if not o.get("passed", True)),
+            "failing_outputs": sum(1 for o in (c.get("outputs") or []) if not o.get("passed", True)),
             "reference": _env_brief(c.get("reference_env") or {}),
             "candidate": _env_brief(c.get("candidate_env") or {}),
             "profile_flags": ";".join(f"{p.get('op')}x{_fmt_num(p.get('growth'))}" for p in _profile_flags(prof)),
@@ -484,7 +484,7 @@ def _layer_table(c: Mapping[str, Any]) -> str:
             "<th>z</th><th>budget</th><th>prop ratio</th><th>prop budget</th><th>err ref</th><th>err cand</th>"
             "<th>rel to ref</th><th>reason</th></tr>")
     rows = []
-    items = [("", l) for l in c.get("layers", [])] + [("out", o) for o in c.get("outputs", [])]
+    items = [("", l) for l in (c.get("layers") or [])] + [("out", o) for o in (c.get("outputs") or [])]
     for i, (tag, l) in enumerate(items):
         m = l.get("metrics") or {}
         bad = not (l.get("passed", True) and l.get("prop_passed", True))
@@ -541,7 +541,7 @@ def _check_section(c: Mapping[str, Any], out: Path) -> str:
     e = html.escape
     passed = bool(c.get("passed"))
     culprit, first = c.get("culprit"), c.get("first_divergent")
-    layers = list(c.get("layers", []))
+    layers = list((c.get("layers") or []))
     by_name = {l.get("name"): l for l in layers}
     parts = [f'<section class="check {"pass" if passed else "fail"}" id="{_anchor(c)}">',
              f'<h2>{_badge(passed)} {e(str(c.get("name", "")))} <span class="muted">[{e(str(c.get("dtype", "")))}]'
@@ -564,7 +564,7 @@ def _check_section(c: Mapping[str, Any], out: Path) -> str:
         parts.append(f'<p class="notes">{e(str(note))}</p>')
     parts.append(_tensor_link(c, out))
     # outputs are plotted at the end of the propagated panel
-    prop_layers = layers + [{**o, "metrics": {**(o.get("metrics") or {}), "level": 0}} for o in c.get("outputs", [])]
+    prop_layers = layers + [{**o, "metrics": {**(o.get("metrics") or {}), "level": 0}} for o in (c.get("outputs") or [])]
     parts.append('<div class="plots">'
                  + svg_plot(layers, "iso", culprit, first, "Isolated (each layer fed the golden inputs)")
                  + svg_plot(prop_layers, "prop", culprit, first, "Propagated (whole model on the candidate)")

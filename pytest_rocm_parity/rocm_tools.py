@@ -254,7 +254,9 @@ def parse_amd_smi_static(text: str) -> list[dict[str, Any]]:
 def amd_smi_gpus(text: str) -> list[ToolGPU]:
     gpus = []
     for pos, entry in enumerate(parse_amd_smi_static(text)):
-        asic = entry.get("asic") or {}
+        asic = entry.get("asic")
+        if not isinstance(asic, dict):
+            continue
         idx = entry.get("gpu", pos)
         gpus.append(
             ToolGPU(

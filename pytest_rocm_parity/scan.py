@@ -69,6 +69,7 @@ class Rule:
 
 
 _CACHE: dict[str, re.Pattern[str]] = {}
+_NEWLINE = re.compile("\n")
 
 
 def _compile(pattern: str) -> re.Pattern[str]:
@@ -115,7 +116,7 @@ RULES: tuple[Rule, ...] = (
     Rule("RP109", "wavefront-size-macro", "note", D, ("__AMDGCN_WAVEFRONT_SIZE",), r"\b__AMDGCN_WAVEFRONT_SIZE\w*",
          "__AMDGCN_WAVEFRONT_SIZE is deprecated in recent LLVM", "manual"),
     Rule("RP110", "inline-ptx", "error", D, ("asm",),
-         r"\b(?:asm|__asm__)\s*(?:volatile\s*|__volatile__\s*)?\(\s*\"[^\"\n]*(?:[a-z]\.[a-z0-9]|;|\{)",
+         r"\b(?:asm|__asm__)\s*(?:volatile\s*|__volatile__\s*)?\(\s*(?://[^\n]*\n\s*)?\"[^\"\n]*(?:[a-z]\.[a-z0-9]|;|\{)",
          "inline PTX assembly: HIP supports GCN/CDNA inline asm only (rewrite with HIP intrinsics / __builtin_amdgcn_*)",
          "manual"),
     Rule("RP111", "wmma", "error", D, ("wmma", "mma.h"),
@@ -292,7 +293,6 @@ def iter_files(root: Path, include_vendored: bool, skipped: Counter[str]) -> Ite
             kinds = _kinds_for(entry.name)
             if kinds:
                 yield entry.path, os.path.relpath(entry.path, root).replace(os.sep, "/"), kinds
-    return
 
 
 # --------------------------------------------------------------------------- matching
@@ -303,7 +303,11 @@ def _in_comment(line: str, col: int, hash_comments: bool) -> bool:
     before = line[:col]
     head = before.lstrip()
     if hash_comments:
-        return head.startswith("#")
+        hash_at = before.find("#")
+        if hash_at < 0:
+            return False
+        quoted = before[:hash_at]  # a '#' inside a string literal is not a comment
+        return quoted.count('"') % 2 == 0 and quoted.count("'") % 2 == 0
     return "//" in before or head.startswith(("*", "/*"))
 
 
@@ -325,9 +329,8 @@ def scan_text(text: str, rel: str, kinds: frozenset[str], rules: tuple[Rule, ...
         else:
             continue
         for m in rule.compiled().finditer(text):
-            if newlines is None:
-                newlines = [i for i, ch in enumerate(text) if ch == "\n"] if len(text) < 4096 else [
-                    mm.start() for mm in re.finditer("\n", text)]
+            if newlines is None:  # built only for files with a match
+                newlines = [mm.start() for mm in _NEWLINE.finditer(text)]
             idx = bisect_right(newlines, m.start() - 1)
             start = newlines[idx - 1] + 1 if idx else 0
             end = newlines[idx] if idx < len(newlines) else len(text)
@@ -390,7 +393,7 @@ def scan_path(path: str | os.PathLike[str], *, include_vendored: bool = False, m
 # --------------------------------------------------------------------------- hipify
 
 
-def hipify_report(root: str, result: ScanResult) -> dict[str, Any] | None:
+def hipify_report(root: str) -> dict[str, Any] | None:
     """What torch.utils.hipify would rewrite, per device file, without writing anything.
 
     Uses hipify's own rename table and regex, kernel-launch and path rules; None when
@@ -564,7 +567,7 @@ def run_scan(args: argparse.Namespace) -> int:
         raise InvalidArgument(f"--max-bytes must be positive, got {args.max_bytes!r}")
     result = scan_path(args.path, include_vendored=args.include_vendored, max_bytes=args.max_bytes)
     if not args.no_hipify:
-        result.hipify = hipify_report(result.root, result)
+        result.hipify = hipify_report(result.root)
     if args.format == "json":
         out = json.dumps(to_json(result), indent=2)
     elif args.format == "sarif":

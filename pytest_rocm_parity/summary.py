@@ -1,30 +1,82 @@
-"""Terminal summary: one line per check, then the goldens created, updated, missing, obsolete."""
+"""Terminal summary: one line per check, then the goldens created, updated, missing, obsolete.
+
+One line per check (verdict, model/check name, dtype, culprit and why, first
+divergent layer), an indented line for profiler-parity flags or LM metrics when
+present, then one line per golden list, then where the reports were written.
+"""
 from __future__ import annotations
 
 from typing import Any
+
+MAX_LISTED = 20
+MAX_REASON = 110
+
+
+def _culprit_reason(r: dict[str, Any]) -> str:
+    for l in r.get("layers", []):
+        if l.get("name") == r.get("culprit"):
+            reason = str((l.get("metrics") or {}).get("reason", ""))
+            return reason if len(reason) <= MAX_REASON else reason[:MAX_REASON - 1] + "…"
+    return ""
+
+
+def check_line(r: dict[str, Any], width: int = 0) -> list[str]:
+    """The line (and indented detail lines) of one check result dict."""
+    verdict = "PASS" if r.get("passed") else "FAIL"
+    head = f"{verdict} {str(r.get('name', '')).ljust(width)} [{r.get('dtype', '')}]"
+    parts = []
+    if r.get("culprit"):
+        block = r.get("culprit_block")
+        c = f"culprit {r['culprit']}" + (f" (block {block})" if block and block != r["culprit"] else "")
+        why = _culprit_reason(r)
+        parts.append(c + (f": {why}" if why else ""))
+    elif not r.get("passed"):
+        parts.append("no culprit in isolation")
+    if r.get("first_divergent") and not r.get("passed"):
+        parts.append(f"first divergent {r['first_divergent']}")
+    out = [head + ("  " + "; ".join(parts) if parts else "")]
+    extra = r.get("extra") or {}
+    lm = extra.get("lm")
+    if lm:
+        out.append(f"     lm: ppl d={lm.get('ppl_rel_delta', 0):+.2e} top1={lm.get('top1_agreement', 0):.4f}")
+    prof = extra.get("profile")
+    if isinstance(prof, dict):
+        prof = prof.get("flags")
+    if prof:
+        from pytest_rocm_parity.profiling import format_flags
+
+        out.append(f"     profile: share of time grew: {format_flags([p for p in prof if isinstance(p, dict)])}")
+    if r.get("extra", {}).get("failing_tensors"):
+        out.append(f"     failing tensors: {extra['failing_tensors']}")
+    return out
+
+
+def _listed(items: list[str]) -> str:
+    return ", ".join(items[:MAX_LISTED]) + (f" ... (+{len(items) - MAX_LISTED})" if len(items) > MAX_LISTED else "")
 
 
 def summary_lines(session: Any) -> list[str]:
     res = session.results
     g = session.goldens
-    if not res and not (g.created or g.updated or g.missing or g.kept):
+    obsolete = list(getattr(session, "obsolete", []) or [])
+    pruned = list(getattr(session, "pruned", []) or [])
+    if not res and not (g.created or g.updated or g.missing or g.kept or obsolete or pruned):
         return []
     lines = ["", "=" * 20 + " rocm-parity summary " + "=" * 20]
-    for r in sorted(res, key=lambda r: (r["name"], r["dtype"])):
-        verdict = "PASS" if r["passed"] else "FAIL"
-        extra = ""
-        if r.get("culprit"):
-            extra = f"  culprit {r['culprit']}"
-        if r.get("first_divergent") and not r["passed"]:
-            extra += f"  first divergent {r['first_divergent']}"
-        lm = r.get("extra", {}).get("lm")
-        if lm:
-            extra += f"  ppl d={lm.get('ppl_rel_delta', 0):+.2e} top1={lm.get('top1_agreement', 0):.4f}"
-        lines.append(f"{verdict} {r['name']} [{r['dtype']}]{extra}")
+    ordered = sorted(res, key=lambda r: (bool(r.get("passed")), str(r.get("name")), str(r.get("dtype"))))
+    width = min(max((len(str(r.get("name", ""))) for r in ordered), default=0), 40)
+    for r in ordered:
+        lines += check_line(r, width)
+    if res:
+        n_fail = sum(1 for r in res if not r.get("passed"))
+        lines.append(f"{len(res)} checks: {len(res) - n_fail} passed, {n_fail} failed")
     for label, items in (("created", g.created), ("updated", g.updated), ("missing", g.missing),
                          ("kept (exists; use --parity-regen)", g.kept),
-                         ("obsolete (no collected test uses them; --parity-prune-obsolete deletes)", session.obsolete),
-                         ("pruned", session.pruned)):
+                         ("obsolete (no collected test uses them; --parity-prune-obsolete deletes)", obsolete),
+                         ("pruned", pruned)):
         if items:
-            lines.append(f"goldens {label}: {', '.join(items[:20])}{' ...' if len(items) > 20 else ''}")
+            lines.append(f"goldens {label}: {_listed(list(items))}")
+    report_dir = getattr(getattr(session, "options", None), "report_dir", None)
+    if report_dir is not None and res:
+        lines.append(f"report: {report_dir}/parity-report.html (tables: checks.csv, layers.csv)")
     return lines

@@ -3,12 +3,21 @@
 Leaf paths are stable strings ("0", "logits", "1.0") so a golden written on one
 machine names the same leaves on another.  Non-tensor leaves are kept as JSON
 constants so structure changes are detected, never compared numerically.
+
+iter_leaves and map_tensors walk the same containers in the same order, so a path
+found by one is the path the other rebuilds.  Two leaves that would share a path
+(``{"a.b": x, "a": {"b": y}}``, ``{0: x, "0": y}``) are refused rather than one of
+them silently going unchecked, and a container that contains itself ends the walk
+as an opaque leaf.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
+
+from pytest_rocm_parity.errors import InvalidArgument
 
 
 def _is_tensor(x: Any) -> bool:
@@ -17,24 +26,49 @@ def _is_tensor(x: Any) -> bool:
     return isinstance(x, torch.Tensor)
 
 
-def iter_leaves(obj: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """Yield (path, leaf) pairs in a deterministic order."""
+def _is_mapping(obj: Any) -> bool:
+    # ModelOutput is an OrderedDict subclass; other mapping-likes only need keys() and [].
+    return isinstance(obj, Mapping) or (hasattr(obj, "keys") and hasattr(obj, "__getitem__")
+                                        and not isinstance(obj, (str, bytes, type)))
+
+
+def _is_dataclass_instance(obj: Any) -> bool:
+    return dataclasses.is_dataclass(obj) and not isinstance(obj, type)
+
+
+def _walk(obj: Any, prefix: str, seen: frozenset[int]) -> Iterator[tuple[str, Any]]:
     if _is_tensor(obj):
         yield prefix or "0", obj
         return
+    container = isinstance(obj, (tuple, list)) or _is_mapping(obj) or _is_dataclass_instance(obj)
+    if container and id(obj) in seen:
+        yield prefix or "0", obj   # a cycle: stop here, the leaf is summarised as a constant
+        return
+    seen = seen | {id(obj)} if container else seen
     join = (lambda k: f"{prefix}.{k}" if prefix else str(k))
-    if isinstance(obj, Mapping) or (hasattr(obj, "keys") and hasattr(obj, "__getitem__") and not isinstance(obj, (str, bytes))):
-        # ModelOutput is an OrderedDict subclass: its keys skip None fields.
+    if _is_mapping(obj):
         for k in list(obj.keys()):
-            yield from iter_leaves(obj[k], join(k))
+            yield from _walk(obj[k], join(k), seen)
     elif isinstance(obj, (tuple, list)):
         for i, v in enumerate(obj):
-            yield from iter_leaves(v, join(i))
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            yield from _walk(v, join(i), seen)
+    elif _is_dataclass_instance(obj):
         for f in dataclasses.fields(obj):
-            yield from iter_leaves(getattr(obj, f.name), join(f.name))
+            yield from _walk(getattr(obj, f.name), join(f.name), seen)
     else:
         yield prefix or "0", obj
+
+
+def iter_leaves(obj: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Yield (path, leaf) pairs in a deterministic order; InvalidArgument if two share a path."""
+    paths: set[str] = set()
+    for path, leaf in _walk(obj, prefix, frozenset()):
+        if path in paths:
+            raise InvalidArgument(
+                f"two leaves of an input or output share the path {path!r} (a key containing '.' or keys "
+                f"like 0 and '0'), so one of them could not be checked; rename the key")
+        paths.add(path)
+        yield path, leaf
 
 
 def tensor_leaves(obj: Any) -> dict[str, Any]:
@@ -52,17 +86,41 @@ def constant_leaves(obj: Any) -> dict[str, Any]:
 
 
 def map_tensors(obj: Any, fn: Callable[[str, Any], Any], prefix: str = "") -> Any:
-    """Rebuild ``obj`` with each tensor leaf replaced by fn(path, tensor)."""
+    """Rebuild ``obj`` with each tensor leaf replaced by fn(path, tensor).
+
+    Walks exactly the containers iter_leaves walks (dataclasses and mapping-likes too),
+    so every tensor that tensor_leaves names is the one replaced here.
+    """
+    return _map(obj, fn, prefix, frozenset())
+
+
+def _map(obj: Any, fn: Callable[[str, Any], Any], prefix: str, seen: frozenset[int]) -> Any:
     if _is_tensor(obj):
         return fn(prefix or "0", obj)
+    container = isinstance(obj, (tuple, list)) or _is_mapping(obj) or _is_dataclass_instance(obj)
+    if not container or id(obj) in seen:
+        return obj
+    seen = seen | {id(obj)}
     join = (lambda k: f"{prefix}.{k}" if prefix else str(k))
+    if _is_mapping(obj):
+        new = {k: _map(obj[k], fn, join(k), seen) for k in list(obj.keys())}
+        if all(new[k] is obj[k] for k in new):
+            return obj
+        if isinstance(obj, dict):
+            out = obj.copy()
+            for k, v in new.items():
+                out[k] = v
+            return out
+        try:
+            return type(obj)(new)
+        except Exception:   # a mapping-like that cannot be rebuilt from a dict stays as it was
+            return obj
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(map_tensors(v, fn, join(i)) for i, v in enumerate(obj)))
+        return type(obj)(*(_map(v, fn, join(i), seen) for i, v in enumerate(obj)))
     if isinstance(obj, (tuple, list)):
-        return type(obj)(map_tensors(v, fn, join(i)) for i, v in enumerate(obj))
-    if isinstance(obj, dict):
-        new = obj.copy()
-        for k in list(obj.keys()):
-            new[k] = map_tensors(obj[k], fn, join(k))
-        return new
-    return obj
+        return type(obj)(_map(v, fn, join(i), seen) for i, v in enumerate(obj))
+    # a dataclass instance: a shallow copy with its fields replaced (works for frozen ones too)
+    out = copy.copy(obj)
+    for f in dataclasses.fields(obj):
+        object.__setattr__(out, f.name, _map(getattr(obj, f.name), fn, join(f.name), seen))
+    return out

@@ -165,8 +165,11 @@ def build_corpus(stdlib: Path, corpus: Path, heldout_txt: Path) -> dict:
     return manifest
 
 
-def load_token_stream(corpus: Path, which: str = "train"):
-    """``BOS file EOS BOS file EOS ...`` as an int64 tensor, from train.bin + manifest.json."""
+def load_token_stream(corpus: Path, which: str = "train", exclude: frozenset = frozenset()):
+    """``BOS file EOS BOS file EOS ...`` as an int64 tensor, from train.bin + manifest.json.
+
+    Files named in ``exclude`` are left out of the stream.
+    """
     import numpy as np
     import torch
 
@@ -176,10 +179,14 @@ def load_token_stream(corpus: Path, which: str = "train"):
     info = manifest[which]
     if _sha256(raw.tobytes()) != info["sha256"]:
         raise SystemExit(f"{corpus / name}: sha256 does not match manifest.json")
-    sizes = [n for _, n in info["files"]]
-    out = np.empty(len(raw) + 2 * len(sizes), dtype=np.int64)
+    files = info["files"]
+    keep = sum(n for r, n in files if r not in exclude)
+    out = np.empty(keep + 2 * sum(r not in exclude for r, _ in files), dtype=np.int64)
     pos = src = 0
-    for n in sizes:
+    for rel, n in files:
+        if rel in exclude:
+            src += n
+            continue
         out[pos] = BOS
         out[pos + 1 : pos + 1 + n] = raw[src : src + n]
         out[pos + 1 + n] = EOS
@@ -232,6 +239,11 @@ def save_model(model, out: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    write_config(out)
+    return sum(v.numel() for v in state.values())
+
+
+def write_config(out: Path) -> None:
     cfg = dict(CONFIG)
     cfg["_comment"] = (
         "bytellama: byte-level Llama; ids 0-255 = UTF-8 bytes, 256 BOS, 257 EOS, 258 PAD. "
@@ -239,7 +251,6 @@ def save_model(model, out: Path) -> int:
     )
     cfg["torch_dtype"] = "float32"
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    return sum(v.numel() for v in state.values())
 
 
 # --------------------------------------------------------------------------- training
@@ -265,6 +276,12 @@ def train(args) -> None:
           flush=True)
     stream = stream.to(device)
     heldout_win = heldout_windows_from(Path(args.heldout)).to(device)
+    # Validation (for choosing the step count): held-out files NOT in the shipped sample.
+    sample_files = frozenset(s["file"] for s in manifest["heldout_sample"]["sources"])
+    val, _ = load_token_stream(corpus, "heldout", exclude=sample_files)
+    nv = val.numel() // args.seq
+    val_win = val[: nv * args.seq].view(nv, args.seq)
+    val_sub = val_win[:: max(1, nv // 256)][:256].to(device)
 
     decay, no_decay = [], []
     for name, p in model.named_parameters():
@@ -355,10 +372,10 @@ def train(args) -> None:
                 with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
                     from pytest_rocm_parity.models import perplexity
 
-                    rec["heldout_ppl_bf16" if cuda else "heldout_ppl_fp32"] = round(perplexity(model, heldout_win, batch_size=64), 4)
+                    rec["val_ppl_bf16" if cuda else "val_ppl_fp32"] = round(perplexity(model, val_sub, batch_size=64), 4)
                 model.train()
+                print(json.dumps(rec), flush=True)
             log.append(rec)
-            print(json.dumps(rec), flush=True)
     if cuda:
         torch.cuda.synchronize()
     train_time = time.time() - t0
@@ -374,6 +391,7 @@ def train(args) -> None:
 
     reloaded = load_bytellama(device=device.type, path=out, attn_implementation="sdpa")
     ppl = fp32_perplexity(reloaded, heldout_win.cpu(), device)
+    val_ppl = fp32_perplexity(reloaded, val_win, device)
     full_ppl = None
     if args.full_heldout:
         full, _ = load_token_stream(corpus, "heldout")
@@ -397,6 +415,8 @@ def train(args) -> None:
             "heldout_files": manifest["heldout"]["n_files"],
             "heldout_bytes": manifest["heldout"]["bytes"],
             "heldout_sample": manifest["heldout_sample"],
+            "validation": f"the {manifest['heldout']['n_files'] - len(sample_files)} held-out files not in "
+            "the shipped sample (used only to choose the step count)",
         },
         "recipe": {
             "seed": args.seed,
@@ -427,10 +447,11 @@ def train(args) -> None:
         f"heldout_ppl_fp32_{device.type}": ppl,
         "log": log,
     }
+    record[f"val_ppl_fp32_{device.type}"] = val_ppl
     if full_ppl is not None:
         record[f"heldout_full_ppl_fp32_{device.type}"] = full_ppl
     (out / "TRAINING.json").write_text(json.dumps(record, indent=1) + "\n")
-    print(f"final train loss {final_train_loss:.4f}  held-out ppl fp32 ({device.type}) {ppl:.5f}"
+    print(f"final train loss {final_train_loss:.4f}  val ppl {val_ppl:.5f}  held-out ppl fp32 ({device.type}) {ppl:.5f}"
           + (f"  full held-out {full_ppl:.5f}" if full_ppl else "")
           + f"  steps {step}  {train_time:.0f}s", flush=True)
 

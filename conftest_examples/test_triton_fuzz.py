@@ -1,0 +1,59 @@
+"""Fuzz the Triton RMSNorm kernel against eager RMSNorm in float64.
+
+CPU (CI):  TRITON_INTERPRET=1 pytest conftest_examples/test_triton_fuzz.py   (set automatically without a GPU)
+GPU:       pytest conftest_examples/test_triton_fuzz.py                     (native kernel on cuda / ROCm)
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    # Triton reads this when kernels are decorated, so it must precede the import.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton", reason="triton is not installed: pip install triton (CPU CI: triton==3.9.0)")
+pytest.importorskip("hypothesis", reason="operator fuzzing needs the fuzz extra: pip install hypothesis")
+
+import torch.nn.functional as F  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from pytest_rocm_parity import strategies as S  # noqa: E402
+from pytest_rocm_parity.fuzz import compare_op, default_device  # noqa: E402
+
+try:
+    from conftest_examples.triton_kernels import rms_norm  # noqa: E402
+except ImportError:  # run from inside conftest_examples/
+    from triton_kernels import rms_norm  # type: ignore[no-redef]  # noqa: E402
+
+DEVICE = default_device()
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+# the interpreter runs each program in Python: keep CPU runs short, let the GPU work harder
+EXAMPLES = 25 if INTERPRETED else 200
+MAX_SIDE = 80 if INTERPRETED else 600
+
+
+def tiled_rms_norm(x, normalized_shape, weight, eps):
+    """The kernel with a small tile, so rows of 33..80 elements take the multi-tile + tail path."""
+    return rms_norm(x, normalized_shape, weight, eps, block=32)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True)
+@given(case=S.rms_norm_args(S.dtypes(), max_side=MAX_SIDE))
+def test_triton_rms_norm_matches_float64_truth(case):
+    compare_op(rms_norm, F.rms_norm, case, device=DEVICE)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True)
+@given(case=S.rms_norm_args(st.just(torch.float16), max_side=MAX_SIDE))
+def test_triton_rms_norm_tail_tiles_fp16(case):
+    compare_op(tiled_rms_norm, F.rms_norm, case, device=DEVICE)
+
+
+def test_backend_is_reported():
+    """Makes the log say which path ran (interpreter on CPU or native on a GPU)."""
+    mode = "interpreter (TRITON_INTERPRET=1)" if INTERPRETED else "native"
+    name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu"
+    print(f"triton {__import__('triton').__version__} {mode} on {name}, torch {torch.__version__}")

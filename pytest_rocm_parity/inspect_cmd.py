@@ -1,0 +1,398 @@
+"""``rocm-parity show GOLDEN`` and ``rocm-parity diff A B``: look inside goldens without pytest.
+
+show: the manifest (name, format, fingerprint, reference environment, dtypes,
+creation time) and, per dtype rung, one row per recorded layer output leaf:
+shape, dtype, bytes, RMS of the reference output and the reference's own
+error against its float64 truth, ``max|ref - truth| / max|truth|``.
+
+diff: two goldens of the same model (say captured under two CUDA versions),
+layer by layer and leaf by leaf: the relative L2 distance of the two reference
+outputs and each one's error against its own truth.  A leaf differs when the
+relative L2 exceeds ``--threshold`` or one error exceeds the other by more than
+``--error-ratio``; the command exits 1 when any leaf differs (0 otherwise, 2 on
+an unreadable golden).
+
+Both read the safetensors files through the same validation as replay (no
+pickle is ever loaded) and print JSON with ``--json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from pytest_rocm_parity.errors import ParityError
+from pytest_rocm_parity.golden import MANIFEST, RungReader, check_safetensors, load_manifest
+
+OUTPUT = "<output>"
+DEFAULT_THRESHOLD = 1e-3
+DEFAULT_ERROR_RATIO = 2.0
+# errors below this many unit roundoffs of the truth's RMS count as rounding (as the judge's floor)
+FLOOR_ULPS = 0.25
+ENV_KEYS = ("backend", "device_name", "arch", "torch", "cuda", "hip", "tf32_matmul", "tf32_cudnn",
+            "float32_matmul_precision", "blas_library", "deterministic", "python", "platform")
+
+
+class GoldenNotFound(ParityError):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+
+def resolve_golden(path: str | Path) -> tuple[Path, dict[str, Any]]:
+    """(golden directory, manifest) from a golden directory or its manifest.json."""
+    p = Path(path)
+    m = p / MANIFEST if p.is_dir() else p
+    if not m.is_file():
+        hint = " (a golden directory holds manifest.json)" if p.is_dir() else ""
+        raise GoldenNotFound(f"{path}: no golden here{hint}")
+    return m.parent, load_manifest(m)
+
+
+def _rung_path(d: Path, manifest: dict[str, Any], rung: str) -> Path:
+    fname = str(manifest["rungs"][rung].get("file", ""))
+    if not fname or "/" in fname or "\\" in fname or fname.startswith("."):
+        raise GoldenNotFound(f"{d / MANIFEST}: bad tensor file name {fname!r} for the {rung} rung")
+    p = d / fname
+    if not p.is_file():
+        raise GoldenNotFound(f"{p}: tensor file of the {rung} rung is missing")
+    return p
+
+
+def _leaves(meta: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(layer key, leaf, reference tensor key, truth tensor key) for every recorded output leaf."""
+    out = []
+    for e in meta.get("layers", []):
+        for leaf, tk in (e.get("out") or {}).items():
+            out.append((e.get("key", e.get("name", "")), leaf, tk, f"truth/{e.get('key', e.get('name', ''))}/{leaf}"))
+    for leaf, tk in ((meta.get("outputs") or {}).get("out") or {}).items():
+        out.append((OUTPUT, leaf, tk, f"gtruth/{OUTPUT}/{leaf}"))
+    return out
+
+
+def _stats(ref: Any, truth: Any | None) -> dict[str, Any]:
+    import torch
+
+    r = ref.detach().to("cpu")
+    if r.is_complex():
+        r = torch.view_as_real(r)
+    if not (r.is_floating_point()):
+        return {"rms": None, "max_rel_err": None}
+    r = r.to(torch.float64).reshape(-1)
+    fin = torch.isfinite(r)
+    rms = float(r[fin].square().mean().sqrt()) if int(fin.sum()) else math.nan
+    if truth is None:
+        return {"rms": rms, "max_rel_err": None}
+    t = truth.detach().to("cpu")
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    t = t.to(torch.float64).reshape(-1)
+    if t.shape != r.shape:
+        return {"rms": rms, "max_rel_err": None}
+    ok = fin & torch.isfinite(t)
+    if not int(ok.sum()):
+        return {"rms": rms, "max_rel_err": None}
+    scale = float(t[ok].abs().max())
+    diff = float((r[ok] - t[ok]).abs().max())
+    return {"rms": rms, "max_rel_err": diff / scale if scale > 0 else (0.0 if diff == 0 else math.inf)}
+
+
+# ---------------------------------------------------------------------------------------------
+# show
+
+def add_show_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("golden", metavar="GOLDEN", help="a golden directory or its manifest.json")
+    p.add_argument("--dtype", action="append", default=None, metavar="DTYPE",
+                   help="only this rung (repeatable; default: every rung in the golden)")
+    p.add_argument("--no-stats", action="store_true",
+                   help="do not read tensor data (shapes, dtypes and bytes come from the file header)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+def show_golden(path: str | Path, dtypes: list[str] | None = None, stats: bool = True) -> dict[str, Any]:
+    """Everything ``show`` prints, as a JSON-able dict."""
+    d, m = resolve_golden(path)
+    rungs = [r for r in m.get("rungs", {}) if not dtypes or r in dtypes]
+    if dtypes:
+        missing = [x for x in dtypes if x not in m.get("rungs", {})]
+        if missing:
+            raise GoldenNotFound(f"{d}: no {', '.join(missing)} rung (it holds {', '.join(m.get('rungs', {}))})")
+    info: dict[str, Any] = {
+        "path": str(d), "name": m.get("name"), "format": m.get("format"), "test": m.get("test"),
+        "model_class": m.get("model_class"), "tool_version": m.get("tool_version"), "created": m.get("created"),
+        "fingerprint": m.get("fingerprint", {}), "dtypes": m.get("dtypes", list(m.get("rungs", {}))),
+        "seed": m.get("seed"), "drill": m.get("drill"), "layer_patterns": m.get("layer_patterns"),
+        "n_layers": len(m.get("layers", [])), "reference_env": m.get("reference_env", {}), "rungs": {},
+    }
+    for rung in rungs:
+        meta = m["rungs"][rung]
+        fpath = _rung_path(d, m, rung)
+        header = check_safetensors(fpath)
+        reader = RungReader(fpath, "cpu") if stats else None
+        rows = []
+        for key, leaf, tk, truth_key in _leaves(meta):
+            h = header.get(tk, {})
+            start, end = h.get("data_offsets", (0, 0))
+            row: dict[str, Any] = {"layer": key, "leaf": leaf, "shape": h.get("shape"), "dtype": h.get("dtype"),
+                                   "bytes": int(end) - int(start)}
+            if reader is not None and tk in reader.keys:
+                row.update(_stats(reader.get(tk), reader.get(truth_key) if truth_key in reader.keys else None))
+            rows.append(row)
+        info["rungs"][rung] = {"file": fpath.name, "bytes": meta.get("bytes", fpath.stat().st_size),
+                               "sha256": meta.get("sha256"), "truth_dtype": meta.get("truth_dtype"),
+                               "tf32": meta.get("tf32"), "tensors": len([k for k in header if k != "__metadata__"]),
+                               "layers": rows}
+    return info
+
+
+def _fmt(x: Any, spec: str = ".3e") -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        if math.isnan(x) or math.isinf(x):
+            return str(x)
+        return format(x, spec)
+    return str(x)
+
+
+def _table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+    return [line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows]
+
+
+def _bytes(n: Any) -> str:
+    n = int(n or 0)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def format_show(info: dict[str, Any]) -> list[str]:
+    fp = info.get("fingerprint") or {}
+    env = info.get("reference_env") or {}
+    lines = [f"golden    {info['name']}  ({info['path']})",
+             f"format    {info['format']}  (written by pytest-rocm-parity {info.get('tool_version')})",
+             f"created   {info.get('created')}",
+             f"test      {info.get('test') or '-'}",
+             f"model     {info.get('model_class')}  fingerprint structure={fp.get('structure')} weights={fp.get('weights')}",
+             f"dtypes    {', '.join(info.get('dtypes') or [])}",
+             f"layers    {info['n_layers']} selected (drill {info.get('drill')}"
+             + (f", patterns {info['layer_patterns']}" if info.get("layer_patterns") else "") + ")",
+             "reference " + "  ".join(f"{k}={env[k]}" for k in ENV_KEYS if env.get(k) not in (None, ""))]
+    for rung, r in info["rungs"].items():
+        lines += ["", f"[{rung}] {r['file']}  {_bytes(r['bytes'])}  {r['tensors']} tensors  truth {r.get('truth_dtype')}"
+                  f"  tf32={r.get('tf32')}"]
+        rows = [[x["layer"] + ("" if x["leaf"] in ("", "0") else f" [{x['leaf']}]"),
+                 "x".join(map(str, x["shape"] or [])) or "()", str(x["dtype"]), _bytes(x["bytes"]),
+                 _fmt(x.get("rms")), _fmt(x.get("max_rel_err"))] for x in r["layers"]]
+        lines += ["  " + s for s in _table(["layer", "shape", "dtype", "bytes", "rms(ref)", "max|ref-truth|/max|truth|"],
+                                           rows, {3, 4, 5})]
+    return lines
+
+
+def run_show(args: argparse.Namespace) -> int:
+    info = show_golden(args.golden, args.dtype, stats=not args.no_stats)
+    if args.json:
+        print(json.dumps(info, indent=1, default=str))
+    else:
+        print("\n".join(format_show(info)))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# diff
+
+def add_diff_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("a", metavar="A", help="first golden (directory or manifest.json), e.g. captured under CUDA 12.1")
+    p.add_argument("b", metavar="B", help="second golden, e.g. the same model captured under CUDA 12.4")
+    p.add_argument("--dtype", action="append", default=None, metavar="DTYPE",
+                   help="only this rung (repeatable; default: every rung both goldens hold)")
+    p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD, metavar="REL",
+                   help=f"a leaf differs when ||A-B||/||B|| exceeds REL (default {DEFAULT_THRESHOLD:g})")
+    p.add_argument("--error-ratio", type=float, default=DEFAULT_ERROR_RATIO, metavar="R",
+                   help="a leaf differs when one golden's error against its own float64 truth exceeds the "
+                        f"other's by more than R times (default {DEFAULT_ERROR_RATIO:g}; 0 disables)")
+    p.add_argument("--all", action="store_true", help="list every leaf, not only those that differ")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+def _l2(x: Any) -> float:
+    return float(x.square().sum().sqrt())
+
+
+def _compare_leaf(ra: Any, rb: Any, ta: Any | None, tb: Any | None, u: float) -> dict[str, Any]:
+    import torch
+
+    out: dict[str, Any] = {}
+    if tuple(ra.shape) != tuple(rb.shape):
+        out["problem"] = f"shape {tuple(ra.shape)} vs {tuple(rb.shape)}"
+        return out
+    if ra.dtype != rb.dtype:
+        out["problem"] = f"dtype {ra.dtype} vs {rb.dtype}"
+        return out
+    if not (ra.is_floating_point() or ra.is_complex()):
+        n = int((ra != rb).sum())
+        out.update({"rel_l2": 0.0 if n == 0 else math.inf, "mismatches": n})
+        return out
+
+    def f64(t: Any) -> Any:
+        t = t.detach().to("cpu")
+        if t.is_complex():
+            t = torch.view_as_real(t)
+        return t.to(torch.float64).reshape(-1)
+
+    a, b = f64(ra), f64(rb)
+    fin = torch.isfinite(a) & torch.isfinite(b)
+    nonfinite = int((torch.isfinite(a) != torch.isfinite(b)).sum())
+    nb = _l2(b[fin])
+    d = _l2(a[fin] - b[fin])
+    out["rel_l2"] = d / nb if nb > 0 else (0.0 if d == 0 else math.inf)
+    out["max_abs"] = float((a[fin] - b[fin]).abs().max()) if int(fin.sum()) else 0.0
+    if nonfinite:
+        out["nonfinite_mismatch"] = nonfinite
+    errs = []
+    for r, t in ((a, ta), (b, tb)):
+        if t is None or t.numel() != r.numel():
+            errs.append(None)
+            continue
+        t = f64(t)
+        ok = torch.isfinite(r) & torch.isfinite(t)
+        if not int(ok.sum()):
+            errs.append(None)
+            continue
+        rms_t = float(t[ok].square().mean().sqrt())
+        e = float((r[ok] - t[ok]).square().mean().sqrt())
+        errs.append((e, rms_t))
+    if errs[0] is not None and errs[1] is not None:
+        (ea, sa), (eb, sb) = errs  # type: ignore[misc]
+        out["err_a"], out["err_b"] = ea, eb
+        out["err_a_rel"] = ea / sa if sa > 0 else None
+        out["err_b_rel"] = eb / sb if sb > 0 else None
+        floor = FLOOR_ULPS * u * max(sa, sb)
+        out["err_ratio"] = max(eb, floor) / max(ea, floor) if max(ea, eb, floor) > 0 else 1.0
+        out["truth_rel_l2"] = (_l2(f64(ta) - f64(tb)) / _l2(f64(tb))  # type: ignore[arg-type]
+                               if _l2(f64(tb)) > 0 else 0.0)
+    return out
+
+
+def diff_goldens(path_a: str | Path, path_b: str | Path, dtypes: list[str] | None = None,
+                 threshold: float = DEFAULT_THRESHOLD, error_ratio: float = DEFAULT_ERROR_RATIO) -> dict[str, Any]:
+    """Layer-by-layer comparison of two goldens of one model; ``differs`` says whether any leaf differs."""
+    from pytest_rocm_parity.dtypes import UNIT_ROUNDOFF, canonical_name
+
+    da, ma = resolve_golden(path_a)
+    db, mb = resolve_golden(path_b)
+    ra_, rb_ = list(ma.get("rungs", {})), list(mb.get("rungs", {}))
+    common = [r for r in ra_ if r in rb_ and (not dtypes or r in dtypes)]
+    res: dict[str, Any] = {
+        "a": {"path": str(da), "name": ma.get("name"), "created": ma.get("created"),
+              "fingerprint": ma.get("fingerprint"), "reference_env": {k: (ma.get("reference_env") or {}).get(k) for k in ENV_KEYS}},
+        "b": {"path": str(db), "name": mb.get("name"), "created": mb.get("created"),
+              "fingerprint": mb.get("fingerprint"), "reference_env": {k: (mb.get("reference_env") or {}).get(k) for k in ENV_KEYS}},
+        "threshold": threshold, "error_ratio": error_ratio, "warnings": [], "rungs": {},
+        "only_in_a": [r for r in ra_ if r not in rb_], "only_in_b": [r for r in rb_ if r not in ra_],
+    }
+    if ma.get("fingerprint") != mb.get("fingerprint"):
+        res["warnings"].append("model fingerprints differ (structure or weights changed): differences below are "
+                               "not only numerics")
+    if dtypes and not common:
+        raise GoldenNotFound(f"no rung {dtypes} in both goldens (A holds {ra_}, B holds {rb_})")
+    differs = bool(res["only_in_a"] or res["only_in_b"]) and not dtypes
+    for rung in common:
+        try:
+            u = UNIT_ROUNDOFF[canonical_name(rung)]
+        except (ParityError, KeyError):
+            u = 2.0 ** -24
+        ra = RungReader(_rung_path(da, ma, rung), "cpu")
+        rb = RungReader(_rung_path(db, mb, rung), "cpu")
+        la = {(k, leaf): (tk, truth) for k, leaf, tk, truth in _leaves(ma["rungs"][rung])}
+        lb = {(k, leaf): (tk, truth) for k, leaf, tk, truth in _leaves(mb["rungs"][rung])}
+        rows = []
+        for key in list(la) + [k for k in lb if k not in la]:
+            row: dict[str, Any] = {"layer": key[0], "leaf": key[1]}
+            if key not in la or key not in lb:
+                row["problem"] = "only in " + ("B" if key not in la else "A")
+            else:
+                (tka, tra), (tkb, trb) = la[key], lb[key]
+                row.update(_compare_leaf(ra.get(tka), rb.get(tkb),
+                                         ra.get(tra) if tra in ra.keys else None,
+                                         rb.get(trb) if trb in rb.keys else None, u))
+            why = []
+            if row.get("problem"):
+                why.append(row["problem"])
+            if row.get("nonfinite_mismatch"):
+                why.append(f"{row['nonfinite_mismatch']} elements finite in one, not the other")
+            rel = row.get("rel_l2")
+            if rel is not None and not (rel <= threshold):
+                why.append(f"relative L2 {rel:.3g} > {threshold:g}")
+            er = row.get("err_ratio")
+            if error_ratio and er is not None and (er > error_ratio or er < 1.0 / error_ratio):
+                worse = "B" if er > 1 else "A"
+                why.append(f"{worse}'s error against its truth is {max(er, 1 / er):.3g}x the other's")
+            row["differs"] = bool(why)
+            row["why"] = "; ".join(why)
+            differs = differs or row["differs"]
+            rows.append(row)
+        res["rungs"][rung] = {"layers": rows, "n_leaves": len(rows), "n_differ": sum(1 for r in rows if r["differs"]),
+                              "max_rel_l2": max((r.get("rel_l2") or 0.0 for r in rows), default=0.0)}
+    res["differs"] = differs
+    return res
+
+
+def format_diff(res: dict[str, Any], show_all: bool = False) -> list[str]:
+    lines = []
+    for side in ("a", "b"):
+        s = res[side]
+        env = s.get("reference_env") or {}
+        lines.append(f"{side.upper()}: {s['path']}  ({s.get('name')}, created {s.get('created')})  "
+                     + "  ".join(f"{k}={env[k]}" for k in ("backend", "device_name", "torch", "cuda", "hip")
+                                 if env.get(k) not in (None, "")))
+    for w in res["warnings"]:
+        lines.append(f"warning: {w}")
+    if res["only_in_a"] or res["only_in_b"]:
+        lines.append(f"rungs only in A: {res['only_in_a']}  only in B: {res['only_in_b']}")
+    for rung, r in res["rungs"].items():
+        lines.append("")
+        lines.append(f"[{rung}] {r['n_leaves']} leaves, {r['n_differ']} differ; max relative L2 {_fmt(r['max_rel_l2'])}"
+                     f" (threshold {res['threshold']:g}, error ratio {res['error_ratio']:g})")
+        rows = [[x["layer"] + ("" if x["leaf"] in ("", "0") else f" [{x['leaf']}]"), _fmt(x.get("rel_l2")),
+                 _fmt(x.get("err_a_rel")), _fmt(x.get("err_b_rel")), _fmt(x.get("err_ratio"), ".3g"),
+                 ("DIFF " + x["why"]) if x["differs"] else "ok"]
+                for x in r["layers"] if show_all or x["differs"]]
+        if rows:
+            lines += ["  " + s for s in _table(["layer", "rel L2(A,B)", "err A/rms", "err B/rms", "errB/errA", "verdict"],
+                                               rows, {1, 2, 3, 4})]
+    lines.append("")
+    lines.append("goldens DIFFER" if res["differs"] else "goldens agree within the thresholds")
+    return lines
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    res = diff_goldens(args.a, args.b, args.dtype, args.threshold, args.error_ratio)
+    if args.json:
+        print(json.dumps(res, indent=1, default=str))
+    else:
+        print("\n".join(format_diff(res, args.all)))
+    return 1 if res["differs"] else 0
+
+
+# the generic names the CLI falls back to
+def add_arguments(p: argparse.ArgumentParser) -> None:  # pragma: no cover - cli picks add_show/add_diff
+    add_show_arguments(p)
+
+
+def run(args: argparse.Namespace) -> int:  # pragma: no cover
+    return run_show(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(run_show(argparse.Namespace(golden=sys.argv[1], dtype=None, no_stats=False, json=False)))

@@ -1,0 +1,299 @@
+"""Doctor checks on facts patched to look like ROCm (MI300X gfx942, MI250X gfx90a) and CUDA builds."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from pytest_rocm_parity import doctor, rocm_tools
+from pytest_rocm_parity.doctor import Check, Facts
+
+torch = pytest.importorskip("torch")
+REC = Path(__file__).resolve().parents[1] / "data" / "recorded"
+GIB = 1024**3
+MI300X = dict(name="AMD Instinct MI300X", major=9, minor=4, gcnArchName="gfx942:sramecc+:xnack-",
+              total_memory=192 * GIB, multi_processor_count=304, warp_size=64)
+MI250X = dict(name="AMD Instinct MI250X/MI250", major=9, minor=0, gcnArchName="gfx90a:sramecc+:xnack-",
+              total_memory=64 * GIB, multi_processor_count=110, warp_size=64)
+MI350X = dict(MI300X, name="AMD Instinct MI350X", major=9, minor=5, gcnArchName="gfx950:sramecc+:xnack-")
+H100 = dict(name="NVIDIA H100 80GB HBM3", major=9, minor=0, gcnArchName="NVIDIA H100 80GB HBM3",
+            total_memory=80 * GIB, multi_processor_count=132, warp_size=32)
+ROCM_ARCHS = ["gfx900", "gfx906", "gfx908", "gfx90a", "gfx1030", "gfx1100", "gfx942"]
+NO_PKGS: dict[str, str | None] = {}
+
+
+def patch_torch(mp: pytest.MonkeyPatch, props: dict[str, Any], *, n: int = 1, hip: str | None = "6.2.41133-dd7f95766",
+                cuda: str | None = None, version: str = "2.6.0+rocm6.2.4", archs: list[str] | None = None,
+                free_frac: float = 0.99) -> None:
+    mp.setattr(torch.version, "hip", hip)
+    mp.setattr(torch.version, "cuda", cuda)
+    mp.setattr(torch, "__version__", version)
+    mp.setattr(torch.cuda, "is_available", lambda: True)
+    mp.setattr(torch.cuda, "device_count", lambda: n)
+    mp.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(**props))
+    mp.setattr(torch.cuda, "get_arch_list", lambda: list(ROCM_ARCHS if archs is None else archs))
+    total = int(props["total_memory"])
+    mp.setattr(torch.cuda, "mem_get_info", lambda i: (int(total * free_frac), total))
+
+
+def facts(env: dict[str, str] | None = None, packages: dict[str, str | None] | None = None,
+          tools: rocm_tools.ToolsReport | None = None) -> Facts:
+    f = doctor.gather_facts(run_tools=False, env=env or {})
+    f.packages = dict(NO_PKGS if packages is None else packages)
+    f.tools = tools
+    return f
+
+
+def by_name(checks: list[Check], name: str) -> Check:
+    found = [c for c in checks if c.name == name]
+    assert found, f"no check {name!r} in {[c.name for c in checks]}"
+    return found[0]
+
+
+def test_healthy_mi300x(monkeypatch: pytest.MonkeyPatch) -> None:
+    patch_torch(monkeypatch, MI300X, n=8)
+    checks = doctor.run_checks(facts())
+    assert doctor.worst(checks) == "ok", doctor.format_table(checks)
+    assert "rocm build via torch.version.hip" in by_name(checks, "backend").detail
+    dev = by_name(checks, "device[0]").detail
+    assert "gfx942 (gfx942:sramecc+:xnack-)" in dev and "warp 64" in dev and "gfx-derived" in dev
+    assert doctor.exit_code(checks) == 0
+
+
+def test_cuda_build_is_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    patch_torch(monkeypatch, H100, hip=None, cuda="12.4", version="2.6.0+cu124")
+    checks = doctor.run_checks(facts({"HIP_VISIBLE_DEVICES": "0"}))
+    assert "cuda build via torch.version.cuda" in by_name(checks, "backend").detail
+    assert "sm_90" in by_name(checks, "device[0]").detail
+    vis = by_name(checks, "visible-devices")
+    assert vis.status == "warn" and "ignored by a CUDA build" in vis.detail
+
+
+@pytest.mark.parametrize(
+    ("env", "status", "phrase"),
+    [
+        ({"HIP_VISIBLE_DEVICES": ""}, "fail", "hides every GPU"),
+        ({"CUDA_VISIBLE_DEVICES": "-1"}, "fail", "hides every GPU"),
+        ({"ROCR_VISIBLE_DEVICES": "1", "HIP_VISIBLE_DEVICES": "1"}, "fail", "leaves no device"),
+        ({"ROCR_VISIBLE_DEVICES": "0,1", "HIP_VISIBLE_DEVICES": "0,3"}, "fail", "drops some devices"),
+        ({"ROCR_VISIBLE_DEVICES": "GPU-aa", "HIP_VISIBLE_DEVICES": "GPU-bb"}, "fail", "UUIDs in both"),
+        ({"HIP_VISIBLE_DEVICES": "0,1", "CUDA_VISIBLE_DEVICES": "2"}, "warn", "HIP_VISIBLE_DEVICES wins"),
+        ({"HIP_VISIBLE_DEVICES": "0,0"}, "warn", "twice"),
+        ({"HIP_VISIBLE_DEVICES": "0,gpu1"}, "fail", "neither an index"),
+        ({"ROCR_VISIBLE_DEVICES": "2,3", "HIP_VISIBLE_DEVICES": "1"}, "ok", "torch sees"),
+        ({}, "ok", "all GPUs visible"),
+    ],
+)
+def test_visible_devices(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], status: str, phrase: str) -> None:
+    patch_torch(monkeypatch, MI300X)
+    c = by_name(doctor.check_visible_devices(facts(env)), "visible-devices")
+    assert c.status == status and phrase in c.detail, c
+    assert c.status == "ok" or c.fix
+
+
+def test_rocm_arch_missing_from_env_var(monkeypatch: pytest.MonkeyPatch) -> None:
+    patch_torch(monkeypatch, MI300X)
+    c = by_name(doctor.check_rocm_arch(facts({"PYTORCH_ROCM_ARCH": "gfx90a;gfx908"})), "pytorch-rocm-arch")
+    assert c.status == "fail" and "lacks detected gfx942" in c.detail
+    assert c.fix == 'export PYTORCH_ROCM_ARCH="gfx908 gfx90a gfx942"'
+    ok = by_name(doctor.check_rocm_arch(facts({"PYTORCH_ROCM_ARCH": "gfx90a gfx942:xnack-"})), "pytorch-rocm-arch")
+    assert ok.status == "ok"
+
+
+def test_arch_not_in_torch_arch_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    patch_torch(monkeypatch, dict(MI300X, gcnArchName="gfx1201"), archs=["gfx90a", "gfx942"])
+    checks = doctor.check_rocm_arch(facts({"HSA_OVERRIDE_GFX_VERSION": "11.0.0", "GPU_ARCHS": "gfx90a"}))
+    c = by_name(checks, "arch-list")
+    assert c.status == "fail" and "invalid device function" in c.detail and "roc-obj-ls" in c.fix
+    assert by_name(checks, "hsa-override").status == "warn"
+    assert by_name(checks, "gpu-archs").status == "warn"
+
+
+def test_gfx950_needs_rocm_7(monkeypatch: pytest.MonkeyPatch) -> None:
+    patch_torch(monkeypatch, MI350X, archs=ROCM_ARCHS + ["gfx950"], hip="6.4.43483-a187df25c", version="2.8.0+rocm6.4")
+    assert by_name(doctor.check_rocm_arch(facts()), "arch-rocm").status == "fail"
+
+
+@pytest.mark.parametrize(
+    ("version", "hip", "pkgs", "name", "status"),
+    [
+        ("2.7.1+rocm6.3", "6.3.42131-fa1d09cbd", {}, "torch-rocm", "ok"),
+        ("2.7.1+rocm6.3", "6.0.32830", {}, "torch-rocm", "warn"),
+        ("2.6.0+rocm6.2.4", "6.2.41133", {"pytorch-triton-rocm": "3.2.0+git4b3bb1f8"}, "triton", "ok"),
+        ("2.6.0+rocm6.2.4", "6.2.41133", {"pytorch-triton-rocm": "3.1.0"}, "triton", "fail"),
+        ("2.8.0+rocm6.4", "6.4.43483", {"triton": "3.1.0"}, "triton", "warn"),  # pin marked unverified
+        ("2.6.0+rocm6.2.4", "6.2.41133", {"vllm": "0.6.5"}, "vllm", "ok"),
+        ("2.6.0+rocm6.2.4", "6.2.41133", {"vllm": "0.9.1"}, "vllm", "fail"),
+        ("2.6.0+rocm6.2.4", "6.2.41133", {"pynvml": "11.5.0"}, "nvml", "warn"),
+        ("9.9.0+rocm9.9", "9.9.1", {}, "torch-rocm", "warn"),
+    ],
+)
+def test_version_matrix(monkeypatch: pytest.MonkeyPatch, version: str, hip: str, pkgs: dict[str, str | None],
+                        name: str, status: str) -> None:
+    patch_torch(monkeypatch, MI300X, version=version, hip=hip)
+    c = by_name(doctor.check_versions(facts(packages=pkgs)), name)
+    assert c.status == status, c
+    if status != "ok":
+        assert c.fix
+
+
+def test_torch_metadata_pin_beats_matrix(monkeypatch: pytest.MonkeyPatch) -> None:
+    patch_torch(monkeypatch, MI300X)
+    c = by_name(doctor.check_versions(facts(packages={"triton": "3.2.0", "torch:triton-pin": "3.3.0"})), "triton")
+    assert c.status == "fail" and "pins triton 3.3.x" in c.detail
+
+
+def _tools(*names: str, error: str | None = None) -> rocm_tools.ToolsReport:
+    report = rocm_tools.ToolsReport()
+    for n in names:
+        report.runs.append(rocm_tools.ToolRun((n,), True, 0 if error is None else 1, error=error))
+    if error is None:
+        report.gpus += rocm_tools.rocminfo_gpus((REC / "rocminfo_mi300x.txt").read_text())
+        report.gpus += rocm_tools.rocm_smi_gpus((REC / "rocm_smi_showproductname_mi300x.json").read_text(),
+                                                (REC / "rocm_smi_showmeminfo_vram_mi300x.json").read_text())
+    return report
+
+
+def test_tools_recorded_output_agrees_with_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    patch_torch(monkeypatch, MI300X)
+    checks = doctor.check_tools(facts(tools=_tools("rocminfo", "rocm-smi")))
+    c = by_name(checks, "tool:rocminfo")
+    assert c.status == "ok" and "AMD Instinct MI300X gfx942" in c.detail
+
+
+def test_tools_disagree_with_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    patch_torch(monkeypatch, MI250X)
+    assert by_name(doctor.check_tools(facts(tools=_tools("rocminfo"))), "tool:rocminfo").status == "warn"
+
+
+def test_amd_gpus_but_cpu_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    c = by_name(doctor.check_backend(facts(tools=_tools("rocminfo"))), "backend")
+    assert c.status == "fail" and "CPU-only" in c.detail and "whl/rocm" in c.fix
+
+
+def test_tool_failure_is_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    patch_torch(monkeypatch, MI300X)
+    checks = doctor.check_tools(facts(tools=_tools("rocminfo", error="ROCk module is NOT loaded, possibly no GPU devices")))
+    c = by_name(checks, "tool:rocminfo")
+    assert c.status == "warn" and "/dev/kfd" in c.fix
+
+
+@pytest.mark.parametrize(("free", "status", "advice"), [(0.95, "ok", ""), (0.5, "warn", "--gpu-memory-utilization 0.48"), (0.05, "fail", "")])
+def test_memory_headroom(monkeypatch: pytest.MonkeyPatch, free: float, status: str, advice: str) -> None:
+    patch_torch(monkeypatch, MI300X, free_frac=free)
+    c = by_name(doctor.check_memory(facts()), "memory[0]")
+    assert c.status == status and advice in c.fix
+
+
+def test_memory_from_rocm_smi_when_torch_has_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    patch_torch(monkeypatch, MI300X)
+    f = facts(tools=_tools("rocm-smi"))
+    f.memory = []
+    c = by_name(doctor.check_memory(f), "memory[1]")
+    assert c.status == "warn" and "GiB free" in c.detail  # 165 of 192 GiB used in the recording
+
+
+def test_recommend_utilization() -> None:
+    assert doctor.recommend_utilization(100, 100) == 0.95
+    assert doctor.recommend_utilization(50, 100) == 0.48
+    assert doctor.recommend_utilization(1, 100) == 0.0
+
+
+def test_numerics_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    patch_torch(monkeypatch, MI250X)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    env = {"TORCH_BLAS_PREFER_HIPBLASLT": "1", "ROCBLAS_INTERNAL_FP16_ALT_IMPL": "1", "TORCH_ROCM_FA_PREFER_CK": "1",
+           "AMD_SERIALIZE_KERNEL": "3"}
+    checks = doctor.check_numerics(facts(env))
+    assert "XF32" in by_name(checks, "tf32").detail
+    assert "#182952" in by_name(checks, "blas").detail
+    for name in ("tf32", "blas", "fp16-alt-impl", "attention", "determinism", "debug-env"):
+        assert by_name(checks, name).status == "warn", name
+
+
+def test_crashing_check_becomes_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    patch_torch(monkeypatch, MI300X)
+
+    def broken(f: Facts) -> list[Check]:
+        raise RuntimeError("odd env")
+
+    monkeypatch.setattr(doctor, "CHECKS", (broken,))
+    (c,) = doctor.run_checks(facts())
+    assert c.status == "warn" and "odd env" in c.detail
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    doctor.add_doctor_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_run_doctor_json_and_exit_code(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    patch_torch(monkeypatch, MI300X)
+    monkeypatch.setenv("HIP_VISIBLE_DEVICES", "")
+    assert doctor.run_doctor(_args("--json", "--no-tools")) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["status"] == "fail" and data["summary"]["fail"] >= 1
+    assert {"name", "status", "detail", "fix"} <= set(data["checks"][0])
+    assert data["backend"]["backend"] == "rocm"
+    monkeypatch.delenv("HIP_VISIBLE_DEVICES")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("ROCR_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(doctor, "_packages", lambda: {})
+    assert doctor.run_doctor(_args("--no-tools")) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split() == ["STATUS", "CHECK", "DETAIL"]
+
+
+def test_strict_fails_on_warnings() -> None:
+    checks = [Check("a", "ok", ""), Check("b", "warn", "x", "y")]
+    assert doctor.exit_code(checks) == 0 and doctor.exit_code(checks, strict=True) == 1
+    assert "fix: y" in doctor.format_table(checks)
+
+
+def test_header_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    patch_torch(monkeypatch, MI300X, n=8)
+    monkeypatch.setenv("HIP_VISIBLE_DEVICES", "")
+    lines = doctor.header_lines()
+    assert 1 <= len(lines) <= 4
+    assert "rocm build" in lines[0] and "8 x AMD Instinct MI300X [gfx942, warp 64]" in lines[0]
+    assert "visible-devices" in lines[1] and "rocm-parity doctor" in lines[1]
+
+
+def test_header_lines_never_raise(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(doctor, "gather_facts", lambda **kw: 1 / 0)
+    assert doctor.header_lines()[0].startswith("rocm-parity: environment check failed")
+
+
+@pytest.mark.skipif(not (shutil.which("rocminfo") and shutil.which("rocm-smi")),
+                    reason="rocminfo/rocm-smi not installed (CI: apt-get install -y rocminfo rocm-smi)")
+@pytest.mark.skipif(os.path.exists("/dev/kfd"), reason="an AMD GPU driver is present: this test covers the GPU-less path")
+def test_doctor_with_real_binaries_on_gpu_less_machine(capsys: pytest.CaptureFixture[str]) -> None:
+    """The real Debian tools fail without the amdgpu driver; the doctor reports it and does not crash."""
+    code = doctor.run_doctor(_args("--json", "--timeout", "20"))
+    data = json.loads(capsys.readouterr().out)
+    runs = {r["argv"][0]: r for r in data["tools"]["runs"]}
+    assert runs["rocminfo"]["found"] and runs["rocminfo"]["error"]
+    tool_checks = [c for c in data["checks"] if c["name"].startswith("tool:")]
+    assert tool_checks and all(c["status"] == "warn" for c in tool_checks)
+    assert code in (0, 1)
+
+
+def test_cli_dispatch(capsys: pytest.CaptureFixture[str]) -> None:
+    cli = pytest.importorskip("pytest_rocm_parity.cli")
+    try:
+        code = cli.main(["doctor", "--no-tools", "--json"])
+    except ModuleNotFoundError as exc:  # another command's module is not written yet
+        pytest.skip(f"cli cannot build its parser yet: {exc}")
+    assert code in (0, 1)
+    assert json.loads(capsys.readouterr().out)["checks"]

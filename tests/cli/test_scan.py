@@ -1,0 +1,185 @@
+"""The custom-kernel scanner: precision/recall on a hand-labelled corpus, walking rules, output formats."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_rocm_parity import scan
+from pytest_rocm_parity.errors import InvalidArgument
+
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "scan_corpus"
+
+
+def expected() -> set[tuple[str, int, str]]:
+    out = set()
+    for line in (CORPUS / "EXPECTED").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            loc, rule = line.split()
+            path, lineno = loc.rsplit(":", 1)
+            out.add((path, int(lineno), rule))
+    return out
+
+
+def found(result: scan.ScanResult) -> set[tuple[str, int, str]]:
+    return {(f.path, f.line, f.rule) for f in result.findings}
+
+
+def test_precision_and_recall_on_corpus() -> None:
+    want, got = expected(), found(scan.scan_path(CORPUS))
+    tp = len(want & got)
+    precision, recall = tp / len(got), tp / len(want)
+    print(f"precision {precision:.3f} recall {recall:.3f} (tp {tp}, fp {len(got - want)}, fn {len(want - got)})")
+    assert precision >= 0.95, sorted(got - want)
+    assert recall >= 0.95, sorted(want - got)
+    # The labelled misses and false positive are the documented limits, nothing else.
+    assert want - got == {("csrc/reduce_kernels.cu", 29, "RP105"), ("csrc/utils.h", 7, "RP104")}
+    assert got - want == {("csrc/rocm_ready.cu", 8, "RP104")}
+
+
+def test_every_rule_has_a_labelled_example() -> None:
+    labelled = {rule for _, _, rule in expected()}
+    assert set(scan.RULES_BY_ID) - labelled == {"RP109"}  # checked below
+    (f,) = scan.scan_text("#if __AMDGCN_WAVEFRONT_SIZE == 64\n#endif\n", "k.cu", scan.D)
+    assert f.rule == "RP109"
+
+
+def test_clean_files_have_no_findings() -> None:
+    result = scan.scan_path(CORPUS)
+    assert not [f for f in result.findings if f.path == "ops/clean.py"]
+    assert {f.rule for f in result.findings if f.path == "csrc/rocm_ready.cu"} == {"RP104"}
+
+
+def test_comments_are_ignored() -> None:
+    text = "// __shfl_xor_sync(0xffffffff, v, 1)\n  /* asm volatile(\"mov.u32 %0, %%laneid;\") */\n * lane = tid & 31\n"
+    assert scan.scan_text(text, "a.cu", scan.D) == []
+    assert scan.scan_text("# import pynvml\nx = 1  # torch.version.cuda\n", "a.py", scan.P) == []
+
+
+def test_vendored_and_build_dirs_are_skipped(tmp_path: Path) -> None:
+    shutil.copytree(CORPUS, tmp_path / "c")
+    result = scan.scan_path(tmp_path / "c")
+    assert not any(f.path.startswith(("third_party/", "build/")) for f in result.findings)
+    assert result.skipped["vendored_or_tool_dir"] == 2
+    every = scan.scan_path(tmp_path / "c", include_vendored=True)
+    assert any(f.path.startswith("third_party/") for f in every.findings)
+    assert any(f.path.startswith("build/") for f in every.findings)
+
+
+def test_symlinks_out_of_tree_are_not_followed(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "k.cu").write_text("#define WARP_SIZE 32\n")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "ok.py").write_text("x = 1\n")
+    os.symlink(outside, tree / "linked_dir")
+    os.symlink(outside / "k.cu", tree / "linked.cu")
+    os.symlink(tree, tree / "loop")  # a cycle must not hang the walk
+    result = scan.scan_path(tree)
+    assert result.findings == [] and result.files == 1
+    assert result.skipped["symlink"] == 3
+
+
+def test_binary_large_and_hipified_files_are_skipped(tmp_path: Path) -> None:
+    (tmp_path / "blob.cu").write_bytes(b"\x7fELF\x00\x00#define WARP_SIZE 32\n")
+    (tmp_path / "big.cu").write_text("#define WARP_SIZE 32\n" + "x\n" * 2000)
+    (tmp_path / "done.cu").write_text(scan.HIPIFY_BREADCRUMB + "\n#define WARP_SIZE 32\n")
+    (tmp_path / "latin1.cu").write_bytes(b"// caf\xe9\n#define WARP_SIZE 32\n")
+    result = scan.scan_path(tmp_path, max_bytes=1000)
+    assert dict(result.skipped) == {"binary": 1, "too_large": 1, "hipify_output": 1}
+    assert [(f.path, f.line) for f in result.findings] == [("latin1.cu", 2)]
+
+
+def test_single_file_and_missing_path(tmp_path: Path) -> None:
+    result = scan.scan_path(CORPUS / "ops" / "numba_kernels.py")
+    assert {f.rule for f in result.findings} == {"RP203", "RP204"}
+    with pytest.raises(InvalidArgument, match="does not exist"):
+        scan.scan_path(tmp_path / "nope")
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    parser = argparse.ArgumentParser()
+    scan.add_scan_arguments(parser)
+    code = scan.run_scan(parser.parse_args(list(argv)))
+    return code, capsys.readouterr().out
+
+
+def test_exit_codes(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert _run(capsys, str(CORPUS), "--no-hipify")[0] == 1
+    assert _run(capsys, str(CORPUS), "--no-hipify", "--fail-on", "never")[0] == 0
+    (tmp_path / "t.py").write_text("import bitsandbytes\n")  # a note only
+    assert _run(capsys, str(tmp_path), "--no-hipify")[0] == 0
+    assert _run(capsys, str(tmp_path), "--no-hipify", "--fail-on", "note")[0] == 1
+
+
+def test_text_table(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out = _run(capsys, str(CORPUS), "--no-hipify")
+    assert out.splitlines()[0].split() == ["SEVERITY", "RULE", "LOCATION", "CONSTRUCT", "PATH"]
+    assert "ERROR     RP101  csrc/reduce_kernels.cu:11" in out
+    assert "suggested path: maintained ROCm fork" in out
+    assert "lines/s" in out
+
+
+def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
+    _, out = _run(capsys, str(CORPUS), "--format", "json", "--no-hipify")
+    data = json.loads(out)
+    assert data["version"] == 1 and data["stats"]["files"] == 12
+    first = data["findings"][0]
+    assert set(first) >= {"rule", "severity", "path", "line", "column", "message", "suggestion", "suggested_path"}
+    assert sum(data["summary"].values()) == len(data["findings"])
+
+
+def test_sarif_2_1_0_structure(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out_file = tmp_path / "scan.sarif"
+    _run(capsys, str(CORPUS), "--format", "sarif", "--no-hipify", "-o", str(out_file))
+    log = json.loads(out_file.read_text())
+    assert log["version"] == "2.1.0" and log["$schema"].endswith("sarif-2.1.0.json")
+    (run,) = log["runs"]
+    driver = run["tool"]["driver"]
+    assert driver["name"] and driver["rules"]
+    ids = [r["id"] for r in driver["rules"]]
+    assert len(ids) == len(set(ids))
+    for rule in driver["rules"]:
+        assert rule["defaultConfiguration"]["level"] in {"none", "note", "warning", "error"}
+        assert rule["shortDescription"]["text"] and rule["help"]["text"].startswith("Suggested path:")
+    assert run["originalUriBaseIds"]["SRCROOT"]["uri"].startswith("file://")
+    assert len(run["results"]) == len(expected()) - 1  # two misses, one false positive
+    for res in run["results"]:
+        assert ids[res["ruleIndex"]] == res["ruleId"]
+        assert res["level"] in {"note", "warning", "error"} and res["message"]["text"]
+        loc = res["locations"][0]["physicalLocation"]
+        assert not loc["artifactLocation"]["uri"].startswith("/") and loc["artifactLocation"]["uriBaseId"] == "SRCROOT"
+        assert loc["region"]["startLine"] >= 1 and loc["region"]["startColumn"] >= 1
+
+
+def test_hipify_report(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch.utils.hipify.hipify_python")
+    _, out = _run(capsys, str(CORPUS), "--format", "json")
+    report = json.loads(out)["hipify"]
+    files = {f["path"]: f for f in report["files"]}
+    kern = files["csrc/reduce_kernels.cu"]
+    assert kern["hipified_path"] == "csrc/reduce_kernels.hip" and kern["kernel_launches"] == 1
+    assert kern["renames"]["cudaStream_t => hipStream_t"] == 1
+    assert not any(p.startswith("third_party/") for p in files)
+
+
+def test_list_rules(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out = _run(capsys, ".", "--list-rules")
+    assert code == 0 and len(out.splitlines()) == len(scan.RULES_BY_ID)
+
+
+def test_throughput_floor(tmp_path: Path) -> None:
+    """The bench measures the real rate (docs/scanner.md); this only guards against a collapse."""
+    src = (CORPUS / "csrc" / "reduce_kernels.cu").read_text() + ("  float x = a[i] * b[i] + c;  // plain code\n" * 4000)
+    for i in range(10):
+        (tmp_path / f"k{i}.cu").write_text(src)
+    t0 = time.process_time()  # CPU time: other jobs on a shared machine do not count
+    result = scan.scan_path(tmp_path)
+    rate = result.lines / max(time.process_time() - t0, 1e-6)
+    assert rate > 20_000, f"{rate:,.0f} lines/s"

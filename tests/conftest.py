@@ -1,0 +1,22 @@
+"""Shared test setup.
+
+torch (and the modules the plugin loads lazily) are imported here, once, because
+pytester's in-process runs restore sys.modules afterwards and a second import of
+torch's C extension in one process fails.
+"""
+from __future__ import annotations
+
+import torch  # noqa: F401
+
+import pytest_rocm_parity.api  # noqa: F401
+import pytest_rocm_parity.backend  # noqa: F401
+import pytest_rocm_parity.engine  # noqa: F401
+import pytest_rocm_parity.lm  # noqa: F401
+import pytest_rocm_parity.session  # noqa: F401
+
+try:
+    import transformers  # noqa: F401
+except ImportError:  # pragma: no cover - the lm extra is optional
+    pass
+
+pytest_plugins = ["pytester"]

@@ -1,0 +1,32 @@
+"""--parity-golden-dir / parity_golden_dir: where goldens live; names safe for any test id."""
+from __future__ import annotations
+
+import pytest
+
+
+def test_flag_sets_directory(project: pytest.Pytester) -> None:
+    project.runpytest("--rocm-parity", "--parity-mode=capture", "--parity-golden-dir=gold/en").assert_outcomes(passed=1)
+    assert (project.path / "gold" / "en" / "tiny" / "manifest.json").exists()
+    project.runpytest("--rocm-parity", "--parity-golden-dir=gold/en").assert_outcomes(passed=1)
+
+
+def test_ini_key_sets_directory(project: pytest.Pytester) -> None:
+    project.makeini("[pytest]\nparity_golden_dir = ini_goldens\n")
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    assert (project.path / "ini_goldens" / "tiny" / "manifest.json").exists()
+
+
+def test_default_names_from_node_ids_are_distinct(project: pytest.Pytester) -> None:
+    project.makepyfile(test_ids='''
+import pytest
+from conftest import make_model, make_inputs
+
+@pytest.mark.parametrize("tag", ["a.b", "a_b", "x/../y"])
+def test_named(parity, tag):
+    parity.check(make_model(), make_inputs(), dtypes=["float32"])
+''')
+    project.runpytest("--rocm-parity", "--parity-mode=capture", "test_ids.py").assert_outcomes(passed=3)
+    dirs = sorted(p.name for p in (project.path / "goldens").iterdir())
+    assert len(dirs) == 3 and len(set(dirs)) == 3
+    assert all(".." not in d and "/" not in d for d in dirs)
+    project.runpytest("--rocm-parity", "test_ids.py").assert_outcomes(passed=3)

@@ -1,0 +1,51 @@
+"""--parity-regen[=GLOB]: rewrite the goldens of the models whose name matches, only those."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+TWO_MODELS = '''
+from conftest import make_model, make_inputs
+
+def test_alpha(parity):
+    parity.check(make_model(), make_inputs(), name="alpha", dtypes=["float32"])
+
+def test_beta(parity):
+    parity.check(make_model(), make_inputs(), name="beta", dtypes=["float32"])
+'''
+
+
+def _created(p: pytest.Pytester, name: str) -> str:
+    return str(json.loads((p.path / "goldens" / name / "manifest.json").read_text())["created"]) + \
+        (p.path / "goldens" / name / "manifest.json").read_text()
+
+
+def test_regen_glob_rewrites_only_matching(project: pytest.Pytester) -> None:
+    (project.path / "test_tiny.py").unlink()
+    project.makepyfile(test_two=TWO_MODELS)
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=2)
+    beta_before = (project.path / "goldens" / "beta" / "manifest.json").read_bytes()
+    alpha_before = (project.path / "goldens" / "alpha" / "manifest.json").read_bytes()
+    result = project.runpytest("--rocm-parity", "--parity-regen=alp*", "-rs")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*goldens updated: alpha*"])
+    assert (project.path / "goldens" / "beta" / "manifest.json").read_bytes() == beta_before
+    assert (project.path / "goldens" / "alpha" / "manifest.json").read_bytes() != alpha_before
+
+
+def test_regen_without_glob_rewrites_all(project: pytest.Pytester) -> None:
+    (project.path / "test_tiny.py").unlink()
+    project.makepyfile(test_two=TWO_MODELS)
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=2)
+    result = project.runpytest("--rocm-parity", "--parity-regen")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*goldens updated: alpha, beta*"])
+
+
+def test_stale_golden_names_regen_command(project: pytest.Pytester) -> None:
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    project.makeconftest((project.path / "conftest.py").read_text().replace("Tiny()", "Tiny(n=4)"))
+    result = project.runpytest("--rocm-parity")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*GoldenStale: stale golden*structure*--parity-regen='tiny'*"])

@@ -1,0 +1,36 @@
+"""--parity-report=DIR: parity-report.json with the documented schema, plus JUnit properties."""
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+
+
+def test_report_json_schema(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    monkeypatch.setenv("BUG", "2")
+    project.runpytest("--rocm-parity", "--parity-report=out", "--junitxml=junit.xml").assert_outcomes(failed=1)
+    doc = json.loads((project.path / "out" / "parity-report.json").read_text())
+    (check,) = doc["checks"]
+    assert check["test"] == "test_tiny.py::test_tiny"
+    assert check["name"] == "tiny" and check["dtype"] == "float32" and check["passed"] is False
+    assert check["culprit"] == "blocks.2.act"
+    assert check["first_divergent"] == "blocks.2.act"
+    assert check["reference_env"]["torch"] and check["candidate_env"]["device"] == "cpu"
+    names = [layer["name"] for layer in check["layers"]]
+    assert names[0] == "emb" and "blocks.2.act" in names and names[-1] == "head"
+    bad = next(layer for layer in check["layers"] if layer["name"] == "blocks.2.act")
+    assert bad["passed"] is False and bad["metrics"]["iso_ratio"] > 10
+    ok = next(layer for layer in check["layers"] if layer["name"] == "blocks.0")
+    assert ok["passed"] is True
+    props = {p.get("name"): p.get("value") for p in ET.parse(project.path / "junit.xml").iter("property")}
+    assert "culprit=blocks.2.act" in props["parity[tiny][float32]"]
+
+
+def test_ini_report_dir(project: pytest.Pytester) -> None:
+    project.makeini("[pytest]\nparity_report = rep\n")
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    project.runpytest("--rocm-parity").assert_outcomes(passed=1)
+    doc = json.loads((project.path / "rep" / "parity-report.json").read_text())
+    assert doc["checks"][0]["passed"] is True

@@ -1,0 +1,119 @@
+"""Small CPU models and a captured golden to damage, for the reliability tests (issue 9)."""
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from pytest_rocm_parity.engine import CheckSpec, capture, replay
+from pytest_rocm_parity.golden import MANIFEST, GoldenStore, sha256_file
+from pytest_rocm_parity.records import CheckResult
+
+ENV = {"device": "cpu", "torch": torch.__version__}
+
+
+class Tiny(nn.Module):
+    """Two linears around a ReLU; ``poison`` (not a parameter, so not in the fingerprint) makes
+    the candidate differ from the reference: "nan"/"inf" at output [0, 1], "flip" in int outputs."""
+
+    def __init__(self, d: int = 4, out: str = "plain") -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d, d)
+        self.act = nn.ReLU()
+        self.fc2 = nn.Linear(d, d)
+        self.out = out
+        self.poison = ""
+
+    def forward(self, x: torch.Tensor) -> Any:
+        y = self.fc2(self.act(self.fc1(x)))
+        if self.poison in ("nan", "inf"):
+            y = y.clone()
+            y[0, 1] = float(self.poison)
+        return y
+
+
+def tiny(seed: int = 0, **kw: Any) -> Tiny:
+    torch.manual_seed(seed)
+    return Tiny(**kw)
+
+
+def inputs(seed: int = 0) -> torch.Tensor:
+    return torch.randn(3, 4, generator=torch.Generator().manual_seed(seed))
+
+
+@dataclass
+class Golden:
+    """One golden captured into a temporary store, with the paths a test damages."""
+
+    store: GoldenStore
+    spec: CheckSpec
+    model: nn.Module
+    x: Any
+
+    @property
+    def dir(self) -> Path:
+        return self.store.dir_for(self.spec.name)
+
+    @property
+    def manifest(self) -> Path:
+        return self.dir / MANIFEST
+
+    def tensor_file(self, rung: str = "float32") -> Path:
+        return self.dir / self.manifest_json()["rungs"][rung]["file"]
+
+    def manifest_json(self) -> dict[str, Any]:
+        return json.loads(self.manifest.read_text("utf-8"))
+
+    def write_manifest(self, m: dict[str, Any]) -> None:
+        self.manifest.write_text(json.dumps(m), "utf-8")
+
+    def capture(self, model: nn.Module | None = None, overwrite: bool = True) -> dict[str, Any]:
+        return capture(model or self.model, self.x, self.spec, self.store, "cpu", overwrite=overwrite, env=ENV)
+
+    def replay(self, model: nn.Module | None = None, x: Any = None, spec: CheckSpec | None = None) -> list[CheckResult]:
+        return replay(model or self.model, self.x if x is None else x, spec or self.spec, self.store, "cpu", env=ENV)
+
+    def snapshot(self) -> dict[str, bytes]:
+        """Every file of the golden directory, for 'nothing lost' comparisons."""
+        return {p.name: p.read_bytes() for p in sorted(self.dir.iterdir()) if p.is_file()}
+
+    def reseal(self, rung: str = "float32") -> None:
+        """Make the manifest's hash and size agree with the (edited) tensor file again."""
+        m = self.manifest_json()
+        p = self.dir / m["rungs"][rung]["file"]
+        m["rungs"][rung]["sha256"] = sha256_file(p)
+        m["rungs"][rung]["bytes"] = p.stat().st_size
+        self.write_manifest(m)
+
+
+def make_golden(root: Path, name: str = "tiny", model: nn.Module | None = None, x: Any = None,
+                dtypes: tuple[str, ...] = ("float32",), **spec: Any) -> Golden:
+    g = Golden(GoldenStore(root / "goldens"), CheckSpec(name=name, dtypes=list(dtypes), **spec),
+               model if model is not None else tiny(), inputs() if x is None else x)
+    g.capture(overwrite=False)
+    return g
+
+
+def read_header(path: Path) -> tuple[dict[str, Any], bytes]:
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    return json.loads(raw[8:8 + n]), raw[8 + n:]
+
+
+def write_with_header(path: Path, header: dict[str, Any], data: bytes) -> None:
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    path.write_bytes(struct.pack("<Q", len(h)) + h + data)
+
+
+def message_names(exc: BaseException, path: Path, *fix: str) -> None:
+    """The error names the file and says how to fix it."""
+    msg = str(exc)
+    assert str(path) in msg, msg
+    for f in fix:
+        assert f in msg, msg

@@ -1,0 +1,61 @@
+"""End to end through pytest: capture, then a replay with --parity-report that finds a planted bug."""
+from __future__ import annotations
+
+import json
+import shutil
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+HERE = Path(__file__).parent
+
+TEST_FILE = '''
+import os
+import report_models
+
+
+def test_tiny(parity):
+    bug = os.environ.get("PARITY_TEST_BUG")
+    m, x = report_models.make(int(bug) if bug else None)
+    parity.check(m, x, name="tiny", dtypes=["float32"])
+'''
+
+
+def test_capture_then_replay_writes_reports(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    shutil.copy(HERE / "report_models.py", pytester.path / "report_models.py")
+    monkeypatch.syspath_prepend(str(pytester.path))
+    pytester.makepyfile(test_tiny=TEST_FILE)
+    cap = pytester.runpytest_inprocess("--rocm-parity", "--parity-mode=capture", "--parity-golden-dir=goldens",
+                                       "-p", "no:cacheprovider")
+    cap.assert_outcomes(passed=1)
+    cap.stdout.fnmatch_lines(["*rocm-parity summary*", "goldens created: tiny"])
+    # an old golden that no test uses any more
+    old = pytester.path / "goldens" / "old_model"
+    shutil.copytree(pytester.path / "goldens" / "tiny", old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    (old / "manifest.json").write_text(json.dumps({**manifest, "name": "old_model"}))
+
+    monkeypatch.setenv("PARITY_TEST_BUG", "2")
+    rep = pytester.runpytest_inprocess("--rocm-parity", "--parity-golden-dir=goldens", "--parity-device=cpu",
+                                       "--parity-report=rep", "--junitxml=junit.xml", "-p", "no:cacheprovider")
+    rep.assert_outcomes(failed=1)
+    rep.stdout.fnmatch_lines([
+        "*rocm-parity summary*",
+        "FAIL tiny [[]float32[]]  culprit blocks.2: isolated error*; first divergent blocks.2",
+        "1 checks: 0 passed, 1 failed",
+        "goldens obsolete (no collected test uses them; --parity-prune-obsolete deletes): old_model",
+        "report: */rep/parity-report.html*",
+    ])
+    out = pytester.path / "rep"
+    doc = json.loads((out / "parity-report.json").read_text())
+    assert doc["checks"][0]["culprit"] == "blocks.2"
+    html = (out / "parity-report.html").read_text("utf-8")
+    assert "culprit: blocks.2" in html and html.count("<svg") == 2
+    layers = pd.read_csv(out / "layers.csv")
+    assert layers.loc[layers["is_culprit"], "layer"].tolist() == ["blocks.2"]
+    assert pd.read_csv(out / "checks.csv")["culprit"].tolist() == ["blocks.2"]
+    # the culprit reaches JUnit XML through record_property
+    props = {p.get("name"): p.get("value") for p in ET.parse(pytester.path / "junit.xml").iter("property")}
+    assert "culprit=blocks.2" in props["parity[tiny][float32]"]

@@ -1,0 +1,130 @@
+"""HTML and CSV reports from real CheckResults (engine capture/replay with a planted bug)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+import torch
+from safetensors import safe_open
+
+from pytest_rocm_parity import report
+
+
+def test_real_failing_result_names_the_planted_culprit(parity_results: dict[str, Any]) -> None:
+    failing, passing = parity_results["failing"], parity_results["passing"]
+    assert not failing.passed and failing.culprit == "blocks.2"
+    assert passing.passed and passing.culprit is None
+
+
+def test_write_all_writes_html_and_csv(report_doc: dict[str, Any], tmp_path: Path) -> None:
+    written = report.write_all(report_doc, tmp_path)
+    assert set(written) == {"html", "layers_csv", "checks_csv"}
+    assert written["html"] == tmp_path / "parity-report.html"
+
+    layers = pd.read_csv(tmp_path / "layers.csv")
+    n_rows = sum(len(c["layers"]) + len(c["outputs"]) for c in report_doc["checks"])
+    assert len(layers) == n_rows
+    # every metric produced by records.py is a column
+    metric_keys = {k for c in report_doc["checks"] for l in c["layers"] for k in l["metrics"]}
+    assert metric_keys <= set(layers.columns)
+    culprit = layers[layers["is_culprit"]]
+    assert list(culprit["layer"]) == ["blocks.2"] and list(culprit["check"]) == ["tiny"]
+    assert culprit["iso_ratio"].iloc[0] > culprit["budget_ratio"].iloc[0]
+
+    checks = pd.read_csv(tmp_path / "checks.csv")
+    assert list(checks["check"]) == ["tiny", "tiny_ok"]
+    row = checks.set_index("check").loc["tiny"]
+    assert row["culprit"] == "blocks.2" and not row["passed"] and "aten::mm" in row["profile_flags"]
+    assert "rocm" in row["candidate"] and "cuda" in row["reference"]
+
+
+def test_html_is_self_contained(report_doc: dict[str, Any], tmp_path: Path) -> None:
+    report.write_all(report_doc, tmp_path)
+    text = (tmp_path / "parity-report.html").read_text("utf-8")
+    assert "<script" not in text.lower()
+    # the only absolute URL is the SVG namespace, which is never fetched
+    urls = set(re.findall(r"(?:https?:)?//[^\s\"'<>)]+", text))
+    assert urls <= {"http://www.w3.org/2000/svg"}, urls
+    assert not re.search(r"""\b(?:src|href)\s*=\s*["'](?:https?:)?//""", text)
+    assert "@import" not in text and "url(" not in text
+    # per check: two plots, the culprit, both environments, the verdict
+    assert text.count("<svg") == 4
+    assert "culprit: blocks.2" in text and "AMD Instinct MI300X" in text and "NVIDIA H100" in text
+    assert 'class="badge fail"' in text and 'class="badge pass"' in text
+    assert "aten::mm" in text  # profiler flags shown
+    assert "old_model" in text and "absent_model" in text  # goldens obsolete / missing
+
+
+def test_html_escapes_names(report_doc: dict[str, Any], tmp_path: Path) -> None:
+    doc = dict(report_doc)
+    c = dict(doc["checks"][0], name="<img src=x onerror=alert(1)>", culprit="<b>x</b>")
+    doc["checks"] = [c]
+    text = report.render_html(doc, tmp_path)
+    assert "<img src=x" not in text and "<b>x</b>" not in text
+    assert "&lt;img src=x onerror=alert(1)&gt;" in text
+
+
+def test_plot_handles_nonfinite_and_exact_layers() -> None:
+    layers = [
+        {"name": "a", "passed": True, "iso_passed": True, "prop_passed": True,
+         "metrics": {"level": 0, "budget_ratio": 4.0, "budget_propagated": 3.0, "iso_kind": "float",
+                     "iso_err_cand": 0.0, "iso_err_ref": 0.0, "iso_rms_truth": 0.0, "iso_ratio": 0.0}},
+        {"name": "b", "passed": False, "iso_passed": False, "prop_passed": True,
+         "metrics": {"level": 0, "budget_ratio": 4.0, "budget_propagated": 3.0, "iso_kind": "float",
+                     "iso_err_cand": float("nan"), "iso_err_ref": 1e-7, "iso_rms_truth": 1.0,
+                     "iso_ratio": float("inf"), "iso_nonfinite": 3}},
+        {"name": "c", "passed": False, "iso_passed": False, "prop_passed": True,
+         "metrics": {"level": 0, "budget_ratio": 4.0, "budget_propagated": 3.0, "iso_kind": "exact",
+                     "iso_err_cand": 0.0, "iso_err_ref": 0.0, "iso_mismatches": 5}},
+    ]
+    svg = report.svg_plot(layers, "iso", "b", None, "t")
+    assert svg.startswith("<svg") and svg.endswith("</svg>") and "nan" not in svg.split("<title>")[0]
+    assert "culprit: b" in svg
+    assert report.svg_plot([], "prop", None, None, "empty").count("no float layers") == 1
+
+
+def test_write_all_never_raises(report_doc: dict[str, Any], tmp_path: Path) -> None:
+    (tmp_path / "parity-report.html").mkdir()  # the HTML cannot be written: the CSVs still are
+    with pytest.warns(RuntimeWarning, match="could not write the html report"):
+        written = report.write_all(report_doc, tmp_path)
+    assert set(written) == {"layers_csv", "checks_csv"}
+    # a document with holes still renders
+    assert "<svg" in report.render_html({"checks": [{"name": "x", "layers": None, "outputs": None}]})
+
+
+def test_save_failing_tensors(parity_results: dict[str, Any], report_doc: dict[str, Any], tmp_path: Path) -> None:
+    failing = parity_results["failing"]
+    tensors = {"blocks.2/0/isolated": torch.randn(16, 32), "blocks.2/0/propagated": torch.randn(16, 32),
+               "inp/0/isolated": torch.randn(16, 32),          # passing layer: left out
+               "blocks.20/0/isolated": torch.randn(2)}        # a name prefix, not the layer: left out
+    saved = dict(failing.extra)
+    try:
+        path = report.save_failing_tensors(failing, tensors, tmp_path)
+        assert path == report.failing_tensors_path(tmp_path, "tiny", "float32") and path.is_file()
+        assert failing.extra["failing_tensors"] == "tensors/tiny-float32.safetensors"
+        with safe_open(str(path), framework="pt") as f:
+            assert set(f.keys()) == {"blocks.2/0/isolated", "blocks.2/0/propagated"}
+            meta = f.metadata()
+            assert meta["culprit"] == "blocks.2" and meta["check"] == "tiny"
+            assert torch.equal(f.get_tensor("blocks.2/0/isolated"), tensors["blocks.2/0/isolated"])
+        doc = dict(report_doc, checks=[failing.to_dict()] + report_doc["checks"][1:])
+        report.write_all(doc, tmp_path)
+        text = (tmp_path / "parity-report.html").read_text("utf-8")
+        assert 'href="tensors/tiny-float32.safetensors"' in text
+    finally:
+        failing.extra.clear()
+        failing.extra.update(saved)
+    # a passing check saves nothing; neither does a failing one with no matching key
+    assert report.save_failing_tensors(parity_results["passing"], tensors, tmp_path / "p") is None
+    assert report.save_failing_tensors(failing.to_dict(), {"inp/0": torch.zeros(1)}, tmp_path / "q") is None
+
+
+def test_save_failing_tensors_respects_byte_budget(parity_results: dict[str, Any], tmp_path: Path) -> None:
+    d = parity_results["failing"].to_dict()
+    path = report.save_failing_tensors(d, {"blocks.2/a": torch.zeros(10), "blocks.2/b": torch.zeros(1000)},
+                                       tmp_path, max_bytes=100)
+    with safe_open(str(path), framework="pt") as f:
+        assert set(f.keys()) == {"blocks.2/a"} and "blocks.2/b" in f.metadata()["skipped_over_budget"]
