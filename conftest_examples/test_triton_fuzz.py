@@ -40,14 +40,26 @@ def tiled_rms_norm(x, normalized_shape, weight, eps):
     return rms_norm(x, normalized_shape, weight, eps, block=32)
 
 
+# Triton 3.9.0's interpreter widens bfloat16 subnormals wrongly (5.51e-39 loads as 1.03e-38; the
+# fuzzer found it, test_interpreter_bf16_subnormals pins it), so interpreted runs leave them out.
+REGIMES = ("ordinary", "large", "zero") if INTERPRETED else S.REGIMES
+
+
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True)
-@given(case=S.rms_norm_args(S.dtypes(), max_side=MAX_SIDE))
+@given(case=S.rms_norm_args(S.dtypes(), max_side=MAX_SIDE, regimes=REGIMES))
 def test_triton_rms_norm_matches_float64_truth(case):
     compare_op(rms_norm, F.rms_norm, case, device=DEVICE)
 
 
+@pytest.mark.xfail(INTERPRETED, reason="Triton interpreter converts bf16 subnormals to float32 wrongly",
+                   strict=False)
+def test_interpreter_bf16_subnormals():
+    x = torch.tensor([5.510129769479473e-39], dtype=torch.bfloat16)
+    compare_op(rms_norm, F.rms_norm, x, (1,), torch.ones(1, dtype=torch.bfloat16), 1e-6, device=DEVICE)
+
+
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True)
-@given(case=S.rms_norm_args(st.just(torch.float16), max_side=MAX_SIDE))
+@given(case=S.rms_norm_args(st.just(torch.float16), max_side=MAX_SIDE, regimes=REGIMES))
 def test_triton_rms_norm_tail_tiles_fp16(case):
     compare_op(tiled_rms_norm, F.rms_norm, case, device=DEVICE)
 

@@ -493,13 +493,14 @@ def _layer_norm_magnitude(x: torch.Tensor, shape: Any, w: torch.Tensor | None, b
 
 @st.composite
 def rms_norm_args(draw: st.DrawFn, dtype: DtypeArg = None, *, max_side: int = 160,
-                  max_magnitude: float | None = None, layouts: Sequence[str] = LAYOUTS) -> OpArgs:
+                  max_magnitude: float | None = None, layouts: Sequence[str] = LAYOUTS,
+                  regimes: Sequence[str] = REGIMES) -> OpArgs:
     """``F.rms_norm(x, (N,), weight, eps)``; magnitudes up to what float32 can square and sum."""
     dt = draw(_dtype_strategy(dtype))
     shp = draw(shapes(max_side=max_side))
     n = shp[-1]
     top = _scaled_max(dt, n) if max_magnitude is None else max_magnitude
-    x = draw(tensors(dt, shp, elements=values(dt, max_magnitude=top), layouts=layouts))
+    x = draw(tensors(dt, shp, elements=values(dt, max_magnitude=top, regimes=regimes), layouts=layouts))
     w = draw(tensors(dt, (n,), elements=values(dt, regimes=("ordinary",)), layouts=layouts))
     eps = draw(st.sampled_from([1e-6, 1e-5]))
     return OpArgs((x, (n,), w, eps), reduction_length=n, names=("x", "normalized_shape", "weight", "eps"))

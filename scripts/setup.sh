@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# One-time setup for a fresh machine (CI and the README's two commands).
+# Installs the CPU build of torch unless a torch is already there: GPU users install their
+# CUDA or ROCm build of torch first (README, "Installing on a GPU machine").
+set -euo pipefail
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+# System tools the tests exercise: rocminfo/rocm-smi (the doctor's no-GPU path), chromium (HTML report).
+if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  need=""
+  command -v rocminfo >/dev/null 2>&1 || need="$need rocminfo"
+  command -v rocm-smi >/dev/null 2>&1 || need="$need rocm-smi"
+  command -v chromium >/dev/null 2>&1 || need="$need chromium"
+  if [ -n "$need" ]; then
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need >/dev/null
+  fi
+fi
+if ! python -c "import torch" 2>/dev/null; then
+  python -m pip install -q "torch==2.13.0"
+fi
+python -m pip install -q -e ".[test]"

@@ -1,0 +1,169 @@
+"""Proof that the fuzzer finds real kernel bugs and shrinks them to a minimal case.
+
+Each planted bug mimics a classic hand-written-kernel mistake in plain torch (so it
+runs fast on CPU); its corrected twin must pass the same search.  Assertions are
+on the shrunk example that Hypothesis replays last, and on how many examples it
+took to find the first failure.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from pytest_rocm_parity import strategies as S
+from pytest_rocm_parity.fuzz import check_op
+
+BLOCK = 32
+FIND_WITHIN = 150  # examples allowed before the first failure
+
+
+# --------------------------------------------------------------------------- implementations
+
+
+def rms_norm_tail_bug(x, shape, w, eps):
+    """Multi-tile path forgets the tail tile when N % BLOCK != 0 (rows <= BLOCK take a masked path)."""
+    n = x.shape[-1]
+    xf = x.float()
+    if n <= BLOCK:
+        ss = (xf * xf).sum(-1, keepdim=True)
+        return (xf * torch.rsqrt(ss / n + eps) * w.float()).to(x.dtype)
+    full = n // BLOCK * BLOCK
+    ss = (xf[..., :full] ** 2).sum(-1, keepdim=True)
+    out = torch.zeros_like(xf)
+    out[..., :full] = xf[..., :full] * torch.rsqrt(ss / n + eps) * w.float()[:full]
+    return out.to(x.dtype)
+
+
+def rms_norm_tiled(x, shape, w, eps):
+    """The fixed kernel: the tail tile is masked, never dropped."""
+    n = x.shape[-1]
+    xf = x.float()
+    ss = torch.zeros(xf.shape[:-1] + (1,), dtype=torch.float32)
+    for start in range(0, n, BLOCK):
+        ss += (xf[..., start:start + BLOCK] ** 2).sum(-1, keepdim=True)
+    return (xf * torch.rsqrt(ss / n + eps) * w.float()).to(x.dtype)
+
+
+def rms_norm_fp16_accum(x, shape, w, eps):
+    """Squares and sums in the input dtype: x*x overflows float16 once |x| >= 256."""
+    ms = (x * x).mean(-1, keepdim=True)
+    return x * torch.rsqrt(ms + eps) * w
+
+
+def rms_norm_fp32_accum(x, shape, w, eps):
+    """The fixed kernel: accumulate in float32."""
+    xf = x.float()
+    return (xf * torch.rsqrt((xf * xf).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+
+
+def softmax_assumes_contiguous(x, dim=-1):
+    """Reads the storage as if the tensor were contiguous (a raw data_ptr kernel given a view)."""
+    contiguous_strides = torch.empty(x.shape).stride()
+    raw = torch.as_strided(x, x.shape, contiguous_strides, x.storage_offset())
+    return torch.softmax(raw.float(), dim=dim).to(x.dtype)
+
+
+def softmax_stride_aware(x, dim=-1):
+    """The fixed kernel: honour the strides (here by making the input contiguous first)."""
+    return torch.softmax(x.contiguous().float(), dim=dim).to(x.dtype)
+
+
+# --------------------------------------------------------------------------- search harness
+
+
+def hunt(strategy, candidate, reference, *, max_examples=FIND_WITHIN):
+    """Run a derandomized search; return (examples until first failure, shrunk failing case) or (n, None)."""
+    failures: list = []
+    calls = {"n": 0, "first": None}
+
+    @settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
+              phases=[Phase.generate, Phase.shrink], suppress_health_check=[HealthCheck.too_slow])
+    @given(strategy)
+    def search(case):
+        calls["n"] += 1
+        result = check_op(candidate, reference, case, device="cpu")
+        if not result.ok:
+            if calls["first"] is None:
+                calls["first"] = calls["n"]
+            failures.append(case)
+            raise AssertionError(result.message())
+
+    try:
+        search()
+    except AssertionError as exc:
+        assert "Reproduce:" in str(exc) and "Inputs:" in str(exc)
+        return calls["first"], failures[-1]  # Hypothesis replays the minimal example last
+    return calls["n"], None
+
+
+def rms_cases(dtype, **kwargs):
+    return S.rms_norm_args(st.just(dtype), max_side=80, **kwargs)
+
+
+# --------------------------------------------------------------------------- tail block
+
+
+def test_tail_block_bug_is_found_and_shrunk_to_block_plus_one():
+    found_after, case = hunt(rms_cases(torch.float32), rms_norm_tail_bug, F.rms_norm)
+    assert case is not None, "the tail-block bug was not found"
+    assert found_after <= FIND_WITHIN
+    x = case.args[0]
+    # minimal: one row of BLOCK + 1 elements, the smallest N that takes the multi-tile path with a tail
+    assert x.numel() == BLOCK + 1, x.shape
+    assert x.shape[-1] == BLOCK + 1
+
+
+def test_tiled_rms_norm_with_masked_tail_passes():
+    _, case = hunt(rms_cases(torch.float32), rms_norm_tiled, F.rms_norm, max_examples=60)
+    assert case is None, case
+
+
+# --------------------------------------------------------------------------- overflow
+
+
+def test_overflow_bug_is_found_and_shrunk_to_one_large_element():
+    found_after, case = hunt(rms_cases(torch.float16, layouts=("contiguous",)), rms_norm_fp16_accum, F.rms_norm)
+    assert case is not None, "the float16 overflow was not found"
+    assert found_after <= FIND_WITHIN
+    x = case.args[0]
+    assert x.numel() == 1, x.shape
+    # 256 * 256 = 65536 > 65504 = float16 max: the smallest magnitude whose square overflows
+    assert math.isclose(abs(float(x.flatten()[0])), 256.0, rel_tol=0.02), x
+
+
+def test_fp32_accumulating_rms_norm_passes_near_fp16_max():
+    _, case = hunt(rms_cases(torch.float16), rms_norm_fp32_accum, F.rms_norm, max_examples=60)
+    assert case is None, case
+
+
+# --------------------------------------------------------------------------- non-contiguous
+
+
+def test_stride_bug_is_found_and_shrunk_to_two_element_view():
+    found_after, case = hunt(S.softmax_args(st.just(torch.float32), max_side=40), softmax_assumes_contiguous,
+                             torch.softmax)
+    assert case is not None, "the stride bug was not found"
+    assert found_after <= FIND_WITHIN
+    x = case.args[0]
+    assert not x.is_contiguous()
+    assert x.numel() == 2, (x.shape, x.stride())
+
+
+def test_stride_aware_softmax_passes():
+    _, case = hunt(S.softmax_args(st.just(torch.float32), max_side=40), softmax_stride_aware, torch.softmax,
+                   max_examples=60)
+    assert case is None, case
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_soak_correct_kernels(dtype):
+    """Long run: the fixed kernels survive many more examples in every dtype."""
+    for candidate in (rms_norm_tiled, rms_norm_fp32_accum):
+        _, case = hunt(S.rms_norm_args(st.just(dtype), max_side=300), candidate, F.rms_norm, max_examples=1000)
+        assert case is None, (candidate.__name__, case)
