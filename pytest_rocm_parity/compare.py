@@ -16,10 +16,10 @@ JACKKNIFE_BLOCKS = 64
 
 
 def _first_index(mask: Any) -> list[int] | None:
-    idx = mask.nonzero()
+    idx = mask.reshape(-1).nonzero()   # flat, so a 0-dim mask gives [] rather than nothing
     if idx.numel() == 0:
         return None
-    return [int(i) for i in idx[0].tolist()]
+    return list(_unravel(int(idx[0, 0]), tuple(mask.shape)))
 
 
 def exact_metrics(leaf: str, cand: Any, ref: Any) -> LeafMetrics:

@@ -45,6 +45,16 @@ def is_float_name(name: str) -> bool:
     return name in FLOAT_NAMES or name in _FP8
 
 
+def residual_dtype_name(rung: str) -> str:
+    """The dtype a rung's truth residual (truth - reference) is stored in.
+
+    bfloat16 keeps float32's exponent range (fp16 residuals of small values would be subnormal)
+    and 2^-9 relative precision of an error is ample for error statistics; the fp32 and fp64
+    rungs keep their own precision.
+    """
+    return rung if rung in ("float32", "float64") else "bfloat16"
+
+
 def truth_dtype_name(rung: str) -> str:
     """The dtype a rung's float64 truth is stored in.
 

@@ -261,7 +261,7 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
     import torch
 
     dtype = dt.to_torch(rung)
-    tdt = dt.to_torch(dt.truth_dtype_name(rung))
+    rdt = dt.to_torch(dt.residual_dtype_name(rung))
     pool = _Pool()
     tensors: dict[str, Any] = {}
     entries: dict[str, dict[str, Any]] = {}
@@ -307,18 +307,24 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
     tm = copy.deepcopy(prepare_model(model, "cpu", dtype)).to(device=truth_dev, dtype=torch.float64).eval()
     targs, tkwargs = cast_inputs(args, kwargs, torch.float64, truth_dev)
 
-    def store_truth(prefix: str) -> Callable[[str, Selected, Any], None]:
-        def fn(key: str, sel: Selected, out: Any) -> None:
+    def ref_of(key: str, p: str) -> Any:
+        src = outputs["out"] if key == OUTPUT else entries[key]["out"]
+        return pool.tensors[src[p]]
+
+    def put_truth(name: str, key: str, p: str, t: Any) -> None:
+        if t.is_floating_point():
+            tensors[name] = _residual(t, ref_of(key, p), rdt)
+
+    def store_gtruth(key: str, sel: Selected, out: Any) -> None:
+        if sel.level == 0:  # propagated truth for top-level modules only: it locates first divergence
             for p, t in tensor_leaves(out).items():
-                tensors[f"{prefix}/{key}/{p}"] = _truth_cast(t, tdt)
-            entries.setdefault(key, {}).setdefault(prefix, sorted(tensor_leaves(out)))
-        return fn
+                put_truth(f"gtruth/{key}/{p}", key, p, t)
 
     with torch.no_grad():
-        with Hooks(tm, selected, None, store_truth("gtruth")):
+        with Hooks(tm, selected, None, store_gtruth):
             tout = _run(tm, targs, tkwargs)
         for p, t in tensor_leaves(tout).items():
-            tensors[f"gtruth/{OUTPUT}/{p}"] = _truth_cast(t, tdt)
+            put_truth(f"gtruth/{OUTPUT}/{p}", OUTPUT, p, t)
         del tout
         for level in sorted({s.level for s in selected}):
             def sub(key: str, sel: Selected, a: Any, kw: Any, level: int = level) -> Any:
@@ -328,9 +334,9 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
                 return _substitute(a, kw, keys, lambda k: pool.tensors[k], torch.float64, truth_dev)
 
             def keep(key: str, sel: Selected, out: Any, level: int = level) -> None:
-                if sel.level == level:
+                if sel.level == level and key in entries:
                     for p, t in tensor_leaves(out).items():
-                        tensors[f"truth/{key}/{p}"] = _truth_cast(t, tdt)
+                        put_truth(f"truth/{key}/{p}", key, p, t)
 
             with Hooks(tm, selected, sub, keep):
                 _run(tm, targs, tkwargs)
@@ -340,16 +346,28 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
     for e in layers:
         e.pop("gtruth", None)
     meta = {"inputs": {"const": const_in}, "layers": layers, "outputs": outputs,
-            "truth_dtype": dt.name_of(tdt), "tf32": tf32, "order": order,
+            "truth_encoding": "residual", "truth_dtype": dt.name_of(rdt), "tf32": tf32, "order": order,
             "selected": sorted(by_name), "extra": extra_meta}
     return meta, tensors
 
 
-def _truth_cast(t: Any, tdt: Any) -> Any:
-    t = t.detach()
-    if t.is_floating_point():
-        t = t.to(tdt)
-    return t.to("cpu", copy=True).contiguous()
+def _residual(truth: Any, ref: Any, rdt: Any) -> Any:
+    """The float64 truth stored as its difference from the reference: half the bytes, same statistics.
+
+    The residual is as small as the reference's error, so rounding it to ``rdt`` perturbs the
+    error statistics by one rounding of the error (2^-9 relative for bfloat16), not of the value.
+    """
+    import torch
+
+    d = truth.detach().to("cpu", torch.float64) - ref.to(torch.float64)
+    return d.to(rdt).contiguous()
+
+
+def load_truth(reader: RungReader, name: str, ref: Any) -> Any:
+    """Rebuild a float64 truth from its stored residual (see _residual)."""
+    import torch
+
+    return ref.to(torch.float64) + reader.get(name).to(ref.device, torch.float64)
 
 
 def _supports_f64(device: str) -> bool:
@@ -480,7 +498,10 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                                        note=f"shape: output leaf {p!r} missing on the candidate"))
                 continue
             if ref.is_floating_point() or ref.is_complex():
-                truth = reader.get(f"{truth_prefix}/{key}/{p}")
+                tname = f"{truth_prefix}/{key}/{p}"
+                if tname not in reader.keys and truth_prefix == "gtruth":
+                    continue  # propagated truth is kept for top-level modules only
+                truth = load_truth(reader, tname, ref)
                 res.append(float_metrics(p, c.detach(), ref, truth, u, t.confidence, t.nan))
                 if (spec.positions is not None and truth_prefix == "gtruth" and ref.dim() >= 2
                         and tuple(ref.shape[:2]) == spec.positions and tuple(c.shape) == tuple(ref.shape)
@@ -565,7 +586,7 @@ def _compare_outputs(out: Any, meta: dict[str, Any], reader: RungReader, u: floa
             rec.reason = f"output leaf {p!r} missing on the candidate"
         else:
             if ref.is_floating_point() or ref.is_complex():
-                mm = float_metrics(p, c.detach(), ref, reader.get(f"gtruth/{OUTPUT}/{p}"), u, tol.confidence, tol.nan)
+                mm = float_metrics(p, c.detach(), ref, load_truth(reader, f"gtruth/{OUTPUT}/{p}", ref), u, tol.confidence, tol.nan)
             else:
                 mm = exact_metrics(p, c.detach(), ref)
             judge_layer(rec, [], [mm], tol, _rung_of(reader))

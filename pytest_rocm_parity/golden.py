@@ -47,6 +47,7 @@ _HASHED = re.compile(r"-[0-9a-f]{12}$")
 # Names Windows refuses as file names whatever the extension (goldens are checked out everywhere).
 _RESERVED = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)), *(f"lpt{i}" for i in range(10))}
 MAX_NAME = 96
+ALIGN = 64   # bytes; what torch's CPU allocator guarantees
 
 
 def safe_name(name: str) -> str:
@@ -63,6 +64,8 @@ def safe_name(name: str) -> str:
             and not _HASHED.search(name) and name.split(".")[0] not in _RESERVED):
         return name
     digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    if cleaned.split(".")[0].lower() in _RESERVED:
+        cleaned = f"_{cleaned}"   # "nul.txt-<hash>" is still the NUL device to Windows
     return f"{cleaned[:MAX_NAME]}-{digest}"
 
 
@@ -492,6 +495,11 @@ class RungReader:
                 import torch
 
                 t = torch.view_as_complex(t)
+            if t.device.type == "cpu" and t.data_ptr() % ALIGN:
+                # A tensor read from the file sits at its offset in it; CPU kernels pick their SIMD path
+                # by alignment, so an unaligned stored input would make a CPU replay differ from its
+                # own capture by an ulp.  A fresh copy is aligned like the tensors the capture used.
+                t = t.clone()
             return t
         except BaseException as exc:
             if not (isinstance(exc, Exception) or _is_panic(exc)):

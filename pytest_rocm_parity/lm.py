@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 from pytest_rocm_parity import dtypes as dt
-from pytest_rocm_parity.engine import OUTPUT, CheckSpec, capture, replay
+from pytest_rocm_parity.engine import OUTPUT, CheckSpec, capture, load_truth, replay
 from pytest_rocm_parity.errors import InputError, InvalidArgument
 
 # A top-1 flip counts only where the reference's top-1/top-2 logit margin exceeds
@@ -204,7 +204,7 @@ def _judge(prompt_len: int, generate: int, top_k: int, ids_cpu: Any, mask_cpu: A
         dev = reader.get(meta["outputs"]["out"][_logits_leaf(meta)]).device
         lc = _logits(out).to(dev, torch.float64)
         lr = reader.get(meta["outputs"]["out"][_logits_leaf(meta)]).to(torch.float64)
-        lt = reader.get(f"gtruth/{OUTPUT}/{_logits_leaf(meta)}").to(dev, torch.float64)
+        lt = load_truth(reader, f"gtruth/{OUTPUT}/{_logits_leaf(meta)}", reader.get(meta["outputs"]["out"][_logits_leaf(meta)]))
         ids = ids_cpu.to(dev)
         valid = torch.ones(ids.shape, dtype=torch.bool, device=dev) if mask_cpu is None else mask_cpu.to(dev).bool()
         u = dt.UNIT_ROUNDOFF[rung] if not (rung == "float32" and meta.get("tf32")) else dt.UNIT_ROUNDOFF["tf32"]

@@ -14,6 +14,7 @@ or more and that take at least ``min_share`` (default 5%) of the candidate's tim
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,13 +25,15 @@ DEFAULT_TOP = 15
 _IGNORED_PREFIXES = ("[", "ProfilerStep", "Activity Buffer", "Runtime Triggered Module Loading")
 
 
-def _activity_for(device: Any) -> tuple[Any, str]:
+def _activities_for(device: Any) -> tuple[list[Any], str]:
     from torch.profiler import ProfilerActivity
 
     kind = str(device).split(":", 1)[0]
     if kind == "cuda":
-        return ProfilerActivity.CUDA, "cuda"
-    return ProfilerActivity.CPU, "cpu"
+        # the CPU activity records the operators, the CUDA one their kernels' device time (which the
+        # profiler attributes to the operator that launched each kernel); CUDA alone has no operators
+        return [ProfilerActivity.CPU, ProfilerActivity.CUDA], "cuda"
+    return [ProfilerActivity.CPU], "cpu"
 
 
 def _self_time(evt: Any, activity: str) -> float:
@@ -77,7 +80,7 @@ def profile_shares(model: Any, args: Any = (), kwargs: Mapping[str, Any] | None 
     kwargs = dict(kwargs or {})
     if not isinstance(args, (tuple, list)):
         args = (args,)
-    activity, label = _activity_for(device)
+    activities, label = _activities_for(device)
     is_cuda = label == "cuda"
 
     def sync() -> None:
@@ -93,9 +96,11 @@ def profile_shares(model: Any, args: Any = (), kwargs: Mapping[str, Any] | None 
         # run slowed by a busy machine (preemption inflates whichever operator was running) does
         # not make that operator look slow
         for _ in range(max(1, iters)):
-            with profile(activities=[activity]) as prof:
-                model(*args, **kwargs)
-                sync()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # torch's notes on profiler cycles
+                with profile(activities=activities) as prof:
+                    model(*args, **kwargs)
+                    sync()
             run: dict[str, float] = {}
             for evt in prof.key_averages():
                 if _is_operator(evt, label):

@@ -19,9 +19,13 @@ from typing import Any
 from pytest_rocm_parity.dtypes import UNIT_ROUNDOFF, canonical_name
 from pytest_rocm_parity.errors import InvalidArgument
 
-# Allowed isolated error ratio per rung.  Correct alternates measured at most 1.10x (fp16) and
-# 1.14x (bf16); precision-only bugs sit at 1.26x+; semantic bugs at 600x+ in fp32 (calibration.md).
-DEFAULT_RATIO = {"float64": 4.0, "float32": 4.0, "bfloat16": 1.25, "float16": 1.25}
+# Allowed isolated error ratio per rung (docs/detection.md has the measurements).  At bf16/fp16 a correct
+# kernel that rounds once more than the reference (GEMM, then a separate bias add) is sqrt(2) ~ 1.41x by
+# construction (measured 1.46-1.49x, lower bound 1.43x); 1.75 accepts up to two extra roundings of the output's
+# magnitude (sqrt(3) = 1.73).  Bugs that live in every precision are found on the float32 rung (30x to 1e7x
+# there, correct alternates <= 2.5x); precision-only defects above 1.75x (low-precision accumulation: 3.4x)
+# fail on their own rung; rounding-level precision defects (1.2x-1.7x) pass: see "stricter" in the docs.
+DEFAULT_RATIO = {"float64": 4.0, "float32": 4.0, "bfloat16": 1.75, "float16": 1.75}
 DEFAULT_PROPAGATED = {"float64": 3.0, "float32": 3.0, "bfloat16": 3.0, "float16": 3.0}
 # Errors below FLOOR_ULPS unit roundoffs of the output's RMS are rounding, whatever the reference did.
 FLOOR_ULPS = 0.25
@@ -31,6 +35,10 @@ FLOOR_ULPS = 0.25
 # reference), so its own error is no measure of the noise the policy accepts.  With ratio 4 the fp32 rung then
 # allows 4 u_tf32 of RMS error; bugs below that are invisible under TF32 (keep tf32=False to see them).
 TF32_FLOOR_ULPS = 1.0
+# ... and its propagated budget: TF32 drift at a model's outputs, against an exact-fp32 reference, is 5.2 u_tf32
+# (2-layer decoder, CPU emulation) to 5.5 u_tf32 (22-layer 1.1B Llama, H200; calibration.md), so the Dynamo
+# multiplier over that floor is 10.
+TF32_PROPAGATED = 10.0
 NAN_POLICIES = ("equal", "fail")
 
 
@@ -73,7 +81,12 @@ class Tolerance:
         return float(self.ratio if self.ratio is not None else DEFAULT_RATIO[canonical_name(rung)])
 
     def propagated_for(self, rung: str) -> float:
-        return float(self.propagated if self.propagated is not None else DEFAULT_PROPAGATED[canonical_name(rung)])
+        if self.propagated is not None:
+            return float(self.propagated)
+        rung = canonical_name(rung)
+        if self.tf32 and rung == "float32":
+            return TF32_PROPAGATED
+        return float(DEFAULT_PROPAGATED[rung])
 
     def unit_roundoff(self, rung: str) -> float:
         """The noise unit of the rung's arithmetic: the judging floor is FLOOR_ULPS of it times the output RMS.

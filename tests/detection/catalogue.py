@@ -358,6 +358,8 @@ class Case:
     patch: Callable[[Any], None] = field(default=lambda m: None, repr=False)
     tolerance: Tolerance | None = None
     lowprec_only: bool = False     # the defect exists only in low-precision arithmetic (not in fp32/fp64)
+    # Non-empty for a bug the DEFAULT rule lets pass by policy (a rounding-level precision defect): why.
+    accepted: str = ""
 
     def candidate(self, clean: Any) -> Any:
         m = copy.deepcopy(clean)
@@ -369,6 +371,9 @@ D0A = "model.layers.0.self_attn"
 D1A = "model.layers.1.self_attn"
 E0S = "encoder.layer.0.attention.self"
 E1S = "encoder.layer.1.attention.self"
+ROUNDING_LEVEL = ("rounding-level precision defect: on these zero-mean rows it adds about one rounding of the "
+                  "output's magnitude (1.2x-1.7x the reference's error at bf16/fp16, nothing in fp32), the same "
+                  "as a correct unfused kernel (1.43x-1.49x); the default (1.75) accepts it, ratio=1.15 catches it")
 SELF = "the patched module is selected (drill=2); its selected children (projections) get golden inputs and pass"
 LEAF = "the patched module is itself a selected leaf"
 
@@ -390,7 +395,7 @@ CASES: list[Case] = [
          "attention softmax scale 2% too large", SELF, _attn(D1A, "decoder", scale=1.02)),
     Case("dec_softmax_nomax", "decoder", "bug", D0A, (D0A,),
          "softmax without max subtraction, exp in the compute dtype (sink head, logits ~20)", SELF,
-         _attn(D0A, "decoder", variant="nomax"), lowprec_only=True),
+         _attn(D0A, "decoder", variant="nomax")),
     Case("dec_causal_off_by_one", "decoder", "bug", D1A, (D1A,),
          "causal mask off by one: each query sees the next token", SELF,
          _attn(D1A, "decoder", mask_off_by_one=True)),
@@ -409,7 +414,7 @@ CASES: list[Case] = [
     Case("dec_rmsnorm_lowprec", "decoder", "bug", "model.layers.0.input_layernorm",
          ("model.layers.0.input_layernorm",), "RMSNorm variance and scaling in the compute dtype (no fp32 upcast)",
          LEAF, lambda m: _set(m, "model.layers.0.input_layernorm", rmsnorm_forward, mode="lowprec"),
-         lowprec_only=True),
+         lowprec_only=True, accepted=ROUNDING_LEVEL),
     Case("dec_silu_approx", "decoder", "bug", "model.layers.1.mlp.act_fn", ("model.layers.1.mlp.act_fn",),
          "approximate SiLU (sigmoid through a truncated tanh argument)", LEAF,
          lambda m: _set(m, "model.layers.1.mlp.act_fn", silu_fast_forward)),
@@ -440,10 +445,13 @@ CASES: list[Case] = [
          "attention.output.LayerNorm is at depth 3 below the block, outside drill=2: its nearest selected "
          "ancestor encoder.layer.0.attention.output (LayerNorm(dense(h) + residual)) is the smallest culprit",
          lambda m: _set(m, "encoder.layer.0.attention.output.LayerNorm", layernorm_forward, mode="onepass"),
-         lowprec_only=True),
+         lowprec_only=True, accepted=ROUNDING_LEVEL),
     Case("enc_bias_dropped", "encoder", "bug", "encoder.layer.1.intermediate.dense",
          ("encoder.layer.1.intermediate.dense",), "GEMM epilogue drops the bias", LEAF,
          lambda m: _set(m, "encoder.layer.1.intermediate.dense", linear_forward, mode="no_bias")),
+    Case("enc_gemm_lowacc", "encoder", "bug", "encoder.layer.1.output.dense", ("encoder.layer.1.output.dense",),
+         "GEMM accumulating K in the compute dtype (a half/bf16 accumulator, rounded every 8 products)", LEAF,
+         lambda m: _set(m, "encoder.layer.1.output.dense", linear_forward, mode="lowacc"), lowprec_only=True),
     Case("enc_residual_scale", "encoder", "bug", "encoder.layer.0.output", ("encoder.layer.0.output",),
          "fused add+LayerNorm scales the residual by 0.98",
          "the fault is in BertOutput's own add: its selected children (dense, LayerNorm, dropout) pass",
@@ -494,16 +502,23 @@ def by_id(case_id: str) -> Case:
 
 # ---------------------------------------------------------------------------------------------
 # running the catalogue (shared by the tests and bench/detection.py)
+#
+# One golden per family holds all three rungs (bfloat16, float16, float32), and each case is replayed once
+# over all three: ladder "bf16" is the verdicts of the bfloat16 and float32 rungs, ladder "fp16" those of the
+# float16 and float32 rungs (every rung is judged on its own, so this is the same as two two-rung goldens,
+# without replaying the float32 rung twice).
 
-def spec_for(family: str, ladder: str, tolerance: Tolerance | None = None) -> Any:
+RUNGS = ["bfloat16", "float16", "float32"]
+
+
+def spec_for(family: str, tolerance: Tolerance | None = None) -> Any:
     from pytest_rocm_parity.engine import CheckSpec
 
-    return CheckSpec(name=f"detect-{family}-{ladder}", dtypes=list(LADDERS[ladder]),
-                     tolerance=tolerance or Tolerance())
+    return CheckSpec(name=f"detect-{family}", dtypes=list(RUNGS), tolerance=tolerance or Tolerance())
 
 
 def capture_all(root: Any) -> dict[str, Any]:
-    """Capture the clean model of every family for every ladder under ``root``; returns {family: (model, inputs)}."""
+    """Capture the clean model of every family under ``root``; returns {family: (model, inputs)}."""
     from pytest_rocm_parity.engine import capture
     from pytest_rocm_parity.golden import GoldenStore
 
@@ -511,17 +526,26 @@ def capture_all(root: Any) -> dict[str, Any]:
     models = {}
     for fam in FAMILIES:
         model, inputs = build(fam)
-        for ladder in LADDERS:
-            capture(model, inputs, spec_for(fam, ladder), store, "cpu", overwrite=True)
+        capture(model, inputs, spec_for(fam), store, "cpu", overwrite=True)
         models[fam] = (model, inputs)
     return models
+
+
+def replay_case(case: Case, models: dict[str, Any], root: Any) -> dict[str, Any]:
+    """Replay the patched candidate over all rungs: {rung: CheckResult}."""
+    from pytest_rocm_parity.engine import replay
+    from pytest_rocm_parity.golden import GoldenStore
+
+    clean, inputs = models[case.family]
+    results = replay(case.candidate(clean), inputs, spec_for(case.family, case.tolerance), GoldenStore(root), "cpu")
+    return {r.dtype: r for r in results}
 
 
 @dataclass
 class Outcome:
     case: Case
     ladder: str
-    results: list[Any]             # CheckResult per rung
+    results: list[Any]             # CheckResult per rung of the ladder (low precision first)
 
     @property
     def failing_rungs(self) -> list[Any]:
@@ -529,12 +553,16 @@ class Outcome:
 
     @property
     def caught(self) -> bool:
-        """A bug is caught when some rung fails and names an acceptable culprit."""
+        """A bug is caught when some rung of the ladder fails and names an acceptable culprit."""
         return any(r.culprit in self.case.culprits for r in self.failing_rungs)
 
     @property
     def caught_by(self) -> list[str]:
         return [r.dtype for r in self.failing_rungs if r.culprit in self.case.culprits]
+
+    @property
+    def wrong_culprits(self) -> list[str]:
+        return [f"{r.dtype}: {r.culprit}" for r in self.failing_rungs if r.culprit not in self.case.culprits]
 
     @property
     def false_alarm(self) -> bool:
@@ -545,15 +573,9 @@ class Outcome:
         return self.caught if self.case.kind == "bug" else not self.false_alarm
 
 
+def outcome(case: Case, ladder: str, by_rung: dict[str, Any]) -> Outcome:
+    return Outcome(case, ladder, [by_rung[d] for d in LADDERS[ladder]])
+
+
 def layer(result: Any, name: str) -> Any:
     return next((l for l in result.layers if l.name == name), None)
-
-
-def run_case(case: Case, ladder: str, models: dict[str, Any], root: Any) -> Outcome:
-    from pytest_rocm_parity.engine import replay
-    from pytest_rocm_parity.golden import GoldenStore
-
-    clean, inputs = models[case.family]
-    cand = case.candidate(clean)
-    results = replay(cand, inputs, spec_for(case.family, ladder, case.tolerance), GoldenStore(root), "cpu")
-    return Outcome(case, ladder, results)

@@ -15,7 +15,7 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.fc2(self.act(self.fc1(x)))
-        if self.bug:  # a candidate kernel that silently rounds through half precision
+        if self.bug and y.dtype != torch.float64:  # a float32 kernel that silently rounds through half
             y = y.half().float()
         return x + y
 
