@@ -50,6 +50,7 @@ def rung_row(case: C.Case, r: Any) -> dict[str, Any]:
             row.update(target=name, ratio=l.iso.ratio, ratio_lo=l.iso.ratio_lo, z=l.iso.z,
                        nonfinite=l.iso.nonfinite, would_pass_ratio=l.would_pass_ratio, budget=l.budget)
     judged = [l for l in r.layers if l.iso is not None and l.iso.kind == "float" and not l.iso.nonfinite]
+    row["layers_judged"] = len(judged)
     if judged:
         w = max(judged, key=lambda l: l.iso.ratio_lo)
         row.update(worst_layer=w.name, worst_ratio_lo=w.iso.ratio_lo, worst_ratio=w.iso.ratio, worst_z=w.iso.z,
@@ -85,7 +86,6 @@ def run(case_ids: list[str] | None, ladders: list[str]) -> dict[str, Any]:
     replays = {case.id: C.replay_case(case, models, root) for case in cases}
     for ladder in ladders:
         for case in cases:
-            t = time.time()
             o = C.outcome(case, ladder, replays[case.id])
             stricter = {}
             for b in STRICTER:
@@ -134,6 +134,7 @@ def summarize(rows: list[dict[str, Any]], ladders: list[str]) -> dict[str, Any]:
             "caught_by_rung": by_rung,
             "caught_only_by_fp32": sum(r["caught_by"] == ["float32"] for r in bugs),
             "missed": [r["case"] for r in bugs if not r["caught"]],
+            "alternate_layer_judgments": sum(g.get("layers_judged", 0) for r in alts for g in r["rungs"]),
             "alternates": len(alts), "false_alarms": sum(r["false_alarm"] for r in alts),
             "false_alarm_cases": [r["case"] for r in alts if r["false_alarm"]],
             "alternate_worst": worst,
@@ -176,6 +177,8 @@ def markdown(res: dict[str, Any]) -> str:
         for k, w in s["alternate_worst"].items():
             lines.append(f"| {ladder} | {k} | {_fmt(w['ratio_lo'])} | {_fmt(w['ratio'])} | {w['z']:+.0f} | "
                          f"{w['case']} / {w['layer']} | {w['budget']:g} | {w['margin']:.2f}x |")
+    lines += ["", "Layer judgments on correct alternates (layers x rungs x alternates), all passing: " + ", ".join(
+        f"{ladder} {s['alternate_layer_judgments']}" for ladder, s in res["summary"].items())]
     lines += ["", "Stricter low-precision budgets (fp32 rung unchanged), re-judged from the recorded metrics:", "",
               "| ladder | budget | bugs caught | false alarms |", "|---|---|---|---|"]
     for ladder, s in res["summary"].items():

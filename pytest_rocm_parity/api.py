@@ -59,6 +59,8 @@ class Parity:
             dtypes=rungs, layers=layers if layers is not None else self._defaults.get("layers"),
             drill=drill if drill is not None else int(self._defaults.get("drill", self._session.options.drill)),
             tolerance=coerce(tolerance if tolerance is not None else self._defaults.get("tolerance")),
+            profile=self._session.options.profile,
+            report_dir=self._session.options.report_dir,
             regen_command=f"pytest --rocm-parity --parity-regen='{nm}' {self._node.nodeid if self._node else ''}".strip(),
         )
 

@@ -52,6 +52,8 @@ class CheckSpec:
     # replay: fn(rung, model, args, kwargs, output, reader, meta, result) adds to result.extra
     extra_judge: Callable[..., None] | None = None
     manifest_extra: dict[str, Any] = field(default_factory=dict)
+    profile: bool = False            # profiler parity (--parity-profile)
+    report_dir: Any = None           # where obtained tensors of failing layers are saved
 
 
 # ---------------------------------------------------------------------------------------------
@@ -251,13 +253,13 @@ def capture(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device
     rung_tensors: dict[str, dict[str, Any]] = {}
     for rung in spec.dtypes:
         manifest["rungs"][rung], rung_tensors[rung] = _capture_rung(
-            model, args0, kwargs0, selected, rung, device, spec.tolerance.tf32, spec.extra_capture)
+            model, args0, kwargs0, selected, rung, device, spec.tolerance.tf32, spec.extra_capture, spec.profile)
     store.write(spec.name, manifest, rung_tensors, overwrite=overwrite)
     return manifest
 
 
 def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected], rung: str,
-                  device: str, tf32: bool, extra: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
+                  device: str, tf32: bool, extra: Any = None, profile: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     import torch
 
     dtype = dt.to_torch(rung)
@@ -298,6 +300,11 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
             with numerics(rung, tf32):
                 extra_meta, extra_t = extra(rung, m, args, kwargs)
             tensors.update({f"extra/{k}": v.detach().to("cpu").contiguous() for k, v in extra_t.items()})
+        if profile:
+            from pytest_rocm_parity.profiling import profile_shares
+
+            with numerics(rung, tf32):
+                extra_meta["profile"] = profile_shares(m, args, kwargs, device)
     finally:
         m.train(was_training)
     if m is not model:
@@ -482,6 +489,7 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
     prop: dict[str, list[LeafMetrics]] = {}
     iso: dict[str, list[LeafMetrics]] = {}
     pos_err: dict[str, tuple[Any, Any]] = {}
+    obtained: dict[str, Any] = {}
 
     def compare(key: str, out: Any, truth_prefix: str, sink: dict[str, list[LeafMetrics]]) -> None:
         e = layers.get(key)
@@ -497,6 +505,8 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                 res.append(LeafMetrics(leaf=p, numel=int(ref.numel()), ratio=float("inf"), ratio_lo=float("inf"),
                                        note=f"shape: output leaf {p!r} missing on the candidate"))
                 continue
+            if spec.report_dir is not None:
+                obtained[f"{key}/{p}/{'isolated' if truth_prefix == 'truth' else 'propagated'}"] = c.detach().cpu()
             if ref.is_floating_point() or ref.is_complex():
                 tname = f"{truth_prefix}/{key}/{p}"
                 if tname not in reader.keys and truth_prefix == "gtruth":
@@ -551,6 +561,22 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
         result.layers.append(rec)
     result.outputs = outs
     finish(result, tol)
+    if spec.profile and isinstance(meta.get("extra", {}).get("profile"), dict):
+        from pytest_rocm_parity.profiling import compare_shares, profile_shares
+
+        m.eval()
+        try:
+            with numerics(rung, tol.tf32):
+                cand_prof = profile_shares(m, args0, kwargs0, device)
+        finally:
+            m.train(was_training)
+        result.extra["profile"] = {"flags": compare_shares(meta["extra"]["profile"], cand_prof),
+                                   "reference": meta["extra"]["profile"], "candidate": cand_prof}
+    if spec.report_dir is not None and not result.passed and obtained:
+        from pytest_rocm_parity.report import save_failing_tensors
+
+        save_failing_tensors(result, obtained, spec.report_dir)
+    obtained.clear()
     if spec.extra_judge is not None:
         result.extra["_pos_err"] = pos_err
         m.eval()

@@ -163,10 +163,11 @@ class GoldenStore:
                                        f"(rerun with --parity-regen='{name}' to rewrite it)", mpath)
                 for dtype, tensors in rungs.items():
                     tmp = _write_tensors_tmp(d, tensors, {"format": str(FORMAT_VERSION), "name": name, "dtype": dtype})
+                    written.append(tmp)
                     digest = sha256_file(tmp)
                     final = d / f"{dtype}-{digest[:12]}.safetensors"
                     os.replace(tmp, final)
-                    written.append(final)
+                    written[-1] = final
                     manifest["rungs"][dtype]["file"] = final.name
                     manifest["rungs"][dtype]["sha256"] = digest
                     manifest["rungs"][dtype]["bytes"] = final.stat().st_size
@@ -259,12 +260,29 @@ def _write_tensors_tmp(d: Path, tensors: dict[str, Any], metadata: dict[str, str
     os.close(fd)
     try:
         save_file(tensors, tmp, metadata=metadata)
+        _canonicalize_header(Path(tmp))
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return Path(tmp)
+
+
+def _canonicalize_header(path: Path) -> None:
+    """Rewrite the header with sorted keys, in place and at the same length.
+
+    safetensors writes the metadata map in Rust hash order, which changes from process to
+    process; sorted, the same tensors always give the same bytes, so the content-addressed
+    file name is stable and recapturing an unchanged model leaves git with nothing to commit.
+    """
+    with open(path, "r+b") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n).decode("utf-8"))
+        text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        if len(text) <= n:
+            f.seek(8)
+            f.write(text + b" " * (n - len(text)))
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -369,7 +387,8 @@ def _manifest_problem(m: dict[str, Any]) -> str:
             return f"{key!r} is not a mapping"
     lm = m.get("lm", {})
     if not all(_is_int(lm.get(k, 0)) for k in ("generate", "prompt_len")) or \
-            not (isinstance(lm.get("continuation") or [], list) and all(_is_int(t) for t in lm.get("continuation") or [])):
+            not (isinstance(lm.get("continuation") or [], list)
+                 and all(isinstance(row, list) and all(_is_int(t) for t in row) for row in lm.get("continuation") or [])):
         return "'lm' holds values of the wrong type"
     for rung, r in m["rungs"].items():
         where = f"rung {rung!r}"

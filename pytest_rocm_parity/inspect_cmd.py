@@ -74,6 +74,22 @@ def _leaves(meta: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     return out
 
 
+def _truth(reader: Any, meta: dict[str, Any], key: str, ref: Any) -> Any | None:
+    """The float64 truth of one leaf, or None when the golden holds none for it.
+
+    Goldens store the truth as its residual from the reference (``truth_encoding: residual``,
+    docs/golden-format.md); older ones stored it whole.
+    """
+    import torch
+
+    if key not in reader.keys or not (ref.is_floating_point() or ref.is_complex()):
+        return None
+    t = reader.get(key)
+    if meta.get("truth_encoding") == "residual":
+        return ref.to(torch.float64) + t.to(torch.float64)
+    return t
+
+
 def _stats(ref: Any, truth: Any | None) -> dict[str, Any]:
     import torch
 
@@ -140,7 +156,8 @@ def show_golden(path: str | Path, dtypes: list[str] | None = None, stats: bool =
             row: dict[str, Any] = {"layer": key, "leaf": leaf, "shape": h.get("shape"), "dtype": h.get("dtype"),
                                    "bytes": int(end) - int(start)}
             if reader is not None and tk in reader.keys:
-                row.update(_stats(reader.get(tk), reader.get(truth_key) if truth_key in reader.keys else None))
+                ref = reader.get(tk)
+                row.update(_stats(ref, _truth(reader, meta, truth_key, ref)))
             rows.append(row)
         info["rungs"][rung] = {"file": fpath.name, "bytes": meta.get("bytes", fpath.stat().st_size),
                                "sha256": meta.get("sha256"), "truth_dtype": meta.get("truth_dtype"),
@@ -323,9 +340,9 @@ def diff_goldens(path_a: str | Path, path_b: str | Path, dtypes: list[str] | Non
                 row["problem"] = "only in " + ("B" if key not in la else "A")
             else:
                 (tka, tra), (tkb, trb) = la[key], lb[key]
-                row.update(_compare_leaf(ra.get(tka), rb.get(tkb),
-                                         ra.get(tra) if tra in ra.keys else None,
-                                         rb.get(trb) if trb in rb.keys else None, u))
+                xa, xb = ra.get(tka), rb.get(tkb)
+                row.update(_compare_leaf(xa, xb, _truth(ra, ma["rungs"][rung], tra, xa),
+                                         _truth(rb, mb["rungs"][rung], trb, xb), u))
             why = []
             if row.get("problem"):
                 why.append(row["problem"])

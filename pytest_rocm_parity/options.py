@@ -19,6 +19,7 @@ ALLOW_WRITE = "--parity-allow-write"
 DTYPES = "--parity-dtypes"
 DRILL = "--parity-drill"
 PRUNE = "--parity-prune-obsolete"
+PROFILE = "--parity-profile"
 REGEN_ALL = "*"
 
 
@@ -84,6 +85,8 @@ def addoption(parser: pytest.Parser) -> None:
         type=parse_dtypes, metavar="LIST")
     add(DRILL, "parity_drill", "sub-module depth captured inside each block for drill-down (0-2, default 2)",
         type=parse_drill, metavar="N")
+    add(PROFILE, "parity_profile", "profiler parity: record per-operator time shares at capture, flag "
+        "operators whose share grew at replay", ini_type="bool", default=False, action="store_true")
     add(PRUNE, "parity_prune_obsolete", "delete goldens on disk that no collected test uses", ini_type="bool",
         default=False, action="store_true")
 
@@ -100,6 +103,7 @@ class ParityOptions:
     dtypes: list[str] | None
     drill: int
     prune: bool
+    profile: bool = False
 
     @property
     def ci(self) -> bool:
@@ -137,6 +141,7 @@ def from_config(config: pytest.Config) -> ParityOptions:
         dtypes=_get(config, "parity_dtypes", parse_dtypes),
         drill=2 if drill is None else int(drill),
         prune=bool(_get(config, "parity_prune_obsolete")),
+        profile=bool(_get(config, "parity_profile")),
     )
     if opts.regen is not None and opts.mode is not Mode.CAPTURE:
         # --parity-regen implies capture for the matching models

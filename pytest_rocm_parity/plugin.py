@@ -33,6 +33,9 @@ def pytest_configure(config: pytest.Config) -> None:
     session = ParitySession(config, options)
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(session, "rocm_parity_session")
+    from pytest_rocm_parity.html_extras import register as register_html_extras
+
+    register_html_extras(config, session)  # adds plots to pytest-html's page when it is installed
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

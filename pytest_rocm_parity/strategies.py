@@ -274,26 +274,28 @@ def tensors(
     layout = draw(st.sampled_from(_layouts_for(shp, layouts)))
     if elements is None:
         elements = values(torch_dtype)
-    step = offset = 0
+    np_dtype = _NUMPY_DTYPE[name]
+
+    def draw_array(shape: tuple[int, ...]) -> torch.Tensor:
+        array = draw(hnp.arrays(np_dtype, shape, elements=elements))
+        return torch.from_numpy(np.ascontiguousarray(array)).to(torch_dtype).clone()
+
+    # The view's own elements are drawn first, with the shape the user sees, and the
+    # storage gaps separately: shrinking the shape then shrinks both in step, so a
+    # stride bug shrinks to a two-element view instead of sticking at a large one.
     if layout == "transposed":
-        base_shape = (*shp[:-2], shp[-1], shp[-2])
-    elif layout == "strided":
-        step = draw(st.sampled_from([2, 3]))
-        base_shape = (*shp[:-1], shp[-1] * step)
-    elif layout == "offset":
-        offset = draw(st.integers(1, 3))
-        base_shape = (math.prod(shp) + offset,)
-    else:
-        base_shape = shp
-    array = draw(hnp.arrays(_NUMPY_DTYPE[name], base_shape, elements=elements))
-    base = torch.from_numpy(np.ascontiguousarray(array)).to(torch_dtype).clone()
-    if layout == "transposed":
-        return base.transpose(-1, -2)
+        return draw_array((*shp[:-2], shp[-1], shp[-2])).transpose(-1, -2)
     if layout == "strided":
+        step = draw(st.sampled_from([2, 3]))
+        own = draw_array(shp)
+        gaps = draw_array((*shp[:-1], shp[-1] * (step - 1)))
+        base = torch.cat([own.unsqueeze(-1), gaps.reshape(*shp, step - 1)], dim=-1).reshape(*shp[:-1], -1)
         return base[..., ::step]
     if layout == "offset":
+        offset = draw(st.integers(1, 3))
+        base = torch.cat([draw_array((offset,)), draw_array(shp).reshape(-1)])
         return base[offset:].view(shp)
-    return base
+    return draw_array(shp)
 
 
 # --------------------------------------------------------------------------- op arguments

@@ -35,7 +35,6 @@ import datetime as _dt
 import hashlib
 import json
 import math
-import os
 import platform
 import sys
 import sysconfig
@@ -314,7 +313,7 @@ def train(args) -> None:
             logits = m(input_ids=x, use_cache=False).logits
         return F.cross_entropy(logits.float().reshape(-1, VOCAB), y.reshape(-1))
 
-    total = args.steps  # may be None: picked from the time budget after timing
+    total = args.steps or None  # None: picked from the time budget after timing
     warmup = args.warmup
 
     def lr_at(step: int) -> float:
@@ -483,7 +482,7 @@ def main(argv=None) -> None:
     ap.add_argument("--heldout", default=str(MODEL_DIR / "heldout.txt"))
     ap.add_argument("--out", default=str(MODEL_DIR))
     ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    ap.add_argument("--steps", type=int, default=None, help="fixed step count (else --time-budget)")
+    ap.add_argument("--steps", type=int, default=2000, help="fixed step count (the shipped model: 2000); 0 = pick from --time-budget")
     ap.add_argument("--time-budget", type=float, default=270.0, help="seconds for the training loop")
     ap.add_argument("--eval-reserve", type=float, default=10.0)
     ap.add_argument("--batch", type=int, default=128)

@@ -7,12 +7,16 @@ torch's C extension in one process fails.
 from __future__ import annotations
 
 import torch  # noqa: F401
+import torch._dynamo  # noqa: F401  (imports triton when installed: C extensions load once)
+import torch.profiler  # noqa: F401
 
 import pytest_rocm_parity.api  # noqa: F401
 import pytest_rocm_parity.backend  # noqa: F401
 import pytest_rocm_parity.engine  # noqa: F401
 import pytest_rocm_parity.lm  # noqa: F401
 import pytest_rocm_parity.session  # noqa: F401
+import pytest_rocm_parity.profiling  # noqa: F401
+import pytest_rocm_parity.report  # noqa: F401
 
 try:
     import transformers  # noqa: F401

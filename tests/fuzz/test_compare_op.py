@@ -1,0 +1,132 @@
+"""compare_op/check_op: the error model's numbers, the message, devices and @given friendliness."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+
+from pytest_rocm_parity import strategies as S
+from pytest_rocm_parity.errors import BackendUnavailable, InvalidArgument
+from pytest_rocm_parity.fuzz import ErrorModel, OpResult, check_op, compare_op, place
+
+
+def test_correct_op_passes_and_returns_a_record():
+    x = torch.randn(4, 33, dtype=torch.float16)
+    result = compare_op(torch.softmax, torch.softmax, x, dim=-1, device="cpu")
+    assert isinstance(result, OpResult) and result.ok
+    assert 0 <= result.max_ratio <= 1
+    assert result.outputs[0].judged_as == "float16"
+
+
+def test_one_ulp_error_passes_and_ten_ulps_fail():
+    x = torch.linspace(1, 2, 64, dtype=torch.float32)
+
+    def off_by(n):
+        return lambda t: torch.nextafter(t * 1.0, torch.tensor(math.inf)) if n == 1 else t * (1 + n * 2.0**-23)
+
+    assert check_op(off_by(1), lambda t: t * 1.0, x, device="cpu", dtype_policy=ErrorModel(ulps=2, inter=0,
+                                                                                          acc=0)).ok
+    bad = check_op(off_by(10), lambda t: t * 1.0, x, device="cpu", dtype_policy=ErrorModel(ulps=2, inter=0, acc=0))
+    assert not bad.ok and bad.max_ratio > 2
+
+
+def test_reduction_length_widens_the_bound():
+    x = torch.ones(1024, dtype=torch.float32)
+    sloppy = lambda t: t.sum() * (1 + 2e-6)  # noqa: E731
+    assert not check_op(sloppy, torch.sum, x, device="cpu", dtype_policy=ErrorModel(reduction_length=1)).ok
+    assert check_op(sloppy, torch.sum, x, device="cpu", dtype_policy=ErrorModel(reduction_length=1024)).ok
+
+
+def test_cancellation_is_judged_against_the_terms_not_the_result():
+    a = torch.tensor([[1e4, 1.0, -1e4]], dtype=torch.float32)
+    b = torch.ones(3, 1, dtype=torch.float32)
+    noisy = lambda x, y: x @ y + 1e-3  # noqa: E731  (rounding-sized error on terms of 1e4)
+    case = S.OpArgs((a, b), reduction_length=3, magnitude=lambda x, y: x.abs() @ y.abs())
+    assert check_op(noisy, torch.matmul, case, device="cpu").ok
+    assert not check_op(noisy, torch.matmul, a, b, device="cpu", dtype_policy=ErrorModel(reduction_length=3)).ok
+
+
+def test_overflowing_truth_accepts_inf_but_finite_truth_does_not():
+    x = torch.tensor([60000.0, 2.0], dtype=torch.float16)
+    assert compare_op(lambda t: t * 2, lambda t: t * 2, x, device="cpu").ok  # 120000 -> inf is right
+    bad = check_op(lambda t: (t * t) / t, lambda t: t, x, device="cpu")  # t*t overflows: inf, truth 60000
+    assert not bad.ok and "NaN/inf where the truth is finite" in bad.message()
+
+
+def test_nan_matches_nan_only():
+    x = torch.tensor([math.nan, 1.0])
+    assert compare_op(torch.exp, torch.exp, x, device="cpu").ok
+    assert not check_op(lambda t: torch.nan_to_num(t), lambda t: t, x, device="cpu").ok
+
+
+def test_flush_to_zero_of_subnormal_inputs_is_allowed_only_by_policy():
+    x = torch.tensor([1e-40], dtype=torch.float32)
+    daz = lambda t: torch.where(t.abs() < 1e-38, torch.zeros_like(t), t) * 1e30  # noqa: E731
+    ref = lambda t: t * 1e30  # noqa: E731
+    assert check_op(daz, ref, x, device="cpu").ok
+    assert not check_op(daz, ref, x, device="cpu", dtype_policy=ErrorModel(allow_flush_to_zero=False)).ok
+
+
+def test_failure_message_describes_inputs_for_reproduction():
+    base = torch.arange(8, dtype=torch.float32)
+    x = base[::2]  # non-contiguous
+    with pytest.raises(AssertionError) as info:
+        compare_op(lambda t: t + 1, lambda t: t, x, device="cpu")
+    msg = str(info.value)
+    assert "Operator outputs are not close to the float64 truth!" in msg
+    assert "Mismatched elements: 4 / 4" in msg
+    assert "float32[4] stride=(2,) offset=0 (non-contiguous)" in msg
+    assert "t0 = torch.tensor([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0], dtype=torch.float32).as_strided((4,), (2,), 0)" in msg
+    assert "Error model: tol = 8 ulp_float32(truth)" in msg
+
+
+def test_candidate_exceptions_become_parity_failures():
+    def broken(t):
+        raise RuntimeError("HIP error: invalid device function")
+
+    result = check_op(broken, torch.neg, torch.ones(2), device="cpu")
+    assert not result.ok and "invalid device function" in result.message()
+    with pytest.raises(AssertionError, match="raised on cpu"):
+        compare_op(broken, torch.neg, torch.ones(2), device="cpu")
+
+
+def test_shape_mismatch_is_reported():
+    result = check_op(lambda t: t.sum(0), lambda t: t, torch.ones(2, 3), device="cpu")
+    assert not result.ok and "shape [3] but the truth has shape [2, 3]" in result.message()
+
+
+def test_tuple_outputs_are_judged_leaf_by_leaf():
+    x = torch.randn(5, 7)
+    result = check_op(lambda t: (t.amax(0), t.sum(0) + 1), lambda t: (t.amax(0), t.sum(0)), x, device="cpu")
+    assert [o.path for o in result.outputs] == ["out[0]", "out[1]"]
+    assert [o.ok for o in result.outputs] == [True, False]
+
+
+def test_inputs_are_not_mutated_and_views_survive_place():
+    x = torch.arange(12.0).reshape(3, 4).t()
+    moved = place(x, "cpu")
+    assert moved.stride() == x.stride() and torch.equal(moved, x)
+    inplace = lambda t: t.mul_(2)  # noqa: E731
+    compare_op(inplace, lambda t: t * 2, x, device="cpu")
+    assert torch.equal(x, torch.arange(12.0).reshape(3, 4).t())
+
+
+def test_bad_policy_and_missing_device_are_explained():
+    with pytest.raises(InvalidArgument, match="ErrorModel"):
+        check_op(torch.neg, torch.neg, torch.ones(1), dtype_policy={"ulps": 3})
+    with pytest.raises(InvalidArgument, match="ulps"):
+        ErrorModel(ulps=-1)
+    if not torch.cuda.is_available():
+        with pytest.raises(BackendUnavailable, match="device='cpu'"):
+            check_op(torch.neg, torch.neg, torch.ones(1), device="cuda")
+
+
+# Default Hypothesis settings apart from the deadline (first calls into a GPU stack
+# are slow): health checks stay on, so this is the "no complaints" check.
+@settings(max_examples=20, derandomize=True, database=None, deadline=None)
+@given(case=S.layer_norm_args(S.dtypes(), max_side=64))
+def test_usable_inside_given_with_health_checks_on(case):
+    compare_op(F.layer_norm, F.layer_norm, case, device="cpu")

@@ -1,0 +1,131 @@
+"""The strategies produce what they promise (views, boundary sizes, value regimes) under default health checks."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pytest_rocm_parity import strategies as S
+from pytest_rocm_parity.errors import InvalidArgument
+
+FAST = settings(max_examples=40, derandomize=True, database=None, deadline=None)
+
+
+@FAST
+@given(S.tensors(S.dtypes(), S.shapes(max_numel=512)))
+def test_tensors_are_exactly_representable_and_finite(t):
+    assert t.dtype in (torch.float32, torch.float16, torch.bfloat16)
+    assert torch.isfinite(t).all()
+    assert math.prod(t.shape) <= 512
+
+
+@FAST
+@given(S.tensors(torch.float16, (3, 5), layouts=("strided",)))
+def test_strided_views_keep_their_shape_and_skip_storage(t):
+    assert t.shape == (3, 5)
+    assert t.stride(-1) in (2, 3)
+    assert not t.is_contiguous()
+
+
+@FAST
+@given(S.tensors(torch.float32, (4, 6), layouts=("transposed",)))
+def test_transposed_views(t):
+    assert t.shape == (4, 6) and t.stride() == (1, 4)
+
+
+@FAST
+@given(S.tensors(torch.bfloat16, (7,), layouts=("offset",)))
+def test_offset_views(t):
+    assert t.is_contiguous() and t.storage_offset() >= 1
+
+
+def test_layouts_and_regimes_all_occur():
+    seen: dict[str, set] = {"layout": set(), "regime": set()}
+
+    @settings(max_examples=100, derandomize=True, database=None, deadline=None)
+    @given(S.tensors(torch.float16, S.shapes(min_dims=2, max_dims=2, max_side=20)))
+    def collect(t):
+        if not t.is_contiguous():
+            seen["layout"].add("transposed" if t.stride(-2) == 1 else "strided")
+        elif t.storage_offset():
+            seen["layout"].add("offset")
+        a = t.abs().float()
+        if (a >= 65504 / 64).any():
+            seen["regime"].add("large")
+        if ((a > 0) & (a < torch.finfo(torch.float16).tiny)).any():
+            seen["regime"].add("subnormal")
+        if (a == 0).any():
+            seen["regime"].add("zero")
+
+    collect()
+    assert seen["layout"] == {"strided", "transposed", "offset"}
+    assert seen["regime"] == {"large", "subnormal", "zero"}
+
+
+def test_sizes_hit_block_boundaries():
+    found: set[int] = set()
+
+    @settings(max_examples=200, derandomize=True, database=None)
+    @given(S.sizes(1, 140))
+    def collect(n):
+        found.add(n)
+
+    collect()
+    assert {31, 33, 63, 65, 127, 129} & found, sorted(found)
+    assert 1 in found
+
+
+def test_nan_and_inf_only_when_asked():
+    seen = {"plain": False, "asked": False}
+
+    @FAST
+    @given(S.tensors(torch.float32, (16,)),
+           S.tensors(torch.float32, (16,), elements=S.values(torch.float32, allow_nan=True, allow_infinity=True)))
+    def collect(plain, asked):
+        seen["plain"] |= bool((~torch.isfinite(plain)).any())
+        seen["asked"] |= bool((~torch.isfinite(asked)).any())
+
+    collect()
+    assert seen == {"plain": False, "asked": True}
+
+
+@settings(max_examples=25, derandomize=True, database=None, deadline=None)
+@given(S.sdpa_args())
+def test_sdpa_args_never_mask_a_whole_row(case):
+    q, k, v = case.args
+    assert q.shape[1] % k.shape[1] == 0
+    mask = case.kwargs.get("attn_mask")
+    if mask is not None:
+        keep = mask if mask.dtype == torch.bool else torch.isfinite(mask)
+        assert keep.any(-1).all()
+    assert not ("attn_mask" in case.kwargs and case.kwargs.get("is_causal"))
+    assert case.reduction_length >= q.shape[-1]
+
+
+@settings(max_examples=25, derandomize=True, database=None, deadline=None)
+@given(S.matmul_args(torch.float16))
+def test_matmul_args_are_compatible(case):
+    a, b = case.args
+    assert a.shape[-1] == b.shape[-2] == case.reduction_length
+    torch.matmul(a.float(), b.float())  # broadcasting batch dims are valid
+
+
+def test_bad_arguments_name_the_fix():
+    with pytest.raises(InvalidArgument, match="Did you mean 'float16'"):
+        S.resolve_dtype("flaot16")
+    with pytest.raises(InvalidArgument, match="regimes"):
+        S.values(torch.float16, regimes=("huge",))
+    with pytest.raises(InvalidArgument, match="median"):
+        S.reduction_args(op="median").validate()
+        S.reduction_args(op="median").example()
+
+
+@FAST
+@given(st.data())
+def test_op_args_repr_is_a_reproduction_aid(data):
+    case = data.draw(S.rms_norm_args(torch.float16, max_side=8))
+    text = repr(case)
+    assert text.startswith("OpArgs(x=float16[") and "K=" in text

@@ -1,0 +1,98 @@
+"""parity.check_lm on three transformers architectures, seeded configs, through the plugin."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("transformers")
+
+LM_CONFTEST = '''
+import os
+import torch
+import transformers as tf
+
+def build(arch):
+    torch.manual_seed(0)
+    if arch == "llama":
+        cfg = tf.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+        m = tf.LlamaForCausalLM(cfg)
+    elif arch == "gpt2":
+        cfg = tf.GPT2Config(vocab_size=96, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+        m = tf.GPT2LMHeadModel(cfg)
+    else:
+        cfg = tf.Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+        m = tf.Qwen2ForCausalLM(cfg)
+    m.eval()
+    if os.environ.get("BUG") == arch:
+        # a kernel bug in layer 1's MLP activation only
+        blocks = m.transformer.h if arch == "gpt2" else m.model.layers
+        act = blocks[1].mlp.act if arch == "gpt2" else blocks[1].mlp.act_fn
+        act.forward = lambda x: torch.nn.functional.gelu(x, approximate="tanh") * 1.05
+    return m
+
+def ids():
+    return torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(0))
+'''
+
+LM_TEST = '''
+import pytest
+from conftest import build, ids
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
+def test_lm(parity, arch):
+    parity.check_lm(build(arch), ids(), name=f"lm-{arch}", dtypes=["bfloat16", "float32"], generate=3, drill=1)
+'''
+
+
+@pytest.fixture
+def lm_project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("BUG", raising=False)
+    pytester.makeconftest(LM_CONFTEST)
+    pytester.makepyfile(test_lm=LM_TEST)
+    return pytester
+
+
+def test_three_architectures_capture_replay_and_blame(lm_project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    lm_project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=3)
+    manifest = json.loads((lm_project.path / "goldens" / "lm-llama" / "manifest.json").read_text())
+    assert manifest["lm"]["generate"] == 3 and len(manifest["lm"]["continuation"][0]) == 3
+    result = lm_project.runpytest("--rocm-parity", "--parity-report=rep")
+    result.assert_outcomes(passed=3)
+    doc = json.loads((lm_project.path / "rep" / "parity-report.json").read_text())
+    lm = next(c for c in doc["checks"] if c["name"] == "lm-gpt2" and c["dtype"] == "bfloat16")["extra"]["lm"]
+    assert lm["top1_agreement"] == 1.0 and lm["confident_flips"] == 0
+    assert lm["generation"]["first_divergent_step"] == [None, None]
+    assert lm["ppl"] == pytest.approx(lm["ppl_ref"]) and lm["kl_mean"] == pytest.approx(0.0, abs=1e-12)
+    monkeypatch.setenv("BUG", "qwen2")
+    result = lm_project.runpytest("--rocm-parity", "-k", "qwen2")
+    result.assert_outcomes(failed=1, deselected=2)
+    result.stdout.fnmatch_lines(["*culprit: model.layers.1.mlp*", "*lm: ppl *"])
+
+
+BAD_INPUT = '''
+import torch
+from conftest import build
+
+def test_bad(parity):
+    m = build("llama")
+    {call}
+'''
+
+
+@pytest.mark.parametrize("call,message", [
+    ("parity.check_lm(m, torch.tensor([[1, 2, 500]]))", "*InputError: input_ids: token id 500 at index (0, 2) is outside the model's vocabulary [[]0, 96)*"),
+    ("parity.check_lm(m, torch.zeros((1, 0), dtype=torch.long))", "*InputError: input_ids: empty sequence*"),
+    ("parity.check_lm(m, torch.ones((2, 4), dtype=torch.long), attention_mask=torch.ones((2, 5)))", "*attention_mask: shape (2, 5) does not match input_ids (2, 4)*"),
+    ("m.config.pad_token_id = 0; parity.check_lm(m, torch.tensor([[5, 6, 0, 0], [1, 2, 3, 4]]))", "*batch contains padding (pad_token_id=0) but no attention_mask*"),
+    ("parity.check_lm(m, torch.randn(2, 4))", "*expected integer token ids*"),
+])
+def test_bad_inputs_are_clear(lm_project: pytest.Pytester, call: str, message: str) -> None:
+    lm_project.makepyfile(test_lm=BAD_INPUT.format(call=call))
+    result = lm_project.runpytest("--rocm-parity", "--parity-mode=capture")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([message])
+    assert "Traceback" not in result.stdout.str()

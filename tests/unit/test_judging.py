@@ -1,0 +1,142 @@
+"""The judging rule on synthetic errors with known answers (no model involved)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from pytest_rocm_parity.compare import exact_metrics, float_metrics
+from pytest_rocm_parity.errors import InvalidArgument
+from pytest_rocm_parity.judge import judge_layer, leaf_failure
+from pytest_rocm_parity.records import LayerRecord
+from pytest_rocm_parity.tolerance import Tolerance, coerce
+
+U_BF16 = 2.0**-8
+
+
+def _rounded(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t.to(dtype).to(torch.float64)
+
+
+@pytest.fixture
+def truth() -> torch.Tensor:
+    return torch.randn(64, 256, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+
+
+def test_same_rounding_is_ratio_one(truth: torch.Tensor) -> None:
+    ref = _rounded(truth, torch.bfloat16)
+    m = float_metrics("0", ref, ref, truth, U_BF16)
+    assert m.ratio == pytest.approx(1.0) and m.z == 0.0
+    assert leaf_failure(m, Tolerance(), "bfloat16", isolated=True) == ""
+
+
+def test_independent_equal_noise_passes(truth: torch.Tensor) -> None:
+    """Two correct backends: independent rounding-sized errors of the same scale."""
+    g = torch.Generator().manual_seed(1)
+    ref = truth + truth.abs() * U_BF16 * 0.3 * torch.randn(truth.shape, generator=g, dtype=torch.float64)
+    cand = truth + truth.abs() * U_BF16 * 0.3 * torch.randn(truth.shape, generator=g, dtype=torch.float64)
+    m = float_metrics("0", cand, ref, truth, U_BF16)
+    assert 0.9 < m.ratio < 1.1
+    assert abs(m.z) < 4
+    assert leaf_failure(m, Tolerance(), "bfloat16", isolated=True) == ""
+
+
+def test_systematic_extra_error_fails(truth: torch.Tensor) -> None:
+    """A 1% scale bug on top of rounding: many sigma farther from the truth."""
+    ref = _rounded(truth, torch.bfloat16)
+    cand = _rounded(truth * 1.01, torch.bfloat16)
+    m = float_metrics("0", cand, ref, truth, U_BF16)
+    assert m.ratio > 3 and m.ratio_lo > 1.25 and m.z > 3
+    reason = leaf_failure(m, Tolerance(), "bfloat16", isolated=True)
+    assert "isolated error" in reason and f"budget {Tolerance().ratio_for('bfloat16'):g}x" in reason
+    assert leaf_failure(m, Tolerance(ratio=50), "bfloat16", isolated=True) == ""
+
+
+def test_small_tensor_needs_significance() -> None:
+    """Four elements cannot prove a 1.5x ratio: the jackknife bound stays low."""
+    truth = torch.tensor([1.0, -2.0, 3.0, 0.5], dtype=torch.float64)
+    ref = truth + torch.tensor([1e-2, -1e-2, 1e-2, -1e-2], dtype=torch.float64)
+    cand = truth + torch.tensor([1.5e-2, -1e-2, 2e-2, -0.5e-2], dtype=torch.float64)
+    m = float_metrics("0", cand, ref, truth, U_BF16)
+    assert m.ratio > 1.25
+    assert leaf_failure(m, Tolerance(), "bfloat16", isolated=True) == ""
+
+
+def test_exact_reference_uses_floor() -> None:
+    """An exact reference (embedding lookup) with a candidate off by a fraction of an ulp passes."""
+    truth = torch.linspace(-3, 3, 1000, dtype=torch.float64)
+    ref = truth.clone()
+    cand = truth * (1 + U_BF16 * 0.05)
+    m = float_metrics("0", cand, ref, truth, U_BF16)
+    assert math.isfinite(m.ratio) and m.ratio < 1.0
+
+
+def test_nonfinite_candidate_fails_with_index(truth: torch.Tensor) -> None:
+    ref = _rounded(truth, torch.float16)
+    cand = ref.clone()
+    cand[3, 7] = float("nan")
+    cand[5, 1] = float("inf")
+    m = float_metrics("0", cand, ref, truth, 2.0**-11)
+    assert m.nonfinite == 2 and m.first_nonfinite == [3, 7]
+    assert "non-finite" in leaf_failure(m, Tolerance(), "float16", isolated=True)
+
+
+def test_nan_in_both_policy(truth: torch.Tensor) -> None:
+    ref = truth.clone()
+    ref[0, 0] = float("nan")
+    t = ref.clone()
+    cand = ref.clone()
+    assert float_metrics("0", cand, ref, t, 2.0**-24).nonfinite == 0
+    assert float_metrics("0", cand, ref, t, 2.0**-24, nan_policy="fail").nonfinite == 1
+
+
+def test_exact_kinds_must_match() -> None:
+    a = torch.tensor([1, 2, 3])
+    assert exact_metrics("0", a, a).mismatches == 0
+    m = exact_metrics("0", torch.tensor([1, 5, 3]), a)
+    assert m.mismatches == 1 and "differ" in m.note
+
+
+def test_shape_change_fails() -> None:
+    m = float_metrics("0", torch.zeros(3), torch.zeros(4), torch.zeros(4), U_BF16)
+    assert leaf_failure(m, Tolerance(), "float32", isolated=True).startswith("shape")
+
+
+def test_propagated_rule_is_dynamo_multiplier(truth: torch.Tensor) -> None:
+    ref = _rounded(truth, torch.bfloat16)
+    worse = truth + 2.5 * (ref - truth)
+    far = truth + 3.5 * (ref - truth)
+    assert leaf_failure(float_metrics("0", worse, ref, truth, U_BF16), Tolerance(), "bfloat16", isolated=False) == ""
+    assert "propagated" in leaf_failure(float_metrics("0", far, ref, truth, U_BF16), Tolerance(), "bfloat16", isolated=False)
+
+
+def test_per_layer_override_and_would_pass(truth: torch.Tensor) -> None:
+    ref = _rounded(truth, torch.bfloat16)
+    cand = _rounded(truth * 1.02, torch.bfloat16)
+    m = float_metrics("0", cand, ref, truth, U_BF16)
+    rec = LayerRecord(name="model.layers.3.mlp")
+    judge_layer(rec, [m], [], Tolerance(), "bfloat16")
+    assert not rec.passed and rec.would_pass_ratio is not None and rec.would_pass_ratio >= m.ratio_lo
+    rec2 = LayerRecord(name="model.layers.3.mlp")
+    judge_layer(rec2, [m], [], Tolerance(layers={"model.layers.*.mlp": Tolerance(ratio=rec.would_pass_ratio)}), "bfloat16")
+    assert rec2.passed
+
+
+def test_tf32_policy_widens_only_fp32(truth: torch.Tensor) -> None:
+    ref = truth + truth * 2.0**-24 * torch.randn(truth.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    tf32 = truth + truth * 2.0**-11 * torch.randn(truth.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    strict = float_metrics("0", tf32, ref, truth, Tolerance().unit_roundoff("float32"))
+    policy = float_metrics("0", tf32, ref, truth, Tolerance(tf32=True).unit_roundoff("float32"))
+    assert leaf_failure(strict, Tolerance(), "float32", isolated=True)
+    assert leaf_failure(policy, Tolerance(tf32=True), "float32", isolated=True) == ""
+
+
+@pytest.mark.parametrize("bad", [{"ratio": 0.5}, {"propagated": -1}, {"nan": "ignore"}, {"bogus": 1}])
+def test_bad_tolerance_is_clear(bad: dict) -> None:
+    with pytest.raises(InvalidArgument, match="Tolerance|tolerance"):
+        coerce(bad)
+
+
+def test_coerce_number_is_ratio() -> None:
+    assert coerce(2.0).ratio == 2.0 and coerce(None) == Tolerance()

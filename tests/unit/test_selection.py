@@ -1,0 +1,60 @@
+"""Default layer selection, globs, and nesting levels."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from pytest_rocm_parity.errors import LayerSelectionError
+from pytest_rocm_parity.selection import default_primary, select
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.Linear(8, 8)
+        self.mlp = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 8)
+        self.layers = nn.ModuleList(Block() for _ in range(3))
+        self.norm = nn.LayerNorm(8)
+        self.head = nn.Linear(8, 10)
+
+
+def test_default_is_blocks_plus_outside_modules() -> None:
+    assert default_primary(Net()) == ["emb", "layers.0", "layers.1", "layers.2", "norm", "head"]
+
+
+def test_drill_levels() -> None:
+    sel = {s.name: s for s in select(Net(), drill=2)}
+    assert sel["layers.1"].level == 0
+    assert sel["layers.1.mlp"].level == 1 and sel["layers.1.mlp"].primary == "layers.1"
+    assert sel["layers.1.mlp.1"].level == 2
+    assert "layers.1.attn" in sel and sel["emb"].level == 0
+    assert all(s.level == 0 for s in select(Net(), drill=0))
+
+
+def test_globs_and_nesting() -> None:
+    sel = select(Net(), layers=["layers.*.mlp", "layers.0"])
+    names = [s.name for s in sel]
+    assert names == ["layers.0", "layers.0.mlp", "layers.1.mlp", "layers.2.mlp"]
+    assert {s.name: s.level for s in sel}["layers.0.mlp"] == 1
+
+
+def test_unmatched_pattern_is_error_with_hint() -> None:
+    with pytest.raises(LayerSelectionError, match=r"'layer.\*' matches no module.*close matches"):
+        select(Net(), layers=["layer.*"])
+
+
+def test_hf_llama_default_selection() -> None:
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                   num_attention_heads=2, num_key_value_heads=1)
+    names = default_primary(transformers.LlamaForCausalLM(cfg))
+    assert names[0] == "model.embed_tokens" and "model.layers.1" in names
+    assert names[-2:] == ["model.norm", "lm_head"] or names[-1] == "lm_head"
+    torch.manual_seed(0)
