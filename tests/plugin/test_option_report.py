@@ -16,7 +16,7 @@ def test_report_json_schema(project: pytest.Pytester, monkeypatch: pytest.Monkey
     assert check["test"] == "test_tiny.py::test_tiny"
     assert check["name"] == "tiny" and check["dtype"] == "float32" and check["passed"] is False
     assert check["culprit"] == "blocks.2.act"
-    assert check["first_divergent"] == "blocks.2.act"
+    assert check["first_divergent"] == "blocks.2"
     assert check["reference_env"]["torch"] and check["candidate_env"]["device"] == "cpu"
     names = [layer["name"] for layer in check["layers"]]
     assert names[0] == "emb" and "blocks.2.act" in names and names[-1] == "head"

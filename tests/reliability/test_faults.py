@@ -95,18 +95,20 @@ def test_second_rung_fails_first_rung_file_is_removed(tmp_path: Path, monkeypatc
 
 
 def test_real_write_error_from_the_file_system(golden: Golden) -> None:
-    """A real EFBIG from the kernel (RLIMIT_FSIZE in a child process): no simulation involved."""
+    """A real EFBIG from the kernel (RLIMIT_FSIZE in a forked child): no simulation involved."""
     before = golden.snapshot()
-    out = _child(golden, textwrap.dedent("""
-        import resource, signal
+
+    def body() -> None:
+        import resource
+
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
         try:
-            g.capture(tiny(seed=1))
-        except Exception as exc:
-            print("RAISED", type(exc).__name__, exc)
-    """))
-    assert "RAISED GoldenWriteError" in out and "File too large" in out and str(golden.dir) in out
+            golden.capture(tiny(seed=1))
+        except GoldenWriteError as exc:
+            os._exit(3 if "File too large" in str(exc) and str(golden.dir) in str(exc) else 4)
+
+    assert _forked(body) == 3
     assert_intact(golden, before)
 
 
@@ -163,6 +165,90 @@ def test_keyboard_interrupt_is_not_swallowed(golden: Golden, monkeypatch: pytest
 
 # -- a process killed mid-write --------------------------------------------------------------------
 
+def _forked(body: Any) -> int:
+    """Run ``body`` in a forked child (torch already imported); its exit code, or -signal if killed."""
+    if not hasattr(os, "fork"):
+        pytest.skip("needs fork")
+    pid = os.fork()
+    if pid == 0:   # the child never returns into pytest
+        code = 1
+        try:
+            import torch
+
+            torch.set_num_threads(1)
+            body()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def _kill_before_manifest_commit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The new tensor file is complete and renamed into place; the manifest is not yet committed."""
+    real = os.replace
+
+    def replace(src: Any, dst: Any) -> None:
+        if str(dst).endswith(MANIFEST):
+            os.kill(os.getpid(), signal.SIGKILL)
+        real(src, dst)
+
+    monkeypatch.setattr(golden_mod.os, "replace", replace)
+
+
+def _kill_mid_tensor_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Half of the tensor file is on disk under its temporary name."""
+    import safetensors.torch as st
+
+    def save_file(tensors: Any, path: str, metadata: Any = None) -> None:
+        data = st.save(tensors, metadata=metadata)
+        with open(path, "wb") as f:
+            f.write(data[: len(data) // 2])
+            f.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    monkeypatch.setattr(st, "save_file", save_file)
+
+
+KILL_AT = {"before-manifest-commit": _kill_before_manifest_commit, "mid-tensor-write": _kill_mid_tensor_write}
+
+
+@pytest.mark.parametrize("where", list(KILL_AT))
+def test_sigkill_mid_write_keeps_previous_golden(golden: Golden, where: str) -> None:
+    before = golden.snapshot()
+
+    def body() -> None:
+        with pytest.MonkeyPatch.context() as mp:
+            KILL_AT[where](mp)
+            golden.capture(tiny(seed=1))
+
+    assert _forked(body) == -signal.SIGKILL
+    leftovers = sorted(set(p.name for p in golden.dir.iterdir()) - set(before))
+    assert leftovers, "the child died before writing anything: the test proves nothing"
+    assert all(p.startswith(".tmp-") or p.endswith(".safetensors") for p in leftovers)
+    assert golden.dir.joinpath(MANIFEST).read_bytes() == before[MANIFEST]
+    assert golden.replay()[0].passed          # the old golden is whole and still the one in force
+    golden.capture(tiny(seed=2))               # the next capture sweeps the dead writer's files
+    names = {p.name for p in golden.dir.iterdir()}
+    assert names == {MANIFEST, golden.tensor_file().name}
+
+
+def test_sigkill_during_first_capture_leaves_no_golden(tmp_path: Path) -> None:
+    store = GoldenStore(tmp_path / "goldens")
+    g = Golden(store, make_golden(tmp_path / "x").spec, tiny(), make_golden(tmp_path / "y").x)
+
+    def body() -> None:
+        with pytest.MonkeyPatch.context() as mp:
+            _kill_before_manifest_commit(mp)
+            g.capture(tiny(seed=1), overwrite=False)
+
+    assert _forked(body) == -signal.SIGKILL
+    assert list(store.dir_for("tiny").iterdir()), "the child died before writing anything"
+    assert not store.exists("tiny") and list(store.names_on_disk()) == []
+    with pytest.raises(GoldenMissing):
+        store.read_manifest("tiny")
+
+
 def _child(g: Golden, body: str) -> str:
     """Run ``body`` in a fresh interpreter with ``g`` (a Golden of the same store) and ``tiny`` bound."""
     script = textwrap.dedent("""
@@ -175,57 +261,6 @@ def _child(g: Golden, body: str) -> str:
     proc = subprocess.run([sys.executable, "-c", script, str(g.store.root), g.spec.name],
                           capture_output=True, text=True, env=env, timeout=120)
     return f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-
-
-KILL_AT = {k: textwrap.dedent(v) for k, v in {
-    # the new tensor file is complete and renamed into place; the manifest is not yet committed
-    "before-manifest-commit": """
-        import os, signal
-        from pytest_rocm_parity import golden as gm
-        real = os.replace
-        def replace(src, dst):
-            if str(dst).endswith("manifest.json"):
-                os.kill(os.getpid(), signal.SIGKILL)
-            real(src, dst)
-        gm.os.replace = replace
-    """,
-    # half of the tensor file is on disk under its temporary name
-    "mid-tensor-write": """
-        import os, signal
-        import safetensors.torch as st
-        def save_file(tensors, path, metadata=None):
-            data = st.save(tensors, metadata=metadata)
-            with open(path, "wb") as f:
-                f.write(data[: len(data) // 2])
-                f.flush()
-            os.kill(os.getpid(), signal.SIGKILL)
-        st.save_file = save_file
-    """,
-}.items()}
-
-
-@pytest.mark.parametrize("where", list(KILL_AT))
-def test_sigkill_mid_write_keeps_previous_golden(golden: Golden, where: str) -> None:
-    before = golden.snapshot()
-    out = _child(golden, KILL_AT[where] + "\ng.capture(tiny(seed=1))\n")
-    assert out.startswith(f"rc={-signal.SIGKILL}"), out
-    leftovers = sorted(set(p.name for p in golden.dir.iterdir()) - set(before))
-    assert leftovers, "the child died before writing anything: the test proves nothing"
-    assert all(p.startswith(".tmp-") or p.endswith(".safetensors") for p in leftovers)
-    assert golden.dir.joinpath(MANIFEST).read_bytes() == before[MANIFEST]
-    assert golden.replay()[0].passed          # the old golden is whole and still the one in force
-    golden.capture(tiny(seed=2))               # the next capture sweeps the dead writer's files
-    names = {p.name for p in golden.dir.iterdir()}
-    assert names == {MANIFEST, golden.tensor_file().name}
-
-
-def test_sigkill_during_first_capture_leaves_no_golden(tmp_path: Path) -> None:
-    g = Golden(GoldenStore(tmp_path / "goldens"), make_golden(tmp_path / "x").spec, tiny(), None)
-    out = _child(g, KILL_AT["before-manifest-commit"] + "\ng.capture(tiny(seed=1), overwrite=False)\n")
-    assert out.startswith(f"rc={-signal.SIGKILL}"), out
-    assert not g.store.exists("tiny") and list(g.store.names_on_disk()) == []
-    with pytest.raises(GoldenMissing):
-        g.store.read_manifest("tiny")
 
 
 # -- concurrent writers ----------------------------------------------------------------------------
@@ -291,7 +326,8 @@ def test_xdist_workers_regenerate_one_golden(pytester: pytest.Pytester, monkeypa
     monkeypatch.delenv("CI", raising=False)
     pytester.makepyfile(test_x=XDIST_TEST)
     pytester.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1, skipped=5)
-    result = pytester.runpytest_subprocess("-p", "xdist", "-n", "2", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "--rocm-parity", "--parity-regen")
+    result = pytester.runpytest_subprocess("-p", "xdist", "-n", "2", "-p", "no:cacheprovider",
+                                           "-p", "no:hypothesispytest", "--rocm-parity", "--parity-regen")
     result.assert_outcomes(passed=6)
     store = GoldenStore(pytester.path / "goldens")
     m = store.read_manifest("shared")
