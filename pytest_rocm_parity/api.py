@@ -9,8 +9,8 @@ import pytest
 
 from pytest_rocm_parity import dtypes as dt
 from pytest_rocm_parity.assertion import raise_if_failed
-from pytest_rocm_parity.engine import CheckSpec, capture, default_dtypes, replay
-from pytest_rocm_parity.errors import GoldenMissing, InvalidArgument, ParityError, WriteForbidden
+from pytest_rocm_parity.engine import CheckSpec, capture, default_dtypes, replay, shell_quote
+from pytest_rocm_parity.errors import GoldenExists, GoldenMissing, InvalidArgument, ParityError, WriteForbidden
 from pytest_rocm_parity.records import CheckResult
 from pytest_rocm_parity.tolerance import coerce
 
@@ -61,7 +61,8 @@ class Parity:
             tolerance=coerce(tolerance if tolerance is not None else self._defaults.get("tolerance")),
             profile=self._session.options.profile,
             report_dir=self._session.options.report_dir,
-            regen_command=f"pytest --rocm-parity --parity-regen='{nm}' {self._node.nodeid if self._node else ''}".strip(),
+            regen_command=(f"pytest --rocm-parity --parity-regen={shell_quote(nm)} "
+                           f"{shell_quote(self._node.nodeid) if self._node else ''}").strip(),
         )
 
     def check(self, model: Any, inputs: Any, *, name: str | None = None,
@@ -108,8 +109,12 @@ class Parity:
                 _fail(WriteForbidden(
                     f"refusing to write the golden for {spec.name!r} into {s.store.root} because CI=true; goldens "
                     f"are captured on the reference machine and committed. Pass --parity-allow-write to override."))
-            with _clean_errors():
-                do_capture()
+            try:
+                with _clean_errors():
+                    do_capture()
+            except GoldenExists:
+                s.goldens.kept.append(spec.name)
+                pytest.skip(f"golden for {spec.name!r} was just captured by another worker")
             (s.goldens.updated if exists else s.goldens.created).append(spec.name)
             return []
         if not exists:
@@ -137,6 +142,8 @@ def _clean_errors() -> Iterator[None]:
     __tracebackhide__ = True
     try:
         yield
+    except GoldenExists:
+        raise
     except ParityError as exc:
         _fail(exc)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import shlex
 import hashlib
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -54,6 +55,12 @@ class CheckSpec:
     manifest_extra: dict[str, Any] = field(default_factory=dict)
     profile: bool = False            # profiler parity (--parity-profile)
     report_dir: Any = None           # where obtained tensors of failing layers are saved
+
+
+def shell_quote(text: str) -> str:
+    """Always single-quoted, safe to paste into a shell (test ids hold [ ] and * globs)."""
+    q = shlex.quote(text)
+    return q if q.startswith("'") else f"'{text}'"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -319,7 +326,7 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
         return pool.tensors[src[p]]
 
     def put_truth(name: str, key: str, p: str, t: Any) -> None:
-        if t.is_floating_point():
+        if t.is_floating_point() or t.is_complex():
             tensors[name] = _residual(t, ref_of(key, p), rdt)
 
     def store_gtruth(key: str, sel: Selected, out: Any) -> None:
@@ -366,6 +373,9 @@ def _residual(truth: Any, ref: Any, rdt: Any) -> Any:
     """
     import torch
 
+    if truth.is_complex() or ref.is_complex():
+        d = truth.detach().to("cpu", torch.complex128) - ref.to(torch.complex128)
+        return d.to(torch.complex128 if rdt == torch.float64 else torch.complex64).contiguous()
     d = truth.detach().to("cpu", torch.float64) - ref.to(torch.float64)
     return d.to(rdt).contiguous()
 
@@ -374,6 +384,8 @@ def load_truth(reader: RungReader, name: str, ref: Any) -> Any:
     """Rebuild a float64 truth from its stored residual (see _residual)."""
     import torch
 
+    if ref.is_complex():
+        return ref.to(torch.complex128) + reader.get(name).to(ref.device, torch.complex128)
     return ref.to(torch.float64) + reader.get(name).to(ref.device, torch.float64)
 
 
@@ -400,7 +412,7 @@ def _substitute(args: Any, kwargs: Any, keys: dict[str, str], fetch: Callable[[s
 # replay
 
 def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, Any], golden_path: str) -> None:
-    regen = spec.regen_command or f"pytest --rocm-parity --parity-regen='{spec.name}'"
+    regen = spec.regen_command or f"pytest --rocm-parity --parity-regen={shell_quote(spec.name)}"
     fp = fingerprint(model)
     old = manifest.get("fingerprint", {})
     problems = []
@@ -422,11 +434,21 @@ def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, An
                           + f". Regenerate this model's golden on the reference machine: {regen}", golden_path)
 
 
-def _inputs_changed(args0: Any, kwargs0: Any, reader: RungReader, rung: str) -> str:
+def _inputs_changed(args0: Any, kwargs0: Any, reader: RungReader, rung: str, meta: dict[str, Any] | None = None) -> str:
+    import json as _json
+
     import torch
 
     dtype = dt.to_torch(rung)
     args, kwargs = cast_inputs(args0, kwargs0, dtype, "cpu")
+    if meta is not None:
+        now = _json.loads(_json.dumps(constant_leaves({"args": args, "kwargs": kwargs}), default=str))
+        old = meta.get("inputs", {}).get("const", {})
+        for p in sorted(set(now) | set(old)):
+            a, b = old.get(p), now.get(p)
+            same = a == b or (isinstance(a, float) and isinstance(b, float) and a != a and b != b)
+            if not same:
+                return f"non-tensor input {p} changed ({a!r} -> {b!r})"
     given = tensor_leaves({"args": args, "kwargs": kwargs})
     stored = {k[len("input/"):] for k in reader.keys if k.startswith("input/")}
     if set(given) != stored:
@@ -459,11 +481,11 @@ def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device:
         path = store.rung_file(spec.name, manifest, rung)
         sha = meta.get("sha256") if int(meta.get("bytes", 0)) <= VERIFY_HASH_MAX_BYTES else None
         reader = RungReader(path, device, sha)
-        why = _inputs_changed(args0, kwargs0, reader, rung)
+        why = _inputs_changed(args0, kwargs0, reader, rung, meta)
         if why:
             raise GoldenStale(
                 f"stale golden {mpath} for {spec.name!r}: {why}. The replay uses the stored inputs; if the "
-                f"test's inputs changed on purpose, regenerate: {spec.regen_command or 'pytest --rocm-parity --parity-regen=' + repr(spec.name)}. "
+                f"test's inputs changed on purpose, regenerate: {spec.regen_command or 'pytest --rocm-parity --parity-regen=' + shell_quote(spec.name)}. "
                 f"If they differ only by backend RNG, build them on the CPU with a seeded torch.Generator.", mpath)
         result = _replay_rung(model, spec, manifest, meta, reader, rung, device, {"args": args0, "kwargs": kwargs0})
         result.reference_env = manifest.get("reference_env", {})

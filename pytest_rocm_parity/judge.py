@@ -30,8 +30,12 @@ def leaf_failure(m: LeafMetrics, tol: Tolerance, rung: str, isolated: bool) -> s
                     f"{tol.confidence:g} sigma; budget {budget:g}x; sign test z={m.z:+.1f})")
         return ""
     k = tol.propagated_for(rung)
-    if m.ratio > k:
-        return f"propagated error {m.ratio:.3g}x the reference's (budget {k:g}x)"
+    # Dynamo's additive tolerance, as one rounding of the output: an exact reference (lookups, tiny
+    # outputs) must not turn a single-ulp difference into a multiple of nothing.
+    denom = max(m.err_ref, tol.unit_roundoff(rung) * m.rms_truth)
+    ratio = m.err_cand / denom if denom > 0 else (0.0 if m.err_cand == 0 else math.inf)
+    if ratio > k:
+        return f"propagated error {ratio:.3g}x the reference's (budget {k:g}x)"
     return ""
 
 

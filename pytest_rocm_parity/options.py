@@ -149,13 +149,33 @@ def from_config(config: pytest.Config) -> ParityOptions:
     return opts
 
 
-def resolve_device(device: str) -> str:
-    """'auto' -> cuda when available, else cpu; a named device that is absent is an error."""
+def xdist_worker_index() -> int | None:
+    """gw3 -> 3 under pytest-xdist, None otherwise."""
+    w = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(w[2:]) if w.startswith("gw") and w[2:].isdigit() else None
+
+
+def resolve_device(device: str, worker: int | None = None) -> str:
+    """'auto' -> cuda when available, else cpu; a named device that is absent is an error.
+
+    Under pytest-xdist an unindexed GPU device is pinned to one GPU per worker (gw<i> -> cuda:<i>),
+    so two workers never share a GPU; more workers than GPUs is an error naming the fix.
+    """
     import torch
 
     if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     base, _, index = device.partition(":")
+    if base == "cuda" and not index and worker is not None and torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        if worker >= n:
+            from pytest_rocm_parity.errors import BackendUnavailable
+
+            raise BackendUnavailable(
+                f"pytest-xdist worker gw{worker} has no GPU of its own ({n} visible): run one worker per GPU, "
+                f"pytest -n {n} --rocm-parity, or pass {DEVICE}=cuda:N to share one on purpose")
+        torch.cuda.set_device(worker)
+        return f"cuda:{worker}"
     if base == "cuda":
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if n == 0 or (index and int(index) >= n):

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from pytest_rocm_parity.golden import GoldenStore
-from pytest_rocm_parity.options import REGEN_ALL, Mode, ParityOptions, resolve_device
+from pytest_rocm_parity.options import REGEN_ALL, Mode, ParityOptions, resolve_device, xdist_worker_index
 
 WORKER_KEY = "rocm_parity_results"
 
@@ -53,7 +53,7 @@ class ParitySession:
     @property
     def device(self) -> str:
         if self._device is None:
-            self._device = resolve_device(self.options.device)
+            self._device = resolve_device(self.options.device, xdist_worker_index())
         return self._device
 
     @property
@@ -66,7 +66,7 @@ class ParitySession:
 
     def regen_matches(self, name: str) -> bool:
         g = self.options.regen
-        return g is not None and (g == REGEN_ALL or fnmatch.fnmatchcase(name, g))
+        return g is not None and (g == REGEN_ALL or name == g or fnmatch.fnmatchcase(name, g))
 
     @property
     def capturing(self) -> bool:

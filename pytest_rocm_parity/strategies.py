@@ -463,8 +463,10 @@ def sdpa_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask:
 
 
 def _sdpa_magnitude(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-    # Error in the output = sum_j P_ij * (|V_j| * (rounding of P) + |V_j| * |logit error|).
+    # Error in the output = sum_j P_ij * |V_j| * (rounding of P + error of exp(s_j - max s)),
+    # and exp's error grows with |s_j - max s| <= |s_j| + |max s|.
     weights, logits = sdpa_reference(q, k, v, **kwargs, _weights=True)
+    logits = logits.abs() + logits.amax(-1, keepdim=True).abs()
     vv = v
     if kwargs.get("enable_gqa") and k.shape[-3] != q.shape[-3]:
         vv = v.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)

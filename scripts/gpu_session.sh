@@ -14,10 +14,11 @@ P="-p pytest_rocm_parity.plugin -p no:cacheprovider"
 rm -rf conftest_examples/goldens
 SECONDS=0
 timeout 150 python -m pytest $P -q --rocm-parity --parity-mode=capture --parity-device=cuda \
-  conftest_examples/test_bytellama_parity.py > "$L/capture.log" 2>&1; echo "capture rc=$? ${SECONDS}s" >> "$L/times.txt"; snap
+  conftest_examples/test_bytellama_parity.py > "$L/capture.log" 2>&1; echo "capture rc=$? ${SECONDS}s" >> "$L/times.txt"
+mkdir -p "$OUT/goldens" && cp -r conftest_examples/goldens/* "$OUT/goldens/"; snap
 timeout 90 python -m pytest $P -q --rocm-parity --parity-device=cuda --parity-report="$L/gpu-replay" \
   conftest_examples/test_bytellama_parity.py > "$L/replay_gpu.log" 2>&1; echo "replay rc=$? ${SECONDS}s" >> "$L/times.txt"
-mkdir -p "$OUT/goldens" && cp -r conftest_examples/goldens/* "$OUT/goldens/"; snap
+snap
 timeout 100 env OUT="$L/fuzz" bash scripts/gpu_fuzz_run.sh > "$L/fuzz.log" 2>&1; echo "fuzz rc=$? ${SECONDS}s" >> "$L/times.txt"; snap
 timeout 120 python bench/bench_parity.py --device cuda --models tiny,1b --out "$L/bench_small.json" > "$L/bench_small.log" 2>&1
 echo "bench small rc=$? ${SECONDS}s" >> "$L/times.txt"; snap

@@ -17,6 +17,15 @@ import pytest_rocm_parity.lm  # noqa: F401
 import pytest_rocm_parity.session  # noqa: F401
 import pytest_rocm_parity.profiling  # noqa: F401
 import pytest_rocm_parity.report  # noqa: F401
+import pytest_rocm_parity.summary  # noqa: F401
+import pytest_rocm_parity.assertion  # noqa: F401
+import pytest_rocm_parity.doctor  # noqa: F401
+import pytest_rocm_parity.html_extras  # noqa: F401
+
+try:  # each in-process pytester run would otherwise re-import hypothesis (~5 s)
+    import hypothesis  # noqa: F401
+except ImportError:  # pragma: no cover
+    pass
 
 try:
     import transformers  # noqa: F401

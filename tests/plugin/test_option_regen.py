@@ -25,13 +25,14 @@ def test_regen_glob_rewrites_only_matching(project: pytest.Pytester) -> None:
     (project.path / "test_tiny.py").unlink()
     project.makepyfile(test_two=TWO_MODELS)
     project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=2)
-    beta_before = (project.path / "goldens" / "beta" / "manifest.json").read_bytes()
-    alpha_before = (project.path / "goldens" / "alpha" / "manifest.json").read_bytes()
+    beta_before = (project.path / "goldens" / "beta" / "manifest.json").stat().st_ino
+    alpha_before = (project.path / "goldens" / "alpha" / "manifest.json").stat().st_ino
     result = project.runpytest("--rocm-parity", "--parity-regen=alp*", "-rs")
     result.assert_outcomes(passed=1, skipped=1)
     result.stdout.fnmatch_lines(["*goldens updated: alpha*"])
-    assert (project.path / "goldens" / "beta" / "manifest.json").read_bytes() == beta_before
-    assert (project.path / "goldens" / "alpha" / "manifest.json").read_bytes() != alpha_before
+    # an atomic rewrite replaces the file (new inode); an untouched golden keeps its inode
+    assert (project.path / "goldens" / "beta" / "manifest.json").stat().st_ino == beta_before
+    assert (project.path / "goldens" / "alpha" / "manifest.json").stat().st_ino != alpha_before
 
 
 def test_regen_without_glob_rewrites_all(project: pytest.Pytester) -> None:

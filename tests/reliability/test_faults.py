@@ -352,8 +352,6 @@ golden.GoldenStore.write = write
 '''
 
 
-@pytest.mark.xfail(strict=True, reason="needs lead fix: api.Parity._run should treat GoldenExists from a capture "
-                   "(another worker created the golden first) like an existing golden: skip, not fail")
 def test_new_golden_created_by_two_workers_at_once(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CI", raising=False)
     pytester.makeconftest(CREATE_RACE_CONFTEST)

@@ -223,14 +223,10 @@ def test_every_exact_dtype_round_trips(tmp_path: Path, dtype: torch.dtype) -> No
 
 # -- complex ---------------------------------------------------------------------------------------
 
-COMPLEX_FIX = [pytest.mark.xfail(strict=True, reason=(
-    "needs lead fix: engine._capture_rung.put_truth stores truth residuals only for floating outputs and "
-    "load_truth drops imaginary parts, so a complex output's truth is missing from the golden")),
-    pytest.mark.filterwarnings("ignore:Casting complex values to real")]
+COMPLEX_FIX = [pytest.mark.filterwarnings("ignore:Casting complex values to real")]
 
 
 @COMPLEX_FIX[0]
-@COMPLEX_FIX[1]
 @pytest.mark.parametrize("rung", ["float32", "float64"])
 def test_complex_output_passes(tmp_path: Path, rung: str) -> None:
     """complex64 is stored as C64; complex128 (the float64 truth) as its float64 real view."""
@@ -240,7 +236,6 @@ def test_complex_output_passes(tmp_path: Path, rung: str) -> None:
 
 
 @COMPLEX_FIX[0]
-@COMPLEX_FIX[1]
 def test_complex_output_change_fails(tmp_path: Path) -> None:
     assert not run(tmp_path, "complex", cand=flip).passed
 

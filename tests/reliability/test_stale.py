@@ -164,8 +164,6 @@ def test_stale_message_regenerates_that_model_only(two: pytest.Pytester, monkeyp
     two.runpytest("--rocm-parity").assert_outcomes(passed=3)
 
 
-@pytest.mark.xfail(strict=True, reason="needs lead fix: session.regen_matches treats the name as a glob, so "
-                   "the printed --parity-regen='test_two.py::test_param[a-1]' never matches its own name")
 def test_regen_command_of_a_parametrized_test(two: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PARAM_SEED", "9")
     before = _manifests(two.path)
@@ -184,8 +182,6 @@ class Scaled(Tiny):
         return super().forward(x) * scale
 
 
-@pytest.mark.xfail(strict=True, reason="needs lead fix: engine._inputs_changed ignores non-tensor inputs "
-                   "(stored as rungs[*].inputs.const), so a changed constant is judged, not reported stale")
 @pytest.mark.parametrize("kw", [{"scale": 3.0}, {"mode": "b"}])
 def test_constant_input_changed(tmp_path: Path, kw: dict[str, Any]) -> None:
     torch.manual_seed(0)

@@ -1,0 +1,53 @@
+"""pytest-xdist: one worker per GPU, results merged on the controller, goldens without collisions."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from pytest_rocm_parity.errors import BackendUnavailable
+from pytest_rocm_parity.options import resolve_device
+
+pytest.importorskip("xdist")
+
+MANY = '''
+import pytest
+from conftest import make_model, make_inputs
+
+@pytest.mark.parametrize("i", range(4))
+def test_many(parity, i):
+    parity.check(make_model(), make_inputs(), name=f"m{i}", dtypes=["float32"])
+'''
+
+
+def test_workers_capture_and_report_merge(project: pytest.Pytester) -> None:
+    project.makepyfile(test_many=MANY)
+    project.runpytest_subprocess("-n", "2", "--rocm-parity", "--parity-mode=capture", "test_many.py").assert_outcomes(passed=4)
+    assert sorted(p.name for p in (project.path / "goldens").iterdir()) == ["m0", "m1", "m2", "m3"]
+    result = project.runpytest_subprocess("-n", "2", "--rocm-parity", "--parity-report=rep", "test_many.py")
+    result.assert_outcomes(passed=4)
+    doc = json.loads((project.path / "rep" / "parity-report.json").read_text())
+    assert sorted(c["name"] for c in doc["checks"]) == ["m0", "m1", "m2", "m3"]
+
+
+@pytest.fixture
+def fake_gpus(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    chosen: list[int] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    return chosen
+
+
+def test_one_gpu_per_worker(fake_gpus: list[int]) -> None:
+    assert resolve_device("cuda", worker=0) == "cuda:0"
+    assert resolve_device("auto", worker=1) == "cuda:1"
+    assert fake_gpus == [0, 1]
+    assert resolve_device("cuda:1", worker=0) == "cuda:1"   # explicit index: the user's choice
+    assert resolve_device("cuda", worker=None) == "cuda"
+
+
+def test_more_workers_than_gpus_is_refused(fake_gpus: list[int]) -> None:
+    with pytest.raises(BackendUnavailable, match="gw2 has no GPU of its own .2 visible.*pytest -n 2"):
+        resolve_device("cuda", worker=2)
