@@ -25,7 +25,9 @@ from pytest_rocm_parity.errors import InvalidArgument
 # magnitude (sqrt(3) = 1.73).  Bugs that live in every precision are found on the float32 rung (30x to 1e7x
 # there, correct alternates <= 2.5x); precision-only defects above 1.75x (low-precision accumulation: 3.4x)
 # fail on their own rung; rounding-level precision defects (1.2x-1.7x) pass: see "stricter" in the docs.
-DEFAULT_RATIO = {"float64": 4.0, "float32": 4.0, "bfloat16": 1.75, "float16": 1.75}
+# float32: 10, not 4: CPU fp32 RMSNorm against an H200's measured 3.5x (lower bound 3.15x) on the shipped
+# model (docs/benchmarks.md), while every seeded bug present in all precisions measured >= 22x.
+DEFAULT_RATIO = {"float64": 10.0, "float32": 10.0, "bfloat16": 1.75, "float16": 1.75}
 DEFAULT_PROPAGATED = {"float64": 3.0, "float32": 3.0, "bfloat16": 3.0, "float16": 3.0}
 # Errors below FLOOR_ULPS unit roundoffs of the output's RMS are rounding, whatever the reference did.
 FLOOR_ULPS = 0.25

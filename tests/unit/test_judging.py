@@ -104,7 +104,8 @@ def test_shape_change_fails() -> None:
 
 
 def test_propagated_rule_is_dynamo_multiplier(truth: torch.Tensor) -> None:
-    ref = _rounded(truth, torch.bfloat16)
+    # accumulated drift well above one rounding (the rule's additive floor)
+    ref = truth + 0.02 * torch.randn(truth.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     worse = truth + 2.5 * (ref - truth)
     far = truth + 3.5 * (ref - truth)
     assert leaf_failure(float_metrics("0", worse, ref, truth, U_BF16), Tolerance(), "bfloat16", isolated=False) == ""
@@ -121,6 +122,15 @@ def test_per_layer_override_and_would_pass(truth: torch.Tensor) -> None:
     rec2 = LayerRecord(name="model.layers.3.mlp")
     judge_layer(rec2, [m], [], Tolerance(layers={"model.layers.*.mlp": Tolerance(ratio=rec.would_pass_ratio)}), "bfloat16")
     assert rec2.passed
+
+
+def test_propagated_floor_is_one_rounding() -> None:
+    """An exact reference: a single-ulp difference in a tiny output is not a multiple of nothing."""
+    truth = torch.tensor([1.0, 2.0, -3.0, 0.5, 4.0, -1.0, 2.5, 3.0], dtype=torch.float64)
+    cand = truth.clone()
+    cand[2] = torch.nextafter(torch.tensor(-3.0, dtype=torch.float32), torch.tensor(0.0)).double()
+    m = float_metrics("0", cand, truth.clone(), truth, 2.0**-24)
+    assert leaf_failure(m, Tolerance(), "float32", isolated=False) == ""
 
 
 def test_tf32_policy_widens_only_fp32(truth: torch.Tensor) -> None:
