@@ -158,3 +158,17 @@ def _require_module(model: Any) -> None:
 
     if not isinstance(model, torch.nn.Module):
         raise InvalidArgument(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+
+
+class OpChecker:
+    """What ``parity_ops`` gives: compare_op bound to the candidate device."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+
+    def compare_op(self, candidate: Any, reference: Any, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        from pytest_rocm_parity.fuzz import compare_op
+
+        kwargs.setdefault("device", self.device)
+        return compare_op(candidate, reference, *args, **kwargs)

@@ -413,6 +413,9 @@ def _manifest_problem(m: dict[str, Any]) -> str:
             return f"{where} has an 'order' that is not a list of layer keys"
         if not isinstance(r.get("extra", {}), dict):
             return f"{where} has an 'extra' that is not a mapping"
+        inputs = r.get("inputs", {})
+        if not isinstance(inputs, dict) or not isinstance(inputs.get("const", {}), dict):
+            return f"{where} has an 'inputs' that is not a mapping with a 'const' mapping"
     return ""
 
 

@@ -72,3 +72,15 @@ def parity(request: pytest.FixtureRequest) -> Any:
     from pytest_rocm_parity.api import Parity
 
     return Parity(session, request.node)
+
+
+@pytest.fixture(scope="session")
+def parity_ops(request: pytest.FixtureRequest) -> Any:
+    """Session-scoped operator checker for Hypothesis ``@given`` tests (no function-scoped health check).
+
+    ``parity_ops.compare_op(candidate, reference, *args)`` runs on ``--parity-device``; it needs no
+    goldens, so it is not gated by --rocm-parity.
+    """
+    from pytest_rocm_parity.api import OpChecker
+
+    return OpChecker(opt.resolve_device(opt.from_config(request.config).device))
