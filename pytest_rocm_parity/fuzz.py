@@ -606,6 +606,8 @@ def _unpack(args: tuple[Any, ...], kwargs: dict[str, Any], model: ErrorModel | N
             model = replace(model, reduction_length=case.reduction_length)
         if model.magnitude is None and case.magnitude is not None:
             model = replace(model, magnitude=case.magnitude)
+        if case.inter is not None and case.inter > model.inter:
+            model = replace(model, inter=case.inter)
         return tuple(case.args), {**case.kwargs, **kwargs}, model
     return args, kwargs, model or ErrorModel()
 
@@ -749,6 +751,7 @@ class GoldenExample:
     reduction_length: int
     source: str
     flushed: Any = None
+    inter: float | None = None
 
     def __str__(self) -> str:  # used as a pytest id
         return f"example{self.index}"
@@ -757,6 +760,8 @@ class GoldenExample:
               dtype_policy: ErrorModel | None = None) -> OpResult:
         """Run ``candidate`` on exactly these inputs and judge it against the stored truth."""
         model = dtype_policy or ErrorModel()
+        if dtype_policy is None and self.inter is not None:
+            model = replace(model, inter=max(model.inter, self.inter))
         dev = _resolve_device(device)
         k = model.reduction_length or self.reduction_length
         tf32 = model.tf32 if model.tf32 is not None else _tf32_enabled(dev)
@@ -842,6 +847,8 @@ def record_golden(path: str | os.PathLike[str], candidate: Callable[..., Any], r
         if not isinstance(case, OpArgs):
             case = OpArgs(tuple(case) if isinstance(case, (tuple, list)) else (case,))
         model = ErrorModel(reduction_length=case.reduction_length, magnitude=case.magnitude)
+        if case.inter is not None:
+            model = replace(model, inter=max(model.inter, case.inter))
         args, kwargs = tuple(case.args), dict(case.kwargs)
         truth, scale, alternative = _truth(reference, model, args, kwargs)
         with torch.no_grad():
@@ -853,6 +860,7 @@ def record_golden(path: str | os.PathLike[str], candidate: Callable[..., Any], r
             "flushed": packer.pack(alternative, f"{i}.ftz"),
             "reference_output": packer.pack(_map(out, lambda t: t.detach().cpu()), f"{i}.ref"),
             "reduction_length": case.reduction_length,
+            "inter": case.inter,
         })
     manifest = {
         "format": GOLDEN_FORMAT, "kind": "rocm-parity-op-golden", "candidate": _qualname(candidate),
@@ -919,7 +927,8 @@ def load_golden(path: str | os.PathLike[str]) -> Golden:
             scale=_unpack_spec(entry["scale"], tensors, manifest_file),
             flushed=_unpack_spec(entry.get("flushed", {"value": None}), tensors, manifest_file),
             reference_output=_unpack_spec(entry["reference_output"], tensors, manifest_file),
-            reduction_length=int(entry.get("reduction_length", 1)), source=str(manifest_file)))
+            reduction_length=int(entry.get("reduction_length", 1)), source=str(manifest_file),
+            inter=float(entry["inter"]) if isinstance(entry.get("inter"), (int, float)) else None))
     return Golden(manifest_file, manifest, examples)
 
 

@@ -96,7 +96,7 @@ class ParityOptions:
     enabled: bool
     mode: Mode
     regen: str | None
-    golden_dir: Path
+    golden_dir: Path | str        # a path, or an fsspec URL (s3://, gs://, file://, memory://)
     device: str
     report_dir: Path | None
     allow_write: bool
@@ -134,7 +134,7 @@ def from_config(config: pytest.Config) -> ParityOptions:
         enabled=bool(_get(config, "rocm_parity")),
         mode=_get(config, "parity_mode", parse_mode) or Mode.REPLAY,
         regen=config.getoption("parity_regen"),
-        golden_dir=(root / golden) if golden else root / "goldens",
+        golden_dir=(str(golden) if "://" in str(golden) else root / golden) if golden else root / "goldens",
         device=device,
         report_dir=(root / report) if report else None,
         allow_write=bool(_get(config, "parity_allow_write")),

@@ -40,7 +40,9 @@ class ParitySession:
     def __init__(self, config: pytest.Config, options: ParityOptions) -> None:
         self.config = config
         self.options = options
-        self.store = GoldenStore(options.golden_dir)
+        from pytest_rocm_parity.remote import open_store
+
+        self.store = open_store(options.golden_dir)
         self.results: list[dict[str, Any]] = []
         self.result_objects: list[Any] = []
         self.goldens = GoldenLog()
@@ -100,8 +102,8 @@ class ParitySession:
         for name, d in self.store.names_on_disk():
             if name not in self.goldens.used and self._collected_all:
                 self.obsolete.append(name)
-                if self.options.prune:
-                    shutil.rmtree(d)
+                if self.options.prune and not hasattr(self.store, "url"):  # remote stores are never pruned
+                    shutil.rmtree(d, ignore_errors=True)
                     self.pruned.append(name)
 
     _collected_all = True
