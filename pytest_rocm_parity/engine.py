@@ -257,11 +257,15 @@ def capture(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device
         "drill": spec.drill, "layer_patterns": list(spec.layers) if spec.layers else None,
         "reference_env": env or collect_env(device), "rungs": {}, **spec.manifest_extra,
     }
-    rung_tensors: dict[str, dict[str, Any]] = {}
-    for rung in spec.dtypes:
-        manifest["rungs"][rung], rung_tensors[rung] = _capture_rung(
-            model, args0, kwargs0, selected, rung, device, spec.tolerance.tf32, spec.extra_capture, spec.profile)
-    store.write(spec.name, manifest, rung_tensors, overwrite=overwrite)
+    def producer(rung: str) -> Callable[[], dict[str, Any]]:
+        def produce() -> dict[str, Any]:
+            manifest["rungs"][rung], tensors = _capture_rung(
+                model, args0, kwargs0, selected, rung, device, spec.tolerance.tf32, spec.extra_capture, spec.profile)
+            return tensors
+        return produce
+
+    # one rung at a time: each is written to disk before the next is captured
+    store.write(spec.name, manifest, {rung: producer(rung) for rung in spec.dtypes}, overwrite=overwrite)
     return manifest
 
 

@@ -145,9 +145,12 @@ class GoldenStore:
         return path
 
     # -- writing ---------------------------------------------------------------------------
-    def write(self, name: str, manifest: dict[str, Any], rungs: dict[str, dict[str, Any]],
+    def write(self, name: str, manifest: dict[str, Any], rungs: dict[str, Any],
               overwrite: bool) -> Path:
-        """Write all rungs, then commit by replacing the manifest; the old golden survives any failure."""
+        """Write all rungs, then commit by replacing the manifest; the old golden survives any failure.
+
+        ``rungs`` maps dtype -> tensors, or dtype -> a callable producing them (called in turn).
+        """
         from safetensors import SafetensorError
 
         d = self.dir_for(name)
@@ -162,7 +165,12 @@ class GoldenStore:
                     raise GoldenExists(f"{mpath}: golden for {name!r} exists; capture never overwrites it "
                                        f"(rerun with --parity-regen='{name}' to rewrite it)", mpath)
                 for dtype, tensors in rungs.items():
+                    # A rung may be produced lazily: the capture streams one rung at a time to disk
+                    # instead of holding every rung's tensors in host memory at once.
+                    if callable(tensors):
+                        tensors = tensors()
                     tmp = _write_tensors_tmp(d, tensors, {"format": str(FORMAT_VERSION), "name": name, "dtype": dtype})
+                    del tensors
                     written.append(tmp)
                     digest = sha256_file(tmp)
                     final = d / f"{dtype}-{digest[:12]}.safetensors"

@@ -345,6 +345,7 @@ def write(self, name, manifest, rungs, overwrite):
     # Another xdist worker commits the same new golden between this worker's exists() check and its
     # write: replay that interleaving deterministically by writing it first.
     import copy
+    rungs = {k: (v() if callable(v) else v) for k, v in rungs.items()}  # capture streams rungs lazily
     _real(self, name, copy.deepcopy(manifest), rungs, True)
     return _real(self, name, manifest, rungs, overwrite)
 
