@@ -62,7 +62,9 @@ def float_metrics(leaf: str, cand: Any, ref: Any, truth: Any, unit_roundoff: flo
         c, r, t = (torch.view_as_real(x.to(torch.complex128)) if x.is_complex() else
                    torch.stack([x.to(torch.float64), torch.zeros_like(x, dtype=torch.float64)], -1)
                    for x in (c, r, t))
-    c, r, t = (x.reshape(-1).to(torch.float64) for x in (c, r, t))
+    # Flattened in their own dtypes: float64 copies are made chunk by chunk below, which bounds
+    # the temporaries of a multi-GB layer (docs/benchmarks.md).
+    c, r, t = (x.reshape(-1) for x in (c, r, t))
 
     fin_r = torch.isfinite(r) & torch.isfinite(t)
     fin_c = torch.isfinite(c)
@@ -93,68 +95,92 @@ def float_metrics(leaf: str, cand: Any, ref: Any, truth: Any, unit_roundoff: flo
     n = int(c.numel())
     if n == 0:
         return m
-    ec = c - t
-    er = r - t
-    sc = ec.square()
-    sr = er.square()
-    rms_t = float(t.square().mean().sqrt())
+    st = _chunked_sums(c, r, t)
+    rms_t = math.sqrt(st["tt"] / n)
     floor = unit_roundoff * FLOOR_ULPS * rms_t
     m.rms_truth = rms_t
-    m.err_cand = float(sc.mean().sqrt())
-    m.err_ref = float(sr.mean().sqrt())
+    m.err_cand = math.sqrt(st["sc"] / n)
+    m.err_ref = math.sqrt(st["sr"] / n)
     denom = max(m.err_ref, floor)
     if denom == 0.0:
         m.ratio = m.ratio_lo = 0.0 if m.err_cand == 0.0 else math.inf
     else:
         m.ratio = m.err_cand / denom
-        m.ratio_lo = _jackknife_lower(sc, sr, floor, confidence)
-    diff = c - r
-    rms_r = float(r.square().mean().sqrt())
-    m.rel_to_ref = float(diff.square().mean().sqrt()) / rms_r if rms_r > 0 else float(diff.abs().max())
-    m.max_abs_to_ref = float(diff.abs().max())
-    ac, ar = ec.abs(), er.abs()
-    plus = int((ac > ar).sum())
-    minus = int((ac < ar).sum())
+        m.ratio_lo = _jackknife_from_blocks(st["bc"], st["br"], st["counts"], floor, confidence)
+    rms_r = math.sqrt(st["rr"] / n)
+    m.rel_to_ref = math.sqrt(st["dd"] / n) / rms_r if rms_r > 0 else st["dmax"]
+    m.max_abs_to_ref = st["dmax"]
+    plus, minus = st["plus"], st["minus"]
     m.z = (plus - minus) / math.sqrt(plus + minus) if plus + minus else 0.0
     return m
 
 
-def _jackknife_lower(sc: Any, sr: Any, floor: float, confidence: float) -> float:
-    """One-sided lower bound of the RMSE ratio, robust to correlated neighbouring elements.
+CHUNK = 1 << 20
+
+
+def _chunked_sums(c: Any, r: Any, t: Any) -> dict[str, Any]:
+    """All sums the judgement needs, in float64, over chunks aligned to the jackknife blocks.
+
+    One pass, accumulated on the tensors' device (no host sync per chunk), with float64
+    temporaries bounded by CHUNK elements whatever the layer's size.
+    """
+    import torch
+
+    n = int(c.numel())
+    blocks = min(JACKKNIFE_BLOCKS, n)
+    size = -(-n // blocks)
+    nb = -(-n // size)
+    per_chunk = max(1, CHUNK // size)
+    dev = c.device
+    acc = torch.zeros(5, dtype=torch.float64, device=dev)        # tt, rr, dd, plus, minus
+    dmax = torch.zeros((), dtype=torch.float64, device=dev)
+    bcs, brs = [], []
+    for b0 in range(0, nb, per_chunk):
+        s, e = b0 * size, min(n, (b0 + per_chunk) * size)
+        cc, rr, tt = (x[s:e].to(torch.float64) for x in (c, r, t))
+        ec = cc - tt
+        er = rr - tt
+        sc = ec * ec
+        sr = er * er
+        k = -(-(e - s) // size)
+        pad = k * size - (e - s)
+        if pad:
+            sc = torch.nn.functional.pad(sc, (0, pad))
+            sr = torch.nn.functional.pad(sr, (0, pad))
+        bcs.append(sc.view(k, size).sum(1))
+        brs.append(sr.view(k, size).sum(1))
+        d = cc - rr
+        ac, ar = ec.abs(), er.abs()
+        acc += torch.stack([(tt * tt).sum(), (rr * rr).sum(), (d * d).sum(),
+                            (ac > ar).sum().to(torch.float64), (ac < ar).sum().to(torch.float64)])
+        dmax = torch.maximum(dmax, d.abs().max())
+    bc, br = torch.cat(bcs), torch.cat(brs)
+    starts = torch.arange(nb, dtype=torch.float64, device=dev) * size
+    counts = torch.clamp(torch.clamp(starts + size, max=float(n)) - starts, min=0.0)
+    tot = acc.tolist()
+    return {"tt": tot[0], "rr": tot[1], "dd": tot[2], "plus": int(tot[3]), "minus": int(tot[4]),
+            "dmax": float(dmax), "sc": float(bc.sum()), "sr": float(br.sum()), "bc": bc, "br": br, "counts": counts}
+
+
+def _jackknife_from_blocks(bc: Any, br: Any, counts: Any, floor: float, confidence: float) -> float:
+    """One-sided lower bound of the RMSE ratio from per-block sums of squared errors.
 
     Contiguous blocks keep spatially correlated errors together, so the interval
     does not pretend a row of identical errors is many independent samples.
     """
     import torch
 
-    n = int(sc.numel())
-    blocks = min(JACKKNIFE_BLOCKS, n)
-    size = -(-n // blocks)
-    pad = size * blocks - n
-    if pad:
-        zeros = torch.zeros(pad, dtype=sc.dtype, device=sc.device)
-        sc, sr = torch.cat([sc, zeros]), torch.cat([sr, zeros])
-    counts = torch.full((blocks,), float(size), dtype=torch.float64, device=sc.device)
-    if pad:
-        counts[-1] -= pad
-        # the padded tail block might be empty if blocks*size - n >= size; drop such blocks
-    bc = sc.view(blocks, size).sum(1)
-    br = sr.view(blocks, size).sum(1)
-    keep = counts > 0
-    bc, br, counts = bc[keep], br[keep], counts[keep]
     tc, tr, tn = bc.sum(), br.sum(), counts.sum()
     f2 = floor * floor
-    num = tc
-    den = torch.clamp(tr, min=f2 * tn)
-    if float(num) == 0.0:
+    if float(tc) == 0.0:
         return 0.0
-    theta = 0.5 * (torch.log(num) - torch.log(den))
+    den = torch.clamp(tr, min=f2 * tn)
+    theta = 0.5 * (torch.log(tc) - torch.log(den))
     k = int(bc.numel())
     if k < 2:
         return float(theta.exp())
     loo_num = torch.clamp(tc - bc, min=1e-300)
-    loo_den = torch.clamp(tr - br, min=1e-300)
-    loo_den = torch.maximum(loo_den, f2 * (tn - counts))
+    loo_den = torch.maximum(torch.clamp(tr - br, min=1e-300), f2 * (tn - counts))
     loo_den = torch.clamp(loo_den, min=1e-300)
     thetas = 0.5 * (torch.log(loo_num) - torch.log(loo_den))
     var = (k - 1) / k * (thetas - thetas.mean()).square().sum()
