@@ -257,7 +257,8 @@ def collect_env(device: str) -> dict[str, object]:
         "tf32_cudnn": s.get("tf32_cudnn"),
         "sdpa": dict(s.get("sdpa") or {}),
         "float32_matmul_precision": s.get("float32_matmul_precision"),
-        "blas_library": s.get("blas_library"),
+        # the GPU BLAS choice means nothing for a CPU candidate (torch reports cublas there too)
+        "blas_library": s.get("blas_library") if backend in ("cuda", "rocm") else None,
         "deterministic": s.get("deterministic"),
         "python": platform.python_version(),
         "platform": f"{sys.platform}-{platform.machine()}",
