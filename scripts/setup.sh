@@ -18,3 +18,8 @@ if ! python -c "import torch" 2>/dev/null; then
   python -m pip install -q "torch==2.13.0"
 fi
 python -m pip install -q -e ".[test]"
+# Triton runs the example kernel through its interpreter on the CPU (TRITON_INTERPRET=1); GPU users
+# keep the triton their torch build pins.
+if ! python -c "import triton" 2>/dev/null && [ "$(uname -m)" = x86_64 ]; then
+  python -m pip install -q "triton==3.9.0"
+fi
