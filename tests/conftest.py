@@ -6,6 +6,8 @@ torch's C extension in one process fails.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch  # noqa: F401
 import torch._dynamo  # noqa: F401  (imports triton when installed: C extensions load once)
 import torch.profiler  # noqa: F401
@@ -45,3 +47,22 @@ def _no_ci_guard(monkeypatch: pytest.MonkeyPatch) -> None:
     The one test of that guard sets CI again explicitly (tests/plugin/test_option_mode.py).
     """
     monkeypatch.delenv("CI", raising=False)
+
+
+@pytest.fixture
+def set_torch_flag() -> Any:
+    """Set a torch.backends flag for one test and restore it afterwards.
+
+    monkeypatch cannot do this on every pytest: torch.backends.cuda.matmul is a module object with
+    dynamic attributes, and pytest 9.2's monkeypatch fails to restore it at teardown, which then
+    leaves the test's other patches (torch.cuda.is_available) in place for the rest of the run.
+    """
+    saved: list[tuple[Any, str, Any]] = []
+
+    def setter(obj: Any, name: str, value: Any) -> None:
+        saved.append((obj, name, getattr(obj, name)))
+        setattr(obj, name, value)
+
+    yield setter
+    for obj, name, old in reversed(saved):
+        setattr(obj, name, old)

@@ -100,8 +100,8 @@ def test_collect_env_cpu_device_on_rocm_build(monkeypatch: pytest.MonkeyPatch) -
     assert env["backend"] == "cpu" and env["hip"] == "6.3.42131"
 
 
-def test_tf32_setting_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+def test_tf32_setting_is_reported(set_torch_flag: Any) -> None:
+    set_torch_flag(torch.backends.cuda.matmul, "allow_tf32", True)
     assert backend.collect_env("cpu")["tf32_matmul"] is True
 
 

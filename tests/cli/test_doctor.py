@@ -208,10 +208,10 @@ def test_recommend_utilization() -> None:
     assert doctor.recommend_utilization(1, 100) == 0.0
 
 
-def test_numerics_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_numerics_settings(monkeypatch: pytest.MonkeyPatch, set_torch_flag: Any) -> None:
     patch_torch(monkeypatch, MI250X)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
-    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    set_torch_flag(torch.backends.cuda.matmul, "allow_tf32", True)
+    set_torch_flag(torch.backends.cudnn, "benchmark", True)
     env = {"TORCH_BLAS_PREFER_HIPBLASLT": "1", "ROCBLAS_INTERNAL_FP16_ALT_IMPL": "1", "TORCH_ROCM_FA_PREFER_CK": "1",
            "AMD_SERIALIZE_KERNEL": "3"}
     checks = doctor.check_numerics(facts(env))
