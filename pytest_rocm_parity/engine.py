@@ -116,10 +116,29 @@ def fingerprint(model: Any) -> dict[str, str]:
     return {"structure": s.hexdigest()[:16], "weights": w.hexdigest()[:16]}
 
 
+KEEP_PLACEMENT = "model"
+
+
+def home_device(model: Any, device: Any) -> Any:
+    """Where inputs and goldens go: ``device``, or the first parameter's device for a split model."""
+    if device != KEEP_PLACEMENT:
+        return device
+    first = next(iter(model.parameters()), None)
+    return first.device if first is not None else "cpu"
+
+
 def prepare_model(model: Any, device: Any, dtype: Any) -> Any:
-    """A copy of the model on ``device`` in ``dtype`` (the model itself when it already is)."""
+    """A copy of the model on ``device`` in ``dtype`` (the model itself when it already is).
+
+    ``device="model"`` keeps the model's own placement (blocks split over GPUs by hand or by
+    accelerate's device_map) and only casts the dtype.
+    """
     params = list(model.parameters()) + list(model.buffers())
     fl = [p for p in params if p.is_floating_point()]
+    if device == KEEP_PLACEMENT:
+        if all(p.dtype == dtype for p in fl):
+            return model
+        return copy.deepcopy(model).to(dtype=dtype)
     if all(p.device == _dev(device) and p.dtype == dtype for p in fl):
         return model
     # Copy on the host side when moving devices, so the source never holds two copies on a GPU.
@@ -255,7 +274,7 @@ def capture(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device
         "seed": int(torch.initial_seed()), "dtypes": list(spec.dtypes),
         "layers": [{"name": s.name, "level": s.level, "primary": s.primary} for s in selected],
         "drill": spec.drill, "layer_patterns": list(spec.layers) if spec.layers else None,
-        "reference_env": env or collect_env(device), "rungs": {}, **spec.manifest_extra,
+        "reference_env": env or collect_env(str(home_device(model, device))), "rungs": {}, **spec.manifest_extra,
     }
     def producer(rung: str) -> Callable[[], dict[str, Any]]:
         def produce() -> dict[str, Any]:
@@ -283,7 +302,7 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
     m = prepare_model(model, device, dtype)
     was_training = m.training
     m.eval()
-    args, kwargs = cast_inputs(args0, kwargs0, dtype, device)
+    args, kwargs = cast_inputs(args0, kwargs0, dtype, home_device(m, device))
     for path, t in tensor_leaves({"args": args, "kwargs": kwargs}).items():
         tensors[f"input/{path}"] = t.detach().to("cpu").contiguous()
     const_in = constant_leaves({"args": args, "kwargs": kwargs})
@@ -315,14 +334,18 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
             from pytest_rocm_parity.profiling import profile_shares
 
             with numerics(rung, tf32):
-                extra_meta["profile"] = profile_shares(m, args, kwargs, device)
+                extra_meta["profile"] = profile_shares(m, args, kwargs, home_device(m, device))
     finally:
         m.train(was_training)
     if m is not model:
         del m
     # float64 truth of this rung's model: weights already rounded to the rung, so only arithmetic differs
-    truth_dev = device if _supports_f64(device) else "cpu"
-    tm = copy.deepcopy(prepare_model(model, "cpu", dtype)).to(device=truth_dev, dtype=torch.float64).eval()
+    if device == KEEP_PLACEMENT:   # a split model keeps its split in float64 too
+        tm = copy.deepcopy(prepare_model(model, device, dtype)).to(dtype=torch.float64).eval()
+        truth_dev = home_device(tm, device)
+    else:
+        truth_dev = device if _supports_f64(device) else "cpu"
+        tm = copy.deepcopy(prepare_model(model, "cpu", dtype)).to(device=truth_dev, dtype=torch.float64).eval()
     targs, tkwargs = cast_inputs(args, kwargs, torch.float64, truth_dev)
 
     def ref_of(key: str, p: str) -> Any:
@@ -349,7 +372,7 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
                 if sel.level != level or key not in entries:
                     return None
                 keys = entries[key]["in"]
-                return _substitute(a, kw, keys, lambda k: pool.tensors[k], torch.float64, truth_dev)
+                return _substitute(a, kw, keys, lambda k: pool.tensors[k], torch.float64, KEEP_PLACEMENT)
 
             def keep(key: str, sel: Selected, out: Any, level: int = level) -> None:
                 if sel.level == level and key in entries:
@@ -407,7 +430,8 @@ def _substitute(args: Any, kwargs: Any, keys: dict[str, str], fetch: Callable[[s
         g = fetch(k)
         if fdtype is not None and g.is_floating_point():
             g = g.to(fdtype)
-        return g.to(device)
+        # onto the device of the tensor it replaces: for a split model that is the module's own GPU
+        return g.to(t.device if device is None or device == KEEP_PLACEMENT else device)
     new = map_tensors({"args": args, "kwargs": kwargs}, fn)
     return tuple(new["args"]), new["kwargs"]
 
@@ -478,13 +502,13 @@ def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device:
     mpath = str(store.manifest_path(spec.name))
     check_stale(model, inputs, spec, manifest, mpath)
     args0, kwargs0 = normalize_inputs(inputs)
-    cand_env = env or collect_env(device)
+    cand_env = env or collect_env(str(home_device(model, device)))
     results = []
     for rung in spec.dtypes:
         meta = manifest["rungs"][rung]
         path = store.rung_file(spec.name, manifest, rung)
         sha = meta.get("sha256") if int(meta.get("bytes", 0)) <= VERIFY_HASH_MAX_BYTES else None
-        reader = RungReader(path, device, sha)
+        reader = RungReader(path, str(home_device(model, device)), sha)
         why = _inputs_changed(args0, kwargs0, reader, rung, meta)
         if why:
             raise GoldenStale(
@@ -564,7 +588,7 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                 def sub(key: str, sel: Selected, a: Any, kw: Any, level: int = level) -> Any:
                     if sel.level != level or key not in layers:
                         return None
-                    return _substitute(a, kw, layers[key]["in"], reader.get, None, device)
+                    return _substitute(a, kw, layers[key]["in"], reader.get, None, KEEP_PLACEMENT)
 
                 def keep(key: str, sel: Selected, o: Any, level: int = level) -> None:
                     if sel.level == level:
@@ -594,7 +618,7 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
         m.eval()
         try:
             with numerics(rung, tol.tf32):
-                cand_prof = profile_shares(m, args0, kwargs0, device)
+                cand_prof = profile_shares(m, args0, kwargs0, home_device(m, device))
         finally:
             m.train(was_training)
         result.extra["profile"] = {"flags": compare_shares(meta["extra"]["profile"], cand_prof),

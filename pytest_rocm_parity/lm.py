@@ -153,14 +153,15 @@ def check_lm(parity: Any, model: Any, input_ids: Any, *, name: str | None = None
     def do_capture() -> Any:
         import torch
 
-        from pytest_rocm_parity.engine import numerics, prepare_model
+        from pytest_rocm_parity.engine import home_device, numerics, prepare_model
 
         cont = None
         if generate:
             m32 = prepare_model(model, parity.device, torch.float32).eval()
+            home = home_device(m32, parity.device)
             with numerics("float32"):
-                cont, _ = greedy(m32, input_ids.to(parity.device),
-                                 None if attention_mask is None else attention_mask.to(parity.device), generate)
+                cont, _ = greedy(m32, input_ids.to(home),
+                                 None if attention_mask is None else attention_mask.to(home), generate)
             cont = cont.cpu()
             del m32
         ids, mask = full_inputs(cont)
@@ -169,7 +170,7 @@ def check_lm(parity: Any, model: Any, input_ids: Any, *, name: str | None = None
                                       "continuation": [] if cont is None else cont.tolist()}}
 
         def extra(rung: str, m: Any, args: Any, kwargs: Any) -> Any:
-            dev = parity.device
+            dev = home_device(m, parity.device)
             pm = None if attention_mask is None else attention_mask.to(dev)
             toks, margins = greedy(m, input_ids.to(dev), pm, generate)
             return {"generate": generate}, {"gen_tokens": toks, "gen_margins": margins}

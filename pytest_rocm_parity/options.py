@@ -41,8 +41,9 @@ def parse_mode(value: str) -> Mode:
 def parse_device(value: str) -> str:
     v = value.strip()
     base = v.split(":", 1)[0]
-    if base not in ("cpu", "cuda", "hip", "xpu", "mps", "auto") or (":" in v and not v.split(":", 1)[1].isdigit()):
-        raise pytest.UsageError(f"{DEVICE}={value!r}: allowed forms are auto, cpu, cuda, cuda:N (ROCm builds use cuda too), xpu, mps")
+    if base not in ("cpu", "cuda", "hip", "xpu", "mps", "auto", "model") or (":" in v and not v.split(":", 1)[1].isdigit()):
+        raise pytest.UsageError(f"{DEVICE}={value!r}: allowed forms are auto, cpu, cuda, cuda:N (ROCm builds use cuda "
+                                f"too), xpu, mps, or model (keep the model's own placement, e.g. split over GPUs)")
     return "cuda" + v[3:] if base == "hip" else v
 
 
@@ -163,6 +164,8 @@ def resolve_device(device: str, worker: int | None = None) -> str:
     """
     import torch
 
+    if device == "model":
+        return device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     base, _, index = device.partition(":")

@@ -63,7 +63,12 @@ class ParitySession:
         if self._env is None:
             from pytest_rocm_parity.backend import collect_env
 
-            self._env = collect_env(self.device)
+            dev = self.device
+            if dev == "model":  # a split model: describe the accelerator it is split over
+                import torch
+
+                dev = "cuda" if torch.cuda.is_available() else "cpu"
+            self._env = collect_env(dev)
         return self._env
 
     def regen_matches(self, name: str) -> bool:
