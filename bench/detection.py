@@ -192,9 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "detection"))
     ap.add_argument("--cases", default="")
     ap.add_argument("--ladders", default=",".join(C.LADDERS))
+    ap.add_argument("--sketch", type=int, default=0, help="judge against sketch goldens with this group size")
     a = ap.parse_args(argv)
+    C.SKETCH = a.sketch
     res = run([c for c in a.cases.split(",") if c], [l for l in a.ladders.split(",") if l])
-    md = markdown(res)
+    res["sketch"] = a.sketch
+    md = (f"Sketch goldens, groups of {a.sketch} (propagated judgement only).\n\n" if a.sketch else "") + markdown(res)
     print(md)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -44,7 +44,8 @@ class Parity:
         return base if self._count == 1 else f"{base}#{self._count}"
 
     def _spec(self, model: Any, name: str | None, dtypes: Sequence[str] | str | None,
-              layers: Sequence[str] | str | None, tolerance: Any, drill: int | None) -> CheckSpec:
+              layers: Sequence[str] | str | None, tolerance: Any, drill: int | None,
+              sketch: int | bool | None = None) -> CheckSpec:
         dtypes = dtypes if dtypes is not None else self._defaults.get("dtypes")
         if dtypes is None:
             dtypes = self._session.options.dtypes or default_dtypes(model)
@@ -60,6 +61,7 @@ class Parity:
             drill=drill if drill is not None else int(self._defaults.get("drill", self._session.options.drill)),
             tolerance=coerce(tolerance if tolerance is not None else self._defaults.get("tolerance")),
             profile=self._session.options.profile,
+            sketch=_sketch_group(sketch if sketch is not None else self._defaults.get("sketch")),
             report_dir=self._session.options.report_dir,
             regen_command=(f"pytest --rocm-parity --parity-regen={shell_quote(nm)} "
                            f"{shell_quote(self._node.nodeid) if self._node else ''}").strip(),
@@ -67,12 +69,17 @@ class Parity:
 
     def check(self, model: Any, inputs: Any, *, name: str | None = None,
               dtypes: Sequence[str] | str | None = None, layers: Sequence[str] | str | None = None,
-              tolerance: Any = None, drill: int | None = None) -> list[CheckResult]:
-        """Capture (reference run) or judge (candidate run) ``model`` on ``inputs``, per layer and dtype."""
+              tolerance: Any = None, drill: int | None = None, sketch: int | bool | None = None) -> list[CheckResult]:
+        """Capture (reference run) or judge (candidate run) ``model`` on ``inputs``, per layer and dtype.
+
+        ``sketch=True`` (or a group size) keeps per-layer sketches instead of full tensors: well under
+        1% of the golden's size, for models whose activations are too large to keep; judged on the
+        propagated run only.
+        """
         __tracebackhide__ = True
         with _clean_errors():
             _require_module(model)
-            spec = self._spec(model, name, dtypes, layers, tolerance, drill)
+            spec = self._spec(model, name, dtypes, layers, tolerance, drill, sketch)
         return self._run(spec, lambda: capture(model, inputs, spec, self._session.store, self.device,
                                                overwrite=self._session.store.exists(spec.name), env=self._session.env),
                          lambda: replay(model, inputs, spec, self._session.store, self.device, env=self._session.env))
@@ -151,6 +158,18 @@ def _clean_errors() -> Iterator[None]:
 def _fail(exc: BaseException) -> None:
     __tracebackhide__ = True
     pytest.fail(f"{type(exc).__name__}: {exc}", pytrace=False)
+
+
+def _sketch_group(value: Any) -> int:
+    if value is None or value is False or value == 0:
+        return 0
+    if value is True:
+        from pytest_rocm_parity.sketch import DEFAULT_GROUP
+
+        return DEFAULT_GROUP
+    if isinstance(value, int) and value >= 2:
+        return value
+    raise InvalidArgument(f"sketch={value!r}: use True (groups of 512) or a group size >= 2")
 
 
 def _require_module(model: Any) -> None:

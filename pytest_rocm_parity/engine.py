@@ -54,6 +54,7 @@ class CheckSpec:
     extra_judge: Callable[..., None] | None = None
     manifest_extra: dict[str, Any] = field(default_factory=dict)
     profile: bool = False            # profiler parity (--parity-profile)
+    sketch: int = 0                  # >0: sketch golden with this group size (pytest_rocm_parity/sketch.py)
     report_dir: Any = None           # where obtained tensors of failing layers are saved
 
 
@@ -274,12 +275,18 @@ def capture(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device
         "seed": int(torch.initial_seed()), "dtypes": list(spec.dtypes),
         "layers": [{"name": s.name, "level": s.level, "primary": s.primary} for s in selected],
         "drill": spec.drill, "layer_patterns": list(spec.layers) if spec.layers else None,
+        "sketch": spec.sketch,
         "reference_env": env or collect_env(str(home_device(model, device))), "rungs": {}, **spec.manifest_extra,
     }
     def producer(rung: str) -> Callable[[], dict[str, Any]]:
         def produce() -> dict[str, Any]:
-            manifest["rungs"][rung], tensors = _capture_rung(
-                model, args0, kwargs0, selected, rung, device, spec.tolerance.tf32, spec.extra_capture, spec.profile)
+            if spec.sketch:
+                manifest["rungs"][rung], tensors = _capture_rung_sketch(
+                    model, args0, kwargs0, selected, rung, device, spec.tolerance.tf32, spec.sketch)
+            else:
+                manifest["rungs"][rung], tensors = _capture_rung(
+                    model, args0, kwargs0, selected, rung, device, spec.tolerance.tf32, spec.extra_capture,
+                    spec.profile)
             return tensors
         return produce
 
@@ -392,6 +399,139 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
     return meta, tensors
 
 
+def _capture_rung_sketch(model: Any, args0: Any, kwargs0: Any, selected: list[Selected], rung: str,
+                         device: str, tf32: bool, group: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Reference and float64-truth sketches of every selected module's outputs (no inputs kept)."""
+    import torch
+
+    from pytest_rocm_parity.sketch import sketch
+
+    dtype = dt.to_torch(rung)
+    tensors: dict[str, Any] = {}
+    entries: dict[str, dict[str, Any]] = {}
+
+    def keep(prefix: str, key: str, out: Any, into: dict[str, str]) -> None:
+        for p, t in tensor_leaves(out).items():
+            if t.is_floating_point() or t.is_complex():
+                name = f"{prefix}/{key}/{p}"
+                tensors[name] = sketch(t, group, f"{key}/{p}").cpu()
+            else:
+                name = f"x/{key}/{p}"
+                tensors[name] = t.detach().to("cpu", copy=True).contiguous()
+            into[p] = name
+
+    def rec_out(key: str, sel: Selected, out: Any) -> None:
+        entries[key] = {"name": sel.name, "key": key, "level": sel.level, "primary": sel.primary,
+                        "in": {}, "out": {}, "const_in": {}, "const_out": constant_leaves(out)}
+        keep("sk", key, out, entries[key]["out"])
+
+    m = prepare_model(model, device, dtype)
+    was_training = m.training
+    m.eval()
+    args, kwargs = cast_inputs(args0, kwargs0, dtype, home_device(m, device))
+    for path, t in tensor_leaves({"args": args, "kwargs": kwargs}).items():
+        tensors[f"input/{path}"] = t.detach().to("cpu").contiguous()
+    try:
+        with numerics(rung, tf32), Hooks(m, selected, None, rec_out) as hooks:
+            out = _run(m, args, kwargs)
+            order = list(hooks.order)
+        outputs: dict[str, Any] = {"out": {}, "const": constant_leaves(out)}
+        keep("sk", OUTPUT, out, outputs["out"])
+        del out
+    finally:
+        m.train(was_training)
+    if device == KEEP_PLACEMENT:
+        tm = copy.deepcopy(prepare_model(model, device, dtype)).to(dtype=torch.float64).eval()
+        truth_dev = home_device(tm, device)
+    else:
+        truth_dev = device if _supports_f64(device) else "cpu"
+        tm = copy.deepcopy(prepare_model(model, "cpu", dtype)).to(device=truth_dev, dtype=torch.float64).eval()
+    targs, tkwargs = cast_inputs(args, kwargs, torch.float64, truth_dev)
+    truth_names: dict[str, str] = {}
+    with torch.no_grad(), Hooks(tm, selected, None, lambda k, s, o: keep("skt", k, o, truth_names)):
+        tout = _run(tm, targs, tkwargs)
+        keep("skt", OUTPUT, tout, truth_names)
+    del tm, tout
+    layers = [entries[k] for k in order if k in entries]
+    meta = {"inputs": {"const": constant_leaves({"args": args, "kwargs": kwargs})}, "layers": layers,
+            "outputs": outputs, "truth_encoding": "sketch", "sketch": group, "tf32": tf32, "order": order,
+            "selected": sorted(s.name for s in selected), "extra": {}}
+    return meta, tensors
+
+
+def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: RungReader, rung: str,
+                        args0: Any, kwargs0: Any, selected: list[Selected]) -> CheckResult:
+    """Propagated replay against sketches: every module's output sketched on the device as it appears."""
+    from pytest_rocm_parity.sketch import sketch
+
+    group = int(meta["sketch"])
+    tol = spec.tolerance
+    u = tol.unit_roundoff(rung)
+    layers = {e["key"]: e for e in meta["layers"]}
+
+    def judge_leaves(key: str, out: Any, names: dict[str, str]) -> list[LeafMetrics]:
+        got = tensor_leaves(out)
+        res = []
+        for p, gk in names.items():
+            c = got.get(p)
+            if c is None:
+                res.append(LeafMetrics(leaf=p, numel=0, ratio=float("inf"), ratio_lo=float("inf"),
+                                       note=f"shape: output leaf {p!r} missing on the candidate"))
+            elif gk.startswith("x/"):
+                res.append(exact_metrics(p, c.detach(), reader.get(gk)))
+            else:
+                ref_s = reader.get(gk)
+                t_s = reader.get(f"skt/{key}/{p}").to(ref_s.device)
+                c_s = sketch(c, group, f"{key}/{p}").to(ref_s.device)
+                mm = float_metrics(p, c_s, ref_s, t_s, u, tol.confidence, tol.nan)
+                mm.numel = int(c.numel())
+                res.append(mm)
+        return res
+
+    prop: dict[str, list[LeafMetrics]] = {}
+    with Hooks(m, selected, None, lambda k, s, o: prop.__setitem__(k, judge_leaves(k, o, layers[k]["out"]))
+               if k in layers else None):
+        out = _run(m, args0, kwargs0)
+    result = CheckResult(test=spec.test, name=spec.name, dtype=rung, passed=True)
+    for key in meta.get("order", list(layers)):
+        e = layers.get(key)
+        if e is None:
+            continue
+        rec = LayerRecord(name=key, level=e["level"], primary=e["primary"])
+        judge_layer(rec, [], prop.get(key, []), tol, rung)
+        # No inputs in a sketch golden: the propagated verdict is the verdict, judged like an isolated
+        # one (jackknife bound and sign test over the sketch entries, which are few) against the larger
+        # of the ratio budget and Dynamo's multiplier.
+        t = tol.for_layer(key)
+        budget = max(t.ratio_for(rung), t.propagated_for(rung))
+        reasons = [_sketch_failure(mm, t, rung, budget) for mm in prop.get(key, [])]
+        rec.prop_passed = rec.iso_passed = rec.passed = not any(reasons)
+        rec.budget = budget
+        rec.reason = next((r for r in reasons if r), "")
+        result.layers.append(rec)
+    for p, mm in zip(meta["outputs"]["out"], judge_leaves(OUTPUT, out, meta["outputs"]["out"])):
+        rec = LayerRecord(name=f"{OUTPUT}.{p}")
+        judge_layer(rec, [], [mm], tol, rung)
+        budget = max(tol.ratio_for(rung), tol.propagated_for(rung))
+        rec.reason = _sketch_failure(mm, tol, rung, budget)
+        rec.passed = rec.prop_passed = not rec.reason
+        result.outputs.append(rec)
+    result.notes.append(f"sketch golden (groups of {group}): propagated judgement only; the culprit is the "
+                        f"smallest module where the candidate first drifts")
+    return finish(result, tol)
+
+
+def _sketch_failure(m: LeafMetrics, tol: Tolerance, rung: str, budget: float) -> str:
+    from pytest_rocm_parity.judge import leaf_failure
+
+    if m.note.startswith("shape") or m.kind == "exact" or m.nonfinite:
+        return leaf_failure(m, tol, rung, isolated=True)
+    if m.ratio_lo > budget and m.z > tol.z:
+        return (f"drift {m.ratio:.3g}x the reference's error (>= {m.ratio_lo:.3g}x at {tol.confidence:g} sigma over "
+                f"the sketch; budget {budget:g}x; sign test z={m.z:+.1f})")
+    return ""
+
+
 def _residual(truth: Any, ref: Any, rdt: Any) -> Any:
     """The float64 truth stored as its difference from the reference: half the bytes, same statistics.
 
@@ -454,6 +594,8 @@ def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, An
         added = [n for n in selected if n not in old_layers]
         removed = [n for n in old_layers if n not in selected]
         problems.append(f"the layer list changed (added {added[:5]}, removed {removed[:5]})")
+    if int(manifest.get("sketch") or 0) != int(spec.sketch or 0):
+        problems.append(f"captured with sketch={manifest.get('sketch') or 0}, asked sketch={spec.sketch or 0}")
     missing = [d for d in spec.dtypes if d not in manifest.get("rungs", {})]
     if missing:
         problems.append(f"dtypes {missing} were not captured (golden holds {list(manifest.get('rungs', {}))})")
@@ -574,6 +716,12 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
     m = prepare_model(model, device, dtype)
     was_training = m.training
     m.eval()
+    if meta.get("sketch"):
+        try:
+            with numerics(rung, tol.tf32):
+                return _replay_rung_sketch(m, spec, meta, reader, rung, args0, kwargs0, selected)
+        finally:
+            m.train(was_training)
     try:
         with numerics(rung, tol.tf32):
             # propagated

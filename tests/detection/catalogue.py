@@ -509,12 +509,13 @@ def by_id(case_id: str) -> Case:
 # without replaying the float32 rung twice).
 
 RUNGS = ["bfloat16", "float16", "float32"]
+SKETCH = 0   # bench/detection.py --sketch G: judge the catalogue against sketch goldens instead
 
 
 def spec_for(family: str, tolerance: Tolerance | None = None) -> Any:
     from pytest_rocm_parity.engine import CheckSpec
 
-    return CheckSpec(name=f"detect-{family}", dtypes=list(RUNGS), tolerance=tolerance or Tolerance())
+    return CheckSpec(name=f"detect-{family}", dtypes=list(RUNGS), tolerance=tolerance or Tolerance(), sketch=SKETCH)
 
 
 def capture_all(root: Any) -> dict[str, Any]:

@@ -1,0 +1,88 @@
+"""Sketch goldens: the sketch's algebra, and detection through capture/replay at ~0.5% of the size."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from pytest_rocm_parity.engine import CheckSpec, capture, replay
+from pytest_rocm_parity.golden import GoldenStore
+from pytest_rocm_parity.sketch import sketch
+
+
+def test_sketch_is_deterministic_linear_and_norm_preserving() -> None:
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(3000, generator=g, dtype=torch.float64), torch.randn(3000, generator=g, dtype=torch.float64)
+    assert torch.equal(sketch(a, 64, "k"), sketch(a.clone(), 64, "k"))
+    assert torch.allclose(sketch(a + b, 64, "k"), sketch(a, 64, "k") + sketch(b, 64, "k"))
+    assert not torch.equal(sketch(a, 64, "k"), sketch(a, 64, "other"))     # salt changes the signs
+    ratios = [float(sketch(a, 64, f"s{i}").square().sum() / a.square().sum()) for i in range(40)]
+    assert 0.8 < sum(ratios) / len(ratios) < 1.2                        # E||S(e)||^2 = ||e||^2
+    assert sketch(torch.ones(130), 64, "k").numel() == 3                 # ragged tail group
+
+
+def test_sketch_of_low_precision_and_complex_inputs() -> None:
+    x = torch.randn(100, dtype=torch.float64)
+    assert torch.allclose(sketch(x.to(torch.bfloat16), 10, "k"), sketch(x.to(torch.bfloat16).double(), 10, "k"))
+    z = torch.randn(50, dtype=torch.complex64)
+    assert sketch(z, 10, "k").numel() == 10
+
+
+class Block(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(self.act(self.fc1(self.norm(x))))
+
+
+class Net(nn.Module):
+    def __init__(self, d: int = 128, n: int = 3) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(64, d)
+        self.blocks = nn.ModuleList(Block(d) for _ in range(n))
+        self.head = nn.Linear(d, 64)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.emb(ids)
+        for b in self.blocks:
+            h = b(h)
+        return self.head(h)
+
+
+def _size(p: Path) -> int:
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+
+
+def test_sketch_golden_is_small_and_still_blames_the_layer(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = Net()
+    ids = torch.randint(0, 64, (4, 128), generator=torch.Generator().manual_seed(1))
+    full, small = GoldenStore(tmp_path / "full"), GoldenStore(tmp_path / "sketch")
+    capture(model, ids, CheckSpec(name="n", dtypes=["bfloat16", "float32"]), full, "cpu", env={})
+    spec = CheckSpec(name="n", dtypes=["bfloat16", "float32"], sketch=512)
+    capture(model, ids, spec, small, "cpu", env={})
+    assert _size(tmp_path / "sketch") < 0.01 * _size(tmp_path / "full")
+    assert all(r.passed for r in replay(model, ids, spec, small, "cpu", env={}))
+    model.blocks[1].act.approximate = "tanh"
+    bf16, fp32 = replay(model, ids, spec, small, "cpu", env={})
+    assert not fp32.passed and fp32.culprit == "blocks.1.act"
+    assert any("sketch golden" in n for n in fp32.notes)
+
+
+def test_sketch_mismatch_is_stale(tmp_path: Path) -> None:
+    from pytest_rocm_parity.errors import GoldenStale
+
+    model = Net(d=32, n=2)
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+    store = GoldenStore(tmp_path)
+    capture(model, ids, CheckSpec(name="n", dtypes=["float32"], sketch=64), store, "cpu", env={})
+    with pytest.raises(GoldenStale, match="sketch=64"):
+        replay(model, ids, CheckSpec(name="n", dtypes=["float32"]), store, "cpu", env={})
