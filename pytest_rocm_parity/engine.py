@@ -306,12 +306,7 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
     entries: dict[str, dict[str, Any]] = {}
     by_name = {s.name: s for s in selected}
 
-    m = prepare_model(model, device, dtype)
-    was_training = m.training
-    m.eval()
-    args, kwargs = cast_inputs(args0, kwargs0, dtype, home_device(m, device))
-    for path, t in tensor_leaves({"args": args, "kwargs": kwargs}).items():
-        tensors[f"input/{path}"] = t.detach().to("cpu").contiguous()
+    m, was_training, args, kwargs = _rung_model_and_inputs(model, args0, kwargs0, device, dtype, tensors)
     const_in = constant_leaves({"args": args, "kwargs": kwargs})
 
     def rec_in(key: str, sel: Selected, a: Any, kw: Any) -> None:
@@ -346,13 +341,7 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
         m.train(was_training)
     if m is not model:
         del m
-    # float64 truth of this rung's model: weights already rounded to the rung, so only arithmetic differs
-    if device == KEEP_PLACEMENT:   # a split model keeps its split in float64 too
-        tm = copy.deepcopy(prepare_model(model, device, dtype)).to(dtype=torch.float64).eval()
-        truth_dev = home_device(tm, device)
-    else:
-        truth_dev = device if _supports_f64(device) else "cpu"
-        tm = copy.deepcopy(prepare_model(model, "cpu", dtype)).to(device=truth_dev, dtype=torch.float64).eval()
+    tm, truth_dev = _truth_model(model, device, dtype)
     targs, tkwargs = cast_inputs(args, kwargs, torch.float64, truth_dev)
 
     def ref_of(key: str, p: str) -> Any:
@@ -399,6 +388,30 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
     return meta, tensors
 
 
+def _rung_model_and_inputs(model: Any, args0: Any, kwargs0: Any, device: str, dtype: Any,
+                           tensors: dict[str, Any]) -> tuple[Any, bool, Any, Any]:
+    """The rung's model in eval mode and its cast inputs, which are stored exactly under input/."""
+    m = prepare_model(model, device, dtype)
+    was_training = m.training
+    m.eval()
+    args, kwargs = cast_inputs(args0, kwargs0, dtype, home_device(m, device))
+    for path, t in tensor_leaves({"args": args, "kwargs": kwargs}).items():
+        tensors[f"input/{path}"] = t.detach().to("cpu").contiguous()
+    return m, was_training, args, kwargs
+
+
+def _truth_model(model: Any, device: str, dtype: Any) -> tuple[Any, Any]:
+    """The rung's model in float64 (weights already rounded to the rung: only arithmetic differs)."""
+    import torch
+
+    if device == KEEP_PLACEMENT:   # a split model keeps its split in float64 too
+        tm = copy.deepcopy(prepare_model(model, device, dtype)).to(dtype=torch.float64).eval()
+        return tm, home_device(tm, device)
+    truth_dev = device if _supports_f64(device) else "cpu"
+    tm = copy.deepcopy(prepare_model(model, "cpu", dtype)).to(device=truth_dev, dtype=torch.float64).eval()
+    return tm, truth_dev
+
+
 def _capture_rung_sketch(model: Any, args0: Any, kwargs0: Any, selected: list[Selected], rung: str,
                          device: str, tf32: bool, group: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """Reference and float64-truth sketches of every selected module's outputs (no inputs kept)."""
@@ -425,12 +438,7 @@ def _capture_rung_sketch(model: Any, args0: Any, kwargs0: Any, selected: list[Se
                         "in": {}, "out": {}, "const_in": {}, "const_out": constant_leaves(out)}
         keep("sk", key, out, entries[key]["out"])
 
-    m = prepare_model(model, device, dtype)
-    was_training = m.training
-    m.eval()
-    args, kwargs = cast_inputs(args0, kwargs0, dtype, home_device(m, device))
-    for path, t in tensor_leaves({"args": args, "kwargs": kwargs}).items():
-        tensors[f"input/{path}"] = t.detach().to("cpu").contiguous()
+    m, was_training, args, kwargs = _rung_model_and_inputs(model, args0, kwargs0, device, dtype, tensors)
     try:
         with numerics(rung, tf32), Hooks(m, selected, None, rec_out) as hooks:
             out = _run(m, args, kwargs)
@@ -440,12 +448,7 @@ def _capture_rung_sketch(model: Any, args0: Any, kwargs0: Any, selected: list[Se
         del out
     finally:
         m.train(was_training)
-    if device == KEEP_PLACEMENT:
-        tm = copy.deepcopy(prepare_model(model, device, dtype)).to(dtype=torch.float64).eval()
-        truth_dev = home_device(tm, device)
-    else:
-        truth_dev = device if _supports_f64(device) else "cpu"
-        tm = copy.deepcopy(prepare_model(model, "cpu", dtype)).to(device=truth_dev, dtype=torch.float64).eval()
+    tm, truth_dev = _truth_model(model, device, dtype)
     targs, tkwargs = cast_inputs(args, kwargs, torch.float64, truth_dev)
     truth_names: dict[str, str] = {}
     with torch.no_grad(), Hooks(tm, selected, None, lambda k, s, o: keep("skt", k, o, truth_names)):
