@@ -78,7 +78,8 @@ def build(name: str, device: str) -> Any:
     return model
 
 
-def bench_one(name: str, device: str, batch: int, seq: int, reps: int, drill: int, workdir: str) -> dict[str, Any]:
+def bench_one(name: str, device: str, batch: int, seq: int, reps: int, drill: int, workdir: str,
+              sketch: int = 0) -> dict[str, Any]:
     import torch
 
     from pytest_rocm_parity.engine import CheckSpec, Hooks, _Pool, _run, capture, replay
@@ -90,7 +91,7 @@ def bench_one(name: str, device: str, batch: int, seq: int, reps: int, drill: in
     ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(0))
     inputs = {"input_ids": ids.to(device), "use_cache": False}
     row: dict[str, Any] = {"model": name, "params_b": sum(p.numel() for p in model.parameters()) / 1e9,
-                           "batch": batch, "seq": seq, "drill": drill}
+                           "batch": batch, "seq": seq, "drill": drill, "sketch": sketch}
     with torch.inference_mode():
         for _ in range(2):
             model(**inputs)
@@ -110,7 +111,7 @@ def bench_one(name: str, device: str, batch: int, seq: int, reps: int, drill: in
     row["record_s"] = timed(record, device, max(1, reps // 2))
     row["record_peak_gib"] = peak_dev(device)
     store = GoldenStore(os.path.join(workdir, name))
-    spec = CheckSpec(name=name, dtypes=["bfloat16"], drill=drill)
+    spec = CheckSpec(name=name, dtypes=["bfloat16"], drill=drill, sketch=sketch)
     reset_dev(device)
     t = time.perf_counter()
     capture(model, {"input_ids": ids, "use_cache": False}, spec, store, device, overwrite=True)
@@ -152,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--drill", type=int, default=0)
     p.add_argument("--workdir", default=None)
+    p.add_argument("--sketch", type=int, default=0, help="sketch goldens with this group size (0: full)")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     import torch
@@ -162,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in a.models.split(","):
         try:
-            rows.append(bench_one(name, a.device, a.batch, a.seq, a.reps, a.drill, work))
+            rows.append(bench_one(name, a.device, a.batch, a.seq, a.reps, a.drill, work, a.sketch))
         except Exception as exc:  # report and go on: one OOM must not lose the other rows
             rows.append({"model": name, "error": f"{type(exc).__name__}: {exc}"[:500]})
         print(json.dumps(rows[-1]), flush=True)
