@@ -267,11 +267,11 @@ def check_rocm_arch(f: Facts) -> list[Check]:
             out.append(Check("pytorch-rocm-arch", "ok", f"PYTORCH_ROCM_ARCH={value!r} covers {' '.join(need) or 'no visible device'}"))
     for var in ARCH_VARS:
         if var in env:
-            toks = {t.split(":")[0] for t in _arch_tokens(env[var])}
-            missing = [a for a in need if a not in toks and "native" not in toks]
-            if missing:
-                out.append(Check(var.lower().replace("_", "-"), "warn", f"{var}={env[var]!r} lacks detected {', '.join(missing)}",
-                                 f"export {var}=\"{';'.join(sorted(toks | set(missing)))}\" (or native)"))
+            var_toks = {t.split(":")[0] for t in _arch_tokens(env[var])}
+            lacking = [a for a in need if a not in var_toks and "native" not in var_toks]
+            if lacking:
+                out.append(Check(var.lower().replace("_", "-"), "warn", f"{var}={env[var]!r} lacks detected {', '.join(lacking)}",
+                                 f"export {var}=\"{';'.join(sorted(var_toks | set(lacking)))}\" (or native)"))
     return out
 
 

@@ -309,7 +309,7 @@ def describe_value(value: Any) -> str:
 def _storage_span(t: torch.Tensor) -> int:
     if t.numel() == 0:
         return 0
-    return t.storage_offset() + 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()))
+    return int(t.storage_offset() + 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride())))
 
 
 def _tensor_literal(t: torch.Tensor) -> str:

@@ -276,7 +276,7 @@ def _compare_leaf(ra: Any, rb: Any, ta: Any | None, tb: Any | None, u: float) ->
     out["max_abs"] = float((a[fin] - b[fin]).abs().max()) if int(fin.sum()) else 0.0
     if nonfinite:
         out["nonfinite_mismatch"] = nonfinite
-    errs = []
+    errs: list[tuple[float, float] | None] = []
     for r, t in ((a, ta), (b, tb)):
         if t is None or t.numel() != r.numel():
             errs.append(None)

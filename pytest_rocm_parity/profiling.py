@@ -156,7 +156,7 @@ def compare_shares(ref: Mapping[str, Any], cand: Mapping[str, Any], factor: floa
         if growth >= factor:
             flags.append({"op": op, "ref_share": r if (op in rs or bound > 0) else None, "cand_share": c,
                           "growth": growth, "factor": factor, "note": note})
-    flags.sort(key=lambda f: (-f["growth"], -f["cand_share"]))
+    flags.sort(key=lambda f: (-float(f["growth"]), -float(f["cand_share"])))  # type: ignore[arg-type]
     return flags
 
 

@@ -113,7 +113,7 @@ def parse_rocminfo(text: str) -> list[dict[str, Any]]:
 
 def rocminfo_gpus(text: str) -> list[ToolGPU]:
     """GPU agents of ``rocminfo``, numbered in order (0 = first GPU, as HIP counts)."""
-    gpus = []
+    gpus: list[ToolGPU] = []
     for agent in parse_rocminfo(text):
         if agent.get("Device Type", "").upper() != "GPU":
             continue
