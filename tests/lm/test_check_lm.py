@@ -31,6 +31,11 @@ def build(arch):
         blocks = m.transformer.h if arch == "gpt2" else m.model.layers
         act = blocks[1].mlp.act if arch == "gpt2" else blocks[1].mlp.act_fn
         act.forward = lambda x: torch.nn.functional.gelu(x, approximate="tanh") * 1.05
+    if os.environ.get("BUG") == f"{arch}-flip":
+        # a gross bug in layer 1's MLP: the next-token choice changes where the reference is confident
+        import types
+        mlp = m.model.layers[1].mlp
+        mlp.forward = types.MethodType(lambda self, x: type(self).forward(self, x) * 40.0, mlp)
     return m
 
 def ids():
@@ -71,6 +76,18 @@ def test_three_architectures_capture_replay_and_blame(lm_project: pytest.Pyteste
     result = lm_project.runpytest("--rocm-parity", "-k", "qwen2")
     result.assert_outcomes(failed=1, deselected=2)
     result.stdout.fnmatch_lines(["*culprit: model.layers.1.mlp*", "*lm: ppl *"])
+
+
+def test_first_confident_flip_names_the_layer(lm_project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    lm_project.runpytest("--rocm-parity", "--parity-mode=capture", "-k", "llama").assert_outcomes(passed=1, deselected=2)
+    monkeypatch.setenv("BUG", "llama-flip")
+    result = lm_project.runpytest("--rocm-parity", "-k", "llama", "--parity-report=rep")
+    result.assert_outcomes(failed=1, deselected=2)
+    result.stdout.fnmatch_lines(["*confident top-1 flip(s)*", "*layer that diverged first there: model.layers.1*"])
+    doc = json.loads((lm_project.path / "rep" / "parity-report.json").read_text())
+    lm = next(c for c in doc["checks"] if c["dtype"] == "float32")["extra"]["lm"]
+    assert lm["confident_flips"] > 0
+    assert lm["first_confident_disagreement"]["layer"].startswith("model.layers.1")
 
 
 BAD_INPUT = '''
