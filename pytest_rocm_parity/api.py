@@ -58,7 +58,7 @@ class Parity:
         return CheckSpec(
             name=nm, test=self._node.nodeid if self._node is not None else "",
             dtypes=rungs, layers=layers if layers is not None else self._defaults.get("layers"),
-            drill=drill if drill is not None else int(self._defaults.get("drill", self._session.options.drill)),
+            drill=_drill(model, drill, self._defaults.get("drill"), self._session.options.drill),
             tolerance=coerce(tolerance if tolerance is not None else self._defaults.get("tolerance")),
             profile=self._session.options.profile,
             sketch=_sketch_group(sketch if sketch is not None else self._defaults.get("sketch")),
@@ -158,6 +158,20 @@ def _clean_errors() -> Iterator[None]:
 def _fail(exc: BaseException) -> None:
     __tracebackhide__ = True
     pytest.fail(f"{type(exc).__name__}: {exc}", pytrace=False)
+
+
+AUTO_DRILL_MAX_PARAMS = 1_000_000_000
+
+
+def _drill(model: Any, *choices: Any) -> int:
+    """The first explicit drill depth, else 2 (0 above 1B parameters, where sub-module goldens get huge)."""
+    for c in choices:
+        if c is not None:
+            if not isinstance(c, int) or isinstance(c, bool) or c not in (0, 1, 2):
+                raise InvalidArgument(f"drill={c!r}: allowed 0 (blocks only), 1, 2 (sub-module depth)")
+            return c
+    n = sum(p.numel() for p in model.parameters())
+    return 0 if n > AUTO_DRILL_MAX_PARAMS else 2
 
 
 def _sketch_group(value: Any) -> int:

@@ -84,7 +84,8 @@ def addoption(parser: pytest.Parser) -> None:
         default=False, action="store_true")
     add(DTYPES, "parity_dtypes", "default precisions, comma-separated (default: deployed dtype + float32)",
         type=parse_dtypes, metavar="LIST")
-    add(DRILL, "parity_drill", "sub-module depth captured inside each block for drill-down (0-2, default 2)",
+    add(DRILL, "parity_drill", "sub-module depth captured inside each block for drill-down (0-2; default 2, "
+        "or 0 for models over 1B parameters)",
         type=parse_drill, metavar="N")
     add(PROFILE, "parity_profile", "profiler parity: record per-operator time shares at capture, flag "
         "operators whose share grew at replay", ini_type="bool", default=False, action="store_true")
@@ -102,7 +103,7 @@ class ParityOptions:
     report_dir: Path | None
     allow_write: bool
     dtypes: list[str] | None
-    drill: int
+    drill: int | None              # None: automatic (engine.auto_drill)
     prune: bool
     profile: bool = False
 
@@ -140,7 +141,7 @@ def from_config(config: pytest.Config) -> ParityOptions:
         report_dir=(root / report) if report else None,
         allow_write=bool(_get(config, "parity_allow_write")),
         dtypes=_get(config, "parity_dtypes", parse_dtypes),
-        drill=2 if drill is None else int(drill),
+        drill=None if drill is None else int(drill),
         prune=bool(_get(config, "parity_prune_obsolete")),
         profile=bool(_get(config, "parity_profile")),
     )

@@ -58,3 +58,21 @@ def test_hf_llama_default_selection() -> None:
     assert names[0] == "model.embed_tokens" and "model.layers.1" in names
     assert names[-2:] == ["model.norm", "lm_head"] or names[-1] == "lm_head"
     torch.manual_seed(0)
+
+
+def test_auto_drill_depends_on_size() -> None:
+    from pytest_rocm_parity.api import _drill
+
+    small = Net()
+    assert _drill(small, None, None, None) == 2
+    assert _drill(small, None, 1, 0) == 1            # the first explicit choice wins
+    import pytest_rocm_parity.api as api
+
+    old = api.AUTO_DRILL_MAX_PARAMS
+    api.AUTO_DRILL_MAX_PARAMS = 0
+    try:
+        assert _drill(Net(), None, None, None) == 0
+    finally:
+        api.AUTO_DRILL_MAX_PARAMS = old
+    with pytest.raises(Exception, match="drill=5"):
+        _drill(small, 5)
