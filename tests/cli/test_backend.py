@@ -4,10 +4,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
+
+from fake_torch import patch_torch  # noqa: E402
 
 from pytest_rocm_parity import backend
 
@@ -21,15 +22,9 @@ H100 = dict(name="NVIDIA H100 80GB HBM3", major=9, minor=0, gcnArchName="NVIDIA 
             total_memory=80 * 1024**3, multi_processor_count=132, warp_size=32)
 
 
-def fake_gpus(mp: pytest.MonkeyPatch, props: dict[str, Any], *, n: int = 1, hip: str | None = None,
-              cuda: str | None = None, version: str = "2.6.0+rocm6.2.4", archs: list[str] | None = None) -> None:
-    mp.setattr(torch.version, "hip", hip)
-    mp.setattr(torch.version, "cuda", cuda)
-    mp.setattr(torch, "__version__", version)
-    mp.setattr(torch.cuda, "is_available", lambda: True)
-    mp.setattr(torch.cuda, "device_count", lambda: n)
-    mp.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(**props))
-    mp.setattr(torch.cuda, "get_arch_list", lambda: list(archs or []))
+def fake_gpus(mp: pytest.MonkeyPatch, props: dict[str, Any], *, hip: str | None = None,
+              archs: list[str] | None = None, **kw: Any) -> None:
+    patch_torch(mp, props, hip=hip, archs=archs or [], **kw)
 
 
 def test_rocm_detected_from_version_hip_and_arch_stripped(monkeypatch: pytest.MonkeyPatch) -> None:

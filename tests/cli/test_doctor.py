@@ -6,10 +6,11 @@ import json
 import os
 import shutil
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
+
+from fake_torch import ROCM_ARCHS, patch_torch  # noqa: E402
 
 from pytest_rocm_parity import doctor, rocm_tools
 from pytest_rocm_parity.doctor import Check, Facts
@@ -24,22 +25,7 @@ MI250X = dict(name="AMD Instinct MI250X/MI250", major=9, minor=0, gcnArchName="g
 MI350X = dict(MI300X, name="AMD Instinct MI350X", major=9, minor=5, gcnArchName="gfx950:sramecc+:xnack-")
 H100 = dict(name="NVIDIA H100 80GB HBM3", major=9, minor=0, gcnArchName="NVIDIA H100 80GB HBM3",
             total_memory=80 * GIB, multi_processor_count=132, warp_size=32)
-ROCM_ARCHS = ["gfx900", "gfx906", "gfx908", "gfx90a", "gfx1030", "gfx1100", "gfx942"]
 NO_PKGS: dict[str, str | None] = {}
-
-
-def patch_torch(mp: pytest.MonkeyPatch, props: dict[str, Any], *, n: int = 1, hip: str | None = "6.2.41133-dd7f95766",
-                cuda: str | None = None, version: str = "2.6.0+rocm6.2.4", archs: list[str] | None = None,
-                free_frac: float = 0.99) -> None:
-    mp.setattr(torch.version, "hip", hip)
-    mp.setattr(torch.version, "cuda", cuda)
-    mp.setattr(torch, "__version__", version)
-    mp.setattr(torch.cuda, "is_available", lambda: True)
-    mp.setattr(torch.cuda, "device_count", lambda: n)
-    mp.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(**props))
-    mp.setattr(torch.cuda, "get_arch_list", lambda: list(ROCM_ARCHS if archs is None else archs))
-    total = int(props["total_memory"])
-    mp.setattr(torch.cuda, "mem_get_info", lambda i: (int(total * free_frac), total))
 
 
 def facts(env: dict[str, str] | None = None, packages: dict[str, str | None] | None = None,
