@@ -639,8 +639,6 @@ def _inputs_changed(args0: Any, kwargs0: Any, reader: RungReader, rung: str, met
 def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device: str,
            env: dict[str, Any] | None = None) -> list[CheckResult]:
     """Judge the candidate against the golden, one CheckResult per rung."""
-    import torch
-
     from pytest_rocm_parity.backend import collect_env
 
     manifest = store.read_manifest(spec.name)
@@ -671,8 +669,6 @@ def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device:
 
 def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: dict[str, Any],
                  reader: RungReader, rung: str, device: str, inputs_template: Any) -> CheckResult:
-    import torch
-
     dtype = dt.to_torch(rung)
     tol = spec.tolerance
     selected = select(model, spec.layers, spec.drill)
@@ -728,7 +724,7 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
     try:
         with numerics(rung, tol.tf32):
             # propagated
-            with Hooks(m, selected, None, lambda k, s, o: compare(k, o, "gtruth", prop)) as hooks:
+            with Hooks(m, selected, None, lambda k, s, o: compare(k, o, "gtruth", prop)):
                 out = _run(m, args0, kwargs0)
             outs = _compare_outputs(out, meta, reader, u, tol)
             if spec.extra_judge is not None:

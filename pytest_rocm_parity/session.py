@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from pytest_rocm_parity.golden import GoldenStore
 from pytest_rocm_parity.options import REGEN_ALL, Mode, ParityOptions, resolve_device, xdist_worker_index
 
 WORKER_KEY = "rocm_parity_results"

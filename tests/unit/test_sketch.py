@@ -1,7 +1,6 @@
 """Sketch goldens: the sketch's algebra, and detection through capture/replay at ~0.5% of the size."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
