@@ -1,6 +1,7 @@
 """Summarize a detection run over sketch goldens: bugs blamed at or under the right module.
 
-    python bench/detection.py --sketch 512 --out /tmp/det-sketch && python bench/sketch_summary.py /tmp/det-sketch.json
+    python bench/detection.py --sketch 512 --out bench/results/detection-sketch512 \
+        && python bench/sketch_summary.py bench/results/detection-sketch512.json
 
 A sketch golden judges the propagated run only, so a bug inside an unselected part of a module
 (the attention core between q/k/v_proj and o_proj) first shows at the next selected child; this

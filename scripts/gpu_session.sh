@@ -6,8 +6,8 @@ set -uo pipefail
 : "${OUT:?set OUT}"
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 CI=
-L=/tmp/parity-logs/logs; rm -rf /tmp/parity-logs; mkdir -p "$L"
-snap() { tar czf "$OUT/logs.tgz" -C /tmp/parity-logs logs; }
+W=$(mktemp -d); L="$W/logs"; mkdir -p "$L"
+snap() { tar czf "$OUT/logs.tgz" -C "$W" logs; }
 P="-p pytest_rocm_parity.plugin -p no:cacheprovider"
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv;
   python -c "import torch, transformers, safetensors; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__, 'safetensors', safetensors.__version__)"; } > "$L/env.txt" 2>&1

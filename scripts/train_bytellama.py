@@ -25,7 +25,7 @@ Examples::
     python scripts/train_bytellama.py --build-corpus --corpus .corpus       # here, once
     python scripts/train_bytellama.py --corpus .corpus --device cuda --time-budget 270
     python scripts/train_bytellama.py --corpus .corpus --device cpu --steps 20 --batch 4 \
-        --out /tmp/bytellama-smoke                                          # CPU smoke test
+        --out "$(mktemp -d)"                                           # CPU smoke test
     python scripts/train_bytellama.py --eval-only --device cpu              # re-measure ppl
 """
 from __future__ import annotations
