@@ -5,12 +5,20 @@ from typing import Any
 
 import pytest
 
-LADDER = ["float32", "bfloat16", "float16"]
-
-
 def test_bytellama_lm(parity: Any, bytellama: Any, heldout_batch: Any) -> None:
-    """Per-layer parity plus perplexity, token agreement, KL and 12 greedy steps, in every precision."""
-    parity.check_lm(bytellama, heldout_batch, name="bytellama-lm", dtypes=LADDER, generate=12, drill=1)
+    """Per-layer parity (drilled into attention, MLP and norms) plus perplexity, token agreement, KL and
+    12 greedy steps, at the deployed precisions."""
+    parity.check_lm(bytellama, heldout_batch, name="bytellama-lm", dtypes=["bfloat16", "float16"], generate=12,
+                    drill=1)
+
+
+def test_bytellama_lm_fp32(parity: Any, bytellama: Any, heldout_batch: Any) -> None:
+    """The float32 rung of the ladder, blocks only so the committed file stays under 10 MB.
+
+    Captured together with the check above on the H200 and split from it with
+    `python -m pytest_rocm_parity.derive` (docs/golden-format.md).
+    """
+    parity.check_lm(bytellama, heldout_batch, name="bytellama-lm-fp32", dtypes=["float32"], generate=12, drill=0)
 
 
 @pytest.mark.parity(dtypes=["bfloat16", "float32"])
