@@ -496,11 +496,7 @@ def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: R
                if k in layers else None):
         out = _run(m, args0, kwargs0)
     result = CheckResult(test=spec.test, name=spec.name, dtype=rung, passed=True)
-    for key in meta.get("order", list(layers)):
-        e = layers.get(key)
-        if e is None:
-            continue
-        rec = LayerRecord(name=key, level=e["level"], primary=e["primary"])
+    for key, rec in _records_in_order(meta, layers):
         judge_layer(rec, [], prop.get(key, []), tol, rung)
         # No inputs in a sketch golden: the propagated verdict is the verdict, judged like an isolated
         # one (jackknife bound and sign test over the sketch entries, which are few) against the larger
@@ -522,6 +518,14 @@ def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: R
     result.notes.append(f"sketch golden (groups of {group}): propagated judgement only; the culprit is the "
                         f"smallest module where the candidate first drifts")
     return finish(result, tol)
+
+
+def _records_in_order(meta: dict[str, Any], layers: dict[str, dict[str, Any]]) -> Iterator[tuple[str, LayerRecord]]:
+    """An empty record for every captured module call, in execution order."""
+    for key in meta.get("order", list(layers)):
+        e = layers.get(key)
+        if e is not None:
+            yield key, LayerRecord(name=key, level=e["level"], primary=e["primary"])
 
 
 def _sketch_failure(m: LeafMetrics, tol: Tolerance, rung: str, budget: float) -> str:
@@ -746,11 +750,7 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
     finally:
         m.train(was_training)
     result = CheckResult(test=spec.test, name=spec.name, dtype=rung, passed=True)
-    for key in meta.get("order", list(layers)):
-        e = layers.get(key)
-        if e is None:
-            continue
-        rec = LayerRecord(name=key, level=e["level"], primary=e["primary"])
+    for key, rec in _records_in_order(meta, layers):
         judge_layer(rec, iso.get(key, []), prop.get(key, []), tol, rung)
         if key not in iso:
             # A fused or bypassed sub-module (e.g. q/k/v fused into one GEMM) is judged through its

@@ -66,3 +66,16 @@ def set_torch_flag() -> Any:
     yield setter
     for obj, name, old in reversed(saved):
         setattr(obj, name, old)
+
+
+@pytest.fixture
+def parity_project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Factory: a pytester project from a conftest and test files, with the bug-switch variable unset."""
+
+    def make(conftest: str, switch: str, **files: str) -> pytest.Pytester:
+        monkeypatch.delenv(switch, raising=False)
+        pytester.makeconftest(conftest)
+        pytester.makepyfile(**files)
+        return pytester
+
+    return make

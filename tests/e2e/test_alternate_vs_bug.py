@@ -1,6 +1,8 @@
 """End to end through the plugin: a correct alternate kernel passes, a seeded bug is blamed."""
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 CONFTEST = '''
@@ -76,11 +78,8 @@ def test_gpt(parity):
 
 
 @pytest.fixture
-def gpt(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
-    monkeypatch.delenv("CI", raising=False)
-    monkeypatch.delenv("VARIANT", raising=False)
-    pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(test_gpt=TEST)
+def gpt(parity_project: Any) -> pytest.Pytester:
+    pytester = parity_project(CONFTEST, "VARIANT", test_gpt=TEST)
     pytester.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
     return pytester
 

@@ -1,6 +1,8 @@
 """parity.check_lm on three transformers architectures, seeded configs, through the plugin."""
 from __future__ import annotations
 
+from typing import Any
+
 import json
 
 import pytest
@@ -53,12 +55,8 @@ def test_lm(parity, arch):
 
 
 @pytest.fixture
-def lm_project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
-    monkeypatch.delenv("CI", raising=False)
-    monkeypatch.delenv("BUG", raising=False)
-    pytester.makeconftest(LM_CONFTEST)
-    pytester.makepyfile(test_lm=LM_TEST)
-    return pytester
+def lm_project(parity_project: Any) -> pytest.Pytester:
+    return parity_project(LM_CONFTEST, "BUG", test_lm=LM_TEST)
 
 
 def test_three_architectures_capture_replay_and_blame(lm_project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 # A tiny model written into each pytester project; BUG=<block> seeds an approximate GELU there.
@@ -58,10 +60,6 @@ def test_tiny(parity):
 
 
 @pytest.fixture
-def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
-    """A pytester project with the tiny model and one parity test; CI guard off."""
-    monkeypatch.delenv("CI", raising=False)
-    monkeypatch.delenv("BUG", raising=False)
-    pytester.makeconftest(MODEL_CONFTEST)
-    pytester.makepyfile(test_tiny=TEST_FILE)
-    return pytester
+def project(parity_project: Any) -> pytest.Pytester:
+    """A pytester project with the tiny model and one parity test (BUG=<block> seeds a bug)."""
+    return parity_project(MODEL_CONFTEST, "BUG", test_tiny=TEST_FILE)
