@@ -390,6 +390,10 @@ def _manifest_problem(m: dict[str, Any]) -> str:
     layers = m.get("layers", [])
     if not isinstance(layers, list) or not all(isinstance(x, dict) and isinstance(x.get("name"), str) for x in layers):
         return "'layers' is not a list of {name: str}"
+    for key in ("sketch", "drill"):
+        v = m.get(key)
+        if v is not None and (not _is_int(v) or v < 0):
+            return f"{key!r} is not a non-negative integer"
     for key in ("reference_env", "lm"):
         if not isinstance(m.get(key, {}), dict):
             return f"{key!r} is not a mapping"
@@ -421,6 +425,8 @@ def _manifest_problem(m: dict[str, Any]) -> str:
             return f"{where} has an 'order' that is not a list of layer keys"
         if not isinstance(r.get("extra", {}), dict):
             return f"{where} has an 'extra' that is not a mapping"
+        if r.get("sketch") is not None and (not _is_int(r["sketch"]) or r["sketch"] < 1):
+            return f"{where} has a 'sketch' that is not a positive integer"
         inputs = r.get("inputs", {})
         if not isinstance(inputs, dict) or not isinstance(inputs.get("const", {}), dict):
             return f"{where} has an 'inputs' that is not a mapping with a 'const' mapping"
