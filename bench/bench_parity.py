@@ -82,7 +82,11 @@ def bench_one(name: str, device: str, batch: int, seq: int, reps: int, drill: in
               sketch: int = 0) -> dict[str, Any]:
     import torch
 
-    from pytest_rocm_parity.engine import CheckSpec, Hooks, _Pool, _run, capture, replay
+    from pytest_rocm_parity.capture import _Pool, capture
+
+    from pytest_rocm_parity.engine import CheckSpec, Hooks, _run
+
+    from pytest_rocm_parity.replay import replay
     from pytest_rocm_parity.golden import GoldenStore
     from pytest_rocm_parity.selection import select
 

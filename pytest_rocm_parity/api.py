@@ -9,7 +9,9 @@ import pytest
 
 from pytest_rocm_parity import dtypes as dt
 from pytest_rocm_parity.assertion import raise_if_failed
-from pytest_rocm_parity.engine import CheckSpec, capture, default_dtypes, replay, shell_quote
+from pytest_rocm_parity.capture import capture
+from pytest_rocm_parity.engine import CheckSpec, default_dtypes, shell_quote
+from pytest_rocm_parity.replay import replay
 from pytest_rocm_parity.errors import GoldenExists, GoldenMissing, InvalidArgument, ParityError, WriteForbidden
 from pytest_rocm_parity.records import CheckResult
 from pytest_rocm_parity.tolerance import coerce

@@ -13,7 +13,9 @@ import math
 from typing import Any
 
 from pytest_rocm_parity import dtypes as dt
-from pytest_rocm_parity.engine import OUTPUT, capture, load_truth, replay
+from pytest_rocm_parity.capture import capture
+from pytest_rocm_parity.engine import OUTPUT
+from pytest_rocm_parity.replay import load_truth, replay
 from pytest_rocm_parity.errors import InputError, InvalidArgument
 
 # A top-1 flip counts only where the reference's top-1/top-2 logit margin exceeds

@@ -520,7 +520,7 @@ def spec_for(family: str, tolerance: Tolerance | None = None) -> Any:
 
 def capture_all(root: Any) -> dict[str, Any]:
     """Capture the clean model of every family under ``root``; returns {family: (model, inputs)}."""
-    from pytest_rocm_parity.engine import capture
+    from pytest_rocm_parity.capture import capture
     from pytest_rocm_parity.golden import GoldenStore
 
     store = GoldenStore(root)
@@ -534,7 +534,7 @@ def capture_all(root: Any) -> dict[str, Any]:
 
 def replay_case(case: Case, models: dict[str, Any], root: Any) -> dict[str, Any]:
     """Replay the patched candidate over all rungs: {rung: CheckResult}."""
-    from pytest_rocm_parity.engine import replay
+    from pytest_rocm_parity.replay import replay
     from pytest_rocm_parity.golden import GoldenStore
 
     clean, inputs = models[case.family]

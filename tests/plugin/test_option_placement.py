@@ -7,7 +7,11 @@ import pytest
 import torch
 from torch import nn
 
-from pytest_rocm_parity.engine import KEEP_PLACEMENT, CheckSpec, _substitute, capture, prepare_model, replay
+from pytest_rocm_parity.capture import capture
+
+from pytest_rocm_parity.engine import KEEP_PLACEMENT, CheckSpec, _substitute, prepare_model
+
+from pytest_rocm_parity.replay import replay
 from pytest_rocm_parity.golden import GoldenStore
 from pytest_rocm_parity.options import parse_device
 

@@ -10,7 +10,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from pytest_rocm_parity.engine import CheckSpec, capture, replay
+from pytest_rocm_parity.capture import capture
+
+from pytest_rocm_parity.engine import CheckSpec
+
+from pytest_rocm_parity.replay import replay
 from pytest_rocm_parity.golden import MANIFEST, GoldenStore, sha256_file
 from pytest_rocm_parity.records import CheckResult
 

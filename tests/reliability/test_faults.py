@@ -267,7 +267,7 @@ def _child(g: Golden, body: str) -> str:
 
 def _writer(root: str, seed: int, rounds: int, barrier: Any, errors: Any) -> None:
     from reliability_helpers import CheckSpec, inputs
-    from pytest_rocm_parity.engine import capture
+    from pytest_rocm_parity.capture import capture
 
     spec = CheckSpec(name="shared", dtypes=["float32"])
     barrier.wait()

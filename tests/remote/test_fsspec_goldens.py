@@ -11,7 +11,11 @@ from torch import nn
 
 fsspec = pytest.importorskip("fsspec")
 
-from pytest_rocm_parity.engine import CheckSpec, capture, replay  # noqa: E402
+from pytest_rocm_parity.capture import capture
+
+from pytest_rocm_parity.engine import CheckSpec
+
+from pytest_rocm_parity.replay import replay  # noqa: E402
 from pytest_rocm_parity.errors import GoldenCorrupt, GoldenMissing  # noqa: E402
 from pytest_rocm_parity.remote import RemoteGoldenStore, open_store  # noqa: E402
 

@@ -23,7 +23,9 @@ import pytest_rocm_parity.summary  # noqa: E402,F401
 
 
 def _capture_replay(root: Path, name: str, bug_block: int | None, golden_dir: str = "goldens") -> list[Any]:
-    from pytest_rocm_parity.engine import CheckSpec, capture, replay
+    from pytest_rocm_parity.capture import capture
+    from pytest_rocm_parity.engine import CheckSpec
+    from pytest_rocm_parity.replay import replay
     from pytest_rocm_parity.golden import GoldenStore
 
     store = GoldenStore(root / golden_dir)

@@ -11,7 +11,8 @@ import pytest
 import report_models
 
 from pytest_rocm_parity import inspect_cmd
-from pytest_rocm_parity.engine import CheckSpec, capture
+from pytest_rocm_parity.capture import capture
+from pytest_rocm_parity.engine import CheckSpec
 from pytest_rocm_parity.errors import ParityError
 from pytest_rocm_parity.golden import GoldenStore
 

@@ -8,7 +8,9 @@ import torch
 from torch import nn
 
 from pytest_rocm_parity.derive import derive
-from pytest_rocm_parity.engine import CheckSpec, capture, replay
+from pytest_rocm_parity.capture import capture
+from pytest_rocm_parity.engine import CheckSpec
+from pytest_rocm_parity.replay import replay
 from pytest_rocm_parity.errors import InvalidArgument
 from pytest_rocm_parity.golden import GoldenStore, RungReader
 

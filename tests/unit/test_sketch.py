@@ -7,7 +7,11 @@ import pytest
 import torch
 from torch import nn
 
-from pytest_rocm_parity.engine import CheckSpec, capture, replay
+from pytest_rocm_parity.capture import capture
+
+from pytest_rocm_parity.engine import CheckSpec
+
+from pytest_rocm_parity.replay import replay
 from pytest_rocm_parity.golden import GoldenStore
 from pytest_rocm_parity.sketch import sketch
 

@@ -1,0 +1,363 @@
+"""Replay: judge a candidate against a golden on the candidate device.
+
+The model runs propagated (each module's output compared as it appears) and isolated (each module
+fed the golden inputs), comparing on the device against goldens loaded straight to it.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from pytest_rocm_parity import dtypes as dt
+from pytest_rocm_parity.compare import exact_metrics, float_metrics
+from pytest_rocm_parity.engine import (
+    KEEP_PLACEMENT,
+    OUTPUT,
+    CheckSpec,
+    Hooks,
+    _run,
+    _substitute,
+    cast_inputs,
+    fingerprint,
+    home_device,
+    normalize_inputs,
+    numerics,
+    prepare_model,
+    shell_quote,
+)
+from pytest_rocm_parity.errors import GoldenStale
+from pytest_rocm_parity.golden import GoldenStore, RungReader
+from pytest_rocm_parity.judge import finish, judge_layer
+from pytest_rocm_parity.records import CheckResult, LayerRecord, LeafMetrics
+from pytest_rocm_parity.selection import Selected, select
+from pytest_rocm_parity.tolerance import Tolerance
+from pytest_rocm_parity.tree import constant_leaves, map_tensors, tensor_leaves
+
+VERIFY_HASH_MAX_BYTES = 512 * 1024 * 1024
+
+
+def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: RungReader, rung: str,
+                        args0: Any, kwargs0: Any, selected: list[Selected]) -> CheckResult:
+    """Propagated replay against sketches: every module's output sketched on the device as it appears."""
+    from pytest_rocm_parity.sketch import sketch
+
+    group = int(meta["sketch"])
+    tol = spec.tolerance
+    u = tol.unit_roundoff(rung)
+    layers = {e["key"]: e for e in meta["layers"]}
+
+    def judge_leaves(key: str, out: Any, names: dict[str, str]) -> list[LeafMetrics]:
+        got = tensor_leaves(out)
+        res = []
+        for p, gk in names.items():
+            c = got.get(p)
+            if c is None:
+                res.append(LeafMetrics(leaf=p, numel=0, ratio=float("inf"), ratio_lo=float("inf"),
+                                       note=f"shape: output leaf {p!r} missing on the candidate"))
+            elif gk.startswith("x/"):
+                res.append(exact_metrics(p, c.detach(), reader.get(gk)))
+            else:
+                ref_s = reader.get(gk)
+                t_s = reader.get(f"skt/{key}/{p}").to(ref_s.device)
+                c_s = sketch(c, group, f"{key}/{p}").to(ref_s.device)
+                mm = float_metrics(p, c_s, ref_s, t_s, u, tol.confidence, tol.nan)
+                mm.numel = int(c.numel())
+                res.append(mm)
+        return res
+
+    prop: dict[str, list[LeafMetrics]] = {}
+    with Hooks(m, selected, None, lambda k, s, o: prop.__setitem__(k, judge_leaves(k, o, layers[k]["out"]))
+               if k in layers else None):
+        out = _run(m, args0, kwargs0)
+    result = CheckResult(test=spec.test, name=spec.name, dtype=rung, passed=True)
+    for key, rec in _records_in_order(meta, layers):
+        judge_layer(rec, [], prop.get(key, []), tol, rung)
+        # No inputs in a sketch golden: the propagated verdict is the verdict, judged like an isolated
+        # one (jackknife bound and sign test over the sketch entries, which are few) against the larger
+        # of the ratio budget and Dynamo's multiplier.
+        t = tol.for_layer(key)
+        budget = max(t.ratio_for(rung), t.propagated_for(rung))
+        reasons = [_sketch_failure(mm, t, rung, budget) for mm in prop.get(key, [])]
+        rec.prop_passed = rec.iso_passed = rec.passed = not any(reasons)
+        rec.budget = budget
+        rec.reason = next((r for r in reasons if r), "")
+        result.layers.append(rec)
+    for p, mm in zip(meta["outputs"]["out"], judge_leaves(OUTPUT, out, meta["outputs"]["out"])):
+        rec = LayerRecord(name=f"{OUTPUT}.{p}")
+        judge_layer(rec, [], [mm], tol, rung)
+        budget = max(tol.ratio_for(rung), tol.propagated_for(rung))
+        rec.reason = _sketch_failure(mm, tol, rung, budget)
+        rec.passed = rec.prop_passed = not rec.reason
+        result.outputs.append(rec)
+    result.notes.append(f"sketch golden (groups of {group}): propagated judgement only; the culprit is the "
+                        f"smallest module where the candidate first drifts")
+    return finish(result, tol)
+
+
+def _records_in_order(meta: dict[str, Any], layers: dict[str, dict[str, Any]]) -> Iterator[tuple[str, LayerRecord]]:
+    """An empty record for every captured module call, in execution order."""
+    for key in meta.get("order", list(layers)):
+        e = layers.get(key)
+        if e is not None:
+            yield key, LayerRecord(name=key, level=e["level"], primary=e["primary"])
+
+
+def _sketch_failure(m: LeafMetrics, tol: Tolerance, rung: str, budget: float) -> str:
+    from pytest_rocm_parity.judge import leaf_failure
+
+    if m.note.startswith("shape") or m.kind == "exact" or m.nonfinite:
+        return leaf_failure(m, tol, rung, isolated=True)
+    if m.ratio_lo > budget and m.z > tol.z:
+        return (f"drift {m.ratio:.3g}x the reference's error (>= {m.ratio_lo:.3g}x at {tol.confidence:g} sigma over "
+                f"the sketch; budget {budget:g}x; sign test z={m.z:+.1f})")
+    return ""
+
+
+def load_truth(reader: RungReader, name: str, ref: Any) -> Any:
+    """Rebuild a float64 truth from its stored residual (see _residual)."""
+    import torch
+
+    if ref.is_complex():
+        return ref.to(torch.complex128) + reader.get(name).to(ref.device, torch.complex128)
+    return ref.to(torch.float64) + reader.get(name).to(ref.device, torch.float64)
+
+
+# ---------------------------------------------------------------------------------------------
+# replay
+
+def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, Any], golden_path: str) -> None:
+    regen = spec.regen_command or f"pytest --rocm-parity --parity-regen={shell_quote(spec.name)}"
+    fp = fingerprint(model)
+    old = manifest.get("fingerprint", {})
+    problems = []
+    if fp.get("structure") != old.get("structure"):
+        problems.append("the model's structure (modules or parameter shapes) changed")
+    elif fp.get("weights") != old.get("weights"):
+        problems.append("the model's weights changed")
+    selected = [s.name for s in select(model, spec.layers, spec.drill)]
+    old_layers = [l["name"] for l in manifest.get("layers", [])]
+    if selected != old_layers:
+        added = [n for n in selected if n not in old_layers]
+        removed = [n for n in old_layers if n not in selected]
+        problems.append(f"the layer list changed (added {added[:5]}, removed {removed[:5]})")
+    if int(manifest.get("sketch") or 0) != int(spec.sketch or 0):
+        problems.append(f"captured with sketch={manifest.get('sketch') or 0}, asked sketch={spec.sketch or 0}")
+    missing = [d for d in spec.dtypes if d not in manifest.get("rungs", {})]
+    if missing:
+        problems.append(f"dtypes {missing} were not captured (golden holds {list(manifest.get('rungs', {}))})")
+    if problems:
+        raise GoldenStale(f"stale golden {golden_path} for {spec.name!r}: " + "; ".join(problems)
+                          + f". Regenerate this model's golden on the reference machine: {regen}", golden_path)
+
+
+def _inputs_changed(args0: Any, kwargs0: Any, reader: RungReader, rung: str, meta: dict[str, Any] | None = None) -> str:
+    import json as _json
+
+    import torch
+
+    dtype = dt.to_torch(rung)
+    args, kwargs = cast_inputs(args0, kwargs0, dtype, "cpu")
+    if meta is not None:
+        now = _json.loads(_json.dumps(constant_leaves({"args": args, "kwargs": kwargs}), default=str))
+        old = meta.get("inputs", {}).get("const", {})
+        for p in sorted(set(now) | set(old)):
+            a, b = old.get(p), now.get(p)
+            same = a == b or (isinstance(a, float) and isinstance(b, float) and a != a and b != b)
+            if not same:
+                return f"non-tensor input {p} changed ({a!r} -> {b!r})"
+    given = tensor_leaves({"args": args, "kwargs": kwargs})
+    stored = {k[len("input/"):] for k in reader.keys if k.startswith("input/")}
+    if set(given) != stored:
+        return f"input names changed ({sorted(given)} vs stored {sorted(stored)})"
+    for p, t in given.items():
+        g = reader.get(f"input/{p}").to("cpu")
+        if g.shape != t.shape or g.dtype != t.dtype:
+            return f"input {p}: shape/dtype {tuple(t.shape)}/{t.dtype} vs stored {tuple(g.shape)}/{g.dtype}"
+        if not torch.equal(g, t) and not (t.is_floating_point() and torch.equal(g.isnan(), t.isnan())
+                                          and torch.equal(g.nan_to_num(), t.nan_to_num())):
+            return f"input {p}: values differ from the stored inputs"
+    return ""
+
+
+def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device: str,
+           env: dict[str, Any] | None = None) -> list[CheckResult]:
+    """Judge the candidate against the golden, one CheckResult per rung."""
+    from pytest_rocm_parity.backend import collect_env
+
+    manifest = store.read_manifest(spec.name)
+    mpath = str(store.manifest_path(spec.name))
+    check_stale(model, inputs, spec, manifest, mpath)
+    args0, kwargs0 = normalize_inputs(inputs)
+    cand_env = env or collect_env(str(home_device(model, device)))
+    results = []
+    for rung in spec.dtypes:
+        meta = manifest["rungs"][rung]
+        path = store.rung_file(spec.name, manifest, rung)
+        sha = meta.get("sha256") if int(meta.get("bytes", 0)) <= VERIFY_HASH_MAX_BYTES else None
+        reader = RungReader(path, str(home_device(model, device)), sha)
+        why = _inputs_changed(args0, kwargs0, reader, rung, meta)
+        if why:
+            raise GoldenStale(
+                f"stale golden {mpath} for {spec.name!r}: {why}. The replay uses the stored inputs; if the "
+                f"test's inputs changed on purpose, regenerate: {spec.regen_command or 'pytest --rocm-parity --parity-regen=' + shell_quote(spec.name)}. "
+                f"If they differ only by backend RNG, build them on the CPU with a seeded torch.Generator.", mpath)
+        result = _replay_rung(model, spec, manifest, meta, reader, rung, device, {"args": args0, "kwargs": kwargs0})
+        result.reference_env = manifest.get("reference_env", {})
+        result.candidate_env = cand_env
+        result.golden = str(path)
+        results.append(result)
+        del reader
+    return results
+
+
+def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: dict[str, Any],
+                 reader: RungReader, rung: str, device: str, inputs_template: Any) -> CheckResult:
+    dtype = dt.to_torch(rung)
+    tol = spec.tolerance
+    selected = select(model, spec.layers, spec.drill)
+    layers = {e["key"]: e for e in meta["layers"]}
+    # The test's inputs are the template (structure and constants); every tensor leaf is the stored one.
+    tmpl = map_tensors(inputs_template, lambda p, _t: reader.get(f"input/{p}"))
+    args0, kwargs0 = tuple(tmpl["args"]), tmpl["kwargs"]
+    u = tol.unit_roundoff(rung)
+    prop: dict[str, list[LeafMetrics]] = {}
+    iso: dict[str, list[LeafMetrics]] = {}
+    pos_err: dict[str, tuple[Any, Any]] = {}
+    obtained: dict[str, Any] = {}
+
+    def compare(key: str, out: Any, truth_prefix: str, sink: dict[str, list[LeafMetrics]]) -> None:
+        e = layers.get(key)
+        if e is None:
+            return
+        t = tol.for_layer(e["name"])
+        got = tensor_leaves(out)
+        res = []
+        for p, gk in e["out"].items():
+            ref = reader.get(gk)
+            c = got.get(p)
+            if c is None:
+                res.append(LeafMetrics(leaf=p, numel=int(ref.numel()), ratio=float("inf"), ratio_lo=float("inf"),
+                                       note=f"shape: output leaf {p!r} missing on the candidate"))
+                continue
+            if spec.report_dir is not None:
+                obtained[f"{key}/{p}/{'isolated' if truth_prefix == 'truth' else 'propagated'}"] = c.detach().cpu()
+            if ref.is_floating_point() or ref.is_complex():
+                tname = f"{truth_prefix}/{key}/{p}"
+                if tname not in reader.keys and truth_prefix == "gtruth":
+                    continue  # propagated truth is kept for top-level modules only
+                truth = load_truth(reader, tname, ref)
+                res.append(float_metrics(p, c.detach(), ref, truth, u, t.confidence, t.nan))
+                if (spec.positions is not None and truth_prefix == "gtruth" and ref.dim() >= 2
+                        and tuple(ref.shape[:2]) == spec.positions and tuple(c.shape) == tuple(ref.shape)
+                        and not ref.is_complex() and key not in pos_err):
+                    pos_err[key] = _per_position(c.detach(), ref, truth)
+            else:
+                res.append(exact_metrics(p, c.detach(), ref))
+        sink[key] = res
+
+    m = prepare_model(model, device, dtype)
+    was_training = m.training
+    m.eval()
+    if meta.get("sketch"):
+        try:
+            with numerics(rung, tol.tf32):
+                return _replay_rung_sketch(m, spec, meta, reader, rung, args0, kwargs0, selected)
+        finally:
+            m.train(was_training)
+    try:
+        with numerics(rung, tol.tf32):
+            # propagated
+            with Hooks(m, selected, None, lambda k, s, o: compare(k, o, "gtruth", prop)):
+                out = _run(m, args0, kwargs0)
+            outs = _compare_outputs(out, meta, reader, u, tol)
+            if spec.extra_judge is not None:
+                pending = out
+            del out
+            # isolated, one nesting level at a time so no module's own computation is bypassed
+            for level in sorted({s.level for s in selected}):
+                def sub(key: str, sel: Selected, a: Any, kw: Any, level: int = level) -> Any:
+                    if sel.level != level or key not in layers:
+                        return None
+                    return _substitute(a, kw, layers[key]["in"], reader.get, None, KEEP_PLACEMENT)
+
+                def keep(key: str, sel: Selected, o: Any, level: int = level) -> None:
+                    if sel.level == level:
+                        compare(key, o, "truth", iso)
+
+                with Hooks(m, selected, sub, keep):
+                    _run(m, args0, kwargs0)
+    finally:
+        m.train(was_training)
+    result = CheckResult(test=spec.test, name=spec.name, dtype=rung, passed=True)
+    for key, rec in _records_in_order(meta, layers):
+        judge_layer(rec, iso.get(key, []), prop.get(key, []), tol, rung)
+        if key not in iso:
+            # A fused or bypassed sub-module (e.g. q/k/v fused into one GEMM) is judged through its
+            # parent; a missing top-level module changes the model's outputs, which are judged too.
+            rec.reason = "not called in the candidate (fused or bypassed): judged through its parent and the outputs"
+        result.layers.append(rec)
+    result.outputs = outs
+    finish(result, tol)
+    if spec.profile and isinstance(meta.get("extra", {}).get("profile"), dict):
+        from pytest_rocm_parity.profiling import compare_shares, profile_shares
+
+        m.eval()
+        try:
+            with numerics(rung, tol.tf32):
+                cand_prof = profile_shares(m, args0, kwargs0, home_device(m, device))
+        finally:
+            m.train(was_training)
+        result.extra["profile"] = {"flags": compare_shares(meta["extra"]["profile"], cand_prof),
+                                   "reference": meta["extra"]["profile"], "candidate": cand_prof}
+    if spec.report_dir is not None and not result.passed and obtained:
+        from pytest_rocm_parity.report import save_failing_tensors
+
+        save_failing_tensors(result, obtained, spec.report_dir)
+    obtained.clear()
+    if spec.extra_judge is not None:
+        result.extra["_pos_err"] = pos_err
+        m.eval()
+        try:
+            with numerics(rung, tol.tf32):
+                spec.extra_judge(rung, m, args0, kwargs0, pending, reader, meta, result)
+        finally:
+            m.train(was_training)
+            result.extra.pop("_pos_err", None)
+    return result
+
+
+def _per_position(c: Any, r: Any, t: Any) -> tuple[Any, Any]:
+    """RMSE over the feature dims at each (batch, position): where along the sequence a layer drifts."""
+    import torch
+
+    dims = tuple(range(2, c.dim()))
+    c64, r64, t64 = (x.to(torch.float64) for x in (c, r.to(c.device), t.to(c.device)))
+    if not dims:
+        return (c64 - t64).abs().cpu(), (r64 - t64).abs().cpu()
+    return ((c64 - t64).square().mean(dims).sqrt().cpu(), (r64 - t64).square().mean(dims).sqrt().cpu())
+
+
+def _compare_outputs(out: Any, meta: dict[str, Any], reader: RungReader, u: float, tol: Tolerance) -> list[LayerRecord]:
+    recs = []
+    got = tensor_leaves(out)
+    for p, gk in meta["outputs"]["out"].items():
+        ref = reader.get(gk)
+        c = got.get(p)
+        rec = LayerRecord(name=f"{OUTPUT}.{p}")
+        if c is None:
+            rec.passed = rec.prop_passed = False
+            rec.reason = f"output leaf {p!r} missing on the candidate"
+        else:
+            if ref.is_floating_point() or ref.is_complex():
+                mm = float_metrics(p, c.detach(), ref, load_truth(reader, f"gtruth/{OUTPUT}/{p}", ref), u, tol.confidence, tol.nan)
+            else:
+                mm = exact_metrics(p, c.detach(), ref)
+            judge_layer(rec, [], [mm], tol, _rung_of(reader))
+            rec.passed = rec.prop_passed
+        recs.append(rec)
+    return recs
+
+
+def _rung_of(reader: RungReader) -> str:
+    return str(reader.header.get("__metadata__", {}).get("dtype", "float32"))
+
