@@ -11,7 +11,7 @@ from pytest_rocm_parity import dtypes as dt
 from pytest_rocm_parity.assertion import raise_if_failed
 from pytest_rocm_parity.capture import capture
 from pytest_rocm_parity.engine import CheckSpec, default_dtypes, shell_quote
-from pytest_rocm_parity.replay import replay
+from pytest_rocm_parity.replay import replay as replay_golden
 from pytest_rocm_parity.errors import GoldenExists, GoldenMissing, InvalidArgument, ParityError, WriteForbidden
 from pytest_rocm_parity.records import CheckResult
 from pytest_rocm_parity.tolerance import coerce
@@ -47,7 +47,7 @@ class Parity:
 
     def _spec(self, model: Any, name: str | None, dtypes: Sequence[str] | str | None,
               layers: Sequence[str] | str | None, tolerance: Any, drill: int | None,
-              sketch: int | bool | None = None) -> CheckSpec:
+              sketch: int | bool | None = None, replay_kind: str | None = None) -> CheckSpec:
         dtypes = dtypes if dtypes is not None else self._defaults.get("dtypes")
         if dtypes is None:
             dtypes = self._session.options.dtypes or default_dtypes(model)
@@ -65,26 +65,29 @@ class Parity:
             profile=self._session.options.profile,
             sketch=_sketch_group(sketch if sketch is not None else self._defaults.get("sketch")),
             report_dir=self._session.options.report_dir,
+            replay=_replay_kind(replay_kind or self._defaults.get("replay") or self._session.options.replay),
             regen_command=(f"pytest --rocm-parity --parity-regen={shell_quote(nm)} "
                            f"{shell_quote(self._node.nodeid) if self._node else ''}").strip(),
         )
 
     def check(self, model: Any, inputs: Any, *, name: str | None = None,
               dtypes: Sequence[str] | str | None = None, layers: Sequence[str] | str | None = None,
-              tolerance: Any = None, drill: int | None = None, sketch: int | bool | None = None) -> list[CheckResult]:
+              tolerance: Any = None, drill: int | None = None, sketch: int | bool | None = None,
+              replay: str | None = None) -> list[CheckResult]:
         """Capture (reference run) or judge (candidate run) ``model`` on ``inputs``, per layer and dtype.
 
         ``sketch=True`` (or a group size) keeps per-layer sketches instead of full tensors: well under
         1% of the golden's size, for models whose activations are too large to keep; judged on the
-        propagated run only.
+        propagated run only. ``replay="fast"`` judges the isolated pass only (about one forward);
+        the default is --parity-replay, else "full".
         """
         __tracebackhide__ = True
         with _clean_errors():
             _require_module(model)
-            spec = self._spec(model, name, dtypes, layers, tolerance, drill, sketch)
+            spec = self._spec(model, name, dtypes, layers, tolerance, drill, sketch, replay)
         return self._run(spec, lambda: capture(model, inputs, spec, self._session.store, self.device,
                                                overwrite=self._session.store.exists(spec.name), env=self._session.env),
-                         lambda: replay(model, inputs, spec, self._session.store, self.device, env=self._session.env))
+                         lambda: replay_golden(model, inputs, spec, self._session.store, self.device, env=self._session.env))
 
     def check_lm(self, model: Any, input_ids: Any, **kwargs: Any) -> list[CheckResult]:
         """Per-layer parity plus perplexity, token agreement, KL and generation for a causal LM."""
@@ -163,6 +166,15 @@ def _fail(exc: BaseException) -> None:
 
 
 AUTO_DRILL_MAX_PARAMS = 1_000_000_000
+
+
+def _replay_kind(kind: Any) -> str:
+    from pytest_rocm_parity.options import REPLAY_KINDS
+
+    if kind not in REPLAY_KINDS:
+        raise InvalidArgument(f"replay={kind!r}: allowed {' or '.join(map(repr, REPLAY_KINDS))} (full: propagated "
+                              f"and isolated passes; fast: the isolated pass only)")
+    return str(kind)
 
 
 def _drill(model: Any, *choices: Any) -> int:

@@ -62,8 +62,8 @@ def float_metrics(leaf: str, cand: Any, ref: Any, truth: Any, unit_roundoff: flo
         c, r, t = (torch.view_as_real(x.to(torch.complex128)) if x.is_complex() else
                    torch.stack([x.to(torch.float64), torch.zeros_like(x, dtype=torch.float64)], -1)
                    for x in (c, r, t))
-    # Flattened in their own dtypes: float64 copies are made chunk by chunk below, which bounds
-    # the temporaries of a multi-GB layer (docs/benchmarks.md).
+    # Flattened in their own dtypes: the statistics work chunk by chunk (or tile by tile on a GPU),
+    # which bounds the temporaries of a multi-GB layer (docs/benchmarks.md).
     c, r, t = (x.reshape(-1) for x in (c, r, t))
 
     fin_r = torch.isfinite(r) & torch.isfinite(t)
@@ -95,71 +95,109 @@ def float_metrics(leaf: str, cand: Any, ref: Any, truth: Any, unit_roundoff: flo
     n = int(c.numel())
     if n == 0:
         return m
-    st = _chunked_sums(c, r, t)
-    rms_t = math.sqrt(st["tt"] / n)
+    if per == 2:
+        e = t - r.to(torch.float64)
+    else:
+        e = t.to(torch.float64) - r.to(torch.float64)
+    return _fill(m, host_stats(block_stats(c, r, e)), n, unit_roundoff, confidence)
+
+
+# ---------------------------------------------------------------------------------------------
+# the fused statistics: one pass, per jackknife block, on the tensors' device
+
+STAT_COLS = ("sc", "sr", "tt", "rr", "dd", "plus", "minus", "dmax")
+
+
+def block_layout(n: int) -> tuple[int, int]:
+    """(number of blocks, elements per block): contiguous blocks, the last one possibly short."""
+    blocks = max(1, min(JACKKNIFE_BLOCKS, n))
+    size = -(-n // blocks)
+    return -(-n // size), size
+
+
+def block_stats(c: Any, r: Any, e: Any) -> Any:
+    """Per-block sums (STAT_COLS) of candidate c, reference r and truth residual e, as (nb, 8) float64.
+
+    Asynchronous on a GPU: nothing here waits for the device, so a replay can queue the statistics of
+    every module behind the forward and read them all with one synchronisation (host_stats).
+    Arithmetic is float32 for inputs of 32 bits or fewer (differences of close floats are exact there)
+    and float64 when any input is float64.
+    """
+    from pytest_rocm_parity import kernels
+
+    c, r, e = (x.reshape(-1) for x in (c, r, e))
+    n = int(c.numel())
+    nb, size = block_layout(n)
+    if c.is_cuda and kernels.triton_usable():
+        c, r, e = (x.contiguous() for x in (c, r, e))
+        return kernels.block_stats_triton(c, r, e, nb, size)
+    return kernels.block_stats_torch(c, r, e, nb, size)
+
+
+def host_stats(stats: Any) -> Any:
+    """The (nb, 8) statistics as a float64 numpy array (this is where a GPU replay synchronises)."""
+    return stats.detach().to("cpu").numpy()
+
+
+def stats_finite(st: Any) -> bool:
+    """False when a sum overflowed or met a NaN/Inf: the caller then takes the masked float64 path."""
+    import numpy as np
+
+    return bool(np.isfinite(st[:, :5]).all())
+
+
+def residual_metrics(leaf: str, cand: Any, ref: Any, res: Any, unit_roundoff: float,
+                     confidence: float = 3.0, nan_policy: str = "equal", stats: Any = None) -> LeafMetrics:
+    """Metrics from the stored residual (truth - reference) without building the float64 truth.
+
+    ``stats``: the host result of block_stats(cand, ref, res), when the caller queued it already.
+    Shape mismatches, complex values and non-finite entries go through float_metrics, which masks.
+    """
+    same_shape = tuple(cand.shape) == tuple(ref.shape) == tuple(res.shape)
+    if (not same_shape or ref.numel() == 0 or cand.is_complex() or ref.is_complex() or res.is_complex()):
+        return float_metrics(leaf, cand, ref, _truth(ref, res), unit_roundoff, confidence, nan_policy)
+    if stats is None:
+        stats = host_stats(block_stats(cand.to(ref.device), ref, res.to(ref.device)))
+    if not stats_finite(stats):
+        return float_metrics(leaf, cand, ref, _truth(ref, res), unit_roundoff, confidence, nan_policy)
+    m = LeafMetrics(leaf=leaf, numel=int(ref.numel()))
+    return _fill(m, stats, int(ref.numel()), unit_roundoff, confidence)
+
+
+def _truth(ref: Any, res: Any) -> Any:
+    import torch
+
+    if ref.is_complex() or res.is_complex():
+        return ref.to(torch.complex128) + res.to(ref.device, torch.complex128)
+    return ref.to(torch.float64) + res.to(ref.device, torch.float64)
+
+
+def _fill(m: LeafMetrics, st: Any, n: int, unit_roundoff: float, confidence: float) -> LeafMetrics:
+    """Ratio, its jackknife lower bound, the sign test and the distances, from per-block sums."""
+    import numpy as np
+
+    tot = st[:, :7].sum(0)
+    sc, sr, tt, rr, dd, plus, minus = (float(x) for x in tot)
+    dmax = float(st[:, 7].max()) if len(st) else 0.0
+    rms_t = math.sqrt(tt / n)
     floor = unit_roundoff * FLOOR_ULPS * rms_t
     m.rms_truth = rms_t
-    m.err_cand = math.sqrt(st["sc"] / n)
-    m.err_ref = math.sqrt(st["sr"] / n)
+    m.err_cand = math.sqrt(sc / n)
+    m.err_ref = math.sqrt(sr / n)
     denom = max(m.err_ref, floor)
     if denom == 0.0:
         m.ratio = m.ratio_lo = 0.0 if m.err_cand == 0.0 else math.inf
     else:
         m.ratio = m.err_cand / denom
-        m.ratio_lo = _jackknife_from_blocks(st["bc"], st["br"], st["counts"], floor, confidence)
-    rms_r = math.sqrt(st["rr"] / n)
-    m.rel_to_ref = math.sqrt(st["dd"] / n) / rms_r if rms_r > 0 else st["dmax"]
-    m.max_abs_to_ref = st["dmax"]
-    plus, minus = st["plus"], st["minus"]
+        nb, size = len(st), -(-n // len(st))
+        counts = np.full(nb, float(size))
+        counts[-1] = n - size * (nb - 1)
+        m.ratio_lo = _jackknife_from_blocks(st[:, 0], st[:, 1], counts, floor, confidence)
+    rms_r = math.sqrt(rr / n)
+    m.rel_to_ref = math.sqrt(dd / n) / rms_r if rms_r > 0 else dmax
+    m.max_abs_to_ref = dmax
     m.z = (plus - minus) / math.sqrt(plus + minus) if plus + minus else 0.0
     return m
-
-
-CHUNK = 1 << 20
-
-
-def _chunked_sums(c: Any, r: Any, t: Any) -> dict[str, Any]:
-    """All sums the judgement needs, in float64, over chunks aligned to the jackknife blocks.
-
-    One pass, accumulated on the tensors' device (no host sync per chunk), with float64
-    temporaries bounded by CHUNK elements whatever the layer's size.
-    """
-    import torch
-
-    n = int(c.numel())
-    blocks = min(JACKKNIFE_BLOCKS, n)
-    size = -(-n // blocks)
-    nb = -(-n // size)
-    per_chunk = max(1, CHUNK // size)
-    dev = c.device
-    acc = torch.zeros(5, dtype=torch.float64, device=dev)        # tt, rr, dd, plus, minus
-    dmax = torch.zeros((), dtype=torch.float64, device=dev)
-    bcs, brs = [], []
-    for b0 in range(0, nb, per_chunk):
-        s, e = b0 * size, min(n, (b0 + per_chunk) * size)
-        cc, rr, tt = (x[s:e].to(torch.float64) for x in (c, r, t))
-        ec = cc - tt
-        er = rr - tt
-        sc = ec * ec
-        sr = er * er
-        k = -(-(e - s) // size)
-        pad = k * size - (e - s)
-        if pad:
-            sc = torch.nn.functional.pad(sc, (0, pad))
-            sr = torch.nn.functional.pad(sr, (0, pad))
-        bcs.append(sc.view(k, size).sum(1))
-        brs.append(sr.view(k, size).sum(1))
-        d = cc - rr
-        ac, ar = ec.abs(), er.abs()
-        acc += torch.stack([(tt * tt).sum(), (rr * rr).sum(), (d * d).sum(),
-                            (ac > ar).sum().to(torch.float64), (ac < ar).sum().to(torch.float64)])
-        dmax = torch.maximum(dmax, d.abs().max())
-    bc, br = torch.cat(bcs), torch.cat(brs)
-    starts = torch.arange(nb, dtype=torch.float64, device=dev) * size
-    counts = torch.clamp(torch.clamp(starts + size, max=float(n)) - starts, min=0.0)
-    tot = acc.tolist()
-    return {"tt": tot[0], "rr": tot[1], "dd": tot[2], "plus": int(tot[3]), "minus": int(tot[4]),
-            "dmax": float(dmax), "sc": float(bc.sum()), "sr": float(br.sum()), "bc": bc, "br": br, "counts": counts}
 
 
 def _jackknife_from_blocks(bc: Any, br: Any, counts: Any, floor: float, confidence: float) -> float:
@@ -168,23 +206,23 @@ def _jackknife_from_blocks(bc: Any, br: Any, counts: Any, floor: float, confiden
     Contiguous blocks keep spatially correlated errors together, so the interval
     does not pretend a row of identical errors is many independent samples.
     """
-    import torch
+    import numpy as np
 
-    tc, tr, tn = bc.sum(), br.sum(), counts.sum()
+    tc, tr, tn = float(bc.sum()), float(br.sum()), float(counts.sum())
     f2 = floor * floor
-    if float(tc) == 0.0:
+    if tc == 0.0:
         return 0.0
-    den = torch.clamp(tr, min=f2 * tn)
-    theta = 0.5 * (torch.log(tc) - torch.log(den))
-    k = int(bc.numel())
+    den = max(tr, f2 * tn)
+    theta = 0.5 * (math.log(tc) - math.log(den))
+    k = int(bc.size)
     if k < 2:
-        return float(theta.exp())
-    loo_num = torch.clamp(tc - bc, min=1e-300)
-    loo_den = torch.maximum(torch.clamp(tr - br, min=1e-300), f2 * (tn - counts))
-    loo_den = torch.clamp(loo_den, min=1e-300)
-    thetas = 0.5 * (torch.log(loo_num) - torch.log(loo_den))
-    var = (k - 1) / k * (thetas - thetas.mean()).square().sum()
-    return float(torch.exp(theta - confidence * var.sqrt()))
+        return math.exp(theta)
+    loo_num = np.maximum(tc - bc, 1e-300)
+    loo_den = np.maximum(np.maximum(tr - br, 1e-300), f2 * (tn - counts))
+    loo_den = np.maximum(loo_den, 1e-300)
+    thetas = 0.5 * (np.log(loo_num) - np.log(loo_den))
+    var = (k - 1) / k * float(np.square(thetas - thetas.mean()).sum())
+    return math.exp(theta - confidence * math.sqrt(var))
 
 
 def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:

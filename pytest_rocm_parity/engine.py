@@ -42,6 +42,7 @@ class CheckSpec:
     manifest_extra: dict[str, Any] = field(default_factory=dict)
     profile: bool = False            # profiler parity (--parity-profile)
     sketch: int = 0                  # >0: sketch golden with this group size (pytest_rocm_parity/sketch.py)
+    replay: str = "full"             # "full": propagated + isolated passes; "fast": isolated only (--parity-replay)
     report_dir: Any = None           # where obtained tensors of failing layers are saved
 
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from pytest_rocm_parity import dtypes as dt
-from pytest_rocm_parity.compare import exact_metrics, float_metrics
+from pytest_rocm_parity.compare import block_stats, exact_metrics, float_metrics, residual_metrics
 from pytest_rocm_parity.engine import (
     KEEP_PLACEMENT,
     OUTPUT,
@@ -194,14 +194,19 @@ def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device:
         meta = manifest["rungs"][rung]
         path = store.rung_file(spec.name, manifest, rung)
         sha = meta.get("sha256") if int(meta.get("bytes", 0)) <= VERIFY_HASH_MAX_BYTES else None
-        reader = RungReader(path, str(home_device(model, device)), sha)
-        why = _inputs_changed(args0, kwargs0, reader, rung, meta)
-        if why:
-            raise GoldenStale(
-                f"stale golden {mpath} for {spec.name!r}: {why}. The replay uses the stored inputs; if the "
-                f"test's inputs changed on purpose, regenerate: {spec.regen_command or 'pytest --rocm-parity --parity-regen=' + shell_quote(spec.name)}. "
-                f"If they differ only by backend RNG, build them on the CPU with a seeded torch.Generator.", mpath)
-        result = _replay_rung(model, spec, manifest, meta, reader, rung, device, {"args": args0, "kwargs": kwargs0})
+        reader = RungReader(path, str(home_device(model, device)), sha, background_verify=True)
+        try:
+            why = _inputs_changed(args0, kwargs0, reader, rung, meta)
+            if why:
+                raise GoldenStale(
+                    f"stale golden {mpath} for {spec.name!r}: {why}. The replay uses the stored inputs; if the "
+                    f"test's inputs changed on purpose, regenerate: {spec.regen_command or 'pytest --rocm-parity --parity-regen=' + shell_quote(spec.name)}. "
+                    f"If they differ only by backend RNG, build them on the CPU with a seeded torch.Generator.", mpath)
+            result = _replay_rung(model, spec, manifest, meta, reader, rung, device, {"args": args0, "kwargs": kwargs0})
+        except Exception:
+            reader.verification.result()   # a damaged file is named before the error it caused
+            raise
+        reader.verification.result()
         result.reference_env = manifest.get("reference_env", {})
         result.candidate_env = cand_env
         result.golden = str(path)
@@ -224,6 +229,7 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
     iso: dict[str, list[LeafMetrics]] = {}
     pos_err: dict[str, tuple[Any, Any]] = {}
     obtained: dict[str, Any] = {}
+    queue = _StatsQueue(rung, u, obtained if spec.report_dir is not None else None)
 
     def compare(key: str, out: Any, truth_prefix: str, sink: dict[str, list[LeafMetrics]]) -> None:
         e = layers.get(key)
@@ -231,7 +237,8 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
             return
         t = tol.for_layer(e["name"])
         got = tensor_leaves(out)
-        res = []
+        res: list[Any] = []
+        isolated = truth_prefix == "truth"
         for p, gk in e["out"].items():
             ref = reader.get(gk)
             c = got.get(p)
@@ -239,20 +246,21 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                 res.append(LeafMetrics(leaf=p, numel=int(ref.numel()), ratio=float("inf"), ratio_lo=float("inf"),
                                        note=f"shape: output leaf {p!r} missing on the candidate"))
                 continue
-            if spec.report_dir is not None:
-                obtained[f"{key}/{p}/{'isolated' if truth_prefix == 'truth' else 'propagated'}"] = c.detach().cpu()
+            c = c.detach()
+            tag = f"{key}/{p}/{'isolated' if isolated else 'propagated'}"
             if ref.is_floating_point() or ref.is_complex():
                 tname = f"{truth_prefix}/{key}/{p}"
                 if tname not in reader.keys and truth_prefix == "gtruth":
                     continue  # propagated truth is kept for top-level modules only
-                truth = load_truth(reader, tname, ref)
-                res.append(float_metrics(p, c.detach(), ref, truth, u, t.confidence, t.nan))
+                residual = reader.get(tname)
+                queue.add(res, p, c, ref, residual, t, isolated, tag)
                 if (spec.positions is not None and truth_prefix == "gtruth" and ref.dim() >= 2
                         and tuple(ref.shape[:2]) == spec.positions and tuple(c.shape) == tuple(ref.shape)
                         and not ref.is_complex() and key not in pos_err):
-                    pos_err[key] = _per_position(c.detach(), ref, truth)
+                    pos_err[key] = _per_position(c, ref, load_truth(reader, tname, ref))
             else:
-                res.append(exact_metrics(p, c.detach(), ref))
+                res.append(exact_metrics(p, c, ref))
+                queue.keep_if_failing(res[-1], c, t, isolated, tag)
         sink[key] = res
 
     m = prepare_model(model, device, dtype)
@@ -264,15 +272,19 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                 return _replay_rung_sketch(m, spec, meta, reader, rung, args0, kwargs0, selected)
         finally:
             m.train(was_training)
+    fast = spec.replay == "fast" and spec.extra_judge is None
+    outs: list[LayerRecord] = []
+    _preload(reader, meta, fast, device)
     try:
         with numerics(rung, tol.tf32):
-            # propagated
-            with Hooks(m, selected, None, lambda k, s, o: compare(k, o, "gtruth", prop)):
-                out = _run(m, args0, kwargs0)
-            outs = _compare_outputs(out, meta, reader, u, tol)
-            if spec.extra_judge is not None:
-                pending = out
-            del out
+            if not fast:   # propagated
+                with Hooks(m, selected, None, lambda k, s, o: compare(k, o, "gtruth", prop)):
+                    out = _run(m, args0, kwargs0)
+                queue.flush()
+                outs = _compare_outputs(out, meta, reader, u, tol)
+                if spec.extra_judge is not None:
+                    pending = out
+                del out
             # isolated, one nesting level at a time so no module's own computation is bypassed
             for level in sorted({s.level for s in selected}):
                 def sub(key: str, sel: Selected, a: Any, kw: Any, level: int = level) -> Any:
@@ -286,8 +298,10 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
 
                 with Hooks(m, selected, sub, keep):
                     _run(m, args0, kwargs0)
+                queue.flush()
     finally:
         m.train(was_training)
+        reader.release()
     result = CheckResult(test=spec.test, name=spec.name, dtype=rung, passed=True)
     for key, rec in _records_in_order(meta, layers):
         judge_layer(rec, iso.get(key, []), prop.get(key, []), tol, rung)
@@ -297,6 +311,9 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
             rec.reason = "not called in the candidate (fused or bypassed): judged through its parent and the outputs"
         result.layers.append(rec)
     result.outputs = outs
+    if fast:
+        result.notes.append("fast replay (--parity-replay=fast): one isolated pass per nesting level; "
+                            "propagated drift and the model outputs were not judged")
     finish(result, tol)
     if spec.profile and isinstance(meta.get("extra", {}).get("profile"), dict):
         from pytest_rocm_parity.profiling import compare_shares, profile_shares
@@ -326,6 +343,76 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
     return result
 
 
+class _StatsQueue:
+    """Statistics queued on the device behind the forward, read back with one synchronisation.
+
+    A hook only launches the fused statistics kernel (compare.block_stats); flush() reads every
+    queued result at once and fills the LeafMetrics in place. The candidate tensors stay referenced
+    until then (for the masked path of non-finite values and for the failing-tensor export), up to
+    HOLD_BYTES, past which the queue flushes early. On the CPU there is nothing to overlap: each
+    leaf is finished at once.
+    """
+
+    HOLD_BYTES = 2 << 30
+
+    def __init__(self, rung: str, u: float, obtained: dict[str, Any] | None) -> None:
+        self.rung, self.u, self.obtained = rung, u, obtained
+        self.items: list[tuple[list[Any], int, str, Any, Any, Any, Any, Any, bool, str]] = []
+        self.held = 0
+
+    def add(self, sink: list[Any], leaf: str, c: Any, ref: Any, res: Any, tol: Tolerance, isolated: bool,
+            tag: str) -> None:
+        quick = (tuple(c.shape) == tuple(ref.shape) == tuple(res.shape) and ref.numel() > 0
+                 and not (c.is_complex() or ref.is_complex() or res.is_complex()))
+        if not quick or not c.is_cuda:
+            sink.append(residual_metrics(leaf, c, ref, res, self.u, tol.confidence, tol.nan))
+            self.keep_if_failing(sink[-1], c, tol, isolated, tag)
+            return
+        sink.append(None)
+        stats = block_stats(c.to(ref.device), ref, res)
+        self.items.append((sink, len(sink) - 1, leaf, c, ref, res, stats, tol, isolated, tag))
+        self.held += c.numel() * c.element_size()
+        if self.held > self.HOLD_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.items:
+            return
+        import torch
+
+        host = torch.cat([it[6] for it in self.items]).to("cpu").numpy()
+        row = 0
+        for sink, i, leaf, c, ref, res, stats, tol, isolated, tag in self.items:
+            part = host[row:row + stats.shape[0]]
+            row += stats.shape[0]
+            sink[i] = residual_metrics(leaf, c, ref, res, self.u, tol.confidence, tol.nan, stats=part)
+            self.keep_if_failing(sink[i], c, tol, isolated, tag)
+        self.items.clear()
+        self.held = 0
+
+    def keep_if_failing(self, m: LeafMetrics, c: Any, tol: Tolerance, isolated: bool, tag: str) -> None:
+        """Keep a host copy of a leaf that fails, for the failing-tensor export (--parity-report)."""
+        from pytest_rocm_parity.judge import leaf_failure
+
+        if self.obtained is not None and leaf_failure(m, tol, self.rung, isolated):
+            self.obtained[tag] = c.detach().to("cpu")
+
+
+PRELOAD_FRACTION = 0.5
+
+
+def _preload(reader: RungReader, meta: dict[str, Any], fast: bool, device: str) -> None:
+    """Goldens the passes will read, loaded onto the device before the forward (see RungReader.preload)."""
+    import torch
+
+    keys = [k for k in reader.keys if not k.startswith("input/") and not (fast and k.startswith("gtruth/"))]
+    dev = torch.device(reader.device)
+    if dev.type != "cuda":
+        return    # a CPU reader maps the file: nothing to move
+    free, _ = torch.cuda.mem_get_info(dev)
+    reader.preload(sorted(keys), int(free * PRELOAD_FRACTION))
+
+
 def _per_position(c: Any, r: Any, t: Any) -> tuple[Any, Any]:
     """RMSE over the feature dims at each (batch, position): where along the sequence a layer drifts."""
     import torch
@@ -349,7 +436,7 @@ def _compare_outputs(out: Any, meta: dict[str, Any], reader: RungReader, u: floa
             rec.reason = f"output leaf {p!r} missing on the candidate"
         else:
             if ref.is_floating_point() or ref.is_complex():
-                mm = float_metrics(p, c.detach(), ref, load_truth(reader, f"gtruth/{OUTPUT}/{p}", ref), u, tol.confidence, tol.nan)
+                mm = residual_metrics(p, c.detach(), ref, reader.get(f"gtruth/{OUTPUT}/{p}"), u, tol.confidence, tol.nan)
             else:
                 mm = exact_metrics(p, c.detach(), ref)
             judge_layer(rec, [], [mm], tol, _rung_of(reader))

@@ -1,0 +1,84 @@
+"""One fused pass over (candidate, reference, truth residual) for every statistic the judgement needs.
+
+Why a kernel: the replay compares every selected module's output while the model runs. Done with
+separate torch ops that is about fifteen kernels and fifteen round trips through device memory per
+module, which costs more than the module itself on a fast GPU; one Triton program per tile reads
+each input once. Partial sums go to a per-tile buffer and are added in a fixed order afterwards, so
+the result is deterministic (no atomics). Triton runs on CUDA and on ROCm builds of PyTorch alike;
+without a GPU (or without Triton) the same arithmetic runs as chunked torch ops.
+
+Columns of the per-block result (float64): see compare.STAT_COLS.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+TILE = 2048
+NCOLS = 8
+
+
+@functools.lru_cache(maxsize=1)
+def triton_kernel() -> Any:
+    """The jitted kernel; with TRITON_INTERPRET=1 set before Triton is imported, Triton's CPU
+    interpreter runs it instead, which is how CI tests it (tests/unit/test_stats_kernel.py)."""
+    import triton
+
+    from pytest_rocm_parity import triton_stats
+
+    return triton.jit(triton_stats.stats_kernel)
+
+
+@functools.lru_cache(maxsize=1)
+def triton_usable() -> bool:
+    """Triton importable and a GPU it can compile for (CUDA or ROCm)."""
+    try:
+        import torch
+        import triton  # noqa: F401
+    except Exception:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def block_stats_triton(c: Any, r: Any, e: Any, nb: int, size: int) -> Any:
+    """Per-block statistics of flat contiguous c, r, e (any float dtypes) as an (nb, 8) float64 tensor."""
+    import torch
+
+    f64 = torch.float64 in (c.dtype, r.dtype, e.dtype)
+    tiles = -(-size // TILE)
+    part = torch.empty((nb, tiles, NCOLS), dtype=torch.float64, device=c.device)
+    triton_kernel()[(nb, tiles)](c, r, e, part, c.numel(), size, tiles, F64=f64, BLOCK=TILE)
+    if tiles == 1:
+        return part[:, 0, :]
+    out = part[:, :, :7].sum(1)
+    return torch.cat([out, part[:, :, 7].amax(1, keepdim=True)], 1)
+
+
+def block_stats_torch(c: Any, r: Any, e: Any, nb: int, size: int, chunk: int = 1 << 18) -> Any:
+    """The same statistics with torch ops, chunk by chunk (temporaries bounded by ``chunk`` elements)."""
+    import torch
+
+    n = int(c.numel())
+    cdt = torch.float64 if torch.float64 in (c.dtype, r.dtype, e.dtype) else torch.float32
+    out = torch.empty((nb, NCOLS), dtype=torch.float64, device=c.device)
+    full = n // size if size else 0          # complete blocks; the last one may be short
+    per = max(1, chunk // max(size, 1))
+    spans = [(b0, min(full, b0 + per)) for b0 in range(0, full, per)]
+    if full < nb:
+        spans.append((full, nb))
+    for b0, b1 in spans:
+        s, t_end = b0 * size, min(n, b1 * size)
+        k = b1 - b0
+        cc, rr, ee = (x[s:t_end].to(cdt) for x in (c, r, e))
+        if t_end - s != k * size:     # the short last block
+            cc, rr, ee = (x.view(1, -1) for x in (cc, rr, ee))
+        else:
+            cc, rr, ee = (x.view(k, size) for x in (cc, rr, ee))
+        d = cc - rr
+        ec = d - ee
+        t = rr + ee
+        cols = [(ec * ec).sum(1), (ee * ee).sum(1), (t * t).sum(1), (rr * rr).sum(1), (d * d).sum(1)]
+        ac, ar = ec.abs_(), ee.abs()
+        cols += [(ac > ar).sum(1), (ac < ar).sum(1), d.abs_().amax(1)]
+        out[b0:b1] = torch.stack([x.to(torch.float64) for x in cols], 1)
+    return out

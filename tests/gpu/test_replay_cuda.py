@@ -1,0 +1,71 @@
+"""On a real GPU: the Triton statistics and the queued replay agree with the CPU's arithmetic.
+
+Skipped without CUDA/ROCm; run on the H200 (scripts/gpu_session3.sh), results in docs/benchmarks.md.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pytest_rocm_parity import kernels
+from pytest_rocm_parity.capture import capture
+from pytest_rocm_parity.compare import block_layout, residual_metrics
+from pytest_rocm_parity.engine import CheckSpec
+from pytest_rocm_parity.golden import GoldenStore
+from pytest_rocm_parity.replay import replay
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_triton_stats_match_cpu(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(0)
+    n = 4 * 512 * 2048 + 17
+    t = torch.randn(n, dtype=torch.float64, generator=g)
+    r = t.to(dtype)
+    c = (t * (1 + 1e-3 * torch.randn(n, dtype=torch.float64, generator=g))).to(dtype)
+    e = (t - r.double()).to(torch.bfloat16 if dtype in (torch.bfloat16, torch.float16) else dtype)
+    nb, size = block_layout(n)
+    cpu = kernels.block_stats_torch(c, r, e, nb, size)
+    gpu = kernels.block_stats_triton(c.cuda(), r.cuda(), e.cuda(), nb, size).cpu()
+    torch.testing.assert_close(gpu, cpu, rtol=1e-5, atol=1e-30)
+    a = residual_metrics("x", c, r, e, 2.0**-8)
+    b = residual_metrics("x", c.cuda(), r.cuda(), e.cuda(), 2.0**-8)
+    assert b.ratio == pytest.approx(a.ratio, rel=1e-5) and b.z == pytest.approx(a.z, abs=1e-6)
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU())
+                                          for _ in range(4))
+        self.head = torch.nn.Linear(256, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = x + b(x)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("kind", ["full", "fast"])
+def test_queued_gpu_replay_equals_cpu_metrics(tmp_path, kind: str) -> None:
+    torch.manual_seed(0)
+    model = Net()
+    x = torch.randn(8, 64, 256, generator=torch.Generator().manual_seed(1))
+    spec = CheckSpec(name="net", dtypes=["bfloat16", "float32"], drill=1, replay=kind)
+    store = GoldenStore(tmp_path)
+    capture(model, x, spec, store, "cuda")
+    on_gpu = replay(model, x, spec, store, "cuda")
+    kernels.triton_usable.cache_clear()
+    try:
+        kernels_off = pytest.MonkeyPatch()
+        kernels_off.setattr(kernels, "triton_usable", lambda: False)
+        torch_path = replay(model, x, spec, store, "cuda")
+    finally:
+        kernels_off.undo()
+    for a, b in zip(on_gpu, torch_path):
+        assert a.passed and b.passed
+        for la, lb in zip(a.layers, b.layers):
+            assert la.name == lb.name
+            assert la.iso.ratio == pytest.approx(lb.iso.ratio, rel=1e-4)

@@ -1,0 +1,126 @@
+"""The fused statistics (compare.block_stats): Triton kernel, torch fallback and the metrics built on them."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from pytest_rocm_parity import compare, kernels
+from pytest_rocm_parity.compare import block_layout, block_stats, float_metrics, residual_metrics
+
+RES_DTYPE = {torch.bfloat16: torch.bfloat16, torch.float16: torch.bfloat16, torch.float32: torch.float32,
+             torch.float64: torch.float64}
+
+
+def _case(dtype: torch.dtype, n: int, seed: int = 0, rel: float = 1e-3) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    truth = torch.randn(n, dtype=torch.float64, generator=g)
+    ref = truth.to(dtype)
+    cand = (truth * (1 + rel * torch.randn(n, dtype=torch.float64, generator=g))).to(dtype)
+    res = (truth - ref.double()).to(RES_DTYPE[dtype])
+    return cand, ref, res, truth
+
+
+def _naive(c: torch.Tensor, r: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """The definition, element by element in float64: what both implementations must compute."""
+    nb, size = block_layout(c.numel())
+    rows = []
+    for b in range(nb):
+        cc, rr, ee = (x[b * size:(b + 1) * size].double() for x in (c, r, e))
+        d = cc - rr
+        ec = d - ee
+        rows.append([float((ec * ec).sum()), float((ee * ee).sum()), float(((rr + ee) ** 2).sum()),
+                     float((rr * rr).sum()), float((d * d).sum()), float((ec.abs() > ee.abs()).sum()),
+                     float((ec.abs() < ee.abs()).sum()), float(d.abs().max())])
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [1, 3, 63, 64, 65, 4097, 70001])
+def test_torch_fallback_matches_the_definition(dtype: torch.dtype, n: int) -> None:
+    c, r, e, _ = _case(dtype, n)
+    got = kernels.block_stats_torch(c, r, e, *block_layout(n), chunk=1000)   # small chunks: many spans
+    want = _naive(c, r, e)
+    assert got.shape == (block_layout(n)[0], len(compare.STAT_COLS))
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-30)
+
+
+KERNEL_SCRIPT = textwrap.dedent('''
+    import json, sys, torch
+    from pytest_rocm_parity import kernels
+    from pytest_rocm_parity.compare import block_layout
+    out = []
+    for dtype, rdt, n in [(torch.bfloat16, torch.bfloat16, 70001), (torch.float16, torch.bfloat16, 65),
+                          (torch.float32, torch.float32, 4097), (torch.float64, torch.float64, 3),
+                          (torch.bfloat16, torch.bfloat16, 1)]:
+        g = torch.Generator().manual_seed(n)
+        t = torch.randn(n, dtype=torch.float64, generator=g)
+        r = t.to(dtype); c = (t * (1 + 1e-3 * torch.randn(n, dtype=torch.float64, generator=g))).to(dtype)
+        e = (t - r.double()).to(rdt)
+        nb, size = block_layout(n)
+        a = kernels.block_stats_triton(c, r, e, nb, size)
+        b = kernels.block_stats_torch(c, r, e, nb, size)
+        out.append([str(dtype), n, float(((a - b).abs() / b.abs().clamp(min=1e-300)).max()), list(a.shape)])
+    print(json.dumps(out))
+''')
+
+
+def test_triton_kernel_in_the_interpreter_matches_the_fallback() -> None:
+    """Real Triton, run by its CPU interpreter (TRITON_INTERPRET=1 must be set before Triton loads)."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    p = subprocess.run([sys.executable, "-c", KERNEL_SCRIPT], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = json.loads(p.stdout.strip().splitlines()[-1])
+    assert len(rows) == 5
+    for dtype, n, rel, shape in rows:
+        assert shape == [block_layout(n)[0], 8]
+        assert rel < 1e-5, (dtype, n, rel)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_residual_metrics_equal_truth_metrics(dtype: torch.dtype) -> None:
+    c, r, e, _ = _case(dtype, 30011, seed=3)
+    truth = r.double() + e.double()      # the truth the residual encodes exactly
+    u = 2.0**-8
+    a = float_metrics("x", c, r, truth, u)
+    b = residual_metrics("x", c, r, e, u)
+    for f in ("ratio", "ratio_lo", "err_cand", "err_ref", "rms_truth", "rel_to_ref", "max_abs_to_ref"):
+        assert math.isclose(getattr(a, f), getattr(b, f), rel_tol=1e-5), f
+    assert a.z == pytest.approx(b.z, abs=1e-9)
+
+
+def test_residual_metrics_detect_a_bias_and_pass_a_correct_candidate() -> None:
+    c, r, e, truth = _case(torch.bfloat16, 65536, seed=1, rel=0.0)
+    ok = residual_metrics("x", (truth + 1e-6 * truth).to(torch.bfloat16), r, e, 2.0**-8)
+    bad = residual_metrics("x", (truth * 1.02).to(torch.bfloat16), r, e, 2.0**-8)
+    assert ok.ratio < 1.5 and bad.ratio_lo > 5 and bad.z > 10
+
+
+def test_non_finite_values_take_the_masked_path() -> None:
+    c, r, e, _ = _case(torch.float32, 1000)
+    c[17] = float("nan")
+    m = residual_metrics("x", c, r, e, 2.0**-24)
+    assert m.nonfinite == 1 and m.first_nonfinite == [17] and "non-finite" in m.note
+
+
+def test_stats_are_precomputable_and_reused() -> None:
+    """The replay queues block_stats on the device and passes the host copy back in."""
+    c, r, e, _ = _case(torch.float32, 5000)
+    host = compare.host_stats(block_stats(c, r, e))
+    a = residual_metrics("x", c, r, e, 2.0**-24, stats=host)
+    host[:, 0] *= 4            # a tampered sum changes the verdict: the passed stats are what is used
+    b = residual_metrics("x", c, r, e, 2.0**-24, stats=host)
+    assert b.ratio == pytest.approx(2 * a.ratio, rel=1e-9)
+
+
+def test_shape_mismatch_is_reported_not_raised() -> None:
+    c, r, e, _ = _case(torch.float32, 100)
+    m = residual_metrics("x", c[:50], r, e, 2.0**-24)
+    assert m.note.startswith("shape") and m.ratio == math.inf
