@@ -193,11 +193,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", default="")
     ap.add_argument("--ladders", default=",".join(C.LADDERS))
     ap.add_argument("--sketch", type=int, default=0, help="judge against sketch goldens with this group size")
+    ap.add_argument("--replay", default="full", choices=["full", "fast"], help="fast: judge the isolated pass only")
     a = ap.parse_args(argv)
     C.SKETCH = a.sketch
+    C.REPLAY = a.replay
     res = run([c for c in a.cases.split(",") if c], [l for l in a.ladders.split(",") if l])
     res["sketch"] = a.sketch
-    md = (f"Sketch goldens, groups of {a.sketch} (propagated judgement only).\n\n" if a.sketch else "") + markdown(res)
+    res["replay"] = a.replay
+    md = (f"Sketch goldens, groups of {a.sketch} (propagated judgement only).\n\n" if a.sketch else "") + \
+        ("Fast replay (isolated pass only).\n\n" if a.replay == "fast" else "") + markdown(res)
     print(md)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -65,7 +65,7 @@ class Parity:
             profile=self._session.options.profile,
             sketch=_sketch_group(sketch if sketch is not None else self._defaults.get("sketch")),
             report_dir=self._session.options.report_dir,
-            replay=_replay_kind(replay_kind or self._defaults.get("replay") or self._session.options.replay),
+            replay=_replay_kind(model, replay_kind or self._defaults.get("replay") or self._session.options.replay),
             regen_command=(f"pytest --rocm-parity --parity-regen={shell_quote(nm)} "
                            f"{shell_quote(self._node.nodeid) if self._node else ''}").strip(),
         )
@@ -79,7 +79,7 @@ class Parity:
         ``sketch=True`` (or a group size) keeps per-layer sketches instead of full tensors: well under
         1% of the golden's size, for models whose activations are too large to keep; judged on the
         propagated run only. ``replay="fast"`` judges the isolated pass only (about one forward);
-        the default is --parity-replay, else "full".
+        the default is --parity-replay, else "auto" (fast above 1B parameters).
         """
         __tracebackhide__ = True
         with _clean_errors():
@@ -168,12 +168,19 @@ def _fail(exc: BaseException) -> None:
 AUTO_DRILL_MAX_PARAMS = 1_000_000_000
 
 
-def _replay_kind(kind: Any) -> str:
+def _replay_kind(model: Any, kind: Any) -> str:
+    """full or fast; auto is fast above 1B parameters (the size where drill turns 0 too), else full.
+
+    Why fast for large models: it costs about one forward, and on the fault catalogue it catches
+    what the full replay catches (docs/judging.md); full adds the propagated drift and the outputs.
+    """
     from pytest_rocm_parity.options import REPLAY_KINDS
 
     if kind not in REPLAY_KINDS:
         raise InvalidArgument(f"replay={kind!r}: allowed {' or '.join(map(repr, REPLAY_KINDS))} (full: propagated "
-                              f"and isolated passes; fast: the isolated pass only)")
+                              f"and isolated passes; fast: the isolated pass only; auto: fast above 1B parameters)")
+    if kind == "auto":
+        return "fast" if sum(p.numel() for p in model.parameters()) > AUTO_DRILL_MAX_PARAMS else "full"
     return str(kind)
 
 

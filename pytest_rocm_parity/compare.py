@@ -164,6 +164,62 @@ def residual_metrics(leaf: str, cand: Any, ref: Any, res: Any, unit_roundoff: fl
     return _fill(m, stats, int(ref.numel()), unit_roundoff, confidence)
 
 
+def metrics_many(items: list[tuple[str, int, Any, float]], unit_roundoff: float) -> list[LeafMetrics | None]:
+    """_fill for many leaves at once: (leaf, numel, host stats, confidence) -> metrics, None if non-finite.
+
+    Why: a replay judges every module of the model after one synchronisation; numpy over the
+    stacked statistics costs the same for 25 leaves as for one, where a loop would add
+    milliseconds to every replay of a large model.
+    """
+    import numpy as np
+
+    out: list[LeafMetrics | None] = [None] * len(items)
+    groups: dict[int, list[int]] = {}
+    for i, (_, n, st, _) in enumerate(items):
+        if n > 0 and stats_finite(st):
+            groups.setdefault(len(st), []).append(i)
+    for nb, idx in groups.items():
+        st = np.stack([items[i][2] for i in idx])                  # (L, nb, 8)
+        n = np.array([float(items[i][1]) for i in idx])
+        conf = np.array([items[i][3] for i in idx])
+        tot = st[:, :, :7].sum(1)
+        sc, sr, tt, rr, dd, plus, minus = tot.T
+        dmax = st[:, :, 7].max(1)
+        rms_t = np.sqrt(tt / n)
+        floor = unit_roundoff * FLOOR_ULPS * rms_t
+        err_c, err_r = np.sqrt(sc / n), np.sqrt(sr / n)
+        denom = np.maximum(err_r, floor)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(denom > 0, err_c / np.where(denom > 0, denom, 1.0), np.where(err_c == 0, 0.0, np.inf))
+            size = np.ceil(n / nb)
+            counts = np.repeat(size[:, None], nb, 1)
+            counts[:, -1] = n - size * (nb - 1)
+            f2 = (floor * floor)[:, None]
+            bc, br = st[:, :, 0], st[:, :, 1]
+            den = np.maximum(sr, f2[:, 0] * n)
+            theta = 0.5 * (np.log(sc) - np.log(den))
+            if nb >= 2:
+                loo_num = np.maximum(sc[:, None] - bc, 1e-300)
+                loo_den = np.maximum(np.maximum(sr[:, None] - br, 1e-300), f2 * (n[:, None] - counts))
+                thetas = 0.5 * (np.log(loo_num) - np.log(np.maximum(loo_den, 1e-300)))
+                var = (nb - 1) / nb * np.square(thetas - thetas.mean(1, keepdims=True)).sum(1)
+                lo = np.exp(theta - conf * np.sqrt(var))
+            else:
+                lo = np.exp(theta)
+            lo = np.where(sc == 0, 0.0, lo)
+            lo = np.where(denom > 0, lo, ratio)
+            rms_r = np.sqrt(rr / n)
+            rel = np.where(rms_r > 0, np.sqrt(dd / n) / np.where(rms_r > 0, rms_r, 1.0), dmax)
+            z = np.where(plus + minus > 0, (plus - minus) / np.sqrt(np.maximum(plus + minus, 1.0)), 0.0)
+        for j, i in enumerate(idx):
+            m = LeafMetrics(leaf=items[i][0], numel=items[i][1])
+            m.rms_truth, m.err_cand, m.err_ref = float(rms_t[j]), float(err_c[j]), float(err_r[j])
+            m.ratio, m.ratio_lo = float(ratio[j]), float(lo[j])
+            m.rel_to_ref, m.max_abs_to_ref, m.z = float(rel[j]), float(dmax[j]), float(z[j])
+            out[i] = m
+    return out
+
+
 def _truth(ref: Any, res: Any) -> Any:
     import torch
 

@@ -54,7 +54,7 @@ def block_stats_triton(c: Any, r: Any, e: Any, nb: int, size: int) -> Any:
     return torch.cat([out, part[:, :, 7].amax(1, keepdim=True)], 1)
 
 
-def block_stats_torch(c: Any, r: Any, e: Any, nb: int, size: int, chunk: int = 1 << 18) -> Any:
+def block_stats_torch(c: Any, r: Any, e: Any, nb: int, size: int, chunk: int = 1 << 16) -> Any:
     """The same statistics with torch ops, chunk by chunk (temporaries bounded by ``chunk`` elements)."""
     import torch
 

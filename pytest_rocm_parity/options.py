@@ -21,7 +21,7 @@ DRILL = "--parity-drill"
 PRUNE = "--parity-prune-obsolete"
 PROFILE = "--parity-profile"
 REPLAY = "--parity-replay"
-REPLAY_KINDS = ("full", "fast")
+REPLAY_KINDS = ("auto", "full", "fast")
 REGEN_ALL = "*"
 
 
@@ -68,8 +68,9 @@ def parse_drill(value: str) -> int:
 def parse_replay(value: str) -> str:
     v = value.strip().lower()
     if v not in REPLAY_KINDS:
-        raise pytest.UsageError(f"{REPLAY}={value!r}: allowed values are full (propagated + isolated passes) and "
-                                f"fast (one isolated pass per nesting level: about one forward)")
+        raise pytest.UsageError(f"{REPLAY}={value!r}: allowed values are auto (default: fast above 1B parameters), "
+                                f"full (propagated + isolated passes) and fast (one isolated pass per nesting "
+                                f"level: about one forward)")
     return v
 
 
@@ -97,9 +98,9 @@ def addoption(parser: pytest.Parser) -> None:
     add(DRILL, "parity_drill", "sub-module depth captured inside each block for drill-down (0-2; default 2, "
         "or 0 for models over 1B parameters)",
         type=parse_drill, metavar="N")
-    add(REPLAY, "parity_replay", "full (default): propagated and isolated passes; fast: the isolated pass only, "
-        "about the cost of one forward (docs/judging.md says what it does not judge)",
-        type=parse_replay, metavar="full|fast")
+    add(REPLAY, "parity_replay", "full: propagated and isolated passes; fast: the isolated pass only, about the "
+        "cost of one forward (docs/judging.md says what it does not judge); auto (default): fast above 1B parameters",
+        type=parse_replay, metavar="auto|full|fast")
     add(PROFILE, "parity_profile", "profiler parity: record per-operator time shares at capture, flag "
         "operators whose share grew at replay", ini_type="bool", default=False, action="store_true")
     add(PRUNE, "parity_prune_obsolete", "delete goldens on disk that no collected test uses", ini_type="bool",
@@ -119,7 +120,7 @@ class ParityOptions:
     drill: int | None              # None: automatic (engine.auto_drill)
     prune: bool
     profile: bool = False
-    replay: str = "full"
+    replay: str = "auto"
 
     @property
     def ci(self) -> bool:
@@ -158,7 +159,7 @@ def from_config(config: pytest.Config) -> ParityOptions:
         drill=None if drill is None else int(drill),
         prune=bool(_get(config, "parity_prune_obsolete")),
         profile=bool(_get(config, "parity_profile")),
-        replay=_get(config, "parity_replay", parse_replay) or "full",
+        replay=_get(config, "parity_replay", parse_replay) or "auto",
     )
     if opts.regen is not None and opts.mode is not Mode.CAPTURE:
         # --parity-regen implies capture for the matching models

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from pytest_rocm_parity import dtypes as dt
-from pytest_rocm_parity.compare import block_stats, exact_metrics, float_metrics, residual_metrics
+from pytest_rocm_parity.compare import block_stats, exact_metrics, float_metrics, metrics_many, residual_metrics
 from pytest_rocm_parity.engine import (
     KEEP_PLACEMENT,
     OUTPUT,
@@ -216,7 +216,9 @@ def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device:
 
 
 def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: dict[str, Any],
-                 reader: RungReader, rung: str, device: str, inputs_template: Any) -> CheckResult:
+                 reader: RungReader, rung: str, device: str, inputs_template: Any,
+                 keep_loaded: bool = False) -> CheckResult:
+    """The passes of one rung. ``keep_loaded``: leave the preloaded goldens on the device (bench/)."""
     dtype = dt.to_torch(rung)
     tol = spec.tolerance
     selected = select(model, spec.layers, spec.drill)
@@ -301,7 +303,8 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                 queue.flush()
     finally:
         m.train(was_training)
-        reader.release()
+        if not keep_loaded:
+            reader.release()
     result = CheckResult(test=spec.test, name=spec.name, dtype=rung, passed=True)
     for key, rec in _records_in_order(meta, layers):
         judge_layer(rec, iso.get(key, []), prop.get(key, []), tol, rung)
@@ -380,13 +383,18 @@ class _StatsQueue:
             return
         import torch
 
-        host = torch.cat([it[6] for it in self.items]).to("cpu").numpy()
-        row = 0
-        for sink, i, leaf, c, ref, res, stats, tol, isolated, tag in self.items:
-            part = host[row:row + stats.shape[0]]
-            row += stats.shape[0]
-            sink[i] = residual_metrics(leaf, c, ref, res, self.u, tol.confidence, tol.nan, stats=part)
-            self.keep_if_failing(sink[i], c, tol, isolated, tag)
+        host = torch.cat([it[6] for it in self.items]).to("cpu").numpy()   # the one synchronisation
+        parts, row = [], 0
+        for it in self.items:
+            parts.append(host[row:row + it[6].shape[0]])
+            row += it[6].shape[0]
+        done = metrics_many([(it[2], int(it[4].numel()), part, it[7].confidence) for it, part in zip(self.items, parts)],
+                            self.u)
+        for (sink, i, leaf, c, ref, res, _st, tol, isolated, tag), part, m in zip(self.items, parts, done):
+            if m is None:   # a non-finite sum: the masked path, on the tensors still held
+                m = residual_metrics(leaf, c, ref, res, self.u, tol.confidence, tol.nan, stats=part)
+            sink[i] = m
+            self.keep_if_failing(m, c, tol, isolated, tag)
         self.items.clear()
         self.held = 0
 

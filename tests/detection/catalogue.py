@@ -510,12 +510,14 @@ def by_id(case_id: str) -> Case:
 
 RUNGS = ["bfloat16", "float16", "float32"]
 SKETCH = 0   # bench/detection.py --sketch G: judge the catalogue against sketch goldens instead
+REPLAY = "full"   # bench/detection.py --replay fast: the isolated pass only
 
 
 def spec_for(family: str, tolerance: Tolerance | None = None) -> Any:
     from pytest_rocm_parity.engine import CheckSpec
 
-    return CheckSpec(name=f"detect-{family}", dtypes=list(RUNGS), tolerance=tolerance or Tolerance(), sketch=SKETCH)
+    return CheckSpec(name=f"detect-{family}", dtypes=list(RUNGS), tolerance=tolerance or Tolerance(), sketch=SKETCH,
+                     replay=REPLAY)
 
 
 def capture_all(root: Any) -> dict[str, Any]:

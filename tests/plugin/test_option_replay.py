@@ -62,7 +62,7 @@ def test_tiny(parity):
 def test_bad_value_is_a_usage_error(project: pytest.Pytester) -> None:
     result = project.runpytest("--rocm-parity", "--parity-replay=quick")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--parity-replay='quick'*full*fast*"])
+    result.stderr.fnmatch_lines(["*--parity-replay='quick'*auto*full*fast*"])
 
 
 def test_bad_argument_names_the_fix(project: pytest.Pytester) -> None:
@@ -75,4 +75,21 @@ def test_tiny(parity):
 ''')
     result = project.runpytest("--rocm-parity")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*replay='quick'*allowed 'full' or 'fast'*"])
+    result.stdout.fnmatch_lines(["*replay='quick'*allowed 'auto' or 'full' or 'fast'*"])
+
+
+def test_auto_is_fast_above_one_billion_parameters() -> None:
+    from pytest_rocm_parity import api
+
+    class Sized:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def parameters(self):  # what _replay_kind reads: the parameter count
+            import torch
+
+            return [torch.empty(1).expand(self.n)]
+
+    assert api._replay_kind(Sized(api.AUTO_DRILL_MAX_PARAMS + 1), "auto") == "fast"
+    assert api._replay_kind(Sized(1000), "auto") == "full"
+    assert api._replay_kind(Sized(api.AUTO_DRILL_MAX_PARAMS + 1), "full") == "full"

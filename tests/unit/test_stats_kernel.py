@@ -124,3 +124,25 @@ def test_shape_mismatch_is_reported_not_raised() -> None:
     c, r, e, _ = _case(torch.float32, 100)
     m = residual_metrics("x", c[:50], r, e, 2.0**-24)
     assert m.note.startswith("shape") and m.ratio == math.inf
+
+
+def test_batched_metrics_equal_one_by_one() -> None:
+    """The replay's vectorised judgement of many leaves is the single-leaf formula (mutations of either fail)."""
+    cases = [_case(dt, n, seed=i, rel=rel) for i, (dt, n, rel) in enumerate(
+        [(torch.bfloat16, 30011, 1e-3), (torch.float32, 64, 0.0), (torch.float16, 5, 1e-2), (torch.float32, 1, 1e-3),
+         (torch.bfloat16, 70000, 0.05), (torch.float32, 4096, 1e-6)])]
+    items, singles = [], []
+    for k, (c, r, e, _) in enumerate(cases):
+        host = compare.host_stats(block_stats(c, r, e))
+        items.append((f"leaf{k}", int(r.numel()), host, 3.0))
+        singles.append(residual_metrics(f"leaf{k}", c, r, e, 2.0**-8, stats=host))
+    c, r, e, _ = cases[0]
+    c = c.clone()
+    c[3] = float("inf")
+    items.append(("bad", int(r.numel()), compare.host_stats(block_stats(c, r, e)), 3.0))
+    many = compare.metrics_many(items, 2.0**-8)
+    assert many[-1] is None          # non-finite: left to the masked path
+    for a, b in zip(many[:-1], singles):
+        assert a is not None and a.leaf == b.leaf
+        for f in ("ratio", "ratio_lo", "err_cand", "err_ref", "rms_truth", "rel_to_ref", "max_abs_to_ref", "z"):
+            assert getattr(a, f) == pytest.approx(getattr(b, f), rel=1e-9, abs=1e-12), (a.leaf, f)
