@@ -7,7 +7,10 @@ hidden 256), `1b` (TinyLlama shape: hidden 2048, 22 layers, GQA 32/4, vocab 3200
 (Llama-3-8B shape: hidden 4096, 32 layers, GQA 32/8, vocab 128256). Each in bf16, batch x seq
 tokens. Reported: plain forward, the recording forward (hooks + host copies), the whole capture
 (recording + float64 truth passes + write), replay (propagated + isolated passes + compare),
-golden bytes, peak device memory per phase, peak host RSS.
+golden bytes, peak device memory per phase, peak host RSS. Replay is timed three ways: cold (hash
+check, golden load, Triton's first compile, both passes), warm (a second replay() of the same golden:
+load and passes), and per pass with the goldens resident on the device (`pass_full`: propagated +
+isolated; `pass_fast`: isolated only, --parity-replay=fast), which is what a loaded golden costs.
 """
 from __future__ import annotations
 
@@ -78,16 +81,53 @@ def build(name: str, device: str) -> Any:
     return model
 
 
+class RssSampler:
+    """Peak resident memory of this process during a block, sampled every 2 ms from /proc."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.peak = 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def now() -> int:
+        try:
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except OSError:
+            return 0
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.now())
+            self._stop.wait(0.002)
+
+    def __enter__(self) -> RssSampler:
+        self.base = self.now()
+        self.peak = self.base
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, self.now())
+
+    @property
+    def growth_gib(self) -> float:
+        return (self.peak - self.base) / 2**30
+
+
 def bench_one(name: str, device: str, batch: int, seq: int, reps: int, drill: int, workdir: str,
               sketch: int = 0) -> dict[str, Any]:
     import torch
 
-    from pytest_rocm_parity.capture import _Pool, capture
-
-    from pytest_rocm_parity.engine import CheckSpec, Hooks, _run
-
-    from pytest_rocm_parity.replay import replay
-    from pytest_rocm_parity.golden import GoldenStore
+    from pytest_rocm_parity.capture import capture, recording_pass
+    from pytest_rocm_parity.engine import CheckSpec, _run, numerics
+    from pytest_rocm_parity.golden import GoldenStore, RungReader
+    from pytest_rocm_parity.replay import _replay_rung, replay
     from pytest_rocm_parity.selection import select
 
     model = build(name, device)
@@ -104,23 +144,25 @@ def bench_one(name: str, device: str, batch: int, seq: int, reps: int, drill: in
     row["forward_peak_gib"] = peak_dev(device)
     selected = select(model, None, drill)
 
-    def record() -> None:
-        pool = _Pool()
-        with Hooks(model, selected, lambda k, s, a, kw: [pool.add(t) for t in _leaves(a, kw)] and None,
-                   lambda k, s, o: [pool.add(t) for t in _leaves(o)] and None):
-            _run(model, (), inputs)
-        pool.release()
+    def record() -> None:      # exactly the recording forward of capture(), copies included
+        with numerics("bfloat16"):
+            rec = recording_pass(model, selected, (), inputs)
+        rec.pool.tensors    # waits for the asynchronous copies
+        del rec
 
+    record()
     reset_dev(device)
-    row["record_s"] = timed(record, device, max(1, reps // 2))
+    row["record_s"] = timed(record, device, reps)
     row["record_peak_gib"] = peak_dev(device)
     store = GoldenStore(os.path.join(workdir, name))
     spec = CheckSpec(name=name, dtypes=["bfloat16"], drill=drill, sketch=sketch)
     reset_dev(device)
-    t = time.perf_counter()
-    capture(model, {"input_ids": ids, "use_cache": False}, spec, store, device, overwrite=True)
-    sync(device)
-    row["capture_s"] = time.perf_counter() - t
+    with RssSampler() as rss:
+        t = time.perf_counter()
+        capture(model, {"input_ids": ids, "use_cache": False}, spec, store, device, overwrite=True)
+        sync(device)
+        row["capture_s"] = time.perf_counter() - t
+    row["capture_host_growth_gib"] = rss.growth_gib
     row["capture_peak_gib"] = peak_dev(device)
     gdir = store.dir_for(name)
     row["golden_gb"] = sum(p.stat().st_size for p in gdir.iterdir()) / 1e9
@@ -128,13 +170,35 @@ def bench_one(name: str, device: str, batch: int, seq: int, reps: int, drill: in
     t = time.perf_counter()
     (res,) = replay(model, {"input_ids": ids, "use_cache": False}, spec, store, device)
     sync(device)
-    row["replay_s"] = time.perf_counter() - t
+    row["replay_cold_s"] = time.perf_counter() - t   # hash, load, Triton compile (first use), passes
     row["replay_peak_gib"] = peak_dev(device)
     row["replay_passed"] = res.passed
     row["layers"] = len(res.layers)
+    t = time.perf_counter()
+    (res,) = replay(model, {"input_ids": ids, "use_cache": False}, spec, store, device)
+    sync(device)
+    row["replay_warm_s"] = time.perf_counter() - t   # hash verified, kernel compiled: load + passes
+    if not sketch:
+        # The passes with the goldens resident on the device: what a replay costs once loaded.
+        manifest = store.read_manifest(name)
+        meta = manifest["rungs"]["bfloat16"]
+        reader = RungReader(store.rung_file(name, manifest, "bfloat16"), str(device))
+        tmpl = {"args": (), "kwargs": {"input_ids": ids, "use_cache": False}}
+        for kind in ("full", "fast"):
+            sp = CheckSpec(name=name, dtypes=["bfloat16"], drill=drill, replay=kind)
+            t = time.perf_counter()
+            r = _replay_rung(model, sp, manifest, meta, reader, "bfloat16", device, tmpl, keep_loaded=True)
+            sync(device)
+            if kind == "full":
+                row["load_s"] = time.perf_counter() - t
+            row[f"{kind}_passed"] = r.passed
+            row[f"pass_{kind}_s"] = timed(lambda: _replay_rung(model, sp, manifest, meta, reader, "bfloat16", device,
+                                                               tmpl, keep_loaded=True), device, reps)
+        reader.release()
     row["host_peak_rss_gib"] = rss_gb()
-    for k in ("record_s", "capture_s", "replay_s"):
-        row[k.replace("_s", "_x")] = row[k] / row["forward_s"]
+    for k in ("record_s", "capture_s", "replay_cold_s", "replay_warm_s", "pass_full_s", "pass_fast_s"):
+        if k in row:
+            row[k[:-2] + "_x"] = row[k] / row["forward_s"]
     shutil.rmtree(gdir, ignore_errors=True)
     del model
     if device.startswith("cuda"):

@@ -3,12 +3,19 @@
 Per dtype rung, run the model with hooks that record every selected module's inputs and outputs,
 then compute the float64 truth twice: propagated (whole model in float64) and local (each module in
 float64 on the recorded inputs, one nesting level at a time). Rungs are written one at a time.
+
+On CUDA (and ROCm, whose torch.cuda is HIP) the recorded tensors go to pinned host memory on a side
+stream while the forward runs on, the float64 model is built on the device when it fits, and the
+truth residuals are computed there: only the golden's own bytes come to the host.
 """
 from __future__ import annotations
 
+import collections
 import copy
+import itertools
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pytest_rocm_parity import __version__
@@ -31,6 +38,102 @@ from pytest_rocm_parity.golden import FORMAT_VERSION, GoldenStore
 from pytest_rocm_parity.selection import Selected, select
 from pytest_rocm_parity.tree import constant_leaves, tensor_leaves
 
+# Where the float64 truth model is built: None decides by the device's free memory; True builds it
+# on the capture device, False through the host (tests compare the two routes).
+TRUTH_ON_DEVICE: bool | None = None
+# Device bytes of snapshots whose copy to the host may be in flight at once; past it the recording
+# waits for the oldest copies, so copies that lag the forward hold a bounded amount of device memory.
+INFLIGHT_BYTES = 1 << 30
+# Headroom asked of the device beyond the float64 weights: the float64 activations of one forward.
+_TRUTH_MARGIN = 0.25
+_TRUTH_SLACK_BYTES = 2 << 30
+
+# ---------------------------------------------------------------------------------------------
+# host copies
+
+class _HostCopies:
+    """Copies of tensors into host memory; asynchronous for CUDA tensors.
+
+    A CUDA tensor is copied into pinned memory from torch's caching host allocator (reused across
+    passes) by a side stream that waits for the compute stream, so the forward does not stall on
+    the copies. Nothing may read a returned host tensor before finish(). Other devices copy
+    synchronously, as capture always did.
+    """
+
+    def __init__(self) -> None:
+        self._streams: dict[Any, Any] = {}
+        self._inflight: collections.deque[tuple[Any, int]] = collections.deque()
+        self._inflight_bytes = 0
+
+    def copy(self, t: Any, snapshot: bool = True) -> Any:
+        """A contiguous host copy of ``t``.
+
+        ``snapshot``: ``t`` is the model's own tensor, which a later in-place op (ReLU(inplace=True),
+        ``out += x``) could change before the side stream reads it; it is first copied on the device,
+        in stream order, which costs a device-to-device copy (microseconds) and no host time.
+        """
+        import torch
+
+        t = t.detach()
+        if not t.is_cuda or t.numel() == 0:
+            return t.to("cpu", copy=True).contiguous()
+        try:
+            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        except RuntimeError:   # pinned memory exhausted: the synchronous copy still works
+            return t.to("cpu", copy=True).contiguous()
+        src = t.clone(memory_format=torch.contiguous_format) if snapshot or not t.is_contiguous() else t
+        stream = self._streams.get(src.device)
+        if stream is None:
+            stream = self._streams[src.device] = torch.cuda.Stream(device=src.device)
+        stream.wait_stream(torch.cuda.current_stream(src.device))
+        with torch.cuda.stream(stream):
+            host.copy_(src, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(stream)
+        # the allocator keeps src's memory until the copy has read it; record_stream is declared as
+        # mutating, which an inference tensor (the hooks run under inference_mode) allows only there
+        with torch.inference_mode():
+            src.record_stream(stream)
+        self._throttle(done, src.numel() * src.element_size())
+        return host
+
+    def _throttle(self, done: Any, nbytes: int) -> None:
+        """Forget finished copies; wait for the oldest while more than INFLIGHT_BYTES are in flight."""
+        self._inflight.append((done, nbytes))
+        self._inflight_bytes += nbytes
+        while self._inflight:
+            event, n = self._inflight[0]
+            over = self._inflight_bytes > INFLIGHT_BYTES and len(self._inflight) > 1
+            if not (over or event.query()):
+                break
+            event.synchronize()
+            self._inflight.popleft()
+            self._inflight_bytes -= n
+
+    def finish(self) -> None:
+        """Wait for every copy issued so far; the host tensors are complete afterwards."""
+        for stream in self._streams.values():
+            stream.synchronize()
+        self._inflight.clear()
+        self._inflight_bytes = 0
+
+
+def _release_pinned() -> None:
+    """Give cached, unused pinned host blocks back to the OS.
+
+    A written rung's host buffers would otherwise stay cached while the next rung (other sizes, so
+    other size classes of torch's host allocator) allocates its own, and past the capture.
+    """
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return
+    empty = getattr(getattr(torch, "accelerator", None), "empty_host_cache", None) \
+        or getattr(torch._C, "_host_emptyCache", None)
+    if empty is not None:
+        empty()
+
+
 # ---------------------------------------------------------------------------------------------
 # capture
 
@@ -40,20 +143,74 @@ class _Pool:
     def __init__(self) -> None:
         self.by_id: dict[int, str] = {}
         self.alive: list[Any] = []
-        self.tensors: dict[str, Any] = {}
+        self.copies = _HostCopies()
+        self._host: dict[str, Any] = {}
+        self._pending = False
+
+    @property
+    def tensors(self) -> dict[str, Any]:
+        """The host copies by key, once every copy has landed (waits for those in flight)."""
+        self.finish()
+        return self._host
 
     def add(self, t: Any) -> str:
         k = self.by_id.get(id(t))
         if k is None:
-            k = f"t/{len(self.tensors)}"
+            k = f"t/{len(self._host)}"
             self.by_id[id(t)] = k
             self.alive.append(t)   # keeps id() unique while the pass runs
-            self.tensors[k] = t.detach().to("cpu", copy=True).contiguous()
+            self._host[k] = self.copies.copy(t)
+            self._pending = self._pending or t.is_cuda
         return k
+
+    def finish(self) -> None:
+        """Wait for the copies in flight (a no-op once done, or when nothing was on CUDA)."""
+        if self._pending:
+            self.copies.finish()
+            self._pending = False
 
     def release(self) -> None:
         self.by_id.clear()
         self.alive.clear()
+
+
+@dataclass
+class Recording:
+    """What the recording forward leaves: per call entries, model outputs, call order, host tensors."""
+
+    entries: dict[str, dict[str, Any]]
+    outputs: dict[str, Any]
+    order: list[str]
+    pool: _Pool
+
+
+def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any) -> Recording:
+    """One forward of ``m`` that copies every selected module call's input and output leaves to the host.
+
+    Exactly the recording capture runs (a benchmark times this function); run it under
+    ``numerics(rung, tf32)``. On CUDA the copies may still be in flight when it returns:
+    ``pool.tensors`` waits for them.
+    """
+    pool = _Pool()
+    entries: dict[str, dict[str, Any]] = {}
+
+    def rec_in(key: str, sel: Selected, a: Any, kw: Any) -> None:
+        leaves = tensor_leaves({"args": a, "kwargs": kw})
+        entries[key] = {"name": sel.name, "key": key, "level": sel.level, "primary": sel.primary,
+                        "in": {p: pool.add(t) for p, t in leaves.items()},
+                        "const_in": constant_leaves({"args": a, "kwargs": kw})}
+        return None
+
+    def rec_out(key: str, sel: Selected, out: Any) -> None:
+        entries[key]["out"] = {p: pool.add(t) for p, t in tensor_leaves(out).items()}
+        entries[key]["const_out"] = constant_leaves(out)
+
+    with Hooks(m, selected, rec_in, rec_out) as hooks:
+        out = _run(m, args, kwargs)
+        order = list(hooks.order)
+    outputs = {"out": {p: pool.add(t) for p, t in tensor_leaves(out).items()}, "const": constant_leaves(out)}
+    pool.release()
+    return Recording(entries, outputs, order, pool)
 
 
 def capture(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device: str,
@@ -77,6 +234,8 @@ def capture(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device
     }
     def producer(rung: str) -> Callable[[], dict[str, Any]]:
         def produce() -> dict[str, Any]:
+            if rung != spec.dtypes[0]:
+                _release_pinned()   # the previous rung is on disk: its host buffers can go
             if spec.sketch:
                 manifest["rungs"][rung], tensors = _capture_rung_sketch(
                     model, args0, kwargs0, selected, rung, device, spec.tolerance.tf32, spec.sketch)
@@ -88,7 +247,10 @@ def capture(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device
         return produce
 
     # one rung at a time: each is written to disk before the next is captured
-    store.write(spec.name, manifest, {rung: producer(rung) for rung in spec.dtypes}, overwrite=overwrite)
+    try:
+        store.write(spec.name, manifest, {rung: producer(rung) for rung in spec.dtypes}, overwrite=overwrite)
+    finally:
+        _release_pinned()
     return manifest
 
 
@@ -98,32 +260,14 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
 
     dtype = dt.to_torch(rung)
     rdt = dt.to_torch(dt.residual_dtype_name(rung))
-    pool = _Pool()
     tensors: dict[str, Any] = {}
-    entries: dict[str, dict[str, Any]] = {}
     by_name = {s.name: s for s in selected}
 
     m, was_training, args, kwargs = _rung_model_and_inputs(model, args0, kwargs0, device, dtype, tensors)
     const_in = constant_leaves({"args": args, "kwargs": kwargs})
-
-    def rec_in(key: str, sel: Selected, a: Any, kw: Any) -> None:
-        leaves = tensor_leaves({"args": a, "kwargs": kw})
-        entries[key] = {"name": sel.name, "key": key, "level": sel.level, "primary": sel.primary,
-                        "in": {p: pool.add(t) for p, t in leaves.items()},
-                        "const_in": constant_leaves({"args": a, "kwargs": kw})}
-        return None
-
-    def rec_out(key: str, sel: Selected, out: Any) -> None:
-        entries[key]["out"] = {p: pool.add(t) for p, t in tensor_leaves(out).items()}
-        entries[key]["const_out"] = constant_leaves(out)
-
     try:
-        with numerics(rung, tf32), Hooks(m, selected, rec_in, rec_out) as hooks:
-            out = _run(m, args, kwargs)
-            order = list(hooks.order)
-        outputs = {"out": {p: pool.add(t) for p, t in tensor_leaves(out).items()}, "const": constant_leaves(out)}
-        pool.release()
-        del out
+        with numerics(rung, tf32):
+            rec = recording_pass(m, selected, args, kwargs)
         extra_meta: dict[str, Any] = {}
         if extra is not None:
             with numerics(rung, tf32):
@@ -136,24 +280,28 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
                 extra_meta["profile"] = profile_shares(m, args, kwargs, home_device(m, device))
     finally:
         m.train(was_training)
-    if m is not model:
-        del m
-    tm, truth_dev = _truth_model(model, device, dtype)
+    entries, outputs, order = rec.entries, rec.outputs, rec.order
+    rung_model = [m]
+    del m
+    tm, truth_dev = _truth_model(model, device, dtype, rung_model)
     targs, tkwargs = cast_inputs(args, kwargs, torch.float64, truth_dev)
+    host = rec.pool.tensors        # waits for the recording's copies: the truth passes read them
+    copies = _HostCopies()         # the residuals' own copies, finished before the rung is returned
 
     def ref_of(key: str, p: str) -> Any:
         src = outputs["out"] if key == OUTPUT else entries[key]["out"]
-        return pool.tensors[src[p]]
+        return host[src[p]]
 
     def put_truth(name: str, key: str, p: str, t: Any) -> None:
         if t.is_floating_point() or t.is_complex():
-            tensors[name] = _residual(t, ref_of(key, p), rdt)
+            tensors[name] = _residual(t, ref_of(key, p), rdt, copies)
 
     def store_gtruth(key: str, sel: Selected, out: Any) -> None:
         if sel.level == 0:  # propagated truth for top-level modules only: it locates first divergence
             for p, t in tensor_leaves(out).items():
                 put_truth(f"gtruth/{key}/{p}", key, p, t)
 
+    fetch, fdtype = _golden_input_fetch(host, device, truth_dev)
     with torch.no_grad():
         with Hooks(tm, selected, None, store_gtruth):
             tout = _run(tm, targs, tkwargs)
@@ -165,7 +313,7 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
                 if sel.level != level or key not in entries:
                     return None
                 keys = entries[key]["in"]
-                return _substitute(a, kw, keys, lambda k: pool.tensors[k], torch.float64, KEEP_PLACEMENT)
+                return _substitute(a, kw, keys, fetch, fdtype, KEEP_PLACEMENT)
 
             def keep(key: str, sel: Selected, out: Any, level: int = level) -> None:
                 if sel.level == level and key in entries:
@@ -175,7 +323,8 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
             with Hooks(tm, selected, sub, keep):
                 _run(tm, targs, tkwargs)
     del tm
-    tensors.update(pool.tensors)
+    copies.finish()
+    tensors.update(host)
     layers = [entries[k] for k in order if k in entries and "out" in entries[k]]
     for e in layers:
         e.pop("gtruth", None)
@@ -183,6 +332,24 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
             "truth_encoding": "residual", "truth_dtype": dt.name_of(rdt), "tf32": tf32, "order": order,
             "selected": sorted(by_name), "extra": extra_meta}
     return meta, tensors
+
+
+def _golden_input_fetch(host: dict[str, Any], device: str, truth_dev: Any) -> tuple[Callable[[str], Any], Any]:
+    """(fetch, dtype) for _substitute: the recorded inputs, upcast to float64, for the local truth.
+
+    On CUDA they travel in the rung's dtype (from pinned memory, without blocking) and are upcast
+    there: a quarter of the bytes of a host-side float64 copy, and no float64 temporary on the host.
+    Upcasting is exact, so the values are the same either way.
+    """
+    import torch
+
+    if device == KEEP_PLACEMENT or torch.device(truth_dev).type != "cuda":
+        return host.__getitem__, torch.float64
+
+    def fetch(k: str) -> Any:
+        g = host[k].to(truth_dev, non_blocking=True)
+        return g.to(torch.float64) if g.is_floating_point() else g
+    return fetch, None
 
 
 def _rung_model_and_inputs(model: Any, args0: Any, kwargs0: Any, device: str, dtype: Any,
@@ -197,16 +364,76 @@ def _rung_model_and_inputs(model: Any, args0: Any, kwargs0: Any, device: str, dt
     return m, was_training, args, kwargs
 
 
-def _truth_model(model: Any, device: str, dtype: Any) -> tuple[Any, Any]:
-    """The rung's model in float64 (weights already rounded to the rung: only arithmetic differs)."""
+def _truth_model(model: Any, device: str, dtype: Any, rung: list[Any]) -> tuple[Any, Any]:
+    """The rung's model in float64 (weights already rounded to the rung: only arithmetic differs).
+
+    ``rung`` holds the rung's model and is emptied here; with no other reference left, the rung's
+    device copy is freed before a float64 copy built through the host lands on the device. The
+    float64 model is built on the device when it fits beside the rung's (no host memory at all),
+    else through one host copy in the rung's dtype, tensor by tensor. Casting to float64 is exact,
+    so both routes give the same weights.
+    """
     import torch
 
     if device == KEEP_PLACEMENT:   # a split model keeps its split in float64 too
+        rung.clear()
         tm = copy.deepcopy(prepare_model(model, device, dtype)).to(dtype=torch.float64).eval()
         return tm, home_device(tm, device)
     truth_dev = device if _supports_f64(device) else "cpu"
-    tm = copy.deepcopy(prepare_model(model, "cpu", dtype)).to(device=truth_dev, dtype=torch.float64).eval()
-    return tm, truth_dev
+    m = rung.pop()
+    if _truth_on_device(m, truth_dev):
+        tm = _copy_tensors(m, lambda t: _widened(t.to(device=truth_dev)))
+    else:
+        tm = _copy_tensors(m, lambda t: t.to("cpu", copy=True))
+    del m
+    # catches what the copy left in the rung's dtype (parameter subclasses); a no-op otherwise
+    return tm.to(device=truth_dev, dtype=torch.float64).eval(), truth_dev
+
+
+def _truth_on_device(m: Any, truth_dev: Any) -> bool:
+    """Whether the float64 copy of ``m`` fits on ``truth_dev`` beside ``m`` (and its activations)."""
+    import torch
+
+    if TRUTH_ON_DEVICE is not None:
+        return TRUTH_ON_DEVICE
+    dev = torch.device(truth_dev)
+    if dev.type == "cpu":
+        return True
+    if dev.type != "cuda":
+        return False   # no free-memory query there: through the host, as before
+    need = sum(t.numel() * (8 if t.is_floating_point() or t.is_complex() else t.element_size())
+               for t in itertools.chain(m.parameters(), m.buffers()))
+    free, _total = torch.cuda.mem_get_info(dev)
+    cached = torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+    return free + cached >= need * (1 + _TRUTH_MARGIN) + _TRUTH_SLACK_BYTES
+
+
+def _widened(t: Any) -> Any:
+    """A new float64 tensor of ``t``, converted as Module.to(dtype=float64) converts (others copied)."""
+    import torch
+
+    if t.is_floating_point() or t.is_complex():
+        return t.to(dtype=torch.float64, copy=True)
+    return t.clone()
+
+
+def _copy_tensors(m: Any, fn: Callable[[Any], Any]) -> Any:
+    """A deep copy of ``m`` whose parameters and buffers are ``fn(tensor)``, made one tensor at a time.
+
+    ``copy.deepcopy(m).to(...)`` holds two full copies at its peak; handing deepcopy the converted
+    tensors through its memo allocates only the new model. A weight tied in ``m`` is one memo entry,
+    so it stays tied. Parameter and buffer subclasses are left to deepcopy.
+    """
+    import torch
+
+    memo: dict[int, Any] = {}
+    for p in m.parameters():
+        if type(p) is torch.nn.Parameter:
+            memo[id(p)] = torch.nn.Parameter(fn(p.detach()), requires_grad=p.requires_grad)
+    for b in m.buffers():
+        if type(b) is torch.Tensor:
+            memo[id(b)] = fn(b.detach())
+    return copy.deepcopy(m, memo)
 
 
 def _capture_rung_sketch(model: Any, args0: Any, kwargs0: Any, selected: list[Selected], rung: str,
@@ -245,7 +472,9 @@ def _capture_rung_sketch(model: Any, args0: Any, kwargs0: Any, selected: list[Se
         del out
     finally:
         m.train(was_training)
-    tm, truth_dev = _truth_model(model, device, dtype)
+    rung_model = [m]
+    del m
+    tm, truth_dev = _truth_model(model, device, dtype, rung_model)
     targs, tkwargs = cast_inputs(args, kwargs, torch.float64, truth_dev)
     truth_names: dict[str, str] = {}
     with torch.no_grad(), Hooks(tm, selected, None, lambda k, s, o: keep("skt", k, o, truth_names)):
@@ -259,23 +488,28 @@ def _capture_rung_sketch(model: Any, args0: Any, kwargs0: Any, selected: list[Se
     return meta, tensors
 
 
-def _residual(truth: Any, ref: Any, rdt: Any) -> Any:
+def _residual(truth: Any, ref: Any, rdt: Any, copies: _HostCopies | None = None) -> Any:
     """The float64 truth stored as its difference from the reference: half the bytes, same statistics.
 
     The residual is as small as the reference's error, so rounding it to ``rdt`` perturbs the
     error statistics by one rounding of the error (2^-9 relative for bfloat16), not of the value.
+    A CUDA truth is differenced on its device (``ref`` goes there from pinned memory) and only the
+    rounded residual is copied back through ``copies``: float64 subtraction and one rounding are
+    exact IEEE operations, so the bytes are those of the host computation.
     """
     import torch
 
     if truth.is_complex() or ref.is_complex():
-        d = truth.detach().to("cpu", torch.complex128) - ref.to(torch.complex128)
-        return d.to(torch.complex128 if rdt == torch.float64 else torch.complex64).contiguous()
-    d = truth.detach().to("cpu", torch.float64) - ref.to(torch.float64)
-    return d.to(rdt).contiguous()
-
+        wide = torch.complex128
+        narrow = torch.complex128 if rdt == torch.float64 else torch.complex64
+    else:
+        wide, narrow = torch.float64, rdt
+    if copies is None or not truth.is_cuda:
+        d = truth.detach().to("cpu", wide) - ref.to(wide)
+        return d.to(narrow).contiguous()
+    d = truth.detach().to(wide) - ref.to(truth.device, non_blocking=True).to(wide)
+    return copies.copy(d.to(narrow), snapshot=False)
 
 
 def _supports_f64(device: str) -> bool:
     return not str(device).startswith("mps")
-
-
