@@ -153,8 +153,10 @@ class _Pool:
         self.finish()
         return self._host
 
-    def add(self, t: Any) -> str:
-        k = self.by_id.get(id(t))
+    def add(self, t: Any, fresh: bool = False) -> str:
+        """The key of ``t``'s host copy; ``fresh``: copy again even if this tensor object was seen
+        (it was changed in place since: an in-place module returns its input, modified)."""
+        k = None if fresh else self.by_id.get(id(t))
         if k is None:
             k = f"t/{len(self._host)}"
             self.by_id[id(t)] = k
@@ -194,15 +196,20 @@ def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any) -> 
     pool = _Pool()
     entries: dict[str, dict[str, Any]] = {}
 
+    inputs: dict[str, Any] = {}    # this call's input leaves until its output is recorded
+
     def rec_in(key: str, sel: Selected, a: Any, kw: Any) -> None:
         leaves = tensor_leaves({"args": a, "kwargs": kw})
+        inputs[key] = leaves
         entries[key] = {"name": sel.name, "key": key, "level": sel.level, "primary": sel.primary,
                         "in": {p: pool.add(t) for p, t in leaves.items()},
                         "const_in": constant_leaves({"args": a, "kwargs": kw})}
         return None
 
     def rec_out(key: str, sel: Selected, out: Any) -> None:
-        entries[key]["out"] = {p: pool.add(t) for p, t in tensor_leaves(out).items()}
+        ins = {pool.by_id.get(id(t)) for t in inputs.pop(key, {}).values()} - {None}
+        entries[key]["out"] = {p: pool.add(t, fresh=pool.by_id.get(id(t)) in ins)
+                               for p, t in tensor_leaves(out).items()}
         entries[key]["const_out"] = constant_leaves(out)
 
     with Hooks(m, selected, rec_in, rec_out) as hooks:

@@ -640,6 +640,12 @@ class RungReader:
     def release(self) -> None:
         self._cache.clear()
 
+    def get_fresh(self, key: str) -> Any:
+        """get(), but never the preloaded tensor itself: for tensors handed to the model, which an
+        in-place module (ReLU(inplace=True)) would otherwise change inside the cache."""
+        t = self.get(key)
+        return t.clone() if key in self._cache else t
+
     def get(self, key: str) -> Any:
         hit = self._cache.get(key) if isinstance(key, str) else None
         if hit is not None:

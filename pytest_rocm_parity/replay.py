@@ -292,7 +292,7 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                 def sub(key: str, sel: Selected, a: Any, kw: Any, level: int = level) -> Any:
                     if sel.level != level or key not in layers:
                         return None
-                    return _substitute(a, kw, layers[key]["in"], reader.get, None, KEEP_PLACEMENT)
+                    return _substitute(a, kw, layers[key]["in"], reader.get_fresh, None, KEEP_PLACEMENT)
 
                 def keep(key: str, sel: Selected, o: Any, level: int = level) -> None:
                     if sel.level == level:
