@@ -327,6 +327,17 @@ def _is_pickle(head: bytes) -> bool:
     return head[:2] in PICKLE_MAGIC or head[:4] == ZIP_MAGIC
 
 
+def _is_pickle_not_safetensors(head: bytes, size: int) -> bool:
+    """Pickle/zip magic, unless the bytes frame a safetensors header: a header of 640 bytes starts
+    the file with 80 02, pickle protocol 2's magic, and must not be refused for it."""
+    if not _is_pickle(head):
+        return False
+    if len(head) >= 9 and head[8:9] == b"{":
+        (n,) = struct.unpack("<Q", head[:8])
+        return not n <= size - 8
+    return True
+
+
 def _json(raw: bytes) -> Any:
     """Parse JSON bytes; ValueError for anything that is not (RecursionError on deep nesting too)."""
     try:
@@ -445,18 +456,19 @@ def check_safetensors(path: Path, expected_sha: str | None = None) -> dict[str, 
     try:
         f, size = _open_regular(path)
         with f:
-            head = f.read(8)
+            head = f.read(9)
             if size == 0:
                 raise GoldenCorrupt(f"{path}: empty tensor file; recapture this golden", path)
-            if _is_pickle(head):
+            if _is_pickle_not_safetensors(head, size):
                 raise GoldenCorrupt(f"{path}: pickle/torch.save data where a safetensors file belongs; "
                                     f"it was not loaded (pickles can run code). Recapture the golden.", path)
             if len(head) < 8:
                 raise GoldenCorrupt(f"{path}: truncated ({size} bytes); recapture this golden", path)
-            (n,) = struct.unpack("<Q", head)
+            (n,) = struct.unpack("<Q", head[:8])
             if n > MAX_HEADER_BYTES or n > size - 8:
                 raise GoldenCorrupt(f"{path}: safetensors header length {n} is impossible for a {size}-byte "
                                     f"file (corrupt or truncated); recapture this golden", path)
+            f.seek(8)
             raw = f.read(n)
     except OSError as exc:
         raise GoldenCorrupt(f"{path}: cannot read ({exc.strerror or exc})", path) from exc

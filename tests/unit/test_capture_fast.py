@@ -119,8 +119,8 @@ class _Recorder:
             self.handles.append(mod.register_forward_pre_hook(self._pre(name), with_kwargs=True))
             self.handles.append(mod.register_forward_hook(self._post(name), with_kwargs=True))
 
-    def put(self, t: torch.Tensor) -> str:
-        if id(t) not in self.key_of:
+    def put(self, t: torch.Tensor, fresh: bool = False) -> str:
+        if fresh or id(t) not in self.key_of:
             self.key_of[id(t)] = f"t/{len(self.pool)}"
             self.alive.append(t)
             self.pool[self.key_of[id(t)]] = t.detach().cpu().clone()   # synchronous, at hook time
@@ -141,7 +141,9 @@ class _Recorder:
     def _post(self, name: str) -> Any:
         def hook(_m: Any, _a: Any, _kw: Any, out: Any) -> None:
             key = self.stack[name].pop()
-            self.outs[key] = {p: self.put(t) for p, t in tensor_leaves(out).items()}
+            # an output that is this call's own input object was changed in place: copied again
+            self.outs[key] = {p: self.put(t, fresh=self.key_of.get(id(t)) in self.ins[key].values())
+                              for p, t in tensor_leaves(out).items()}
         return hook
 
     def remove(self) -> None:
