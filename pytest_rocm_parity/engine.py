@@ -145,6 +145,25 @@ def _dev(device: Any) -> Any:
 
 
 @contextlib.contextmanager
+def eval_mode(model: Any) -> Iterator[None]:
+    """Eval mode for the block, each module's own flag restored afterwards.
+
+    Module.train() walks and sets every submodule (milliseconds on a large model), so a model that
+    is in eval mode already, the usual case, is left untouched.
+    """
+    flags = [(mod, mod.training) for mod in model.modules()]
+    if not any(f for _, f in flags):
+        yield
+        return
+    model.eval()
+    try:
+        yield
+    finally:
+        for mod, f in flags:
+            mod.training = f
+
+
+@contextlib.contextmanager
 def numerics(rung: str, tf32: bool = False) -> Iterator[None]:
     """fp32 rungs run with TF32 off (unless the policy says it is deployed); restored afterwards."""
     import torch

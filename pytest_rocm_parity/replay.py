@@ -14,6 +14,7 @@ from pytest_rocm_parity.engine import (
     KEEP_PLACEMENT,
     OUTPUT,
     CheckSpec,
+    eval_mode,
     Hooks,
     _run,
     _substitute,
@@ -266,19 +267,14 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
         sink[key] = res
 
     m = prepare_model(model, device, dtype)
-    was_training = m.training
-    m.eval()
     if meta.get("sketch"):
-        try:
-            with numerics(rung, tol.tf32):
-                return _replay_rung_sketch(m, spec, meta, reader, rung, args0, kwargs0, selected)
-        finally:
-            m.train(was_training)
+        with eval_mode(m), numerics(rung, tol.tf32):
+            return _replay_rung_sketch(m, spec, meta, reader, rung, args0, kwargs0, selected)
     fast = spec.replay == "fast" and spec.extra_judge is None
     outs: list[LayerRecord] = []
     _preload(reader, meta, fast, device)
     try:
-        with numerics(rung, tol.tf32):
+        with eval_mode(m), numerics(rung, tol.tf32):
             if not fast:   # propagated
                 with Hooks(m, selected, None, lambda k, s, o: compare(k, o, "gtruth", prop)):
                     out = _run(m, args0, kwargs0)
@@ -302,7 +298,6 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                     _run(m, args0, kwargs0)
                 queue.flush()
     finally:
-        m.train(was_training)
         if not keep_loaded:
             reader.release()
     result = CheckResult(test=spec.test, name=spec.name, dtype=rung, passed=True)
@@ -321,12 +316,8 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
     if spec.profile and isinstance(meta.get("extra", {}).get("profile"), dict):
         from pytest_rocm_parity.profiling import compare_shares, profile_shares
 
-        m.eval()
-        try:
-            with numerics(rung, tol.tf32):
-                cand_prof = profile_shares(m, args0, kwargs0, home_device(m, device))
-        finally:
-            m.train(was_training)
+        with eval_mode(m), numerics(rung, tol.tf32):
+            cand_prof = profile_shares(m, args0, kwargs0, home_device(m, device))
         result.extra["profile"] = {"flags": compare_shares(meta["extra"]["profile"], cand_prof),
                                    "reference": meta["extra"]["profile"], "candidate": cand_prof}
     if spec.report_dir is not None and not result.passed and obtained:
@@ -336,12 +327,10 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
     obtained.clear()
     if spec.extra_judge is not None:
         result.extra["_pos_err"] = pos_err
-        m.eval()
         try:
-            with numerics(rung, tol.tf32):
+            with eval_mode(m), numerics(rung, tol.tf32):
                 spec.extra_judge(rung, m, args0, kwargs0, pending, reader, meta, result)
         finally:
-            m.train(was_training)
             result.extra.pop("_pos_err", None)
     return result
 
