@@ -121,7 +121,7 @@ class RssSampler:
 
 
 def bench_one(name: str, device: str, batch: int, seq: int, reps: int, drill: int, workdir: str,
-              sketch: int = 0) -> dict[str, Any]:
+              sketch: int = 0, profile_dir: str | None = None) -> dict[str, Any]:
     import torch
 
     from pytest_rocm_parity.capture import capture, recording_pass
@@ -194,6 +194,21 @@ def bench_one(name: str, device: str, batch: int, seq: int, reps: int, drill: in
             row[f"{kind}_passed"] = r.passed
             row[f"pass_{kind}_s"] = timed(lambda: _replay_rung(model, sp, manifest, meta, reader, "bfloat16", device,
                                                                tmpl, keep_loaded=True), device, reps)
+            if profile_dir:   # where the host time of a pass goes (what the GPU cannot hide)
+                import cProfile
+                import io
+                import pstats
+
+                pr = cProfile.Profile()
+                pr.enable()
+                _replay_rung(model, sp, manifest, meta, reader, "bfloat16", device, tmpl, keep_loaded=True)
+                sync(device)
+                pr.disable()
+                buf = io.StringIO()
+                pstats.Stats(pr, stream=buf).sort_stats("cumulative").print_stats(45)
+                with open(os.path.join(profile_dir, "profiles.txt"), "a") as f:
+                    f.write(f"===== {name} {kind} pass =====\n")
+                    f.write(buf.getvalue())
         reader.release()
     row["host_peak_rss_gib"] = rss_gb()
     for k in ("record_s", "capture_s", "replay_cold_s", "replay_warm_s", "pass_full_s", "pass_fast_s"):
@@ -223,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", default=None)
     p.add_argument("--sketch", type=int, default=0, help="sketch goldens with this group size (0: full)")
     p.add_argument("--out", default=None)
+    p.add_argument("--profile-dir", default=None, help="write a cProfile of one replay pass per model here")
     a = p.parse_args(argv)
     import torch
 
@@ -232,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in a.models.split(","):
         try:
-            rows.append(bench_one(name, a.device, a.batch, a.seq, a.reps, a.drill, work, a.sketch))
+            rows.append(bench_one(name, a.device, a.batch, a.seq, a.reps, a.drill, work, a.sketch, a.profile_dir))
         except Exception as exc:  # report and go on: one OOM must not lose the other rows
             rows.append({"model": name, "error": f"{type(exc).__name__}: {exc}"[:500]})
         print(json.dumps(rows[-1]), flush=True)

@@ -13,16 +13,16 @@ part="${1:-all}"
 if [[ "$part" == all || "$part" == a ]]; then
   timeout 150 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu tests/unit/test_capture_fast.py \
     -o addopts="" > "$L/gpu_tests.log" 2>&1
-  echo "gpu tests rc=$?" >> "$L/times.txt"
-  timeout 330 python bench/bench_parity.py --device cuda --models tiny,1b --reps 10 --out "$L/bench_tiny_1b.json" > "$L/bench_tiny_1b.log" 2>&1
-  echo "bench tiny,1b rc=$?" >> "$L/times.txt"
+  echo "gpu tests rc=$?" >> "$L/env.txt"
+  timeout 330 python bench/bench_parity.py --device cuda --models tiny,1b --reps 10 --profile-dir "$L" --out "$L/bench_tiny_1b.json" > "$L/bench_tiny_1b.log" 2>&1
+  echo "bench tiny,1b rc=$?" >> "$L/env.txt"
 fi
 if [[ "$part" == all || "$part" == b ]]; then
   timeout 420 python bench/bench_parity.py --device cuda --models 8b --reps 3 --out "$L/bench_8b.json" > "$L/bench_8b.log" 2>&1
-  echo "bench 8b rc=$?" >> "$L/times.txt"
+  echo "bench 8b rc=$?" >> "$L/env.txt"
   OUT="$L" timeout 150 bash scripts/gpu_session2.sh
 fi
-cat "$L/times.txt"
+cat "$L/env.txt"
 tail -3 "$L/gpu_tests.log" 2>/dev/null
 python - "$L" <<'PY'
 import json, sys, glob
