@@ -128,7 +128,8 @@ def prepare_model(model: Any, device: Any, dtype: Any) -> Any:
         if all(p.dtype == dtype for p in fl):
             return model
         return copy.deepcopy(model).to(dtype=dtype)
-    if all(p.device == _dev(device) and p.dtype == dtype for p in fl):
+    target = _dev(device)
+    if all(p.device == target and p.dtype == dtype for p in fl):
         return model
     # Copy on the host side when moving devices, so the source never holds two copies on a GPU.
     m = copy.deepcopy(model)
