@@ -1,0 +1,104 @@
+"""The replay's statistics queue (replay._StatsQueue), the path a GPU replay takes, run on the CPU.
+
+On a GPU every module's statistics are queued behind the forward and judged after one
+synchronisation; here DEFER_ON_CPU forces that path so it is tested in CI, against the immediate
+path the CPU normally takes.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from pytest_rocm_parity import replay as replay_mod
+from pytest_rocm_parity.capture import capture
+from pytest_rocm_parity.engine import CheckSpec
+from pytest_rocm_parity.golden import GoldenStore
+from pytest_rocm_parity.replay import replay
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(48, 48), nn.GELU()) for _ in range(3))
+        self.head = nn.Linear(48, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = x + b(x)
+        return self.head(x)
+
+
+def _setup(tmp_path: Any) -> tuple[Net, torch.Tensor, CheckSpec, GoldenStore]:
+    torch.manual_seed(0)
+    model = Net()
+    x = torch.randn(4, 32, 48, generator=torch.Generator().manual_seed(1))
+    spec = CheckSpec(name="q", dtypes=["bfloat16", "float32"], drill=1)
+    store = GoldenStore(tmp_path / "g")
+    capture(model, x, spec, store, "cpu")
+    return model, x, spec, store
+
+
+def _summary(results: list[Any]) -> list[tuple[Any, ...]]:
+    out = []
+    for r in results:
+        for l in r.layers + r.outputs:
+            for m in (l.iso, l.prop):
+                if m is not None:
+                    out.append((r.dtype, l.name, l.passed, round(m.ratio, 9), round(m.ratio_lo, 9), round(m.z, 9),
+                                m.nonfinite))
+    return out
+
+
+@pytest.mark.parametrize("hold", [2 << 30, 1])   # 1 byte: flush after every leaf
+def test_queued_path_equals_immediate_path(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, hold: int) -> None:
+    model, x, spec, store = _setup(tmp_path)
+    model.blocks[1][1].approximate = "tanh"        # a seeded bug, so failing layers are compared too
+    immediate = replay(model, x, spec, store, "cpu")
+    flushes: list[int] = []
+    real_flush = replay_mod._StatsQueue.flush
+
+    def counting_flush(self: Any) -> None:
+        flushes.append(len(self.items))
+        real_flush(self)
+
+    monkeypatch.setattr(replay_mod._StatsQueue, "DEFER_ON_CPU", True)
+    monkeypatch.setattr(replay_mod._StatsQueue, "HOLD_BYTES", hold)
+    monkeypatch.setattr(replay_mod._StatsQueue, "flush", counting_flush)
+    queued = replay(model, x, spec, store, "cpu")
+    assert _summary(queued) == _summary(immediate)
+    assert any(not r.passed for r in queued) and queued[-1].culprit == "blocks.1.1"
+    if hold == 1:
+        assert max(flushes) == 1                    # early flushes: never more than one leaf waiting
+    else:
+        assert max(flushes) > 3                     # one flush per pass: every module queued
+
+
+def test_queued_path_masks_non_finite_and_exports_failing_tensors(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, x, spec, store = _setup(tmp_path)
+
+    def poison(_m: Any, _a: Any, out: torch.Tensor) -> torch.Tensor:   # a kernel writing one inf
+        out = out.clone()
+        out[0, 3, 5] = float("inf")
+        return out
+
+    model.blocks[2][0].register_forward_hook(poison)
+    monkeypatch.setattr(replay_mod._StatsQueue, "DEFER_ON_CPU", True)
+    spec.report_dir = tmp_path / "rep"
+    results = replay(model, x, spec, store, "cpu")
+    bad = [r for r in results if not r.passed]
+    assert bad
+    rec = next(l for l in bad[0].layers if l.name == "blocks.2.0")
+    assert rec.iso.nonfinite == 1 and rec.iso.first_nonfinite == [0, 3, 5]
+    files = list((tmp_path / "rep" / "tensors").glob("*.safetensors"))
+    assert files, "failing tensors were not exported from the queued path"
+    from safetensors import safe_open
+
+    with safe_open(str(files[0]), "pt") as f:
+        keys = list(f.keys())
+        meta = f.metadata()
+    assert any(k.startswith("blocks.2") for k in keys), keys
+    assert json.dumps(meta)
