@@ -225,7 +225,7 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
     selected = select(model, spec.layers, spec.drill)
     layers = {e["key"]: e for e in meta["layers"]}
     # The test's inputs are the template (structure and constants); every tensor leaf is the stored one.
-    tmpl = map_tensors(inputs_template, lambda p, _t: reader.get(f"input/{p}"))
+    tmpl = map_tensors(inputs_template, lambda p, _t: reader.get_fresh(f"input/{p}"))
     args0, kwargs0 = tuple(tmpl["args"]), tmpl["kwargs"]
     u = tol.unit_roundoff(rung)
     prop: dict[str, list[LeafMetrics]] = {}
@@ -403,7 +403,7 @@ def _preload(reader: RungReader, meta: dict[str, Any], fast: bool, device: str) 
     """Goldens the passes will read, loaded onto the device before the forward (see RungReader.preload)."""
     import torch
 
-    keys = [k for k in reader.keys if not k.startswith("input/") and not (fast and k.startswith("gtruth/"))]
+    keys = [k for k in reader.keys if not (fast and k.startswith("gtruth/"))]
     dev = torch.device(reader.device)
     if dev.type != "cuda":
         return    # a CPU reader maps the file: nothing to move
