@@ -154,6 +154,8 @@ def bench_one(name: str, device: str, batch: int, seq: int, reps: int, drill: in
     reset_dev(device)
     row["record_s"] = timed(record, device, reps)
     row["record_peak_gib"] = peak_dev(device)
+    if profile_dir:
+        _profile(record, device, profile_dir, f"{name} recording pass")
     store = GoldenStore(os.path.join(workdir, name))
     spec = CheckSpec(name=name, dtypes=["bfloat16"], drill=drill, sketch=sketch)
     reset_dev(device)
@@ -195,20 +197,8 @@ def bench_one(name: str, device: str, batch: int, seq: int, reps: int, drill: in
             row[f"pass_{kind}_s"] = timed(lambda: _replay_rung(model, sp, manifest, meta, reader, "bfloat16", device,
                                                                tmpl, keep_loaded=True), device, reps)
             if profile_dir:   # where the host time of a pass goes (what the GPU cannot hide)
-                import cProfile
-                import io
-                import pstats
-
-                pr = cProfile.Profile()
-                pr.enable()
-                _replay_rung(model, sp, manifest, meta, reader, "bfloat16", device, tmpl, keep_loaded=True)
-                sync(device)
-                pr.disable()
-                buf = io.StringIO()
-                pstats.Stats(pr, stream=buf).sort_stats("cumulative").print_stats(45)
-                with open(os.path.join(profile_dir, "profiles.txt"), "a") as f:
-                    f.write(f"===== {name} {kind} pass =====\n")
-                    f.write(buf.getvalue())
+                _profile(lambda: _replay_rung(model, sp, manifest, meta, reader, "bfloat16", device, tmpl,
+                                              keep_loaded=True), device, profile_dir, f"{name} {kind} pass")
         reader.release()
     row["host_peak_rss_gib"] = rss_gb()
     for k in ("record_s", "capture_s", "replay_cold_s", "replay_warm_s", "pass_full_s", "pass_fast_s"):
@@ -219,6 +209,23 @@ def bench_one(name: str, device: str, batch: int, seq: int, reps: int, drill: in
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
     return row
+
+
+def _profile(fn: Any, device: str, profile_dir: str, title: str) -> None:
+    """cProfile of one call, appended to profile_dir/profiles.txt (tottime order: host time by function)."""
+    import cProfile
+    import io
+    import pstats
+
+    pr = cProfile.Profile()
+    pr.enable()
+    fn()
+    sync(device)
+    pr.disable()
+    buf = io.StringIO()
+    pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(30)
+    with open(os.path.join(profile_dir, "profiles.txt"), "a") as f:
+        f.write(f"===== {title} =====\n{buf.getvalue()}")
 
 
 def _leaves(*objs: Any) -> list[Any]:

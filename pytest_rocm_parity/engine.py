@@ -255,7 +255,38 @@ def _substitute(args: Any, kwargs: Any, keys: dict[str, str], fetch: Callable[[s
             g = g.to(fdtype)
         # onto the device of the tensor it replaces: for a split model that is the module's own GPU
         return g.to(t.device if device is None or device == KEEP_PLACEMENT else device)
-    new = map_tensors({"args": args, "kwargs": kwargs}, fn)
-    return tuple(new["args"]), new["kwargs"]
+    root: Any = {"args": args, "kwargs": kwargs}
+    try:   # the common shapes (tensors in plain tuples, lists and dicts), without walking every leaf
+        for path in keys:
+            root = _replace_at(root, path.split("."), path, fn)
+    except _NotPlain:
+        root = map_tensors({"args": args, "kwargs": kwargs}, fn)
+    return tuple(root["args"]), root["kwargs"]
+
+
+class _NotPlain(Exception):
+    """A path through a container _replace_at does not rebuild: map_tensors walks it instead."""
+
+
+def _replace_at(obj: Any, parts: list[str], path: str, fn: Callable[[str, Any], Any]) -> Any:
+    """``obj`` with the tensor at ``parts`` replaced by fn(path, tensor); containers copied on the way."""
+    import torch
+
+    if not parts:
+        if not isinstance(obj, torch.Tensor):
+            raise _NotPlain(path)
+        return fn(path, obj)
+    head, rest = parts[0], parts[1:]
+    if type(obj) in (tuple, list):
+        if not head.isdigit() or int(head) >= len(obj):
+            raise _NotPlain(path)
+        items = list(obj)
+        items[int(head)] = _replace_at(items[int(head)], rest, path, fn)
+        return type(obj)(items)
+    if type(obj) is dict and head in obj and all(type(k) is str for k in obj):
+        out = dict(obj)
+        out[head] = _replace_at(obj[head], rest, path, fn)
+        return out
+    raise _NotPlain(path)
 
 

@@ -30,6 +30,63 @@ def triton_kernel() -> Any:
 
 
 @functools.lru_cache(maxsize=1)
+def triton_many_kernel() -> Any:
+    import triton
+
+    from pytest_rocm_parity import triton_stats
+
+    return triton.jit(triton_stats.stats_many_kernel)
+
+
+_CODES = {"bfloat16": 0, "float16": 1, "float32": 2, "float64": 3}
+
+
+def many_supported(c: Any, r: Any, e: Any) -> bool:
+    """Whether block_stats_many takes these (contiguous, real, of the four float dtypes)."""
+    return all(str(x.dtype).removeprefix("torch.") in _CODES and x.is_contiguous() for x in (c, r, e))
+
+
+def block_stats_many(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int, int]]) -> Any:
+    """Per-block statistics of many leaves at once, rows in order: one launch per dtype combination.
+
+    ``leaves``: (c, r, e) flat contiguous tensors on one GPU; ``layouts``: (nb, size) of each.
+    Returns a (sum of nb, 8) float64 tensor on that GPU, asynchronously.
+    """
+    import numpy as np
+    import torch
+
+    dev = leaves[0][0].device
+    total = sum(nb for nb, _ in layouts)
+    out = torch.empty((total, NCOLS), dtype=torch.float64, device=dev)
+    row0 = np.cumsum([0] + [nb for nb, _ in layouts])
+    groups: dict[tuple[str, str, str], list[int]] = {}
+    for i, (c, r, e) in enumerate(leaves):
+        key = tuple(str(x.dtype).removeprefix("torch.") for x in (c, r, e))
+        groups.setdefault(key, []).append(i)   # type: ignore[arg-type]
+    for (dc, dr, de), idx in groups.items():
+        ptrs = np.array([[leaves[i][k].data_ptr() for i in idx] for k in range(3)], dtype=np.int64)
+        blk, rows = [], []
+        for j, i in enumerate(idx):
+            nb, size = layouts[i]
+            n = leaves[i][0].numel()
+            for b in range(nb):
+                blk.append((j, b * size, min(n, (b + 1) * size)))
+            rows.extend(range(row0[i], row0[i] + nb))
+        table = np.concatenate([ptrs.reshape(-1), np.array(blk, dtype=np.int64).reshape(-1)])
+        host = torch.from_numpy(table)
+        dev_table = host.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else host
+        k = len(idx)
+        part = out if len(groups) == 1 else torch.empty((len(blk), NCOLS), dtype=torch.float64, device=dev)
+        f64 = "float64" in (dc, dr, de)
+        triton_many_kernel()[(len(blk),)](dev_table[0:k], dev_table[k:2 * k], dev_table[2 * k:3 * k],
+                                          dev_table[3 * k:], part, CC=_CODES[dc], CR=_CODES[dr], CE=_CODES[de],
+                                          F64=f64, BLOCK=TILE)
+        if part is not out:
+            out[torch.as_tensor(rows, device=dev)] = part
+    return out
+
+
+@functools.lru_cache(maxsize=1)
 def triton_usable() -> bool:
     """Triton importable and a GPU it can compile for (CUDA or ROCm)."""
     try:

@@ -336,13 +336,16 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
 
 
 class _StatsQueue:
-    """Statistics queued on the device behind the forward, read back with one synchronisation.
+    """Module outputs queued during the forward, judged after it with one synchronisation.
 
-    A hook only launches the fused statistics kernel (compare.block_stats); flush() reads every
-    queued result at once and fills the LeafMetrics in place. The candidate tensors stay referenced
-    until then (for the masked path of non-finite values and for the failing-tensor export), up to
-    HOLD_BYTES, past which the queue flushes early. On the CPU there is nothing to overlap: each
-    leaf is finished at once.
+    Why: a large model's forward is often bound by the host launching kernels, so every microsecond
+    a hook spends is a microsecond of replay. A hook only records what to compare (references, no
+    copies, no kernels); flush(), after the pass, computes every queued leaf's statistics with one
+    Triton launch per dtype combination (kernels.block_stats_many), reads them back at once and
+    judges them together (compare.metrics_many). The candidate tensors stay referenced until then
+    (also for the masked path of non-finite values and the failing-tensor export), up to HOLD_BYTES,
+    past which the queue flushes early. On the CPU there is nothing to overlap: each leaf is judged
+    at once.
     """
 
     HOLD_BYTES = 2 << 30
@@ -350,37 +353,52 @@ class _StatsQueue:
 
     def __init__(self, rung: str, u: float, obtained: dict[str, Any] | None) -> None:
         self.rung, self.u, self.obtained = rung, u, obtained
-        self.items: list[tuple[list[Any], int, str, Any, Any, Any, Any, Any, bool, str]] = []
+        self.items: list[tuple[list[Any], int, str, Any, Any, Any, Any, bool, str]] = []
         self.held = 0
 
     def add(self, sink: list[Any], leaf: str, c: Any, ref: Any, res: Any, tol: Tolerance, isolated: bool,
             tag: str) -> None:
-        quick = (tuple(c.shape) == tuple(ref.shape) == tuple(res.shape) and ref.numel() > 0
+        quick = (c.shape == ref.shape == res.shape and ref.numel() > 0
                  and not (c.is_complex() or ref.is_complex() or res.is_complex()))
         if not quick or not (c.is_cuda or self.DEFER_ON_CPU):
             sink.append(residual_metrics(leaf, c, ref, res, self.u, tol.confidence, tol.nan))
             self.keep_if_failing(sink[-1], c, tol, isolated, tag)
             return
         sink.append(None)
-        stats = block_stats(c.to(ref.device), ref, res)
-        self.items.append((sink, len(sink) - 1, leaf, c, ref, res, stats, tol, isolated, tag))
+        self.items.append((sink, len(sink) - 1, leaf, c, ref, res, tol, isolated, tag))
         self.held += c.numel() * c.element_size()
         if self.held > self.HOLD_BYTES:
             self.flush()
 
+    def _stats(self) -> Any:
+        """(sum of blocks, 8) statistics of every queued leaf, in order, on the device."""
+        import torch
+
+        from pytest_rocm_parity import kernels
+        from pytest_rocm_parity.compare import block_layout
+
+        flat = [(c.to(ref.device).reshape(-1), ref.reshape(-1), res.reshape(-1))
+                for _s, _i, _l, c, ref, res, *_ in self.items]
+        dev = flat[0][1].device
+        if (dev.type == "cuda" and kernels.triton_usable()
+                and all(r.device == dev and kernels.many_supported(*x) for x in flat for r in x)):
+            return kernels.block_stats_many(flat, [block_layout(c.numel()) for c, _, _ in flat])
+        return torch.cat([block_stats(c, r, e).to(dev) for c, r, e in flat])
+
     def flush(self) -> None:
         if not self.items:
             return
-        import torch
+        from pytest_rocm_parity.compare import block_layout
 
-        host = torch.cat([it[6] for it in self.items]).to("cpu").numpy()   # the one synchronisation
+        host = self._stats().to("cpu").numpy()   # the one synchronisation
         parts, row = [], 0
         for it in self.items:
-            parts.append(host[row:row + it[6].shape[0]])
-            row += it[6].shape[0]
-        done = metrics_many([(it[2], int(it[4].numel()), part, it[7].confidence) for it, part in zip(self.items, parts)],
+            nb = block_layout(int(it[4].numel()))[0]
+            parts.append(host[row:row + nb])
+            row += nb
+        done = metrics_many([(it[2], int(it[4].numel()), part, it[6].confidence) for it, part in zip(self.items, parts)],
                             self.u)
-        for (sink, i, leaf, c, ref, res, _st, tol, isolated, tag), part, m in zip(self.items, parts, done):
+        for (sink, i, leaf, c, ref, res, tol, isolated, tag), part, m in zip(self.items, parts, done):
             if m is None:   # a non-finite sum: the masked path, on the tensors still held
                 m = residual_metrics(leaf, c, ref, res, self.u, tol.confidence, tol.nan, stats=part)
             sink[i] = m

@@ -36,3 +36,83 @@ def stats_kernel(C, R, E, OUT, n, size, tiles, F64: tl.constexpr, BLOCK: tl.cons
     tl.store(o + 5, tl.sum((ac > ar).to(tl.float32), axis=0).to(tl.float64))
     tl.store(o + 6, tl.sum((ac < ar).to(tl.float32), axis=0).to(tl.float64))
     tl.store(o + 7, tl.max(tl.abs(d), axis=0).to(tl.float64))
+
+
+
+def stats_many_kernel(PC, PR, PE, BLK, OUT, CC: tl.constexpr, CR: tl.constexpr, CE: tl.constexpr,  # noqa: N803
+                      F64: tl.constexpr, BLOCK: tl.constexpr):
+    """One jackknife block of one of many leaves per program: the eight sums of stats_kernel, whole.
+
+    BLK holds (leaf, start, end) per block; PC/PR/PE the leaves' data pointers as int64. Leaves of
+    one launch share their dtypes (codes: 0 bfloat16, 1 float16, 2 float32, 3 float64), so a
+    replay judges every module of a pass with one launch per dtype combination.
+    """
+    b = tl.program_id(0)
+    leaf = tl.load(BLK + b * 3)
+    start = tl.load(BLK + b * 3 + 1)
+    end = tl.load(BLK + b * 3 + 2)
+    if CC == 0:
+        pc = tl.load(PC + leaf).to(tl.pointer_type(tl.bfloat16))
+    elif CC == 1:
+        pc = tl.load(PC + leaf).to(tl.pointer_type(tl.float16))
+    elif CC == 2:
+        pc = tl.load(PC + leaf).to(tl.pointer_type(tl.float32))
+    else:
+        pc = tl.load(PC + leaf).to(tl.pointer_type(tl.float64))
+    if CR == 0:
+        pr = tl.load(PR + leaf).to(tl.pointer_type(tl.bfloat16))
+    elif CR == 1:
+        pr = tl.load(PR + leaf).to(tl.pointer_type(tl.float16))
+    elif CR == 2:
+        pr = tl.load(PR + leaf).to(tl.pointer_type(tl.float32))
+    else:
+        pr = tl.load(PR + leaf).to(tl.pointer_type(tl.float64))
+    if CE == 0:
+        pe = tl.load(PE + leaf).to(tl.pointer_type(tl.bfloat16))
+    elif CE == 1:
+        pe = tl.load(PE + leaf).to(tl.pointer_type(tl.float16))
+    elif CE == 2:
+        pe = tl.load(PE + leaf).to(tl.pointer_type(tl.float32))
+    else:
+        pe = tl.load(PE + leaf).to(tl.pointer_type(tl.float64))
+    s0 = tl.zeros((), dtype=tl.float64)
+    s1 = tl.zeros((), dtype=tl.float64)
+    s2 = tl.zeros((), dtype=tl.float64)
+    s3 = tl.zeros((), dtype=tl.float64)
+    s4 = tl.zeros((), dtype=tl.float64)
+    s5 = tl.zeros((), dtype=tl.float64)
+    s6 = tl.zeros((), dtype=tl.float64)
+    s7 = tl.zeros((), dtype=tl.float64)
+    for lo in range(start, end, BLOCK):
+        offs = lo + tl.arange(0, BLOCK)
+        mask = offs < end
+        if F64:
+            c = tl.load(pc + offs, mask=mask, other=0.0).to(tl.float64)
+            r = tl.load(pr + offs, mask=mask, other=0.0).to(tl.float64)
+            e = tl.load(pe + offs, mask=mask, other=0.0).to(tl.float64)
+        else:
+            c = tl.load(pc + offs, mask=mask, other=0.0).to(tl.float32)
+            r = tl.load(pr + offs, mask=mask, other=0.0).to(tl.float32)
+            e = tl.load(pe + offs, mask=mask, other=0.0).to(tl.float32)
+        d = c - r
+        ec = d - e
+        t = r + e
+        s0 += tl.sum(ec * ec, axis=0).to(tl.float64)
+        s1 += tl.sum(e * e, axis=0).to(tl.float64)
+        s2 += tl.sum(t * t, axis=0).to(tl.float64)
+        s3 += tl.sum(r * r, axis=0).to(tl.float64)
+        s4 += tl.sum(d * d, axis=0).to(tl.float64)
+        ac = tl.abs(ec)
+        ar = tl.abs(e)
+        s5 += tl.sum((ac > ar).to(tl.float32), axis=0).to(tl.float64)
+        s6 += tl.sum((ac < ar).to(tl.float32), axis=0).to(tl.float64)
+        s7 = tl.maximum(s7, tl.max(tl.abs(d), axis=0).to(tl.float64))
+    o = OUT + b * 8
+    tl.store(o + 0, s0)
+    tl.store(o + 1, s1)
+    tl.store(o + 2, s2)
+    tl.store(o + 3, s3)
+    tl.store(o + 4, s4)
+    tl.store(o + 5, s5)
+    tl.store(o + 6, s6)
+    tl.store(o + 7, s7)

@@ -69,3 +69,22 @@ def test_queued_gpu_replay_equals_cpu_metrics(tmp_path, kind: str) -> None:
         for la, lb in zip(a.layers, b.layers):
             assert la.name == lb.name
             assert la.iso.ratio == pytest.approx(lb.iso.ratio, rel=1e-4)
+
+
+def test_many_leaves_one_launch_match_cpu() -> None:
+    """kernels.block_stats_many (the replay's flush) on the GPU against the CPU's per-leaf statistics."""
+    leaves, lays, want = [], [], []
+    for i, (dtype, rdt, n) in enumerate([(torch.bfloat16, torch.bfloat16, 4 * 512 * 2048),
+                                         (torch.bfloat16, torch.bfloat16, 4 * 512 * 32000 + 5),
+                                         (torch.float32, torch.float32, 70001), (torch.float16, torch.bfloat16, 33)]):
+        g = torch.Generator().manual_seed(i)
+        t = torch.randn(n, dtype=torch.float64, generator=g)
+        r = t.to(dtype)
+        c = (t * (1 + 1e-3 * torch.randn(n, dtype=torch.float64, generator=g))).to(dtype)
+        e = (t - r.double()).to(rdt)
+        nb, size = block_layout(n)
+        want.append(kernels.block_stats_torch(c, r, e, nb, size))
+        leaves.append((c.cuda(), r.cuda(), e.cuda()))
+        lays.append((nb, size))
+    got = kernels.block_stats_many(leaves, lays).cpu()
+    torch.testing.assert_close(got, torch.cat(want), rtol=1e-5, atol=1e-30)

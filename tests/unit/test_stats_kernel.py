@@ -55,7 +55,7 @@ KERNEL_SCRIPT = textwrap.dedent('''
     import json, sys, torch
     from pytest_rocm_parity import kernels
     from pytest_rocm_parity.compare import block_layout
-    out = []
+    out, leaves, lays, torch_rows = [], [], [], []
     for dtype, rdt, n in [(torch.bfloat16, torch.bfloat16, 70001), (torch.float16, torch.bfloat16, 65),
                           (torch.float32, torch.float32, 4097), (torch.float64, torch.float64, 3),
                           (torch.bfloat16, torch.bfloat16, 1)]:
@@ -67,6 +67,11 @@ KERNEL_SCRIPT = textwrap.dedent('''
         a = kernels.block_stats_triton(c, r, e, nb, size)
         b = kernels.block_stats_torch(c, r, e, nb, size)
         out.append([str(dtype), n, float(((a - b).abs() / b.abs().clamp(min=1e-300)).max()), list(a.shape)])
+        leaves.append((c, r, e)); lays.append((nb, size)); torch_rows.append(b)
+    many = kernels.block_stats_many(leaves, lays)      # the replay's one launch per dtype combination
+    want = torch.cat(torch_rows)
+    out.append(["many", int(want.shape[0]), float(((many - want).abs() / want.abs().clamp(min=1e-300)).max()),
+                list(many.shape)])
     print(json.dumps(out))
 ''')
 
@@ -78,10 +83,13 @@ def test_triton_kernel_in_the_interpreter_matches_the_fallback() -> None:
     p = subprocess.run([sys.executable, "-c", KERNEL_SCRIPT], capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     rows = json.loads(p.stdout.strip().splitlines()[-1])
-    assert len(rows) == 5
-    for dtype, n, rel, shape in rows:
+    assert len(rows) == 6
+    for dtype, n, rel, shape in rows[:5]:
         assert shape == [block_layout(n)[0], 8]
         assert rel < 1e-5, (dtype, n, rel)
+    _, total, rel, shape = rows[5]
+    assert shape == [total, 8] and total == sum(block_layout(n)[0] for _, n, _, _ in rows[:5])
+    assert rel < 1e-5, rel
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
