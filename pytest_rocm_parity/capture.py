@@ -36,7 +36,7 @@ from pytest_rocm_parity.engine import (
 )
 from pytest_rocm_parity.golden import FORMAT_VERSION, GoldenStore
 from pytest_rocm_parity.selection import Selected, select
-from pytest_rocm_parity.tree import constant_leaves, tensor_leaves
+from pytest_rocm_parity.tree import constant_leaves, split_leaves, tensor_leaves
 
 # Where the float64 truth model is built: None decides by the device's free memory; True builds it
 # on the capture device, False through the host (tests compare the two routes).
@@ -82,18 +82,23 @@ class _HostCopies:
         except RuntimeError:   # pinned memory exhausted: the synchronous copy still works
             return t.to("cpu", copy=True).contiguous()
         src = t.clone(memory_format=torch.contiguous_format) if snapshot or not t.is_contiguous() else t
-        stream = self._streams.get(src.device)
-        if stream is None:
-            stream = self._streams[src.device] = torch.cuda.Stream(device=src.device)
-        stream.wait_stream(torch.cuda.current_stream(src.device))
+        pair = self._streams.get(src.device)
+        if pair is None:   # per device, once per pass: the forward's stream and our copy stream
+            pair = self._streams[src.device] = (torch.cuda.current_stream(src.device),
+                                                torch.cuda.Stream(device=src.device))
+        compute, stream = pair
+        stream.wait_stream(compute)
         with torch.cuda.stream(stream):
             host.copy_(src, non_blocking=True)
             done = torch.cuda.Event()
             done.record(stream)
         # the allocator keeps src's memory until the copy has read it; record_stream is declared as
         # mutating, which an inference tensor (the hooks run under inference_mode) allows only there
-        with torch.inference_mode():
+        if torch.is_inference_mode_enabled():
             src.record_stream(stream)
+        else:
+            with torch.inference_mode():
+                src.record_stream(stream)
         self._throttle(done, src.numel() * src.element_size())
         return host
 
@@ -101,18 +106,16 @@ class _HostCopies:
         """Forget finished copies; wait for the oldest while more than INFLIGHT_BYTES are in flight."""
         self._inflight.append((done, nbytes))
         self._inflight_bytes += nbytes
-        while self._inflight:
+        # Only past the cap: an event query per copy is host time the forward would wait for.
+        while self._inflight_bytes > INFLIGHT_BYTES and len(self._inflight) > 1:
             event, n = self._inflight[0]
-            over = self._inflight_bytes > INFLIGHT_BYTES and len(self._inflight) > 1
-            if not (over or event.query()):
-                break
             event.synchronize()
             self._inflight.popleft()
             self._inflight_bytes -= n
 
     def finish(self) -> None:
         """Wait for every copy issued so far; the host tensors are complete afterwards."""
-        for stream in self._streams.values():
+        for _compute, stream in self._streams.values():
             stream.synchronize()
         self._inflight.clear()
         self._inflight_bytes = 0
@@ -199,18 +202,17 @@ def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any) -> 
     inputs: dict[str, Any] = {}    # this call's input leaves until its output is recorded
 
     def rec_in(key: str, sel: Selected, a: Any, kw: Any) -> None:
-        leaves = tensor_leaves({"args": a, "kwargs": kw})
+        leaves, consts = split_leaves({"args": a, "kwargs": kw})
         inputs[key] = leaves
         entries[key] = {"name": sel.name, "key": key, "level": sel.level, "primary": sel.primary,
-                        "in": {p: pool.add(t) for p, t in leaves.items()},
-                        "const_in": constant_leaves({"args": a, "kwargs": kw})}
+                        "in": {p: pool.add(t) for p, t in leaves.items()}, "const_in": consts}
         return None
 
     def rec_out(key: str, sel: Selected, out: Any) -> None:
         ins = {pool.by_id.get(id(t)) for t in inputs.pop(key, {}).values()} - {None}
-        entries[key]["out"] = {p: pool.add(t, fresh=pool.by_id.get(id(t)) in ins)
-                               for p, t in tensor_leaves(out).items()}
-        entries[key]["const_out"] = constant_leaves(out)
+        leaves, consts = split_leaves(out)
+        entries[key]["out"] = {p: pool.add(t, fresh=pool.by_id.get(id(t)) in ins) for p, t in leaves.items()}
+        entries[key]["const_out"] = consts
 
     with Hooks(m, selected, rec_in, rec_out) as hooks:
         out = _run(m, args, kwargs)

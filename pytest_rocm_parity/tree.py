@@ -77,12 +77,19 @@ def tensor_leaves(obj: Any) -> dict[str, Any]:
 
 def constant_leaves(obj: Any) -> dict[str, Any]:
     """Non-tensor leaves as JSON-able summaries (type name for opaque objects)."""
-    out: dict[str, Any] = {}
+    return split_leaves(obj)[1]
+
+
+def split_leaves(obj: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(tensor_leaves(obj), constant_leaves(obj)) in one walk: hooks call this on every module."""
+    tensors: dict[str, Any] = {}
+    consts: dict[str, Any] = {}
     for p, v in iter_leaves(obj):
         if _is_tensor(v):
-            continue
-        out[p] = v if isinstance(v, (type(None), bool, int, float, str)) else f"<{type(v).__name__}>"
-    return out
+            tensors[p] = v
+        else:
+            consts[p] = v if isinstance(v, (type(None), bool, int, float, str)) else f"<{type(v).__name__}>"
+    return tensors, consts
 
 
 def map_tensors(obj: Any, fn: Callable[[str, Any], Any], prefix: str = "") -> Any:
