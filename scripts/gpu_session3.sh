@@ -17,6 +17,13 @@ if [[ "$part" == all || "$part" == a ]]; then
   timeout 330 python bench/bench_parity.py --device cuda --models tiny,1b --reps 10 --profile-dir "$L" --out "$L/bench_tiny_1b.json" > "$L/bench_tiny_1b.log" 2>&1
   echo "bench tiny,1b rc=$?" >> "$L/env.txt"
 fi
+if [[ "$part" == c ]]; then   # the GPU tests and all three models' benchmark in one call
+  timeout 150 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu tests/unit/test_capture_fast.py \
+    -o addopts="" > "$L/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?" >> "$L/env.txt"
+  timeout 400 python bench/bench_parity.py --device cuda --models tiny,1b,8b --reps 10 --profile-dir "$L" --out "$L/bench_all.json" > "$L/bench_all.log" 2>&1
+  echo "bench tiny,1b,8b rc=$?" >> "$L/env.txt"
+fi
 if [[ "$part" == all || "$part" == b ]]; then
   timeout 420 python bench/bench_parity.py --device cuda --models 8b --reps 3 --out "$L/bench_8b.json" > "$L/bench_8b.log" 2>&1
   echo "bench 8b rc=$?" >> "$L/env.txt"
