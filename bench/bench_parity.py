@@ -156,6 +156,11 @@ def bench_one(name: str, device: str, batch: int, seq: int, reps: int, drill: in
     row["record_peak_gib"] = peak_dev(device)
     if profile_dir:
         _profile(record, device, profile_dir, f"{name} recording pass")
+    if device.startswith("cuda"):   # the floor of the recording: device-to-host bandwidth into pinned memory
+        src = torch.empty(256 << 20, dtype=torch.uint8, device=device)
+        dst = torch.empty(256 << 20, dtype=torch.uint8, pin_memory=True)
+        row["d2h_pinned_gbps"] = (256 << 20) / timed(lambda: dst.copy_(src, non_blocking=True), device, 5) / 1e9
+        del src, dst
     store = GoldenStore(os.path.join(workdir, name))
     spec = CheckSpec(name=name, dtypes=["bfloat16"], drill=drill, sketch=sketch)
     reset_dev(device)

@@ -39,18 +39,22 @@ def stats_kernel(C, R, E, OUT, n, size, tiles, F64: tl.constexpr, BLOCK: tl.cons
 
 
 
-def stats_many_kernel(PC, PR, PE, BLK, OUT, CC: tl.constexpr, CR: tl.constexpr, CE: tl.constexpr,  # noqa: N803
-                      F64: tl.constexpr, BLOCK: tl.constexpr):
-    """One jackknife block of one of many leaves per program: the eight sums of stats_kernel, whole.
+def stats_many_kernel(PC, PR, PE, BLK, OUT, KMAX, CC: tl.constexpr, CR: tl.constexpr,  # noqa: N803
+                      CE: tl.constexpr, F64: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    """Chunk j of jackknife block b of one of many leaves: the eight partial sums into OUT[b, j, :].
 
     BLK holds (leaf, start, end) per block; PC/PR/PE the leaves' data pointers as int64. Leaves of
     one launch share their dtypes (codes: 0 bfloat16, 1 float16, 2 float32, 3 float64), so a
-    replay judges every module of a pass with one launch per dtype combination.
+    replay judges every module of a pass with one launch per dtype combination. A block of a
+    large leaf (a 4 x 512 x 128k logits tensor has 4M elements per block) is split into chunks of
+    CHUNK elements, one program each, so the GPU is filled; sums are kept per lane and reduced
+    once at the end of the chunk.
     """
     b = tl.program_id(0)
+    j = tl.program_id(1)
     leaf = tl.load(BLK + b * 3)
-    start = tl.load(BLK + b * 3 + 1)
-    end = tl.load(BLK + b * 3 + 2)
+    start = tl.load(BLK + b * 3 + 1) + j * CHUNK
+    end = tl.minimum(start + CHUNK, tl.load(BLK + b * 3 + 2))
     if CC == 0:
         pc = tl.load(PC + leaf).to(tl.pointer_type(tl.bfloat16))
     elif CC == 1:
@@ -75,44 +79,40 @@ def stats_many_kernel(PC, PR, PE, BLK, OUT, CC: tl.constexpr, CR: tl.constexpr, 
         pe = tl.load(PE + leaf).to(tl.pointer_type(tl.float32))
     else:
         pe = tl.load(PE + leaf).to(tl.pointer_type(tl.float64))
-    s0 = tl.zeros((), dtype=tl.float64)
-    s1 = tl.zeros((), dtype=tl.float64)
-    s2 = tl.zeros((), dtype=tl.float64)
-    s3 = tl.zeros((), dtype=tl.float64)
-    s4 = tl.zeros((), dtype=tl.float64)
-    s5 = tl.zeros((), dtype=tl.float64)
-    s6 = tl.zeros((), dtype=tl.float64)
-    s7 = tl.zeros((), dtype=tl.float64)
+    acc_t = tl.float64 if F64 else tl.float32
+    a0 = tl.zeros((BLOCK,), dtype=acc_t)
+    a1 = tl.zeros((BLOCK,), dtype=acc_t)
+    a2 = tl.zeros((BLOCK,), dtype=acc_t)
+    a3 = tl.zeros((BLOCK,), dtype=acc_t)
+    a4 = tl.zeros((BLOCK,), dtype=acc_t)
+    a5 = tl.zeros((BLOCK,), dtype=tl.float32)
+    a6 = tl.zeros((BLOCK,), dtype=tl.float32)
+    a7 = tl.zeros((BLOCK,), dtype=acc_t)
     for lo in range(start, end, BLOCK):
         offs = lo + tl.arange(0, BLOCK)
         mask = offs < end
-        if F64:
-            c = tl.load(pc + offs, mask=mask, other=0.0).to(tl.float64)
-            r = tl.load(pr + offs, mask=mask, other=0.0).to(tl.float64)
-            e = tl.load(pe + offs, mask=mask, other=0.0).to(tl.float64)
-        else:
-            c = tl.load(pc + offs, mask=mask, other=0.0).to(tl.float32)
-            r = tl.load(pr + offs, mask=mask, other=0.0).to(tl.float32)
-            e = tl.load(pe + offs, mask=mask, other=0.0).to(tl.float32)
+        c = tl.load(pc + offs, mask=mask, other=0.0).to(acc_t)
+        r = tl.load(pr + offs, mask=mask, other=0.0).to(acc_t)
+        e = tl.load(pe + offs, mask=mask, other=0.0).to(acc_t)
         d = c - r
         ec = d - e
         t = r + e
-        s0 += tl.sum(ec * ec, axis=0).to(tl.float64)
-        s1 += tl.sum(e * e, axis=0).to(tl.float64)
-        s2 += tl.sum(t * t, axis=0).to(tl.float64)
-        s3 += tl.sum(r * r, axis=0).to(tl.float64)
-        s4 += tl.sum(d * d, axis=0).to(tl.float64)
+        a0 += ec * ec
+        a1 += e * e
+        a2 += t * t
+        a3 += r * r
+        a4 += d * d
         ac = tl.abs(ec)
         ar = tl.abs(e)
-        s5 += tl.sum((ac > ar).to(tl.float32), axis=0).to(tl.float64)
-        s6 += tl.sum((ac < ar).to(tl.float32), axis=0).to(tl.float64)
-        s7 = tl.maximum(s7, tl.max(tl.abs(d), axis=0).to(tl.float64))
-    o = OUT + b * 8
-    tl.store(o + 0, s0)
-    tl.store(o + 1, s1)
-    tl.store(o + 2, s2)
-    tl.store(o + 3, s3)
-    tl.store(o + 4, s4)
-    tl.store(o + 5, s5)
-    tl.store(o + 6, s6)
-    tl.store(o + 7, s7)
+        a5 += (ac > ar).to(tl.float32)
+        a6 += (ac < ar).to(tl.float32)
+        a7 = tl.maximum(a7, tl.abs(d))
+    o = OUT + (b * KMAX + j) * 8
+    tl.store(o + 0, tl.sum(a0.to(tl.float64), axis=0))
+    tl.store(o + 1, tl.sum(a1.to(tl.float64), axis=0))
+    tl.store(o + 2, tl.sum(a2.to(tl.float64), axis=0))
+    tl.store(o + 3, tl.sum(a3.to(tl.float64), axis=0))
+    tl.store(o + 4, tl.sum(a4.to(tl.float64), axis=0))
+    tl.store(o + 5, tl.sum(a5.to(tl.float64), axis=0))
+    tl.store(o + 6, tl.sum(a6.to(tl.float64), axis=0))
+    tl.store(o + 7, tl.max(a7.to(tl.float64), axis=0))
