@@ -204,6 +204,23 @@ def bench_one(name: str, device: str, batch: int, seq: int, reps: int, drill: in
             if profile_dir:   # where the host time of a pass goes (what the GPU cannot hide)
                 _profile(lambda: _replay_rung(model, sp, manifest, meta, reader, "bfloat16", device, tmpl,
                                               keep_loaded=True), device, profile_dir, f"{name} {kind} pass")
+            if profile_dir and kind == "fast" and device.startswith("cuda"):   # and the device time
+                from torch.profiler import ProfilerActivity, profile
+
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    _replay_rung(model, sp, manifest, meta, reader, "bfloat16", device, tmpl, keep_loaded=True)
+                    sync(device)
+                with open(os.path.join(profile_dir, "profiles.txt"), "a") as f:
+                    f.write(f"===== {name} fast pass: device time =====\n")
+                    f.write(prof.key_averages().table(sort_by="self_device_time_total", row_limit=18))
+                    f.write("\n")
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    _run(model, (), inputs)
+                    sync(device)
+                with open(os.path.join(profile_dir, "profiles.txt"), "a") as f:
+                    f.write(f"===== {name} plain forward: device time =====\n")
+                    f.write(prof.key_averages().table(sort_by="self_device_time_total", row_limit=10))
+                    f.write("\n")
         reader.release()
     row["host_peak_rss_gib"] = rss_gb()
     for k in ("record_s", "capture_s", "replay_cold_s", "replay_warm_s", "pass_full_s", "pass_fast_s"):
