@@ -68,18 +68,23 @@ def block_stats_many(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int
         groups.setdefault(key, []).append(i)   # type: ignore[arg-type]
     for (dc, dr, de), idx in groups.items():
         ptrs = np.array([[leaves[i][k].data_ptr() for i in idx] for k in range(3)], dtype=np.int64)
-        blk, rows = [], []
-        for j, i in enumerate(idx):
-            nb, size = layouts[i]
-            n = leaves[i][0].numel()
-            for b in range(nb):
-                blk.append((j, b * size, min(n, (b + 1) * size)))
-            rows.extend(range(row0[i], row0[i] + nb))
-        table = np.concatenate([ptrs.reshape(-1), np.array(blk, dtype=np.int64).reshape(-1)])
+        # (leaf, start, end) per block, built with numpy: a Python loop over every block of every
+        # module would cost a millisecond per pass
+        nbs = np.array([layouts[i][0] for i in idx], dtype=np.int64)
+        sizes = np.array([layouts[i][1] for i in idx], dtype=np.int64)
+        ns = np.array([leaves[i][0].numel() for i in idx], dtype=np.int64)
+        leaf_of = np.repeat(np.arange(len(idx), dtype=np.int64), nbs)
+        first = np.repeat(np.cumsum(nbs) - nbs, nbs)
+        b_in_leaf = np.arange(len(leaf_of), dtype=np.int64) - first
+        starts = b_in_leaf * sizes[leaf_of]
+        ends = np.minimum(starts + sizes[leaf_of], ns[leaf_of])
+        blk = np.stack([leaf_of, starts, ends], 1)
+        rows = np.concatenate([np.arange(row0[i], row0[i] + layouts[i][0]) for i in idx])
+        table = np.concatenate([ptrs.reshape(-1), blk.reshape(-1)])
         host = torch.from_numpy(table)
         dev_table = host.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else host
         k = len(idx)
-        kmax = max(-(-(e - s) // chunk) for _, s, e in blk) or 1
+        kmax = int(max(1, (-(-(ends - starts) // chunk)).max()))
         part = torch.empty((len(blk), kmax, NCOLS), dtype=torch.float64, device=dev)
         f64 = "float64" in (dc, dr, de)
         triton_many_kernel()[(len(blk), kmax)](dev_table[0:k], dev_table[k:2 * k], dev_table[2 * k:3 * k],

@@ -68,8 +68,37 @@ def _children(model: Any, name: str) -> list[str]:
     return [f"{name}.{k}" if name else k for k, _ in mod.named_children()]
 
 
+_CACHE: Any = None
+
+
 def select(model: Any, layers: Sequence[str] | None = None, drill: int = 2) -> list[Selected]:
-    """Resolve ``layers`` globs (or the default) into an ordered, levelled selection."""
+    """Resolve ``layers`` globs (or the default) into an ordered, levelled selection.
+
+    Remembered per model object and module tree (names and classes): a replay selects once per
+    pass, and walking a large model's blocks costs a millisecond of every pass.
+    """
+    global _CACHE
+    import weakref
+
+    if _CACHE is None:
+        _CACHE = weakref.WeakKeyDictionary()
+    tree = tuple((n, type(m)) for n, m in model.named_modules())
+    key = (tree, tuple(layers) if layers else None, drill)
+    try:
+        hit = _CACHE.get(model)
+    except TypeError:   # an unhashable or non-weakrefable model: no cache
+        hit = None
+    if hit is not None and hit[0] == key:
+        return list(hit[1])
+    result = _select(model, layers, drill)
+    try:
+        _CACHE[model] = (key, tuple(result))
+    except TypeError:
+        pass
+    return result
+
+
+def _select(model: Any, layers: Sequence[str] | None, drill: int) -> list[Selected]:
     all_names = [n for n, _ in model.named_modules() if n]
     if layers:
         chosen: list[str] = []
