@@ -128,10 +128,17 @@ def block_stats(c: Any, r: Any, e: Any) -> Any:
     c, r, e = (x.reshape(-1) for x in (c, r, e))
     n = int(c.numel())
     nb, size = block_layout(n)
-    if c.is_cuda and kernels.triton_usable():
+    if _on_gpu(c) and kernels.triton_usable():
         c, r, e = (x.contiguous() for x in (c, r, e))
-        return kernels.block_stats_triton(c, r, e, nb, size)
+        try:
+            return kernels.block_stats_triton(c, r, e, nb, size)
+        except Exception as exc:   # a Triton that cannot compile the kernel here: the torch path
+            kernels.disable_triton(exc)
     return kernels.block_stats_torch(c, r, e, nb, size)
+
+
+def _on_gpu(t: Any) -> bool:
+    return bool(t.is_cuda)
 
 
 def host_stats(stats: Any) -> Any:

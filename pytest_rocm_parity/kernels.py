@@ -100,9 +100,27 @@ def block_stats_many(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int
     return out
 
 
+_DISABLED: list[str] = []
+
+
+def disable_triton(exc: BaseException) -> None:
+    """Use the torch statistics from now on in this process, and say why once (a warning, not an
+    error: the torch path computes the same sums, only slower)."""
+    import warnings
+
+    if not _DISABLED:
+        _DISABLED.append(f"{type(exc).__name__}: {exc}")
+        warnings.warn(f"rocm-parity: the Triton statistics kernel failed on this GPU ({_DISABLED[0][:300]}); "
+                      f"using torch ops instead (slower replays, same results). Check the Triton version "
+                      f"matches torch (`rocm-parity doctor`).", RuntimeWarning, stacklevel=2)
+    triton_usable.cache_clear()
+
+
 @functools.lru_cache(maxsize=1)
 def triton_usable() -> bool:
-    """Triton importable and a GPU it can compile for (CUDA or ROCm)."""
+    """Triton importable and a GPU it can compile for (CUDA or ROCm), unless it failed here before."""
+    if _DISABLED:
+        return False
     try:
         import torch
         import triton  # noqa: F401

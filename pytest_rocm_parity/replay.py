@@ -382,7 +382,10 @@ class _StatsQueue:
         dev = flat[0][1].device
         if (dev.type == "cuda" and kernels.triton_usable()
                 and all(r.device == dev and kernels.many_supported(*x) for x in flat for r in x)):
-            return kernels.block_stats_many(flat, [block_layout(c.numel()) for c, _, _ in flat])
+            try:
+                return kernels.block_stats_many(flat, [block_layout(c.numel()) for c, _, _ in flat])
+            except Exception as exc:   # a Triton that cannot compile the kernel here: the torch path
+                kernels.disable_triton(exc)
         return torch.cat([block_stats(c, r, e).to(dev) for c, r, e in flat])
 
     def flush(self) -> None:

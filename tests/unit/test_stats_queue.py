@@ -102,3 +102,28 @@ def test_queued_path_masks_non_finite_and_exports_failing_tensors(tmp_path: Any,
         meta = f.metadata()
     assert any(k.startswith("blocks.2") for k in keys), keys
     assert json.dumps(meta)
+
+
+def test_a_failing_triton_kernel_falls_back_to_torch_with_one_warning(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU whose Triton cannot compile the kernel still gets a replay (torch ops), and is told once."""
+    from pytest_rocm_parity import compare, kernels
+
+    calls: list[int] = []
+
+    def broken(*_a: Any, **_k: Any) -> Any:
+        calls.append(1)
+        raise RuntimeError("no kernel for you")
+
+    monkeypatch.setattr(kernels, "_DISABLED", [])
+    monkeypatch.setattr(kernels, "triton_usable", _usable := (lambda: not kernels._DISABLED))
+    _usable.cache_clear = lambda: None   # type: ignore[attr-defined]
+    monkeypatch.setattr(kernels, "block_stats_triton", broken)
+    monkeypatch.setattr(compare, "_on_gpu", lambda t: True)   # dispatch as for a GPU tensor
+    c, r, e = (torch.randn(1000) for _ in range(3))
+    with pytest.warns(RuntimeWarning, match="Triton statistics kernel failed"):
+        got = compare.block_stats(c, r, e)
+    assert calls == [1] and kernels._DISABLED
+    want = kernels.block_stats_torch(c, r, e, *compare.block_layout(1000))
+    assert torch.equal(got, want)
+    compare.block_stats(c, r, e)        # disabled now: no second attempt, no second warning
+    assert calls == [1]
