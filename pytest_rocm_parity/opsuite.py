@@ -154,12 +154,18 @@ def fuzz_one(spec: OpSpec, dtype_name: str, device: str, max_examples: int, seed
     start = time.perf_counter()
     db = DirectoryBasedExampleDatabase(database) if database else None
 
+    sticky: list[str] = []   # the first failure that was a device error (see _sticky_device_error)
+
     def _body(case: Any) -> None:
+        if sticky:   # the device context is unusable: nothing run after that error is evidence
+            return
         report.examples += 1
         result = fuzz.check_op(spec.candidate, spec.reference, case, device=device)
         if result.ok:
             report.worst_ratio = max(report.worst_ratio, result.max_ratio)
         else:
+            if result.error and _sticky_device_error(result.error):
+                sticky.append(result.message())
             raise AssertionError(result.message())
 
     # one database key per op and dtype (the body's source is shared by all of them)
@@ -175,15 +181,31 @@ def fuzz_one(spec: OpSpec, dtype_name: str, device: str, max_examples: int, seed
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             prop()
-    except AssertionError as exc:
-        report.status = "fail"
-        report.message = str(exc)
-        report.worst_ratio = math.inf
-    except Exception as exc:  # the op crashing on the backend is a finding, not a CLI crash
-        report.status = "error"
-        report.message = f"{type(exc).__name__}: {exc}"
+    except Exception as exc:
+        if sticky:
+            # Shrinking after a CUDA/HIP error only walks to the simplest input (every later example
+            # "fails" on the poisoned context): the first failing example is the one that triggered it.
+            report.status = "error"
+            report.message = (sticky[0] + "\n\nThis is the first failing example, not shrunk: after a device "
+                              "error the CUDA/HIP context is unusable, so no later example was run (Hypothesis "
+                              f"ended with {type(exc).__name__}). Rerun it alone, in a fresh process, to confirm.")
+            report.worst_ratio = math.inf
+        elif isinstance(exc, AssertionError):
+            report.status = "fail"
+            report.message = str(exc)
+            report.worst_ratio = math.inf
+        else:  # the op crashing on the backend is a finding, not a CLI crash
+            report.status = "error"
+            report.message = f"{type(exc).__name__}: {exc}"
     report.seconds = round(time.perf_counter() - start, 3)
     return report
+
+
+def _sticky_device_error(error: str) -> bool:
+    """A CUDA/HIP error that leaves the context unusable (every later kernel fails too)."""
+    low = error.lower()
+    return ("acceleratorerror" in low or "cuda error" in low or "hip error" in low
+            or "device-side assert" in low or "illegal memory access" in low)
 
 
 def replay_one(spec: OpSpec, dtype_name: str, device: str, golden_dir: Path) -> tuple[int, str | None]:

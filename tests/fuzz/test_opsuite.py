@@ -70,3 +70,36 @@ def test_failures_are_reported_with_exit_status_one(monkeypatch, capsys):
     rc = opsuite.run_ops(parse("--device", "cpu", "--max-examples", "10", "--ops", "silu", "--dtypes", "float32"))
     out = capsys.readouterr().out
     assert rc == 1 and "silu         float32   FAIL" in out and "Reproduce:" in out
+
+
+def test_a_device_error_reports_the_first_failing_example_unshrunk():
+    """A CUDA/HIP error poisons the context: every later example fails too, so shrinking would walk to
+    the simplest input (seen on the H200 with SDPA: 'misaligned address', shrunk to all-zero tensors).
+    The report must name the example that triggered it."""
+    import torch
+
+    spec = opsuite.builtin_ops()["silu"]
+    state = {"poisoned": False, "trigger": None}
+
+    def flaky_backend(x):
+        if not state["poisoned"] and x.numel() > 1 and float(x.abs().max()) > 1.0:
+            state["poisoned"], state["trigger"] = True, x.clone()
+        if state["poisoned"]:
+            raise RuntimeError("CUDA error: misaligned address")
+        return torch.nn.functional.silu(x)
+
+    bad = opsuite.OpSpec("silu", spec.strategy, flaky_backend, spec.reference, spec.doc)
+    report = opsuite.fuzz_one(bad, "float32", "cpu", max_examples=40, seed=0)
+    assert report.status == "error"
+    assert "first failing example, not shrunk" in report.message
+    assert "misaligned address" in report.message
+    trigger = state["trigger"]
+    assert trigger is not None
+    # the reported inputs are the triggering example's (its shape), not a shrunk trivial one
+    assert f"float32[{', '.join(str(d) for d in trigger.shape)}]" in report.message
+
+
+def test_sticky_device_errors_are_recognised():
+    assert opsuite._sticky_device_error("AcceleratorError: CUDA error: misaligned address")
+    assert opsuite._sticky_device_error("RuntimeError: HIP error: invalid device function")
+    assert not opsuite._sticky_device_error("RuntimeError: shape mismatch")
