@@ -247,7 +247,19 @@ def _profile(fn: Any, device: str, profile_dir: str, title: str) -> None:
     buf = io.StringIO()
     pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(30)
     with open(os.path.join(profile_dir, "profiles.txt"), "a") as f:
-        f.write(f"===== {title} =====\n{buf.getvalue()}")
+        f.write(f"===== {title} =====\n{_portable(buf.getvalue())}")
+
+
+def _portable(text: str) -> str:
+    """File names relative to the repository or to site-packages: the profile is read elsewhere."""
+    import re
+    import site
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    text = text.replace(root, "")
+    for sp in site.getsitepackages() + [site.getusersitepackages()]:
+        text = text.replace(sp.rstrip(os.sep) + os.sep, "site-packages/")
+    return re.sub(r"\S*/site-packages/", "site-packages/", text)
 
 
 def _leaves(*objs: Any) -> list[Any]:
