@@ -100,8 +100,8 @@ def test_queued_path_masks_non_finite_and_exports_failing_tensors(tmp_path: Any,
     with safe_open(str(files[0]), "pt") as f:
         keys = list(f.keys())
         meta = f.metadata()
-    assert any(k.startswith("blocks.2") for k in keys), keys
-    assert json.dumps(meta)
+    assert any(k.startswith("blocks.2.0/") for k in keys), keys
+    assert meta["check"] == "q" and "blocks.2.0" in json.loads(meta["failing_layers"])
 
 
 def test_a_failing_triton_kernel_falls_back_to_torch_with_one_warning(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
