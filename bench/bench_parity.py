@@ -7,10 +7,14 @@ hidden 256), `1b` (TinyLlama shape: hidden 2048, 22 layers, GQA 32/4, vocab 3200
 (Llama-3-8B shape: hidden 4096, 32 layers, GQA 32/8, vocab 128256). Each in bf16, batch x seq
 tokens. Reported: plain forward, the recording forward (hooks + host copies), the whole capture
 (recording + float64 truth passes + write), replay (propagated + isolated passes + compare),
-golden bytes, peak device memory per phase, peak host RSS. Replay is timed three ways: cold (hash
+golden bytes, peak device memory per phase, peak host RSS. The recording forward is timed to the
+end of its own work (`record_s`: its host copies still landing, as they do while capture builds the
+float64 truth) and to the last copy landed (`record_landed_s`), each rep beside a plain forward.
+Replay is timed three ways: cold (hash
 check, golden load, Triton's first compile, both passes), warm (a second replay() of the same golden:
 load and passes), and per pass with the goldens resident on the device (`pass_full`: propagated +
-isolated; `pass_fast`: isolated only, --parity-replay=fast), which is what a loaded golden costs.
+isolated; `pass_fast`: isolated only, --parity-replay=fast), which is what a loaded golden costs,
+interleaved with plain forwards so that each ratio compares runs of the same minute.
 """
 from __future__ import annotations
 
@@ -51,6 +55,20 @@ def timed(fn: Any, device: str, reps: int) -> float:
         sync(device)
         times.append(time.perf_counter() - t)
     return statistics.median(times)
+
+
+def interleaved(fns: dict[str, Any], device: str, reps: int) -> dict[str, float]:
+    """Median time of each function, run in turn (a, b, a, b, ...): the host of a lent machine
+    drifts between and within runs, and a ratio of two medians taken minutes apart carries that drift."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(reps):
+        for k, fn in fns.items():
+            sync(device)
+            t = time.perf_counter()
+            fn()
+            sync(device)
+            times[k].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def peak_dev(device: str) -> float:
@@ -150,9 +168,33 @@ def bench_one(name: str, device: str, batch: int, seq: int, reps: int, drill: in
         rec.pool.tensors    # waits for the asynchronous copies
         del rec
 
+    def record_split() -> tuple[float, float]:
+        """(until the recording forward's own work is done, until its host copies have landed)."""
+        sync(device)
+        t = time.perf_counter()
+        with numerics("bfloat16"):
+            rec = recording_pass(model, selected, (), inputs)
+        if device.startswith("cuda"):
+            torch.cuda.current_stream().synchronize()   # the forward's stream; the copy stream runs on
+        t1 = time.perf_counter()
+        rec.pool.tensors
+        t2 = time.perf_counter()
+        del rec
+        return t1 - t, t2 - t
+
     record()
     reset_dev(device)
-    row["record_s"] = timed(record, device, reps)
+    fwd, own, landed = [], [], []
+    for _ in range(reps):    # interleaved with the plain forward
+        fwd.append(timed(lambda: _run(model, (), inputs), device, 1))
+        a, b = record_split()
+        own.append(a)
+        landed.append(b)
+    row["record_forward_s"] = statistics.median(fwd)
+    row["record_s"] = statistics.median(own)           # what the capture's forward costs: copies in flight
+    row["record_landed_s"] = statistics.median(landed)  # ... until every copy is on the host
+    row["record_x"] = row["record_s"] / row["record_forward_s"]
+    row["record_landed_x"] = row["record_landed_s"] / row["record_forward_s"]
     row["record_peak_gib"] = peak_dev(device)
     if profile_dir:
         _profile(record, device, profile_dir, f"{name} recording pass")
@@ -199,8 +241,11 @@ def bench_one(name: str, device: str, batch: int, seq: int, reps: int, drill: in
             if kind == "full":
                 row["load_s"] = time.perf_counter() - t
             row[f"{kind}_passed"] = r.passed
-            row[f"pass_{kind}_s"] = timed(lambda: _replay_rung(model, sp, manifest, meta, reader, "bfloat16", device,
-                                                               tmpl, keep_loaded=True), device, reps)
+            got = interleaved({"forward": lambda: _run(model, (), inputs),
+                               "pass": lambda: _replay_rung(model, sp, manifest, meta, reader, "bfloat16", device,
+                                                            tmpl, keep_loaded=True)}, device, reps)
+            row[f"pass_{kind}_s"], row[f"pass_{kind}_forward_s"] = got["pass"], got["forward"]
+            row[f"pass_{kind}_x"] = got["pass"] / got["forward"]   # against the forward run alongside
             if profile_dir:   # where the host time of a pass goes (what the GPU cannot hide)
                 _profile(lambda: _replay_rung(model, sp, manifest, meta, reader, "bfloat16", device, tmpl,
                                               keep_loaded=True), device, profile_dir, f"{name} {kind} pass")
@@ -223,7 +268,7 @@ def bench_one(name: str, device: str, batch: int, seq: int, reps: int, drill: in
                     f.write("\n")
         reader.release()
     row["host_peak_rss_gib"] = rss_gb()
-    for k in ("record_s", "capture_s", "replay_cold_s", "replay_warm_s", "pass_full_s", "pass_fast_s"):
+    for k in ("capture_s", "replay_cold_s", "replay_warm_s"):
         if k in row:
             row[k[:-2] + "_x"] = row[k] / row["forward_s"]
     shutil.rmtree(gdir, ignore_errors=True)

@@ -23,6 +23,7 @@ from pytest_rocm_parity import dtypes as dt
 from pytest_rocm_parity.engine import (
     KEEP_PLACEMENT,
     OUTPUT,
+    _dev,
     CheckSpec,
     Hooks,
     _run,
@@ -44,6 +45,11 @@ TRUTH_ON_DEVICE: bool | None = None
 # Device bytes of snapshots whose copy to the host may be in flight at once; past it the recording
 # waits for the oldest copies, so copies that lag the forward hold a bounded amount of device memory.
 INFLIGHT_BYTES = 1 << 30
+# Device snapshots a recording pass keeps on the device, copying them to the host only after the
+# forward (while the float64 truth is built), as a fraction of the device's memory; None: that
+# fraction, a number: bytes (tests set 0 to stream every copy during the forward, the fallback).
+DEVICE_HOLD_FRACTION = 0.05
+DEVICE_HOLD_BYTES: int | None = None
 # Headroom asked of the device beyond the float64 weights: the float64 activations of one forward.
 _TRUTH_MARGIN = 0.25
 _TRUTH_SLACK_BYTES = 2 << 30
@@ -82,16 +88,56 @@ class _HostCopies:
         except RuntimeError:   # pinned memory exhausted: the synchronous copy still works
             return t.to("cpu", copy=True).contiguous()
         src = t.clone(memory_format=torch.contiguous_format) if snapshot or not t.is_contiguous() else t
-        pair = self._streams.get(src.device)
-        if pair is None:   # per device, once per pass: the forward's stream and our copy stream
-            pair = self._streams[src.device] = (torch.cuda.current_stream(src.device),
-                                                torch.cuda.Stream(device=src.device))
-        compute, stream = pair
+        compute, stream = self._pair(src.device)
         stream.wait_stream(compute)
         with torch.cuda.stream(stream):
-            host.copy_(src, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record(stream)
+            done = self._issue(host, src, stream)
+        self._throttle(done, src.numel() * src.element_size())
+        return host
+
+    def copy_many(self, snaps: list[Any]) -> list[Any]:
+        """Host copies of contiguous device snapshots that nothing else writes, issued in one go.
+
+        Why: entering a stream context per tensor is host time; after the forward, the snapshots
+        are copied while the host goes on to build the float64 truth. No throttle: these snapshots
+        are allocated already, so their copies hold no extra device memory.
+        """
+        import torch
+
+        out: list[Any] = [None] * len(snaps)
+        by_dev: dict[Any, list[int]] = {}
+        for i, t in enumerate(snaps):
+            try:
+                out[i] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            except RuntimeError:   # pinned memory exhausted: the synchronous copy still works
+                out[i] = t.to("cpu", copy=True)
+                continue
+            by_dev.setdefault(t.device, []).append(i)
+        for dev, idx in by_dev.items():
+            compute, stream = self._pair(dev)
+            stream.wait_stream(compute)
+            with torch.cuda.stream(stream):
+                for i in idx:
+                    self._issue(out[i], snaps[i], stream)
+        return out
+
+    def _pair(self, device: Any) -> tuple[Any, Any]:
+        """Per device, once per pass: the forward's stream and our copy stream."""
+        import torch
+
+        pair = self._streams.get(device)
+        if pair is None:
+            pair = self._streams[device] = (torch.cuda.current_stream(device), torch.cuda.Stream(device=device))
+        return pair
+
+    @staticmethod
+    def _issue(host: Any, src: Any, stream: Any) -> Any:
+        """host <- src on ``stream`` (the current stream); an event recorded after it."""
+        import torch
+
+        host.copy_(src, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(stream)
         # the allocator keeps src's memory until the copy has read it; record_stream is declared as
         # mutating, which an inference tensor (the hooks run under inference_mode) allows only there
         if torch.is_inference_mode_enabled():
@@ -99,8 +145,7 @@ class _HostCopies:
         else:
             with torch.inference_mode():
                 src.record_stream(stream)
-        self._throttle(done, src.numel() * src.element_size())
-        return host
+        return done
 
     def _throttle(self, done: Any, nbytes: int) -> None:
         """Forget finished copies; wait for the oldest while more than INFLIGHT_BYTES are in flight."""
@@ -141,13 +186,25 @@ def _release_pinned() -> None:
 # capture
 
 class _Pool:
-    """Deduplicated host copies of recorded tensors (a block's output is the next block's input)."""
+    """Deduplicated copies of recorded tensors (a block's output is the next block's input).
+
+    On CUDA a recorded tensor is snapshotted on the device in stream order (a later in-place op
+    cannot reach the snapshot) and kept there, up to a hold budget, until start_copies() after the
+    forward: the hooks cost a device copy each and no host-side copy work, and the float64 truth
+    passes read the snapshots where they are. Past the budget, snapshots stream to pinned host
+    memory during the forward as before. Elsewhere tensors are copied to the host at once.
+    """
 
     def __init__(self) -> None:
         self.by_id: dict[int, str] = {}
         self.alive: list[Any] = []
         self.copies = _HostCopies()
+        self.device: dict[str, Any] = {}   # key -> device snapshot, held until drop_device()
         self._host: dict[str, Any] = {}
+        self._unissued: list[str] = []
+        self._count = 0
+        self._held = 0
+        self._budget: int | None = None
         self._pending = False
 
     @property
@@ -157,26 +214,67 @@ class _Pool:
         return self._host
 
     def add(self, t: Any, fresh: bool = False) -> str:
-        """The key of ``t``'s host copy; ``fresh``: copy again even if this tensor object was seen
+        """The key of ``t``'s copy; ``fresh``: copy again even if this tensor object was seen
         (it was changed in place since: an in-place module returns its input, modified)."""
         k = None if fresh else self.by_id.get(id(t))
         if k is None:
-            k = f"t/{len(self._host)}"
+            k = f"t/{self._count}"
+            self._count += 1
             self.by_id[id(t)] = k
             self.alive.append(t)   # keeps id() unique while the pass runs
-            self._host[k] = self.copies.copy(t)
-            self._pending = self._pending or t.is_cuda
+            if t.is_cuda and t.numel():
+                self._add_cuda(k, t)
+            else:
+                self._host[k] = self.copies.copy(t)
         return k
+
+    def _add_cuda(self, k: str, t: Any) -> None:
+        import torch
+
+        snap = t.detach().clone(memory_format=torch.contiguous_format)
+        n = snap.numel() * snap.element_size()
+        if self._budget is None:
+            self._budget = DEVICE_HOLD_BYTES if DEVICE_HOLD_BYTES is not None else \
+                int(torch.cuda.mem_get_info(snap.device)[1] * DEVICE_HOLD_FRACTION)
+        self._pending = True
+        if self._held + n <= self._budget:
+            self.device[k] = snap
+            self._unissued.append(k)
+            self._held += n
+            self._host[k] = None      # filled by start_copies()
+        else:
+            self._host[k] = self.copies.copy(snap, snapshot=False)
+
+    def start_copies(self) -> None:
+        """Issue the host copies of the snapshots held on the device (they land while the host goes on)."""
+        if self._unissued:
+            for k, h in zip(self._unissued, self.copies.copy_many([self.device[k] for k in self._unissued])):
+                self._host[k] = h
+            self._unissued.clear()
 
     def finish(self) -> None:
         """Wait for the copies in flight (a no-op once done, or when nothing was on CUDA)."""
         if self._pending:
+            self.start_copies()
             self.copies.finish()
             self._pending = False
+
+    def on(self, k: str, device: Any) -> Any:
+        """The device snapshot of ``k`` if it is held on ``device``, else the host copy (waits)."""
+        snap = self.device.get(k)
+        if snap is not None and snap.device == _dev(device):
+            return snap
+        return self.tensors[k]
 
     def release(self) -> None:
         self.by_id.clear()
         self.alive.clear()
+
+    def drop_device(self) -> None:
+        """Free the device snapshots (their host copies are complete first)."""
+        self.finish()
+        self.device.clear()
+        self._held = 0
 
 
 @dataclass
@@ -193,8 +291,8 @@ def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any) -> 
     """One forward of ``m`` that copies every selected module call's input and output leaves to the host.
 
     Exactly the recording capture runs (a benchmark times this function); run it under
-    ``numerics(rung, tf32)``. On CUDA the copies may still be in flight when it returns:
-    ``pool.tensors`` waits for them.
+    ``numerics(rung, tf32)``. On CUDA the copies are still in flight when it returns, from device
+    snapshots held in ``pool.device``: ``pool.tensors`` waits for them.
     """
     pool = _Pool()
     entries: dict[str, dict[str, Any]] = {}
@@ -219,6 +317,7 @@ def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any) -> 
         order = list(hooks.order)
     outputs = {"out": {p: pool.add(t) for p, t in tensor_leaves(out).items()}, "const": constant_leaves(out)}
     pool.release()
+    pool.start_copies()
     return Recording(entries, outputs, order, pool)
 
 
@@ -294,12 +393,12 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
     del m
     tm, truth_dev = _truth_model(model, device, dtype, rung_model)
     targs, tkwargs = cast_inputs(args, kwargs, torch.float64, truth_dev)
-    host = rec.pool.tensors        # waits for the recording's copies: the truth passes read them
+    pool = rec.pool                # its host copies land while the truth is built and run
     copies = _HostCopies()         # the residuals' own copies, finished before the rung is returned
 
     def ref_of(key: str, p: str) -> Any:
         src = outputs["out"] if key == OUTPUT else entries[key]["out"]
-        return host[src[p]]
+        return pool.on(src[p], truth_dev)
 
     def put_truth(name: str, key: str, p: str, t: Any) -> None:
         if t.is_floating_point() or t.is_complex():
@@ -310,7 +409,7 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
             for p, t in tensor_leaves(out).items():
                 put_truth(f"gtruth/{key}/{p}", key, p, t)
 
-    fetch, fdtype = _golden_input_fetch(host, device, truth_dev)
+    fetch, fdtype = _golden_input_fetch(pool, device, truth_dev)
     with torch.no_grad():
         with Hooks(tm, selected, None, store_gtruth):
             tout = _run(tm, targs, tkwargs)
@@ -333,7 +432,8 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
                 _run(tm, targs, tkwargs)
     del tm
     copies.finish()
-    tensors.update(host)
+    tensors.update(pool.tensors)
+    pool.drop_device()
     layers = [entries[k] for k in order if k in entries and "out" in entries[k]]
     for e in layers:
         e.pop("gtruth", None)
@@ -343,21 +443,23 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
     return meta, tensors
 
 
-def _golden_input_fetch(host: dict[str, Any], device: str, truth_dev: Any) -> tuple[Callable[[str], Any], Any]:
+def _golden_input_fetch(pool: _Pool, device: str, truth_dev: Any) -> tuple[Callable[[str], Any], Any]:
     """(fetch, dtype) for _substitute: the recorded inputs, upcast to float64, for the local truth.
 
-    On CUDA they travel in the rung's dtype (from pinned memory, without blocking) and are upcast
-    there: a quarter of the bytes of a host-side float64 copy, and no float64 temporary on the host.
-    Upcasting is exact, so the values are the same either way.
+    On CUDA they are read where they are: the device snapshots of the recording, or those that
+    streamed to pinned memory, sent back without blocking. Upcast on the device: a quarter of the
+    bytes of a host-side float64 copy. Upcasting is exact, so the values are the same either way.
     """
     import torch
 
     if device == KEEP_PLACEMENT or torch.device(truth_dev).type != "cuda":
-        return host.__getitem__, torch.float64
+        return (lambda k: pool.on(k, "cpu")), torch.float64
 
     def fetch(k: str) -> Any:
-        g = host[k].to(truth_dev, non_blocking=True)
-        return g.to(torch.float64) if g.is_floating_point() else g
+        g = pool.on(k, truth_dev)
+        if g.is_floating_point():
+            return g.to(truth_dev, torch.float64, non_blocking=True)
+        return g.to(truth_dev, non_blocking=True, copy=True)   # never the snapshot itself: the model may write it
     return fetch, None
 
 

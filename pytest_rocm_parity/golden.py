@@ -581,6 +581,8 @@ class RungReader:
         self.path = path
         self.device = str(device)
         self._cache: dict[str, Any] = {}
+        self._handed: dict[str, tuple[Any, int]] = {}   # see get_fresh
+        self._copy_keys: set[str] = set()
         self.header = check_safetensors(path, None if background_verify else expected_sha)
         # the content hash, checked while the replay runs: verification.result() before any verdict
         self.verification = BackgroundVerify(path, expected_sha if background_verify else None)
@@ -651,12 +653,35 @@ class RungReader:
 
     def release(self) -> None:
         self._cache.clear()
+        self._handed.clear()
 
     def get_fresh(self, key: str) -> Any:
-        """get(), but never the preloaded tensor itself: for tensors handed to the model, which an
-        in-place module (ReLU(inplace=True)) would otherwise change inside the cache."""
+        """get(), for tensors handed to the model: the preloaded tensor itself, watched.
+
+        Why not a copy each time: that is a device copy and host time per module input on every
+        pass, for the rare module that writes its input (ReLU(inplace=True)). Such a write changes
+        the cached golden; the version counter shows it (goldens are normal tensors, and in-place
+        ops bump it under inference_mode too), so changed_in_place() after the pass finds it, the
+        caller repeats the pass, and from then on that key is handed out as a copy.
+        """
         t = self.get(key)
-        return t.clone() if key in self._cache else t
+        if key not in self._cache:
+            return t          # read from the file for this call: a fresh tensor already
+        if key in self._copy_keys or t.is_inference():
+            return t.clone()
+        self._handed[key] = (t, t._version)
+        return t
+
+    def changed_in_place(self) -> list[str]:
+        """Keys whose tensor from get_fresh was written since; reloaded from the file, and handed out
+        as copies from now on. Results computed from them since are wrong: repeat that pass."""
+        bad = sorted(k for k, (t, v) in self._handed.items() if t._version != v)
+        self._handed.clear()
+        for k in bad:
+            self._copy_keys.add(k)
+            del self._cache[k]
+            self._cache[k] = self.get(k)
+        return bad
 
     def get(self, key: str) -> Any:
         hit = self._cache.get(key) if isinstance(key, str) else None

@@ -16,8 +16,10 @@ from typing import Any
 
 TILE = 2048
 NCOLS = 8
-CHUNK = 1 << 17        # elements per program of the many-leaf kernel (a 4M-element block: 32 programs)
+# The many-leaf kernel's shape, chosen on the H200 by bench/bench_stats_kernel.py (docs/benchmarks.md)
+CHUNK = 1 << 17        # elements per program (a 4M-element block: 32 programs)
 MANY_BLOCK = 1024      # elements per loop step; sums kept per lane
+MANY_WARPS = 8
 
 
 @functools.lru_cache(maxsize=1)
@@ -48,7 +50,7 @@ def many_supported(c: Any, r: Any, e: Any) -> bool:
     return all(str(x.dtype).removeprefix("torch.") in _CODES and x.is_contiguous() for x in (c, r, e))
 
 
-def block_stats_many(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int, int]], chunk: int = CHUNK) -> Any:
+def block_stats_many(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int, int]], chunk: int | None = None) -> Any:
     """Per-block statistics of many leaves at once, rows in order: one launch per dtype combination.
 
     ``leaves``: (c, r, e) flat contiguous tensors on one GPU; ``layouts``: (nb, size) of each;
@@ -58,6 +60,7 @@ def block_stats_many(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int
     import numpy as np
     import torch
 
+    chunk = chunk or CHUNK
     dev = leaves[0][0].device
     total = sum(nb for nb, _ in layouts)
     out = torch.empty((total, NCOLS), dtype=torch.float64, device=dev)
@@ -90,7 +93,7 @@ def block_stats_many(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int
         triton_many_kernel()[(len(blk), kmax)](dev_table[0:k], dev_table[k:2 * k], dev_table[2 * k:3 * k],
                                                dev_table[3 * k:], part, kmax, CC=_CODES[dc], CR=_CODES[dr],
                                                CE=_CODES[de], F64=f64, CHUNK=chunk, BLOCK=MANY_BLOCK,
-                                               num_warps=8)
+                                               num_warps=MANY_WARPS)
         # chunks added in a fixed order (no atomics): the same inputs give the same sums
         sums = torch.cat([part[:, :, :7].sum(1), part[:, :, 7].amax(1, keepdim=True)], 1)
         if len(groups) == 1:

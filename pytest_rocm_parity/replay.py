@@ -5,7 +5,7 @@ fed the golden inputs), comparing on the device against goldens loaded straight 
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from pytest_rocm_parity import dtypes as dt
@@ -25,6 +25,7 @@ from pytest_rocm_parity.engine import (
     numerics,
     prepare_model,
     shell_quote,
+    walk_model,
 )
 from pytest_rocm_parity.errors import GoldenStale
 from pytest_rocm_parity.golden import GoldenStore, RungReader
@@ -222,11 +223,14 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
     """The passes of one rung. ``keep_loaded``: leave the preloaded goldens on the device (bench/)."""
     dtype = dt.to_torch(rung)
     tol = spec.tolerance
-    selected = select(model, spec.layers, spec.drill)
+    walk = walk_model(model)
+    selected = select(model, spec.layers, spec.drill, walk)
     layers = {e["key"]: e for e in meta["layers"]}
-    # The test's inputs are the template (structure and constants); every tensor leaf is the stored one.
-    tmpl = map_tensors(inputs_template, lambda p, _t: reader.get_fresh(f"input/{p}"))
-    args0, kwargs0 = tuple(tmpl["args"]), tmpl["kwargs"]
+
+    def stored_inputs() -> tuple[tuple[Any, ...], dict[str, Any]]:
+        # The test's inputs are the template (structure and constants); every tensor leaf is the stored one.
+        tmpl = map_tensors(inputs_template, lambda p, _t: reader.get_fresh(f"input/{p}"))
+        return tuple(tmpl["args"]), tmpl["kwargs"]
     u = tol.unit_roundoff(rung)
     prop: dict[str, list[LeafMetrics]] = {}
     iso: dict[str, list[LeafMetrics]] = {}
@@ -266,18 +270,37 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                 queue.keep_if_failing(res[-1], c, t, isolated, tag)
         sink[key] = res
 
-    m = prepare_model(model, device, dtype)
+    m = prepare_model(model, device, dtype, walk)
+    mwalk = walk if m is model else None
     if meta.get("sketch"):
-        with eval_mode(m), numerics(rung, tol.tf32):
-            return _replay_rung_sketch(m, spec, meta, reader, rung, args0, kwargs0, selected)
+        with eval_mode(m, mwalk), numerics(rung, tol.tf32):
+            return _replay_rung_sketch(m, spec, meta, reader, rung, *stored_inputs(), selected)
     fast = spec.replay == "fast" and spec.extra_judge is None
     outs: list[LayerRecord] = []
     _preload(reader, meta, fast, device)
+    args0, kwargs0 = stored_inputs()   # preloaded now: handed out watched (RungReader.get_fresh)
+
+    def watched(run: Callable[[], Any], sink: dict[str, list[LeafMetrics]]) -> Any:
+        """One pass; repeated if the model wrote a golden tensor handed to it (then a copy)."""
+        nonlocal args0, kwargs0
+        for _attempt in range(3):
+            mark, before = len(queue.items), set(sink)
+            out = run()
+            if not reader.changed_in_place():
+                return out
+            queue.discard(mark)
+            for k in set(sink) - before:
+                del sink[k]
+            args0, kwargs0 = stored_inputs()
+        return out
+
     try:
-        with eval_mode(m), numerics(rung, tol.tf32):
+        with eval_mode(m, mwalk), numerics(rung, tol.tf32):
             if not fast:   # propagated
-                with Hooks(m, selected, None, lambda k, s, o: compare(k, o, "gtruth", prop)):
-                    out = _run(m, args0, kwargs0)
+                def propagated() -> Any:
+                    with Hooks(m, selected, None, lambda k, s, o: compare(k, o, "gtruth", prop)):
+                        return _run(m, args0, kwargs0)
+                out = watched(propagated, prop)
                 queue.flush()
                 outs = _compare_outputs(out, meta, reader, u, tol)
                 if spec.extra_judge is not None:
@@ -294,8 +317,10 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                     if sel.level == level:
                         compare(key, o, "truth", iso)
 
-                with Hooks(m, selected, sub, keep):
-                    _run(m, args0, kwargs0)
+                def isolated() -> None:
+                    with Hooks(m, selected, sub, keep):
+                        _run(m, args0, kwargs0)
+                watched(isolated, iso)
                 queue.flush()
     finally:
         if not keep_loaded:
@@ -316,7 +341,7 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
     if spec.profile and isinstance(meta.get("extra", {}).get("profile"), dict):
         from pytest_rocm_parity.profiling import compare_shares, profile_shares
 
-        with eval_mode(m), numerics(rung, tol.tf32):
+        with eval_mode(m, mwalk), numerics(rung, tol.tf32):
             cand_prof = profile_shares(m, args0, kwargs0, home_device(m, device))
         result.extra["profile"] = {"flags": compare_shares(meta["extra"]["profile"], cand_prof),
                                    "reference": meta["extra"]["profile"], "candidate": cand_prof}
@@ -328,7 +353,7 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
     if spec.extra_judge is not None:
         result.extra["_pos_err"] = pos_err
         try:
-            with eval_mode(m), numerics(rung, tol.tf32):
+            with eval_mode(m, mwalk), numerics(rung, tol.tf32):
                 spec.extra_judge(rung, m, args0, kwargs0, pending, reader, meta, result)
         finally:
             result.extra.pop("_pos_err", None)
@@ -365,10 +390,19 @@ class _StatsQueue:
             self.keep_if_failing(sink[-1], c, tol, isolated, tag)
             return
         sink.append(None)
+        # A snapshot in stream order: the model may still write this output in place (a parent's
+        # `x += ...`, an inplace activation) before flush() reads it.
+        c = c.clone(memory_format=_contiguous())
         self.items.append((sink, len(sink) - 1, leaf, c, ref, res, tol, isolated, tag))
         self.held += c.numel() * c.element_size()
         if self.held > self.HOLD_BYTES:
             self.flush()
+
+    def discard(self, mark: int) -> None:
+        """Forget the items queued since ``mark`` (their pass is repeated)."""
+        for it in self.items[mark:]:
+            self.held -= it[3].numel() * it[3].element_size()
+        del self.items[mark:]
 
     def _stats(self) -> Any:
         """(sum of blocks, 8) statistics of every queued leaf, in order, on the device."""
@@ -415,6 +449,12 @@ class _StatsQueue:
 
         if self.obtained is not None and leaf_failure(m, tol, self.rung, isolated):
             self.obtained[tag] = c.detach().to("cpu")
+
+
+def _contiguous() -> Any:
+    import torch
+
+    return torch.contiguous_format
 
 
 PRELOAD_FRACTION = 0.5

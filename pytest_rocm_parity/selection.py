@@ -71,10 +71,11 @@ def _children(model: Any, name: str) -> list[str]:
 _CACHE: Any = None
 
 
-def select(model: Any, layers: Sequence[str] | None = None, drill: int = 2) -> list[Selected]:
+def select(model: Any, layers: Sequence[str] | None = None, drill: int = 2, walk: Any = None) -> list[Selected]:
     """Resolve ``layers`` globs (or the default) into an ordered, levelled selection.
 
-    Remembered per model object and module tree (names and classes): a replay selects once per
+    Remembered per model object and module tree (child names, module objects and classes, from
+    ``walk``, an engine.ModelWalk of this model, made here if not given): a replay selects once per
     pass, and walking a large model's blocks costs a millisecond of every pass.
     """
     global _CACHE
@@ -82,7 +83,11 @@ def select(model: Any, layers: Sequence[str] | None = None, drill: int = 2) -> l
 
     if _CACHE is None:
         _CACHE = weakref.WeakKeyDictionary()
-    tree = tuple((n, type(m)) for n, m in model.named_modules())
+    if walk is None:
+        from pytest_rocm_parity.engine import walk_model
+
+        walk = walk_model(model)
+    tree = walk.structure
     key = (tree, tuple(layers) if layers else None, drill)
     try:
         hit = _CACHE.get(model)

@@ -330,10 +330,14 @@ def _residual_cases() -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("budget", [None, 0])
-def test_pinned_pool_equals_synchronous_copies(monkeypatch: pytest.MonkeyPatch, budget: int | None) -> None:
+@pytest.mark.parametrize("budget,hold", [(None, None), (None, 0), (0, 0), (None, 40_000)])
+def test_pinned_pool_equals_synchronous_copies(monkeypatch: pytest.MonkeyPatch, budget: int | None,
+                                               hold: int | None) -> None:
     if budget is not None:   # 0: every copy waits for the one before it (the throttle's path)
         monkeypatch.setattr(cap, "INFLIGHT_BYTES", budget)
+    # hold None: every snapshot kept on the device and copied after; 0: all streamed during the
+    # pass; 40,000 bytes: the first ones held, the rest streamed
+    monkeypatch.setattr(cap, "DEVICE_HOLD_BYTES", hold)
     g = torch.Generator(device="cuda").manual_seed(0)
     tensors = [torch.randn(64, 1024, device="cuda", generator=g).to(dtype)
                for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float64)]
@@ -355,9 +359,15 @@ def test_pinned_pool_equals_synchronous_copies(monkeypatch: pytest.MonkeyPatch, 
     # freed blocks, snapshots included, are up for reuse: without record_stream these would land there
     scratch = [torch.full((64, 1024), 7.0, device="cuda", dtype=dtype)
                for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float64) for _ in range(4)]
+    held = set(pool.device)
+    assert (held == {k for k, t in zip(keys, expected) if t.numel()}) if hold is None else \
+        (not held if hold == 0 else 0 < len(held) < len(keys))
     host = pool.tensors
     del scratch
     differ = [k for k, e in zip(keys, expected) if not _same_bits(host[k], e.contiguous())]
+    assert all(_same_bits(pool.device[k].cpu(), host[k]) for k in held)   # the held snapshots too
+    pool.drop_device()
+    assert pool.device == {}
     assert not differ
     for k in keys:
         h = host[k]
@@ -427,9 +437,11 @@ def test_cuda_capture_equals_the_host_routes(tmp_path: Path, monkeypatch: pytest
     spec = CheckSpec(name="net", dtypes=["bfloat16", "float32"], drill=2)
     residual = cap._residual
     files = {}
-    for mode in ("auto", "truth_via_host", "all_host"):
+    for mode in ("auto", "streamed", "truth_via_host", "all_host"):
         with monkeypatch.context() as mp:
-            if mode != "auto":
+            if mode == "streamed":   # no snapshot held on the device: every copy during the forward
+                mp.setattr(cap, "DEVICE_HOLD_BYTES", 0)
+            elif mode != "auto":
                 mp.setattr(cap, "TRUTH_ON_DEVICE", False)
             if mode == "all_host":   # what capture did before: synchronous copies, residuals on the host
                 mp.setattr(cap._HostCopies, "copy", _synchronous_copy)
@@ -437,4 +449,4 @@ def test_cuda_capture_equals_the_host_routes(tmp_path: Path, monkeypatch: pytest
             store = GoldenStore(tmp_path / mode)
             capture(model, inputs, spec, store, "cuda", env={})
             files[mode] = _rung_files(store, "net")
-    assert files["auto"] == files["truth_via_host"] == files["all_host"]
+    assert files["auto"] == files["streamed"] == files["truth_via_host"] == files["all_host"]

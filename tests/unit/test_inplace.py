@@ -39,3 +39,62 @@ def test_inplace_module_output_is_its_result_not_its_input(tmp_path) -> None:
     assert (got_in < 0).any()
     (res,) = replay(model, x, spec, store, "cpu")
     assert res.passed, [(l.name, l.reason) for l in res.layers]
+
+
+def _layer_ratios(res) -> dict[str, tuple[float | None, float | None]]:
+    return {l.name: (l.iso.ratio if l.iso else None, l.prop.ratio if l.prop else None) for l in res.layers}
+
+
+def test_queued_replay_judges_an_output_as_it_was_when_produced(tmp_path, monkeypatch) -> None:
+    """The GPU path queues outputs and judges them after the pass; the ReLU(inplace=True) after fc1
+    rewrites fc1's output before then. Judged from a snapshot, fc1 agrees (propagated ratio 1),
+    as on the immediate path; judged from the live tensor it read 6.6e6."""
+    from pytest_rocm_parity import replay as replay_mod
+
+    torch.manual_seed(0)
+    model = Net()
+    x = torch.randn(16, 32, generator=torch.Generator().manual_seed(1))
+    spec = CheckSpec(name="inplace", dtypes=["float32"], drill=2)
+    store = GoldenStore(tmp_path)
+    capture(model, x, spec, store, "cpu")
+    (immediate,) = replay(model, x, spec, store, "cpu")
+    monkeypatch.setattr(replay_mod._StatsQueue, "DEFER_ON_CPU", True)
+    (queued,) = replay(model, x, spec, store, "cpu")
+    assert queued.passed and _layer_ratios(queued) == _layer_ratios(immediate)
+    assert _layer_ratios(queued)["fc1"][1] < 1.5
+
+
+def test_preloaded_golden_written_by_the_model_is_reloaded_and_the_pass_repeated(tmp_path, monkeypatch) -> None:
+    """Preloaded goldens are handed to the model without a copy; `act` writes its input, which is
+    also fc1's stored output. The reader sees the write, reloads that tensor, and the pass runs
+    again with a copy: the verdicts equal a replay that reads every tensor from the file."""
+    from pytest_rocm_parity import replay as replay_mod
+    from pytest_rocm_parity.replay import _replay_rung
+
+    torch.manual_seed(0)
+    model = Net()
+    x = torch.randn(16, 32, generator=torch.Generator().manual_seed(1))
+    spec = CheckSpec(name="inplace", dtypes=["float32"], drill=2, replay="fast")
+    store = GoldenStore(tmp_path)
+    manifest = capture(model, x, spec, store, "cpu")
+    meta = manifest["rungs"]["float32"]
+    monkeypatch.setattr(replay_mod._StatsQueue, "DEFER_ON_CPU", True)
+    tmpl = {"args": (x,), "kwargs": {}}
+    path = store.rung_file("inplace", manifest, "float32")
+    plain = _replay_rung(model, spec, manifest, meta, RungReader(path, "cpu"), "float32", "cpu", tmpl)
+    reader = RungReader(path, "cpu")
+    reader.preload(sorted(reader.keys), 1 << 30)      # what a GPU replay does (replay._preload)
+    act_in = next(e for e in meta["layers"] if e["name"] == "act")["in"]["args.0"]
+    before = reader.get(act_in).clone()
+    runs = []
+    real_run = replay_mod._run
+    monkeypatch.setattr(replay_mod, "_run", lambda *a: runs.append(1) or real_run(*a))
+    got = _replay_rung(model, spec, manifest, meta, reader, "float32", "cpu", tmpl, keep_loaded=True)
+    assert len(runs) == 2                                # the pass, then its repeat
+    assert reader._copy_keys == {act_in}
+    assert torch.equal(reader.get(act_in), before)       # the cache holds the stored tensor again
+    assert got.passed and _layer_ratios(got) == _layer_ratios(plain)
+    runs.clear()
+    again = _replay_rung(model, spec, manifest, meta, reader, "float32", "cpu", tmpl, keep_loaded=True)
+    assert len(runs) == 1 and _layer_ratios(again) == _layer_ratios(plain)   # a copy now: no repeat
+    assert torch.equal(reader.get(act_in), before)
