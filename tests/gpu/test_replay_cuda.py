@@ -88,3 +88,38 @@ def test_many_leaves_one_launch_match_cpu() -> None:
         lays.append((nb, size))
     got = kernels.block_stats_many(leaves, lays).cpu()
     torch.testing.assert_close(got, torch.cat(want), rtol=1e-5, atol=1e-30)
+
+
+class InplaceNet(torch.nn.Module):
+    """fc1's output is rewritten by an inplace ReLU (which, isolated, also writes its golden input)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(256, 256)
+        self.act = torch.nn.ReLU(inplace=True)
+        self.fc2 = torch.nn.Linear(256, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+@pytest.mark.parametrize("kind", ["full", "fast"])
+def test_gpu_replay_of_an_inplace_model_equals_the_cpu_arithmetic(tmp_path, kind: str) -> None:
+    """Preloaded goldens handed without copies and queued outputs judged after the pass: on CUDA the
+    ratios equal a CPU replay of the same CUDA golden within the statistics' rounding."""
+    from pytest_rocm_parity.golden import RungReader
+
+    torch.manual_seed(0)
+    model = InplaceNet()
+    x = torch.randn(8, 64, 256, generator=torch.Generator().manual_seed(1))
+    spec = CheckSpec(name="inpl", dtypes=["float32"], drill=1, replay=kind)
+    store = GoldenStore(tmp_path)
+    capture(model, x, spec, store, "cuda")
+    (gpu,) = replay(model.cuda(), x, spec, store, "cuda")
+    assert gpu.passed, [(l.name, l.reason) for l in gpu.layers]
+    for l in gpu.layers:
+        for m in (l.iso, l.prop):
+            if m is not None:
+                assert m.ratio < 2.0, (l.name, m.ratio)   # the same GPU: ratio 1 up to the ulp floor
+    reader = RungReader(store.rung_file("inpl", store.read_manifest("inpl"), "float32"), "cuda")
+    assert not reader._copy_keys

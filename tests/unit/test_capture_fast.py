@@ -444,6 +444,7 @@ def test_cuda_capture_equals_the_host_routes(tmp_path: Path, monkeypatch: pytest
             elif mode != "auto":
                 mp.setattr(cap, "TRUTH_ON_DEVICE", False)
             if mode == "all_host":   # what capture did before: synchronous copies, residuals on the host
+                mp.setattr(cap, "DEVICE_HOLD_BYTES", 0)
                 mp.setattr(cap._HostCopies, "copy", _synchronous_copy)
                 mp.setattr(cap, "_residual", lambda t, r, rdt, copies=None: residual(t, r, rdt))
             store = GoldenStore(tmp_path / mode)

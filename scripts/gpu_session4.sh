@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Session 3 on the NVIDIA reference (issue 8): GPU tests, the statistics kernel's launch shapes,
+# then the capture/replay benchmark. Part "a": tests + kernel sweep + tiny,1b with profiles;
+# part "b": tiny,1b,8b. Results under $OUT; run from the repo root.
+set -uo pipefail
+: "${OUT:?set OUT}"
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+unset TRITON_INTERPRET
+L="$OUT"
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python -c "import torch, triton, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__)"; nproc; } > "$L/env.txt" 2>&1
+part="${1:-a}"
+if [[ "$part" == a ]]; then
+  timeout 170 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu tests/unit/test_capture_fast.py \
+    tests/unit/test_inplace.py -o addopts="" > "$L/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?" >> "$L/env.txt"
+  timeout 120 python bench/bench_stats_kernel.py --model 1b --out "$L/stats_kernel.json" > "$L/stats_kernel.log" 2>&1
+  echo "stats kernel rc=$?" >> "$L/env.txt"
+  timeout 260 python bench/bench_parity.py --device cuda --models tiny,1b --reps 15 --profile-dir "$L" --out "$L/bench_a.json" > "$L/bench_a.log" 2>&1
+  echo "bench tiny,1b rc=$?" >> "$L/env.txt"
+fi
+if [[ "$part" == b ]]; then
+  timeout 500 python bench/bench_parity.py --device cuda --models tiny,1b,8b --reps 15 --out "$L/bench_b.json" > "$L/bench_b.log" 2>&1
+  echo "bench tiny,1b,8b rc=$?" >> "$L/env.txt"
+fi
+cat "$L/env.txt"
+tail -3 "$L/gpu_tests.log" 2>/dev/null
+tail -1 "$L/stats_kernel.log" 2>/dev/null
+python - "$L" <<'PY'
+import json, sys, glob
+keys = ("model", "forward_s", "record_s", "record_x", "record_landed_x", "capture_s", "pass_fast_s", "pass_fast_x",
+        "pass_full_x", "replay_warm_s", "golden_gb", "capture_host_growth_gib", "replay_passed", "error")
+for f in sorted(glob.glob(sys.argv[1] + "/bench_*.json")):
+    for r in json.load(open(f))["rows"]:
+        print({k: (round(r[k], 4) if isinstance(r[k], float) else r[k]) for k in keys if k in r})
+PY
