@@ -70,30 +70,21 @@ def block_stats_many(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int
         key = tuple(str(x.dtype).removeprefix("torch.") for x in (c, r, e))
         groups.setdefault(key, []).append(i)   # type: ignore[arg-type]
     for (dc, dr, de), idx in groups.items():
-        ptrs = np.array([[leaves[i][k].data_ptr() for i in idx] for k in range(3)], dtype=np.int64)
-        # (leaf, start, end) per block, built with numpy: a Python loop over every block of every
-        # module would cost a millisecond per pass
-        nbs = np.array([layouts[i][0] for i in idx], dtype=np.int64)
-        sizes = np.array([layouts[i][1] for i in idx], dtype=np.int64)
-        ns = np.array([leaves[i][0].numel() for i in idx], dtype=np.int64)
-        leaf_of = np.repeat(np.arange(len(idx), dtype=np.int64), nbs)
-        first = np.repeat(np.cumsum(nbs) - nbs, nbs)
-        b_in_leaf = np.arange(len(leaf_of), dtype=np.int64) - first
-        starts = b_in_leaf * sizes[leaf_of]
-        ends = np.minimum(starts + sizes[leaf_of], ns[leaf_of])
-        blk = np.stack([leaf_of, starts, ends], 1)
-        rows = np.concatenate([np.arange(row0[i], row0[i] + layouts[i][0]) for i in idx])
-        table = np.concatenate([ptrs.reshape(-1), blk.reshape(-1)])
-        host = torch.from_numpy(table)
-        dev_table = host.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else host
+        ptr_rows = [[leaves[i][k].data_ptr() for i in idx] for k in range(3)]
+        tkey = (dev, tuple(map(tuple, ptr_rows)), tuple(layouts[i] for i in idx),
+                tuple(leaves[i][0].numel() for i in idx), tuple(int(row0[i]) for i in idx), chunk)
+        hit = _TABLES.get(tkey)
+        if hit is not None:   # the same leaves as a pass before (the allocator reuses addresses)
+            dev_table, n_blk, kmax, rows = hit
+        else:
+            dev_table, n_blk, kmax, rows = _TABLES.put(tkey, _table(ptr_rows, idx, leaves, layouts, row0, chunk, dev))
         k = len(idx)
-        kmax = int(max(1, (-(-(ends - starts) // chunk)).max()))
-        part = torch.empty((len(blk), kmax, NCOLS), dtype=torch.float64, device=dev)
+        part = torch.empty((n_blk, kmax, NCOLS), dtype=torch.float64, device=dev)
         f64 = "float64" in (dc, dr, de)
-        triton_many_kernel()[(len(blk), kmax)](dev_table[0:k], dev_table[k:2 * k], dev_table[2 * k:3 * k],
-                                               dev_table[3 * k:], part, kmax, CC=_CODES[dc], CR=_CODES[dr],
-                                               CE=_CODES[de], F64=f64, CHUNK=chunk, BLOCK=MANY_BLOCK,
-                                               num_warps=MANY_WARPS)
+        triton_many_kernel()[(n_blk, kmax)](dev_table[0:k], dev_table[k:2 * k], dev_table[2 * k:3 * k],
+                                            dev_table[3 * k:], part, kmax, CC=_CODES[dc], CR=_CODES[dr],
+                                            CE=_CODES[de], F64=f64, CHUNK=chunk, BLOCK=MANY_BLOCK,
+                                            num_warps=MANY_WARPS)
         # chunks added in a fixed order (no atomics): the same inputs give the same sums
         sums = torch.cat([part[:, :, :7].sum(1), part[:, :, 7].amax(1, keepdim=True)], 1)
         if len(groups) == 1:
@@ -101,6 +92,58 @@ def block_stats_many(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int
         else:
             out[torch.as_tensor(rows, device=dev)] = sums
     return out
+
+
+class _TableCache:
+    """The last few launch tables on the device, by the exact leaves they describe.
+
+    Why: building a table (numpy, a pinned buffer, a host-to-device copy) is most of the host time
+    of a launch, and a replay pass after the first hands the kernel the same addresses: the goldens
+    are resident and the caching allocator gives the candidate's snapshots the same blocks. The key
+    holds every address, size and layout the table encodes, so a hit is the same table.
+    """
+
+    def __init__(self, size: int = 8) -> None:
+        self.size = size
+        self._d: dict[Any, Any] = {}
+
+    def get(self, key: Any) -> Any:
+        return self._d.get(key)
+
+    def put(self, key: Any, value: Any) -> Any:
+        if len(self._d) >= self.size:
+            self._d.pop(next(iter(self._d)))
+        self._d[key] = value
+        return value
+
+
+_TABLES = _TableCache()
+
+
+def _table(ptr_rows: list[list[int]], idx: list[int], leaves: list[tuple[Any, Any, Any]],
+           layouts: list[tuple[int, int]], row0: Any, chunk: int, dev: Any) -> tuple[Any, int, int, Any]:
+    """(device table, blocks, chunks per block, output rows) of one launch over leaves ``idx``."""
+    import numpy as np
+    import torch
+
+    ptrs = np.array(ptr_rows, dtype=np.int64)
+    # (leaf, start, end) per block, built with numpy: a Python loop over every block of every
+    # module would cost a millisecond per pass
+    nbs = np.array([layouts[i][0] for i in idx], dtype=np.int64)
+    sizes = np.array([layouts[i][1] for i in idx], dtype=np.int64)
+    ns = np.array([leaves[i][0].numel() for i in idx], dtype=np.int64)
+    leaf_of = np.repeat(np.arange(len(idx), dtype=np.int64), nbs)
+    first = np.repeat(np.cumsum(nbs) - nbs, nbs)
+    b_in_leaf = np.arange(len(leaf_of), dtype=np.int64) - first
+    starts = b_in_leaf * sizes[leaf_of]
+    ends = np.minimum(starts + sizes[leaf_of], ns[leaf_of])
+    blk = np.stack([leaf_of, starts, ends], 1)
+    rows = np.concatenate([np.arange(row0[i], row0[i] + layouts[i][0]) for i in idx])
+    table = np.concatenate([ptrs.reshape(-1), blk.reshape(-1)])
+    host = torch.from_numpy(table)
+    dev_table = host.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else host
+    kmax = int(max(1, (-(-(ends - starts) // chunk)).max()))
+    return dev_table, len(blk), kmax, rows
 
 
 _DISABLED: list[str] = []

@@ -73,6 +73,18 @@ KERNEL_SCRIPT = textwrap.dedent('''
         many = kernels.block_stats_many(leaves, lays, chunk=chunk)   # the replay's one launch per dtype combination
         out.append(["many", int(want.shape[0]), float(((many - want).abs() / want.abs().clamp(min=1e-300)).max()),
                     list(many.shape)])
+    # the launch tables are cached by the leaves' addresses: a repeat hits, other orders and new
+    # values at the same addresses still give their own sums
+    tables = len(kernels._TABLES._d)
+    again = kernels.block_stats_many(leaves, lays)
+    hit = len(kernels._TABLES._d) == tables and torch.equal(again, kernels.block_stats_many(leaves, lays, chunk=kernels.CHUNK))
+    rev = kernels.block_stats_many(leaves[::-1], lays[::-1])
+    want_rev = torch.cat(torch_rows[::-1])
+    leaves[0][0].mul_(1.5)
+    changed = kernels.block_stats_many(leaves, lays)
+    want0 = kernels.block_stats_torch(*leaves[0], *lays[0])
+    rel = lambda a, b: float(((a - b).abs() / b.abs().clamp(min=1e-300)).max())
+    out.append(["cache", hit, rel(rev, want_rev), rel(changed[:lays[0][0]], want0)])
     print(json.dumps(out))
 ''')
 
@@ -84,7 +96,9 @@ def test_triton_kernel_in_the_interpreter_matches_the_fallback() -> None:
     p = subprocess.run([sys.executable, "-c", KERNEL_SCRIPT], capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     rows = json.loads(p.stdout.strip().splitlines()[-1])
-    assert len(rows) == 7
+    assert len(rows) == 8
+    _, hit, rel_rev, rel_changed = rows.pop()
+    assert hit and rel_rev < 1e-5 and rel_changed < 1e-5
     for dtype, n, rel, shape in rows[:5]:
         assert shape == [block_layout(n)[0], 8]
         assert rel < 1e-5, (dtype, n, rel)

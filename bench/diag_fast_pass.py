@@ -1,0 +1,108 @@
+"""Where the wall time of one fast replay pass goes, phase by phase, beside the plain forward.
+
+    python bench/diag_fast_pass.py --device cuda --model 1b
+
+Wraps the pass's phases (golden preload check, the hooked forward, the statistics flush and its
+parts, the judgement) with host timers and runs passes interleaved with plain forwards; prints the
+median of each phase. Diagnostic for issue 8: a ratio over 1.05x with little extra device time is
+host time, and this says which host time.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import json
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--model", default="1b")
+    p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--out", default=None)
+    a = p.parse_args(argv)
+    import torch
+
+    sys.path.insert(0, __file__.rsplit("/", 1)[0])
+    from bench_parity import build, sync
+
+    from pytest_rocm_parity import kernels, replay as rp
+    from pytest_rocm_parity.capture import capture
+    from pytest_rocm_parity.engine import CheckSpec, _run
+    from pytest_rocm_parity.golden import GoldenStore, RungReader
+
+    model = build(a.model, a.device)
+    ids = torch.randint(0, model.config.vocab_size, (4, 512), generator=torch.Generator().manual_seed(0))
+    inputs = {"input_ids": ids, "use_cache": False}
+    store = GoldenStore(tempfile.mkdtemp())
+    spec = CheckSpec(name="d", dtypes=["bfloat16"], drill=0, replay="fast")
+    manifest = capture(model, inputs, spec, store, a.device, overwrite=True)
+    meta = manifest["rungs"]["bfloat16"]
+    reader = RungReader(store.rung_file("d", manifest, "bfloat16"), a.device)
+    tmpl = {"args": (), "kwargs": inputs}
+    dev_inputs = {"input_ids": ids.to(a.device), "use_cache": False}
+
+    phases: dict[str, list[float]] = collections.defaultdict(list)
+    current: dict[str, float] = collections.defaultdict(float)
+
+    def timed(name: str, fn: Any) -> Any:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kw: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                current[name] += time.perf_counter() - t
+        return wrapper
+
+    rp._preload = timed("preload", rp._preload)
+    rp._run = timed("forward (hooked)", rp._run)
+    rp._StatsQueue.flush = timed("flush", rp._StatsQueue.flush)
+    rp._StatsQueue._stats = timed("flush: launch", rp._StatsQueue._stats)
+    kernels.block_stats_many = timed("flush: launch: block_stats_many", kernels.block_stats_many)
+    rp.metrics_many = timed("flush: metrics_many", rp.metrics_many)
+    rp.finish = timed("finish", rp.finish)
+    rp.judge_layer = timed("judge_layer", rp.judge_layer)
+    rp.select = timed("select", rp.select)
+    rp.prepare_model = timed("prepare_model", rp.prepare_model)
+    rp.walk_model = timed("walk_model", rp.walk_model)
+
+    def one_pass() -> None:
+        rp._replay_rung(model, spec, manifest, meta, reader, "bfloat16", a.device, tmpl, keep_loaded=True)
+
+    for _ in range(3):
+        one_pass()
+        _run(model, (), dev_inputs)
+    fwd, total = [], []
+    for _ in range(a.reps):
+        sync(a.device)
+        t = time.perf_counter()
+        _run(model, (), dev_inputs)
+        sync(a.device)
+        fwd.append(time.perf_counter() - t)
+        current.clear()
+        sync(a.device)
+        t = time.perf_counter()
+        one_pass()
+        sync(a.device)
+        total.append(time.perf_counter() - t)
+        for k, v in current.items():
+            phases[k].append(v)
+    rows = {"forward": statistics.median(fwd), "pass": statistics.median(total)}
+    rows.update({k: statistics.median(v) for k, v in phases.items()})
+    for k, v in rows.items():
+        print(f"{k:40s} {v * 1e3:8.3f} ms")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"model": a.model, "device": a.device, "torch": torch.__version__, "ms": {k: v * 1e3 for k, v in rows.items()}}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
