@@ -47,7 +47,14 @@ _CODES = {"bfloat16": 0, "float16": 1, "float32": 2, "float64": 3}
 
 def many_supported(c: Any, r: Any, e: Any) -> bool:
     """Whether block_stats_many takes these (contiguous, real, of the four float dtypes)."""
-    return all(str(x.dtype).removeprefix("torch.") in _CODES and x.is_contiguous() for x in (c, r, e))
+    return all(x.dtype in _dtype_codes() and x.is_contiguous() for x in (c, r, e))
+
+
+@functools.lru_cache(maxsize=1)
+def _dtype_codes() -> dict[Any, int]:
+    import torch
+
+    return {getattr(torch, k): v for k, v in _CODES.items()}
 
 
 def block_stats_many(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int, int]], chunk: int | None = None) -> Any:
@@ -65,10 +72,10 @@ def block_stats_many(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int
     total = sum(nb for nb, _ in layouts)
     out = torch.empty((total, NCOLS), dtype=torch.float64, device=dev)
     row0 = np.cumsum([0] + [nb for nb, _ in layouts])
-    groups: dict[tuple[str, str, str], list[int]] = {}
+    groups: dict[tuple[int, int, int], list[int]] = {}
+    codes = _dtype_codes()
     for i, (c, r, e) in enumerate(leaves):
-        key = tuple(str(x.dtype).removeprefix("torch.") for x in (c, r, e))
-        groups.setdefault(key, []).append(i)   # type: ignore[arg-type]
+        groups.setdefault((codes[c.dtype], codes[r.dtype], codes[e.dtype]), []).append(i)
     for (dc, dr, de), idx in groups.items():
         ptr_rows = [[leaves[i][k].data_ptr() for i in idx] for k in range(3)]
         tkey = (dev, tuple(map(tuple, ptr_rows)), tuple(layouts[i] for i in idx),
@@ -80,10 +87,10 @@ def block_stats_many(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int
             dev_table, n_blk, kmax, rows = _TABLES.put(tkey, _table(ptr_rows, idx, leaves, layouts, row0, chunk, dev))
         k = len(idx)
         part = torch.empty((n_blk, kmax, NCOLS), dtype=torch.float64, device=dev)
-        f64 = "float64" in (dc, dr, de)
+        f64 = _CODES["float64"] in (dc, dr, de)
         triton_many_kernel()[(n_blk, kmax)](dev_table[0:k], dev_table[k:2 * k], dev_table[2 * k:3 * k],
-                                            dev_table[3 * k:], part, kmax, CC=_CODES[dc], CR=_CODES[dr],
-                                            CE=_CODES[de], F64=f64, CHUNK=chunk, BLOCK=MANY_BLOCK,
+                                            dev_table[3 * k:], part, kmax, CC=dc, CR=dr,
+                                            CE=de, F64=f64, CHUNK=chunk, BLOCK=MANY_BLOCK,
                                             num_warps=MANY_WARPS)
         # chunks added in a fixed order (no atomics): the same inputs give the same sums
         sums = torch.cat([part[:, :, :7].sum(1), part[:, :, 7].amax(1, keepdim=True)], 1)

@@ -411,11 +411,11 @@ class _StatsQueue:
         from pytest_rocm_parity import kernels
         from pytest_rocm_parity.compare import block_layout
 
-        flat = [(c.to(ref.device).reshape(-1), ref.reshape(-1), res.reshape(-1))
-                for _s, _i, _l, c, ref, res, *_ in self.items]
-        dev = flat[0][1].device
+        dev = self.items[0][4].device
+        flat = [(c.view(-1) if c.device == dev else c.to(dev).view(-1), ref.reshape(-1), res.reshape(-1))
+                for _s, _i, _l, c, ref, res, *_ in self.items]   # c: a contiguous snapshot (add)
         if (dev.type == "cuda" and kernels.triton_usable()
-                and all(r.device == dev and kernels.many_supported(*x) for x in flat for r in x)):
+                and all(r.device == dev and e.device == dev and kernels.many_supported(c, r, e) for c, r, e in flat)):
             try:
                 return kernels.block_stats_many(flat, [block_layout(c.numel()) for c, _, _ in flat])
             except Exception as exc:   # a Triton that cannot compile the kernel here: the torch path

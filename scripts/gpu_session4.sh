@@ -30,8 +30,10 @@ if [[ "$part" == c ]]; then   # where a fast pass's time goes, then the benchmar
   echo "bench tiny,1b rc=$?" >> "$L/env.txt"
 fi
 if [[ "$part" == b ]]; then
-  timeout 500 python bench/bench_parity.py --device cuda --models tiny,1b,8b --reps 15 --out "$L/bench_b.json" > "$L/bench_b.log" 2>&1
+  timeout 420 python bench/bench_parity.py --device cuda --models tiny,1b,8b --reps 15 --out "$L/bench_b.json" > "$L/bench_b.log" 2>&1
   echo "bench tiny,1b,8b rc=$?" >> "$L/env.txt"
+  timeout 120 python bench/diag_fast_pass.py --device cuda --model 1b --out "$L/diag_1b.json" > "$L/diag_1b.log" 2>&1
+  echo "diag rc=$?" >> "$L/env.txt"; cat "$L/diag_1b.log"
 fi
 cat "$L/env.txt"
 tail -3 "$L/gpu_tests.log" 2>/dev/null
