@@ -291,8 +291,10 @@ def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any) -> 
     """One forward of ``m`` that copies every selected module call's input and output leaves to the host.
 
     Exactly the recording capture runs (a benchmark times this function); run it under
-    ``numerics(rung, tf32)``. On CUDA the copies are still in flight when it returns, from device
-    snapshots held in ``pool.device``: ``pool.tensors`` waits for them.
+    ``numerics(rung, tf32)``. On CUDA the recorded tensors are device snapshots in ``pool.device``
+    when it returns: ``pool.start_copies()`` sends them to the host without waiting (capture does so
+    once the float64 model's construction is queued, so issuing them costs the forward nothing), and
+    ``pool.tensors`` issues what is left and waits for all of them.
     """
     pool = _Pool()
     entries: dict[str, dict[str, Any]] = {}
@@ -317,7 +319,6 @@ def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any) -> 
         order = list(hooks.order)
     outputs = {"out": {p: pool.add(t) for p, t in tensor_leaves(out).items()}, "const": constant_leaves(out)}
     pool.release()
-    pool.start_copies()
     return Recording(entries, outputs, order, pool)
 
 
@@ -392,8 +393,9 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
     rung_model = [m]
     del m
     tm, truth_dev = _truth_model(model, device, dtype, rung_model)
+    pool = rec.pool
+    pool.start_copies()            # they land while the device builds and runs the float64 truth
     targs, tkwargs = cast_inputs(args, kwargs, torch.float64, truth_dev)
-    pool = rec.pool                # its host copies land while the truth is built and run
     copies = _HostCopies()         # the residuals' own copies, finished before the rung is returned
 
     def ref_of(key: str, p: str) -> Any:

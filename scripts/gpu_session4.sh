@@ -29,7 +29,10 @@ if [[ "$part" == c ]]; then   # where a fast pass's time goes, then the benchmar
   timeout 240 python bench/bench_parity.py --device cuda --models tiny,1b --reps 15 --profile-dir "$L" --out "$L/bench_c.json" > "$L/bench_c.log" 2>&1
   echo "bench tiny,1b rc=$?" >> "$L/env.txt"
 fi
-if [[ "$part" == b ]]; then
+if [[ "$part" == b ]]; then   # the GPU tests, all three models, the fast pass's phases at 1.1B
+  timeout 170 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu tests/unit/test_capture_fast.py \
+    tests/unit/test_inplace.py -o addopts="" > "$L/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?" >> "$L/env.txt"
   timeout 420 python bench/bench_parity.py --device cuda --models tiny,1b,8b --reps 15 --out "$L/bench_b.json" > "$L/bench_b.log" 2>&1
   echo "bench tiny,1b,8b rc=$?" >> "$L/env.txt"
   timeout 120 python bench/diag_fast_pass.py --device cuda --model 1b --out "$L/diag_1b.json" > "$L/diag_1b.log" 2>&1
