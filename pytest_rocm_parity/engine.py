@@ -326,10 +326,7 @@ def _plan(keys: dict[str, str]) -> dict[str, Any]:
         node = tree
         parts = path.split(".")
         for part in parts[:-1]:
-            nxt = node.setdefault(part, {})
-            if not isinstance(nxt, dict):
-                nxt = node[part] = {}
-            node = nxt
+            node = node.setdefault(part, {})
         node[parts[-1]] = path
     if len(_PLANS) > 4096:
         _PLANS.clear()
@@ -337,32 +334,32 @@ def _plan(keys: dict[str, str]) -> dict[str, Any]:
     return tree
 
 
-def _patch(obj: Any, plan: dict[str, Any], fn: Callable[[str, Any], Any]) -> Any:
-    """``obj`` with each planned leaf replaced by fn(path, tensor); each container on the way copied once."""
+def _patch(obj: Any, plan: dict[str, Any] | str, fn: Callable[[str, Any], Any]) -> Any:
+    """``obj`` with each planned leaf replaced by fn(path, tensor); each container on the way copied once.
+
+    ``plan``: a subtree of _plan, or at a leaf the leaf's full path.
+    """
     import torch
 
+    if type(plan) is str:
+        if not isinstance(obj, torch.Tensor):
+            raise _NotPlain(plan)
+        return fn(plan, obj)
     if type(obj) in (tuple, list):
         items = list(obj)
         for head, sub in plan.items():
             if not head.isdigit() or int(head) >= len(items):
                 raise _NotPlain(head)
-            i = int(head)
-            items[i] = _leaf(items[i], sub, fn, torch.Tensor) if type(sub) is str else _patch(items[i], sub, fn)
+            items[int(head)] = _patch(items[int(head)], sub, fn)
         return type(obj)(items)
     if type(obj) is dict and all(type(k) is str for k in obj):
         out = dict(obj)
         for head, sub in plan.items():
             if head not in obj:
                 raise _NotPlain(head)
-            out[head] = _leaf(obj[head], sub, fn, torch.Tensor) if type(sub) is str else _patch(obj[head], sub, fn)
+            out[head] = _patch(obj[head], sub, fn)
         return out
     raise _NotPlain(str(type(obj)))
-
-
-def _leaf(obj: Any, path: str, fn: Callable[[str, Any], Any], tensor: type) -> Any:
-    if not isinstance(obj, tensor):
-        raise _NotPlain(path)
-    return fn(path, obj)
 
 
 class _NotPlain(Exception):

@@ -281,9 +281,10 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
     args0, kwargs0 = stored_inputs()   # preloaded now: handed out watched (RungReader.get_fresh)
 
     def watched(run: Callable[[], Any], sink: dict[str, list[LeafMetrics]]) -> Any:
-        """One pass; repeated if the model wrote a golden tensor handed to it (then a copy)."""
+        """One pass; repeated while the model writes a golden tensor handed to it. Each repeat hands
+        the written keys out as copies from then on, so it ends within as many repeats as keys."""
         nonlocal args0, kwargs0
-        for _attempt in range(3):
+        while True:
             mark, before = len(queue.items), set(sink)
             out = run()
             if not reader.changed_in_place():
@@ -292,7 +293,6 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
             for k in set(sink) - before:
                 del sink[k]
             args0, kwargs0 = stored_inputs()
-        return out
 
     try:
         with eval_mode(m, mwalk), numerics(rung, tol.tf32):
@@ -389,10 +389,12 @@ class _StatsQueue:
             sink.append(residual_metrics(leaf, c, ref, res, self.u, tol.confidence, tol.nan))
             self.keep_if_failing(sink[-1], c, tol, isolated, tag)
             return
+        import torch
+
         sink.append(None)
         # A snapshot in stream order: the model may still write this output in place (a parent's
         # `x += ...`, an inplace activation) before flush() reads it.
-        c = c.clone(memory_format=_contiguous())
+        c = c.clone(memory_format=torch.contiguous_format)
         self.items.append((sink, len(sink) - 1, leaf, c, ref, res, tol, isolated, tag))
         self.held += c.numel() * c.element_size()
         if self.held > self.HOLD_BYTES:
@@ -449,12 +451,6 @@ class _StatsQueue:
 
         if self.obtained is not None and leaf_failure(m, tol, self.rung, isolated):
             self.obtained[tag] = c.detach().to("cpu")
-
-
-def _contiguous() -> Any:
-    import torch
-
-    return torch.contiguous_format
 
 
 PRELOAD_FRACTION = 0.5
