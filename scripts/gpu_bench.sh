@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Session 3 on the NVIDIA reference (issue 8): GPU tests, the statistics kernel's launch shapes,
-# then the capture/replay benchmark. Part "a": tests + kernel sweep + tiny,1b with profiles;
-# part "b": tiny,1b,8b. Results under $OUT; run from the repo root.
+# The NVIDIA reference's performance runs (issue 8): GPU tests, the statistics kernel's launch shapes,
+# then the capture/replay benchmark. Part "a": tests, kernel sweep, tiny and 1.1B with profiles;
+# "c": tests, the fast pass's phases at 1.1B, tiny and 1.1B with profiles; "b" (what
+# docs/benchmarks.md reports): tests, tiny, 1.1B and 8B, the phases at 1.1B. Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
 cd "$(dirname "$0")/.."
