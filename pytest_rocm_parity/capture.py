@@ -302,10 +302,11 @@ def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any) -> 
     inputs: dict[str, Any] = {}    # this call's input leaves until its output is recorded
 
     def rec_in(key: str, sel: Selected, a: Any, kw: Any) -> None:
-        leaves, consts = split_leaves({"args": a, "kwargs": kw})
+        kinds: dict[str, str] = {}
+        leaves, consts = split_leaves({"args": a, "kwargs": kw}, kinds)
         inputs[key] = leaves
         entries[key] = {"name": sel.name, "key": key, "level": sel.level, "primary": sel.primary,
-                        "in": {p: pool.add(t) for p, t in leaves.items()}, "const_in": consts}
+                        "in": {p: pool.add(t) for p, t in leaves.items()}, "const_in": consts, "in_tree": kinds}
         return None
 
     def rec_out(key: str, sel: Selected, out: Any) -> None:

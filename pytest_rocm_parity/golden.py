@@ -28,6 +28,7 @@ from typing import Any
 from pytest_rocm_parity.errors import (
     GoldenCorrupt, GoldenExists, GoldenMissing, GoldenStale, GoldenWriteError, InvalidArgument,
 )
+from pytest_rocm_parity.tree import CONTAINER_KINDS
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -434,6 +435,9 @@ def _manifest_problem(m: dict[str, Any]) -> str:
                     and _is_int(e.get("level")) and isinstance(e.get("primary"), str)
                     and _str_map(e.get("in")) and _str_map(e.get("out"))):
                 return f"{where} has a layer entry without key/name/level/primary/in/out"
+            tree = e.get("in_tree", {})
+            if not (_str_map(tree) and all(v in CONTAINER_KINDS for v in tree.values())):
+                return f"{where} has a layer entry whose 'in_tree' is not a mapping of path -> {'/'.join(CONTAINER_KINDS)}"
         order = r.get("order", [])
         if not isinstance(order, list) or not all(isinstance(k, str) for k in order):
             return f"{where} has an 'order' that is not a list of layer keys"

@@ -27,6 +27,7 @@ from pytest_rocm_parity.engine import (
     shell_quote,
     walk_model,
 )
+from pytest_rocm_parity.direct import DirectCall, plan_level, run_level
 from pytest_rocm_parity.errors import GoldenStale
 from pytest_rocm_parity.golden import GoldenStore, RungReader
 from pytest_rocm_parity.judge import finish, judge_layer
@@ -36,6 +37,8 @@ from pytest_rocm_parity.tolerance import Tolerance
 from pytest_rocm_parity.tree import constant_leaves, map_tensors, tensor_leaves
 
 VERIFY_HASH_MAX_BYTES = 512 * 1024 * 1024
+# Isolated passes by direct module calls where the golden allows (direct.py); tests compare both routes.
+DIRECT = True
 
 
 def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: RungReader, rung: str,
@@ -238,7 +241,8 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
     obtained: dict[str, Any] = {}
     queue = _StatsQueue(rung, u, obtained if spec.report_dir is not None else None)
 
-    def compare(key: str, out: Any, truth_prefix: str, sink: dict[str, list[LeafMetrics]]) -> None:
+    def compare(key: str, out: Any, truth_prefix: str, sink: dict[str, list[LeafMetrics]],
+                snapshot: bool = True) -> None:
         e = layers.get(key)
         if e is None:
             return
@@ -260,7 +264,7 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                 if tname not in reader.keys and truth_prefix == "gtruth":
                     continue  # propagated truth is kept for top-level modules only
                 residual = reader.get(tname)
-                queue.add(res, p, c, ref, residual, t, isolated, tag)
+                queue.add(res, p, c, ref, residual, t, isolated, tag, snapshot)
                 if (spec.positions is not None and truth_prefix == "gtruth" and ref.dim() >= 2
                         and tuple(ref.shape[:2]) == spec.positions and tuple(c.shape) == tuple(ref.shape)
                         and not ref.is_complex() and key not in pos_err):
@@ -277,6 +281,7 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
             return _replay_rung_sketch(m, spec, meta, reader, rung, *stored_inputs(), selected)
     fast = spec.replay == "fast" and spec.extra_judge is None
     outs: list[LayerRecord] = []
+    notes: list[str] = []
     _preload(reader, meta, fast, device)
     args0, kwargs0 = stored_inputs()   # preloaded now: handed out watched (RungReader.get_fresh)
 
@@ -308,6 +313,21 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                 del out
             # isolated, one nesting level at a time so no module's own computation is bypassed
             for level in sorted({s.level for s in selected}):
+                calls = plan_level(meta, layers, level) if DIRECT and device != KEEP_PLACEMENT else "off"
+                if not isinstance(calls, str):
+                    def direct(calls: list[DirectCall] = calls) -> None:
+                        run_level(m, calls, reader.get_fresh, lambda k, o, snap: compare(k, o, "truth", iso, snap))
+                    mark, before = len(queue.items), set(iso)
+                    try:
+                        watched(direct, iso)
+                        queue.flush()
+                        continue
+                    except Exception as exc:   # a module that needs its caller's context: the hooked pass
+                        queue.discard(mark)
+                        for k in set(iso) - before:
+                            del iso[k]
+                        notes.append(f"isolated level {level}: a direct call failed ({type(exc).__name__}: "
+                                     f"{str(exc)[:200]}); judged through the hooked forward instead")
                 def sub(key: str, sel: Selected, a: Any, kw: Any, level: int = level) -> Any:
                     if sel.level != level or key not in layers:
                         return None
@@ -334,6 +354,7 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
             rec.reason = "not called in the candidate (fused or bypassed): judged through its parent and the outputs"
         result.layers.append(rec)
     result.outputs = outs
+    result.notes.extend(notes)
     if fast:
         result.notes.append("fast replay (--parity-replay=fast): one isolated pass per nesting level; "
                             "propagated drift and the model outputs were not judged")
@@ -382,7 +403,9 @@ class _StatsQueue:
         self.held = 0
 
     def add(self, sink: list[Any], leaf: str, c: Any, ref: Any, res: Any, tol: Tolerance, isolated: bool,
-            tag: str) -> None:
+            tag: str, snapshot: bool = True) -> None:
+        """Queue one leaf. ``snapshot``: copy ``c`` first, since code that runs before the flush may write
+        it (not so for a module called directly, whose output nothing else sees: direct.py)."""
         quick = (c.shape == ref.shape == res.shape and ref.numel() > 0
                  and not (c.is_complex() or ref.is_complex() or res.is_complex()))
         if not quick or not (c.is_cuda or self.DEFER_ON_CPU):
@@ -394,7 +417,8 @@ class _StatsQueue:
         sink.append(None)
         # A snapshot in stream order: the model may still write this output in place (a parent's
         # `x += ...`, an inplace activation) before flush() reads it.
-        c = c.clone(memory_format=torch.contiguous_format)
+        if snapshot or not c.is_contiguous():
+            c = c.clone(memory_format=torch.contiguous_format)
         self.items.append((sink, len(sink) - 1, leaf, c, ref, res, tol, isolated, tag))
         self.held += c.numel() * c.element_size()
         if self.held > self.HOLD_BYTES:

@@ -36,25 +36,31 @@ def _is_dataclass_instance(obj: Any) -> bool:
     return dataclasses.is_dataclass(obj) and not isinstance(obj, type)
 
 
-def _walk(obj: Any, prefix: str, seen: frozenset[int]) -> Iterator[tuple[str, Any]]:
+def _walk(obj: Any, prefix: str, seen: frozenset[int], kinds: dict[str, str] | None = None) -> Iterator[tuple[str, Any]]:
     if _is_tensor(obj):
         yield prefix or "0", obj
         return
     container = isinstance(obj, (tuple, list)) or _is_mapping(obj) or _is_dataclass_instance(obj)
     if container and id(obj) in seen:
+        if kinds is not None and prefix:
+            kinds[prefix] = "other"
         yield prefix or "0", obj   # a cycle: stop here, the leaf is summarised as a constant
         return
+    if container and kinds is not None and prefix:
+        t = type(obj)
+        plain_dict = t is dict and all(type(k) is str and "." not in k for k in obj)
+        kinds[prefix] = t.__name__ if t in (tuple, list) else "dict" if plain_dict else "other"
     seen = seen | {id(obj)} if container else seen
     join = (lambda k: f"{prefix}.{k}" if prefix else str(k))
     if _is_mapping(obj):
         for k in list(obj.keys()):
-            yield from _walk(obj[k], join(k), seen)
+            yield from _walk(obj[k], join(k), seen, kinds)
     elif isinstance(obj, (tuple, list)):
         for i, v in enumerate(obj):
-            yield from _walk(v, join(i), seen)
+            yield from _walk(v, join(i), seen, kinds)
     elif _is_dataclass_instance(obj):
         for f in dataclasses.fields(obj):
-            yield from _walk(getattr(obj, f.name), join(f.name), seen)
+            yield from _walk(getattr(obj, f.name), join(f.name), seen, kinds)
     else:
         yield prefix or "0", obj
 
@@ -80,16 +86,85 @@ def constant_leaves(obj: Any) -> dict[str, Any]:
     return split_leaves(obj)[1]
 
 
-def split_leaves(obj: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(tensor_leaves(obj), constant_leaves(obj)) in one walk: hooks call this on every module."""
+def _const(v: Any) -> Any:
+    return v if isinstance(v, (type(None), bool, int, float, str)) else f"<{type(v).__name__}>"
+
+
+def split_leaves(obj: Any, kinds: dict[str, str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(tensor_leaves(obj), constant_leaves(obj)) in one walk: hooks call this on every module.
+
+    ``kinds``: filled with the kind of every container below the root, by path (CONTAINER_KINDS),
+    so that a module's call can be rebuilt from its recorded leaves (direct.py).
+
+    Why a second walker: the recording hook runs this on every module call of a forward that is often
+    bound by the host, and the generic walk (a generator per container, a frozenset per level) costs
+    tens of microseconds a call. Plain tuples, lists and str-keyed dicts take the fast path; anything
+    else, and any path collision, is left to iter_leaves, which decides (and raises) as always.
+    """
     tensors: dict[str, Any] = {}
     consts: dict[str, Any] = {}
-    for p, v in iter_leaves(obj):
+    try:
+        import torch
+
+        count = _fast_split(obj, "", tensors, consts, kinds, torch.Tensor, 0)
+        if count == len(tensors) + len(consts):
+            return tensors, consts
+    except _Generic:
+        pass
+    tensors.clear()
+    consts.clear()
+    if kinds is not None:
+        kinds.clear()
+    for p, v in _walk(obj, "", frozenset(), kinds):
+        if p in tensors or p in consts:
+            list(iter_leaves(obj))   # raises the shared-path error
         if _is_tensor(v):
             tensors[p] = v
         else:
-            consts[p] = v if isinstance(v, (type(None), bool, int, float, str)) else f"<{type(v).__name__}>"
+            consts[p] = _const(v)
     return tensors, consts
+
+
+# Container kinds recorded beside a module's inputs: what a rebuild can make exactly. "other": a
+# mapping-like, dataclass, named tuple, dict with non-str or dotted keys, or a cycle.
+CONTAINER_KINDS = ("tuple", "list", "dict", "other")
+_PLAIN = (type(None), bool, int, float, str)
+
+
+class _Generic(Exception):
+    """Not a plain container: the generic walk takes over."""
+
+
+def _fast_split(obj: Any, prefix: str, tensors: dict[str, Any], consts: dict[str, Any],
+                kinds: dict[str, str] | None, tensor_type: type, depth: int) -> int:
+    """split_leaves' fast path; the number of leaves it met (a shortfall in the dicts is a collision)."""
+    if isinstance(obj, tensor_type):
+        tensors[prefix or "0"] = obj
+        return 1
+    t = type(obj)
+    if t in _PLAIN:
+        consts[prefix or "0"] = obj
+        return 1
+    if depth > 32:
+        raise _Generic()   # deep or cyclic: the generic walk ends cycles
+    if t is tuple or t is list:
+        if kinds is not None and prefix:
+            kinds[prefix] = t.__name__
+        n = 0
+        for i, v in enumerate(obj):
+            n += _fast_split(v, f"{prefix}.{i}" if prefix else str(i), tensors, consts, kinds, tensor_type, depth + 1)
+        return n
+    if t is dict:
+        if kinds is not None and prefix:
+            kinds[prefix] = "dict" if all(type(k) is str and "." not in k for k in obj) else "other"
+        n = 0
+        for k, v in obj.items():
+            n += _fast_split(v, f"{prefix}.{k}" if prefix else str(k), tensors, consts, kinds, tensor_type, depth + 1)
+        return n
+    if _is_mapping(obj) or isinstance(obj, (tuple, list)) or _is_dataclass_instance(obj):
+        raise _Generic()
+    consts[prefix or "0"] = _const(obj)
+    return 1
 
 
 def map_tensors(obj: Any, fn: Callable[[str, Any], Any], prefix: str = "") -> Any:

@@ -1,6 +1,7 @@
 """Modules that change their input in place (ReLU(inplace=True), `x += ...`) are recorded and replayed right."""
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -64,10 +65,12 @@ def test_queued_replay_judges_an_output_as_it_was_when_produced(tmp_path, monkey
     assert _layer_ratios(queued)["fc1"][1] < 1.5
 
 
-def test_preloaded_golden_written_by_the_model_is_reloaded_and_the_pass_repeated(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("route", ["direct", "hooked"])
+def test_preloaded_golden_written_by_the_model_is_reloaded_and_the_pass_repeated(tmp_path, monkeypatch, route) -> None:
     """Preloaded goldens are handed to the model without a copy; `act` writes its input, which is
     also fc1's stored output. The reader sees the write, reloads that tensor, and the pass runs
-    again with a copy: the verdicts equal a replay that reads every tensor from the file."""
+    again with a copy: the verdicts equal a replay that reads every tensor from the file. Both
+    isolated routes: modules called directly (direct.py) and the hooked forward."""
     from pytest_rocm_parity import replay as replay_mod
     from pytest_rocm_parity.replay import _replay_rung
 
@@ -87,8 +90,10 @@ def test_preloaded_golden_written_by_the_model_is_reloaded_and_the_pass_repeated
     act_in = next(e for e in meta["layers"] if e["name"] == "act")["in"]["args.0"]
     before = reader.get(act_in).clone()
     runs = []
-    real_run = replay_mod._run
-    monkeypatch.setattr(replay_mod, "_run", lambda *a: runs.append(1) or real_run(*a))
+    monkeypatch.setattr(replay_mod, "DIRECT", route == "direct")
+    counted = "run_level" if route == "direct" else "_run"
+    real_run = getattr(replay_mod, counted)
+    monkeypatch.setattr(replay_mod, counted, lambda *a: runs.append(1) or real_run(*a))
     got = _replay_rung(model, spec, manifest, meta, reader, "float32", "cpu", tmpl, keep_loaded=True)
     assert len(runs) == 2                                # the pass, then its repeat
     assert reader._copy_keys == {act_in}
