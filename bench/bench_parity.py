@@ -30,6 +30,10 @@ import time
 from typing import Any
 
 SHAPES = {
+    # the 1.1B model's module tree at a width where the forward is bound by the host on any machine:
+    # a stand-in for a GPU forward that is host-bound (issue 8's 1.1B case), measurable on a CPU
+    "host": dict(hidden_size=64, intermediate_size=172, num_hidden_layers=22, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=512),
     "tiny": dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
                  num_key_value_heads=2, vocab_size=512),
     "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,

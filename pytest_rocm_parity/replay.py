@@ -224,6 +224,19 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                  reader: RungReader, rung: str, device: str, inputs_template: Any,
                  keep_loaded: bool = False) -> CheckResult:
     """The passes of one rung. ``keep_loaded``: leave the preloaded goldens on the device (bench/)."""
+    return prepare_rung(model, spec, manifest, meta, reader, rung, device, inputs_template, keep_loaded)()
+
+
+def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: dict[str, Any],
+                 reader: RungReader, rung: str, device: str, inputs_template: Any,
+                 keep_loaded: bool = False) -> Callable[[], CheckResult]:
+    """One rung's replay set up (model placed, layers selected, goldens on the device, direct calls
+    planned); calling the result runs its passes and judges them.
+
+    Why two steps: the set-up is paid once per loaded golden, like the load itself; bench/ times the
+    passes apart from it (docs/benchmarks.md says which figure is which). The model must not change
+    between set-up and run; ``keep_loaded``: leave the goldens loaded after a run, to run again.
+    """
     dtype = dt.to_torch(rung)
     tol = spec.tolerance
     walk = walk_model(model)
@@ -234,151 +247,158 @@ def _replay_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
         # The test's inputs are the template (structure and constants); every tensor leaf is the stored one.
         tmpl = map_tensors(inputs_template, lambda p, _t: reader.get_fresh(f"input/{p}"))
         return tuple(tmpl["args"]), tmpl["kwargs"]
-    u = tol.unit_roundoff(rung)
-    prop: dict[str, list[LeafMetrics]] = {}
-    iso: dict[str, list[LeafMetrics]] = {}
-    pos_err: dict[str, tuple[Any, Any]] = {}
-    obtained: dict[str, Any] = {}
-    queue = _StatsQueue(rung, u, obtained if spec.report_dir is not None else None)
-
-    def compare(key: str, out: Any, truth_prefix: str, sink: dict[str, list[LeafMetrics]],
-                snapshot: bool = True) -> None:
-        e = layers.get(key)
-        if e is None:
-            return
-        t = tol.for_layer(e["name"])
-        got = tensor_leaves(out)
-        res: list[Any] = []
-        isolated = truth_prefix == "truth"
-        for p, gk in e["out"].items():
-            ref = reader.get(gk)
-            c = got.get(p)
-            if c is None:
-                res.append(LeafMetrics(leaf=p, numel=int(ref.numel()), ratio=float("inf"), ratio_lo=float("inf"),
-                                       note=f"shape: output leaf {p!r} missing on the candidate"))
-                continue
-            c = c.detach()
-            tag = f"{key}/{p}/{'isolated' if isolated else 'propagated'}"
-            if ref.is_floating_point() or ref.is_complex():
-                tname = f"{truth_prefix}/{key}/{p}"
-                if tname not in reader.keys and truth_prefix == "gtruth":
-                    continue  # propagated truth is kept for top-level modules only
-                residual = reader.get(tname)
-                queue.add(res, p, c, ref, residual, t, isolated, tag, snapshot)
-                if (spec.positions is not None and truth_prefix == "gtruth" and ref.dim() >= 2
-                        and tuple(ref.shape[:2]) == spec.positions and tuple(c.shape) == tuple(ref.shape)
-                        and not ref.is_complex() and key not in pos_err):
-                    pos_err[key] = _per_position(c, ref, load_truth(reader, tname, ref))
-            else:
-                res.append(exact_metrics(p, c, ref))
-                queue.keep_if_failing(res[-1], c, t, isolated, tag)
-        sink[key] = res
-
     m = prepare_model(model, device, dtype, walk)
     mwalk = walk if m is model else None
     if meta.get("sketch"):
-        with eval_mode(m, mwalk), numerics(rung, tol.tf32):
-            return _replay_rung_sketch(m, spec, meta, reader, rung, *stored_inputs(), selected)
+        def sketched() -> CheckResult:
+            with eval_mode(m, mwalk), numerics(rung, tol.tf32):
+                return _replay_rung_sketch(m, spec, meta, reader, rung, *stored_inputs(), selected)
+        return sketched
     fast = spec.replay == "fast" and spec.extra_judge is None
-    outs: list[LayerRecord] = []
-    notes: list[str] = []
     _preload(reader, meta, fast, device)
-    args0, kwargs0 = stored_inputs()   # preloaded now: handed out watched (RungReader.get_fresh)
+    levels = sorted({s.level for s in selected})
+    plans = {lv: plan_level(meta, layers, lv) if DIRECT and device != KEEP_PLACEMENT else "off" for lv in levels}
 
-    def watched(run: Callable[[], Any], sink: dict[str, list[LeafMetrics]]) -> Any:
-        """One pass; repeated while the model writes a golden tensor handed to it. Each repeat hands
-        the written keys out as copies from then on, so it ends within as many repeats as keys."""
-        nonlocal args0, kwargs0
-        while True:
-            mark, before = len(queue.items), set(sink)
-            out = run()
-            if not reader.changed_in_place():
-                return out
-            queue.discard(mark)
-            for k in set(sink) - before:
-                del sink[k]
-            args0, kwargs0 = stored_inputs()
+    def run() -> CheckResult:
+        u = tol.unit_roundoff(rung)
+        prop: dict[str, list[LeafMetrics]] = {}
+        iso: dict[str, list[LeafMetrics]] = {}
+        pos_err: dict[str, tuple[Any, Any]] = {}
+        obtained: dict[str, Any] = {}
+        queue = _StatsQueue(rung, u, obtained if spec.report_dir is not None else None)
 
-    try:
-        with eval_mode(m, mwalk), numerics(rung, tol.tf32):
-            if not fast:   # propagated
-                def propagated() -> Any:
-                    with Hooks(m, selected, None, lambda k, s, o: compare(k, o, "gtruth", prop)):
-                        return _run(m, args0, kwargs0)
-                out = watched(propagated, prop)
-                queue.flush()
-                outs = _compare_outputs(out, meta, reader, u, tol)
-                if spec.extra_judge is not None:
-                    pending = out
-                del out
-            # isolated, one nesting level at a time so no module's own computation is bypassed
-            for level in sorted({s.level for s in selected}):
-                calls = plan_level(meta, layers, level) if DIRECT and device != KEEP_PLACEMENT else "off"
-                if not isinstance(calls, str):
-                    def direct(calls: list[DirectCall] = calls) -> None:
-                        run_level(m, calls, reader.get_fresh, lambda k, o, snap: compare(k, o, "truth", iso, snap))
-                    mark, before = len(queue.items), set(iso)
-                    try:
-                        watched(direct, iso)
-                        queue.flush()
-                        continue
-                    except Exception as exc:   # a module that needs its caller's context: the hooked pass
-                        queue.discard(mark)
-                        for k in set(iso) - before:
-                            del iso[k]
-                        notes.append(f"isolated level {level}: a direct call failed ({type(exc).__name__}: "
-                                     f"{str(exc)[:200]}); judged through the hooked forward instead")
-                def sub(key: str, sel: Selected, a: Any, kw: Any, level: int = level) -> Any:
-                    if sel.level != level or key not in layers:
-                        return None
-                    return _substitute(a, kw, layers[key]["in"], reader.get_fresh, None, KEEP_PLACEMENT)
+        def compare(key: str, out: Any, truth_prefix: str, sink: dict[str, list[LeafMetrics]],
+                    snapshot: bool = True) -> None:
+            e = layers.get(key)
+            if e is None:
+                return
+            t = tol.for_layer(e["name"])
+            got = tensor_leaves(out)
+            res: list[Any] = []
+            isolated = truth_prefix == "truth"
+            for p, gk in e["out"].items():
+                ref = reader.get(gk)
+                c = got.get(p)
+                if c is None:
+                    res.append(LeafMetrics(leaf=p, numel=int(ref.numel()), ratio=float("inf"), ratio_lo=float("inf"),
+                                           note=f"shape: output leaf {p!r} missing on the candidate"))
+                    continue
+                c = c.detach()
+                tag = f"{key}/{p}/{'isolated' if isolated else 'propagated'}"
+                if ref.is_floating_point() or ref.is_complex():
+                    tname = f"{truth_prefix}/{key}/{p}"
+                    if tname not in reader.keys and truth_prefix == "gtruth":
+                        continue  # propagated truth is kept for top-level modules only
+                    residual = reader.get(tname)
+                    queue.add(res, p, c, ref, residual, t, isolated, tag, snapshot)
+                    if (spec.positions is not None and truth_prefix == "gtruth" and ref.dim() >= 2
+                            and tuple(ref.shape[:2]) == spec.positions and tuple(c.shape) == tuple(ref.shape)
+                            and not ref.is_complex() and key not in pos_err):
+                        pos_err[key] = _per_position(c, ref, load_truth(reader, tname, ref))
+                else:
+                    res.append(exact_metrics(p, c, ref))
+                    queue.keep_if_failing(res[-1], c, t, isolated, tag)
+            sink[key] = res
 
-                def keep(key: str, sel: Selected, o: Any, level: int = level) -> None:
-                    if sel.level == level:
-                        compare(key, o, "truth", iso)
+        outs: list[LayerRecord] = []
+        notes: list[str] = []
+        args0, kwargs0 = stored_inputs()   # preloaded: handed out watched (RungReader.get_fresh), per run
 
-                def isolated() -> None:
-                    with Hooks(m, selected, sub, keep):
-                        _run(m, args0, kwargs0)
-                watched(isolated, iso)
-                queue.flush()
-    finally:
-        if not keep_loaded:
-            reader.release()
-    result = CheckResult(test=spec.test, name=spec.name, dtype=rung, passed=True)
-    for key, rec in _records_in_order(meta, layers):
-        judge_layer(rec, iso.get(key, []), prop.get(key, []), tol, rung)
-        if key not in iso:
-            # A fused or bypassed sub-module (e.g. q/k/v fused into one GEMM) is judged through its
-            # parent; a missing top-level module changes the model's outputs, which are judged too.
-            rec.reason = "not called in the candidate (fused or bypassed): judged through its parent and the outputs"
-        result.layers.append(rec)
-    result.outputs = outs
-    result.notes.extend(notes)
-    if fast:
-        result.notes.append("fast replay (--parity-replay=fast): one isolated pass per nesting level; "
-                            "propagated drift and the model outputs were not judged")
-    finish(result, tol)
-    if spec.profile and isinstance(meta.get("extra", {}).get("profile"), dict):
-        from pytest_rocm_parity.profiling import compare_shares, profile_shares
+        def watched(one: Callable[[], Any], sink: dict[str, list[LeafMetrics]]) -> Any:
+            """One pass; repeated while the model writes a golden tensor handed to it. Each repeat hands
+            the written keys out as copies from then on, so it ends within as many repeats as keys."""
+            nonlocal args0, kwargs0
+            while True:
+                mark, before = len(queue.items), set(sink)
+                out = one()
+                if not reader.changed_in_place():
+                    return out
+                queue.discard(mark)
+                for k in set(sink) - before:
+                    del sink[k]
+                args0, kwargs0 = stored_inputs()
 
-        with eval_mode(m, mwalk), numerics(rung, tol.tf32):
-            cand_prof = profile_shares(m, args0, kwargs0, home_device(m, device))
-        result.extra["profile"] = {"flags": compare_shares(meta["extra"]["profile"], cand_prof),
-                                   "reference": meta["extra"]["profile"], "candidate": cand_prof}
-    if spec.report_dir is not None and not result.passed and obtained:
-        from pytest_rocm_parity.report import save_failing_tensors
-
-        save_failing_tensors(result, obtained, spec.report_dir)
-    obtained.clear()
-    if spec.extra_judge is not None:
-        result.extra["_pos_err"] = pos_err
         try:
             with eval_mode(m, mwalk), numerics(rung, tol.tf32):
-                spec.extra_judge(rung, m, args0, kwargs0, pending, reader, meta, result)
+                if not fast:   # propagated
+                    def propagated() -> Any:
+                        with Hooks(m, selected, None, lambda k, s, o: compare(k, o, "gtruth", prop)):
+                            return _run(m, args0, kwargs0)
+                    out = watched(propagated, prop)
+                    queue.flush()
+                    outs = _compare_outputs(out, meta, reader, u, tol)
+                    if spec.extra_judge is not None:
+                        pending = out
+                    del out
+                # isolated, one nesting level at a time so no module's own computation is bypassed
+                for level in levels:
+                    calls = plans[level]
+                    if not isinstance(calls, str):
+                        def direct(calls: list[DirectCall] = calls) -> None:
+                            run_level(m, calls, reader.get_fresh, lambda k, o, snap: compare(k, o, "truth", iso, snap))
+                        mark, before = len(queue.items), set(iso)
+                        try:
+                            watched(direct, iso)
+                            queue.flush()
+                            continue
+                        except Exception as exc:   # a module that needs its caller's context: the hooked pass
+                            queue.discard(mark)
+                            for k in set(iso) - before:
+                                del iso[k]
+                            notes.append(f"isolated level {level}: a direct call failed ({type(exc).__name__}: "
+                                         f"{str(exc)[:200]}); judged through the hooked forward instead")
+                    def sub(key: str, sel: Selected, a: Any, kw: Any, level: int = level) -> Any:
+                        if sel.level != level or key not in layers:
+                            return None
+                        return _substitute(a, kw, layers[key]["in"], reader.get_fresh, None, KEEP_PLACEMENT)
+
+                    def keep(key: str, sel: Selected, o: Any, level: int = level) -> None:
+                        if sel.level == level:
+                            compare(key, o, "truth", iso)
+
+                    def isolated() -> None:
+                        with Hooks(m, selected, sub, keep):
+                            _run(m, args0, kwargs0)
+                    watched(isolated, iso)
+                    queue.flush()
         finally:
-            result.extra.pop("_pos_err", None)
-    return result
+            if not keep_loaded:
+                reader.release()
+        result = CheckResult(test=spec.test, name=spec.name, dtype=rung, passed=True)
+        for key, rec in _records_in_order(meta, layers):
+            judge_layer(rec, iso.get(key, []), prop.get(key, []), tol, rung)
+            if key not in iso:
+                # A fused or bypassed sub-module (e.g. q/k/v fused into one GEMM) is judged through its
+                # parent; a missing top-level module changes the model's outputs, which are judged too.
+                rec.reason = "not called in the candidate (fused or bypassed): judged through its parent and the outputs"
+            result.layers.append(rec)
+        result.outputs = outs
+        result.notes.extend(notes)
+        if fast:
+            result.notes.append("fast replay (--parity-replay=fast): one isolated pass per nesting level; "
+                                "propagated drift and the model outputs were not judged")
+        finish(result, tol)
+        if spec.profile and isinstance(meta.get("extra", {}).get("profile"), dict):
+            from pytest_rocm_parity.profiling import compare_shares, profile_shares
+
+            with eval_mode(m, mwalk), numerics(rung, tol.tf32):
+                cand_prof = profile_shares(m, args0, kwargs0, home_device(m, device))
+            result.extra["profile"] = {"flags": compare_shares(meta["extra"]["profile"], cand_prof),
+                                       "reference": meta["extra"]["profile"], "candidate": cand_prof}
+        if spec.report_dir is not None and not result.passed and obtained:
+            from pytest_rocm_parity.report import save_failing_tensors
+
+            save_failing_tensors(result, obtained, spec.report_dir)
+        obtained.clear()
+        if spec.extra_judge is not None:
+            result.extra["_pos_err"] = pos_err
+            try:
+                with eval_mode(m, mwalk), numerics(rung, tol.tf32):
+                    spec.extra_judge(rung, m, args0, kwargs0, pending, reader, meta, result)
+            finally:
+                result.extra.pop("_pos_err", None)
+        return result
+    return run
 
 
 class _StatsQueue:
