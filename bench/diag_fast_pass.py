@@ -63,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
 
     rp._preload = timed("preload", rp._preload)
     rp._run = timed("forward (hooked)", rp._run)
+    rp.run_level = timed("isolated calls (direct)", rp.run_level)
+    rp.prepare_rung = timed("setup (prepare_rung)", rp.prepare_rung)
     rp._StatsQueue.flush = timed("flush", rp._StatsQueue.flush)
     rp._StatsQueue._stats = timed("flush: launch", rp._StatsQueue._stats)
     kernels.block_stats_many = timed("flush: launch: block_stats_many", kernels.block_stats_many)
