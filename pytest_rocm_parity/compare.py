@@ -185,10 +185,17 @@ def metrics_many(items: list[tuple[str, int, Any, float]], unit_roundoff: float,
     out: list[LeafMetrics | None] = [None] * len(items)
     groups: dict[int, list[int]] = {}
     for i, (_, n, st, _) in enumerate(items):
-        if n > 0 and (not check_finite or stats_finite(st)):
+        if n > 0:
             groups.setdefault(len(st), []).append(i)
-    for nb, idx in groups.items():
+    for nb, idx in list(groups.items()):
         st = np.stack([items[i][2] for i in idx])                  # (L, nb, 8)
+        if check_finite:   # stats_finite, for the whole group at once
+            ok = np.isfinite(st[:, :, :5]).all(axis=(1, 2))
+            if not ok.all():
+                idx = [i for i, good in zip(idx, ok.tolist()) if good]
+                st = st[ok]
+                if not idx:
+                    continue
         n = np.array([float(items[i][1]) for i in idx])
         conf = np.array([items[i][3] for i in idx])
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -220,12 +227,12 @@ def metrics_many(items: list[tuple[str, int, Any, float]], unit_roundoff: float,
             rms_r = np.sqrt(rr / n)
             rel = np.where(rms_r > 0, np.sqrt(dd / n) / np.where(rms_r > 0, rms_r, 1.0), dmax)
             z = np.where(plus + minus > 0, (plus - minus) / np.sqrt(np.maximum(plus + minus, 1.0)), 0.0)
-        for j, i in enumerate(idx):
-            m = LeafMetrics(leaf=items[i][0], numel=items[i][1])
-            m.rms_truth, m.err_cand, m.err_ref = float(rms_t[j]), float(err_c[j]), float(err_r[j])
-            m.ratio, m.ratio_lo = float(ratio[j]), float(lo[j])
-            m.rel_to_ref, m.max_abs_to_ref, m.z = float(rel[j]), float(dmax[j]), float(z[j])
-            out[i] = m
+        # plain Python floats in bulk (tolist), not a float() per number
+        cols = zip(rms_t.tolist(), err_c.tolist(), err_r.tolist(), ratio.tolist(), lo.tolist(), rel.tolist(),
+                   dmax.tolist(), z.tolist())
+        for i, (rt, ec, er, ra, rl, re, dm, zz) in zip(idx, cols):
+            out[i] = LeafMetrics(leaf=items[i][0], numel=items[i][1], err_cand=ec, err_ref=er, rms_truth=rt,
+                                 ratio=ra, ratio_lo=rl, z=zz, rel_to_ref=re, max_abs_to_ref=dm)
     return out
 
 

@@ -116,13 +116,28 @@ def plan_level(meta: dict[str, Any], layers: dict[str, dict[str, Any]], level: i
 
 
 def run_level(model: Any, calls: list[DirectCall], fetch: Callable[[str], Any],
-              on_output: Callable[[str, Any, bool], None]) -> None:
-    """Call each module on its golden inputs; on_output(key, output, snapshot) after each call."""
+              on_output: Callable[[str, Any, bool], None], shared: Callable[[str], bool] = lambda k: False) -> None:
+    """Call each module on its golden inputs; on_output(key, output, snapshot) after each call.
+
+    A golden that ``shared(key)`` says is watched for writes (RungReader.is_watched) is fetched once
+    per pass: a tensor many calls take (a rotary table, a mask) reaches them all as one object, as in
+    the reference's forward. Any other is fetched per call, a copy of its own for each.
+    """
     import torch
 
     get = model.get_submodule
+    fetched: dict[str, Any] = {}
+
+    def once(key: str) -> Any:
+        t = fetched.get(key)
+        if t is None:
+            t = fetch(key)
+            if shared(key):
+                fetched[key] = t
+        return t
+
     with torch.inference_mode():
         for c in calls:
             mod = get(c.name) if c.name else model
-            on_output(c.key, mod(*_build(c.args, fetch), **_build(c.kwargs, fetch)), c.snapshot)
+            on_output(c.key, mod(*_build(c.args, once), **_build(c.kwargs, once)), c.snapshot)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
+import operator
 import shlex
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -193,6 +194,9 @@ def _dev(device: Any) -> Any:
     return d
 
 
+_TRAINING = operator.attrgetter("training")
+
+
 @contextlib.contextmanager
 def eval_mode(model: Any, walk: ModelWalk | None = None) -> Iterator[None]:
     """Eval mode for the block, each module's own flag restored afterwards.
@@ -200,10 +204,11 @@ def eval_mode(model: Any, walk: ModelWalk | None = None) -> Iterator[None]:
     Module.train() walks and sets every submodule (milliseconds on a large model), so a model that
     is in eval mode already, the usual case, is left untouched. ``walk``: of this very model.
     """
-    flags = [(mod, mod.training) for mod in (walk.modules if walk is not None else model.modules())]
-    if not any(f for _, f in flags):
+    mods = walk.modules if walk is not None else list(model.modules())
+    if not any(map(_TRAINING, mods)):   # in C: a per-module generator costs a quarter of a ms at 1B
         yield
         return
+    flags = [(mod, mod.training) for mod in mods]
     model.eval()
     try:
         yield

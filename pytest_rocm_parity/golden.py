@@ -676,6 +676,10 @@ class RungReader:
         self._handed[key] = (t, t._version)
         return t
 
+    def is_watched(self, key: str) -> bool:
+        """Whether get_fresh(key) handed out the golden itself, watched for writes, in this pass."""
+        return key in self._handed
+
     def changed_in_place(self) -> list[str]:
         """Keys whose tensor from get_fresh was written since; reloaded from the file, and handed out
         as copies from now on. Results computed from them since are wrong: repeat that pass."""

@@ -60,7 +60,7 @@ def _dtype_codes() -> dict[Any, int]:
 def block_stats_many(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int, int]], chunk: int | None = None) -> Any:
     """Per-block statistics of many leaves at once, rows in order: one launch per dtype combination.
 
-    ``leaves``: (c, r, e) flat contiguous tensors on one GPU; ``layouts``: (nb, size) of each;
+    ``leaves``: (c, r, e) contiguous tensors on one GPU, read flat; ``layouts``: (nb, size) of each;
     ``chunk``: elements per program (a multiple of MANY_BLOCK; tests make it small).
     Returns a (sum of nb, 8) float64 tensor on that GPU, asynchronously.
     """

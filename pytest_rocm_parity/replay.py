@@ -242,6 +242,8 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
     walk = walk_model(model)
     selected = select(model, spec.layers, spec.drill, walk)
     layers = {e["key"]: e for e in meta["layers"]}
+    tols = {k: tol.for_layer(e["name"]) for k, e in layers.items()}
+    from torch import Tensor
 
     def stored_inputs() -> tuple[tuple[Any, ...], dict[str, Any]]:
         # The test's inputs are the template (structure and constants); every tensor leaf is the stored one.
@@ -272,8 +274,8 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
             e = layers.get(key)
             if e is None:
                 return
-            t = tol.for_layer(e["name"])
-            got = tensor_leaves(out)
+            t = tols[key]
+            got = {"0": out} if isinstance(out, Tensor) else tensor_leaves(out)
             res: list[Any] = []
             isolated = truth_prefix == "truth"
             for p, gk in e["out"].items():
@@ -335,7 +337,8 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                     calls = plans[level]
                     if not isinstance(calls, str):
                         def direct(calls: list[DirectCall] = calls) -> None:
-                            run_level(m, calls, reader.get_fresh, lambda k, o, snap: compare(k, o, "truth", iso, snap))
+                            run_level(m, calls, reader.get_fresh, lambda k, o, snap: compare(k, o, "truth", iso, snap),
+                                      reader.is_watched)
                         mark, before = len(queue.items), set(iso)
                         try:
                             watched(direct, iso)
@@ -458,15 +461,16 @@ class _StatsQueue:
         from pytest_rocm_parity.compare import block_layout
 
         dev = self.items[0][4].device
-        flat = [(c.view(-1) if c.device == dev else c.to(dev).view(-1), ref.reshape(-1), res.reshape(-1))
-                for _s, _i, _l, c, ref, res, *_ in self.items]   # c: a contiguous snapshot (add)
+        # c is contiguous (add); the kernel reads each leaf flat through its pointer, so contiguous
+        # leaves go as they are (a view per tensor is host time on every module)
+        flat = [(c if c.device == dev else c.to(dev), ref, res) for _s, _i, _l, c, ref, res, *_ in self.items]
         if (dev.type == "cuda" and kernels.triton_usable()
                 and all(r.device == dev and e.device == dev and kernels.many_supported(c, r, e) for c, r, e in flat)):
             try:
                 return kernels.block_stats_many(flat, [block_layout(c.numel()) for c, _, _ in flat])
             except Exception as exc:   # a Triton that cannot compile the kernel here: the torch path
                 kernels.disable_triton(exc)
-        return torch.cat([block_stats(c, r, e).to(dev) for c, r, e in flat])
+        return torch.cat([block_stats(c.reshape(-1), r.reshape(-1), e.reshape(-1)).to(dev) for c, r, e in flat])
 
     def flush(self) -> None:
         if not self.items:
