@@ -99,6 +99,12 @@ def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: R
     return finish(result, tol)
 
 
+def _fails(leaves: list[LeafMetrics], tol: Tolerance, rung: str) -> bool:
+    from pytest_rocm_parity.judge import leaf_failure
+
+    return any(leaf_failure(mm, tol, rung, True) for mm in leaves)
+
+
 def _records_in_order(meta: dict[str, Any], layers: dict[str, dict[str, Any]]) -> Iterator[tuple[str, LayerRecord]]:
     """An empty record for every captured module call, in execution order."""
     for key in meta.get("order", list(layers)):
@@ -260,6 +266,9 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
     _preload(reader, meta, fast, device)
     levels = sorted({s.level for s in selected})
     plans = {lv: plan_level(meta, layers, lv) if DIRECT and device != KEEP_PLACEMENT else "off" for lv in levels}
+    plan_notes = [f"isolated level {lv}: judged through the hooked forward, not by direct calls: {why}"
+                  + (" (give the model use_cache=False: one forward needs no KV cache)" if "Cache>" in why else "")
+                  for lv, why in plans.items() if isinstance(why, str) and why != "off"]
 
     def run() -> CheckResult:
         u = tol.unit_roundoff(rung)
@@ -320,6 +329,44 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                     del sink[k]
                 args0, kwargs0 = stored_inputs()
 
+        def direct_level(level: int, calls: list[DirectCall]) -> set[str] | None:
+            """One level by direct calls; the keys that failed (then confirmed through the hooked
+            forward by the caller), or None when a call raised (the hooked forward judges instead)."""
+            mark, before = len(queue.items), set(iso)
+            try:
+                watched(lambda: run_level(m, calls, reader.get_fresh,
+                                          lambda k, o, snap: compare(k, o, "truth", iso, snap), reader.is_watched), iso)
+                queue.flush()
+            except Exception as exc:   # a module that needs its caller's context
+                queue.discard(mark)
+                for k in set(iso) - before:
+                    del iso[k]
+                notes.append(f"isolated level {level}: a direct call failed "
+                             f"({type(exc).__name__}: {str(exc)[:200]}); judged through the hooked forward instead")
+                return None
+            failing = {c.key for c in calls if _fails(iso.get(c.key, []), tols[c.key], rung)}
+            for k in failing:
+                del iso[k]
+            return failing
+
+        def hooked_level(level: int) -> None:
+            """One level through the whole model's forward, each selected module's inputs swapped for
+            the golden ones by a hook: every module runs in its caller's context."""
+            def sub(key: str, sel: Selected, a: Any, kw: Any) -> Any:
+                if sel.level != level or key not in layers:
+                    return None
+                return _substitute(a, kw, layers[key]["in"], reader.get_fresh, None, KEEP_PLACEMENT)
+
+            def keep(key: str, sel: Selected, o: Any) -> None:
+                if sel.level == level:
+                    compare(key, o, "truth", iso)
+
+            def isolated() -> None:
+                with Hooks(m, selected, sub, keep):
+                    _run(m, args0, kwargs0)
+            watched(isolated, iso)
+            queue.flush()
+
         try:
             with eval_mode(m, mwalk), numerics(rung, tol.tf32):
                 if not fast:   # propagated
@@ -336,34 +383,16 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                 for level in levels:
                     calls = plans[level]
                     if not isinstance(calls, str):
-                        def direct(calls: list[DirectCall] = calls) -> None:
-                            run_level(m, calls, reader.get_fresh, lambda k, o, snap: compare(k, o, "truth", iso, snap),
-                                      reader.is_watched)
-                        mark, before = len(queue.items), set(iso)
-                        try:
-                            watched(direct, iso)
-                            queue.flush()
+                        failing = direct_level(level, calls)
+                        if failing is not None and not failing:
                             continue
-                        except Exception as exc:   # a module that needs its caller's context: the hooked pass
-                            queue.discard(mark)
-                            for k in set(iso) - before:
-                                del iso[k]
-                            notes.append(f"isolated level {level}: a direct call failed ({type(exc).__name__}: "
-                                         f"{str(exc)[:200]}); judged through the hooked forward instead")
-                    def sub(key: str, sel: Selected, a: Any, kw: Any, level: int = level) -> Any:
-                        if sel.level != level or key not in layers:
-                            return None
-                        return _substitute(a, kw, layers[key]["in"], reader.get_fresh, None, KEEP_PLACEMENT)
-
-                    def keep(key: str, sel: Selected, o: Any, level: int = level) -> None:
-                        if sel.level == level:
-                            compare(key, o, "truth", iso)
-
-                    def isolated() -> None:
-                        with Hooks(m, selected, sub, keep):
-                            _run(m, args0, kwargs0)
-                    watched(isolated, iso)
-                    queue.flush()
+                    hooked_level(level)
+                    if not isinstance(calls, str) and failing is not None:
+                        confirmed = {k for k in failing if _fails(iso.get(k, []), tols[k], rung)}
+                        if confirmed != failing:
+                            notes.append(f"isolated level {level}: modules called directly on their golden inputs "
+                                         f"disagreed with the hooked forward ({', '.join(sorted(failing ^ confirmed)[:5])}); "
+                                         f"judged through the hooked forward, where each module runs in its caller's context")
         finally:
             if not keep_loaded:
                 reader.release()
@@ -376,7 +405,7 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                 rec.reason = "not called in the candidate (fused or bypassed): judged through its parent and the outputs"
             result.layers.append(rec)
         result.outputs = outs
-        result.notes.extend(notes)
+        result.notes.extend(plan_notes + notes)
         if fast:
             result.notes.append("fast replay (--parity-replay=fast): one isolated pass per nesting level; "
                                 "propagated drift and the model outputs were not judged")

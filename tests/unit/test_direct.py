@@ -1,0 +1,264 @@
+"""Isolated replay by direct calls (direct.py): each module called on its golden inputs.
+
+The route must judge exactly as the hooked forward does (same tensors, same kernels), take the
+hooked forward wherever a call cannot be rebuilt or needs its caller's context, and confirm any
+failure there.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from pytest_rocm_parity import replay as replay_mod
+from pytest_rocm_parity.capture import capture
+from pytest_rocm_parity.direct import call_template, plan_level
+from pytest_rocm_parity.engine import CheckSpec
+from pytest_rocm_parity.golden import GoldenStore, RungReader
+from pytest_rocm_parity.replay import replay
+
+
+def _ratios(res) -> dict[str, tuple[float | None, float | None]]:
+    return {l.name: (l.iso.ratio if l.iso else None, l.iso.ratio_lo if l.iso else None) for l in res.layers}
+
+
+def _count(monkeypatch, name: str) -> list[int]:
+    calls: list[int] = []
+    real = getattr(replay_mod, name)
+    monkeypatch.setattr(replay_mod, name, lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+def _llama() -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def _bert() -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, max_position_embeddings=64)
+    torch.manual_seed(0)
+    return transformers.BertModel(cfg).eval()
+
+
+@pytest.mark.parametrize("arch", ["llama", "bert"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_direct_calls_judge_exactly_as_the_hooked_forward(tmp_path, monkeypatch, arch, dtype) -> None:
+    model = _llama() if arch == "llama" else _bert()
+    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(1))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "use_cache": False}
+    spec = CheckSpec(name=arch, dtypes=[dtype], drill=2)
+    store = GoldenStore(tmp_path)
+    manifest = capture(model.to(getattr(torch, dtype)), inputs, spec, store, "cpu")
+    meta = manifest["rungs"][dtype]
+    layers = {e["key"]: e for e in meta["layers"]}
+    for level in {e["level"] for e in meta["layers"]}:
+        plan = plan_level(meta, layers, level)
+        assert not isinstance(plan, str), plan           # every call of these models can be rebuilt
+    direct_calls = _count(monkeypatch, "run_level")
+    hooked_calls = _count(monkeypatch, "_run")
+    (direct,) = replay(model, inputs, spec, store, "cpu")
+    assert direct_calls and len(hooked_calls) == 1       # the propagated pass only
+    monkeypatch.setattr(replay_mod, "DIRECT", False)
+    (hooked,) = replay(model, inputs, spec, store, "cpu")
+    assert direct.passed and hooked.passed
+    assert _ratios(direct) == _ratios(hooked)            # the same tensors through the same kernels
+    assert not [n for n in direct.notes if "direct" in n]
+
+
+def test_a_kv_cache_object_sends_its_level_to_the_hooked_forward_with_a_hint(tmp_path, monkeypatch) -> None:
+    """HF decoders given no use_cache=False hand each layer a DynamicCache, which no golden holds."""
+    model = _llama()
+    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(1))
+    spec = CheckSpec(name="cache", dtypes=["float32"], drill=0, replay="fast")
+    store = GoldenStore(tmp_path)
+    capture(model, ids, spec, store, "cpu")
+    direct_calls = _count(monkeypatch, "run_level")
+    (res,) = replay(model, ids, spec, store, "cpu")
+    assert res.passed and not direct_calls
+    assert any("DynamicCache" in n and "use_cache=False" in n for n in res.notes), res.notes
+
+
+def test_a_bug_is_blamed_on_the_same_module_and_confirmed_through_the_hooked_forward(tmp_path, monkeypatch) -> None:
+    model = _llama()
+    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(1))
+    ids = {"input_ids": ids, "use_cache": False}
+    spec = CheckSpec(name="bug", dtypes=["float32"], drill=2, replay="fast")
+    store = GoldenStore(tmp_path)
+    capture(model, ids, spec, store, "cpu")
+    act = model.model.layers[1].mlp.act_fn
+    monkeypatch.setattr(act, "forward", lambda x: torch.nn.functional.silu(x) * 1.02)
+    direct_calls = _count(monkeypatch, "run_level")
+    hooked_calls = _count(monkeypatch, "_run")
+    (direct,) = replay(model, ids, spec, store, "cpu")
+    # every level by direct calls; each failing level (the block, its MLP, the activation) judged
+    # again through the hooked forward, which agreed: no note
+    assert len(direct_calls) == 3 and len(hooked_calls) == 3
+    assert not [n for n in direct.notes if "disagreed" in n or "failed" in n]
+    monkeypatch.setattr(replay_mod, "DIRECT", False)
+    (hooked,) = replay(model, ids, spec, store, "cpu")
+    assert not direct.passed and direct.culprit == hooked.culprit == "model.layers.1.mlp.act_fn"
+    assert _ratios(direct) == _ratios(hooked)
+
+
+class InplaceScale(nn.Module):
+    """Writes its input (the same golden another module took before it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.full((16,), 1.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mul_(self.w)
+
+
+class Shared(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pre = nn.Linear(16, 16)
+        self.b = nn.Linear(16, 16)
+        self.a = InplaceScale()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.pre(x)
+        u = self.b(h)          # reads h
+        v = self.a(h)          # then writes it
+        return u + v
+
+
+@pytest.mark.parametrize("preloaded", [True, False])
+def test_a_golden_two_calls_share_and_one_writes_is_handed_out_as_copies(tmp_path, monkeypatch, preloaded) -> None:
+    """b and a take one recorded tensor; a writes it. Preloaded (a GPU replay), the golden is
+    handed to both as one watched object, the write is seen and the level repeated with copies;
+    read from the file (a CPU replay), each call gets its own tensor. Either way both modules are
+    judged on the stored values and agree with the hooked forward."""
+    torch.manual_seed(0)
+    model = Shared()
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+    spec = CheckSpec(name="shared", dtypes=["float32"], drill=2, replay="fast")
+    store = GoldenStore(tmp_path)
+    manifest = capture(model, x, spec, store, "cpu")
+    meta = manifest["rungs"]["float32"]
+    keys = {e["name"]: e["in"]["args.0"] for e in meta["layers"]}
+    assert keys["a"] == keys["b"]                         # one recorded tensor for both
+    path = store.rung_file("shared", manifest, "float32")
+    tmpl = {"args": (x,), "kwargs": {}}
+    monkeypatch.setattr(replay_mod._StatsQueue, "DEFER_ON_CPU", True)
+    reader = RungReader(path, "cpu")
+    before = reader.get(keys["a"]).clone()
+    if preloaded:
+        reader.preload(sorted(reader.keys), 1 << 30)
+    runs = _count(monkeypatch, "run_level")
+    got = replay_mod._replay_rung(model, spec, manifest, meta, reader, "float32", "cpu", tmpl, keep_loaded=True)
+    assert len(runs) == (2 if preloaded else 1)
+    assert torch.equal(reader.get(keys["a"]), before)
+    monkeypatch.setattr(replay_mod, "DIRECT", False)
+    hooked = replay_mod._replay_rung(model, spec, manifest, meta, RungReader(path, "cpu"), "float32", "cpu", tmpl)
+    assert got.passed and hooked.passed
+    assert _ratios(got) == _ratios(hooked)
+
+
+@dataclasses.dataclass
+class Packet:
+    x: torch.Tensor
+
+
+class TakesPacket(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, p: Packet) -> torch.Tensor:
+        return self.lin(p.x)
+
+
+class PacketNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([TakesPacket(), TakesPacket()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(Packet(x))
+        return x
+
+
+def test_calls_a_rebuild_cannot_make_take_the_hooked_forward(tmp_path, monkeypatch) -> None:
+    torch.manual_seed(0)
+    model = PacketNet()
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    spec = CheckSpec(name="packet", dtypes=["float32"], drill=0, replay="fast")
+    store = GoldenStore(tmp_path)
+    manifest = capture(model, x, spec, store, "cpu")
+    meta = manifest["rungs"]["float32"]
+    layers = {e["key"]: e for e in meta["layers"]}
+    why = plan_level(meta, layers, 0)
+    assert isinstance(why, str) and "args.0" in why and "other" in why
+    direct_calls = _count(monkeypatch, "run_level")
+    (res,) = replay(model, x, spec, store, "cpu")
+    assert res.passed and not direct_calls and all(l.iso is not None for l in res.layers)
+
+
+def test_call_templates_say_why_a_call_cannot_be_rebuilt() -> None:
+    base = {"in": {"args.0": "t/0"}, "const_in": {"kwargs.flag": True},
+            "in_tree": {"args": "tuple", "kwargs": "dict"}}
+    args, kwargs = call_template(base)
+    assert args[0] != kwargs[0]
+    assert "predates" in call_template({k: v for k, v in base.items() if k != "in_tree"})
+    assert "DynamicCache" in call_template({**base, "const_in": {"kwargs.past_key_values": "<DynamicCache>"}})
+    assert "positions" in call_template({**base, "in": {"args.1": "t/0"}})
+    nested = {"in": {"kwargs.pe.0": "t/1", "kwargs.pe.1": "t/2"}, "const_in": {"kwargs.mask": None, "kwargs.e": 3},
+              "in_tree": {"args": "tuple", "kwargs": "dict", "kwargs.pe": "tuple", "kwargs.empty": "list"}}
+    from pytest_rocm_parity.direct import _build
+
+    a, kw = (_build(node, lambda k: f"<{k}>") for node in call_template(nested))
+    assert a == () and kw == {"pe": ("<t/1>", "<t/2>"), "mask": None, "e": 3, "empty": []}
+
+
+class Child(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * self.scale    # set by the parent before each call
+
+
+class Parent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([Child(), Child()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            b.scale = 0.5
+            x = b(x)
+        return x
+
+
+@pytest.mark.parametrize("stale", [False, True])
+def test_modules_that_need_their_callers_context_are_judged_through_the_hooked_forward(tmp_path, stale) -> None:
+    """A module reading state its parent sets during the forward: called directly it raises (never
+    set) or computes with a stale value. Either way the level is judged through the hooked forward,
+    which passes, and a note says why."""
+    torch.manual_seed(0)
+    model = Parent()
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    spec = CheckSpec(name="ctx", dtypes=["float32"], drill=0, replay="fast")
+    store = GoldenStore(tmp_path)
+    capture(model, x, spec, store, "cpu")
+    for b in model.blocks:
+        if stale:
+            b.scale = 2.0
+        else:
+            del b.scale
+    (res,) = replay(model, x, spec, store, "cpu")
+    assert res.passed, [(l.name, l.reason) for l in res.layers]
+    note = " ".join(res.notes)
+    assert ("disagreed with the hooked forward" in note) if stale else ("a direct call failed" in note)
