@@ -119,3 +119,37 @@ def test_gpu_replay_of_an_inplace_model_equals_the_cpu_arithmetic(tmp_path, kind
         for m in (l.iso, l.prop):
             if m is not None:
                 assert m.ratio < 2.0, (l.name, m.ratio)   # the same GPU: ratio 1 up to the ulp floor
+
+
+@pytest.mark.parametrize("replay_kind", ["fast", "full"])
+def test_direct_calls_on_the_gpu_judge_as_the_hooked_forward(tmp_path, monkeypatch, replay_kind: str) -> None:
+    """On the GPU the direct calls' outputs are queued without a snapshot (nothing else sees them):
+    the verdicts equal the hooked forward's, which snapshots every output, on a HF Llama in bf16,
+    and an activation bug is blamed on the same module by both."""
+    transformers = pytest.importorskip("transformers")
+    from pytest_rocm_parity import replay as replay_mod
+
+    cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                                   num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=256)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+    ids = torch.randint(0, 512, (2, 128), generator=torch.Generator().manual_seed(1))
+    inputs = {"input_ids": ids, "use_cache": False}
+    spec = CheckSpec(name="llama", dtypes=["bfloat16"], drill=2, replay=replay_kind)
+    store = GoldenStore(tmp_path)
+    capture(model, inputs, spec, store, "cuda")
+    runs: list[int] = []
+    real = replay_mod.run_level
+    monkeypatch.setattr(replay_mod, "run_level", lambda *a, **k: runs.append(1) or real(*a, **k))
+    (direct,) = replay(model, inputs, spec, store, "cuda")
+    monkeypatch.setattr(replay_mod, "DIRECT", False)
+    (hooked,) = replay(model, inputs, spec, store, "cuda")
+    assert runs and direct.passed and hooked.passed
+    ratios = lambda r: {l.name: l.iso.ratio for l in r.layers if l.iso}   # noqa: E731
+    a, b = ratios(direct), ratios(hooked)
+    assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], rel=1e-6) for k in a)
+    act = model.model.layers[2].mlp.act_fn
+    monkeypatch.setattr(act, "forward", lambda x: torch.nn.functional.silu(x) * 1.05)
+    monkeypatch.setattr(replay_mod, "DIRECT", True)
+    (bug,) = replay(model, inputs, spec, store, "cuda")
+    assert not bug.passed and bug.culprit == "model.layers.2.mlp.act_fn"
