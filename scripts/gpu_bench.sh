@@ -14,7 +14,7 @@ L="$OUT"
 part="${1:-a}"
 if [[ "$part" == a ]]; then
   timeout 170 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu tests/unit/test_capture_fast.py \
-    tests/unit/test_inplace.py -o addopts="" > "$L/gpu_tests.log" 2>&1
+    tests/unit/test_inplace.py tests/unit/test_direct.py -o addopts="" > "$L/gpu_tests.log" 2>&1
   echo "gpu tests rc=$?" >> "$L/env.txt"
   timeout 120 python bench/bench_stats_kernel.py --model 1b --out "$L/stats_kernel.json" > "$L/stats_kernel.log" 2>&1
   echo "stats kernel rc=$?" >> "$L/env.txt"
@@ -23,7 +23,7 @@ if [[ "$part" == a ]]; then
 fi
 if [[ "$part" == c ]]; then   # where a fast pass's time goes, then the benchmark of tiny and 1.1B
   timeout 170 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu tests/unit/test_capture_fast.py \
-    tests/unit/test_inplace.py -o addopts="" > "$L/gpu_tests.log" 2>&1
+    tests/unit/test_inplace.py tests/unit/test_direct.py -o addopts="" > "$L/gpu_tests.log" 2>&1
   echo "gpu tests rc=$?" >> "$L/env.txt"
   timeout 150 python bench/diag_fast_pass.py --device cuda --model 1b --out "$L/diag_1b.json" > "$L/diag_1b.log" 2>&1
   echo "diag rc=$?" >> "$L/env.txt"; cat "$L/diag_1b.log"
@@ -31,12 +31,12 @@ if [[ "$part" == c ]]; then   # where a fast pass's time goes, then the benchmar
   echo "bench tiny,1b rc=$?" >> "$L/env.txt"
 fi
 if [[ "$part" == b ]]; then   # the GPU tests, all three models, the fast pass's phases at 1.1B
-  timeout 170 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu tests/unit/test_capture_fast.py \
-    tests/unit/test_inplace.py -o addopts="" > "$L/gpu_tests.log" 2>&1
+  timeout 100 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu tests/unit/test_capture_fast.py \
+    tests/unit/test_inplace.py tests/unit/test_direct.py -o addopts="" > "$L/gpu_tests.log" 2>&1
   echo "gpu tests rc=$?" >> "$L/env.txt"
-  timeout 420 python bench/bench_parity.py --device cuda --models tiny,1b,8b --reps 15 --out "$L/bench_b.json" > "$L/bench_b.log" 2>&1
+  timeout 380 python bench/bench_parity.py --device cuda --models tiny,1b,8b --reps 15 --out "$L/bench_b.json" > "$L/bench_b.log" 2>&1
   echo "bench tiny,1b,8b rc=$?" >> "$L/env.txt"
-  timeout 120 python bench/diag_fast_pass.py --device cuda --model 1b --out "$L/diag_1b.json" > "$L/diag_1b.log" 2>&1
+  timeout 90 python bench/diag_fast_pass.py --device cuda --model 1b --out "$L/diag_1b.json" > "$L/diag_1b.log" 2>&1
   echo "diag rc=$?" >> "$L/env.txt"; cat "$L/diag_1b.log"
 fi
 cat "$L/env.txt"
@@ -45,7 +45,7 @@ tail -1 "$L/stats_kernel.log" 2>/dev/null
 python - "$L" <<'PY'
 import json, sys, glob
 keys = ("model", "forward_s", "record_s", "record_x", "record_landed_x", "capture_s", "pass_fast_s", "pass_fast_x",
-        "pass_full_x", "replay_warm_s", "golden_gb", "capture_host_growth_gib", "replay_passed", "error")
+        "pass_fast_setup_x", "pass_full_x", "pass_full_setup_x", "replay_warm_s", "golden_gb", "capture_host_growth_gib", "replay_passed", "error")
 for f in sorted(glob.glob(sys.argv[1] + "/bench_*.json")):
     for r in json.load(open(f))["rows"]:
         print({k: (round(r[k], 4) if isinstance(r[k], float) else r[k]) for k in keys if k in r})
