@@ -66,6 +66,7 @@ class Parity:
             sketch=_sketch_group(sketch if sketch is not None else self._defaults.get("sketch")),
             report_dir=self._session.options.report_dir,
             replay=_replay_kind(model, replay_kind or self._defaults.get("replay") or self._session.options.replay),
+            threads=self._session.options.threads,
             regen_command=(f"pytest --rocm-parity --parity-regen={shell_quote(nm)} "
                            f"{shell_quote(self._node.nodeid) if self._node else ''}").strip(),
         )

@@ -16,6 +16,7 @@ tuple), an opaque constant (a KV-cache object, a dtype), a module the model no l
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -116,12 +117,22 @@ def plan_level(meta: dict[str, Any], layers: dict[str, dict[str, Any]], level: i
 
 
 def run_level(model: Any, calls: list[DirectCall], fetch: Callable[[str], Any],
-              on_output: Callable[[str, Any, bool], None], shared: Callable[[str], bool] = lambda k: False) -> None:
+              on_output: Callable[[str, Any, bool], None], shared: Callable[[str], bool] = lambda k: False,
+              workers: int = 1) -> None:
     """Call each module on its golden inputs; on_output(key, output, snapshot) after each call.
 
     A golden that ``shared(key)`` says is watched for writes (RungReader.is_watched) is fetched once
     per pass: a tensor many calls take (a rotary table, a mask) reaches them all as one object, as in
     the reference's forward. Any other is fetched per call, a copy of its own for each.
+
+    ``workers`` > 1, on a GPU: the calls of a level are independent (each takes golden inputs), so
+    contiguous shares of them run on that many host threads, each on a CUDA stream of its own. A
+    forward bound by the host launching kernels spends much of its time in torch's C++ with the
+    interpreter lock released, which the threads overlap (docs/benchmarks.md: 2 threads make a 1.1B
+    pass 0.99x the forward on an H200; 3 and 4 contend for the lock). Run first on this thread, in
+    order: the first call of each module class (lazy set-up, Triton compiles, handle creation happen
+    once, unraced) and every call of a module called more than once (its output may be a buffer its
+    next call reuses, so it is judged at once).
     """
     import torch
 
@@ -136,8 +147,72 @@ def run_level(model: Any, calls: list[DirectCall], fetch: Callable[[str], Any],
                 fetched[key] = t
         return t
 
+    mods = [get(c.name) if c.name else model for c in calls]
+    dev = next((t.device for t in model.parameters() if t.is_cuda or THREADS_ON_CPU), None) if workers > 1 else None
+    rest: list[int] = []           # the calls the threads share
+    if dev is not None:
+        seen: set[type] = set()
+        for i, (c, mod) in enumerate(zip(calls, mods)):
+            if not c.snapshot and type(mod) in seen:
+                rest.append(i)
+            seen.add(type(mod))
+        if len(rest) < 2 * workers:
+            rest = []
+    threaded = set(rest)
     with torch.inference_mode():
-        for c in calls:
-            mod = get(c.name) if c.name else model
-            on_output(c.key, mod(*_build(c.args, once), **_build(c.kwargs, once)), c.snapshot)
+        for i, c in enumerate(calls):
+            if i not in threaded:
+                on_output(c.key, mods[i](*_build(c.args, once), **_build(c.kwargs, once)), c.snapshot)
+    if rest:
+        # inputs fetched here, in order, by one thread (the reader's watch list is no state to race
+        # on), and held until every stream is joined (a copy handed to one call must outlive its read)
+        built = [(mods[i], _build(calls[i].args, once), _build(calls[i].kwargs, once)) for i in rest]
+        for i, o in zip(rest, _threaded(built, workers, dev)):
+            on_output(calls[i].key, o, False)
+
+
+THREADS_ON_CPU = False   # tests set it to run the threaded path without a GPU (no streams there)
+_POOL: Any = None
+_STREAMS: dict[Any, list[Any]] = {}
+
+
+def _threaded(built: list[tuple[Any, Any, Any]], workers: int, dev: Any) -> list[Any]:
+    """Outputs of the built calls, run in ``workers`` contiguous shares on threads and side streams."""
+    import concurrent.futures
+    import torch
+
+    global _POOL
+    if _POOL is None or _POOL._max_workers < workers - 1:
+        _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=max(workers - 1, 1), thread_name_prefix="parity-direct")
+    cuda = dev.type == "cuda"
+    streams = _STREAMS.setdefault(dev, []) if cuda else []
+    while cuda and len(streams) < workers:
+        streams.append(torch.cuda.Stream(device=dev))
+    main = torch.cuda.current_stream(dev) if cuda else None
+    outs: list[Any] = [None] * len(built)
+    step = -(-len(built) // workers)
+
+    def share(k: int) -> None:
+        with contextlib.ExitStack() as on:
+            if cuda:
+                on.enter_context(torch.cuda.device(dev))
+                on.enter_context(torch.cuda.stream(streams[k]))
+            on.enter_context(torch.inference_mode())
+            for i in range(k * step, min(len(built), (k + 1) * step)):
+                mod, a, kw = built[i]
+                outs[i] = mod(*a, **kw)
+
+    for s in streams[:workers]:
+        s.wait_stream(main)          # the goldens were loaded and handed out on the main stream
+    futures = [_POOL.submit(share, k) for k in range(1, workers)]
+    try:
+        share(0)
+    finally:
+        for f in futures:
+            f.exception()            # every share ends before its inputs may be released
+        for s in streams[:workers]:
+            main.wait_stream(s)      # the statistics (main stream) read the outputs after their calls
+    for f in futures:
+        f.result()                   # a share's error, raised here
+    return outs
 

@@ -435,6 +435,8 @@ def _manifest_problem(m: dict[str, Any]) -> str:
                     and _is_int(e.get("level")) and isinstance(e.get("primary"), str)
                     and _str_map(e.get("in")) and _str_map(e.get("out"))):
                 return f"{where} has a layer entry without key/name/level/primary/in/out"
+            if not isinstance(e.get("const_in", {}), dict):
+                return f"{where} has a layer entry whose 'const_in' is not a mapping of path -> constant"
             tree = e.get("in_tree", {})
             if not (_str_map(tree) and all(v in CONTAINER_KINDS for v in tree.values())):
                 return f"{where} has a layer entry whose 'in_tree' is not a mapping of path -> {'/'.join(CONTAINER_KINDS)}"

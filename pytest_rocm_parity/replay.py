@@ -335,7 +335,8 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
             mark, before = len(queue.items), set(iso)
             try:
                 watched(lambda: run_level(m, calls, reader.get_fresh,
-                                          lambda k, o, snap: compare(k, o, "truth", iso, snap), reader.is_watched), iso)
+                                          lambda k, o, snap: compare(k, o, "truth", iso, snap), reader.is_watched,
+                                          spec.threads), iso)
                 queue.flush()
             except Exception as exc:   # a module that needs its caller's context
                 queue.discard(mark)

@@ -1,4 +1,5 @@
-"""--parity-replay: full (propagated + isolated passes) or fast (isolated only, about one forward)."""
+"""--parity-replay: full (propagated + isolated passes) or fast (isolated only, about one forward);
+--parity-threads: host threads sharing the isolated calls."""
 from __future__ import annotations
 
 import json
@@ -93,3 +94,45 @@ def test_auto_is_fast_above_one_billion_parameters() -> None:
     assert api._replay_kind(Sized(api.AUTO_DRILL_MAX_PARAMS + 1), "auto") == "fast"
     assert api._replay_kind(Sized(1000), "auto") == "full"
     assert api._replay_kind(Sized(api.AUTO_DRILL_MAX_PARAMS + 1), "full") == "full"
+
+
+def _record_threads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The worker count of every threaded share of direct calls (the CPU runs the GPU's path here)."""
+    from pytest_rocm_parity import direct
+
+    seen: list[int] = []
+    real = direct._threaded
+    monkeypatch.setattr(direct, "THREADS_ON_CPU", True)
+    monkeypatch.setattr(direct, "_threaded", lambda built, workers, dev: seen.append(workers) or real(built, workers, dev))
+    return seen
+
+
+def test_threads_flag_and_ini_key_set_the_isolated_calls_threads(project: pytest.Pytester,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    _capture(project)
+    seen = _record_threads(monkeypatch)
+    project.runpytest("--rocm-parity").assert_outcomes(passed=1)
+    assert seen and set(seen) == {2}                    # the default
+    seen.clear()
+    project.runpytest("--rocm-parity", "--parity-threads=3").assert_outcomes(passed=1)
+    assert seen and set(seen) == {3}
+    seen.clear()
+    project.makeini("[pytest]\nparity_threads = 1\n")
+    project.runpytest("--rocm-parity").assert_outcomes(passed=1)
+    assert seen == []                                   # one thread: no shares
+
+
+def test_threaded_replay_blames_the_seeded_block(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    _capture(project)
+    seen = _record_threads(monkeypatch)
+    monkeypatch.setenv("BUG", "2")
+    result, doc = _report(project, "--parity-threads=2")
+    result.assert_outcomes(failed=1)
+    assert seen and doc["checks"][0]["culprit"] == "blocks.2.act"
+
+
+@pytest.mark.parametrize("value", ["0", "two", "17"])
+def test_bad_threads_value_is_a_usage_error(project: pytest.Pytester, value: str) -> None:
+    result = project.runpytest("--rocm-parity", f"--parity-threads={value}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--parity-threads={value!r}*1 to 16*"])

@@ -262,3 +262,79 @@ def test_modules_that_need_their_callers_context_are_judged_through_the_hooked_f
     assert res.passed, [(l.name, l.reason) for l in res.layers]
     note = " ".join(res.notes)
     assert ("disagreed with the hooked forward" in note) if stale else ("a direct call failed" in note)
+
+
+def _llama_n(layers: int) -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def test_threads_share_the_calls_and_judge_as_one_thread(tmp_path, monkeypatch) -> None:
+    """--parity-threads: shares of a level's calls on host threads (GPU streams there; the CPU runs
+    the same path here). The first call of each module class and the calls of a module called twice
+    stay on the calling thread; the verdicts equal one thread's."""
+    import threading
+
+    from pytest_rocm_parity import direct
+
+    model = _llama_n(8)
+    model.model.layers.append(model.model.layers[3])      # one layer called twice: judged on the caller's thread
+    model.config.num_hidden_layers = 9
+    inputs = {"input_ids": torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(1)),
+              "use_cache": False}
+    store = GoldenStore(tmp_path)
+    capture(model, inputs, CheckSpec(name="t", dtypes=["float32"], drill=0), store, "cpu")
+    monkeypatch.setattr(direct, "THREADS_ON_CPU", True)
+    where: dict[str, set[str]] = {}
+    for name, mod in model.named_modules():
+        if name.count(".") <= 2:
+            mod.register_forward_pre_hook(lambda m, a, n=name: where.setdefault(n, set()).add(threading.current_thread().name))
+    results = {}
+    for threads in (1, 3):
+        where.clear()
+        spec = CheckSpec(name="t", dtypes=["float32"], drill=0, replay="fast", threads=threads)
+        (results[threads],) = replay(model, inputs, spec, store, "cpu")
+        if threads == 3:
+            main = threading.current_thread().name
+            assert where["model.layers.0"] == {main} and where["model.embed_tokens"] == {main}
+            assert where["model.layers.3"] == {main}                         # called twice
+            workers = set().union(*(where[f"model.layers.{i}"] for i in (1, 2, 4, 5, 6, 7)))
+            assert len(workers) == 3 and main in workers
+    assert results[1].passed and results[3].passed
+    assert _ratios(results[1]) == _ratios(results[3])
+
+
+class Flaky(nn.Module):
+    """Raises when called off the thread that built it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import threading
+
+        self.lin = nn.Linear(8, 8)
+        self.owner = threading.get_ident()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import threading
+
+        if threading.get_ident() != self.owner:
+            raise RuntimeError("not thread-safe")
+        return self.lin(x)
+
+
+def test_a_call_that_fails_on_a_thread_sends_the_level_to_the_hooked_forward(tmp_path, monkeypatch) -> None:
+    from pytest_rocm_parity import direct
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[Flaky() for _ in range(6)])
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    store = GoldenStore(tmp_path)
+    capture(model, x, CheckSpec(name="f", dtypes=["float32"], drill=0), store, "cpu")
+    monkeypatch.setattr(direct, "THREADS_ON_CPU", True)
+    (res,) = replay(model, x, CheckSpec(name="f", dtypes=["float32"], drill=0, replay="fast", threads=2), store, "cpu")
+    assert res.passed and any("not thread-safe" in n for n in res.notes), res.notes
+    (one,) = replay(model, x, CheckSpec(name="f", dtypes=["float32"], drill=0, replay="fast", threads=1), store, "cpu")
+    assert one.passed and not any("direct call failed" in n for n in one.notes)

@@ -1,0 +1,81 @@
+"""A fast replay pass with its direct calls shared by 1..N host threads, beside the plain forward.
+
+    python bench/bench_direct_threads.py --device cuda --models 1b,8b --workers 1,2,3,4 --out threads.json
+
+Each isolated call takes golden inputs, so a level's calls are independent; direct.run_level runs
+shares of them on host threads with a CUDA stream each (--parity-threads, CheckSpec.threads). This measures what that buys on a
+forward bound by the host (1.1B at 4x512 on an H200) and on one bound by the device (8B), and
+checks that every worker count gives the same isolated ratios as one thread.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from typing import Any
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--models", default="1b")
+    p.add_argument("--workers", default="1,2,3,4")
+    p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--out", default=None)
+    a = p.parse_args(argv)
+    import torch
+
+    sys.path.insert(0, __file__.rsplit("/", 1)[0])
+    from bench_parity import build, interleaved
+
+    from pytest_rocm_parity.backend import collect_env
+    from pytest_rocm_parity.capture import capture
+    from pytest_rocm_parity.engine import CheckSpec, _run
+    from pytest_rocm_parity.golden import GoldenStore, RungReader
+    from pytest_rocm_parity.replay import prepare_rung
+
+    rows: list[dict[str, Any]] = []
+    for name in a.models.split(","):
+        model = build(name, a.device)
+        ids = torch.randint(0, model.config.vocab_size, (4, 512), generator=torch.Generator().manual_seed(0))
+        inputs = {"input_ids": ids, "use_cache": False}
+        dev_inputs = {"input_ids": ids.to(a.device), "use_cache": False}
+        store = GoldenStore(tempfile.mkdtemp())
+        spec = CheckSpec(name=name, dtypes=["bfloat16"], drill=0, replay="fast")
+        manifest = capture(model, inputs, spec, store, a.device, overwrite=True)
+        meta = manifest["rungs"]["bfloat16"]
+        reader = RungReader(store.rung_file(name, manifest, "bfloat16"), a.device)
+        ratios: dict[int, dict[str, float]] = {}
+        fns: dict[str, Any] = {"forward": lambda: _run(model, (), dev_inputs)}
+        for w in [int(x) for x in a.workers.split(",")]:
+            sp = CheckSpec(name=name, dtypes=["bfloat16"], drill=0, replay="fast", threads=w)
+            one = prepare_rung(model, sp, manifest, meta, reader, "bfloat16", a.device,
+                               {"args": (), "kwargs": inputs}, keep_loaded=True)
+            res = one()
+            ratios[w] = {l.name: l.iso.ratio for l in res.layers if l.iso}
+            fns[f"pass_w{w}"] = one
+        got = interleaved(fns, a.device, a.reps)
+        row: dict[str, Any] = {"model": name, **{f"{k}_ms": v * 1e3 for k, v in got.items()}}
+        for k, v in got.items():
+            if k != "forward":
+                row[f"{k}_x"] = v / got["forward"]
+        base = ratios[min(ratios)]
+        row["same_ratios"] = {w: all(abs(r[k] - base[k]) <= 1e-6 * max(1.0, abs(base[k])) for k in base)
+                              for w, r in ratios.items()}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        reader.release()
+        del model, one
+        if a.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    doc = {"date": time.strftime("%Y-%m-%d"), "env": collect_env(a.device), "torch": torch.__version__, "rows": rows}
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(doc, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
