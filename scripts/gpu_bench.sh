@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The NVIDIA reference's performance runs (issue 8): GPU tests, the statistics kernel's launch shapes,
 # then the capture/replay benchmark. Part "a": tests, kernel sweep, tiny and 1.1B with profiles;
-# "c": tests, the fast pass's phases at 1.1B, tiny and 1.1B with profiles; "b" (what
-# docs/benchmarks.md reports): tests, tiny, 1.1B and 8B, the phases at 1.1B. Results under $OUT.
+# "c": tests, the fast pass's phases at 1.1B, tiny and 1.1B with profiles; "b": tests, tiny, 1.1B
+# and 8B, the phases at 1.1B; "d" (what docs/benchmarks.md reports since session 4): "b" with the
+# direct calls' thread sweep. Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
 cd "$(dirname "$0")/.."
@@ -37,6 +38,16 @@ if [[ "$part" == b ]]; then   # the GPU tests, all three models, the fast pass's
   timeout 380 python bench/bench_parity.py --device cuda --models tiny,1b,8b --reps 15 --out "$L/bench_b.json" > "$L/bench_b.log" 2>&1
   echo "bench tiny,1b,8b rc=$?" >> "$L/env.txt"
   timeout 90 python bench/diag_fast_pass.py --device cuda --model 1b --out "$L/diag_1b.json" > "$L/diag_1b.log" 2>&1
+  echo "diag rc=$?" >> "$L/env.txt"; cat "$L/diag_1b.log"
+fi
+if [[ "$part" == d ]]; then   # part b with the thread sweep of the direct calls (session 4)
+  timeout 100 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu -o addopts="" > "$L/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?" >> "$L/env.txt"
+  timeout 300 python bench/bench_parity.py --device cuda --models tiny,1b,8b --reps 15 --out "$L/bench_d.json" > "$L/bench_d.log" 2>&1
+  echo "bench tiny,1b,8b rc=$?" >> "$L/env.txt"
+  timeout 110 python bench/bench_direct_threads.py --device cuda --models 1b,8b --workers 1,2,3 --out "$L/threads.json" > "$L/threads.log" 2>&1
+  echo "threads rc=$?" >> "$L/env.txt"; cat "$L/threads.log"
+  timeout 60 python bench/diag_fast_pass.py --device cuda --model 1b --out "$L/diag_1b.json" > "$L/diag_1b.log" 2>&1
   echo "diag rc=$?" >> "$L/env.txt"; cat "$L/diag_1b.log"
 fi
 cat "$L/env.txt"
