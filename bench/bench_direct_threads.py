@@ -3,9 +3,9 @@
     python bench/bench_direct_threads.py --device cuda --models 1b,8b --workers 1,2,3,4 --out threads.json
 
 Each isolated call takes golden inputs, so a level's calls are independent; direct.run_level runs
-shares of them on host threads with a CUDA stream each (--parity-threads, CheckSpec.threads). This measures what that buys on a
-forward bound by the host (1.1B at 4x512 on an H200) and on one bound by the device (8B), and
-checks that every worker count gives the same isolated ratios as one thread.
+shares of them on host threads with a CUDA stream each (--parity-threads, CheckSpec.threads). This
+measures what that buys on a forward bound by the host (1.1B at 4x512 on an H200) and on one bound
+by the device (8B), and checks that every worker count gives the same isolated ratios as one thread.
 """
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from typing import Any
 
 
@@ -28,9 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     sys.path.insert(0, __file__.rsplit("/", 1)[0])
-    from bench_parity import build, interleaved
+    from bench_parity import build, interleaved, write_rows
 
-    from pytest_rocm_parity.backend import collect_env
     from pytest_rocm_parity.capture import capture
     from pytest_rocm_parity.engine import CheckSpec, _run
     from pytest_rocm_parity.golden import GoldenStore, RungReader
@@ -48,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         meta = manifest["rungs"]["bfloat16"]
         reader = RungReader(store.rung_file(name, manifest, "bfloat16"), a.device)
         ratios: dict[int, dict[str, float]] = {}
-        fns: dict[str, Any] = {"forward": lambda: _run(model, (), dev_inputs)}
+        fns: dict[str, Any] = {"forward": lambda m=model: _run(m, (), dev_inputs)}
         for w in [int(x) for x in a.workers.split(",")]:
             sp = CheckSpec(name=name, dtypes=["bfloat16"], drill=0, replay="fast", threads=w)
             one = prepare_rung(model, sp, manifest, meta, reader, "bfloat16", a.device,
@@ -70,10 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         del model, one
         if a.device.startswith("cuda"):
             torch.cuda.empty_cache()
-    doc = {"date": time.strftime("%Y-%m-%d"), "env": collect_env(a.device), "torch": torch.__version__, "rows": rows}
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(doc, f, indent=1, default=str)
+    write_rows(a.out, a.device, rows)
     return 0
 
 

@@ -337,10 +337,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None)
     p.add_argument("--profile-dir", default=None, help="write a cProfile of one replay pass per model here")
     a = p.parse_args(argv)
-    import torch
-
-    from pytest_rocm_parity.backend import collect_env
-
     work = a.workdir or tempfile.mkdtemp(prefix="parity-bench-")
     rows = []
     for name in a.models.split(","):
@@ -349,11 +345,20 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # report and go on: one OOM must not lose the other rows
             rows.append({"model": name, "error": f"{type(exc).__name__}: {exc}"[:500]})
         print(json.dumps(rows[-1]), flush=True)
-    doc = {"date": time.strftime("%Y-%m-%d"), "env": collect_env(a.device), "torch": torch.__version__, "rows": rows}
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(doc, f, indent=1, default=str)
+    write_rows(a.out, a.device, rows)
     return 0
+
+
+def write_rows(path: str | None, device: str, rows: list[dict[str, Any]]) -> None:
+    """The run's rows with its date and environment, as JSON at ``path`` (docs/runs/ keeps them)."""
+    import torch
+
+    from pytest_rocm_parity.backend import collect_env
+
+    if path:
+        doc = {"date": time.strftime("%Y-%m-%d"), "env": collect_env(device), "torch": torch.__version__, "rows": rows}
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=1, default=str)
 
 
 if __name__ == "__main__":

@@ -183,12 +183,13 @@ def _threaded(built: list[tuple[Any, Any, Any]], workers: int, dev: Any) -> list
 
     global _POOL
     if _POOL is None or _POOL._max_workers < workers - 1:
-        _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=max(workers - 1, 1), thread_name_prefix="parity-direct")
+        _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=max(workers - 1, 1),
+                                                      thread_name_prefix="parity-direct")
     cuda = dev.type == "cuda"
     streams = _STREAMS.setdefault(dev, []) if cuda else []
     while cuda and len(streams) < workers:
         streams.append(torch.cuda.Stream(device=dev))
-    main = torch.cuda.current_stream(dev) if cuda else None
+    main: Any = torch.cuda.current_stream(dev) if cuda else None
     outs: list[Any] = [None] * len(built)
     step = -(-len(built) // workers)
 
@@ -202,7 +203,7 @@ def _threaded(built: list[tuple[Any, Any, Any]], workers: int, dev: Any) -> list
                 mod, a, kw = built[i]
                 outs[i] = mod(*a, **kw)
 
-    for s in streams[:workers]:
+    for s in streams[:workers]:      # none on the CPU
         s.wait_stream(main)          # the goldens were loaded and handed out on the main stream
     futures = [_POOL.submit(share, k) for k in range(1, workers)]
     try:

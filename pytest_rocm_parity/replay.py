@@ -391,9 +391,10 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                     if not isinstance(calls, str) and failing is not None:
                         confirmed = {k for k in failing if _fails(iso.get(k, []), tols[k], rung)}
                         if confirmed != failing:
+                            differ = ", ".join(sorted(failing ^ confirmed)[:5])
                             notes.append(f"isolated level {level}: modules called directly on their golden inputs "
-                                         f"disagreed with the hooked forward ({', '.join(sorted(failing ^ confirmed)[:5])}); "
-                                         f"judged through the hooked forward, where each module runs in its caller's context")
+                                         f"disagreed with the hooked forward ({differ}); judged through the hooked "
+                                         f"forward, where each module runs in its caller's context")
         finally:
             if not keep_loaded:
                 reader.release()

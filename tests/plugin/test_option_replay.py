@@ -103,7 +103,8 @@ def _record_threads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     seen: list[int] = []
     real = direct._threaded
     monkeypatch.setattr(direct, "THREADS_ON_CPU", True)
-    monkeypatch.setattr(direct, "_threaded", lambda built, workers, dev: seen.append(workers) or real(built, workers, dev))
+    monkeypatch.setattr(direct, "_threaded",
+                        lambda built, workers, dev: seen.append(workers) or real(built, workers, dev))
     return seen
 
 

@@ -31,6 +31,13 @@ def _count(monkeypatch, name: str) -> list[int]:
     return calls
 
 
+def _captured(tmp_path, model: nn.Module, inputs, name: str, drill: int):
+    """(store, manifest, the float32 rung's meta) of a fresh CPU capture."""
+    store = GoldenStore(tmp_path)
+    manifest = capture(model, inputs, CheckSpec(name=name, dtypes=["float32"], drill=drill), store, "cpu")
+    return store, manifest, manifest["rungs"]["float32"]
+
+
 def _llama() -> nn.Module:
     transformers = pytest.importorskip("transformers")
     cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
@@ -142,9 +149,7 @@ def test_a_golden_two_calls_share_and_one_writes_is_handed_out_as_copies(tmp_pat
     model = Shared()
     x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
     spec = CheckSpec(name="shared", dtypes=["float32"], drill=2, replay="fast")
-    store = GoldenStore(tmp_path)
-    manifest = capture(model, x, spec, store, "cpu")
-    meta = manifest["rungs"]["float32"]
+    store, manifest, meta = _captured(tmp_path, model, x, "shared", 2)
     keys = {e["name"]: e["in"]["args.0"] for e in meta["layers"]}
     assert keys["a"] == keys["b"]                         # one recorded tensor for both
     path = store.rung_file("shared", manifest, "float32")
@@ -194,9 +199,7 @@ def test_calls_a_rebuild_cannot_make_take_the_hooked_forward(tmp_path, monkeypat
     model = PacketNet()
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
     spec = CheckSpec(name="packet", dtypes=["float32"], drill=0, replay="fast")
-    store = GoldenStore(tmp_path)
-    manifest = capture(model, x, spec, store, "cpu")
-    meta = manifest["rungs"]["float32"]
+    store, _, meta = _captured(tmp_path, model, x, "packet", 0)
     layers = {e["key"]: e for e in meta["layers"]}
     why = plan_level(meta, layers, 0)
     assert isinstance(why, str) and "args.0" in why and "other" in why
@@ -291,7 +294,8 @@ def test_threads_share_the_calls_and_judge_as_one_thread(tmp_path, monkeypatch) 
     where: dict[str, set[str]] = {}
     for name, mod in model.named_modules():
         if name.count(".") <= 2:
-            mod.register_forward_pre_hook(lambda m, a, n=name: where.setdefault(n, set()).add(threading.current_thread().name))
+            mod.register_forward_pre_hook(
+                lambda m, a, n=name: where.setdefault(n, set()).add(threading.current_thread().name))
     results = {}
     for threads in (1, 3):
         where.clear()
