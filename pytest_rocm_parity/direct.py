@@ -16,6 +16,7 @@ tuple), an opaque constant (a KV-cache object, a dtype), a module the model no l
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -89,19 +90,14 @@ def _build(node: Any, fetch: Callable[[str], Any]) -> Any:
     return tuple(items) if code == _TUPLE else items
 
 
-_PLANS: dict[tuple[int, int], tuple[Any, list[DirectCall] | str]] = {}
-
-
 def plan_level(meta: dict[str, Any], layers: dict[str, dict[str, Any]], level: int) -> list[DirectCall] | str:
     """The calls of one nesting level in execution order, or why the level needs the hooked pass.
 
-    Made once per golden rung (``meta`` lives as long as its replay) and level.
+    Made once per replay of a rung (replay.prepare_rung), before any pass.
     """
-    hit = _PLANS.get((id(meta), level))
-    if hit is not None and hit[0] is meta:
-        return hit[1]
     keys = [k for k in meta.get("order", list(layers)) if k in layers and layers[k]["level"] == level]
     names = [layers[k]["name"] for k in keys]
+    calls_of = collections.Counter(names)
     plan: list[DirectCall] | str = []
     for key, name in zip(keys, names):
         t = call_template(layers[key])
@@ -109,10 +105,7 @@ def plan_level(meta: dict[str, Any], layers: dict[str, dict[str, Any]], level: i
             plan = f"{key}: {t}"
             break
         assert isinstance(plan, list)
-        plan.append(DirectCall(key, name, t[0], t[1], names.count(name) > 1))
-    if len(_PLANS) > 1024:
-        _PLANS.clear()
-    _PLANS[(id(meta), level)] = (meta, plan)
+        plan.append(DirectCall(key, name, t[0], t[1], calls_of[name] > 1))
     return plan
 
 
