@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import statistics
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -121,11 +124,11 @@ def run_level(model: Any, calls: list[DirectCall], fetch: Callable[[str], Any],
     ``workers`` > 1, on a GPU: the calls of a level are independent (each takes golden inputs), so
     contiguous shares of them run on that many host threads, each on a CUDA stream of its own. A
     forward bound by the host launching kernels spends much of its time in torch's C++ with the
-    interpreter lock released, which the threads overlap (docs/benchmarks.md: 2 threads make a 1.1B
-    pass 0.99x the forward on an H200; 3 and 4 contend for the lock). Run first on this thread, in
-    order: the first call of each module class (lazy set-up, Triton compiles, handle creation happen
-    once, unraced) and every call of a module called more than once (its output may be a buffer its
-    next call reuses, so it is judged at once).
+    interpreter lock released, which the threads can overlap. ``workers`` = 0 (AUTO): 1 or 2
+    threads, whichever has issued these calls faster in this process (see _Chooser). Run first on
+    this thread, in order: the first call of each module class (lazy set-up, Triton compiles, handle
+    creation happen once, unraced) and every call of a module called more than once (its output may
+    be a buffer its next call reuses, so it is judged at once).
     """
     import torch
 
@@ -141,30 +144,84 @@ def run_level(model: Any, calls: list[DirectCall], fetch: Callable[[str], Any],
         return t
 
     mods = [get(c.name) if c.name else model for c in calls]
-    dev = next((t.device for t in model.parameters() if t.is_cuda or THREADS_ON_CPU), None) if workers > 1 else None
-    rest: list[int] = []           # the calls the threads share
+    dev = next((t.device for t in model.parameters() if t.is_cuda or THREADS_ON_CPU), None) \
+        if workers != 1 else None
+    rest: list[int] = []           # the calls the threads may share
     if dev is not None:
         seen: set[type] = set()
         for i, (c, mod) in enumerate(zip(calls, mods)):
             if not c.snapshot and type(mod) in seen:
                 rest.append(i)
             seen.add(type(mod))
-        if len(rest) < 2 * workers:
+        if len(rest) < 2 * max(workers, AUTO_THREADS):
             rest = []
-    threaded = set(rest)
+    shared_calls = set(rest)
     with torch.inference_mode():
         for i, c in enumerate(calls):
-            if i not in threaded:
+            if i not in shared_calls:
                 on_output(c.key, mods[i](*_build(c.args, once), **_build(c.kwargs, once)), c.snapshot)
-    if rest:
+    if not rest:
+        return
+    key = (str(dev), type(mods[rest[0]]).__name__)
+    n = workers or CHOOSER.pick(key)
+    t0 = time.perf_counter()
+    if n > 1:
         # inputs fetched here, in order, by one thread (the reader's watch list is no state to race
         # on), and held until every stream is joined (a copy handed to one call must outlive its read)
         built = [(mods[i], _build(calls[i].args, once), _build(calls[i].kwargs, once)) for i in rest]
-        for i, o in zip(rest, _threaded(built, workers, dev)):
+        for i, o in zip(rest, _threaded(built, n, dev)):
             on_output(calls[i].key, o, False)
+    else:
+        with torch.inference_mode():
+            for i in rest:
+                c = calls[i]
+                on_output(c.key, mods[i](*_build(c.args, once), **_build(c.kwargs, once)), False)
+    if not workers:
+        CHOOSER.record(key, n, (time.perf_counter() - t0) / len(rest))
+
+
+AUTO = 0            # run_level(workers=AUTO): 1 or AUTO_THREADS threads, chosen by measurement
+AUTO_THREADS = 2
+
+
+class _Chooser:
+    """1 or AUTO_THREADS threads per (device, module class), by the host time per call measured here.
+
+    Why measured: two threads overlap torch's C++ launch work where the host is slow to launch
+    kernels, but where it launches fast the interpreter lock's hand-offs cost more than they save.
+    On H200 leases the same 1.1B fast pass measured 0.97-1.04x the forward with two threads against
+    1.11-1.16x with one in some runs, and 1.37x against 1.16x in another (docs/benchmarks.md). Each
+    arm is tried twice, then the faster median is used, with one try of the other every EXPLORE
+    passes (the host's speed drifts within minutes).
+    """
+
+    EXPLORE = 8
+    KEEP = 6
+
+    def __init__(self) -> None:
+        self.samples: dict[Any, dict[int, collections.deque[float]]] = {}
+        self.picks: dict[Any, int] = {}
+
+    def pick(self, key: Any) -> int:
+        s = self.samples.setdefault(key, {1: collections.deque(maxlen=self.KEEP),
+                                          AUTO_THREADS: collections.deque(maxlen=self.KEEP)})
+        self.picks[key] = n = self.picks.get(key, 0) + 1
+        thin = [arm for arm in (1, AUTO_THREADS) if len(s[arm]) < 2]
+        if thin:
+            return thin[0]
+        best, other = sorted((1, AUTO_THREADS), key=lambda arm: statistics.median(s[arm]))
+        return other if n % self.EXPLORE == 0 else best
+
+    def record(self, key: Any, arm: int, per_call: float) -> None:
+        self.samples[key][arm].append(per_call)
+
+
+CHOOSER = _Chooser()
 
 
 THREADS_ON_CPU = False   # tests set it to run the threaded path without a GPU (no streams there)
+# The interpreter's switch interval while the threads run (None: as it is); bench/ compares values.
+SWITCH_S: float | None = None
 _POOL: Any = None
 _STREAMS: dict[Any, list[Any]] = {}
 
@@ -198,10 +255,14 @@ def _threaded(built: list[tuple[Any, Any, Any]], workers: int, dev: Any) -> list
 
     for s in streams[:workers]:      # none on the CPU
         s.wait_stream(main)          # the goldens were loaded and handed out on the main stream
+    old_switch = sys.getswitchinterval()
+    if SWITCH_S is not None:
+        sys.setswitchinterval(SWITCH_S)
     futures = [_POOL.submit(share, k) for k in range(1, workers)]
     try:
         share(0)
     finally:
+        sys.setswitchinterval(old_switch)
         for f in futures:
             f.exception()            # every share ends before its inputs may be released
         for s in streams[:workers]:

@@ -76,10 +76,13 @@ def parse_replay(value: str) -> str:
 
 
 def parse_threads(value: str) -> int:
-    v = value.strip()
+    """auto -> 0 (direct.AUTO: 1 or 2 threads, whichever is faster here), else a count from 1 to 16."""
+    v = value.strip().lower()
+    if v == "auto":
+        return 0
     if not v.isdigit() or not 1 <= int(v) <= 16:
-        raise pytest.UsageError(f"{THREADS}={value!r}: a whole number from 1 to 16 (host threads for the "
-                                f"isolated calls on a GPU; 1 runs them on the test's thread alone)")
+        raise pytest.UsageError(f"{THREADS}={value!r}: auto, or a whole number from 1 to 16 (host threads for "
+                                f"the isolated calls on a GPU; 1 runs them on the test's thread alone)")
     return int(v)
 
 
@@ -110,9 +113,9 @@ def addoption(parser: pytest.Parser) -> None:
     add(REPLAY, "parity_replay", "full: propagated and isolated passes; fast: the isolated pass only, about the "
         "cost of one forward (docs/judging.md says what it does not judge); auto (default): fast above 1B parameters",
         type=parse_replay, metavar="auto|full|fast")
-    add(THREADS, "parity_threads", "host threads that share the isolated pass's module calls on a GPU "
-        "(default 2: on an H200 that makes a host-bound replay pass about one forward; 1: no threads, for "
-        "modules that are not safe to call from two threads at once)", type=parse_threads, metavar="N")
+    add(THREADS, "parity_threads", "host threads that share the isolated pass's module calls on a GPU: auto "
+        "(default: 1 or 2, whichever has issued them faster in this process), or N (1: no threads, for "
+        "modules that are not safe to call from two threads at once)", type=parse_threads, metavar="auto|N")
     add(PROFILE, "parity_profile", "profiler parity: record per-operator time shares at capture, flag "
         "operators whose share grew at replay", ini_type="bool", default=False, action="store_true")
     add(PRUNE, "parity_prune_obsolete", "delete goldens on disk that no collected test uses", ini_type="bool",
@@ -133,7 +136,7 @@ class ParityOptions:
     prune: bool
     profile: bool = False
     replay: str = "auto"
-    threads: int = 2
+    threads: int = 0               # 0: auto (direct.AUTO)
 
     @property
     def ci(self) -> bool:
@@ -173,12 +176,16 @@ def from_config(config: pytest.Config) -> ParityOptions:
         prune=bool(_get(config, "parity_prune_obsolete")),
         profile=bool(_get(config, "parity_profile")),
         replay=_get(config, "parity_replay", parse_replay) or "auto",
-        threads=_get(config, "parity_threads", parse_threads) or 2,
+        threads=_threads(_get(config, "parity_threads", parse_threads)),
     )
     if opts.regen is not None and opts.mode is not Mode.CAPTURE:
         # --parity-regen implies capture for the matching models
         opts = ParityOptions(**{**opts.__dict__, "mode": Mode.CAPTURE})
     return opts
+
+
+def _threads(value: Any) -> int:
+    return 0 if value is None else int(value)
 
 
 def xdist_worker_index() -> int | None:

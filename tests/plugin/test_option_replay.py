@@ -97,12 +97,14 @@ def test_auto_is_fast_above_one_billion_parameters() -> None:
 
 
 def _record_threads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The worker count of every threaded share of direct calls (the CPU runs the GPU's path here)."""
+    """The worker count of every threaded share of direct calls (the CPU runs the GPU's path here),
+    with a fresh choice for --parity-threads=auto."""
     from pytest_rocm_parity import direct
 
     seen: list[int] = []
     real = direct._threaded
     monkeypatch.setattr(direct, "THREADS_ON_CPU", True)
+    monkeypatch.setattr(direct, "CHOOSER", direct._Chooser())
     monkeypatch.setattr(direct, "_threaded",
                         lambda built, workers, dev: seen.append(workers) or real(built, workers, dev))
     return seen
@@ -110,10 +112,15 @@ def _record_threads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def test_threads_flag_and_ini_key_set_the_isolated_calls_threads(project: pytest.Pytester,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_rocm_parity import direct
+
     _capture(project)
     seen = _record_threads(monkeypatch)
-    project.runpytest("--rocm-parity").assert_outcomes(passed=1)
-    assert seen and set(seen) == {2}                    # the default
+    for _ in range(4):     # auto (the default): each arm tried twice, one thread first
+        project.runpytest("--rocm-parity").assert_outcomes(passed=1)
+    assert seen == [2, 2]
+    ((_, arms),) = direct.CHOOSER.samples.items()
+    assert len(arms[1]) == 2 and len(arms[2]) == 2
     seen.clear()
     project.runpytest("--rocm-parity", "--parity-threads=3").assert_outcomes(passed=1)
     assert seen and set(seen) == {3}
@@ -136,4 +143,4 @@ def test_threaded_replay_blames_the_seeded_block(project: pytest.Pytester, monke
 def test_bad_threads_value_is_a_usage_error(project: pytest.Pytester, value: str) -> None:
     result = project.runpytest("--rocm-parity", f"--parity-threads={value}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"*--parity-threads={value!r}*1 to 16*"])
+    result.stderr.fnmatch_lines([f"*--parity-threads={value!r}*auto*1 to 16*"])

@@ -342,3 +342,24 @@ def test_a_call_that_fails_on_a_thread_sends_the_level_to_the_hooked_forward(tmp
     assert res.passed and any("not thread-safe" in n for n in res.notes), res.notes
     (one,) = replay(model, x, CheckSpec(name="f", dtypes=["float32"], drill=0, replay="fast", threads=1), store, "cpu")
     assert one.passed and not any("direct call failed" in n for n in one.notes)
+
+
+def test_auto_threads_try_each_arm_then_keep_the_faster_and_look_again_now_and_then() -> None:
+    from pytest_rocm_parity.direct import AUTO_THREADS, _Chooser
+
+    ch = _Chooser()
+    key = ("cuda:0", "LlamaDecoderLayer")
+    cost = {1: 1.0e-3, AUTO_THREADS: 0.8e-3}
+    picks = []
+    for _ in range(24):
+        arm = ch.pick(key)
+        picks.append(arm)
+        ch.record(key, arm, cost[arm])
+    assert picks[:4] == [1, 1, AUTO_THREADS, AUTO_THREADS]
+    later = picks[4:]
+    assert later.count(1) == len([n for n in range(5, 25) if n % ch.EXPLORE == 0])   # exploration only
+    cost[AUTO_THREADS] = 1.4e-3          # the host got faster at launching: threads now lose
+    for _ in range(2 * ch.EXPLORE * ch.KEEP):
+        arm = ch.pick(key)
+        ch.record(key, arm, cost[arm])
+    assert [ch.pick(key) for _ in range(ch.EXPLORE - 1)].count(1) >= ch.EXPLORE - 2
