@@ -22,8 +22,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default="1b")
     p.add_argument("--workers", default="1,2,3,4", help="thread counts, comma-separated; auto for the choice")
     p.add_argument("--reps", type=int, default=15)
-    p.add_argument("--switch-us", default="", help="also run 2 threads with these interpreter switch "
-                   "intervals (microseconds, comma-separated; direct.SWITCH_S)")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     import torch
@@ -31,7 +29,6 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, __file__.rsplit("/", 1)[0])
     from bench_parity import build, interleaved, write_rows
 
-    from pytest_rocm_parity import direct
     from pytest_rocm_parity.capture import capture
     from pytest_rocm_parity.engine import CheckSpec, _run
     from pytest_rocm_parity.golden import GoldenStore, RungReader
@@ -57,19 +54,6 @@ def main(argv: list[str] | None = None) -> int:
             res = one()
             ratios[w] = {l.name: l.iso.ratio for l in res.layers if l.iso}
             fns[f"pass_w{w}"] = one
-        for us in [int(x) for x in a.switch_us.split(",") if x]:
-            sp = CheckSpec(name=name, dtypes=["bfloat16"], drill=0, replay="fast", threads=2)
-            inner = prepare_rung(model, sp, manifest, meta, reader, "bfloat16", a.device,
-                                 {"args": (), "kwargs": inputs}, keep_loaded=True)
-
-            def switched(inner: Any = inner, us: int = us) -> Any:
-                direct.SWITCH_S = us * 1e-6
-                try:
-                    return inner()
-                finally:
-                    direct.SWITCH_S = None
-            switched()
-            fns[f"pass_w2_s{us}"] = switched
         got = interleaved(fns, a.device, a.reps)
         row: dict[str, Any] = {"model": name, **{f"{k}_ms": v * 1e3 for k, v in got.items()}}
         for k, v in got.items():

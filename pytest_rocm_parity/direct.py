@@ -19,7 +19,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -220,8 +219,6 @@ CHOOSER = _Chooser()
 
 
 THREADS_ON_CPU = False   # tests set it to run the threaded path without a GPU (no streams there)
-# The interpreter's switch interval while the threads run (None: as it is); bench/ compares values.
-SWITCH_S: float | None = None
 _POOL: Any = None
 _STREAMS: dict[Any, list[Any]] = {}
 
@@ -255,14 +252,10 @@ def _threaded(built: list[tuple[Any, Any, Any]], workers: int, dev: Any) -> list
 
     for s in streams[:workers]:      # none on the CPU
         s.wait_stream(main)          # the goldens were loaded and handed out on the main stream
-    old_switch = sys.getswitchinterval()
-    if SWITCH_S is not None:
-        sys.setswitchinterval(SWITCH_S)
     futures = [_POOL.submit(share, k) for k in range(1, workers)]
     try:
         share(0)
     finally:
-        sys.setswitchinterval(old_switch)
         for f in futures:
             f.exception()            # every share ends before its inputs may be released
         for s in streams[:workers]:
