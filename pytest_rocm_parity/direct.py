@@ -6,9 +6,9 @@ kernels, so every microsecond of Python around a module (PyTorch's hook dispatch
 model's own glue between modules) is added to the replay one to one: 1.30-1.38x the forward at 1.1B
 on the H200. The golden already holds each call: its tensor inputs (``in``), its constants
 (``const_in``) and the kinds of the containers they came in (``in_tree``, which captures record
-since direct calls were added). Rebuilt once per golden, the calls run with nothing between them, which is
-what an isolated judgement is: every module on the reference's inputs; the glue between modules
-(causal masks, rotary tables) comes from the golden as it did through the hooks.
+since direct calls were added). Rebuilt once per golden, the calls run with nothing between them,
+which is what an isolated judgement is: every module on the reference's inputs; the glue between
+modules (causal masks, rotary tables) comes from the golden as it did through the hooks.
 
 A level holding a call that cannot be rebuilt exactly goes back to the hooked pass: a golden without
 ``in_tree``, an input container known only as "other" (a dataclass, a model-output mapping, a named
@@ -189,9 +189,9 @@ class _Chooser:
     Why measured: two threads overlap torch's C++ launch work where the host is slow to launch
     kernels, but where it launches fast the interpreter lock's hand-offs cost more than they save.
     On H200 leases the same 1.1B fast pass measured 0.97-1.04x the forward with two threads against
-    1.11-1.16x with one in some runs, and 1.37x against 1.16x in another (docs/benchmarks.md). Each
-    arm is tried twice, then the faster median is used, with one try of the other every EXPLORE
-    passes (the host's speed drifts within minutes).
+    1.11-1.16x with one in some runs, and 1.37x against 1.16x in another (docs/benchmarks.md). The
+    arms alternate until each has two samples, then the faster median is used, with one try of the
+    other every EXPLORE passes (the host's speed drifts within minutes).
     """
 
     EXPLORE = 8
@@ -206,8 +206,8 @@ class _Chooser:
                                           AUTO_THREADS: collections.deque(maxlen=self.KEEP)})
         self.picks[key] = n = self.picks.get(key, 0) + 1
         thin = [arm for arm in (1, AUTO_THREADS) if len(s[arm]) < 2]
-        if thin:
-            return thin[0]
+        if thin:   # alternate, one thread first: a run of two passes has tried both
+            return min(thin, key=lambda arm: len(s[arm]))
         best, other = sorted((1, AUTO_THREADS), key=lambda arm: statistics.median(s[arm]))
         return other if n % self.EXPLORE == 0 else best
 

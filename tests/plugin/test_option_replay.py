@@ -116,7 +116,7 @@ def test_threads_flag_and_ini_key_set_the_isolated_calls_threads(project: pytest
 
     _capture(project)
     seen = _record_threads(monkeypatch)
-    for _ in range(4):     # auto (the default): each arm tried twice, one thread first
+    for _ in range(4):     # auto (the default): one and two threads alternate, one first
         project.runpytest("--rocm-parity").assert_outcomes(passed=1)
     assert seen == [2, 2]
     ((_, arms),) = direct.CHOOSER.samples.items()
