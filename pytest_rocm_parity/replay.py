@@ -243,13 +243,14 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
     passes apart from it (docs/benchmarks.md says which figure is which). The model must not change
     between set-up and run; ``keep_loaded``: leave the goldens loaded after a run, to run again.
     """
+    from torch import Tensor
+
     dtype = dt.to_torch(rung)
     tol = spec.tolerance
     walk = walk_model(model)
     selected = select(model, spec.layers, spec.drill, walk)
     layers = {e["key"]: e for e in meta["layers"]}
     tols = {k: tol.for_layer(e["name"]) for k, e in layers.items()}
-    from torch import Tensor
 
     def stored_inputs() -> tuple[tuple[Any, ...], dict[str, Any]]:
         # The test's inputs are the template (structure and constants); every tensor leaf is the stored one.
@@ -265,10 +266,11 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
     fast = spec.replay == "fast" and spec.extra_judge is None
     _preload(reader, meta, fast, device)
     levels = sorted({s.level for s in selected})
-    plans = {lv: plan_level(meta, layers, lv) if DIRECT and device != KEEP_PLACEMENT else "off" for lv in levels}
+    # per level: its direct calls, or why the hooked forward judges it (a split model: always)
+    plans = {lv: plan_level(meta, layers, lv) for lv in levels} if DIRECT and device != KEEP_PLACEMENT else {}
     plan_notes = [f"isolated level {lv}: judged through the hooked forward, not by direct calls: {why}"
                   + (" (give the model use_cache=False: one forward needs no KV cache)" if "Cache>" in why else "")
-                  for lv, why in plans.items() if isinstance(why, str) and why != "off"]
+                  for lv, why in plans.items() if isinstance(why, str)]
 
     def run() -> CheckResult:
         u = tol.unit_roundoff(rung)
@@ -346,7 +348,7 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                              f"({type(exc).__name__}: {str(exc)[:200]}); judged through the hooked forward instead")
                 return None
             failing = {c.key for c in calls if _fails(iso.get(c.key, []), tols[c.key], rung)}
-            for k in failing:
+            for k in failing:   # judged again by the hooked forward (save_failing_tensors exports only what fails)
                 del iso[k]
             return failing
 
@@ -382,13 +384,12 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                     del out
                 # isolated, one nesting level at a time so no module's own computation is bypassed
                 for level in levels:
-                    calls = plans[level]
-                    if not isinstance(calls, str):
-                        failing = direct_level(level, calls)
-                        if failing is not None and not failing:
-                            continue
+                    calls = plans.get(level)
+                    failing = direct_level(level, calls) if isinstance(calls, list) else None
+                    if failing == set():
+                        continue
                     hooked_level(level)
-                    if not isinstance(calls, str) and failing is not None:
+                    if failing:
                         confirmed = {k for k in failing if _fails(iso.get(k, []), tols[k], rung)}
                         if confirmed != failing:
                             differ = ", ".join(sorted(failing ^ confirmed)[:5])
