@@ -51,12 +51,14 @@ def call_template(entry: dict[str, Any]) -> tuple[Any, Any] | str:
     if other:
         return f"input {other[0]} is a container a rebuild cannot make ({tree[other[0]]})"
     kinds = {"args": "tuple", "kwargs": "dict", **tree}
+    if kinds["args"] not in ("tuple", "list") or kinds["kwargs"] != "dict":
+        return "the recorded inputs are not an (args, kwargs) call"
     children: dict[str, list[tuple[str, str]]] = {}
     for path in list(kinds) + list(leaves):
         parent, _, name = path.rpartition(".")
+        if parent and parent not in kinds or not parent and name not in ("args", "kwargs"):
+            return f"input {path} lies in no recorded container (the golden's in_tree is incomplete)"
         children.setdefault(parent, []).append((name, path))
-    if sorted(n for n, _ in children.get("", [])) != ["args", "kwargs"]:
-        return "the recorded inputs are not an (args, kwargs) call"
 
     def build(path: str) -> Any:
         if path in leaves:
@@ -122,7 +124,7 @@ def run_level(model: Any, calls: list[DirectCall], fetch: Callable[[str], Any],
 
     ``workers`` > 1, on a GPU: the calls of a level are independent (each takes golden inputs), so
     contiguous shares of them run on that many host threads, each on a CUDA stream of its own. A
-    forward bound by the host launching kernels spends much of its time in torch's C++ with the
+    forward bound by the host launching kernels may spend much of its time in torch's C++ with the
     interpreter lock released, which the threads can overlap. ``workers`` = 0 (AUTO): 1 or 2
     threads, whichever has issued these calls faster in this process (see _Chooser). Run first on
     this thread, in order: the first call of each module class (lazy set-up, Triton compiles, handle
@@ -186,9 +188,8 @@ AUTO_THREADS = 2
 class _Chooser:
     """1 or AUTO_THREADS threads per (device, module class), by the host time per call measured here.
 
-    Why measured: two threads overlap torch's C++ launch work where the host is slow to launch
-    kernels, but where it launches fast the interpreter lock's hand-offs cost more than they save.
-    On H200 leases the same 1.1B fast pass measured 0.97-1.04x the forward with two threads against
+    Why measured: which one wins depends on the host's phase, not on the model alone. On H200
+    leases the same 1.1B fast pass measured 0.97-1.04x the forward with two threads against
     1.11-1.16x with one in some runs, and 1.37x against 1.16x in another (docs/benchmarks.md). The
     arms alternate until each has two samples, then the faster median is used, with one try of the
     other every EXPLORE passes (the host's speed drifts within minutes).
