@@ -319,6 +319,40 @@ def test_colliding_leaf_paths_are_refused(obj: Any) -> None:
         tensor_leaves(obj)
 
 
+def test_split_leaves_fast_path_agrees_with_the_generic_walk() -> None:
+    """split_leaves walks plain containers its own way (recording hooks run it on every module call):
+    the same leaves, constants and container kinds as the generic walk, in the same order."""
+    from collections import OrderedDict
+
+    from pytest_rocm_parity.tree import _walk, split_leaves
+
+    x = torch.ones(2)
+    objs = [{"args": (x, [1, 2.5, "s", None]), "kwargs": {"pe": (x, x), "e": {}, "t": (), "f": 1.5}},
+            {"args": (x,), "kwargs": {"o": OrderedDict(a=x), "b": Batch(x, 2.0), "dot": {"a.b": 1}}}, x, [x, (x,)]]
+    for obj in objs:
+        kinds: dict[str, str] = {}
+        tensors, consts = split_leaves(obj, kinds)
+        slow_kinds: dict[str, str] = {}
+        leaves = list(_walk(obj, "", frozenset(), slow_kinds))
+        assert list(tensors) == [p for p, v in leaves if isinstance(v, torch.Tensor)]
+        assert consts == {p: v if isinstance(v, (type(None), bool, int, float, str)) else f"<{type(v).__name__}>"
+                          for p, v in leaves if not isinstance(v, torch.Tensor)}
+        assert kinds == slow_kinds
+    assert split_leaves(objs[1], {})[0].keys() == {"args.0", "kwargs.o.a", "kwargs.b.x"}
+    kinds = {}
+    split_leaves(objs[1], kinds)
+    assert kinds["kwargs.o"] == kinds["kwargs.b"] == kinds["kwargs.dot"] == "other"
+
+
+@pytest.mark.parametrize("obj", [{"a.b": torch.ones(1), "a": {"b": torch.zeros(1)}},
+                                 {0: torch.ones(1), "0": torch.zeros(1)}], ids=["dotted-key", "int-and-str-key"])
+def test_split_leaves_refuses_colliding_paths_too(obj: Any) -> None:
+    from pytest_rocm_parity.tree import split_leaves
+
+    with pytest.raises(InvalidArgument, match="share the path"):
+        split_leaves(obj)
+
+
 def test_self_referencing_output_does_not_recurse_forever() -> None:
     a: list[Any] = [torch.ones(1)]
     a.append(a)
