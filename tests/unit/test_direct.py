@@ -114,29 +114,36 @@ def test_a_bug_is_blamed_on_the_same_module_and_confirmed_through_the_hooked_for
     assert _ratios(direct) == _ratios(hooked)
 
 
-class InplaceScale(nn.Module):
-    """Writes its input (the same golden another module took before it)."""
+class WritesInput(nn.Module):
+    """Scales its input in place; returns it (``returns_input``) or a new tensor, leaving it changed."""
 
-    def __init__(self) -> None:
+    def __init__(self, returns_input: bool) -> None:
         super().__init__()
         self.w = nn.Parameter(torch.full((16,), 1.5))
+        self.returns_input = returns_input
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.mul_(self.w)
+        x.mul_(self.w)
+        return x if self.returns_input else x + 1.0
 
 
 class Shared(nn.Module):
-    def __init__(self) -> None:
+    """a and b take the same tensor h; a writes it, after b read it or (``writer_first``) before."""
+
+    def __init__(self, writer_first: bool = False) -> None:
         super().__init__()
         self.pre = nn.Linear(16, 16)
         self.b = nn.Linear(16, 16)
-        self.a = InplaceScale()
+        self.a = WritesInput(returns_input=not writer_first)
+        self.writer_first = writer_first
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.pre(x)
-        u = self.b(h)          # reads h
-        v = self.a(h)          # then writes it
-        return u + v
+        if self.writer_first:
+            v = self.a(h)
+            return self.b(h) + v
+        u = self.b(h)
+        return u + self.a(h)
 
 
 @pytest.mark.parametrize("preloaded", [True, False])
@@ -169,37 +176,12 @@ def test_a_golden_two_calls_share_and_one_writes_is_handed_out_as_copies(tmp_pat
     assert _ratios(got) == _ratios(hooked)
 
 
-class WritesItsInput(nn.Module):
-    """Scales its input in place and returns a new tensor: the input it leaves behind is changed."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.w = nn.Parameter(torch.full((16,), 1.5))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x.mul_(self.w)
-        return x + 1.0
-
-
-class WriterFirst(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.pre = nn.Linear(16, 16)
-        self.a = WritesItsInput()
-        self.b = nn.Linear(16, 16)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.pre(x)
-        v = self.a(h)          # writes h
-        return self.b(h) + v   # b takes the recorded tensor a took
-
-
 def test_a_golden_read_from_the_file_reaches_each_call_as_its_own_tensor(tmp_path, monkeypatch) -> None:
     """Unwatched goldens (a CPU replay reads each from the file) are not shared between calls: a
     writing the tensor it took must not change what b takes, as in the hooked forward. (The golden
     holds b's input as it was before a's write, the value recorded when a took it.)"""
     torch.manual_seed(0)
-    model = WriterFirst()
+    model = Shared(writer_first=True)
     x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
     store, manifest, meta = _captured(tmp_path, model, x, "writer", 2)
     keys = {e["name"]: e["in"]["args.0"] for e in meta["layers"]}
