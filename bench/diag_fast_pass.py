@@ -1,10 +1,12 @@
 """Where the wall time of one fast replay pass goes, phase by phase, beside the plain forward.
 
-    python bench/diag_fast_pass.py --device cuda --model 1b
+    python bench/diag_fast_pass.py --device cuda --model 1b [--threads 1] [--profile prof.txt]
 
 Wraps the pass's phases (golden preload check, the hooked forward, the statistics flush and its
 parts, the judgement) with host timers and runs passes interleaved with plain forwards; prints the
-median of each phase. Diagnostic for issue 8: a ratio over 1.05x with little extra device time is
+median of each phase. ``--profile``: then cProfile over as many passes, the functions that take
+the host's time written to that file (profiled passes run slower; their shares are what it says).
+Diagnostic for issue 8: a ratio over 1.05x with little extra device time is
 host time, and this says which host time.
 """
 from __future__ import annotations
@@ -25,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--model", default="1b")
     p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--threads", default="auto", help="--parity-threads: auto or a count")
+    p.add_argument("--profile", default=None, help="write cProfile's host-time tables here")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     import torch
@@ -41,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     ids = torch.randint(0, model.config.vocab_size, (4, 512), generator=torch.Generator().manual_seed(0))
     inputs = {"input_ids": ids, "use_cache": False}
     store = GoldenStore(tempfile.mkdtemp())
-    spec = CheckSpec(name="d", dtypes=["bfloat16"], drill=0, replay="fast")
+    threads = 0 if a.threads == "auto" else int(a.threads)
+    spec = CheckSpec(name="d", dtypes=["bfloat16"], drill=0, replay="fast", threads=threads)
     manifest = capture(model, inputs, spec, store, a.device, overwrite=True)
     meta = manifest["rungs"]["bfloat16"]
     reader = RungReader(store.rung_file("d", manifest, "bfloat16"), a.device)
@@ -100,9 +105,26 @@ def main(argv: list[str] | None = None) -> int:
     rows.update({k: statistics.median(v) for k, v in phases.items()})
     for k, v in rows.items():
         print(f"{k:40s} {v * 1e3:8.3f} ms")
+    if a.profile:
+        import cProfile
+        import io
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(a.reps):
+            one_pass()
+        sync(a.device)
+        prof.disable()
+        text = io.StringIO()
+        st = pstats.Stats(prof, stream=text)
+        st.sort_stats("tottime").print_stats(45)
+        st.sort_stats("cumulative").print_stats("pytest_rocm_parity|triton", 45)
+        with open(a.profile, "w") as f:
+            f.write(f"{a.reps} passes, --parity-threads={a.threads}\n" + text.getvalue())
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"model": a.model, "device": a.device, "torch": torch.__version__, "ms": {k: v * 1e3 for k, v in rows.items()}}, f, indent=1)
+            json.dump({"model": a.model, "device": a.device, "torch": torch.__version__, "threads": a.threads, "ms": {k: v * 1e3 for k, v in rows.items()}}, f, indent=1)
     return 0
 
 

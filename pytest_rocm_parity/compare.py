@@ -176,9 +176,10 @@ def metrics_many(items: list[tuple[str, int, Any, float]], unit_roundoff: float,
     """Ratio, its jackknife lower bound, the sign test and the distances of many leaves at once.
 
     ``items``: (leaf, numel, host stats from block_stats, confidence). A leaf whose sums are not
-    finite gives None (the caller takes the masked path) unless ``check_finite`` is off. The one
-    implementation of these formulas (docs/judging.md): a replay judges every module after one
-    synchronisation, and numpy over the stacked statistics costs the same for 25 leaves as for one.
+    finite gives None (the caller takes the masked path) unless ``check_finite`` is off. A replay
+    judges every module after one synchronisation, and numpy over the stacked statistics costs the
+    same for 25 leaves as for one. The formulas are metric_columns' (docs/judging.md), which a GPU
+    replay runs on the device instead (stats_graph.py).
     """
     import numpy as np
 
@@ -196,44 +197,116 @@ def metrics_many(items: list[tuple[str, int, Any, float]], unit_roundoff: float,
                 st = st[ok]
                 if not idx:
                     continue
-        n = np.array([float(items[i][1]) for i in idx])
+        numel = np.array([float(items[i][1]) for i in idx])
         conf = np.array([items[i][3] for i in idx])
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            tot = st[:, :, :7].sum(1)
-            sc, sr, tt, rr, dd, plus, minus = tot.T
-            dmax = st[:, :, 7].max(1)
-            rms_t = np.sqrt(tt / n)
-            floor = unit_roundoff * FLOOR_ULPS * rms_t
-            err_c, err_r = np.sqrt(sc / n), np.sqrt(sr / n)
-            denom = np.maximum(err_r, floor)
-            ratio = np.where(denom > 0, err_c / np.where(denom > 0, denom, 1.0), np.where(err_c == 0, 0.0, np.inf))
-            size = np.ceil(n / nb)
-            counts = np.repeat(size[:, None], nb, 1)
-            counts[:, -1] = n - size * (nb - 1)
-            f2 = (floor * floor)[:, None]
-            bc, br = st[:, :, 0], st[:, :, 1]
-            den = np.maximum(sr, f2[:, 0] * n)
-            theta = 0.5 * (np.log(sc) - np.log(den))
-            if nb >= 2:
-                loo_num = np.maximum(sc[:, None] - bc, 1e-300)
-                loo_den = np.maximum(np.maximum(sr[:, None] - br, 1e-300), f2 * (n[:, None] - counts))
-                thetas = 0.5 * (np.log(loo_num) - np.log(np.maximum(loo_den, 1e-300)))
-                var = (nb - 1) / nb * np.square(thetas - thetas.mean(1, keepdims=True)).sum(1)
-                lo = np.exp(theta - conf * np.sqrt(var))
-            else:
-                lo = np.exp(theta)
-            lo = np.where(sc == 0, 0.0, lo)
-            lo = np.where(denom > 0, lo, ratio)
-            rms_r = np.sqrt(rr / n)
-            rel = np.where(rms_r > 0, np.sqrt(dd / n) / np.where(rms_r > 0, rms_r, 1.0), dmax)
-            z = np.where(plus + minus > 0, (plus - minus) / np.sqrt(np.maximum(plus + minus, 1.0)), 0.0)
-        # plain Python floats in bulk (tolist), not a float() per number
-        cols = zip(rms_t.tolist(), err_c.tolist(), err_r.tolist(), ratio.tolist(), lo.tolist(), rel.tolist(),
-                   dmax.tolist(), z.tolist())
-        for i, (rt, ec, er, ra, rl, re, dm, zz) in zip(idx, cols):
-            out[i] = LeafMetrics(leaf=items[i][0], numel=items[i][1], err_cand=ec, err_ref=er, rms_truth=rt,
-                                 ratio=ra, ratio_lo=rl, z=zz, rel_to_ref=re, max_abs_to_ref=dm)
+            cols = metric_columns(st, numel, conf, unit_roundoff, NUMPY_OPS)
+        for i, m in zip(idx, metrics_from_columns([items[i][0] for i in idx], [items[i][1] for i in idx], cols)):
+            out[i] = m
     return out
+
+
+def metrics_from_columns(leaves: list[str], numels: list[int], cols: Any) -> list[LeafMetrics]:
+    """LeafMetrics from metric_columns' (L, 8) result on the host, as plain Python floats in bulk
+    (tolist, not a float() per number)."""
+    return [LeafMetrics(leaf=leaf, numel=n, rms_truth=rt, err_cand=ec, err_ref=er, ratio=ra, ratio_lo=rl,
+                        rel_to_ref=re, max_abs_to_ref=dm, z=zz)
+            for leaf, n, (rt, ec, er, ra, rl, re, dm, zz) in zip(leaves, numels, cols.tolist())]
+
+
+class ArrayOps:
+    """The few array operations metric_columns needs, for numpy (host) or torch (device).
+
+    Why not numpy alone: a GPU replay computes the columns on the device, inside the CUDA graph
+    that also computes the statistics (stats_graph.py), so one formula serves both. Scalars given
+    to ``where`` and ``maximum`` stay Python floats (no host-to-device copy inside a graph).
+    """
+
+    def __init__(self, xp: Any, torch: bool) -> None:
+        self.xp, self.torch = xp, torch
+        self.sqrt, self.log, self.exp, self.square, self.ceil = xp.sqrt, xp.log, xp.exp, xp.square, xp.ceil
+
+    def maximum(self, a: Any, b: Any) -> Any:
+        if self.torch and isinstance(b, float):
+            return a.clamp(min=b)
+        return self.xp.maximum(a, b)
+
+    def where(self, cond: Any, a: Any, b: Any) -> Any:
+        if self.torch:
+            a = a if not isinstance(a, float) else self.xp.full_like(cond, a, dtype=self.xp.float64)
+            b = b if not isinstance(b, float) else self.xp.full_like(cond, b, dtype=self.xp.float64)
+        return self.xp.where(cond, a, b)
+
+    def amax(self, a: Any, axis: int) -> Any:
+        return a.amax(axis) if self.torch else a.max(axis)
+
+    def mean_keep(self, a: Any, axis: int) -> Any:
+        return a.mean(axis, keepdim=True) if self.torch else a.mean(axis, keepdims=True)
+
+    def stack(self, cols: list[Any]) -> Any:
+        return self.xp.stack(cols, 1) if self.torch else self.xp.stack(cols, axis=1)
+
+
+class _NumpyOps(ArrayOps):
+    def __init__(self) -> None:
+        import numpy as np
+
+        super().__init__(np, torch=False)
+
+
+class _LazyNumpyOps:
+    """NUMPY_OPS without importing numpy at import time (the plugin's import cost, issue 8)."""
+
+    _ops: ArrayOps | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if _LazyNumpyOps._ops is None:
+            _LazyNumpyOps._ops = _NumpyOps()
+        return getattr(_LazyNumpyOps._ops, name)
+
+
+NUMPY_OPS: Any = _LazyNumpyOps()
+
+
+def metric_columns(st: Any, n: Any, conf: Any, unit_roundoff: float, ops: Any) -> Any:
+    """(L, 8) columns rms_truth, err_cand, err_ref, ratio, ratio_lo, rel_to_ref, max_abs_to_ref, z
+    of L leaves from their (L, nb, 8) block statistics (STAT_COLS), float64; ``n``, ``conf``: (L,).
+
+    The one implementation of the judging formulas (docs/judging.md), on numpy or torch arrays.
+    """
+    nb = int(st.shape[1])
+    tot = st[:, :, :7].sum(1)
+    sc, sr, tt, rr, dd, plus, minus = (tot[:, k] for k in range(7))
+    dmax = ops.amax(st[:, :, 7], 1)
+    rms_t = ops.sqrt(tt / n)
+    floor = unit_roundoff * FLOOR_ULPS * rms_t
+    err_c, err_r = ops.sqrt(sc / n), ops.sqrt(sr / n)
+    denom = ops.maximum(err_r, floor)
+    pos = denom > 0
+    ratio = ops.where(pos, err_c / ops.where(pos, denom, 1.0), ops.where(err_c == 0, 0.0, math.inf))
+    f2 = floor * floor
+    den = ops.maximum(sr, f2 * n)
+    theta = 0.5 * (ops.log(sc) - ops.log(den))
+    if nb >= 2:
+        size = ops.ceil(n / nb)
+        # n minus each block's count: n - size for the full blocks, size * (nb - 1) for the last
+        rest = (n - size)[:, None] + 0.0 * st[:, :, 0]
+        rest[:, -1] = size * (nb - 1)
+        loo_num = ops.maximum(sc[:, None] - st[:, :, 0], 1e-300)
+        loo_den = ops.maximum(ops.maximum(sr[:, None] - st[:, :, 1], 1e-300), f2[:, None] * rest)
+        thetas = 0.5 * (ops.log(loo_num) - ops.log(ops.maximum(loo_den, 1e-300)))
+        var = (nb - 1) / nb * ops.square(thetas - ops.mean_keep(thetas, 1)).sum(1)
+        lo = ops.exp(theta - conf * ops.sqrt(var))
+    else:
+        lo = ops.exp(theta)
+    lo = ops.where(sc == 0, 0.0, lo)
+    lo = ops.where(pos, lo, ratio)
+    rms_r = ops.sqrt(rr / n)
+    rpos = rms_r > 0
+    rel = ops.where(rpos, ops.sqrt(dd / n) / ops.where(rpos, rms_r, 1.0), dmax)
+    pm = plus + minus
+    z = ops.where(pm > 0, (plus - minus) / ops.sqrt(ops.maximum(pm, 1.0)), 0.0)
+    return ops.stack([rms_t, err_c, err_r, ratio, lo, rel, dmax, z])
 
 
 def _truth(ref: Any, res: Any) -> Any:

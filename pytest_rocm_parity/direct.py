@@ -115,7 +115,7 @@ def plan_level(meta: dict[str, Any], layers: dict[str, dict[str, Any]], level: i
 
 def run_level(model: Any, calls: list[DirectCall], fetch: Callable[[str], Any],
               on_output: Callable[[str, Any, bool], None], shared: Callable[[str], bool] = lambda k: False,
-              workers: int = 1) -> None:
+              workers: int = 1, mods: list[Any] | None = None) -> None:
     """Call each module on its golden inputs; on_output(key, output, snapshot) after each call.
 
     A golden that ``shared(key)`` says is watched for writes (RungReader.is_watched) is fetched once
@@ -133,7 +133,6 @@ def run_level(model: Any, calls: list[DirectCall], fetch: Callable[[str], Any],
     """
     import torch
 
-    get = model.get_submodule
     fetched: dict[str, Any] = {}
 
     def once(key: str) -> Any:
@@ -144,7 +143,8 @@ def run_level(model: Any, calls: list[DirectCall], fetch: Callable[[str], Any],
                 fetched[key] = t
         return t
 
-    mods = [get(c.name) if c.name else model for c in calls]
+    if mods is None:   # the modules called, in order (resolve_modules; the caller may keep them)
+        mods = resolve_modules(model, calls)
     dev = next((t.device for t in model.parameters() if t.is_cuda or THREADS_ON_CPU), None) \
         if workers != 1 else None
     rest: list[int] = []           # the calls the threads may share
@@ -179,6 +179,12 @@ def run_level(model: Any, calls: list[DirectCall], fetch: Callable[[str], Any],
                 on_output(c.key, mods[i](*_build(c.args, once), **_build(c.kwargs, once)), False)
     if not workers:
         CHOOSER.record(key, n, (time.perf_counter() - t0) / len(rest))
+
+
+def resolve_modules(model: Any, calls: list[DirectCall]) -> list[Any]:
+    """The module of each call; AttributeError for one the model no longer has."""
+    get = model.get_submodule
+    return [get(c.name) if c.name else model for c in calls]
 
 
 AUTO = 0            # run_level(workers=AUTO): 1 or AUTO_THREADS threads, chosen by measurement

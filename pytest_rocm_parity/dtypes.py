@@ -1,6 +1,7 @@
 """Dtype names <-> torch dtypes, built with getattr so fp8 variants work where they exist."""
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from pytest_rocm_parity.errors import InvalidArgument
@@ -20,6 +21,18 @@ UNIT_ROUNDOFF = {
 
 def canonical_name(name: str) -> str:
     """'bf16' -> 'bfloat16'; raises InvalidArgument naming the allowed values."""
+    try:
+        return _canonical_cached(name)   # the judgement asks for every leaf of every pass
+    except TypeError:                    # unhashable: not a name, said by the uncached path
+        return _canonical(name)
+
+
+@functools.lru_cache(maxsize=64)
+def _canonical_cached(name: str) -> str:
+    return _canonical(name)
+
+
+def _canonical(name: str) -> str:
     key = str(name).removeprefix("torch.")
     key = _ALIASES.get(key, key)
     if key not in FLOAT_NAMES + _FP8:

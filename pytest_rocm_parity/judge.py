@@ -48,10 +48,10 @@ def judge_layer(rec: LayerRecord, iso: list[LeafMetrics], prop: list[LeafMetrics
     rec.iso_passed = not any(r for _, r in iso_reasons)
     rec.prop_passed = not any(r for _, r in prop_reasons)
     rec.passed = rec.iso_passed
-    if iso:
-        rec.iso = max(iso, key=lambda m: (bool(leaf_failure(m, t, rung, True)), m.ratio_lo))
+    if iso:   # the worst leaf: a failing one first, then the largest bound
+        rec.iso = max(iso_reasons, key=lambda mr: (bool(mr[1]), mr[0].ratio_lo))[0]
     if prop:
-        rec.prop = max(prop, key=lambda m: (bool(leaf_failure(m, t, rung, False)), m.ratio))
+        rec.prop = max(prop_reasons, key=lambda mr: (bool(mr[1]), mr[0].ratio))[0]
     reasons = [r for _, r in iso_reasons if r]
     if reasons:
         rec.reason = reasons[0]

@@ -57,11 +57,13 @@ def _dtype_codes() -> dict[Any, int]:
     return {getattr(torch, k): v for k, v in _CODES.items()}
 
 
-def block_stats_many(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int, int]], chunk: int | None = None) -> Any:
+def block_stats_many(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int, int]], chunk: int | None = None,
+                     keep: list[Any] | None = None) -> Any:
     """Per-block statistics of many leaves at once, rows in order: one launch per dtype combination.
 
     ``leaves``: (c, r, e) contiguous tensors on one GPU, read flat; ``layouts``: (nb, size) of each;
-    ``chunk``: elements per program (a multiple of MANY_BLOCK; tests make it small).
+    ``chunk``: elements per program (a multiple of MANY_BLOCK; tests make it small); ``keep``: gets
+    the launch tables, which a graph capturing this launch must hold (the kernel reads them).
     Returns a (sum of nb, 8) float64 tensor on that GPU, asynchronously.
     """
     import numpy as np
@@ -85,6 +87,8 @@ def block_stats_many(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int
             dev_table, n_blk, kmax, rows = hit
         else:
             dev_table, n_blk, kmax, rows = _TABLES.put(tkey, _table(ptr_rows, idx, leaves, layouts, row0, chunk, dev))
+        if keep is not None:
+            keep.append((dev_table, rows))
         k = len(idx)
         part = torch.empty((n_blk, kmax, NCOLS), dtype=torch.float64, device=dev)
         f64 = _CODES["float64"] in (dc, dr, de)
@@ -97,7 +101,7 @@ def block_stats_many(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int
         if len(groups) == 1:
             out = sums
         else:
-            out[torch.as_tensor(rows, device=dev)] = sums
+            out[rows] = sums
     return out
 
 
@@ -145,7 +149,7 @@ def _table(ptr_rows: list[list[int]], idx: list[int], leaves: list[tuple[Any, An
     starts = b_in_leaf * sizes[leaf_of]
     ends = np.minimum(starts + sizes[leaf_of], ns[leaf_of])
     blk = np.stack([leaf_of, starts, ends], 1)
-    rows = np.concatenate([np.arange(row0[i], row0[i] + layouts[i][0]) for i in idx])
+    rows = torch.from_numpy(np.concatenate([np.arange(row0[i], row0[i] + layouts[i][0]) for i in idx])).to(dev)
     table = np.concatenate([ptrs.reshape(-1), blk.reshape(-1)])
     host = torch.from_numpy(table)
     dev_table = host.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else host

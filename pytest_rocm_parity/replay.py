@@ -9,7 +9,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from pytest_rocm_parity import dtypes as dt
-from pytest_rocm_parity.compare import block_stats, exact_metrics, float_metrics, metrics_many, residual_metrics
+from pytest_rocm_parity.compare import (block_stats, exact_metrics, float_metrics, metrics_from_columns, metrics_many,
+                                        residual_metrics)
 from pytest_rocm_parity.engine import (
     KEEP_PLACEMENT,
     OUTPUT,
@@ -27,7 +28,7 @@ from pytest_rocm_parity.engine import (
     shell_quote,
     walk_model,
 )
-from pytest_rocm_parity.direct import DirectCall, plan_level, run_level
+from pytest_rocm_parity.direct import DirectCall, plan_level, resolve_modules, run_level
 from pytest_rocm_parity.errors import GoldenStale
 from pytest_rocm_parity.golden import GoldenStore, RungReader
 from pytest_rocm_parity.judge import finish, judge_layer
@@ -272,6 +273,10 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                   + (" (give the model use_cache=False: one forward needs no KV cache)" if "Cache>" in why else "")
                   for lv, why in plans.items() if isinstance(why, str)]
 
+    # kept across passes (the model and golden do not change between them)
+    out_plans: dict[tuple[str, str], list[tuple[str, str, str | None, str]]] = {}
+    level_mods: dict[int, list[Any]] = {}
+
     def run() -> CheckResult:
         u = tol.unit_roundoff(rung)
         prop: dict[str, list[LeafMetrics]] = {}
@@ -282,14 +287,16 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
 
         def compare(key: str, out: Any, truth_prefix: str, sink: dict[str, list[LeafMetrics]],
                     snapshot: bool = True) -> None:
-            e = layers.get(key)
-            if e is None:
-                return
+            rows = out_plans.get((key, truth_prefix))
+            if rows is None:
+                if key not in layers:
+                    return
+                rows = out_plans[(key, truth_prefix)] = _out_plan(key, layers[key], truth_prefix, reader)
             t = tols[key]
             got = {"0": out} if isinstance(out, Tensor) else tensor_leaves(out)
             res: list[Any] = []
             isolated = truth_prefix == "truth"
-            for p, gk in e["out"].items():
+            for p, gk, tname, tag in rows:
                 ref = reader.get(gk)
                 c = got.get(p)
                 if c is None:
@@ -297,18 +304,13 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                                            note=f"shape: output leaf {p!r} missing on the candidate"))
                     continue
                 c = c.detach()
-                tag = f"{key}/{p}/{'isolated' if isolated else 'propagated'}"
-                if ref.is_floating_point() or ref.is_complex():
-                    tname = f"{truth_prefix}/{key}/{p}"
-                    if tname not in reader.keys and truth_prefix == "gtruth":
-                        continue  # propagated truth is kept for top-level modules only
-                    residual = reader.get(tname)
-                    queue.add(res, p, c, ref, residual, t, isolated, tag, snapshot)
+                if tname:
+                    queue.add(res, p, c, ref, reader.get(tname), t, isolated, tag, snapshot)
                     if (spec.positions is not None and truth_prefix == "gtruth" and ref.dim() >= 2
                             and tuple(ref.shape[:2]) == spec.positions and tuple(c.shape) == tuple(ref.shape)
                             and not ref.is_complex() and key not in pos_err):
                         pos_err[key] = _per_position(c, ref, load_truth(reader, tname, ref))
-                else:
+                elif tname is None:
                     res.append(exact_metrics(p, c, ref))
                     queue.keep_if_failing(res[-1], c, t, isolated, tag)
             sink[key] = res
@@ -336,9 +338,12 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
             forward by the caller), or None when a call raised (the hooked forward judges instead)."""
             mark, before = len(queue.items), set(iso)
             try:
+                mods = level_mods.get(level)
+                if mods is None:
+                    mods = level_mods[level] = resolve_modules(m, calls)
                 watched(lambda: run_level(m, calls, reader.get_fresh,
                                           lambda k, o, snap: compare(k, o, "truth", iso, snap), reader.is_watched,
-                                          spec.threads), iso)
+                                          spec.threads, mods), iso)
                 queue.flush()
             except Exception as exc:   # a module that needs its caller's context
                 queue.discard(mark)
@@ -436,14 +441,35 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
     return run
 
 
+def _out_plan(key: str, e: dict[str, Any], truth_prefix: str, reader: RungReader) -> list[tuple[str, str, str | None, str]]:
+    """(leaf, golden key, truth key, report tag) of each output leaf of a layer, made once per rung:
+    the strings and lookups a comparison needs are host time on every module of every pass.
+
+    The truth key is None for an exact (integer, bool) leaf and "" for a floating leaf without
+    propagated truth (kept for top-level modules only): its presence is still checked, not judged.
+    """
+    isolated = truth_prefix == "truth"
+    rows: list[tuple[str, str, str | None, str]] = []
+    for p, gk in e["out"].items():
+        ref = reader.get(gk)
+        tname: str | None = None
+        if ref.is_floating_point() or ref.is_complex():
+            tname = f"{truth_prefix}/{key}/{p}"
+            if tname not in reader.keys and not isolated:
+                tname = ""
+        rows.append((p, gk, tname, f"{key}/{p}/{'isolated' if isolated else 'propagated'}"))
+    return rows
+
+
 class _StatsQueue:
     """Module outputs queued during the forward, judged after it with one synchronisation.
 
     Why: a large model's forward is often bound by the host launching kernels, so every microsecond
     a hook spends is a microsecond of replay. A hook only records what to compare (references, no
     copies, no kernels); flush(), after the pass, computes every queued leaf's statistics with one
-    Triton launch per dtype combination (kernels.block_stats_many), reads them back at once and
-    judges them together (compare.metrics_many). The candidate tensors stay referenced until then
+    Triton launch per dtype combination (kernels.block_stats_many) and the judging formulas on the
+    device, a CUDA graph from the third pass over a loaded golden (stats_graph.py), and reads them
+    back at once. The candidate tensors stay referenced until then
     (also for the masked path of non-finite values and the failing-tensor export), up to HOLD_BYTES,
     past which the queue flushes early. On the CPU there is nothing to overlap: each leaf is judged
     at once.
@@ -456,6 +482,7 @@ class _StatsQueue:
         self.rung, self.u, self.obtained = rung, u, obtained
         self.items: list[tuple[list[Any], int, str, Any, Any, Any, Any, bool, str]] = []
         self.held = 0
+        self._stats_of: Callable[[], Any] = lambda: None   # the last _judge's block statistics, on the host
 
     def add(self, sink: list[Any], leaf: str, c: Any, ref: Any, res: Any, tol: Tolerance, isolated: bool,
             tag: str, snapshot: bool = True) -> None:
@@ -485,8 +512,17 @@ class _StatsQueue:
             self.held -= it[3].numel() * it[3].element_size()
         del self.items[mark:]
 
-    def _stats(self) -> Any:
-        """(sum of blocks, 8) statistics of every queued leaf, in order, on the device."""
+    def _on_device(self, dev: Any, flat: list[tuple[Any, Any, Any]]) -> bool:
+        from pytest_rocm_parity import kernels
+
+        return (dev.type == "cuda" and kernels.triton_usable()
+                and all(r.device == dev and e.device == dev and kernels.many_supported(c, r, e) for c, r, e in flat))
+
+    def _judge(self) -> list[LeafMetrics | None]:
+        """Metrics of every queued leaf, in order (None: sums not finite, the masked path's), and
+        each leaf's block statistics. One synchronisation: on a GPU the statistics and the judging
+        formulas run on the device (stats_graph.py); elsewhere the statistics are read back and the
+        formulas run in numpy (compare.metrics_many)."""
         import torch
 
         from pytest_rocm_parity import kernels
@@ -496,30 +532,42 @@ class _StatsQueue:
         # c is contiguous (add); the kernel reads each leaf flat through its pointer, so contiguous
         # leaves go as they are (a view per tensor is host time on every module)
         flat = [(c if c.device == dev else c.to(dev), ref, res) for _s, _i, _l, c, ref, res, *_ in self.items]
-        if (dev.type == "cuda" and kernels.triton_usable()
-                and all(r.device == dev and e.device == dev and kernels.many_supported(c, r, e) for c, r, e in flat)):
+        layouts = [block_layout(int(it[4].numel())) for it in self.items]
+        if self._on_device(dev, flat):
+            from pytest_rocm_parity import stats_graph
+
             try:
-                return kernels.block_stats_many(flat, [block_layout(c.numel()) for c, _, _ in flat])
+                cols, self._stats_of = stats_graph.judge_on_device(
+                    flat, layouts, [it[6].confidence for it in self.items], self.u)
             except Exception as exc:   # a Triton that cannot compile the kernel here: the torch path
                 kernels.disable_triton(exc)
-        return torch.cat([block_stats(c.reshape(-1), r.reshape(-1), e.reshape(-1)).to(dev) for c, r, e in flat])
+            else:
+                done = metrics_from_columns([it[2] for it in self.items], [int(it[4].numel()) for it in self.items],
+                                            cols[:, :8])
+                return [m if ok else None for m, ok in zip(done, (cols[:, 8] > 0).tolist())]
+        host = torch.cat([block_stats(c.reshape(-1), r.reshape(-1), e.reshape(-1)).to(dev)
+                          for c, r, e in flat]).to("cpu").numpy()
+        self._stats_of = lambda: host
+        parts, row = [], 0
+        for nb, _ in layouts:
+            parts.append(host[row:row + nb])
+            row += nb
+        return metrics_many([(it[2], int(it[4].numel()), part, it[6].confidence) for it, part in zip(self.items, parts)],
+                            self.u)
 
     def flush(self) -> None:
         if not self.items:
             return
         from pytest_rocm_parity.compare import block_layout
 
-        host = self._stats().to("cpu").numpy()   # the one synchronisation
-        parts, row = [], 0
-        for it in self.items:
-            nb = block_layout(int(it[4].numel()))[0]
-            parts.append(host[row:row + nb])
-            row += nb
-        done = metrics_many([(it[2], int(it[4].numel()), part, it[6].confidence) for it, part in zip(self.items, parts)],
-                            self.u)
-        for (sink, i, leaf, c, ref, res, tol, isolated, tag), part, m in zip(self.items, parts, done):
+        done = self._judge()
+        row, stats = 0, None
+        for (sink, i, leaf, c, ref, res, tol, isolated, tag), m in zip(self.items, done):
+            nb = block_layout(int(ref.numel()))[0]
             if m is None:   # a non-finite sum: the masked path, on the tensors still held
-                m = residual_metrics(leaf, c, ref, res, self.u, tol.confidence, tol.nan, stats=part)
+                stats = self._stats_of() if stats is None else stats
+                m = residual_metrics(leaf, c, ref, res, self.u, tol.confidence, tol.nan, stats=stats[row:row + nb])
+            row += nb
             sink[i] = m
             self.keep_if_failing(m, c, tol, isolated, tag)
         self.items.clear()

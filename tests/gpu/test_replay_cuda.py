@@ -153,3 +153,90 @@ def test_direct_calls_on_the_gpu_judge_as_the_hooked_forward(tmp_path, monkeypat
     monkeypatch.setattr(replay_mod, "DIRECT", True)
     (bug,) = replay(model, inputs, spec, store, "cuda")
     assert not bug.passed and bug.culprit == "model.layers.2.mlp.act_fn"
+
+
+def _leaves_two_groups() -> tuple[list[tuple[torch.Tensor, ...]], list[tuple[int, int]]]:
+    leaves, lays = [], []
+    for i, (dtype, n) in enumerate([(torch.bfloat16, 4 * 512 * 2048), (torch.float32, 70001),
+                                    (torch.bfloat16, 4 * 512 * 2048 + 3)]):
+        g = torch.Generator().manual_seed(10 + i)
+        t = torch.randn(n, dtype=torch.float64, generator=g)
+        r = t.to(dtype)
+        c = (t * (1 + 1e-3 * torch.randn(n, dtype=torch.float64, generator=g))).to(dtype)
+        leaves.append((c.cuda(), r.cuda(), (t - r.double()).to(dtype).cuda()))
+        lays.append(block_layout(n))
+    return leaves, lays
+
+
+def _host_columns(leaves: list[tuple[torch.Tensor, ...]], lays: list[tuple[int, int]], confs: list[float]) -> list:
+    from pytest_rocm_parity.compare import metrics_many
+
+    items = [(f"l{k}", c.numel(), kernels.block_stats_torch(c.cpu(), r.cpu(), e.cpu(), *lay).numpy(), conf)
+             for k, ((c, r, e), lay, conf) in enumerate(zip(leaves, lays, confs))]
+    return [[m.rms_truth, m.err_cand, m.err_ref, m.ratio, m.ratio_lo, m.rel_to_ref, m.max_abs_to_ref, m.z]
+            for m in metrics_many(items, 2.0**-8)]
+
+
+def test_graphed_judgement_reads_the_leaves_when_replayed(monkeypatch) -> None:
+    """stats_graph.judge_on_device: eager the first time, captured the second, a graph from the
+    third; the graph's columns are those of the values in the leaves at replay (written in place
+    since capture), never those seen at capture. Two dtype groups, two block counts."""
+    from pytest_rocm_parity import stats_graph
+
+    monkeypatch.setattr(stats_graph, "_CACHE", kernels._TableCache(4))
+    leaves, lays = _leaves_two_groups()
+    confs = [3.0, 2.0, 3.0]
+    want = torch.tensor(_host_columns(leaves, lays, confs), dtype=torch.float64)
+    for _ in range(3):
+        cols, _stats = stats_graph.judge_on_device(leaves, lays, confs, 2.0**-8)
+        torch.testing.assert_close(torch.from_numpy(cols[:, :8]), want, rtol=1e-5, atol=1e-30)
+        assert (cols[:, 8] == 1.0).all()
+    assert sum(isinstance(v, stats_graph._Graphed) for v in stats_graph._CACHE._d.values()) == 1
+    for c, r, _e in leaves:   # new candidate values at the same addresses
+        c.copy_(r.double().mul(1 - 3e-2).to(c.dtype))
+    torch.cuda.synchronize()
+    want2 = torch.tensor(_host_columns(leaves, lays, confs), dtype=torch.float64)
+    assert not torch.allclose(want2, want)
+    cols2, _stats = stats_graph.judge_on_device(leaves, lays, confs, 2.0**-8)
+    torch.testing.assert_close(torch.from_numpy(cols2[:, :8]), want2, rtol=1e-5, atol=1e-30)
+
+
+def test_graphs_off_stay_eager(monkeypatch) -> None:
+    from pytest_rocm_parity import stats_graph
+
+    monkeypatch.setattr(stats_graph, "_CACHE", kernels._TableCache(4))
+    monkeypatch.setattr(stats_graph, "GRAPHS", False)
+    leaves, lays = _leaves_two_groups()
+    for _ in range(3):
+        stats_graph.judge_on_device(leaves, lays, [3.0] * 3, 2.0**-8)
+    assert not any(isinstance(v, stats_graph._Graphed) for v in stats_graph._CACHE._d.values())
+
+
+def test_repeated_passes_with_graphed_stats_still_blame_a_new_bug(tmp_path, monkeypatch) -> None:
+    """Passes 1-3 over one loaded golden (the third replays the captured statistics), then a weight
+    changed in place: the next pass, at the same addresses, fails and blames that block."""
+    from pytest_rocm_parity.replay import prepare_rung
+
+    from pytest_rocm_parity import stats_graph
+
+    monkeypatch.setattr(stats_graph, "_CACHE", kernels._TableCache(4))
+    torch.manual_seed(0)
+    model = Net().to("cuda", torch.bfloat16)    # replayed in place (a model needing a cast is copied)
+    x = torch.randn(8, 64, 256, generator=torch.Generator().manual_seed(1))
+    spec = CheckSpec(name="net", dtypes=["bfloat16"], drill=1, replay="fast")
+    store = GoldenStore(tmp_path)
+    manifest = capture(model, x, spec, store, "cuda")
+    from pytest_rocm_parity.golden import RungReader
+
+    meta = manifest["rungs"]["bfloat16"]
+    reader = RungReader(store.rung_file("net", manifest, "bfloat16"), "cuda")
+    run = prepare_rung(model, spec, manifest, meta, reader, "bfloat16", "cuda", {"args": (x,), "kwargs": {}},
+                       keep_loaded=True)
+    first = [run() for _ in range(3)]
+    assert all(r.passed for r in first)
+    assert any(isinstance(v, stats_graph._Graphed) for v in stats_graph._CACHE._d.values())
+    assert [l.iso.ratio for l in first[2].layers] == [l.iso.ratio for l in first[0].layers]
+    with torch.no_grad():
+        model.blocks[2][0].weight.mul_(1.01)
+    bad = run()
+    assert not bad.passed and bad.culprit.startswith("blocks.2")

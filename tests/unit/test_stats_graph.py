@@ -1,0 +1,110 @@
+"""The device-side judgement (stats_graph.judge_on_device): statistics and judging formulas computed
+where the tensors are, against compare.metrics_many over the torch statistics on the host.
+
+Real Triton, run by its CPU interpreter in a subprocess (TRITON_INTERPRET=1 must be set before
+Triton loads); the CUDA graph replay of the same launch is tested on a GPU (tests/gpu).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from pytest_rocm_parity.compare import ArrayOps, NUMPY_OPS, block_layout, metric_columns, metrics_many
+
+SCRIPT = textwrap.dedent('''
+    import json, math, torch
+    from pytest_rocm_parity import kernels, stats_graph
+    from pytest_rocm_parity.compare import block_layout, metrics_many
+    leaves, lays, confs, items = [], [], [], []
+    # sizes with 64 blocks and fewer (two nb groups, interleaved: the gathered rows), dtypes in two
+    # launch groups, a leaf with an infinity (its sums are not finite) and an exact candidate
+    for k, (dtype, n) in enumerate([(torch.bfloat16, 70001), (torch.float32, 5), (torch.bfloat16, 4097),
+                                    (torch.float32, 63), (torch.bfloat16, 300), (torch.bfloat16, 128)]):
+        g = torch.Generator().manual_seed(k)
+        t = torch.randn(n, dtype=torch.float64, generator=g)
+        r = t.to(dtype)
+        c = (t * (1 + 1e-2 * torch.randn(n, dtype=torch.float64, generator=g))).to(dtype)
+        if k == 4:
+            c[7] = math.inf
+        if k == 5:
+            c = r.clone()
+        e = (t - r.double()).to(dtype)
+        nb, size = block_layout(n)
+        leaves.append((c, r, e)); lays.append((nb, size)); confs.append(2.0 + k / 2)
+        items.append((f"l{k}", n, kernels.block_stats_torch(c, r, e, nb, size).numpy(), confs[-1]))
+    u = 2.0 ** -8
+    cols, stats_of = stats_graph.judge_on_device(leaves, lays, confs, u)
+    want = metrics_many(items, u)
+    fields = ("rms_truth", "err_cand", "err_ref", "ratio", "ratio_lo", "rel_to_ref", "max_abs_to_ref", "z")
+    rows = []
+    for k, w in enumerate(want):
+        finite = bool(cols[k, 8] > 0)
+        if w is None:
+            rows.append([k, finite, None])
+            continue
+        rel = max(abs(float(cols[k, j]) - getattr(w, f)) / max(abs(getattr(w, f)), 1e-300)
+                  for j, f in enumerate(fields))
+        rows.append([k, finite, rel])
+    stats = stats_of()
+    torch_stats = torch.cat([torch.from_numpy(it[2]) for it in items])
+    finite = torch.isfinite(torch_stats)
+    stat_rel = float((((torch.from_numpy(stats) - torch_stats).abs() / torch_stats.abs().clamp(min=1e-300))[finite]).max())
+    print(json.dumps({"rows": rows, "stats_rel": stat_rel, "shape": list(cols.shape),
+                      "graphs": sum(isinstance(v, stats_graph._Graphed) for v in stats_graph._CACHE._d.values())}))
+''')
+
+
+def test_device_judgement_in_the_interpreter_equals_the_host_formulas() -> None:
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    p = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["shape"] == [6, 9] and got["graphs"] == 0        # no graphs off a GPU
+    assert got["stats_rel"] < 1e-5
+    for k, finite, rel in got["rows"]:
+        if k == 4:
+            assert not finite and rel is None                   # the infinity: the masked path
+        else:
+            assert finite and rel is not None and rel < 1e-5, (k, rel)   # the kernel's float32 sums
+
+
+def test_metric_columns_on_torch_equal_numpy() -> None:
+    """The one formula on both array libraries (the device side runs it in torch), including the
+    edge rows: exact agreement (all-zero sums), a leaf of one block, a zero reference error."""
+    rng = np.random.default_rng(0)
+    st = np.abs(rng.standard_normal((5, 64, 8)))
+    st[1] = 0.0
+    st[2, :, 1] = 0.0
+    st[3, :, 0] = 0.0
+    n = np.array([4096.0, 100.0, 64.0, 70001.0, 128.0])
+    conf = np.array([3.0, 3.0, 2.0, 4.0, 3.0])
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        a = metric_columns(st, n, conf, 2.0**-8, NUMPY_OPS)
+    b = metric_columns(torch.from_numpy(st), torch.from_numpy(n), torch.from_numpy(conf), 2.0**-8,
+                       ArrayOps(torch, torch=True)).numpy()
+    assert a.shape == b.shape == (5, 8)
+    np.testing.assert_allclose(b, a, rtol=1e-12, atol=0)
+    one = np.abs(rng.standard_normal((2, 1, 8)))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        a1 = metric_columns(one, np.array([1.0, 1.0]), np.array([3.0, 3.0]), 2.0**-8, NUMPY_OPS)
+    b1 = metric_columns(torch.from_numpy(one), torch.tensor([1.0, 1.0], dtype=torch.float64),
+                        torch.tensor([3.0, 3.0], dtype=torch.float64), 2.0**-8, ArrayOps(torch, torch=True)).numpy()
+    np.testing.assert_allclose(b1, a1, rtol=1e-12, atol=0)
+    assert a[1, 3] == 0.0 and a[1, 4] == 0.0          # no error on either side: ratio 0, bound 0
+
+
+def test_metrics_many_columns_match_one_leaf_at_a_time() -> None:
+    rng = np.random.default_rng(1)
+    items = [(f"l{k}", n, np.abs(rng.standard_normal((block_layout(n)[0], 8))), 3.0) for k, n in
+             enumerate([70001, 5, 4097, 1])]
+    together = metrics_many(items, 2.0**-8)
+    alone = [metrics_many([it], 2.0**-8)[0] for it in items]
+    assert together == alone
