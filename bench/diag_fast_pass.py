@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, __file__.rsplit("/", 1)[0])
     from bench_parity import build, sync
 
-    from pytest_rocm_parity import kernels, replay as rp
+    from pytest_rocm_parity import kernels, replay as rp, stats_graph
     from pytest_rocm_parity.capture import capture
     from pytest_rocm_parity.engine import CheckSpec, _run
     from pytest_rocm_parity.golden import GoldenStore, RungReader
@@ -71,9 +71,14 @@ def main(argv: list[str] | None = None) -> int:
     rp.run_level = timed("isolated calls (direct)", rp.run_level)
     rp.prepare_rung = timed("setup (prepare_rung)", rp.prepare_rung)
     rp._StatsQueue.flush = timed("flush", rp._StatsQueue.flush)
-    rp._StatsQueue._stats = timed("flush: launch", rp._StatsQueue._stats)
-    kernels.block_stats_many = timed("flush: launch: block_stats_many", kernels.block_stats_many)
-    rp.metrics_many = timed("flush: metrics_many", rp.metrics_many)
+    rp._StatsQueue._judge = timed("flush: statistics and formulas", rp._StatsQueue._judge)
+    stats_graph.judge_on_device = timed("flush: on the device (stats_graph)", stats_graph.judge_on_device)
+    stats_graph.host_columns = timed("flush: formulas in numpy (not a graph yet)", stats_graph.host_columns)
+    kernels.block_stats_many = timed("flush: block_stats_many (not a graph yet)", kernels.block_stats_many)
+    rp.metrics_many = timed("flush: metrics_many (CPU path)", rp.metrics_many)
+    puts: list[str] = []
+    real_put = stats_graph._CACHE.put
+    stats_graph._CACHE.put = lambda k, v: puts.append(v if isinstance(v, str) else "graph") or real_put(k, v)
     rp.finish = timed("finish", rp.finish)
     rp.judge_layer = timed("judge_layer", rp.judge_layer)
     rp.select = timed("select", rp.select)
@@ -105,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     rows.update({k: statistics.median(v) for k, v in phases.items()})
     for k, v in rows.items():
         print(f"{k:40s} {v * 1e3:8.3f} ms")
+    graphs = {"cache puts": puts, "capture errors": stats_graph.CAPTURE_ERRORS}
+    print(json.dumps(graphs))
     if a.profile:
         import cProfile
         import io
@@ -124,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             f.write(f"{a.reps} passes, --parity-threads={a.threads}\n" + text.getvalue())
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"model": a.model, "device": a.device, "torch": torch.__version__, "threads": a.threads, "ms": {k: v * 1e3 for k, v in rows.items()}}, f, indent=1)
+            json.dump({"model": a.model, "device": a.device, "torch": torch.__version__, "threads": a.threads, "graphs": graphs, "ms": {k: v * 1e3 for k, v in rows.items()}}, f, indent=1)
     return 0
 
 

@@ -199,6 +199,13 @@ def test_graphed_judgement_reads_the_leaves_when_replayed(monkeypatch) -> None:
     assert not torch.allclose(want2, want)
     cols2, _stats = stats_graph.judge_on_device(leaves, lays, confs, 2.0**-8)
     torch.testing.assert_close(torch.from_numpy(cols2[:, :8]), want2, rtol=1e-5, atol=1e-30)
+    # other tensors of the same signature (as a next pass's outputs, at other addresses): the same
+    # graph, pointed at them
+    moved = [(r.double().mul(1 + 1e-2).to(c.dtype), r, e) for c, r, e in leaves]
+    want3 = torch.tensor(_host_columns(moved, lays, confs), dtype=torch.float64)
+    cols3, _stats = stats_graph.judge_on_device(moved, lays, confs, 2.0**-8)
+    torch.testing.assert_close(torch.from_numpy(cols3[:, :8]), want3, rtol=1e-5, atol=1e-30)
+    assert sum(isinstance(v, stats_graph._Graphed) for v in stats_graph._CACHE._d.values()) == 1
 
 
 def test_graphs_off_stay_eager(monkeypatch) -> None:

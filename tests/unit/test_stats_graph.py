@@ -56,7 +56,16 @@ SCRIPT = textwrap.dedent('''
     torch_stats = torch.cat([torch.from_numpy(it[2]) for it in items])
     finite = torch.isfinite(torch_stats)
     stat_rel = float((((torch.from_numpy(stats) - torch_stats).abs() / torch_stats.abs().clamp(min=1e-300))[finite]).max())
-    print(json.dumps({"rows": rows, "stats_rel": stat_rel, "shape": list(cols.shape),
+    # a launch made for these leaves, pointed at other leaves of the same signature (other
+    # addresses, other values): it computes theirs (what a graph replay does each pass)
+    many = kernels.ManyLaunch(leaves, lays)
+    other = [(c * 1.25, r.clone(), e.clone()) for c, r, e in leaves]
+    many.point_at(other)
+    moved = many.run()
+    want_moved = torch.cat([kernels.block_stats_torch(*o, *lay) for o, lay in zip(other, lays)])
+    ok = torch.isfinite(want_moved)
+    moved_rel = float((((moved - want_moved).abs() / want_moved.abs().clamp(min=1e-300))[ok]).max())
+    print(json.dumps({"rows": rows, "stats_rel": stat_rel, "shape": list(cols.shape), "moved_rel": moved_rel,
                       "graphs": sum(isinstance(v, stats_graph._Graphed) for v in stats_graph._CACHE._d.values())}))
 ''')
 
@@ -68,7 +77,7 @@ def test_device_judgement_in_the_interpreter_equals_the_host_formulas() -> None:
     assert p.returncode == 0, p.stderr[-3000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert got["shape"] == [6, 9] and got["graphs"] == 0        # no graphs off a GPU
-    assert got["stats_rel"] < 1e-5
+    assert got["stats_rel"] < 1e-5 and got["moved_rel"] < 1e-5
     for k, finite, rel in got["rows"]:
         if k == 4:
             assert not finite and rel is None                   # the infinity: the masked path
