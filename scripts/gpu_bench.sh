@@ -3,7 +3,7 @@
 # then the capture/replay benchmark. Part "a": tests, kernel sweep, tiny and 1.1B with profiles;
 # "c": tests, the fast pass's phases at 1.1B, tiny and 1.1B with profiles; "b": tests, tiny, 1.1B
 # and 8B, the phases at 1.1B; "d" (what docs/benchmarks.md reports since session 4): "b" with the
-# direct calls' thread sweep. Results under $OUT.
+# direct calls' thread sweep (1, 2 and auto since session 5). Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
 cd "$(dirname "$0")/.."
@@ -45,9 +45,9 @@ if [[ "$part" == d ]]; then   # part b with the thread sweep of the direct calls
   echo "gpu tests rc=$?" >> "$L/env.txt"
   timeout 300 python bench/bench_parity.py --device cuda --models tiny,1b,8b --reps 15 --out "$L/bench_d.json" > "$L/bench_d.log" 2>&1
   echo "bench tiny,1b,8b rc=$?" >> "$L/env.txt"
-  timeout 110 python bench/bench_direct_threads.py --device cuda --models 1b,8b --workers 1,2,3 --out "$L/threads.json" > "$L/threads.log" 2>&1
+  timeout 150 python bench/bench_direct_threads.py --device cuda --models 1b,8b --workers 1,2,auto --out "$L/threads.json" > "$L/threads.log" 2>&1
   echo "threads rc=$?" >> "$L/env.txt"; cat "$L/threads.log"
-  timeout 60 python bench/diag_fast_pass.py --device cuda --model 1b --out "$L/diag_1b.json" > "$L/diag_1b.log" 2>&1
+  timeout 60 python bench/diag_fast_pass.py --device cuda --model 1b --threads 1 --out "$L/diag_1b.json" > "$L/diag_1b.log" 2>&1
   echo "diag rc=$?" >> "$L/env.txt"; cat "$L/diag_1b.log"
 fi
 cat "$L/env.txt"
