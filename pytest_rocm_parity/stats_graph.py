@@ -34,7 +34,7 @@ class _Launch:
                  confs: list[float], dev: Any) -> None:
         import torch
 
-        self.leaves, self.layouts = leaves, layouts
+        self.count = len(leaves)    # no reference kept: a cached graph must not hold a pass's outputs
         groups: dict[int, list[int]] = {}
         for i, (nb, _) in enumerate(layouts):
             groups.setdefault(nb, []).append(i)
@@ -61,7 +61,7 @@ class _Launch:
         import torch
 
         self.stats = self.many.run()
-        out = torch.empty((len(self.leaves), NCOLS), dtype=torch.float64, device=self.stats.device)
+        out = torch.empty((self.count, NCOLS), dtype=torch.float64, device=self.stats.device)
         for nb, pos, rows, row0, n, conf in self.groups:
             st = (self.stats[row0:row0 + len(pos) * nb] if rows is None else self.stats.index_select(0, rows))
             st = st.view(len(pos), nb, -1)

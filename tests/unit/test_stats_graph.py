@@ -65,7 +65,15 @@ SCRIPT = textwrap.dedent('''
     want_moved = torch.cat([kernels.block_stats_torch(*o, *lay) for o, lay in zip(other, lays)])
     ok = torch.isfinite(want_moved)
     moved_rel = float((((moved - want_moved).abs() / want_moved.abs().clamp(min=1e-300))[ok]).max())
+    # a launch (what a cached graph holds) keeps no reference to the leaves it was made for
+    import gc, weakref
+    made_for = [(c.clone(), r.clone(), e.clone()) for c, r, e in leaves]
+    launch = stats_graph._Launch(made_for, lays, confs, made_for[0][0].device)
+    alive = weakref.ref(made_for[0][0])
+    del made_for
+    gc.collect()
     print(json.dumps({"rows": rows, "stats_rel": stat_rel, "shape": list(cols.shape), "moved_rel": moved_rel,
+                      "holds_leaves": alive() is not None,
                       "graphs": sum(isinstance(v, stats_graph._Graphed) for v in stats_graph._CACHE._d.values())}))
 ''')
 
@@ -78,6 +86,7 @@ def test_device_judgement_in_the_interpreter_equals_the_host_formulas() -> None:
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert got["shape"] == [6, 9] and got["graphs"] == 0        # no graphs off a GPU
     assert got["stats_rel"] < 1e-5 and got["moved_rel"] < 1e-5
+    assert not got["holds_leaves"]
     for k, finite, rel in got["rows"]:
         if k == 4:
             assert not finite and rel is None                   # the infinity: the masked path
