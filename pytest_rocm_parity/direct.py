@@ -115,8 +115,15 @@ def plan_level(meta: dict[str, Any], layers: dict[str, dict[str, Any]], level: i
 
 def run_level(model: Any, calls: list[DirectCall], fetch: Callable[[str], Any],
               on_output: Callable[[str, Any, bool], None], shared: Callable[[str], bool] = lambda k: False,
-              workers: int = 1, mods: list[Any] | None = None) -> None:
+              workers: int = 1, mods: list[Any] | None = None) -> Callable[[], None] | None:
     """Call each module on its golden inputs; on_output(key, output, snapshot) after each call.
+
+    Returns, when ``workers`` is AUTO and the calls were shared, the function that records this
+    level's time per call for the choice: the caller calls it once the level's outputs are judged
+    (after the flush's synchronisation), so the time includes the device finishing the calls.
+    Timed to the end of the host's launches alone, the choice did not see the device's part: on
+    the H200 auto then measured 1.177x the forward where one thread gave 1.141x and two 1.187x
+    (session 5, docs/benchmarks.md).
 
     A golden that ``shared(key)`` says is watched for writes (RungReader.is_watched) is fetched once
     per pass: a tensor many calls take (a rotary table, a mask) reaches them all as one object, as in
@@ -162,7 +169,7 @@ def run_level(model: Any, calls: list[DirectCall], fetch: Callable[[str], Any],
             if i not in shared_calls:
                 on_output(c.key, mods[i](*_build(c.args, once), **_build(c.kwargs, once)), c.snapshot)
     if not rest:
-        return
+        return None
     key = (str(dev), type(mods[rest[0]]).__name__)
     n = workers or CHOOSER.pick(key)
     t0 = time.perf_counter()
@@ -178,7 +185,8 @@ def run_level(model: Any, calls: list[DirectCall], fetch: Callable[[str], Any],
                 c = calls[i]
                 on_output(c.key, mods[i](*_build(c.args, once), **_build(c.kwargs, once)), False)
     if not workers:
-        CHOOSER.record(key, n, (time.perf_counter() - t0) / len(rest))
+        return lambda: CHOOSER.record(key, n, (time.perf_counter() - t0) / len(rest))
+    return None
 
 
 def resolve_modules(model: Any, calls: list[DirectCall]) -> list[Any]:

@@ -341,10 +341,13 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                 mods = level_mods.get(level)
                 if mods is None:
                     mods = level_mods[level] = resolve_modules(m, calls)
-                watched(lambda: run_level(m, calls, reader.get_fresh,
-                                          lambda k, o, snap: compare(k, o, "truth", iso, snap), reader.is_watched,
-                                          spec.threads, mods), iso)
+                timing: list[Callable[[], None] | None] = []
+                watched(lambda: timing.append(run_level(m, calls, reader.get_fresh,
+                                                        lambda k, o, snap: compare(k, o, "truth", iso, snap),
+                                                        reader.is_watched, spec.threads, mods)), iso)
                 queue.flush()
+                if timing and timing[-1] is not None:
+                    timing[-1]()    # the --parity-threads=auto choice, timed to the judged outputs
             except Exception as exc:   # a module that needs its caller's context
                 queue.discard(mark)
                 for k in set(iso) - before:

@@ -397,3 +397,33 @@ def test_auto_threads_alternate_then_keep_the_faster_and_look_again_now_and_then
         arm = ch.pick(key)
         ch.record(key, arm, cost[arm])
     assert [ch.pick(key) for _ in range(ch.EXPLORE - 1)].count(1) >= ch.EXPLORE - 2
+
+
+def test_auto_threads_time_a_level_up_to_its_judged_outputs(tmp_path, monkeypatch) -> None:
+    """The auto choice's sample covers the flush after the calls (on a GPU, where the device
+    finishes the shared calls' work): a flush made 40 ms slow shows in the time per call."""
+    import time
+
+    from pytest_rocm_parity import direct
+
+    model = _llama_n(6)
+    inputs = {"input_ids": torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(1)),
+              "use_cache": False}
+    store = GoldenStore(tmp_path)
+    capture(model, inputs, CheckSpec(name="t", dtypes=["float32"], drill=0), store, "cpu")
+    monkeypatch.setattr(direct, "THREADS_ON_CPU", True)
+    monkeypatch.setattr(direct, "CHOOSER", direct._Chooser())
+    real_flush = replay_mod._StatsQueue.flush
+
+    def slow_flush(self) -> None:
+        real_flush(self)
+        time.sleep(0.04)
+
+    monkeypatch.setattr(replay_mod._StatsQueue, "flush", slow_flush)
+    (res,) = replay(model, inputs, CheckSpec(name="t", dtypes=["float32"], drill=0, replay="fast", threads=0),
+                    store, "cpu")
+    assert res.passed
+    ((_, arms),) = direct.CHOOSER.samples.items()
+    (sample,) = arms[1]                     # the first pass tries one thread
+    shared = 5                              # layers 1-5: layer 0 is its class's first call
+    assert sample >= 0.04 / shared
