@@ -184,6 +184,7 @@ def test_graphed_judgement_reads_the_leaves_when_replayed(monkeypatch) -> None:
     from pytest_rocm_parity import stats_graph
 
     monkeypatch.setattr(stats_graph, "_CACHE", kernels._TableCache(4))
+    monkeypatch.setattr(stats_graph, "GRAPHS", True)
     leaves, lays = _leaves_two_groups()
     confs = [3.0, 2.0, 3.0]
     want = torch.tensor(_host_columns(leaves, lays, confs), dtype=torch.float64)
@@ -227,6 +228,7 @@ def test_repeated_passes_with_graphed_stats_still_blame_a_new_bug(tmp_path, monk
     from pytest_rocm_parity import stats_graph
 
     monkeypatch.setattr(stats_graph, "_CACHE", kernels._TableCache(4))
+    monkeypatch.setattr(stats_graph, "GRAPHS", True)
     torch.manual_seed(0)
     model = Net().to("cuda", torch.bfloat16)    # replayed in place (a model needing a cast is copied)
     x = torch.randn(8, 64, 256, generator=torch.Generator().manual_seed(1))
