@@ -22,7 +22,7 @@ from typing import Any
 from pytest_rocm_parity import kernels
 from pytest_rocm_parity.compare import NUMPY_OPS, ArrayOps, metric_columns
 
-GRAPHS = False    # capture launches seen twice: off until this version has run on a GPU (docs/benchmarks.md)
+GRAPHS = True     # capture launches seen twice (tests switch it off to compare with eager)
 NCOLS = 9         # metric_columns' 8, then 1.0 where the leaf's sums are finite
 
 
