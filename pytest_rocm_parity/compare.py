@@ -181,28 +181,35 @@ def metrics_many(items: list[tuple[str, int, Any, float]], unit_roundoff: float,
     same for 25 leaves as for one. The formulas are metric_columns' (docs/judging.md), which a GPU
     replay runs on the device instead (stats_graph.py).
     """
+    out: list[LeafMetrics | None] = [None] * len(items)
+    live = [i for i, it in enumerate(items) if it[1] > 0]
+    if not live:
+        return out
+    cols = columns_many([items[i][2] for i in live], [items[i][1] for i in live], [items[i][3] for i in live],
+                        unit_roundoff)
+    done = metrics_from_columns([items[i][0] for i in live], [items[i][1] for i in live], cols[:, :8])
+    for i, m, finite in zip(live, done, cols[:, 8].tolist()):
+        if finite or not check_finite:
+            out[i] = m
+    return out
+
+
+def columns_many(stats: list[Any], numels: list[int], confs: list[float], unit_roundoff: float) -> Any:
+    """(L, 9) float64 on the host: metric_columns' eight per leaf, then 1.0 where the leaf's sums
+    are finite; ``stats``: each leaf's (nb, 8) block statistics (numpy). Leaves of one block count
+    are computed together."""
     import numpy as np
 
-    out: list[LeafMetrics | None] = [None] * len(items)
+    out = np.zeros((len(stats), 9))
     groups: dict[int, list[int]] = {}
-    for i, (_, n, st, _) in enumerate(items):
-        if n > 0:
-            groups.setdefault(len(st), []).append(i)
-    for nb, idx in list(groups.items()):
-        st = np.stack([items[i][2] for i in idx])                  # (L, nb, 8)
-        if check_finite:   # stats_finite, for the whole group at once
-            ok = np.isfinite(st[:, :, :5]).all(axis=(1, 2))
-            if not ok.all():
-                idx = [i for i, good in zip(idx, ok.tolist()) if good]
-                st = st[ok]
-                if not idx:
-                    continue
-        numel = np.array([float(items[i][1]) for i in idx])
-        conf = np.array([items[i][3] for i in idx])
+    for i, st in enumerate(stats):
+        groups.setdefault(len(st), []).append(i)
+    for idx in groups.values():
+        st = np.stack([stats[i] for i in idx])                      # (L, nb, 8)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            cols = metric_columns(st, numel, conf, unit_roundoff, NUMPY_OPS)
-        for i, m in zip(idx, metrics_from_columns([items[i][0] for i in idx], [items[i][1] for i in idx], cols)):
-            out[i] = m
+            out[idx, :8] = metric_columns(st, np.array([float(numels[i]) for i in idx]),
+                                          np.array([confs[i] for i in idx]), unit_roundoff, NUMPY_OPS)
+        out[idx, 8] = np.isfinite(st[:, :, :5]).all(axis=(1, 2))
     return out
 
 

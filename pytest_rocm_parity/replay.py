@@ -470,9 +470,9 @@ class _StatsQueue:
     Why: a large model's forward is often bound by the host launching kernels, so every microsecond
     a hook spends is a microsecond of replay. A hook only records what to compare (references, no
     copies, no kernels); flush(), after the pass, computes every queued leaf's statistics with one
-    Triton launch per dtype combination (kernels.block_stats_many) and the judging formulas on the
-    device, a CUDA graph from the third pass over a loaded golden (stats_graph.py), and reads them
-    back at once. The candidate tensors stay referenced until then
+    Triton launch per dtype combination (kernels.block_stats_many) and, on a GPU, the judging
+    formulas there too, as one CUDA graph from the third time a leaf signature is judged in this
+    process (stats_graph.py), and reads the results back at once. The candidate tensors stay referenced until then
     (also for the masked path of non-finite values and the failing-tensor export), up to HOLD_BYTES,
     past which the queue flushes early. On the CPU there is nothing to overlap: each leaf is judged
     at once.
