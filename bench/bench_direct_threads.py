@@ -1,6 +1,10 @@
 """A fast replay pass with its direct calls shared by 1..N host threads, beside the plain forward.
 
     python bench/bench_direct_threads.py --device cuda --models 1b,8b --workers 1,2,3,4 --out threads.json
+    python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --launch-mb 0,32,128
+
+``--launch-mb``: arms with replay._StatsQueue.LAUNCH_BYTES set (MiB of candidate outputs that start
+a part of the statistics during the pass; 0: every statistic at the flush, as before session 6).
 
 Each isolated call takes golden inputs, so a level's calls are independent; direct.run_level runs
 shares of them on host threads with a CUDA stream each (--parity-threads, CheckSpec.threads). This
@@ -21,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--models", default="1b")
     p.add_argument("--workers", default="1,2,3,4", help="thread counts, comma-separated; auto for the choice")
+    p.add_argument("--launch-mb", default="", help="LAUNCH_BYTES arms in MiB, comma-separated; default: the code's")
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
@@ -32,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     from pytest_rocm_parity.capture import capture
     from pytest_rocm_parity.engine import CheckSpec, _run
     from pytest_rocm_parity.golden import GoldenStore, RungReader
-    from pytest_rocm_parity.replay import prepare_rung
+    from pytest_rocm_parity import direct
+    from pytest_rocm_parity.replay import _StatsQueue, prepare_rung
 
     rows: list[dict[str, Any]] = []
     for name in a.models.split(","):
@@ -47,21 +53,37 @@ def main(argv: list[str] | None = None) -> int:
         reader = RungReader(store.rung_file(name, manifest, "bfloat16"), a.device)
         ratios: dict[int, dict[str, float]] = {}
         fns: dict[str, Any] = {"forward": lambda m=model: _run(m, (), dev_inputs)}
+        default = _StatsQueue.LAUNCH_BYTES
+        launches = [int(float(x) * (1 << 20)) for x in a.launch_mb.split(",")] if a.launch_mb else [default]
         for w in [0 if x == "auto" else int(x) for x in a.workers.split(",")]:   # 0: --parity-threads=auto
-            sp = CheckSpec(name=name, dtypes=["bfloat16"], drill=0, replay="fast", threads=w)
-            one = prepare_rung(model, sp, manifest, meta, reader, "bfloat16", a.device,
-                               {"args": (), "kwargs": inputs}, keep_loaded=True)
-            res = one()
-            ratios[w] = {l.name: l.iso.ratio for l in res.layers if l.iso}
-            fns[f"pass_w{w}"] = one
+            for lb in launches:
+                sp = CheckSpec(name=name, dtypes=["bfloat16"], drill=0, replay="fast", threads=w)
+                one = prepare_rung(model, sp, manifest, meta, reader, "bfloat16", a.device,
+                                   {"args": (), "kwargs": inputs}, keep_loaded=True)
+
+                def arm(one: Any = one, lb: int = lb) -> Any:
+                    _StatsQueue.LAUNCH_BYTES = lb
+                    try:
+                        return one()
+                    finally:
+                        _StatsQueue.LAUNCH_BYTES = default
+                res = arm()
+                ratios[(w, lb)] = {l.name: l.iso.ratio for l in res.layers if l.iso}
+                fns[f"pass_w{w}" + (f"_l{lb >> 20}" if len(launches) > 1 else "")] = arm
         got = interleaved(fns, a.device, a.reps)
         row: dict[str, Any] = {"model": name, **{f"{k}_ms": v * 1e3 for k, v in got.items()}}
         for k, v in got.items():
             if k != "forward":
                 row[f"{k}_x"] = v / got["forward"]
         base = ratios[min(ratios)]
-        row["same_ratios"] = {w: all(abs(r[k] - base[k]) <= 1e-6 * max(1.0, abs(base[k])) for k in base)
-                              for w, r in ratios.items()}
+        row["same_ratios"] = {f"w{w}_l{lb >> 20}": all(abs(r[k] - base[k]) <= 1e-6 * max(1.0, abs(base[k]))
+                                                       for k in base)
+                              for (w, lb), r in ratios.items()}
+        # what --parity-threads=auto measured (seconds per call, per arm) and how often it chose
+        row["auto_samples"] = {str(k): {arm: [round(x * 1e6, 2) for x in v] for arm, v in s.items()}
+                               for k, s in direct.CHOOSER.samples.items()}
+        row["auto_picks"] = {str(k): v for k, v in direct.CHOOSER.picks.items()}
+        row["launch_bytes_default"] = default
         rows.append(row)
         print(json.dumps(row), flush=True)
         reader.release()

@@ -1,6 +1,6 @@
 """Where the wall time of one fast replay pass goes, phase by phase, beside the plain forward.
 
-    python bench/diag_fast_pass.py --device cuda --model 1b [--threads 1] [--profile prof.txt]
+    python bench/diag_fast_pass.py --device cuda --model 1b [--threads 1] [--launch-mb 32] [--profile prof.txt]
 
 Wraps the pass's phases (golden preload check, the hooked forward, the statistics flush and its
 parts, the judgement) with host timers and runs passes interleaved with plain forwards; prints the
@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="1b")
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--threads", default="auto", help="--parity-threads: auto or a count")
+    p.add_argument("--launch-mb", type=float, default=None,
+                   help="_StatsQueue.LAUNCH_BYTES in MiB (0: every statistic at the flush); default: the code's")
     p.add_argument("--profile", default=None, help="write cProfile's host-time tables here")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
@@ -41,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     from pytest_rocm_parity.engine import CheckSpec, _run
     from pytest_rocm_parity.golden import GoldenStore, RungReader
 
+    if a.launch_mb is not None:
+        rp._StatsQueue.LAUNCH_BYTES = int(a.launch_mb * (1 << 20))
     model = build(a.model, a.device)
     ids = torch.randint(0, model.config.vocab_size, (4, 512), generator=torch.Generator().manual_seed(0))
     inputs = {"input_ids": ids, "use_cache": False}
@@ -71,10 +75,19 @@ def main(argv: list[str] | None = None) -> int:
     rp.run_level = timed("isolated calls (direct)", rp.run_level)
     rp.prepare_rung = timed("setup (prepare_rung)", rp.prepare_rung)
     rp._StatsQueue.flush = timed("flush", rp._StatsQueue.flush)
-    rp._StatsQueue._judge = timed("flush: statistics and formulas", rp._StatsQueue._judge)
-    stats_graph.judge_on_device = timed("flush: on the device (stats_graph)", stats_graph.judge_on_device)
+    parts_per_pass: list[int] = []        # leaves per started part, in the last pass
+    real_launch = rp._StatsQueue._launch
+
+    def counted(self: Any, items: list[Any]) -> Any:
+        parts_per_pass.append(len(items))
+        return real_launch(self, items)
+    rp._StatsQueue._launch = counted
+    rp._StatsQueue._launch = timed("statistics started (parts, during the calls and at the flush)",
+                                   rp._StatsQueue._launch)
+    stats_graph.start = timed("  of which stats_graph.start", stats_graph.start)
+    stats_graph.Pending.columns = timed("flush: waiting for the device, reading back", stats_graph.Pending.columns)
     stats_graph.columns_many = timed("flush: formulas in numpy (not a graph yet)", stats_graph.columns_many)
-    kernels.block_stats_many = timed("flush: block_stats_many (not a graph yet)", kernels.block_stats_many)
+    kernels.block_stats_many = timed("block_stats_many (not a graph yet)", kernels.block_stats_many)
     rp.metrics_many = timed("flush: metrics_many (CPU path)", rp.metrics_many)
     puts: list[str] = []
     real_put = stats_graph._CACHE.put
@@ -86,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     rp.walk_model = timed("walk_model", rp.walk_model)
 
     def one_pass() -> None:
+        parts_per_pass.clear()
         rp._replay_rung(model, spec, manifest, meta, reader, "bfloat16", a.device, tmpl, keep_loaded=True)
 
     for _ in range(3):
@@ -110,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     rows.update({k: statistics.median(v) for k, v in phases.items()})
     for k, v in rows.items():
         print(f"{k:40s} {v * 1e3:8.3f} ms")
-    graphs = {"cache puts": puts, "capture errors": stats_graph.CAPTURE_ERRORS}
+    graphs = {"cache puts": puts, "capture errors": stats_graph.CAPTURE_ERRORS,
+              "launch bytes": rp._StatsQueue.LAUNCH_BYTES, "parts per pass": parts_per_pass}
     print(json.dumps(graphs))
     if a.profile:
         import cProfile

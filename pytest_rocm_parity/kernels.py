@@ -133,25 +133,32 @@ class ManyLaunch:
         for codes, idx in _groups(leaves).items():
             ptr_rows = [[leaves[i][k].data_ptr() for i in idx] for k in range(3)]
             dev_table, n_blk, kmax, rows = _table(ptr_rows, idx, leaves, layouts, row0, self.chunk, self.dev)
-            staged = torch.empty(3 * len(idx), dtype=torch.int64, pin_memory=self.dev.type == "cuda")
-            self.groups.append((codes, idx, dev_table, n_blk, kmax, rows, staged))
+            self.groups.append((codes, idx, dev_table, n_blk, kmax, rows))
 
     def point_at(self, leaves: list[tuple[Any, Any, Any]]) -> None:
-        """Make the next run() read these leaves (of this launch's signature). The caller
-        synchronises between two calls (a replay pass does): the staging buffer is reused."""
-        for _codes, idx, dev_table, _n, _kmax, _rows, staged in self.groups:
+        """Make the next run() read these leaves (of this launch's signature), in stream order.
+
+        Each call stages the addresses in a pinned buffer of its own: torch's caching host
+        allocator keeps it from reuse until the copy has run, so two point_at/run pairs may be
+        queued before either runs (a replay starts several parts of one signature per pass).
+        """
+        import torch
+
+        pin = self.dev.type == "cuda"
+        for _codes, idx, dev_table, _n, _kmax, _rows in self.groups:
+            staged = torch.empty(3 * len(idx), dtype=torch.int64, pin_memory=pin)
             staged.numpy()[:] = [leaves[i][k].data_ptr() for k in range(3) for i in idx]
-            dev_table[:3 * len(idx)].copy_(staged, non_blocking=True)
+            dev_table[:3 * len(idx)].copy_(staged, non_blocking=pin)
 
     def run(self) -> Any:
         """The (total, 8) statistics of the leaves pointed at, asynchronously."""
         import torch
 
         if len(self.groups) == 1:
-            codes, idx, dev_table, n_blk, kmax, _rows, _s = self.groups[0]
+            codes, idx, dev_table, n_blk, kmax, _rows = self.groups[0]
             return _launch(dev_table, len(idx), n_blk, kmax, codes, self.chunk, self.dev)
         out = torch.empty((self.total, NCOLS), dtype=torch.float64, device=self.dev)
-        for codes, idx, dev_table, n_blk, kmax, rows, _s in self.groups:
+        for codes, idx, dev_table, n_blk, kmax, rows in self.groups:
             out[rows] = _launch(dev_table, len(idx), n_blk, kmax, codes, self.chunk, self.dev)
         return out
 

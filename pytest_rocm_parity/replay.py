@@ -469,23 +469,29 @@ class _StatsQueue:
 
     Why: a large model's forward is often bound by the host launching kernels, so every microsecond
     a hook spends is a microsecond of replay. A hook only records what to compare (references, no
-    copies, no kernels); flush(), after the pass, computes every queued leaf's statistics with one
-    Triton launch per dtype combination (kernels.block_stats_many) and, on a GPU, the judging
-    formulas there too, as one CUDA graph from the third time a leaf signature is judged in this
-    process (stats_graph.py), and reads the results back at once. The candidate tensors stay referenced until then
-    (also for the masked path of non-finite values and the failing-tensor export), up to HOLD_BYTES,
-    past which the queue flushes early. On the CPU there is nothing to overlap: each leaf is judged
-    at once.
+    copies, no kernels). Once LAUNCH_BYTES of candidate outputs wait, their statistics start on the
+    device (stats_graph.start: the statistics kernel and, on a GPU, the judging formulas, as one
+    CUDA graph from the third time a part's signature is seen in this process), so the device works
+    through them in the gaps a host-bound pass leaves while later modules are still being launched;
+    flush(), after the pass, starts the rest, waits once and reads every result. With all of it at
+    the end (session 5) the host waited 0.84 ms per 1.1B pass on the H200 for the statistics'
+    device time (docs/benchmarks.md). The candidate tensors stay referenced until the flush (also
+    for the masked path of non-finite values and the failing-tensor export), up to HOLD_BYTES, past
+    which the queue flushes early. On the CPU there is nothing to overlap: each leaf is judged at once.
     """
 
     HOLD_BYTES = 2 << 30
+    LAUNCH_BYTES = 32 << 20   # candidate bytes that start a part's statistics (0: all at the flush)
     DEFER_ON_CPU = False     # tests set it to run the queued path without a GPU
 
     def __init__(self, rung: str, u: float, obtained: dict[str, Any] | None) -> None:
         self.rung, self.u, self.obtained = rung, u, obtained
         self.items: list[tuple[list[Any], int, str, Any, Any, Any, Any, bool, str]] = []
         self.held = 0
-        self._stats_of: Callable[[], Any] = lambda: None   # the last _judge's block statistics, on the host
+        self.waiting = 0    # candidate bytes queued since the last part started
+        # (first item, end, results): parts started; results() gives each item's metrics (None:
+        # sums not finite, the masked path's) once the device is done
+        self.parts: list[tuple[int, int, Callable[[], list[LeafMetrics | None]]]] = []
 
     def add(self, sink: list[Any], leaf: str, c: Any, ref: Any, res: Any, tol: Tolerance, isolated: bool,
             tag: str, snapshot: bool = True) -> None:
@@ -505,15 +511,82 @@ class _StatsQueue:
         if snapshot or not c.is_contiguous():
             c = c.clone(memory_format=torch.contiguous_format)
         self.items.append((sink, len(sink) - 1, leaf, c, ref, res, tol, isolated, tag))
-        self.held += c.numel() * c.element_size()
+        size = c.numel() * c.element_size()
+        self.held += size
+        self.waiting += size
         if self.held > self.HOLD_BYTES:
             self.flush()
+        elif self.LAUNCH_BYTES and self.waiting >= self.LAUNCH_BYTES:
+            self._start()
 
     def discard(self, mark: int) -> None:
         """Forget the items queued since ``mark`` (their pass is repeated)."""
+        if self.parts and self.parts[-1][1] > mark:
+            # a part reading them is under way: let it finish before they may be freed (a part
+            # keeps its results for the items before mark)
+            self._wait()
+            self.parts = [(a, min(b, mark), got) for a, b, got in self.parts if a < mark]
         for it in self.items[mark:]:
             self.held -= it[3].numel() * it[3].element_size()
         del self.items[mark:]
+        self.waiting = sum(it[3].numel() * it[3].element_size() for it in self.items[self._started():])
+
+    def _started(self) -> int:
+        return self.parts[-1][1] if self.parts else 0
+
+    def _wait(self) -> None:
+        import torch
+
+        dev = self.items[0][4].device
+        if dev.type == "cuda":
+            torch.cuda.current_stream(dev).synchronize()
+
+    def _start(self) -> None:
+        """Start the statistics of the items queued since the last part (nothing waits)."""
+        a, b = self._started(), len(self.items)
+        if a < b:
+            self.parts.append((a, b, self._launch(self.items[a:b])))
+        self.waiting = 0
+
+    def _launch(self, items: list[Any]) -> Callable[[], list[LeafMetrics | None]]:
+        """The statistics of ``items`` started; the function that reads their metrics. On a GPU the
+        statistics and the judging formulas run on the device (stats_graph.py); elsewhere the
+        statistics are computed here and the formulas run in numpy (compare.metrics_many)."""
+        import torch
+
+        from pytest_rocm_parity import kernels
+        from pytest_rocm_parity.compare import block_layout
+
+        dev = items[0][4].device
+        # c is contiguous (add); the kernel reads each leaf flat through its pointer, so contiguous
+        # leaves go as they are (a view per tensor is host time on every module)
+        flat = [(c if c.device == dev else c.to(dev), ref, res) for _s, _i, _l, c, ref, res, *_ in items]
+        layouts = [block_layout(int(it[4].numel())) for it in items]
+        if self._on_device(dev, flat):
+            from pytest_rocm_parity import stats_graph
+
+            try:
+                pending = stats_graph.start(flat, layouts, [it[6].confidence for it in items], self.u)
+            except Exception as exc:   # a Triton that cannot compile the kernel here: the torch path
+                kernels.disable_triton(exc)
+            else:
+                def results() -> list[LeafMetrics | None]:
+                    cols = pending.columns()
+                    done = metrics_from_columns([it[2] for it in items], [int(it[4].numel()) for it in items],
+                                                cols[:, :8])
+                    return [m if ok else None for m, ok in zip(done, (cols[:, 8] > 0).tolist())]
+                return results
+        stats = torch.cat([block_stats(c.reshape(-1), r.reshape(-1), e.reshape(-1)).to(dev) for c, r, e in flat])
+
+        def on_host() -> list[LeafMetrics | None]:   # read back at the flush: one wait per pass here too
+            host = stats.to("cpu").numpy()
+            parts, row = [], 0
+            for nb, _ in layouts:
+                parts.append(host[row:row + nb])
+                row += nb
+            return metrics_many([(it[2], int(it[4].numel()), part, it[6].confidence)
+                                 for it, part in zip(items, parts)], self.u)
+        return on_host
 
     def _on_device(self, dev: Any, flat: list[tuple[Any, Any, Any]]) -> bool:
         from pytest_rocm_parity import kernels
@@ -521,60 +594,21 @@ class _StatsQueue:
         return (dev.type == "cuda" and kernels.triton_usable()
                 and all(r.device == dev and e.device == dev and kernels.many_supported(c, r, e) for c, r, e in flat))
 
-    def _judge(self) -> list[LeafMetrics | None]:
-        """Metrics of every queued leaf, in order (None: sums not finite, the masked path's), and
-        each leaf's block statistics. One synchronisation: on a GPU the statistics and the judging
-        formulas run on the device (stats_graph.py); elsewhere the statistics are read back and the
-        formulas run in numpy (compare.metrics_many)."""
-        import torch
-
-        from pytest_rocm_parity import kernels
-        from pytest_rocm_parity.compare import block_layout
-
-        dev = self.items[0][4].device
-        # c is contiguous (add); the kernel reads each leaf flat through its pointer, so contiguous
-        # leaves go as they are (a view per tensor is host time on every module)
-        flat = [(c if c.device == dev else c.to(dev), ref, res) for _s, _i, _l, c, ref, res, *_ in self.items]
-        layouts = [block_layout(int(it[4].numel())) for it in self.items]
-        if self._on_device(dev, flat):
-            from pytest_rocm_parity import stats_graph
-
-            try:
-                cols, self._stats_of = stats_graph.judge_on_device(
-                    flat, layouts, [it[6].confidence for it in self.items], self.u)
-            except Exception as exc:   # a Triton that cannot compile the kernel here: the torch path
-                kernels.disable_triton(exc)
-            else:
-                done = metrics_from_columns([it[2] for it in self.items], [int(it[4].numel()) for it in self.items],
-                                            cols[:, :8])
-                return [m if ok else None for m, ok in zip(done, (cols[:, 8] > 0).tolist())]
-        host = torch.cat([block_stats(c.reshape(-1), r.reshape(-1), e.reshape(-1)).to(dev)
-                          for c, r, e in flat]).to("cpu").numpy()
-        self._stats_of = lambda: host
-        parts, row = [], 0
-        for nb, _ in layouts:
-            parts.append(host[row:row + nb])
-            row += nb
-        return metrics_many([(it[2], int(it[4].numel()), part, it[6].confidence) for it, part in zip(self.items, parts)],
-                            self.u)
-
     def flush(self) -> None:
         if not self.items:
             return
-        from pytest_rocm_parity.compare import block_layout
-
-        done = self._judge()
-        row, stats = 0, None
+        self._start()
+        done: list[LeafMetrics | None] = []
+        for a, b, results in self.parts:
+            done += results()[:b - a]
         for (sink, i, leaf, c, ref, res, tol, isolated, tag), m in zip(self.items, done):
-            nb = block_layout(int(ref.numel()))[0]
             if m is None:   # a non-finite sum: the masked path, on the tensors still held
-                stats = self._stats_of() if stats is None else stats
-                m = residual_metrics(leaf, c, ref, res, self.u, tol.confidence, tol.nan, stats=stats[row:row + nb])
-            row += nb
+                m = residual_metrics(leaf, c, ref, res, self.u, tol.confidence, tol.nan)
             sink[i] = m
             self.keep_if_failing(m, c, tol, isolated, tag)
         self.items.clear()
-        self.held = 0
+        self.parts.clear()
+        self.held = self.waiting = 0
 
     def keep_if_failing(self, m: LeafMetrics, c: Any, tol: Tolerance, isolated: bool, tag: str) -> None:
         """Keep a host copy of a leaf that fails, for the failing-tensor export (--parity-report)."""

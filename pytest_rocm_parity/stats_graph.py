@@ -72,24 +72,44 @@ class _Launch:
 
 
 class _Graphed:
-    def __init__(self, graph: Any, launch: _Launch, host: Any) -> None:
-        self.graph, self.launch, self.host = graph, launch, host
+    def __init__(self, graph: Any, launch: _Launch) -> None:
+        self.graph, self.launch = graph, launch
+
+
+class Pending:
+    """One launch's results on their way to the host: columns() waits for them (and nothing else).
+
+    Why apart from the launch: a replay starts the statistics of the leaves queued so far while
+    later modules still run (replay._StatsQueue), and reads them all after one wait at the end.
+    """
+
+    def __init__(self, host: Any, event: Any, columns_of: Any = None) -> None:
+        self._host, self._event, self._columns_of = host, event, columns_of
+
+    def columns(self) -> Any:
+        """(L, NCOLS) numpy: metric_columns' 8, then 1.0 where the leaf's sums are finite."""
+        if self._event is not None:
+            self._event.synchronize()
+        host = self._host.numpy()
+        return self._columns_of(host) if self._columns_of is not None else host.copy()
 
 
 _SEEN, _FAILED = "seen", "failed"
-_CACHE = kernels._TableCache(4)      # key -> _Graphed, _SEEN or _FAILED
+# key -> _Graphed, _SEEN or _FAILED. A replay that starts its statistics in parts (replay._StatsQueue)
+# has one signature per part; parts of the same signature (a run of identical blocks) share a graph
+CACHE_SIZE = 32
+_CACHE = kernels._TableCache(CACHE_SIZE)
 _STREAMS: dict[Any, Any] = {}
 TORCH_OPS: Any = None
 CAPTURE_ERRORS: list[str] = []      # the last few failed captures, newest first
 
 
-def judge_on_device(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int, int]], confs: list[float],
-                    unit_roundoff: float) -> tuple[Any, Any]:
-    """(columns, block statistics) on the host: (L, NCOLS) numpy, and a function that reads the
-    (sum of nb, 8) statistics back when a leaf's sums are not finite (its masked path needs them).
+def start(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int, int]], confs: list[float],
+          unit_roundoff: float) -> Pending:
+    """Queue the statistics and judging columns of ``leaves`` on the current stream; nothing waits.
 
-    ``leaves``: (candidate, reference, residual) contiguous, on one GPU, of block_stats_many's dtypes.
-    Synchronises once.
+    ``leaves``: (candidate, reference, residual) contiguous, on one GPU, of block_stats_many's dtypes;
+    they must stay alive (and unwritten) until the Pending's columns() returns.
     """
     import torch
 
@@ -104,23 +124,51 @@ def judge_on_device(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int,
     if isinstance(got, _Graphed):
         got.launch.many.point_at(leaves)
         got.graph.replay()
-        got.host.copy_(got.launch.out, non_blocking=True)
-        torch.cuda.current_stream(dev).synchronize()
-        stats = got.launch.stats
-        return got.host.numpy().copy(), lambda: stats.cpu().numpy()
-    # not (yet) a graph: the statistics read back, the formulas in numpy (launching them one by
+        # a host buffer per start: the graph's own output is overwritten by its next replay, which
+        # may come before this one is read (two parts of one signature in a pass)
+        return Pending(_to_host(got.launch.out), _recorded(dev))
+    # not (yet) a graph: the statistics come back, the formulas run in numpy (launching them one by
     # one on the device would cost the host more than numpy does)
-    host = kernels.block_stats_many(leaves, layouts).cpu().numpy()
+    host = _to_host(kernels.block_stats_many(leaves, layouts))
     starts = [0]
     for nb, _ in layouts:
         starts.append(starts[-1] + nb)
-    cols = columns_many([host[a:b] for a, b in zip(starts, starts[1:])], [int(c.numel()) for c, _, _ in leaves],
-                        confs, unit_roundoff)
+    numels = [int(c.numel()) for c, _, _ in leaves]
+
+    def columns_of(stats: Any) -> Any:
+        return columns_many([stats[a:b] for a, b in zip(starts, starts[1:])], numels, confs, unit_roundoff)
     if got is None:
         _CACHE.put(key, _SEEN)
     elif got == _SEEN and GRAPHS and dev.type == "cuda":
         _CACHE.put(key, _capture(_Launch(leaves, layouts, confs, dev), unit_roundoff, dev))
-    return cols, lambda: host
+    return Pending(host, _recorded(dev), columns_of)
+
+
+def judge_on_device(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int, int]], confs: list[float],
+                    unit_roundoff: float) -> Any:
+    """start(...).columns(): the (L, NCOLS) columns now (one wait)."""
+    return start(leaves, layouts, confs, unit_roundoff).columns()
+
+
+def _to_host(t: Any) -> Any:
+    """``t`` copied to the host in stream order (pinned on a GPU, so the copy does not wait)."""
+    import torch
+
+    if t.device.type != "cuda":
+        return t
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host
+
+
+def _recorded(dev: Any) -> Any:
+    import torch
+
+    if dev.type != "cuda":
+        return None
+    ev = torch.cuda.Event()
+    ev.record(torch.cuda.current_stream(dev))
+    return ev
 
 
 def _capture(launch: _Launch, unit_roundoff: float, dev: Any) -> Any:
@@ -145,4 +193,4 @@ def _capture(launch: _Launch, unit_roundoff: float, dev: Any) -> Any:
         return _FAILED
     finally:
         main.wait_stream(stream)
-    return _Graphed(graph, launch, torch.empty(launch.out.shape, dtype=torch.float64, pin_memory=True))
+    return _Graphed(graph, launch)

@@ -4,7 +4,9 @@
 # "c": tests, the fast pass's phases at 1.1B, tiny and 1.1B with profiles; "b": tests, tiny, 1.1B
 # and 8B, the phases at 1.1B; "d" (what docs/benchmarks.md reports since session 4): "b" with the
 # direct calls' thread sweep (1, 2 and auto since session 5); "e": d's parts in another order,
-# without the 8B capture benchmark; "f": e at 1.1B only (session 5's device time). Results under $OUT.
+# without the 8B capture benchmark; "f": e at 1.1B only (session 5's device time); "g": f with the
+# statistics started in parts during the pass, LAUNCH_BYTES arms beside the old flush (session 6).
+# Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
 cd "$(dirname "$0")/.."
@@ -70,6 +72,16 @@ if [[ "$part" == f ]]; then   # session 5, short: the GPU tests, the 1.1B thread
   echo "diag rc=$?" >> "$L/env.txt"; cat "$L/diag_1b.log"
   timeout 100 python bench/bench_parity.py --device cuda --models 1b --reps 15 --out "$L/bench_f.json" > "$L/bench_f.log" 2>&1
   echo "bench 1b rc=$?" >> "$L/env.txt"
+fi
+if [[ "$part" == g ]]; then   # session 6: statistics started in parts during the pass (LAUNCH_BYTES arms, 0 = before)
+  timeout 120 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu -o addopts="" > "$L/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?" >> "$L/env.txt"
+  timeout 150 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,2,auto --launch-mb 0,16,32,128 --out "$L/threads.json" > "$L/threads.log" 2>&1
+  echo "threads rc=$?" >> "$L/env.txt"; cat "$L/threads.log"
+  timeout 60 python bench/diag_fast_pass.py --device cuda --model 1b --threads 1 --out "$L/diag_1b.json" > "$L/diag_1b.log" 2>&1
+  echo "diag rc=$?" >> "$L/env.txt"; cat "$L/diag_1b.log"
+  timeout 150 python bench/bench_parity.py --device cuda --models tiny,1b --reps 15 --out "$L/bench_g.json" > "$L/bench_g.log" 2>&1
+  echo "bench tiny,1b rc=$?" >> "$L/env.txt"
 fi
 cat "$L/env.txt"
 tail -3 "$L/gpu_tests.log" 2>/dev/null

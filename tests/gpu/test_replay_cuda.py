@@ -178,7 +178,7 @@ def _host_columns(leaves: list[tuple[torch.Tensor, ...]], lays: list[tuple[int, 
 
 
 def test_graphed_judgement_reads_the_leaves_when_replayed(monkeypatch) -> None:
-    """stats_graph.judge_on_device: eager the first time, captured the second, a graph from the
+    """stats_graph.start: eager the first time, captured the second, a graph from the
     third; the graph's columns are those of the values in the leaves at replay (written in place
     since capture), never those seen at capture. Two dtype groups, two block counts."""
     from pytest_rocm_parity import stats_graph
@@ -189,7 +189,7 @@ def test_graphed_judgement_reads_the_leaves_when_replayed(monkeypatch) -> None:
     confs = [3.0, 2.0, 3.0]
     want = torch.tensor(_host_columns(leaves, lays, confs), dtype=torch.float64)
     for _ in range(3):
-        cols, _stats = stats_graph.judge_on_device(leaves, lays, confs, 2.0**-8)
+        cols = stats_graph.judge_on_device(leaves, lays, confs, 2.0**-8)
         torch.testing.assert_close(torch.from_numpy(cols[:, :8]), want, rtol=1e-5, atol=1e-30)
         assert (cols[:, 8] == 1.0).all()
     assert sum(isinstance(v, stats_graph._Graphed) for v in stats_graph._CACHE._d.values()) == 1
@@ -198,14 +198,38 @@ def test_graphed_judgement_reads_the_leaves_when_replayed(monkeypatch) -> None:
     torch.cuda.synchronize()
     want2 = torch.tensor(_host_columns(leaves, lays, confs), dtype=torch.float64)
     assert not torch.allclose(want2, want)
-    cols2, _stats = stats_graph.judge_on_device(leaves, lays, confs, 2.0**-8)
+    cols2 = stats_graph.judge_on_device(leaves, lays, confs, 2.0**-8)
     torch.testing.assert_close(torch.from_numpy(cols2[:, :8]), want2, rtol=1e-5, atol=1e-30)
     # other tensors of the same signature (as a next pass's outputs, at other addresses): the same
     # graph, pointed at them
     moved = [(r.double().mul(1 + 1e-2).to(c.dtype), r, e) for c, r, e in leaves]
     want3 = torch.tensor(_host_columns(moved, lays, confs), dtype=torch.float64)
-    cols3, _stats = stats_graph.judge_on_device(moved, lays, confs, 2.0**-8)
+    cols3 = stats_graph.judge_on_device(moved, lays, confs, 2.0**-8)
     torch.testing.assert_close(torch.from_numpy(cols3[:, :8]), want3, rtol=1e-5, atol=1e-30)
+    assert sum(isinstance(v, stats_graph._Graphed) for v in stats_graph._CACHE._d.values()) == 1
+
+
+def test_two_parts_of_one_signature_started_before_either_is_read(monkeypatch) -> None:
+    """A replay starts a part of its statistics per few modules, and a run of identical blocks gives
+    parts of one signature: the same graph replayed twice before the flush reads either. Each part
+    must get its own leaves' columns (its own address table staging and host buffer)."""
+    from pytest_rocm_parity import stats_graph
+
+    monkeypatch.setattr(stats_graph, "_CACHE", kernels._TableCache(4))
+    monkeypatch.setattr(stats_graph, "GRAPHS", True)
+    leaves, lays = _leaves_two_groups()
+    confs = [3.0, 2.0, 3.0]
+    for _ in range(2):                          # eager, then captured
+        stats_graph.judge_on_device(leaves, lays, confs, 2.0**-8)
+    other = [(r.double().mul(1 + 2e-2).to(c.dtype), r, e) for c, r, e in leaves]
+    want1 = torch.tensor(_host_columns(leaves, lays, confs), dtype=torch.float64)
+    want2 = torch.tensor(_host_columns(other, lays, confs), dtype=torch.float64)
+    assert not torch.allclose(want1, want2)
+    torch.cuda.synchronize()
+    first = stats_graph.start(leaves, lays, confs, 2.0**-8)
+    second = stats_graph.start(other, lays, confs, 2.0**-8)
+    torch.testing.assert_close(torch.from_numpy(second.columns()[:, :8]), want2, rtol=1e-5, atol=1e-30)
+    torch.testing.assert_close(torch.from_numpy(first.columns()[:, :8]), want1, rtol=1e-5, atol=1e-30)
     assert sum(isinstance(v, stats_graph._Graphed) for v in stats_graph._CACHE._d.values()) == 1
 
 
@@ -220,15 +244,21 @@ def test_graphs_off_stay_eager(monkeypatch) -> None:
     assert not any(isinstance(v, stats_graph._Graphed) for v in stats_graph._CACHE._d.values())
 
 
-def test_repeated_passes_with_graphed_stats_still_blame_a_new_bug(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("launch", [None, 300_000])
+def test_repeated_passes_with_graphed_stats_still_blame_a_new_bug(tmp_path, monkeypatch, launch) -> None:
     """Passes 1-3 over one loaded golden (the third replays the captured statistics), then a weight
-    changed in place: the next pass, at the same addresses, fails and blames that block."""
+    changed in place: the next pass, at the same addresses, fails and blames that block. ``launch``
+    300 kB: a part of the statistics started every two modules (256 kB outputs), graphs of one
+    signature replayed several times a pass."""
+    from pytest_rocm_parity import replay as replay_mod
     from pytest_rocm_parity.replay import prepare_rung
 
     from pytest_rocm_parity import stats_graph
 
-    monkeypatch.setattr(stats_graph, "_CACHE", kernels._TableCache(4))
+    monkeypatch.setattr(stats_graph, "_CACHE", kernels._TableCache(stats_graph.CACHE_SIZE))
     monkeypatch.setattr(stats_graph, "GRAPHS", True)
+    if launch is not None:
+        monkeypatch.setattr(replay_mod._StatsQueue, "LAUNCH_BYTES", launch)
     torch.manual_seed(0)
     model = Net().to("cuda", torch.bfloat16)    # replayed in place (a model needing a cast is copied)
     x = torch.randn(8, 64, 256, generator=torch.Generator().manual_seed(1))

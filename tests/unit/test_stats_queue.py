@@ -53,21 +53,32 @@ def _summary(results: list[Any]) -> list[tuple[Any, ...]]:
     return out
 
 
-@pytest.mark.parametrize("hold", [2 << 30, 1])   # 1 byte: flush after every leaf
-def test_queued_path_equals_immediate_path(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, hold: int) -> None:
+# hold 1 byte: flush after every leaf. launch: the bytes that start a part's statistics during the
+# pass (0: all at the flush; 1: one part per leaf; 20000: parts of a few leaves, a 48-wide float32
+# output of 4 x 32 rows being 24576 bytes and a bfloat16 one 12288)
+@pytest.mark.parametrize("hold, launch", [(2 << 30, 0), (2 << 30, 1), (2 << 30, 20000), (1, 0)])
+def test_queued_path_equals_immediate_path(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, hold: int,
+                                           launch: int) -> None:
     model, x, spec, store = _setup(tmp_path)
     model.blocks[1][1].approximate = "tanh"        # a seeded bug, so failing layers are compared too
     immediate = replay(model, x, spec, store, "cpu")
     flushes: list[int] = []
-    real_flush = replay_mod._StatsQueue.flush
+    parts: list[int] = []
+    real_flush, real_launch = replay_mod._StatsQueue.flush, replay_mod._StatsQueue._launch
 
     def counting_flush(self: Any) -> None:
         flushes.append(len(self.items))
         real_flush(self)
 
+    def counting_launch(self: Any, items: list[Any]) -> Any:
+        parts.append(len(items))
+        return real_launch(self, items)
+
     monkeypatch.setattr(replay_mod._StatsQueue, "DEFER_ON_CPU", True)
     monkeypatch.setattr(replay_mod._StatsQueue, "HOLD_BYTES", hold)
+    monkeypatch.setattr(replay_mod._StatsQueue, "LAUNCH_BYTES", launch)
     monkeypatch.setattr(replay_mod._StatsQueue, "flush", counting_flush)
+    monkeypatch.setattr(replay_mod._StatsQueue, "_launch", counting_launch)
     queued = replay(model, x, spec, store, "cpu")
     assert _summary(queued) == _summary(immediate)
     assert any(not r.passed for r in queued) and queued[-1].culprit == "blocks.1.1"
@@ -75,6 +86,12 @@ def test_queued_path_equals_immediate_path(tmp_path: Any, monkeypatch: pytest.Mo
         assert max(flushes) == 1                    # early flushes: never more than one leaf waiting
     else:
         assert max(flushes) > 3                     # one flush per pass: every module queued
+    if launch == 0:
+        assert len(parts) == sum(1 for n in flushes if n)   # one part per flush with leaves, started by it
+    elif launch == 1:
+        assert set(parts) == {1} and sum(parts) == sum(flushes)
+    else:
+        assert len(parts) > len(flushes) and max(parts) > 1 and sum(parts) == sum(flushes)
 
 
 def test_queued_path_masks_non_finite_and_exports_failing_tensors(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -127,3 +144,41 @@ def test_a_failing_triton_kernel_falls_back_to_torch_with_one_warning(tmp_path: 
     assert torch.equal(got, want)
     compare.block_stats(c, r, e)        # disabled now: no second attempt, no second warning
     assert calls == [1]
+
+
+@pytest.mark.parametrize("launch_leaves", [1, 2])   # a part per leaf; a part over the kept and a discarded leaf
+def test_discard_forgets_started_parts_of_a_repeated_pass(monkeypatch: pytest.MonkeyPatch, launch_leaves: int) -> None:
+    """A pass repeated (a golden written in place) discards what it queued, though parts of it may
+    have started already: the flush then gives each kept and each new leaf its own metrics."""
+    from pytest_rocm_parity.compare import residual_metrics
+    from pytest_rocm_parity.tolerance import Tolerance
+
+    g = torch.Generator().manual_seed(0)
+    truth = torch.randn(4, 4096, dtype=torch.float64, generator=g)
+    ref = truth.float()
+    res = (truth - ref.double()).float()
+
+    def cand(i: int, scale: float) -> torch.Tensor:
+        return (truth[i] * (1 + scale * torch.randn(4096, dtype=torch.float64, generator=g))).float()
+
+    monkeypatch.setattr(replay_mod._StatsQueue, "DEFER_ON_CPU", True)
+    monkeypatch.setattr(replay_mod._StatsQueue, "LAUNCH_BYTES", launch_leaves * 4096 * 4)
+    tol = Tolerance()
+    q = replay_mod._StatsQueue("float32", 2.0**-24, None)
+    kept, old, new = cand(0, 1e-7), cand(1, 1e-2), cand(1, 1e-7)
+    sinks: dict[str, list[Any]] = {k: [] for k in "abc"}
+    q.add(sinks["a"], "a", kept, ref[0], res[0], tol, True, "a")
+    mark = len(q.items)
+    q.add(sinks["b"], "b", old, ref[1], res[1], tol, True, "b")          # the pass to repeat
+    q.add(sinks["c"], "c", cand(2, 1e-2), ref[2], res[2], tol, True, "c")
+    assert q.parts                                                       # started before the repeat
+    q.discard(mark)
+    sinks["b"], sinks["c"] = [], []
+    q.add(sinks["b"], "b", new, ref[1], res[1], tol, True, "b")          # the repeat
+    q.flush()
+    want_a = residual_metrics("a", kept, ref[0], res[0], 2.0**-24, tol.confidence)
+    want_b = residual_metrics("b", new, ref[1], res[1], 2.0**-24, tol.confidence)
+    assert sinks["a"][0].ratio == pytest.approx(want_a.ratio, rel=1e-9)
+    assert sinks["b"][0].ratio == pytest.approx(want_b.ratio, rel=1e-9)
+    assert sinks["b"][0].ratio < 10 < residual_metrics("b", old, ref[1], res[1], 2.0**-24).ratio
+    assert sinks["c"] == [] and not q.items and not q.parts
