@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                 one = prepare_rung(model, sp, manifest, meta, reader, "bfloat16", a.device,
                                    {"args": (), "kwargs": inputs}, keep_loaded=True)
 
-                def arm(one: Any = one, lb: int = lb) -> Any:
+                def arm(one: Any = one, lb: int = lb, default: int = default) -> Any:
                     _StatsQueue.LAUNCH_BYTES = lb
                     try:
                         return one()

@@ -123,7 +123,6 @@ class ManyLaunch:
     def __init__(self, leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int, int]],
                  chunk: int | None = None) -> None:
         import numpy as np
-        import torch
 
         self.chunk = chunk or CHUNK
         self.dev = leaves[0][0].device
