@@ -76,7 +76,7 @@ fi
 if [[ "$part" == g ]]; then   # session 6: statistics started in parts during the pass (LAUNCH_BYTES arms, 0 = before)
   timeout 120 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu -o addopts="" > "$L/gpu_tests.log" 2>&1
   echo "gpu tests rc=$?" >> "$L/env.txt"
-  timeout 150 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,2,auto --launch-mb 0,16,32,128 --out "$L/threads.json" > "$L/threads.log" 2>&1
+  timeout 220 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,2,auto --launch-mb 0,16,32,128 --out "$L/threads.json" > "$L/threads.log" 2>&1
   echo "threads rc=$?" >> "$L/env.txt"; cat "$L/threads.log"
   timeout 60 python bench/diag_fast_pass.py --device cuda --model 1b --threads 1 --out "$L/diag_1b.json" > "$L/diag_1b.log" 2>&1
   echo "diag rc=$?" >> "$L/env.txt"; cat "$L/diag_1b.log"
