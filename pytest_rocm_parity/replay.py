@@ -469,19 +469,21 @@ class _StatsQueue:
 
     Why: a large model's forward is often bound by the host launching kernels, so every microsecond
     a hook spends is a microsecond of replay. A hook only records what to compare (references, no
-    copies, no kernels). Once LAUNCH_BYTES of candidate outputs wait, their statistics start on the
-    device (stats_graph.start: the statistics kernel and, on a GPU, the judging formulas, as one
-    CUDA graph from the third time a part's signature is seen in this process), so the device works
-    through them in the gaps a host-bound pass leaves while later modules are still being launched;
-    flush(), after the pass, starts the rest, waits once and reads every result. With all of it at
-    the end (session 5) the host waited 0.84 ms per 1.1B pass on the H200 for the statistics'
-    device time (docs/benchmarks.md). The candidate tensors stay referenced until the flush (also
-    for the masked path of non-finite values and the failing-tensor export), up to HOLD_BYTES, past
-    which the queue flushes early. On the CPU there is nothing to overlap: each leaf is judged at once.
+    copies, no kernels). flush(), after the pass, starts the statistics on the device
+    (stats_graph.start: the statistics kernel and, on a GPU, the judging formulas, as one CUDA graph
+    from the third time a signature is seen in this process), waits once and reads every result.
+    With LAUNCH_BYTES set, a part starts whenever that many candidate bytes wait, so the device
+    works through it while later modules are still being launched. Measured on the H200 (session 6,
+    docs/benchmarks.md) that hid half the wait at the flush (0.84 -> 0.37 ms at 1.1B) but each part
+    cost about 0.2 ms of host time to start, so parts of 16-32 MiB made the pass slower and 128 MiB
+    gained nothing: off (0) until a part starts cheaply. The candidate tensors stay referenced until
+    the flush (also for the masked path of non-finite values and the failing-tensor export), up to
+    HOLD_BYTES, past which the queue flushes early. On the CPU there is nothing to overlap: each
+    leaf is judged at once.
     """
 
     HOLD_BYTES = 2 << 30
-    LAUNCH_BYTES = 32 << 20   # candidate bytes that start a part's statistics (0: all at the flush)
+    LAUNCH_BYTES = 0         # candidate bytes that start a part's statistics during the pass (0: all at the flush)
     DEFER_ON_CPU = False     # tests set it to run the queued path without a GPU
 
     def __init__(self, rung: str, u: float, obtained: dict[str, Any] | None) -> None:
