@@ -6,7 +6,7 @@ A replay starts a part of its statistics every _StatsQueue.LAUNCH_BYTES of outpu
 (stats_graph.start). On the H200 in session 6 a part cost about 0.2 ms of host time, more than
 the device time it hid, so the parts made the 1.1B pass slower (docs/benchmarks.md). This times
 each piece of a graphed start (address table rewrite, graph replay, copy to the host, event) and a
-graph of the statistics kernel alone, so the next step is chosen on figures.
+graph of the statistics kernel alone, host and device time, so the next step is chosen on figures.
 """
 from __future__ import annotations
 
@@ -75,6 +75,20 @@ def main(argv: list[str] | None = None) -> int:
         "eager block_stats_many, us": timed(lambda: kernels.block_stats_many(leaves, lays)),
         "pinned empty, us": timed(lambda: torch.empty(12, dtype=torch.int64, pin_memory=True)),
     }
+    def device_us(fn: Any) -> float:
+        """Device time of fn's work, from events around 50 back-to-back calls."""
+        fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(50):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e3 / 50
+
+    rows["device: graph (statistics and formulas), us"] = device_us(got.graph.replay)
+    rows["device: graph (statistics kernel alone), us"] = device_us(small.replay)
     row = {"leaves": a.leaves, "numel": a.numel, "torch": torch.__version__, **{k: round(v, 1) for k, v in rows.items()}}
     print(json.dumps(row, indent=1))
     if a.out:
