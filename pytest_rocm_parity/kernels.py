@@ -42,6 +42,44 @@ def triton_many_kernel() -> Any:
     return triton.jit(triton_stats.stats_many_kernel)
 
 
+@functools.lru_cache(maxsize=1)
+def triton_columns_kernel() -> Any:
+    import triton
+
+    from pytest_rocm_parity import triton_stats
+
+    return triton.jit(triton_stats.columns_kernel)
+
+
+def columns_meta(layouts: list[tuple[int, int]], numels: list[int], confs: list[float], dev: Any) -> tuple[Any, Any]:
+    """What columns_launch needs besides the sums, on ``dev``: int64 (first rows, block counts) and
+    float64 (element counts, confidences), each the leaves' values one after the other."""
+    import numpy as np
+    import torch
+
+    nbs = np.array([nb for nb, _ in layouts], dtype=np.int64)
+    ints = np.concatenate([np.cumsum(nbs) - nbs, nbs])
+    floats = np.array([float(n) for n in numels] + [float(c) for c in confs], dtype=np.float64)
+    return torch.from_numpy(ints).to(dev), torch.from_numpy(floats).to(dev)
+
+
+def columns_launch(stats: Any, meta: tuple[Any, Any], unit_roundoff: float) -> Any:
+    """(L, 9) float64: compare.metric_columns of every leaf (and the finite flag) from the (rows, 8)
+    block sums ``stats``, as one launch (triton_stats.columns_kernel); asynchronously."""
+    import torch
+
+    from pytest_rocm_parity.compare import JACKKNIFE_BLOCKS
+    from pytest_rocm_parity.tolerance import FLOOR_ULPS
+
+    ints, floats = meta
+    count = ints.numel() // 2
+    out = torch.empty((count, 9), dtype=torch.float64, device=stats.device)
+    nbmax = 1 << max(0, (JACKKNIFE_BLOCKS - 1).bit_length())
+    triton_columns_kernel()[(count,)](stats, ints[:count], ints[count:], floats[:count], floats[count:], out,
+                                      float(unit_roundoff * FLOOR_ULPS), NBMAX=nbmax)
+    return out
+
+
 _CODES = {"bfloat16": 0, "float16": 1, "float32": 2, "float64": 3}
 
 

@@ -31,6 +31,19 @@ from pytest_rocm_parity.compare import ArrayOps, columns_many, metric_columns
 
 GRAPHS = True     # capture launches seen twice (tests switch it off to compare with eager)
 NCOLS = 9         # metric_columns' 8, then 1.0 where the leaf's sums are finite
+# the judging formulas as one Triton launch (kernels.columns_launch) rather than torch ops (about
+# 90 small kernels) or numpy; the first failure (a Triton without float64 log/exp here, say) is
+# kept in COLUMNS_ERRORS and the formulas go back to torch on the device and numpy on the host
+COLUMNS_KERNEL = True
+COLUMNS_ERRORS: list[str] = []
+
+
+def _columns_kernel_usable() -> bool:
+    return COLUMNS_KERNEL and not COLUMNS_ERRORS
+
+
+def _columns_failed(exc: BaseException) -> None:
+    COLUMNS_ERRORS.append(f"{type(exc).__name__}: {exc}")
 
 
 class _Launch:
@@ -42,6 +55,14 @@ class _Launch:
         import torch
 
         self.count = len(leaves)    # no reference kept: a cached graph must not hold a pass's outputs
+        self.many = kernels.ManyLaunch(leaves, layouts)
+        self.stats: Any = None
+        self.out: Any = None
+        self.meta: Any = None
+        self.groups: list[Any] = []
+        if _columns_kernel_usable():   # compiled already: an eager judgement of this signature came first
+            self.meta = kernels.columns_meta(layouts, [int(c.numel()) for c, _, _ in leaves], confs, dev)
+            return
         groups: dict[int, list[int]] = {}
         for i, (nb, _) in enumerate(layouts):
             groups.setdefault(nb, []).append(i)
@@ -50,7 +71,6 @@ class _Launch:
             starts.append(row)
             row += nb
         f64 = dict(dtype=torch.float64, device=dev)
-        self.groups = []
         for nb, idx in groups.items():
             rows = [starts[i] + b for i in idx for b in range(nb)]
             contiguous = rows == list(range(rows[0], rows[0] + len(rows)))
@@ -58,15 +78,15 @@ class _Launch:
                                 None if contiguous else torch.tensor(rows, device=dev), rows[0],
                                 torch.tensor([float(leaves[i][0].numel()) for i in idx], **f64),
                                 torch.tensor([confs[i] for i in idx], **f64)))
-        self.many = kernels.ManyLaunch(leaves, layouts)
-        self.stats: Any = None
-        self.out: Any = None
 
     def run(self, unit_roundoff: float) -> None:
         """Queue the statistics and the columns on the current stream (nothing waits)."""
         import torch
 
         self.stats = self.many.run()
+        if self.meta is not None:
+            self.out = kernels.columns_launch(self.stats, self.meta, unit_roundoff)
+            return
         out = torch.empty((self.count, NCOLS), dtype=torch.float64, device=self.stats.device)
         for nb, pos, rows, row0, n, conf in self.groups:
             st = (self.stats[row0:row0 + len(pos) * nb] if rows is None else self.stats.index_select(0, rows))
@@ -133,9 +153,24 @@ def start(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int, int]], co
         # a host buffer per start: the graph's own output is overwritten by its next replay, which
         # may come before this one is read (two parts of one signature in a pass)
         return Pending(_to_host(got.launch.out), _recorded(dev))
-    # not (yet) a graph: the statistics come back, the formulas run in numpy (launching them one by
-    # one on the device would cost the host more than numpy does)
-    host = _to_host(kernels.block_stats_many(leaves, layouts))
+    # not (yet) a graph: the statistics, then the formulas in one launch; without that kernel the
+    # statistics come back and the formulas run in numpy (launching torch's ~90 small kernels one
+    # by one would cost the host more than numpy does)
+    stats = kernels.block_stats_many(leaves, layouts)
+    cols = None
+    if _columns_kernel_usable():
+        try:
+            cols = kernels.columns_launch(stats, kernels.columns_meta(
+                layouts, [int(c.numel()) for c, _, _ in leaves], confs, dev), unit_roundoff)
+        except Exception as exc:   # kept for bug reports; the numpy formulas judge the same
+            _columns_failed(exc)
+    if got is None:
+        _CACHE.put(key, _SEEN)
+    elif got == _SEEN and GRAPHS and dev.type == "cuda":
+        _CACHE.put(key, _capture(_Launch(leaves, layouts, confs, dev), unit_roundoff, dev))
+    if cols is not None:
+        return Pending(_to_host(cols), _recorded(dev))
+    host = _to_host(stats)
     starts = [0]
     for nb, _ in layouts:
         starts.append(starts[-1] + nb)
@@ -143,10 +178,6 @@ def start(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int, int]], co
 
     def columns_of(stats: Any) -> Any:
         return columns_many([stats[a:b] for a, b in zip(starts, starts[1:])], numels, confs, unit_roundoff)
-    if got is None:
-        _CACHE.put(key, _SEEN)
-    elif got == _SEEN and GRAPHS and dev.type == "cuda":
-        _CACHE.put(key, _capture(_Launch(leaves, layouts, confs, dev), unit_roundoff, dev))
     return Pending(host, _recorded(dev), columns_of)
 
 

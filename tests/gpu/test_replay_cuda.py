@@ -177,14 +177,18 @@ def _host_columns(leaves: list[tuple[torch.Tensor, ...]], lays: list[tuple[int, 
             for m in metrics_many(items, 2.0**-8)]
 
 
-def test_graphed_judgement_reads_the_leaves_when_replayed(monkeypatch) -> None:
+@pytest.mark.parametrize("columns_kernel", [True, False])
+def test_graphed_judgement_reads_the_leaves_when_replayed(monkeypatch, columns_kernel) -> None:
     """stats_graph.start: eager the first time, captured the second, a graph from the
     third; the graph's columns are those of the values in the leaves at replay (written in place
-    since capture), never those seen at capture. Two dtype groups, two block counts."""
+    since capture), never those seen at capture. Two dtype groups, two block counts. The judging
+    formulas as one Triton kernel (the default) and as torch ops (where that kernel failed)."""
     from pytest_rocm_parity import stats_graph
 
     monkeypatch.setattr(stats_graph, "_CACHE", kernels._TableCache(4))
     monkeypatch.setattr(stats_graph, "GRAPHS", True)
+    monkeypatch.setattr(stats_graph, "COLUMNS_KERNEL", columns_kernel)
+    monkeypatch.setattr(stats_graph, "COLUMNS_ERRORS", [])
     leaves, lays = _leaves_two_groups()
     confs = [3.0, 2.0, 3.0]
     want = torch.tensor(_host_columns(leaves, lays, confs), dtype=torch.float64)
@@ -207,6 +211,8 @@ def test_graphed_judgement_reads_the_leaves_when_replayed(monkeypatch) -> None:
     cols3 = stats_graph.judge_on_device(moved, lays, confs, 2.0**-8)
     torch.testing.assert_close(torch.from_numpy(cols3[:, :8]), want3, rtol=1e-5, atol=1e-30)
     assert sum(isinstance(v, stats_graph._Graphed) for v in stats_graph._CACHE._d.values()) == 1
+    graphed = next(v for v in stats_graph._CACHE._d.values() if isinstance(v, stats_graph._Graphed))
+    assert (graphed.launch.meta is not None) == columns_kernel and stats_graph.COLUMNS_ERRORS == []
 
 
 def test_two_parts_of_one_signature_started_before_either_is_read(monkeypatch) -> None:

@@ -98,6 +98,64 @@ def test_device_judgement_in_the_interpreter_equals_the_host_formulas() -> None:
             assert finite and rel is not None and rel < 1e-5, (k, rel)   # the kernel's float32 sums
 
 
+COLUMNS_SCRIPT = textwrap.dedent('''
+    import json, math, numpy as np, torch
+    from pytest_rocm_parity import kernels, stats_graph
+    from pytest_rocm_parity.compare import block_layout, columns_many
+    rng = np.random.default_rng(0)
+    # 64 blocks and fewer, one block, a short last block; an infinite sum; all zeros (exact
+    # agreement); no reference error (the floor decides); a candidate without error
+    sizes = [70001, 5, 4097, 1, 63, 300, 128, 65, 64]   # 65: a short last block (33 of 2)
+    stats = []
+    for k, n in enumerate(sizes):
+        nb, _ = block_layout(n)
+        st = np.abs(rng.standard_normal((nb, 8)))
+        st[:, 5:7] = rng.integers(0, 50, (nb, 2))
+        if k == 4:
+            st[2, 0] = math.inf
+        if k == 6:
+            st[:] = 0.0
+        if k == 7:
+            st[:, 1] = 0.0
+        if k == 8:
+            st[:, 0] = 0.0
+        stats.append(st)
+    confs = [2.0 + k / 3 for k in range(len(sizes))]
+    u = 2.0 ** -8
+    want = columns_many(stats, sizes, confs, u)
+    meta = kernels.columns_meta([(len(s), 0) for s in stats], sizes, confs, torch.device("cpu"))
+    got = kernels.columns_launch(torch.from_numpy(np.concatenate(stats)), meta, u).numpy()
+    same_nonfinite = bool(((~np.isfinite(got)) == (~np.isfinite(want))).all() and
+                          (np.isnan(got) == np.isnan(want)).all())
+    ok = np.isfinite(want)
+    rel = float((np.abs(got - want)[ok] / np.maximum(np.abs(want[ok]), 1e-300)).max())
+    # the eager judgement uses the kernel; with it switched off, numpy: the same columns
+    c, r = torch.randn(5000, dtype=torch.float64), torch.randn(5000, dtype=torch.float64)
+    leaves = [(c.float(), r.float(), (r - r.float().double()).float())]
+    lay = [block_layout(5000)]
+    with_kernel = stats_graph.start(leaves, lay, [3.0], 2.0 ** -24).columns()
+    stats_graph.COLUMNS_KERNEL = False
+    without = stats_graph.start(leaves, lay, [3.0], 2.0 ** -24).columns()
+    print(json.dumps({"rel": rel, "same_nonfinite": same_nonfinite, "errors": stats_graph.COLUMNS_ERRORS,
+                      "eager_rel": float(np.abs(with_kernel - without).max() / np.abs(without).max()),
+                      "finite_flags": got[:, 8].tolist()}))
+''')
+
+
+def test_judging_formulas_kernel_equals_numpy_in_the_interpreter() -> None:
+    """kernels.columns_launch (triton_stats.columns_kernel): every column, edge rows included, as
+    compare.columns_many computes it on the host, to float64 rounding; the flag of finite sums."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    p = subprocess.run([sys.executable, "-c", COLUMNS_SCRIPT], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["errors"] == []
+    assert got["rel"] < 1e-12 and got["same_nonfinite"]
+    assert got["eager_rel"] < 1e-12
+    assert got["finite_flags"] == [1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0]
+
+
 def test_metric_columns_on_torch_equal_numpy() -> None:
     """The one formula on both array libraries (the device side runs it in torch), including the
     edge rows: exact agreement (all-zero sums), a leaf of one block, a zero reference error."""
