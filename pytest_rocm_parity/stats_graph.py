@@ -144,7 +144,7 @@ def start(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int, int]], co
         TORCH_OPS = ArrayOps(torch, torch=True)
     dev = leaves[0][0].device
     # the signature: what the graph computes, whatever addresses (point_at sets them per pass)
-    key = (dev, kernels.CHUNK, unit_roundoff, tuple(confs),
+    key = (dev, kernels.CHUNK, unit_roundoff, _columns_kernel_usable(), tuple(confs),
            tuple((c.numel(), c.dtype, r.dtype, e.dtype) for c, r, e in leaves))
     got = _CACHE.get(key)
     if isinstance(got, _Graphed):
