@@ -5,7 +5,8 @@
 # and 8B, the phases at 1.1B; "d" (what docs/benchmarks.md reports since session 4): "b" with the
 # direct calls' thread sweep (1, 2 and auto since session 5); "e": d's parts in another order,
 # without the 8B capture benchmark; "f": e at 1.1B only (session 5's device time); "g": f with the
-# statistics started in parts during the pass, LAUNCH_BYTES arms beside the old flush (session 6).
+# statistics started in parts during the pass, LAUNCH_BYTES arms beside the old flush (session 6);
+# "h": the judging formulas as one kernel, arms with and without it (session 6).
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -82,6 +83,16 @@ if [[ "$part" == g ]]; then   # session 6: statistics started in parts during th
   echo "diag rc=$?" >> "$L/env.txt"; cat "$L/diag_1b.log"
   timeout 150 python bench/bench_parity.py --device cuda --models tiny,1b --reps 15 --out "$L/bench_g.json" > "$L/bench_g.log" 2>&1
   echo "bench tiny,1b rc=$?" >> "$L/env.txt"
+fi
+if [[ "$part" == h ]]; then   # session 6: the judging formulas as one kernel, beside the torch/numpy formulas
+  timeout 120 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu -o addopts="" > "$L/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?" >> "$L/env.txt"
+  for n in 4 25; do timeout 60 python bench/bench_stats_start.py --leaves $n --iters 100 --out "$L/start$n.json" > /dev/null 2>&1; done
+  echo "start rc=$?" >> "$L/env.txt"; cat "$L"/start*.json
+  timeout 200 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,2,auto --columns-kernel on,off --out "$L/threads.json" > "$L/threads.log" 2>&1
+  echo "threads rc=$?" >> "$L/env.txt"; cat "$L/threads.log"
+  timeout 60 python bench/diag_fast_pass.py --device cuda --model 1b --threads 1 --out "$L/diag_1b.json" > "$L/diag_1b.log" 2>&1
+  echo "diag rc=$?" >> "$L/env.txt"; cat "$L/diag_1b.log"
 fi
 cat "$L/env.txt"
 tail -3 "$L/gpu_tests.log" 2>/dev/null
