@@ -279,7 +279,9 @@ def metric_columns(st: Any, n: Any, conf: Any, unit_roundoff: float, ops: Any) -
     """(L, 8) columns rms_truth, err_cand, err_ref, ratio, ratio_lo, rel_to_ref, max_abs_to_ref, z
     of L leaves from their (L, nb, 8) block statistics (STAT_COLS), float64; ``n``, ``conf``: (L,).
 
-    The one implementation of the judging formulas (docs/judging.md), on numpy or torch arrays.
+    The judging formulas (docs/judging.md), on numpy or torch arrays. A GPU runs the same arithmetic
+    as one Triton launch (triton_stats.columns_kernel); tests/unit/test_stats_graph.py holds the two
+    equal to float64 rounding, so a change here is a change there.
     """
     nb = int(st.shape[1])
     tot = st[:, :, :7].sum(1)

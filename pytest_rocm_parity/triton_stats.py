@@ -127,6 +127,7 @@ def columns_kernel(ST, ROW0, NB, N, CONF, OUT, u_floor, NBMAX: tl.constexpr):  #
     ratio_lo, rel_to_ref, max_abs_to_ref, z, then 1.0 where the first five sums are finite.
     Why a kernel: as torch ops the formulas are about 90 small kernels, 100 us of device time per
     judgement on the H200 whatever the leaf count (session 6), all of it in the tail a replay waits for.
+    Kept equal to metric_columns by tests/unit/test_stats_graph.py: change both or neither.
     """
     leaf = tl.program_id(0)
     row0 = tl.load(ROW0 + leaf)
