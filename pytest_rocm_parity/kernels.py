@@ -60,6 +60,8 @@ def columns_meta(layouts: list[tuple[int, int]], numels: list[int], confs: list[
     nbs = np.array([nb for nb, _ in layouts], dtype=np.int64)
     ints = np.concatenate([np.cumsum(nbs) - nbs, nbs])
     floats = np.array([float(n) for n in numels] + [float(c) for c in confs], dtype=np.float64)
+    # a plain copy to the GPU waits for the work queued before it: a first (eager) judgement waits
+    # here for the pass's tail; pinned, asynchronous copies (as _table's) would not, untried on a GPU
     return torch.from_numpy(ints).to(dev), torch.from_numpy(floats).to(dev)
 
 
