@@ -136,9 +136,22 @@ COLUMNS_SCRIPT = textwrap.dedent('''
     with_kernel = stats_graph.start(leaves, lay, [3.0], 2.0 ** -24).columns()
     stats_graph.COLUMNS_KERNEL = False
     without = stats_graph.start(leaves, lay, [3.0], 2.0 ** -24).columns()
-    print(json.dumps({"rel": rel, "same_nonfinite": same_nonfinite, "errors": stats_graph.COLUMNS_ERRORS,
+    errors_before = list(stats_graph.COLUMNS_ERRORS)
+    # a kernel that fails (a Triton without float64 log/exp, say): the numpy formulas judge the
+    # same, the failure is kept, and a launch made after it takes the torch formulas
+    stats_graph.COLUMNS_KERNEL = True
+    real = kernels.columns_launch
+    def broken(*a, **k):
+        raise RuntimeError("no float64 log here")
+    kernels.columns_launch = broken
+    failed = stats_graph.start(leaves, lay, [3.0], 2.0 ** -24).columns()
+    kernels.columns_launch = real
+    launch = stats_graph._Launch(leaves, lay, [3.0], leaves[0][0].device)
+    print(json.dumps({"rel": rel, "same_nonfinite": same_nonfinite, "errors": errors_before,
                       "eager_rel": float(np.abs(with_kernel - without).max() / np.abs(without).max()),
-                      "finite_flags": got[:, 8].tolist()}))
+                      "failed_rel": float(np.abs(failed - without).max() / np.abs(without).max()),
+                      "failure_kept": stats_graph.COLUMNS_ERRORS, "launch_meta": launch.meta is not None,
+                      "launch_groups": len(launch.groups), "finite_flags": got[:, 8].tolist()}))
 ''')
 
 
@@ -153,6 +166,8 @@ def test_judging_formulas_kernel_equals_numpy_in_the_interpreter() -> None:
     assert got["errors"] == []
     assert got["rel"] < 1e-12 and got["same_nonfinite"]
     assert got["eager_rel"] < 1e-12
+    assert got["failed_rel"] < 1e-12 and got["failure_kept"] == ["RuntimeError: no float64 log here"]
+    assert not got["launch_meta"] and got["launch_groups"] == 1     # the torch formulas from then on
     assert got["finite_flags"] == [1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0]
 
 
