@@ -568,10 +568,7 @@ class _StatsQueue:
             from pytest_rocm_parity import stats_graph
 
             try:
-                # parts start inside the direct calls' inference mode and at the flush outside it:
-                # the tables and buffers a graph keeps (and rewrites in place) must be normal tensors
-                with torch.inference_mode(False):
-                    pending = stats_graph.start(flat, layouts, [it[6].confidence for it in items], self.u)
+                pending = stats_graph.start(flat, layouts, [it[6].confidence for it in items], self.u)
             except Exception as exc:   # a Triton that cannot compile the kernel here: the torch path
                 kernels.disable_triton(exc)
             else:
@@ -581,9 +578,7 @@ class _StatsQueue:
                                                 cols[:, :8])
                     return [m if ok else None for m, ok in zip(done, (cols[:, 8] > 0).tolist())]
                 return results
-        with torch.inference_mode(False):
-            stats = torch.cat([block_stats(c.reshape(-1), r.reshape(-1), e.reshape(-1)).to(dev)
-                               for c, r, e in flat])
+        stats = torch.cat([block_stats(c.reshape(-1), r.reshape(-1), e.reshape(-1)).to(dev) for c, r, e in flat])
 
         def on_host() -> list[LeafMetrics | None]:   # read back at the flush: one wait per pass here too
             host = stats.to("cpu").numpy()

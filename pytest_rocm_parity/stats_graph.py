@@ -13,8 +13,9 @@ a loaded golden, but not the same addresses: the caching allocator hands the can
 different blocks from pass to pass (on the H200 consecutive passes mostly differed). So the
 graph is keyed by signature, and its kernel reads the leaves' addresses from a device table that
 kernels.ManyLaunch.point_at rewrites before each replay, in stream order. The first time a
-signature is seen it runs eagerly (statistics read back, formulas in numpy); the second time it
-also is captured; from the third on the graph is replayed, on the leaves of that pass.
+signature is seen it runs eagerly (the statistics kernel, then the formulas kernel; numpy where
+that kernel failed); the second time it also is captured; from the third on the graph is
+replayed, on the leaves of that pass.
 
 start() only queues the work and returns a Pending, which waits when its columns are read: a
 replay may start parts of its statistics during the pass (replay._StatsQueue.LAUNCH_BYTES; off by
@@ -137,7 +138,21 @@ def start(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int, int]], co
 
     ``leaves``: (candidate, reference, residual) contiguous, on one GPU, of block_stats_many's dtypes;
     they must stay alive (and unwritten) until the Pending's columns() returns.
+
+    Callable inside or outside torch.inference_mode (a replay starts parts during its direct calls,
+    which run inside it, and at the flush, outside): what it caches is made as normal tensors, since
+    a graph's address table is rewritten in place on every later start, wherever that start is.
+    Made as inference tensors, the first rewrite outside inference mode raised, which switched the
+    Triton kernel off for the process (found on the H200, session 6).
     """
+    import torch
+
+    with torch.inference_mode(False):
+        return _start(leaves, layouts, confs, unit_roundoff)
+
+
+def _start(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int, int]], confs: list[float],
+           unit_roundoff: float) -> Pending:
     import torch
 
     global TORCH_OPS

@@ -239,6 +239,28 @@ def test_two_parts_of_one_signature_started_before_either_is_read(monkeypatch) -
     assert sum(isinstance(v, stats_graph._Graphed) for v in stats_graph._CACHE._d.values()) == 1
 
 
+def test_a_graph_made_inside_inference_mode_serves_starts_outside_it(monkeypatch) -> None:
+    """A replay starts statistics inside its direct calls' torch.inference_mode and at the flush
+    outside it. A graph seen and captured inside, then started outside, must rewrite its address
+    table and judge (an inference tensor there raised, and the Triton kernel switched itself off)."""
+    from pytest_rocm_parity import stats_graph
+
+    monkeypatch.setattr(stats_graph, "_CACHE", kernels._TableCache(4))
+    monkeypatch.setattr(stats_graph, "GRAPHS", True)
+    monkeypatch.setattr(kernels, "_DISABLED", [])
+    leaves, lays = _leaves_two_groups()
+    confs = [3.0, 2.0, 3.0]
+    with torch.inference_mode():
+        for _ in range(3):                        # eager, captured, replayed: all inside
+            stats_graph.judge_on_device(leaves, lays, confs, 2.0**-8)
+    assert sum(isinstance(v, stats_graph._Graphed) for v in stats_graph._CACHE._d.values()) == 1
+    other = [(r.double().mul(1 + 2e-2).to(c.dtype), r, e) for c, r, e in leaves]
+    want = torch.tensor(_host_columns(other, lays, confs), dtype=torch.float64)
+    cols = stats_graph.judge_on_device(other, lays, confs, 2.0**-8)   # outside
+    torch.testing.assert_close(torch.from_numpy(cols[:, :8]), want, rtol=1e-5, atol=1e-30)
+    assert not kernels._DISABLED
+
+
 def test_graphs_off_stay_eager(monkeypatch) -> None:
     from pytest_rocm_parity import stats_graph
 
