@@ -27,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     import torch
 
+    sys.path.insert(0, __file__.rsplit("/", 1)[0])
+    from bench_parity import write_rows
+
     from pytest_rocm_parity import kernels, stats_graph
     from pytest_rocm_parity.compare import block_layout
 
@@ -89,11 +92,9 @@ def main(argv: list[str] | None = None) -> int:
 
     rows["device: graph (statistics and formulas), us"] = device_us(got.graph.replay)
     rows["device: graph (statistics kernel alone), us"] = device_us(small.replay)
-    row = {"leaves": a.leaves, "numel": a.numel, "torch": torch.__version__, **{k: round(v, 1) for k, v in rows.items()}}
+    row = {"leaves": a.leaves, "numel": a.numel, **{k: round(v, 1) for k, v in rows.items()}}
     print(json.dumps(row, indent=1))
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(row, f, indent=1)
+    write_rows(a.out, "cuda", [row])
     return 0
 
 
