@@ -65,15 +65,13 @@ def test_queued_replay_judges_an_output_as_it_was_when_produced(tmp_path, monkey
     assert _layer_ratios(queued)["fc1"][1] < 1.5
 
 
-@pytest.mark.parametrize("launch", [None, 1])
 @pytest.mark.parametrize("route", ["direct", "hooked"])
-def test_preloaded_golden_written_by_the_model_is_reloaded_and_the_pass_repeated(tmp_path, monkeypatch, route,
-                                                                                   launch) -> None:
+def test_preloaded_golden_written_by_the_model_is_reloaded_and_the_pass_repeated(tmp_path, monkeypatch, route) -> None:
     """Preloaded goldens are handed to the model without a copy; `act` writes its input, which is
     also fc1's stored output. The reader sees the write, reloads that tensor, and the pass runs
     again with a copy: the verdicts equal a replay that reads every tensor from the file. Both
-    isolated routes: modules called directly (direct.py) and the hooked forward. ``launch`` 1: a
-    part of the statistics started per leaf, so the repeat discards parts already started."""
+    isolated routes: modules called directly (direct.py) and the hooked forward. (A repeat that
+    discards statistics parts already started: tests/unit/test_stats_queue.py.)"""
     from pytest_rocm_parity import replay as replay_mod
     from pytest_rocm_parity.replay import _replay_rung
 
@@ -85,8 +83,6 @@ def test_preloaded_golden_written_by_the_model_is_reloaded_and_the_pass_repeated
     manifest = capture(model, x, spec, store, "cpu")
     meta = manifest["rungs"]["float32"]
     monkeypatch.setattr(replay_mod._StatsQueue, "DEFER_ON_CPU", True)
-    if launch is not None:
-        monkeypatch.setattr(replay_mod._StatsQueue, "LAUNCH_BYTES", launch)
     tmpl = {"args": (x,), "kwargs": {}}
     path = store.rung_file("inplace", manifest, "float32")
     plain = _replay_rung(model, spec, manifest, meta, RungReader(path, "cpu"), "float32", "cpu", tmpl)
