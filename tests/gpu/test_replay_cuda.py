@@ -302,9 +302,8 @@ def test_repeated_passes_with_graphed_stats_still_blame_a_new_bug(tmp_path, monk
     monkeypatch.setattr(kernels, "_DISABLED", [])
     first = [run() for _ in range(3)]
     assert all(r.passed for r in first)
-    # the statistics ran in Triton throughout (a part started inside the direct calls' inference
-    # mode made graph tables that a later part outside it could not rewrite: the torch fallback
-    # then hid the error behind the same verdicts)
+    # the statistics ran in Triton throughout: a failure there switches to torch ops, whose equal
+    # verdicts would hide it (as they hid the inference-mode bug of session 6 until this check)
     assert not kernels._DISABLED, kernels._DISABLED
     assert any(isinstance(v, stats_graph._Graphed) for v in stats_graph._CACHE._d.values())
     assert [l.iso.ratio for l in first[2].layers] == [l.iso.ratio for l in first[0].layers]
