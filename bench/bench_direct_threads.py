@@ -14,6 +14,7 @@ by the device (8B), and checks that every worker count gives the same isolated r
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import tempfile
@@ -26,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default="1b")
     p.add_argument("--workers", default="1,2,3,4", help="thread counts, comma-separated; auto for the choice")
     p.add_argument("--columns-kernel", default="", help="on,off: arms with stats_graph.COLUMNS_KERNEL set")
+    p.add_argument("--aligned-loads", default="", help="on,off: arms with kernels.ALIGNED_LOADS set")
     p.add_argument("--launch-mb", default="", help="LAUNCH_BYTES arms in MiB, comma-separated; default: the code's")
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--out", default=None)
@@ -38,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     from pytest_rocm_parity.capture import capture
     from pytest_rocm_parity.engine import CheckSpec, _run
     from pytest_rocm_parity.golden import GoldenStore, RungReader
-    from pytest_rocm_parity import direct, stats_graph
+    from pytest_rocm_parity import direct, kernels, stats_graph
     from pytest_rocm_parity.replay import _StatsQueue, prepare_rung
 
     rows: list[dict[str, Any]] = []
@@ -58,33 +60,36 @@ def main(argv: list[str] | None = None) -> int:
         launches = [int(float(x) * (1 << 20)) for x in a.launch_mb.split(",")] if a.launch_mb else [default]
         kdefault = stats_graph.COLUMNS_KERNEL
         kernels_on = [x == "on" for x in a.columns_kernel.split(",")] if a.columns_kernel else [kdefault]
+        adefault = kernels.ALIGNED_LOADS
+        aligned_on = [x == "on" for x in a.aligned_loads.split(",")] if a.aligned_loads else [adefault]
         for w in [0 if x == "auto" else int(x) for x in a.workers.split(",")]:   # 0: --parity-threads=auto
-            for lb in launches:
-                for kon in kernels_on:
-                    sp = CheckSpec(name=name, dtypes=["bfloat16"], drill=0, replay="fast", threads=w)
-                    one = prepare_rung(model, sp, manifest, meta, reader, "bfloat16", a.device,
-                                       {"args": (), "kwargs": inputs}, keep_loaded=True)
+            for lb, kon, aon in itertools.product(launches, kernels_on, aligned_on):
+                sp = CheckSpec(name=name, dtypes=["bfloat16"], drill=0, replay="fast", threads=w)
+                one = prepare_rung(model, sp, manifest, meta, reader, "bfloat16", a.device,
+                                   {"args": (), "kwargs": inputs}, keep_loaded=True)
 
-                    def arm(one: Any = one, lb: int = lb, kon: bool = kon, default: int = default,
-                            kdefault: bool = kdefault) -> Any:
-                        _StatsQueue.LAUNCH_BYTES, stats_graph.COLUMNS_KERNEL = lb, kon
-                        try:
-                            return one()
-                        finally:
-                            _StatsQueue.LAUNCH_BYTES, stats_graph.COLUMNS_KERNEL = default, kdefault
-                    res = arm()
-                    ratios[(w, lb, kon)] = {l.name: l.iso.ratio for l in res.layers if l.iso}
-                    fns[f"pass_w{w}" + (f"_l{lb >> 20}" if len(launches) > 1 else "")
-                        + (f"_k{'on' if kon else 'off'}" if len(kernels_on) > 1 else "")] = arm
+                def arm(one: Any = one, lb: int = lb, kon: bool = kon, aon: bool = aon, default: int = default,
+                        kdefault: bool = kdefault, adefault: bool = adefault) -> Any:
+                    _StatsQueue.LAUNCH_BYTES, stats_graph.COLUMNS_KERNEL, kernels.ALIGNED_LOADS = lb, kon, aon
+                    try:
+                        return one()
+                    finally:
+                        _StatsQueue.LAUNCH_BYTES, stats_graph.COLUMNS_KERNEL, kernels.ALIGNED_LOADS = (
+                            default, kdefault, adefault)
+                res = arm()
+                ratios[(w, lb, kon, aon)] = {l.name: l.iso.ratio for l in res.layers if l.iso}
+                fns[f"pass_w{w}" + (f"_l{lb >> 20}" if len(launches) > 1 else "")
+                    + (f"_k{'on' if kon else 'off'}" if len(kernels_on) > 1 else "")
+                    + (f"_a{'on' if aon else 'off'}" if len(aligned_on) > 1 else "")] = arm
         got = interleaved(fns, a.device, a.reps)
         row: dict[str, Any] = {"model": name, **{f"{k}_ms": v * 1e3 for k, v in got.items()}}
         for k, v in got.items():
             if k != "forward":
                 row[f"{k}_x"] = v / got["forward"]
         base = ratios[min(ratios)]
-        row["same_ratios"] = {f"w{w}_l{lb >> 20}_k{int(kon)}": all(abs(r[k] - base[k]) <= 1e-6 * max(1.0, abs(base[k]))
-                                                                  for k in base)
-                              for (w, lb, kon), r in ratios.items()}
+        row["same_ratios"] = {f"w{w}_l{lb >> 20}_k{int(kon)}_a{int(aon)}":
+                              all(abs(r[k] - base[k]) <= 1e-6 * max(1.0, abs(base[k])) for k in base)
+                              for (w, lb, kon, aon), r in ratios.items()}
         row["columns_errors"] = stats_graph.COLUMNS_ERRORS
         # what --parity-threads=auto measured (seconds per call, per arm) and how often it chose
         row["auto_samples"] = {str(k): {arm: [round(x * 1e6, 2) for x in v] for arm, v in s.items()}

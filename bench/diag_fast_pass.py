@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--launch-mb", type=float, default=None,
                    help="_StatsQueue.LAUNCH_BYTES in MiB (0: every statistic at the flush); default: the code's")
     p.add_argument("--profile", default=None, help="write cProfile's host-time tables here")
+    p.add_argument("--trace", default=None, help="write the device timeline's summary (torch.profiler) here")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     import torch
@@ -144,10 +145,71 @@ def main(argv: list[str] | None = None) -> int:
         st.sort_stats("cumulative").print_stats("pytest_rocm_parity|triton", 45)
         with open(a.profile, "w") as f:
             f.write(f"{a.reps} passes, --parity-threads={a.threads}\n" + text.getvalue())
+    if a.trace:
+        summary = device_timeline(a.device, a.reps, one_pass, lambda: _run(model, (), dev_inputs))
+        print(json.dumps(summary, indent=1))
+        with open(a.trace, "w") as f:
+            json.dump({"threads": a.threads, **summary}, f, indent=1)
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"model": a.model, "device": a.device, "torch": torch.__version__, "threads": a.threads, "graphs": graphs, "ms": {k: v * 1e3 for k, v in rows.items()}}, f, indent=1)
     return 0
+
+
+def device_timeline(device: str, reps: int, one_pass: Any, forward: Any) -> dict[str, Any]:
+    """The device's side of a pass beside a forward's, from torch.profiler's trace (medians, ms).
+
+    Each pass and forward runs between synchronisations inside a named range, so the kernels that
+    start within a range's host interval are its own. Per window: ``wall`` (host, with the final
+    wait), ``busy`` (the union of its kernels' intervals), ``lead`` (from the range's start to its
+    first kernel), ``tail`` (from its last kernel's end to the range's end: host work after the
+    device finished), ``idle`` (wall - busy - lead - tail: gaps in the middle, where the device
+    waited for the host), and the device time of the statistics and formulas kernels. A pass
+    whose busy time exceeds the forward's pays in device time; one with more idle, in host time.
+    """
+    import tempfile as tf
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    sys.path.insert(0, __file__.rsplit("/", 1)[0])
+    from bench_parity import sync
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(reps):
+            for name, fn in (("forward", forward), ("pass", one_pass)):
+                sync(device)
+                with record_function(f"win:{name}:{i}"):
+                    fn()
+                    sync(device)
+    path = tf.mktemp(suffix=".json")
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    wins = [(e["name"].split(":")[1], e["ts"], e["ts"] + e["dur"]) for e in events
+            if e.get("ph") == "X" and str(e.get("name", "")).startswith("win:")]
+    kernels = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
+                     if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    rows: dict[str, list[dict[str, float]]] = collections.defaultdict(list)
+    for name, t0, t1 in wins:
+        ks = [k for k in kernels if t0 <= k[0] < t1]
+        if not ks:
+            continue
+        busy, end = 0.0, -1.0
+        for s, e, _ in ks:          # the union of the intervals (streams may overlap)
+            if e > end:
+                busy += e - max(s, end)
+                end = e
+        lead, tail = ks[0][0] - t0, t1 - max(e for _, e, _ in ks)
+        rows[name].append({"wall": t1 - t0, "busy": busy, "lead": lead, "tail": tail,
+                           "idle": (t1 - t0) - busy - lead - tail, "kernels": len(ks),
+                           "statistics kernel": sum(e - s for s, e, n in ks if "stats_many" in n),
+                           "formulas kernel": sum(e - s for s, e, n in ks if "columns_kernel" in n)})
+    out: dict[str, Any] = {"torch": torch.__version__}
+    for name, rs in rows.items():
+        out[name] = {k: (statistics.median(r[k] for r in rs) / 1e3 if k != "kernels" else statistics.median(r[k] for r in rs))
+                     for k in rs[0]}
+    return out
 
 
 if __name__ == "__main__":

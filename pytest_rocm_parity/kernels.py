@@ -20,6 +20,16 @@ NCOLS = 8
 CHUNK = 1 << 17        # elements per program (a 4M-element block: 32 programs)
 MANY_BLOCK = 1024      # elements per loop step; sums kept per lane
 MANY_WARPS = 8
+# 16-byte-aligned leaves (nearly all: the caching allocator hands out 512-byte-aligned blocks) take
+# the kernel's vectorised loop (triton_stats.stats_many_kernel, ALIGNED); tests and benchmarks switch
+# it off to compare
+ALIGNED_LOADS = True
+ALIGN = 16
+
+
+def aligned(ptrs: Any) -> bool:
+    """Whether every address in ``ptrs`` (an iterable of ints) suits the vectorised loop."""
+    return ALIGNED_LOADS and all(p % ALIGN == 0 for p in ptrs)
 
 
 @functools.lru_cache(maxsize=1)
@@ -60,9 +70,12 @@ def columns_meta(layouts: list[tuple[int, int]], numels: list[int], confs: list[
     nbs = np.array([nb for nb, _ in layouts], dtype=np.int64)
     ints = np.concatenate([np.cumsum(nbs) - nbs, nbs])
     floats = np.array([float(n) for n in numels] + [float(c) for c in confs], dtype=np.float64)
-    # a plain copy to the GPU waits for the work queued before it: a first (eager) judgement waits
-    # here for the pass's tail; pinned, asynchronous copies (as _table's) would not, untried on a GPU
-    return torch.from_numpy(ints).to(dev), torch.from_numpy(floats).to(dev)
+    # pinned and asynchronous (as _table's): a plain copy from pageable memory would make a first
+    # (eager) judgement wait here for the pass's tail before it could even launch the formulas
+    if dev.type != "cuda":
+        return torch.from_numpy(ints), torch.from_numpy(floats)
+    return (torch.from_numpy(ints).pin_memory().to(dev, non_blocking=True),
+            torch.from_numpy(floats).pin_memory().to(dev, non_blocking=True))
 
 
 def columns_launch(stats: Any, meta: tuple[Any, Any], unit_roundoff: float) -> Any:
@@ -115,14 +128,16 @@ def block_stats_many(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int
     groups = _groups(leaves)
     for (dc, dr, de), idx in groups.items():
         ptr_rows = [[leaves[i][k].data_ptr() for i in idx] for k in range(3)]
+        al = aligned(p for row in ptr_rows for p in row)
         tkey = (dev, tuple(map(tuple, ptr_rows)), tuple(layouts[i] for i in idx),
-                tuple(leaves[i][0].numel() for i in idx), tuple(int(row0[i]) for i in idx), chunk)
+                tuple(leaves[i][0].numel() for i in idx), tuple(int(row0[i]) for i in idx), chunk, al)
         hit = _TABLES.get(tkey)
         if hit is not None:   # the same leaves as a pass before (the allocator reused their addresses)
             dev_table, n_blk, kmax, rows = hit
         else:
-            dev_table, n_blk, kmax, rows = _TABLES.put(tkey, _table(ptr_rows, idx, leaves, layouts, row0, chunk, dev))
-        sums = _launch(dev_table, len(idx), n_blk, kmax, (dc, dr, de), chunk, dev)
+            dev_table, n_blk, kmax, rows = _TABLES.put(tkey, _table(ptr_rows, idx, leaves, layouts, row0, chunk,
+                                                                    dev, al))
+        sums = _launch(dev_table, len(idx), n_blk, kmax, (dc, dr, de), chunk, dev, al)
         if len(groups) == 1:
             out = sums
         else:
@@ -139,8 +154,10 @@ def _groups(leaves: list[tuple[Any, Any, Any]]) -> dict[tuple[int, int, int], li
     return groups
 
 
-def _launch(dev_table: Any, k: int, n_blk: int, kmax: int, codes: tuple[int, int, int], chunk: int, dev: Any) -> Any:
-    """One launch of the many-leaf kernel over a table of k leaves; (n_blk, 8) sums, asynchronously."""
+def _launch(dev_table: Any, k: int, n_blk: int, kmax: int, codes: tuple[int, int, int], chunk: int, dev: Any,
+            al: bool) -> Any:
+    """One launch of the many-leaf kernel over a table of k leaves; (n_blk, 8) sums, asynchronously.
+    ``al``: the table holds addresses / ALIGN (every leaf aligned): the vectorised loop."""
     import torch
 
     dc, dr, de = codes
@@ -148,7 +165,7 @@ def _launch(dev_table: Any, k: int, n_blk: int, kmax: int, codes: tuple[int, int
     triton_many_kernel()[(n_blk, kmax)](dev_table[0:k], dev_table[k:2 * k], dev_table[2 * k:3 * k],
                                         dev_table[3 * k:], part, kmax, CC=dc, CR=dr,
                                         CE=de, F64=_CODES["float64"] in codes, CHUNK=chunk, BLOCK=MANY_BLOCK,
-                                        num_warps=MANY_WARPS)
+                                        ALIGNED=al, num_warps=MANY_WARPS)
     # chunks added in a fixed order (no atomics): the same inputs give the same sums
     return torch.cat([part[:, :, :7].sum(1), part[:, :, 7].amax(1, keepdim=True)], 1)
 
@@ -161,17 +178,20 @@ class ManyLaunch:
     """
 
     def __init__(self, leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int, int]],
-                 chunk: int | None = None) -> None:
+                 chunk: int | None = None, al: bool = False) -> None:
+        """``al``: every leaf of every pass pointed at is aligned (kernels.aligned; the caller keys
+        its launches by that, since the vectorised loop must not read a misaligned leaf)."""
         import numpy as np
 
         self.chunk = chunk or CHUNK
         self.dev = leaves[0][0].device
+        self.al = al
         row0 = np.cumsum([0] + [nb for nb, _ in layouts])
         self.total = int(row0[-1])
         self.groups = []
         for codes, idx in _groups(leaves).items():
             ptr_rows = [[leaves[i][k].data_ptr() for i in idx] for k in range(3)]
-            dev_table, n_blk, kmax, rows = _table(ptr_rows, idx, leaves, layouts, row0, self.chunk, self.dev)
+            dev_table, n_blk, kmax, rows = _table(ptr_rows, idx, leaves, layouts, row0, self.chunk, self.dev, al)
             self.groups.append((codes, idx, dev_table, n_blk, kmax, rows))
 
     def point_at(self, leaves: list[tuple[Any, Any, Any]]) -> None:
@@ -184,9 +204,10 @@ class ManyLaunch:
         import torch
 
         pin = self.dev.type == "cuda"
+        shift = 4 if self.al else 0
         for _codes, idx, dev_table, _n, _kmax, _rows in self.groups:
             staged = torch.empty(3 * len(idx), dtype=torch.int64, pin_memory=pin)
-            staged.numpy()[:] = [leaves[i][k].data_ptr() for k in range(3) for i in idx]
+            staged.numpy()[:] = [leaves[i][k].data_ptr() >> shift for k in range(3) for i in idx]
             dev_table[:3 * len(idx)].copy_(staged, non_blocking=pin)
 
     def run(self) -> Any:
@@ -195,10 +216,10 @@ class ManyLaunch:
 
         if len(self.groups) == 1:
             codes, idx, dev_table, n_blk, kmax, _rows = self.groups[0]
-            return _launch(dev_table, len(idx), n_blk, kmax, codes, self.chunk, self.dev)
+            return _launch(dev_table, len(idx), n_blk, kmax, codes, self.chunk, self.dev, self.al)
         out = torch.empty((self.total, NCOLS), dtype=torch.float64, device=self.dev)
         for codes, idx, dev_table, n_blk, kmax, rows in self.groups:
-            out[rows] = _launch(dev_table, len(idx), n_blk, kmax, codes, self.chunk, self.dev)
+            out[rows] = _launch(dev_table, len(idx), n_blk, kmax, codes, self.chunk, self.dev, self.al)
         return out
 
 
@@ -231,12 +252,13 @@ _TABLES = _TableCache()
 
 
 def _table(ptr_rows: list[list[int]], idx: list[int], leaves: list[tuple[Any, Any, Any]],
-           layouts: list[tuple[int, int]], row0: Any, chunk: int, dev: Any) -> tuple[Any, int, int, Any]:
-    """(device table, blocks, chunks per block, output rows) of one launch over leaves ``idx``."""
+           layouts: list[tuple[int, int]], row0: Any, chunk: int, dev: Any, al: bool) -> tuple[Any, int, int, Any]:
+    """(device table, blocks, chunks per block, output rows) of one launch over leaves ``idx``;
+    ``al``: addresses stored divided by ALIGN (the kernel's ALIGNED)."""
     import numpy as np
     import torch
 
-    ptrs = np.array(ptr_rows, dtype=np.int64)
+    ptrs = np.array(ptr_rows, dtype=np.int64) // (ALIGN if al else 1)
     # (leaf, start, end) per block, built with numpy: a Python loop over every block of every
     # module would cost a millisecond per pass
     nbs = np.array([layouts[i][0] for i in idx], dtype=np.int64)

@@ -53,11 +53,11 @@ class _Launch:
     copies cannot be captured), the outputs it writes, and what a graph of it must keep alive."""
 
     def __init__(self, leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int, int]],
-                 confs: list[float], dev: Any) -> None:
+                 confs: list[float], dev: Any, al: bool) -> None:
         import torch
 
         self.count = len(leaves)    # no reference kept: a cached graph must not hold a pass's outputs
-        self.many = kernels.ManyLaunch(leaves, layouts)
+        self.many = kernels.ManyLaunch(leaves, layouts, al=al)
         self.stats: Any = None
         self.out: Any = None
         self.meta: Any = None
@@ -159,9 +159,11 @@ def _start(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int, int]], c
     if TORCH_OPS is None:
         TORCH_OPS = ArrayOps(torch, torch=True)
     dev = leaves[0][0].device
-    # the signature: what the graph computes, whatever addresses (point_at sets them per pass)
+    # the signature: what the graph computes, whatever addresses (point_at sets them per pass), and
+    # whether all are aligned (a graph of the vectorised loop must never be pointed at a leaf that is not)
+    al = kernels.aligned(x.data_ptr() for leaf in leaves for x in leaf)
     key = (dev, kernels.CHUNK, unit_roundoff, _columns_kernel_usable(), tuple(confs),
-           tuple((c.numel(), c.dtype, r.dtype, e.dtype) for c, r, e in leaves))
+           tuple((c.numel(), c.dtype, r.dtype, e.dtype) for c, r, e in leaves), al)
     got = _CACHE.get(key)
     if isinstance(got, _Graphed):
         got.launch.many.point_at(leaves)
@@ -183,7 +185,7 @@ def _start(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int, int]], c
     if got is None:
         _CACHE.put(key, _SEEN)
     elif got == _SEEN and GRAPHS and dev.type == "cuda":
-        _CACHE.put(key, _capture(_Launch(leaves, layouts, confs, dev), unit_roundoff, dev))
+        _CACHE.put(key, _capture(_Launch(leaves, layouts, confs, dev, al), unit_roundoff, dev))
     if cols is not None:
         return Pending(_to_host(cols), _recorded(dev))
     host = _to_host(stats)

@@ -71,8 +71,11 @@ def test_queued_gpu_replay_equals_cpu_metrics(tmp_path, kind: str) -> None:
             assert la.iso.ratio == pytest.approx(lb.iso.ratio, rel=1e-4)
 
 
-def test_many_leaves_one_launch_match_cpu() -> None:
-    """kernels.block_stats_many (the replay's flush) on the GPU against the CPU's per-leaf statistics."""
+@pytest.mark.parametrize("offset", [0, 1])
+def test_many_leaves_one_launch_match_cpu(offset: int) -> None:
+    """kernels.block_stats_many (the replay's flush) on the GPU against the CPU's per-leaf statistics;
+    ``offset``: leaves as views that many elements into their storage (1: misaligned, the plain loop;
+    0: the vectorised loop, whose chunk edges are not multiples of 16 in the odd-sized leaves)."""
     leaves, lays, want = [], [], []
     for i, (dtype, rdt, n) in enumerate([(torch.bfloat16, torch.bfloat16, 4 * 512 * 2048),
                                          (torch.bfloat16, torch.bfloat16, 4 * 512 * 32000 + 5),
@@ -84,8 +87,9 @@ def test_many_leaves_one_launch_match_cpu() -> None:
         e = (t - r.double()).to(rdt)
         nb, size = block_layout(n)
         want.append(kernels.block_stats_torch(c, r, e, nb, size))
-        leaves.append((c.cuda(), r.cuda(), e.cuda()))
+        leaves.append(tuple(torch.cat([x.new_zeros(offset), x]).cuda()[offset:] for x in (c, r, e)))
         lays.append((nb, size))
+    assert kernels.aligned(x.data_ptr() for leaf in leaves for x in leaf) == (offset == 0)
     got = kernels.block_stats_many(leaves, lays).cpu()
     torch.testing.assert_close(got, torch.cat(want), rtol=1e-5, atol=1e-30)
 
@@ -258,6 +262,32 @@ def test_a_graph_made_inside_inference_mode_serves_starts_outside_it(monkeypatch
     want = torch.tensor(_host_columns(other, lays, confs), dtype=torch.float64)
     cols = stats_graph.judge_on_device(other, lays, confs, 2.0**-8)   # outside
     torch.testing.assert_close(torch.from_numpy(cols[:, :8]), want, rtol=1e-5, atol=1e-30)
+    assert not kernels._DISABLED
+
+
+def test_a_graph_of_aligned_leaves_is_never_pointed_at_misaligned_ones(monkeypatch) -> None:
+    """A graph made for aligned leaves runs the vectorised loop; the same signature's leaves at a
+    misaligned address (a view one element in) must get their own launch, not that graph (whose
+    vector loads would fault or read the wrong elements), and the right columns."""
+    from pytest_rocm_parity import stats_graph
+
+    monkeypatch.setattr(stats_graph, "_CACHE", kernels._TableCache(4))
+    monkeypatch.setattr(stats_graph, "GRAPHS", True)
+    monkeypatch.setattr(kernels, "_DISABLED", [])
+    leaves, lays = _leaves_two_groups()
+    confs = [3.0, 2.0, 3.0]
+    for _ in range(3):
+        stats_graph.judge_on_device(leaves, lays, confs, 2.0**-8)
+    graphed = [v for v in stats_graph._CACHE._d.values() if isinstance(v, stats_graph._Graphed)]
+    assert len(graphed) == 1 and graphed[0].launch.many.al
+    moved = [tuple(torch.cat([x.new_zeros(1), x.mul(1.01) if x is c else x])[1:] for x in (c, r, e))
+             for c, r, e in leaves]
+    want = torch.tensor(_host_columns(moved, lays, confs), dtype=torch.float64)
+    for _ in range(3):
+        cols = stats_graph.judge_on_device(moved, lays, confs, 2.0**-8)
+        torch.testing.assert_close(torch.from_numpy(cols[:, :8]), want, rtol=1e-5, atol=1e-30)
+    graphed = [v for v in stats_graph._CACHE._d.values() if isinstance(v, stats_graph._Graphed)]
+    assert sorted(g.launch.many.al for g in graphed) == [False, True]
     assert not kernels._DISABLED
 
 

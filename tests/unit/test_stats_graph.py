@@ -72,7 +72,7 @@ SCRIPT = textwrap.dedent('''
     # a launch (what a cached graph holds) keeps no reference to the leaves it was made for
     import gc, weakref
     made_for = [(c.clone(), r.clone(), e.clone()) for c, r, e in leaves]
-    launch = stats_graph._Launch(made_for, lays, confs, made_for[0][0].device)
+    launch = stats_graph._Launch(made_for, lays, confs, made_for[0][0].device, False)
     alive = weakref.ref(made_for[0][0])
     del made_for
     gc.collect()
@@ -146,7 +146,7 @@ COLUMNS_SCRIPT = textwrap.dedent('''
     kernels.columns_launch = broken
     failed = stats_graph.start(leaves, lay, [3.0], 2.0 ** -24).columns()
     kernels.columns_launch = real
-    launch = stats_graph._Launch(leaves, lay, [3.0], leaves[0][0].device)
+    launch = stats_graph._Launch(leaves, lay, [3.0], leaves[0][0].device, False)
     print(json.dumps({"rel": rel, "same_nonfinite": same_nonfinite, "errors": errors_before,
                       "eager_rel": float(np.abs(with_kernel - without).max() / np.abs(without).max()),
                       "failed_rel": float(np.abs(failed - without).max() / np.abs(without).max()),

@@ -73,6 +73,16 @@ KERNEL_SCRIPT = textwrap.dedent('''
         many = kernels.block_stats_many(leaves, lays, chunk=chunk)   # the replay's one launch per dtype combination
         out.append(["many", int(want.shape[0]), float(((many - want).abs() / want.abs().clamp(min=1e-300)).max()),
                     list(many.shape)])
+    # the vectorised loop (the leaves above are aligned) equals the plain loop, and misaligned views
+    # (one element into their storage) take the plain loop and give the same sums
+    rel = lambda a, b: float(((a - b).abs() / b.abs().clamp(min=1e-300)).max())
+    kernels.ALIGNED_LOADS = False
+    plain = kernels.block_stats_many(leaves, lays, chunk=1024)
+    kernels.ALIGNED_LOADS = True
+    moved = [tuple(torch.cat([x.new_zeros(1), x])[1:] for x in leaf) for leaf in leaves]
+    mis = kernels.block_stats_many(moved, lays, chunk=1024)
+    ptrs = lambda ls: [x.data_ptr() for leaf in ls for x in leaf]
+    out.append(["aligned", kernels.aligned(ptrs(leaves)), kernels.aligned(ptrs(moved)), rel(plain, want), rel(mis, want)])
     # the launch tables are cached by the leaves' addresses: a repeat hits, other orders and new
     # values at the same addresses still give their own sums
     built = []
@@ -88,7 +98,6 @@ KERNEL_SCRIPT = textwrap.dedent('''
     leaves[0][0].mul_(1.5)
     changed = kernels.block_stats_many(leaves, lays)
     want0 = kernels.block_stats_torch(*leaves[0], *lays[0])
-    rel = lambda a, b: float(((a - b).abs() / b.abs().clamp(min=1e-300)).max())
     out.append(["cache", hit, rel(rev, want_rev), rel(changed[:lays[0][0]], want0)])
     print(json.dumps(out))
 ''')
@@ -101,9 +110,12 @@ def test_triton_kernel_in_the_interpreter_matches_the_fallback() -> None:
     p = subprocess.run([sys.executable, "-c", KERNEL_SCRIPT], capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     rows = json.loads(p.stdout.strip().splitlines()[-1])
-    assert len(rows) == 8
+    assert len(rows) == 9
     _, hit, rel_rev, rel_changed = rows.pop()
     assert hit and rel_rev < 1e-5 and rel_changed < 1e-5
+    _, leaves_aligned, moved_aligned, rel_plain, rel_misaligned = rows.pop()
+    assert leaves_aligned and not moved_aligned
+    assert rel_plain < 1e-5 and rel_misaligned < 1e-5, (rel_plain, rel_misaligned)
     for dtype, n, rel, shape in rows[:5]:
         assert shape == [block_layout(n)[0], 8]
         assert rel < 1e-5, (dtype, n, rel)
