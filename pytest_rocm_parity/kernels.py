@@ -157,7 +157,7 @@ def _groups(leaves: list[tuple[Any, Any, Any]]) -> dict[tuple[int, int, int], li
 def _launch(dev_table: Any, k: int, n_blk: int, kmax: int, codes: tuple[int, int, int], chunk: int, dev: Any,
             al: bool) -> Any:
     """One launch of the many-leaf kernel over a table of k leaves; (n_blk, 8) sums, asynchronously.
-    ``al``: the table holds addresses / ALIGN (every leaf aligned): the vectorised loop."""
+    ``al``: every leaf is aligned (kernels.aligned): the vectorised loop."""
     import torch
 
     dc, dr, de = codes
@@ -204,10 +204,9 @@ class ManyLaunch:
         import torch
 
         pin = self.dev.type == "cuda"
-        shift = 4 if self.al else 0
         for _codes, idx, dev_table, _n, _kmax, _rows in self.groups:
             staged = torch.empty(3 * len(idx), dtype=torch.int64, pin_memory=pin)
-            staged.numpy()[:] = [leaves[i][k].data_ptr() >> shift for k in range(3) for i in idx]
+            staged.numpy()[:] = [leaves[i][k].data_ptr() for k in range(3) for i in idx]
             dev_table[:3 * len(idx)].copy_(staged, non_blocking=pin)
 
     def run(self) -> Any:
@@ -253,12 +252,11 @@ _TABLES = _TableCache()
 
 def _table(ptr_rows: list[list[int]], idx: list[int], leaves: list[tuple[Any, Any, Any]],
            layouts: list[tuple[int, int]], row0: Any, chunk: int, dev: Any, al: bool) -> tuple[Any, int, int, Any]:
-    """(device table, blocks, chunks per block, output rows) of one launch over leaves ``idx``;
-    ``al``: addresses stored divided by ALIGN (the kernel's ALIGNED)."""
+    """(device table, blocks, chunks per block, output rows) of one launch over leaves ``idx``."""
     import numpy as np
     import torch
 
-    ptrs = np.array(ptr_rows, dtype=np.int64) // (ALIGN if al else 1)
+    ptrs = np.array(ptr_rows, dtype=np.int64)
     # (leaf, start, end) per block, built with numpy: a Python loop over every block of every
     # module would cost a millisecond per pass
     nbs = np.array([layouts[i][0] for i in idx], dtype=np.int64)

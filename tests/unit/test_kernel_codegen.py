@@ -1,0 +1,82 @@
+"""The Triton kernels compiled here, without a GPU, for the GPUs the tool runs on: NVIDIA sm_90
+(H100/H200) and AMD gfx942 (MI300) and gfx90a (MI250), through Triton's own compilers.
+
+Why: the interpreter (test_stats_kernel.py) checks the arithmetic, not what the compiler accepts
+(a loop-carried name that changes shape compiles in the interpreter and fails on the GPU, which
+is how session 7 lost an H200 run), nor the machine code. Compiled here, the vectorised loop's
+loads are read from the PTX and the AMD GCN assembly: with the alignment hint the main loop loads
+8 or 16 bytes per lane, without it 2 (bf16), the difference docs/benchmarks.md measures on the H200.
+Nothing here runs on an AMD GPU: it shows the kernels compile for one, and how they load.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+TARGETS = [("cuda", 90, 32), ("hip", "gfx942", 64), ("hip", "gfx90a", 64)]
+# vector loads of 8 or 16 bytes; a bf16 lane loading alone is ld.global.b16 / global_load_ushort
+VECTOR = re.compile(r"ld\.global(?:\.\w+)*\.v[24]\.\w+|global_load_dwordx[24]|buffer_load_dwordx[24]")
+SCALAR16 = re.compile(r"ld\.global(?:\.\w+)*\.b16|global_load_ushort|buffer_load_ushort")
+MANY_SIG = {"PC": "*i64", "PR": "*i64", "PE": "*i64", "BLK": "*i64", "OUT": "*fp64", "KMAX": "i32",
+            "CC": "constexpr", "CR": "constexpr", "CE": "constexpr", "F64": "constexpr",
+            "CHUNK": "constexpr", "BLOCK": "constexpr", "ALIGNED": "constexpr"}
+
+
+def _compile(fn: Any, sig: dict[str, str], const: dict[str, Any], target: tuple[Any, ...], warps: int) -> str:
+    from triton.backends import backends
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    backend = "nvidia" if target[0] == "cuda" else "amd"
+    if backend not in backends:
+        pytest.skip(f"this Triton has no {backend} backend")
+    k = triton.compile(ASTSource(fn, sig, const), target=GPUTarget(*target), options={"num_warps": warps})
+    return k.asm["ptx"] if target[0] == "cuda" else k.asm["amdgcn"]
+
+
+def _loads(asm: str) -> Counter:
+    return Counter({"vector": len(VECTOR.findall(asm)), "bf16 scalar": len(SCALAR16.findall(asm))})
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: str(t[1]))
+def test_aligned_loop_loads_vectors_and_the_plain_loop_does_not(target: tuple[Any, ...]) -> None:
+    from pytest_rocm_parity import kernels
+
+    fn = kernels.triton_many_kernel()
+    const = {"CC": 0, "CR": 0, "CE": 0, "F64": False, "CHUNK": kernels.CHUNK, "BLOCK": kernels.MANY_BLOCK}
+    aligned = _loads(_compile(fn, MANY_SIG, {**const, "ALIGNED": True}, target, kernels.MANY_WARPS))
+    plain = _loads(_compile(fn, MANY_SIG, {**const, "ALIGNED": False}, target, kernels.MANY_WARPS))
+    # the main loop's three inputs load as vectors; only the masked edges (three loads) stay scalar
+    assert aligned["vector"] >= 3 and aligned["bf16 scalar"] == 3, aligned
+    assert plain["vector"] == 0 and plain["bf16 scalar"] >= 3, plain
+
+
+@pytest.mark.parametrize("codes", [(1, 0, 2), (2, 2, 2), (3, 3, 3)], ids=["f16-bf16-f32", "f32", "f64"])
+@pytest.mark.parametrize("aligned", [True, False])
+def test_every_dtype_combination_compiles_for_sm90(codes: tuple[int, int, int], aligned: bool) -> None:
+    from pytest_rocm_parity import kernels
+
+    cc, cr, ce = codes
+    const = {"CC": cc, "CR": cr, "CE": ce, "F64": 3 in codes, "CHUNK": kernels.CHUNK, "BLOCK": kernels.MANY_BLOCK,
+             "ALIGNED": aligned}
+    asm = _compile(kernels.triton_many_kernel(), MANY_SIG, const, TARGETS[0], kernels.MANY_WARPS)
+    assert (_loads(asm)["vector"] >= 3) == aligned
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: str(t[1]))
+def test_formulas_and_single_leaf_kernels_compile(target: tuple[Any, ...]) -> None:
+    from pytest_rocm_parity import kernels
+    from pytest_rocm_parity.compare import JACKKNIFE_BLOCKS
+
+    nbmax = 1 << max(0, (JACKKNIFE_BLOCKS - 1).bit_length())
+    _compile(kernels.triton_columns_kernel(),
+             {"ST": "*fp64", "ROW0": "*i64", "NB": "*i64", "N": "*fp64", "CONF": "*fp64", "OUT": "*fp64",
+              "u_floor": "fp64", "NBMAX": "constexpr"}, {"NBMAX": nbmax}, target, 4)
+    _compile(kernels.triton_kernel(),
+             {"C": "*bf16", "R": "*bf16", "E": "*bf16", "OUT": "*fp64", "n": "i64", "size": "i64", "tiles": "i64",
+              "F64": "constexpr", "BLOCK": "constexpr"}, {"F64": False, "BLOCK": kernels.TILE}, target, 4)
