@@ -186,8 +186,10 @@ def device_timeline(device: str, reps: int, one_pass: Any, forward: Any) -> dict
     prof.export_chrome_trace(path)
     with open(path) as f:
         events = json.load(f)["traceEvents"]
+    # the host's ranges (the profiler also draws each range on the device's track: not those)
     wins = [(e["name"].split(":")[1], e["ts"], e["ts"] + e["dur"]) for e in events
-            if e.get("ph") == "X" and str(e.get("name", "")).startswith("win:")]
+            if e.get("ph") == "X" and str(e.get("name", "")).startswith("win:")
+            and e.get("cat") != "gpu_user_annotation"]
     kernels = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
                      if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
     rows: dict[str, list[dict[str, float]]] = collections.defaultdict(list)

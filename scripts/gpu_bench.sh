@@ -8,7 +8,7 @@
 # statistics started in parts during the pass, LAUNCH_BYTES arms beside the old flush (session 6);
 # "h": the judging formulas as one kernel, arms with and without it (session 6); "i": the statistics
 # kernel's vectorised loop: its launch shapes by device time, the fast pass with and without it, and
-# the device timeline of a pass beside a forward (session 7).
+# the device timeline of a pass beside a forward (session 7); "j": the rows on session 7's shipped code.
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -102,6 +102,16 @@ if [[ "$part" == i ]]; then   # session 7: the vectorised statistics loop; where
   timeout 170 python bench/bench_stats_kernel.py --model 1b --out "$L/stats_kernel.json" > "$L/stats_kernel.log" 2>&1
   echo "stats kernel rc=$?" >> "$L/env.txt"; cat "$L/stats_kernel.log"
   timeout 180 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,2,auto --aligned-loads on,off --out "$L/threads.json" > "$L/threads.log" 2>&1
+  echo "threads rc=$?" >> "$L/env.txt"; cat "$L/threads.log"
+  timeout 100 python bench/diag_fast_pass.py --device cuda --model 1b --threads auto --reps 10 --trace "$L/trace_auto.json" --out "$L/diag_1b.json" > "$L/diag_1b.log" 2>&1
+  echo "diag rc=$?" >> "$L/env.txt"; cat "$L/diag_1b.log"
+fi
+if [[ "$part" == j ]]; then   # session 7: the rows on the code as shipped (vectorised loop, 4 warps)
+  timeout 80 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu -o addopts="" > "$L/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?" >> "$L/env.txt"; tail -3 "$L/gpu_tests.log"
+  timeout 150 python bench/bench_parity.py --device cuda --models tiny,1b --reps 15 --out "$L/bench_j.json" > "$L/bench_j.log" 2>&1
+  echo "bench tiny,1b rc=$?" >> "$L/env.txt"
+  timeout 120 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,2,auto --out "$L/threads.json" > "$L/threads.log" 2>&1
   echo "threads rc=$?" >> "$L/env.txt"; cat "$L/threads.log"
   timeout 100 python bench/diag_fast_pass.py --device cuda --model 1b --threads auto --reps 10 --trace "$L/trace_auto.json" --out "$L/diag_1b.json" > "$L/diag_1b.log" 2>&1
   echo "diag rc=$?" >> "$L/env.txt"; cat "$L/diag_1b.log"
