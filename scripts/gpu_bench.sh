@@ -8,7 +8,8 @@
 # statistics started in parts during the pass, LAUNCH_BYTES arms beside the old flush (session 6);
 # "h": the judging formulas as one kernel, arms with and without it (session 6); "i": the statistics
 # kernel's vectorised loop: its launch shapes by device time, the fast pass with and without it, and
-# the device timeline of a pass beside a forward (session 7); "j": the rows on session 7's shipped code.
+# the device timeline of a pass beside a forward (session 7); "j": the rows on session 7's shipped code;
+# "k": the thread sweep pinned to each half of the host's cores (taskset), with the host's topology.
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -115,6 +116,13 @@ if [[ "$part" == j ]]; then   # session 7: the rows on the code as shipped (vect
   echo "threads rc=$?" >> "$L/env.txt"; cat "$L/threads.log"
   timeout 100 python bench/diag_fast_pass.py --device cuda --model 1b --threads auto --reps 10 --trace "$L/trace_auto.json" --out "$L/diag_1b.json" > "$L/diag_1b.log" 2>&1
   echo "diag rc=$?" >> "$L/env.txt"; cat "$L/diag_1b.log"
+fi
+if [[ "$part" == k ]]; then   # session 7: does the forward's speed follow the cores the process runs on?
+  { lscpu; nvidia-smi topo -m; } > "$L/topology.txt" 2>&1
+  for cores in 0-7 8-15; do
+    taskset -c "$cores" timeout 110 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --reps 10 --out "$L/threads_cores$cores.json" > "$L/threads_cores$cores.log" 2>&1
+    echo "threads cores $cores rc=$?" >> "$L/env.txt"; tail -1 "$L/threads_cores$cores.log" | cut -c1-400
+  done
 fi
 cat "$L/env.txt"
 tail -3 "$L/gpu_tests.log" 2>/dev/null
