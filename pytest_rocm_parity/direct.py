@@ -207,6 +207,12 @@ class _Chooser:
     1.11-1.16x with one in some runs, and 1.37x against 1.16x in another (docs/benchmarks.md). The
     arms alternate until each has two samples, then the faster median is used, with one try of the
     other every EXPLORE passes (the host's speed drifts within minutes).
+
+    Each arm's first sample is a warm-up, kept apart (``warmups``) and out of the choice: the first
+    threaded pass makes the pool's thread, the side streams and that thread's cuBLAS handle, and
+    the first passes of a signature run the statistics eagerly, then capture their graph. On the
+    H200 the two-thread arm's first sample was 3.2-4.9 ms per call against 0.9-1.1 after (session 7,
+    docs/benchmarks.md), which alone made auto keep one thread.
     """
 
     EXPLORE = 8
@@ -214,6 +220,7 @@ class _Chooser:
 
     def __init__(self) -> None:
         self.samples: dict[Any, dict[int, collections.deque[float]]] = {}
+        self.warmups: dict[Any, dict[int, float]] = {}
         self.picks: dict[Any, int] = {}
 
     def pick(self, key: Any) -> int:
@@ -222,11 +229,16 @@ class _Chooser:
         self.picks[key] = n = self.picks.get(key, 0) + 1
         thin = [arm for arm in (1, AUTO_THREADS) if len(s[arm]) < 2]
         if thin:   # alternate, one thread first: a run of two passes has tried both
-            return min(thin, key=lambda arm: len(s[arm]))
+            warm = self.warmups.get(key, {})
+            return min(thin, key=lambda arm: len(s[arm]) + (arm in warm))
         best, other = sorted((1, AUTO_THREADS), key=lambda arm: statistics.median(s[arm]))
         return other if n % self.EXPLORE == 0 else best
 
     def record(self, key: Any, arm: int, per_call: float) -> None:
+        warm = self.warmups.setdefault(key, {})
+        if arm not in warm:
+            warm[arm] = per_call
+            return
         self.samples[key][arm].append(per_call)
 
 

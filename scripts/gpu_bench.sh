@@ -9,7 +9,8 @@
 # "h": the judging formulas as one kernel, arms with and without it (session 6); "i": the statistics
 # kernel's vectorised loop: its launch shapes by device time, the fast pass with and without it, and
 # the device timeline of a pass beside a forward (session 7); "j": the rows on session 7's shipped code;
-# "k": the thread sweep pinned to each half of the host's cores (taskset), with the host's topology.
+# "k": the thread sweep pinned to each half of the host's cores (taskset), with the host's topology;
+# "l": auto without its warm-up samples: the sweep in two processes, then bench_parity at 1.1B.
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -123,6 +124,14 @@ if [[ "$part" == k ]]; then   # session 7: does the forward's speed follow the c
     taskset -c "$cores" timeout 110 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --reps 10 --out "$L/threads_cores$cores.json" > "$L/threads_cores$cores.log" 2>&1
     echo "threads cores $cores rc=$?" >> "$L/env.txt"; tail -1 "$L/threads_cores$cores.log" | cut -c1-400
   done
+fi
+if [[ "$part" == l ]]; then   # session 7: auto without its warm-up samples, twice (two processes), then the 1.1B row
+  for n in 1 2; do
+    timeout 110 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,2,auto --reps 15 --out "$L/threads_p$n.json" > "$L/threads_p$n.log" 2>&1
+    echo "threads process $n rc=$?" >> "$L/env.txt"; tail -1 "$L/threads_p$n.log" | cut -c1-420
+  done
+  timeout 150 python bench/bench_parity.py --device cuda --models 1b --reps 15 --out "$L/bench_l.json" > "$L/bench_l.log" 2>&1
+  echo "bench 1b rc=$?" >> "$L/env.txt"
 fi
 cat "$L/env.txt"
 tail -3 "$L/gpu_tests.log" 2>/dev/null
