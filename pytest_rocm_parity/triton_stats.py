@@ -1,7 +1,11 @@
-"""The Triton statistics kernel (see kernels.py); imported only where Triton is installed.
+"""The Triton statistics kernels (see kernels.py); imported only where Triton is installed.
 
-Kept undecorated at module level: kernels.py wraps it with triton.jit for a GPU or with Triton's
-interpreter for CPU tests, and the interpreter needs ``tl`` as a module global.
+The kernels are kept undecorated: kernels.py wraps them with triton.jit when first used, for a GPU
+or (TRITON_INTERPRET=1 set before Triton loads) for Triton's CPU interpreter, which needs ``tl``
+as a module global. The small device functions they call are decorated here, at import, which
+is as late: this module is imported only by those wrappers. Tests: the interpreter checks the
+arithmetic (tests/unit/test_stats_kernel.py, test_stats_graph.py); Triton's compilers for sm_90,
+gfx942 and gfx90a check what compiles and how it loads (tests/unit/test_kernel_codegen.py).
 """
 import triton
 import triton.language as tl
