@@ -10,7 +10,8 @@
 # kernel's vectorised loop: its launch shapes by device time, the fast pass with and without it, and
 # the device timeline of a pass beside a forward (session 7); "j": the rows on session 7's shipped code;
 # "k": the thread sweep pinned to each half of the host's cores (taskset), with the host's topology;
-# "l": auto without its warm-up samples: the sweep in two processes, then bench_parity at 1.1B.
+# "l": auto without its warm-up samples: the sweep in two processes, then bench_parity at 1.1B;
+# "m": the sweep with 60 alternations, in two processes.
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -132,6 +133,12 @@ if [[ "$part" == l ]]; then   # session 7: auto without its warm-up samples, twi
   done
   timeout 150 python bench/bench_parity.py --device cuda --models 1b --reps 15 --out "$L/bench_l.json" > "$L/bench_l.log" 2>&1
   echo "bench 1b rc=$?" >> "$L/env.txt"
+fi
+if [[ "$part" == m ]]; then   # session 7: the sweep with 60 alternations (the host's speed drifts within a process)
+  for n in 1 2; do
+    timeout 130 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,2,auto --reps 60 --out "$L/threads60_p$n.json" > "$L/threads60_p$n.log" 2>&1
+    echo "threads reps 60 process $n rc=$?" >> "$L/env.txt"; tail -1 "$L/threads60_p$n.log" | cut -c1-330
+  done
 fi
 cat "$L/env.txt"
 tail -3 "$L/gpu_tests.log" 2>/dev/null
