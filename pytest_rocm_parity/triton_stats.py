@@ -65,6 +65,19 @@ def _terms(c, r, e):  # noqa: ANN001, ANN202
 
 
 @triton.jit
+def _store8(o, v0, v1, v2, v3, v4, v5, v6, v7):  # noqa: ANN001, ANN202
+    """Eight values to o[0:8] (a row of block sums, or the first eight judging columns)."""
+    tl.store(o + 0, v0)
+    tl.store(o + 1, v1)
+    tl.store(o + 2, v2)
+    tl.store(o + 3, v3)
+    tl.store(o + 4, v4)
+    tl.store(o + 5, v5)
+    tl.store(o + 6, v6)
+    tl.store(o + 7, v7)
+
+
+@triton.jit
 def _pointer(P, leaf, code: tl.constexpr, ALIGNED: tl.constexpr):  # noqa: N803, ANN001, ANN202
     """Leaf ``leaf``'s data pointer from the table P. ALIGNED: the host checked that it is 16-byte
     aligned, and the hint lets the compiler vectorise the loads (checked in the PTX for sm_90:
@@ -159,15 +172,7 @@ def stats_many_kernel(PC, PR, PE, BLK, OUT, KMAX, CC: tl.constexpr, CR: tl.const
         s5 += tl.sum(u5.to(tl.float64), axis=0)
         s6 += tl.sum(u6.to(tl.float64), axis=0)
         s7 = tl.maximum(s7, tl.max(u7.to(tl.float64), axis=0))
-    o = OUT + (b * KMAX + j) * 8
-    tl.store(o + 0, s0)
-    tl.store(o + 1, s1)
-    tl.store(o + 2, s2)
-    tl.store(o + 3, s3)
-    tl.store(o + 4, s4)
-    tl.store(o + 5, s5)
-    tl.store(o + 6, s6)
-    tl.store(o + 7, s7)
+    _store8(OUT + (b * KMAX + j) * 8, s0, s1, s2, s3, s4, s5, s6, s7)
 
 
 def columns_kernel(ST, ROW0, NB, N, CONF, OUT, u_floor, NBMAX: tl.constexpr):  # noqa: N803
@@ -239,12 +244,5 @@ def columns_kernel(ST, ROW0, NB, N, CONF, OUT, u_floor, NBMAX: tl.constexpr):  #
     pm = plus + minus
     z = tl.where(pm > 0, (plus - minus) / tl.sqrt(tl.maximum(pm, 1.0)), 0.0)
     o = OUT + leaf * 9
-    tl.store(o + 0, rms_t)
-    tl.store(o + 1, err_c)
-    tl.store(o + 2, err_r)
-    tl.store(o + 3, ratio)
-    tl.store(o + 4, lo)
-    tl.store(o + 5, rel)
-    tl.store(o + 6, dmax)
-    tl.store(o + 7, z)
+    _store8(o, rms_t, err_c, err_r, ratio, lo, rel, dmax, z)
     tl.store(o + 8, finite.to(tl.float64))
