@@ -182,7 +182,8 @@ def device_timeline(device: str, reps: int, one_pass: Any, forward: Any) -> dict
                 with record_function(f"win:{name}:{i}"):
                     fn()
                     sync(device)
-    path = tf.mktemp(suffix=".json")
+    with tf.NamedTemporaryFile(suffix=".json", delete=False) as handle:
+        path = handle.name
     prof.export_chrome_trace(path)
     with open(path) as f:
         events = json.load(f)["traceEvents"]

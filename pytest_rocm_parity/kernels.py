@@ -139,8 +139,7 @@ def block_stats_many(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int
         if hit is not None:   # the same leaves as a pass before (the allocator reused their addresses)
             dev_table, n_blk, kmax, rows = hit
         else:
-            dev_table, n_blk, kmax, rows = _TABLES.put(tkey, _table(ptr_rows, idx, leaves, layouts, row0, chunk,
-                                                                    dev, al))
+            dev_table, n_blk, kmax, rows = _TABLES.put(tkey, _table(ptr_rows, idx, leaves, layouts, row0, chunk, dev))
         sums = _launch(dev_table, len(idx), n_blk, kmax, (dc, dr, de), chunk, dev, al)
         if len(groups) == 1:
             out = sums
@@ -195,7 +194,7 @@ class ManyLaunch:
         self.groups = []
         for codes, idx in _groups(leaves).items():
             ptr_rows = [[leaves[i][k].data_ptr() for i in idx] for k in range(3)]
-            dev_table, n_blk, kmax, rows = _table(ptr_rows, idx, leaves, layouts, row0, self.chunk, self.dev, al)
+            dev_table, n_blk, kmax, rows = _table(ptr_rows, idx, leaves, layouts, row0, self.chunk, self.dev)
             self.groups.append((codes, idx, dev_table, n_blk, kmax, rows))
 
     def point_at(self, leaves: list[tuple[Any, Any, Any]]) -> None:
@@ -255,7 +254,7 @@ _TABLES = _TableCache()
 
 
 def _table(ptr_rows: list[list[int]], idx: list[int], leaves: list[tuple[Any, Any, Any]],
-           layouts: list[tuple[int, int]], row0: Any, chunk: int, dev: Any, al: bool) -> tuple[Any, int, int, Any]:
+           layouts: list[tuple[int, int]], row0: Any, chunk: int, dev: Any) -> tuple[Any, int, int, Any]:
     """(device table, blocks, chunks per block, output rows) of one launch over leaves ``idx``."""
     import numpy as np
     import torch

@@ -81,7 +81,7 @@ def _store8(o, v0, v1, v2, v3, v4, v5, v6, v7):  # noqa: ANN001, ANN202
 def _pointer(P, leaf, code: tl.constexpr, ALIGNED: tl.constexpr):  # noqa: N803, ANN001, ANN202
     """Leaf ``leaf``'s data pointer from the table P. ALIGNED: the host checked that it is 16-byte
     aligned, and the hint lets the compiler vectorise the loads (checked in the PTX for sm_90:
-    without it every lane loads 2 bytes at a time; tests/unit/test_stats_kernel.py)."""
+    without it every lane loads 2 bytes at a time; tests/unit/test_kernel_codegen.py)."""
     a = tl.load(P + leaf)
     if code == 0:
         p = a.to(tl.pointer_type(tl.bfloat16))
