@@ -1,0 +1,111 @@
+"""The replay's own host time per direct call, with the modules' compute made negligible.
+
+    python bench/bench_host_overhead.py [--layers 22] [--reps 300] [--out host-overhead.json]
+
+Why: on the H200 the 1.1B forward is bound by the host launching kernels (docs/benchmarks.md,
+session 7), so every microsecond the harness spends around a module call is a microsecond of
+replay. This measures that microsecond on the CPU, where it is the same Python: a Llama of the
+1.1B model's depth with 16-wide layers on 4 tokens, its goldens preloaded as a GPU replay's are,
+the replay's queued (GPU) comparison path taken on the CPU (`_StatsQueue.DEFER_ON_CPU`).
+
+Reported (medians, microseconds): ``bare`` (the same modules called on the same golden inputs
+by a plain loop: the modules' own host time), ``direct`` (`direct.run_level` with the replay's
+comparison of each output: what a pass spends in its direct calls), their difference per call,
+and ``judge`` (after the flush: the per-layer verdicts). The flush's statistics are left out:
+on a GPU they are the Triton kernel, here torch ops on the CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layers", type=int, default=22)
+    p.add_argument("--reps", type=int, default=300)
+    p.add_argument("--out", default=None)
+    a = p.parse_args(argv)
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    sys.path.insert(0, __file__.rsplit("/", 1)[0])
+    from bench_parity import write_rows
+
+    from pytest_rocm_parity import direct, replay as rp
+    from pytest_rocm_parity.capture import capture
+    from pytest_rocm_parity.engine import CheckSpec
+    from pytest_rocm_parity.golden import GoldenStore, RungReader
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=a.layers, num_attention_heads=2,
+                      num_key_value_heads=1, vocab_size=64)
+    model = LlamaForCausalLM(cfg).eval()
+    inputs = {"input_ids": torch.randint(0, 64, (1, 4), generator=torch.Generator().manual_seed(0)),
+              "use_cache": False}
+    store = GoldenStore(tempfile.mkdtemp())
+    spec = CheckSpec(name="o", dtypes=["float32"], drill=0, replay="fast", threads=1)
+    manifest = capture(model, inputs, spec, store, "cpu", overwrite=True)
+    meta = manifest["rungs"]["float32"]
+    reader = RungReader(store.rung_file("o", manifest, "float32"), "cpu")
+    reader.preload(reader.keys, 1 << 40)
+    rp._StatsQueue.DEFER_ON_CPU = True
+
+    times: dict[str, float] = {}
+    calls_seen: list[Any] = []
+
+    def timed(name: str, fn: Any) -> Any:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kw: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                times[name] = times.get(name, 0.0) + time.perf_counter() - t
+        return wrapper
+
+    real_run_level = rp.run_level
+
+    def run_level(model_: Any, calls: list[Any], *args: Any, **kw: Any) -> Any:
+        calls_seen[:] = [calls, kw.get("mods") if "mods" in kw else args[4] if len(args) > 4 else None]
+        return real_run_level(model_, calls, *args, **kw)
+    rp.run_level = timed("direct", run_level)
+    rp.judge_layer = timed("judge", rp.judge_layer)
+    one = rp.prepare_rung(model, spec, manifest, meta, reader, "float32", "cpu", {"args": (), "kwargs": inputs},
+                          keep_loaded=True)
+    one()
+    calls, mods = calls_seen
+    mods = mods or direct.resolve_modules(model, calls)
+    built = [(m, direct._build(c.args, reader.get), direct._build(c.kwargs, reader.get)) for c, m in zip(calls, mods)]
+
+    def bare() -> None:
+        with torch.inference_mode():
+            for m, args, kwargs in built:
+                m(*args, **kwargs)
+    samples: dict[str, list[float]] = {"bare": [], "direct": [], "judge": [], "pass": []}
+    for _ in range(a.reps):
+        t = time.perf_counter()
+        bare()
+        samples["bare"].append(time.perf_counter() - t)
+        times.clear()
+        t = time.perf_counter()
+        one()
+        samples["pass"].append(time.perf_counter() - t)
+        samples["direct"].append(times["direct"])
+        samples["judge"].append(times["judge"])
+    us = {k: statistics.median(v) * 1e6 for k, v in samples.items()}
+    row = {"model": f"llama-16wide-{a.layers}", "calls": len(calls), **{f"{k}_us": v for k, v in us.items()},
+           "harness_per_call_us": (us["direct"] - us["bare"]) / len(calls)}
+    print(json.dumps(row), flush=True)
+    write_rows(a.out, "cpu", [row])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
