@@ -11,7 +11,7 @@
 # the device timeline of a pass beside a forward (session 7); "j": the rows on session 7's shipped code;
 # "k": the thread sweep pinned to each half of the host's cores (taskset), with the host's topology;
 # "l": auto without its warm-up samples: the sweep in two processes, then bench_parity at 1.1B;
-# "m": the sweep with 60 alternations, in two processes.
+# "m": the sweep with 60 alternations, in two processes; "n": GPU tests, one-thread host profile.
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -139,6 +139,12 @@ if [[ "$part" == m ]]; then   # session 7: the sweep with 60 alternations (the h
     timeout 130 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,2,auto --reps 60 --out "$L/threads60_p$n.json" > "$L/threads60_p$n.log" 2>&1
     echo "threads reps 60 process $n rc=$?" >> "$L/env.txt"; tail -1 "$L/threads60_p$n.log" | cut -c1-330
   done
+fi
+if [[ "$part" == n ]]; then   # session 7, last: GPU tests on the final code; the host profile of one-thread passes
+  timeout 80 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu -o addopts="" > "$L/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?" >> "$L/env.txt"; tail -3 "$L/gpu_tests.log"
+  timeout 110 python bench/diag_fast_pass.py --device cuda --model 1b --threads 1 --reps 15 --profile "$L/prof_1t.txt" --out "$L/diag_1t.json" > "$L/diag_1t.log" 2>&1
+  echo "diag rc=$?" >> "$L/env.txt"; head -16 "$L/diag_1t.log"
 fi
 cat "$L/env.txt"
 tail -3 "$L/gpu_tests.log" 2>/dev/null
