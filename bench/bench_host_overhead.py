@@ -17,7 +17,6 @@ on a GPU they are the Triton kernel, here torch ops on the CPU.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import statistics
 import sys
@@ -36,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     sys.path.insert(0, __file__.rsplit("/", 1)[0])
-    from bench_parity import write_rows
+    from bench_parity import accumulating, write_rows
 
     from pytest_rocm_parity import direct, replay as rp
     from pytest_rocm_parity.capture import capture
@@ -61,14 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     calls_seen: list[Any] = []
 
     def timed(name: str, fn: Any) -> Any:
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kw: Any) -> Any:
-            t = time.perf_counter()
-            try:
-                return fn(*args, **kw)
-            finally:
-                times[name] = times.get(name, 0.0) + time.perf_counter() - t
-        return wrapper
+        return accumulating(times, name, fn)
 
     real_run_level = rp.run_level
 

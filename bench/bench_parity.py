@@ -63,6 +63,20 @@ def timed(fn: Any, device: str, reps: int) -> float:
     return statistics.median(times)
 
 
+def accumulating(into: dict[str, float], name: str, fn: Any) -> Any:
+    """``fn`` wrapped to add its wall time to ``into[name]`` per call (phase timers of the diagnostics)."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kw: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kw)
+        finally:
+            into[name] = into.get(name, 0.0) + time.perf_counter() - t
+    return wrapper
+
+
 def interleaved(fns: dict[str, Any], device: str, reps: int) -> dict[str, float]:
     """Median time of each function, run in turn (a, b, a, b, ...): the host of a lent machine
     drifts between and within runs, and a ratio of two medians taken minutes apart carries that drift."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import functools
 import json
 import statistics
 import sys
@@ -37,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     sys.path.insert(0, __file__.rsplit("/", 1)[0])
-    from bench_parity import build, sync
+    from bench_parity import accumulating, build, sync
 
     from pytest_rocm_parity import kernels, replay as rp, stats_graph
     from pytest_rocm_parity.capture import capture
@@ -62,14 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     current: dict[str, float] = collections.defaultdict(float)
 
     def timed(name: str, fn: Any) -> Any:
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kw: Any) -> Any:
-            t = time.perf_counter()
-            try:
-                return fn(*args, **kw)
-            finally:
-                current[name] += time.perf_counter() - t
-        return wrapper
+        return accumulating(current, name, fn)
 
     rp._preload = timed("preload", rp._preload)
     rp._run = timed("forward (hooked)", rp._run)
