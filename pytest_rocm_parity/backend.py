@@ -154,6 +154,7 @@ def numerics_settings(torch_mod: Any | None = None) -> dict[str, Any]:
     """The BLAS, attention, TF32 and determinism settings that change numerics."""
     if torch_mod is None:
         import torch as torch_mod  # noqa: PLC0415
+    assert torch_mod is not None
     b = torch_mod.backends
     cm = b.cuda.matmul
     blas = _safe(lambda: b.cuda.preferred_blas_library())

@@ -45,7 +45,7 @@ def major_minor(version: str | None) -> str | None:
     return f"{t[0]}.{t[1]}" if len(t) >= 2 else None
 
 
-def _vt(version: str) -> tuple[int, ...]:
+def _vt(version: str | None) -> tuple[int, ...]:
     return version_tuple(version)
 
 

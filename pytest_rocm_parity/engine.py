@@ -347,7 +347,7 @@ def _patch(obj: Any, plan: dict[str, Any] | str, fn: Callable[[str, Any], Any]) 
     """
     import torch
 
-    if type(plan) is str:
+    if isinstance(plan, str):
         if not isinstance(obj, torch.Tensor):
             raise _NotPlain(plan)
         return fn(plan, obj)

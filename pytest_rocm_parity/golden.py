@@ -631,7 +631,7 @@ class RungReader:
             buf = t.reshape(-1).view(torch.uint8).numpy()
             with open(self.path, "rb") as f:
                 f.seek(self._data_start + int(start))
-                if f.readinto(memoryview(buf)) != end - start:
+                if f.readinto(buf.data) != end - start:
                     raise GoldenCorrupt(f"{self.path}: tensor {key!r} is cut short (file truncated); recapture "
                                         f"this golden", self.path)
         return t

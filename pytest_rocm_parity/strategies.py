@@ -18,7 +18,7 @@ import difflib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 import numpy as np
 import torch
@@ -67,7 +67,7 @@ REGIMES: tuple[str, ...] = ("ordinary", "large", "subnormal", "zero")
 _DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16")
 # numpy has no bfloat16: draw float32 values and round them once on the way in.
 _NUMPY_DTYPE = {"float64": np.float64, "float32": np.float32, "float16": np.float16, "bfloat16": np.float32}
-_WIDTH = {"float64": 64, "float32": 32, "float16": 16, "bfloat16": 32}
+_WIDTH: dict[str, Literal[16, 32, 64]] = {"float64": 64, "float32": 32, "float16": 16, "bfloat16": 32}
 
 
 def resolve_dtype(dtype: DtypeLike) -> torch.dtype:
@@ -221,7 +221,7 @@ def values(
 
 def _representable(x: float, width: int, *, toward_zero: bool) -> float:
     """Round a bound to the float grid of ``width`` bits so ``st.floats`` accepts it."""
-    np_type = {16: np.float16, 32: np.float32, 64: np.float64}[width]
+    np_type: Any = {16: np.float16, 32: np.float32, 64: np.float64}[width]
     with np.errstate(over="ignore"):
         v = np_type(x)
     if not np.isfinite(v):
