@@ -1,0 +1,265 @@
+"""Compile a Triton kernel, specialised as a real launch would be, for GPUs this machine lacks.
+
+Why: a CUDA-to-ROCm port rewrites custom operators in Triton, and a kernel that runs in Triton's
+CPU interpreter (or on the NVIDIA reference) may still not compile for an AMD GPU: inline PTX,
+CUDA-only libdevice calls, a shape the AMD backend rejects. Triton ships its compilers for both
+vendors (ptxas for NVIDIA, an AMD LLVM and assembler), so a CPU-only CI machine can build the
+kernel for gfx942 (MI300) and find out, without an AMD GPU. Compiling is not running: a kernel
+that compiles may still compute differently, which is what the parity checks and the operator
+fuzzing are for.
+
+    from pytest_rocm_parity.triton_targets import assert_compiles_for
+    assert_compiles_for(my_kernel, x, y, n, BLOCK=128, targets=("gfx942", "gfx90a"))
+
+The arguments are those of a launch (``my_kernel[grid](x, y, n, BLOCK=128)``): tensors give the
+pointer dtypes, Python ints and floats the scalar types, ``tl.constexpr`` parameters their values.
+Each target compiles in a subprocess: Triton's assembler reports on the process's stderr, and the
+user's process may have Triton in interpreter mode (TRITON_INTERPRET=1), which compiles nothing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+from typing import Any
+
+from pytest_rocm_parity.errors import InvalidArgument, ParityError
+
+# name -> (backend, arch, warp size) for triton.backends.compiler.GPUTarget, and the GPU it is
+TARGETS: dict[str, tuple[str, Any, int, str]] = {
+    "sm_80": ("cuda", 80, 32, "NVIDIA A100"),
+    "sm_90": ("cuda", 90, 32, "NVIDIA H100/H200"),
+    "sm_100": ("cuda", 100, 32, "NVIDIA B200"),
+    "gfx90a": ("hip", "gfx90a", 64, "AMD MI250/MI210"),
+    "gfx942": ("hip", "gfx942", 64, "AMD MI300X/MI300A/MI325X"),
+    "gfx950": ("hip", "gfx950", 64, "AMD MI350X/MI355X"),
+    "gfx1100": ("hip", "gfx1100", 32, "AMD Radeon RX 7900 / PRO W7900"),
+}
+DEFAULT_TARGETS = ("sm_90", "gfx942", "gfx90a")
+
+_TORCH_TO_TRITON = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64", "int8": "i8",
+                    "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8", "bool": "i1",
+                    "float8_e4m3fn": "fp8e4nv", "float8_e5m2": "fp8e5", "float8_e4m3fnuz": "fp8e4b8",
+                    "float8_e5m2fnuz": "fp8e5b16"}
+
+
+class TritonTargetError(ParityError):
+    """A Triton kernel does not compile for a GPU target."""
+
+
+@dataclasses.dataclass
+class TargetBuild:
+    """What compiling for one target gave: ``ok``, or the compiler's error; and, where the backend
+    reports it, the resources the kernel takes (AMD: registers, spills, LDS), which set occupancy."""
+
+    target: str
+    gpu: str
+    ok: bool
+    error: str = ""
+    resources: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+def launch_signature(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
+    """(signature, constexprs) of a launch of ``kernel`` with these arguments, in Triton's notation
+    ("*fp32" for a float32 tensor, "i32"/"i64" for an int, "fp32" for a float, "constexpr")."""
+    fn = _python_function(kernel)
+    params = list(inspect.signature(fn).parameters.values())
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError as exc:
+        raise InvalidArgument(f"arguments do not match {fn.__name__}{inspect.signature(fn)}: {exc}; pass them "
+                              f"as to a launch, kernel[grid](...), without the grid") from None
+    bound.apply_defaults()
+    signature: dict[str, str] = {}
+    constexprs: dict[str, Any] = {}
+    for p in params:
+        value = bound.arguments.get(p.name)
+        if _is_constexpr(p.annotation) or value is None:
+            signature[p.name] = "constexpr"
+            constexprs[p.name] = _constexpr_value(p.name, value)
+        else:
+            signature[p.name] = _type_of(p.name, value)
+    return signature, constexprs
+
+
+def compile_for(kernel: Any, *args: Any, targets: tuple[str, ...] | list[str] = DEFAULT_TARGETS,
+                num_warps: int = 4, num_stages: int | None = None, timeout: float = 600.0,
+                **kwargs: Any) -> list[TargetBuild]:
+    """Compile ``kernel`` as launched with ``args``/``kwargs`` for each of ``targets`` (TARGETS' names)."""
+    unknown = [t for t in targets if t not in TARGETS]
+    if unknown or not targets:
+        raise InvalidArgument(f"targets={list(targets)!r}: unknown {unknown}; choose from {sorted(TARGETS)}")
+    signature, constexprs = launch_signature(kernel, args, kwargs)
+    fn = _python_function(kernel)
+    options: dict[str, Any] = {"num_warps": num_warps}
+    if num_stages is not None:
+        options["num_stages"] = num_stages
+    job = {"module": fn.__module__, "file": inspect.getsourcefile(fn), "qualname": fn.__qualname__,
+           "signature": signature, "constexprs": constexprs, "options": options, "targets": list(targets)}
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    paths = [p for p in sys.path if p]
+    env["PYTHONPATH"] = os.pathsep.join(paths + [env["PYTHONPATH"]] if env.get("PYTHONPATH") else paths)
+    proc = subprocess.run([sys.executable, "-m", "pytest_rocm_parity.triton_targets"], input=json.dumps(job),
+                          capture_output=True, text=True, env=env, timeout=timeout)
+    last = proc.stdout.strip().splitlines()[-1:] if proc.stdout.strip() else []
+    try:
+        rows = json.loads(last[0]) if last else None
+    except ValueError:
+        rows = None
+    if proc.returncode != 0 or not isinstance(rows, list):
+        raise TritonTargetError(f"could not compile {fn.__qualname__} (from {job['file']}) in a subprocess: "
+                                f"{(proc.stderr or proc.stdout)[-1500:]}")
+    return [TargetBuild(**r) for r in rows]
+
+
+def assert_compiles_for(kernel: Any, *args: Any, targets: tuple[str, ...] | list[str] = DEFAULT_TARGETS,
+                        **kwargs: Any) -> list[TargetBuild]:
+    """compile_for, raising TritonTargetError that names every target that failed, the compiler's
+    message and what to change; returns the builds when all compiled."""
+    builds = compile_for(kernel, *args, targets=targets, **kwargs)
+    bad = [b for b in builds if not b.ok]
+    if bad:
+        name = _python_function(kernel).__qualname__
+        source = inspect.getsource(_python_function(kernel))
+        lines = [f"Triton kernel {name} does not compile for {', '.join(f'{b.target} ({b.gpu})' for b in bad)}; "
+                 f"it does for {', '.join(b.target for b in builds if b.ok) or 'none of the targets'}."]
+        for b in bad:
+            lines.append(f"  {b.target}: {b.error}")
+        lines.append(f"Fix: {_advice(source, bad)}")
+        raise TritonTargetError("\n".join(lines))
+    return builds
+
+
+def _advice(source: str, bad: list[TargetBuild]) -> str:
+    if "inline_asm" in source:
+        return ("inline assembly is written for one instruction set (PTX is not AMDGCN): use tl ops, or give "
+                "each backend its own asm, chosen by triton.runtime.driver.active.get_current_target().backend.")
+    if "extra.cuda" in source or "libdevice" in source:
+        return "call tl.extra.libdevice (it dispatches per backend) or tl.math instead of CUDA's libdevice."
+    if any(b.target.startswith("gfx") for b in bad):
+        return ("read the compiler message above; AMD wavefronts are 64 lanes on gfx9 (CDNA), so shapes that "
+                "assume 32 lanes per warp, and num_warps tuned for NVIDIA, are the usual suspects.")
+    return "read the compiler message above."
+
+
+def _python_function(kernel: Any) -> Any:
+    """The plain Python function behind a triton.jit kernel (a JITFunction, or an InterpretedFunction
+    when TRITON_INTERPRET=1), or the function itself (a kernel kept undecorated, as triton_stats' are)."""
+    fn = getattr(kernel, "fn", kernel)
+    if not inspect.isfunction(fn):
+        raise InvalidArgument(f"kernel={kernel!r}: expected a @triton.jit function")
+    return fn
+
+
+def _is_constexpr(annotation: Any) -> bool:
+    if isinstance(annotation, str):
+        return annotation.split(".")[-1] == "constexpr"
+    return getattr(annotation, "__name__", "") == "constexpr"
+
+
+def _constexpr_value(name: str, value: Any) -> Any:
+    """A constexpr as the worker gets it (JSON): numbers, strings, None, or a Triton dtype by name."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if type(value).__name__ == "dtype" and type(value).__module__.startswith("triton"):
+        return {"tl_dtype": str(value)}
+    raise InvalidArgument(f"constexpr {name}={value!r}: only numbers, strings, None and Triton dtypes (tl.float16) "
+                          f"can be passed to the compiler here")
+
+
+def _type_of(name: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -2**31 <= value < 2**31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None and hasattr(value, "data_ptr"):
+        code = _TORCH_TO_TRITON.get(str(dtype).replace("torch.", ""))
+        if code is None:
+            raise InvalidArgument(f"argument {name}: a tensor of {dtype}, which Triton kernels do not take; "
+                                  f"pass one of {sorted(_TORCH_TO_TRITON)}")
+        return "*" + code
+    raise InvalidArgument(f"argument {name}={value!r}: a launch takes tensors, ints, floats, bools or "
+                          f"constexpr values; pass what kernel[grid](...) would get")
+
+
+_RESOURCES = {"vgpr_count": "vgprs", "sgpr_count": "sgprs", "vgpr_spill_count": "vgpr_spills",
+              "sgpr_spill_count": "sgpr_spills", "group_segment_fixed_size": "lds_bytes",
+              "private_segment_fixed_size": "scratch_bytes"}
+
+
+def _worker() -> None:
+    """Compile the job on stdin for each target; one JSON line of TargetBuild fields on stdout."""
+    import importlib
+    import importlib.util
+    import tempfile
+
+    job = json.loads(sys.stdin.read())
+    os.environ.pop("TRITON_INTERPRET", None)
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    try:
+        module = importlib.import_module(job["module"])
+    except Exception:   # a test module or a script: load it from its file
+        spec = importlib.util.spec_from_file_location(f"_parity_kernel_{os.getpid()}", job["file"])
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    obj: Any = module
+    for part in job["qualname"].split("."):
+        obj = getattr(obj, part)
+    fn = getattr(obj, "fn", obj)
+    # a module that set TRITON_INTERPRET itself holds interpreted functions: the compiler needs jitted
+    # ones, for the kernel and for the device functions it calls (looked up in its globals)
+    for k, v in list(fn.__globals__.items()):
+        if type(v).__name__ == "InterpretedFunction":
+            fn.__globals__[k] = JITFunction(v.fn)
+    kernel = JITFunction(fn)
+    constexprs = {k: triton.language.dtype(v["tl_dtype"]) if isinstance(v, dict) else v
+                  for k, v in job["constexprs"].items()}
+    rows = []
+    for name in job["targets"]:
+        backend, arch, warp, gpu = TARGETS[name]
+        row: dict[str, Any] = {"target": name, "gpu": gpu, "ok": False, "error": "", "resources": {}}
+        with tempfile.TemporaryFile(mode="w+") as err:
+            saved = os.dup(2)
+            os.dup2(err.fileno(), 2)
+            try:
+                built = triton.compile(ASTSource(kernel, job["signature"], constexprs),
+                                       target=GPUTarget(backend, arch, warp), options=job["options"])
+                row["ok"] = True
+                if backend == "hip":
+                    asm = built.asm.get("amdgcn", "")
+                    for key, label in _RESOURCES.items():
+                        m = re.search(rf"\.{key}:\s+(\d+)", asm)
+                        if m:
+                            row["resources"][label] = int(m.group(1))
+                else:
+                    row["resources"]["shared_bytes"] = int(getattr(built.metadata, "shared", 0) or 0)
+            except Exception as exc:   # the compiler's refusal is the result
+                row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
+            finally:
+                sys.stderr.flush()
+                os.dup2(saved, 2)
+                os.close(saved)
+            err.seek(0)
+            text = err.read().splitlines()
+            # the assembler's "error: ..." line and the offending instruction under it
+            said = [" ".join(x.strip() for x in text[i:i + 2]) for i, ln in enumerate(text) if "error" in ln.lower()]
+            if not row["ok"] and said:
+                row["error"] += " | " + " | ".join(said[:3])[:400]
+        rows.append(row)
+    print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    _worker()

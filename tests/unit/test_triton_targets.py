@@ -1,0 +1,139 @@
+"""triton_targets: a kernel compiled, as a launch specialises it, for GPUs this machine lacks, by
+Triton's own NVIDIA and AMD compilers (nothing here runs on a GPU)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+triton = pytest.importorskip("triton")
+if os.environ.get("TRITON_INTERPRET") == "1":
+    pytest.skip("this module defines kernels at import: run it without TRITON_INTERPRET", allow_module_level=True)
+import triton.language as tl  # noqa: E402
+
+from pytest_rocm_parity.errors import InvalidArgument  # noqa: E402
+from pytest_rocm_parity.triton_targets import (  # noqa: E402
+    TritonTargetError, assert_compiles_for, compile_for, launch_signature)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@triton.jit
+def _ptx_copy(X, Y, N, BLOCK: tl.constexpr):
+    """A CUDA-only kernel, as ports meet them: inline PTX, which AMD's assembler cannot read."""
+    offs = tl.arange(0, BLOCK)
+    m = offs < N
+    x = tl.load(X + offs, mask=m)
+    y = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
+    tl.store(Y + offs, y, mask=m)
+
+
+@triton.jit
+def _scale(X, Y, N, factor, OUT_DTYPE: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr = False):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < N
+    tl.store(Y + offs, (tl.load(X + offs, mask=m) * factor).to(OUT_DTYPE), mask=m)
+
+
+def _rms_args() -> tuple[tuple, dict]:
+    x = torch.randn(4, 96)
+    w = torch.ones(96)
+    y = torch.empty_like(x)
+    return (x, w, y, x.stride(0), y.stride(0), 96, 1e-6), {"BLOCK": 64}
+
+
+def test_a_portable_kernel_compiles_for_nvidia_and_amd_targets() -> None:
+    from conftest_examples.triton_kernels import _rms_norm_kernel
+
+    args, kw = _rms_args()
+    builds = assert_compiles_for(_rms_norm_kernel, *args, targets=("sm_90", "gfx942", "gfx90a", "gfx950"), **kw)
+    assert [b.target for b in builds] == ["sm_90", "gfx942", "gfx90a", "gfx950"] and all(b.ok for b in builds)
+    amd = {b.target: b.resources for b in builds if b.target.startswith("gfx")}
+    assert all(r["vgprs"] > 0 and r["vgpr_spills"] == 0 for r in amd.values()), amd
+
+
+def test_inline_ptx_compiles_for_nvidia_and_is_refused_for_amd_with_the_assemblers_words() -> None:
+    x, y = torch.zeros(100), torch.zeros(100)
+    builds = compile_for(_ptx_copy, x, y, 100, BLOCK=128, targets=("sm_90", "gfx942"))
+    assert [b.ok for b in builds] == [True, False]
+    assert "invalid instruction" in builds[1].error and "mov.b32" in builds[1].error, builds[1].error
+    with pytest.raises(TritonTargetError) as info:
+        assert_compiles_for(_ptx_copy, x, y, 100, BLOCK=128, targets=("sm_90", "gfx942"))
+    text = str(info.value)
+    assert "_ptx_copy does not compile for gfx942 (AMD MI300X" in text and "it does for sm_90" in text
+    assert "inline assembly" in text          # the fix names the construct
+
+
+def test_a_launch_maps_to_tritons_signature() -> None:
+    x = torch.zeros(8, dtype=torch.bfloat16)
+    y = torch.zeros(8, dtype=torch.int64)
+    sig, const = launch_signature(_scale, (x, y, 2**40, 0.5), {"OUT_DTYPE": tl.float16, "BLOCK": 32})
+    assert sig == {"X": "*bf16", "Y": "*i64", "N": "i64", "factor": "fp32", "OUT_DTYPE": "constexpr",
+                   "BLOCK": "constexpr", "EVEN": "constexpr"}
+    assert const == {"OUT_DTYPE": {"tl_dtype": "fp16"}, "BLOCK": 32, "EVEN": False}
+    sig, _ = launch_signature(_scale, (x, None, 7, True), {"OUT_DTYPE": tl.float32, "BLOCK": 32})
+    assert sig["Y"] == "constexpr" and sig["N"] == "i32" and sig["factor"] == "i1"
+    # and the dtype constexpr reaches the compiler
+    (b,) = compile_for(_scale, x, x, 7, 0.5, OUT_DTYPE=tl.float16, BLOCK=32, targets=("gfx942",))
+    assert b.ok, b.error
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: launch_signature(_scale, ([1, 2], None, 1, 1.0), {"OUT_DTYPE": tl.float32, "BLOCK": 8}), "argument X"),
+    (lambda: launch_signature(_scale, (torch.zeros(2),), {}), "arguments do not match _scale"),
+    (lambda: launch_signature(_scale, (torch.zeros(2, dtype=torch.complex64), None, 1, 1.0),
+                              {"OUT_DTYPE": tl.float32, "BLOCK": 8}), "complex64"),
+    (lambda: compile_for(_scale, torch.zeros(2), None, 1, 1.0, OUT_DTYPE=tl.float32, BLOCK=8, targets=("mi300",)),
+     "unknown ['mi300']"),
+    (lambda: launch_signature(torch.nn.ReLU(), (1,), {}), "expected a @triton.jit function"),
+])
+def test_bad_launches_say_which_argument_and_what_to_pass(call, words) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        call()
+    assert words in str(info.value), str(info.value)
+
+
+def test_kernels_decorated_in_interpreter_mode_compile_too(tmp_path: Path) -> None:
+    """CI runs Triton kernels in the interpreter (TRITON_INTERPRET=1, no GPU), where triton.jit makes
+    interpreted functions; the compile must still see the kernel and the device functions it calls."""
+    # as conftest_examples/test_triton_fuzz.py does without a GPU: the module turns the interpreter on
+    (tmp_path / "kern_with_helper.py").write_text(textwrap.dedent('''
+        import os
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def _square(x):
+            return x * x
+
+        @triton.jit
+        def squares(X, Y, N, BLOCK: tl.constexpr):
+            offs = tl.arange(0, BLOCK)
+            m = offs < N
+            tl.store(Y + offs, _square(tl.load(X + offs, mask=m)), mask=m)
+    '''))
+    script = textwrap.dedent('''
+        import json, sys, torch
+        sys.path.insert(0, sys.argv[1])
+        from conftest_examples.triton_kernels import _rms_norm_kernel
+        from kern_with_helper import squares
+        from pytest_rocm_parity.triton_targets import compile_for
+        assert type(_rms_norm_kernel).__name__ == type(squares).__name__ == "InterpretedFunction"
+        x = torch.randn(2, 40); y = torch.empty_like(x)
+        b = compile_for(_rms_norm_kernel, x, torch.ones(40), y, 40, 40, 40, 1e-6, BLOCK=32, targets=("gfx942",))
+        b += compile_for(squares, x, y, 80, BLOCK=128, targets=("gfx942", "sm_90"))
+        print(json.dumps([[r.ok, r.error[:300]] for r in b]))
+    ''')
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    p = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert [ok for ok, _ in got] == [True, True, True], got
