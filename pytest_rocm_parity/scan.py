@@ -173,7 +173,8 @@ RULES: tuple[Rule, ...] = (
     Rule("RP204", "pycuda", "error", P, ("pycuda",), r"^[ \t]*(?:import|from)[ \t]+pycuda\b",
          "PyCUDA is CUDA-only: port the kernel to Triton or HIP Python", "triton"),
     Rule("RP205", "triton-kernel", "note", P, ("triton",), r"^[ \t]*@triton\.jit\b",
-         "Triton kernel: portable, but num_warps counts 64-lane wavefronts, FP8 dtypes differ on gfx942 and tl.dot fp32 may use XF32",
+         "Triton kernel: portable, but num_warps counts 64-lane wavefronts, FP8 dtypes differ on gfx942 and tl.dot fp32 may use XF32; "
+         "check it builds for gfx942 here with triton_targets.assert_compiles_for",
          "triton"),
     Rule("RP206", "triton-warp-threads", "warning", P, ("num_warps",), r"\bnum_warps\s*\*\s*32\b|\b32\s*\*\s*num_warps\b",
          "threads computed as num_warps * 32: on CDNA a Triton warp is a 64-lane wavefront", "triton"),
