@@ -13,8 +13,9 @@ fuzzing are for.
 
 The arguments are those of a launch (``my_kernel[grid](x, y, n, BLOCK=128)``): tensors give the
 pointer dtypes, Python ints and floats the scalar types, ``tl.constexpr`` parameters their values.
-Each target compiles in a subprocess: Triton's assembler reports on the process's stderr, and the
-user's process may have Triton in interpreter mode (TRITON_INTERPRET=1), which compiles nothing.
+Each target compiles in a subprocess, which imports the kernel's module (or runs its file, for a
+test module or a script): Triton's assembler reports on the process's stderr, and the user's
+process may have Triton in interpreter mode (TRITON_INTERPRET=1), which compiles nothing.
 """
 from __future__ import annotations
 
@@ -95,6 +96,9 @@ def compile_for(kernel: Any, *args: Any, targets: tuple[str, ...] | list[str] = 
         raise InvalidArgument(f"targets={list(targets)!r}: unknown {unknown}; choose from {sorted(TARGETS)}")
     signature, constexprs = launch_signature(kernel, args, kwargs)
     fn = _python_function(kernel)
+    if inspect.getsourcefile(fn) is None or "<locals>" in fn.__qualname__:
+        raise InvalidArgument(f"kernel {fn.__qualname__}: define it at the top level of a module file; the "
+                              f"compile imports that module in a subprocess to find it")
     options: dict[str, Any] = {"num_warps": num_warps}
     if num_stages is not None:
         options["num_stages"] = num_stages
@@ -208,8 +212,10 @@ def _worker() -> None:
     from triton.runtime.jit import JITFunction
 
     try:
+        if job["module"] == "__main__":
+            raise ImportError("a script: load it from its file")
         module = importlib.import_module(job["module"])
-    except Exception:   # a test module or a script: load it from its file
+    except Exception:   # a test module or a script: load it from its file (top-level code runs, as on import)
         spec = importlib.util.spec_from_file_location(f"_parity_kernel_{os.getpid()}", job["file"])
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)

@@ -41,6 +41,13 @@ def _scale(X, Y, N, factor, OUT_DTYPE: tl.constexpr, BLOCK: tl.constexpr, EVEN: 
     tl.store(Y + offs, (tl.load(X + offs, mask=m) * factor).to(OUT_DTYPE), mask=m)
 
 
+def _local_kernel():  # noqa: ANN202
+    @triton.jit
+    def nested(X):  # noqa: ANN001, ANN202
+        tl.store(X, 1.0)
+    return nested
+
+
 def _rms_args() -> tuple[tuple, dict]:
     x = torch.randn(4, 96)
     w = torch.ones(96)
@@ -92,6 +99,7 @@ def test_a_launch_maps_to_tritons_signature() -> None:
     (lambda: compile_for(_scale, torch.zeros(2), None, 1, 1.0, OUT_DTYPE=tl.float32, BLOCK=8, targets=("mi300",)),
      "unknown ['mi300']"),
     (lambda: launch_signature(torch.nn.ReLU(), (1,), {}), "expected a @triton.jit function"),
+    (lambda: compile_for(_local_kernel(), torch.zeros(1), targets=("gfx942",)), "top level of a module"),
 ])
 def test_bad_launches_say_which_argument_and_what_to_pass(call, words) -> None:
     with pytest.raises(InvalidArgument) as info:
