@@ -137,10 +137,10 @@ def block_stats_many(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int
                 tuple(leaves[i][0].numel() for i in idx), tuple(int(row0[i]) for i in idx), chunk, al)
         hit = _TABLES.get(tkey)
         if hit is not None:   # the same leaves as a pass before (the allocator reused their addresses)
-            dev_table, n_blk, kmax, rows = hit
+            dev_table, grid, rows = hit
         else:
-            dev_table, n_blk, kmax, rows = _TABLES.put(tkey, _table(ptr_rows, idx, leaves, layouts, row0, chunk, dev))
-        sums = _launch(dev_table, len(idx), n_blk, kmax, (dc, dr, de), chunk, dev, al)
+            dev_table, grid, rows = _TABLES.put(tkey, _table(ptr_rows, idx, leaves, layouts, row0, chunk, dev))
+        sums = _launch(dev_table, len(idx), grid, (dc, dr, de), dev, al)
         if len(groups) == 1:
             out = sums
         else:
@@ -157,18 +157,21 @@ def _groups(leaves: list[tuple[Any, Any, Any]]) -> dict[tuple[int, int, int], li
     return groups
 
 
-def _launch(dev_table: Any, k: int, n_blk: int, kmax: int, codes: tuple[int, int, int], chunk: int, dev: Any,
+def _launch(dev_table: Any, k: int, grid: tuple[int, int, int], codes: tuple[int, int, int], dev: Any,
             al: bool) -> Any:
-    """One launch of the many-leaf kernel over a table of k leaves; (n_blk, 8) sums, asynchronously.
-    ``al``: every leaf is aligned (kernels.aligned): the vectorised loop."""
+    """One launch of the many-leaf kernel over a table of k leaves; (blocks, 8) sums, asynchronously.
+    ``grid``: _table's (blocks, most chunks in a block, programs); ``al``: every leaf is aligned
+    (kernels.aligned): the vectorised loop."""
     import torch
 
     dc, dr, de = codes
-    part = torch.empty((n_blk, kmax, NCOLS), dtype=torch.float64, device=dev)
-    triton_many_kernel()[(n_blk, kmax)](dev_table[0:k], dev_table[k:2 * k], dev_table[2 * k:3 * k],
-                                        dev_table[3 * k:], part, kmax, CC=dc, CR=dr,
-                                        CE=de, F64=_CODES["float64"] in codes, CHUNK=chunk, BLOCK=MANY_BLOCK,
-                                        ALIGNED=al, num_warps=MANY_WARPS)
+    n_blk, kmax, n_work = grid
+    # zeros: a block with fewer chunks than kmax leaves rows no program writes, and adding 0.0 (or
+    # taking the max with it: the last column is a max of absolute values) changes no sum
+    part = torch.zeros((n_blk, kmax, NCOLS), dtype=torch.float64, device=dev)
+    triton_many_kernel()[(n_work,)](dev_table[0:k], dev_table[k:2 * k], dev_table[2 * k:3 * k],
+                                    dev_table[3 * k:], part, CC=dc, CR=dr, CE=de, F64=_CODES["float64"] in codes,
+                                    BLOCK=MANY_BLOCK, ALIGNED=al, num_warps=MANY_WARPS)
     # chunks added in a fixed order (no atomics): the same inputs give the same sums
     return torch.cat([part[:, :, :7].sum(1), part[:, :, 7].amax(1, keepdim=True)], 1)
 
@@ -194,8 +197,8 @@ class ManyLaunch:
         self.groups = []
         for codes, idx in _groups(leaves).items():
             ptr_rows = [[leaves[i][k].data_ptr() for i in idx] for k in range(3)]
-            dev_table, n_blk, kmax, rows = _table(ptr_rows, idx, leaves, layouts, row0, self.chunk, self.dev)
-            self.groups.append((codes, idx, dev_table, n_blk, kmax, rows))
+            dev_table, grid, rows = _table(ptr_rows, idx, leaves, layouts, row0, self.chunk, self.dev)
+            self.groups.append((codes, idx, dev_table, grid, rows))
 
     def point_at(self, leaves: list[tuple[Any, Any, Any]]) -> None:
         """Make the next run() read these leaves (of this launch's signature), in stream order.
@@ -207,7 +210,7 @@ class ManyLaunch:
         import torch
 
         pin = self.dev.type == "cuda"
-        for _codes, idx, dev_table, _n, _kmax, _rows in self.groups:
+        for _codes, idx, dev_table, _grid, _rows in self.groups:
             staged = torch.empty(3 * len(idx), dtype=torch.int64, pin_memory=pin)
             staged.numpy()[:] = [leaves[i][k].data_ptr() for k in range(3) for i in idx]
             dev_table[:3 * len(idx)].copy_(staged, non_blocking=pin)
@@ -217,11 +220,11 @@ class ManyLaunch:
         import torch
 
         if len(self.groups) == 1:
-            codes, idx, dev_table, n_blk, kmax, _rows = self.groups[0]
-            return _launch(dev_table, len(idx), n_blk, kmax, codes, self.chunk, self.dev, self.al)
+            codes, idx, dev_table, grid, _rows = self.groups[0]
+            return _launch(dev_table, len(idx), grid, codes, self.dev, self.al)
         out = torch.empty((self.total, NCOLS), dtype=torch.float64, device=self.dev)
-        for codes, idx, dev_table, n_blk, kmax, rows in self.groups:
-            out[rows] = _launch(dev_table, len(idx), n_blk, kmax, codes, self.chunk, self.dev, self.al)
+        for codes, idx, dev_table, grid, rows in self.groups:
+            out[rows] = _launch(dev_table, len(idx), grid, codes, self.dev, self.al)
         return out
 
 
@@ -254,8 +257,9 @@ _TABLES = _TableCache()
 
 
 def _table(ptr_rows: list[list[int]], idx: list[int], leaves: list[tuple[Any, Any, Any]],
-           layouts: list[tuple[int, int]], row0: Any, chunk: int, dev: Any) -> tuple[Any, int, int, Any]:
-    """(device table, blocks, chunks per block, output rows) of one launch over leaves ``idx``."""
+           layouts: list[tuple[int, int]], row0: Any, chunk: int, dev: Any) -> tuple[Any, tuple[int, int, int], Any]:
+    """(device table, (blocks, most chunks in a block, programs), output rows) of one launch over
+    leaves ``idx``."""
     import numpy as np
     import torch
 
@@ -270,13 +274,20 @@ def _table(ptr_rows: list[list[int]], idx: list[int], leaves: list[tuple[Any, An
     b_in_leaf = np.arange(len(leaf_of), dtype=np.int64) - first
     starts = b_in_leaf * sizes[leaf_of]
     ends = np.minimum(starts + sizes[leaf_of], ns[leaf_of])
-    blk = np.stack([leaf_of, starts, ends], 1)
+    # one program per chunk that holds elements, (leaf, start, end, row of the partial sums): a grid
+    # of blocks x the largest leaf's chunks would be mostly empty programs (a 1.1B pass: 10,752 of
+    # 12,800, since only the logits' blocks span several chunks)
+    counts = -(-(ends - starts) // chunk)
+    kmax = int(max(1, counts.max()))
+    blk_of = np.repeat(np.arange(len(leaf_of), dtype=np.int64), counts)
+    j = np.arange(len(blk_of), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    w_start = starts[blk_of] + j * chunk
+    work = np.stack([leaf_of[blk_of], w_start, np.minimum(w_start + chunk, ends[blk_of]), blk_of * kmax + j], 1)
     rows = torch.from_numpy(np.concatenate([np.arange(row0[i], row0[i] + layouts[i][0]) for i in idx])).to(dev)
-    table = np.concatenate([ptrs.reshape(-1), blk.reshape(-1)])
+    table = np.concatenate([ptrs.reshape(-1), work.reshape(-1)])
     host = torch.from_numpy(table)
     dev_table = host.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else host
-    kmax = int(max(1, (-(-(ends - starts) // chunk)).max()))
-    return dev_table, len(blk), kmax, rows
+    return dev_table, (len(leaf_of), kmax, len(work)), rows
 
 
 _DISABLED: list[str] = []

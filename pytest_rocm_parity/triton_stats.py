@@ -96,28 +96,26 @@ def _pointer(P, leaf, code: tl.constexpr, ALIGNED: tl.constexpr):  # noqa: N803,
     return p
 
 
-def stats_many_kernel(PC, PR, PE, BLK, OUT, KMAX, CC: tl.constexpr, CR: tl.constexpr,  # noqa: N803
-                      CE: tl.constexpr, F64: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                      ALIGNED: tl.constexpr = False):
-    """Chunk j of jackknife block b of one of many leaves: the eight partial sums into OUT[b, j, :].
+def stats_many_kernel(PC, PR, PE, WORK, OUT, CC: tl.constexpr, CR: tl.constexpr,  # noqa: N803
+                      CE: tl.constexpr, F64: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr = False):
+    """One chunk of one jackknife block of one of many leaves: its eight partial sums into a row of OUT.
 
-    BLK holds (leaf, start, end) per block; PC/PR/PE the leaves' data pointers as int64. Leaves of
-    one launch share their dtypes (codes: 0 bfloat16, 1 float16, 2 float32, 3 float64), so a
-    replay judges every module of a pass with one launch per dtype combination. A block of a
-    large leaf (a 4 x 512 x 128k logits tensor has 4M elements per block) is split into chunks of
-    CHUNK elements, one program each, so the GPU is filled; sums are kept per lane and reduced
-    once at the end of the chunk.
+    WORK holds (leaf, start, end, output row) per program; PC/PR/PE the leaves' data pointers as
+    int64. Leaves of one launch share their dtypes (codes: 0 bfloat16, 1 float16, 2 float32,
+    3 float64), so a replay judges every module of a pass with one launch per dtype combination. A
+    block of a large leaf (a 4 x 512 x 128k logits tensor has 4M elements per block) is split on
+    the host into chunks (kernels.CHUNK elements), one program each, so the GPU is filled; sums are
+    kept per lane and reduced once at the end of the chunk.
 
     ALIGNED (every pointer 16-byte aligned, checked on the host): the loop runs over the chunk's
     16-element-aligned middle, whose bounds the compiler can prove aligned, so loads are
     vectorised; the at most 15 + 15 elements before and after it go through one masked step.
     Without it a bound loaded from memory defeats that proof and each lane loads one element.
     """
-    b = tl.program_id(0)
-    j = tl.program_id(1)
-    leaf = tl.load(BLK + b * 3)
-    start = tl.load(BLK + b * 3 + 1) + j * CHUNK
-    end = tl.minimum(start + CHUNK, tl.load(BLK + b * 3 + 2))
+    w = tl.program_id(0)
+    leaf = tl.load(WORK + w * 4)
+    start = tl.load(WORK + w * 4 + 1)
+    end = tl.load(WORK + w * 4 + 2)
     pc = _pointer(PC, leaf, CC, ALIGNED)
     pr = _pointer(PR, leaf, CR, ALIGNED)
     pe = _pointer(PE, leaf, CE, ALIGNED)
@@ -172,7 +170,7 @@ def stats_many_kernel(PC, PR, PE, BLK, OUT, KMAX, CC: tl.constexpr, CR: tl.const
         s5 += tl.sum(u5.to(tl.float64), axis=0)
         s6 += tl.sum(u6.to(tl.float64), axis=0)
         s7 = tl.maximum(s7, tl.max(u7.to(tl.float64), axis=0))
-    _store8(OUT + (b * KMAX + j) * 8, s0, s1, s2, s3, s4, s5, s6, s7)
+    _store8(OUT + tl.load(WORK + w * 4 + 3) * 8, s0, s1, s2, s3, s4, s5, s6, s7)
 
 
 def columns_kernel(ST, ROW0, NB, N, CONF, OUT, u_floor, NBMAX: tl.constexpr):  # noqa: N803

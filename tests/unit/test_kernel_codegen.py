@@ -22,9 +22,9 @@ TARGETS = [("cuda", 90, 32), ("hip", "gfx942", 64), ("hip", "gfx90a", 64)]
 # vector loads of 8 or 16 bytes; a bf16 lane loading alone is ld.global.b16 / global_load_ushort
 VECTOR = re.compile(r"ld\.global(?:\.\w+)*\.v[24]\.\w+|global_load_dwordx[24]|buffer_load_dwordx[24]")
 SCALAR16 = re.compile(r"ld\.global(?:\.\w+)*\.b16|global_load_ushort|buffer_load_ushort")
-MANY_SIG = {"PC": "*i64", "PR": "*i64", "PE": "*i64", "BLK": "*i64", "OUT": "*fp64", "KMAX": "i32",
+MANY_SIG = {"PC": "*i64", "PR": "*i64", "PE": "*i64", "WORK": "*i64", "OUT": "*fp64",
             "CC": "constexpr", "CR": "constexpr", "CE": "constexpr", "F64": "constexpr",
-            "CHUNK": "constexpr", "BLOCK": "constexpr", "ALIGNED": "constexpr"}
+            "BLOCK": "constexpr", "ALIGNED": "constexpr"}
 
 
 def _compile(fn: Any, sig: dict[str, str], const: dict[str, Any], target: tuple[Any, ...], warps: int) -> str:
@@ -48,7 +48,7 @@ def test_aligned_loop_loads_vectors_and_the_plain_loop_does_not(target: tuple[An
     from pytest_rocm_parity import kernels
 
     fn = kernels.triton_many_kernel()
-    const = {"CC": 0, "CR": 0, "CE": 0, "F64": False, "CHUNK": kernels.CHUNK, "BLOCK": kernels.MANY_BLOCK}
+    const = {"CC": 0, "CR": 0, "CE": 0, "F64": False, "BLOCK": kernels.MANY_BLOCK}
     aligned = _loads(_compile(fn, MANY_SIG, {**const, "ALIGNED": True}, target, kernels.MANY_WARPS))
     plain = _loads(_compile(fn, MANY_SIG, {**const, "ALIGNED": False}, target, kernels.MANY_WARPS))
     # the main loop's three inputs load as vectors; only the masked edges (three loads) stay scalar
@@ -63,7 +63,7 @@ def test_the_statistics_kernel_keeps_its_registers_on_amd(target: tuple[Any, ...
     from pytest_rocm_parity import kernels
 
     for f64, codes in ((False, (0, 0, 0)), (True, (3, 3, 3))):
-        const = {"CC": codes[0], "CR": codes[1], "CE": codes[2], "F64": f64, "CHUNK": kernels.CHUNK,
+        const = {"CC": codes[0], "CR": codes[1], "CE": codes[2], "F64": f64,
                  "BLOCK": kernels.MANY_BLOCK, "ALIGNED": True}
         asm = _compile(kernels.triton_many_kernel(), MANY_SIG, const, target, kernels.MANY_WARPS)
         spills = [int(x) for x in re.findall(r"\.(?:vgpr|sgpr)_spill_count:\s+(\d+)", asm)]
@@ -76,7 +76,7 @@ def test_every_dtype_combination_compiles_for_sm90(codes: tuple[int, int, int], 
     from pytest_rocm_parity import kernels
 
     cc, cr, ce = codes
-    const = {"CC": cc, "CR": cr, "CE": ce, "F64": 3 in codes, "CHUNK": kernels.CHUNK, "BLOCK": kernels.MANY_BLOCK,
+    const = {"CC": cc, "CR": cr, "CE": ce, "F64": 3 in codes, "BLOCK": kernels.MANY_BLOCK,
              "ALIGNED": aligned}
     asm = _compile(kernels.triton_many_kernel(), MANY_SIG, const, TARGETS[0], kernels.MANY_WARPS)
     assert (_loads(asm)["vector"] >= 3) == aligned
