@@ -13,6 +13,7 @@ fuzzing are for.
 
 The arguments are those of a launch (``my_kernel[grid](x, y, n, BLOCK=128)``): tensors give the
 pointer dtypes, Python ints and floats the scalar types, ``tl.constexpr`` parameters their values.
+For an autotuned kernel, pass one configuration's values as keywords: each is a separate build.
 Each target compiles in a subprocess, which imports the kernel's module (or runs its file, for a
 test module or a script): Triton's assembler reports on the process's stderr, and the user's
 process may have Triton in interpreter mode (TRITON_INTERPRET=1), which compiles nothing.
@@ -152,8 +153,13 @@ def _advice(source: str, bad: list[TargetBuild]) -> str:
 
 def _python_function(kernel: Any) -> Any:
     """The plain Python function behind a triton.jit kernel (a JITFunction, or an InterpretedFunction
-    when TRITON_INTERPRET=1), or the function itself (a kernel kept undecorated, as triton_stats' are)."""
-    fn = getattr(kernel, "fn", kernel)
+    when TRITON_INTERPRET=1, under any @triton.autotune / @triton.heuristics wrappers), or the
+    function itself (a kernel kept undecorated, as triton_stats' are)."""
+    fn = kernel
+    for _ in range(8):
+        if inspect.isfunction(fn) or not hasattr(fn, "fn"):
+            break
+        fn = fn.fn
     if not inspect.isfunction(fn):
         raise InvalidArgument(f"kernel={kernel!r}: expected a @triton.jit function")
     return fn
@@ -223,7 +229,7 @@ def _worker() -> None:
     obj: Any = module
     for part in job["qualname"].split("."):
         obj = getattr(obj, part)
-    fn = getattr(obj, "fn", obj)
+    fn = _python_function(obj)
     # a module that set TRITON_INTERPRET itself holds interpreted functions: the compiler needs jitted
     # ones, for the kernel and for the device functions it calls (looked up in its globals)
     for k, v in list(fn.__globals__.items()):

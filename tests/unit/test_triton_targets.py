@@ -41,6 +41,20 @@ def _scale(X, Y, N, factor, OUT_DTYPE: tl.constexpr, BLOCK: tl.constexpr, EVEN: 
     tl.store(Y + offs, (tl.load(X + offs, mask=m) * factor).to(OUT_DTYPE), mask=m)
 
 
+@triton.autotune(configs=[triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 256})], key=["N"])
+@triton.jit
+def _tuned(X, Y, N, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Y + offs, tl.load(X + offs, mask=offs < N) * 2, mask=offs < N)
+
+
+def test_an_autotuned_kernel_compiles_one_configuration_at_a_time() -> None:
+    x = torch.zeros(300)
+    for block in (64, 256):
+        builds = assert_compiles_for(_tuned, x, x, 300, BLOCK=block, targets=("gfx942", "sm_90"))
+        assert all(b.ok for b in builds)
+
+
 def _local_kernel():  # noqa: ANN202
     @triton.jit
     def nested(X):  # noqa: ANN001, ANN202
