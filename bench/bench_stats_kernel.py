@@ -97,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:   # a shape this GPU cannot compile (registers, shared memory)
             rows.append({**shape, "error": f"{type(exc).__name__}: {exc}"[:200]})
             continue
+        chunks = [-(-size // chunk) for nb, size in lays for _ in range(nb)]
+        shape["programs"] = sum(chunks)                       # one per chunk with elements (session 7)
+        shape["programs_before"] = len(chunks) * max(chunks)  # the blocks x chunks grid it replaced
         rows.append({**shape, "ms": ms, "gbps": nbytes / (ms * 1e-3) / 1e9,
                      "of_floor": floor_ms / ms, "same_sums": ok, "default": (chunk, block, warps, al) == default})
         print(json.dumps(rows[-1]), flush=True)
