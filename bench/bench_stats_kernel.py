@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:   # a shape this GPU cannot compile (registers, shared memory)
             rows.append({**shape, "error": f"{type(exc).__name__}: {exc}"[:200]})
             continue
-        chunks = [-(-size // chunk) for nb, size in lays for _ in range(nb)]
+        chunks = [-(-min(size, c.numel() - b * size) // chunk) for (c, _, _), (nb, size) in zip(leaves, lays)
+                  for b in range(nb)]
         shape["programs"] = sum(chunks)                       # one per chunk with elements (session 7)
         shape["programs_before"] = len(chunks) * max(chunks)  # the blocks x chunks grid it replaced
         rows.append({**shape, "ms": ms, "gbps": nbytes / (ms * 1e-3) / 1e9,
