@@ -97,6 +97,12 @@ def infer_warp_size(backend: str, arch: str) -> int:
     return 32 if arch.startswith(_WAVE32_PREFIXES) else 64
 
 
+def _torch() -> Any:
+    import torch  # noqa: PLC0415 - lazy on purpose: the plugin loads without torch
+
+    return torch
+
+
 def detect_backend(torch_mod: Any | None = None) -> str:
     """``'cuda'``, ``'rocm'`` or ``'cpu'`` for the torch *build*.
 
@@ -104,7 +110,7 @@ def detect_backend(torch_mod: Any | None = None) -> str:
     /opt/rocm and gcnArchName are deliberately not consulted.
     """
     if torch_mod is None:
-        import torch as torch_mod  # noqa: PLC0415 - lazy on purpose
+        torch_mod = _torch()
     version = getattr(torch_mod, "version", None)
     if getattr(version, "cuda", None) is not None:
         return "cuda"
@@ -153,8 +159,7 @@ def _safe(fn: Any, default: Any = None) -> Any:
 def numerics_settings(torch_mod: Any | None = None) -> dict[str, Any]:
     """The BLAS, attention, TF32 and determinism settings that change numerics."""
     if torch_mod is None:
-        import torch as torch_mod  # noqa: PLC0415
-    assert torch_mod is not None
+        torch_mod = _torch()
     b = torch_mod.backends
     cm = b.cuda.matmul
     blas = _safe(lambda: b.cuda.preferred_blas_library())
