@@ -43,6 +43,22 @@ TARGETS: dict[str, tuple[str, Any, int, str]] = {
 }
 DEFAULT_TARGETS = ("sm_90", "gfx942", "gfx90a")
 
+
+def resolve_target(name: str) -> tuple[str, Any, int, str]:
+    """(backend, arch, warp size, GPU) of a target: a name of TARGETS, or any "gfxNNNN" (wave64 on
+    gfx9, wave32 on gfx10-12) or "sm_NN" (the doctor asks for the visible GPUs' own archs)."""
+    from pytest_rocm_parity.backend import infer_warp_size
+
+    if name in TARGETS:
+        return TARGETS[name]
+    if re.fullmatch(r"gfx[0-9a-f]{3,4}", name):
+        return "hip", name, infer_warp_size("rocm", name), f"AMD {name}"
+    m = re.fullmatch(r"sm_(\d{2,3})a?", name)
+    if m:
+        return "cuda", int(m.group(1)), 32, f"NVIDIA {name}"
+    raise InvalidArgument(f"target {name!r}: unknown; pass one of {sorted(TARGETS)}, a gfx arch (gfx1201) or "
+                          f"an sm_ arch (sm_89)")
+
 _TORCH_TO_TRITON = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64", "int8": "i8",
                     "int16": "i16", "int32": "i32", "int64": "i64", "uint8": "u8", "bool": "i1",
                     "float8_e4m3fn": "fp8e4nv", "float8_e5m2": "fp8e5", "float8_e4m3fnuz": "fp8e4b8",
@@ -92,9 +108,10 @@ def compile_for(kernel: Any, *args: Any, targets: tuple[str, ...] | list[str] = 
                 num_warps: int = 4, num_stages: int | None = None, timeout: float = 600.0,
                 **kwargs: Any) -> list[TargetBuild]:
     """Compile ``kernel`` as launched with ``args``/``kwargs`` for each of ``targets`` (TARGETS' names)."""
-    unknown = [t for t in targets if t not in TARGETS]
-    if unknown or not targets:
-        raise InvalidArgument(f"targets={list(targets)!r}: unknown {unknown}; choose from {sorted(TARGETS)}")
+    if not targets:
+        raise InvalidArgument(f"targets=(): name at least one of {sorted(TARGETS)}")
+    for t in targets:
+        resolve_target(t)
     signature, constexprs = launch_signature(kernel, args, kwargs)
     fn = _python_function(kernel)
     if inspect.getsourcefile(fn) is None or "<locals>" in fn.__qualname__:
@@ -240,7 +257,7 @@ def _worker() -> None:
                   for k, v in job["constexprs"].items()}
     rows = []
     for name in job["targets"]:
-        backend, arch, warp, gpu = TARGETS[name]
+        backend, arch, warp, gpu = resolve_target(name)
         row: dict[str, Any] = {"target": name, "gpu": gpu, "ok": False, "error": "", "resources": {}}
         with tempfile.TemporaryFile(mode="w+") as err:
             saved = os.dup(2)

@@ -52,6 +52,28 @@ def test_healthy_mi300x(monkeypatch: pytest.MonkeyPatch) -> None:
     assert doctor.exit_code(checks) == 0
 
 
+def test_triton_builds_the_statistics_kernel_for_each_visible_arch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real compiles (Triton's AMD and NVIDIA compilers, on this CPU) for the patched devices' archs."""
+    pytest.importorskip("triton")
+    patch_torch(monkeypatch, MI300X, n=8)
+    (c,) = [c for c in doctor.run_checks(facts()) if c.name.startswith("triton-kernels")]
+    assert c.name == "triton-kernels[gfx942]" and c.status == "ok" and "VGPRs, 0 spills" in c.detail, c
+    patch_torch(monkeypatch, H100, hip=None, cuda="12.4", version="2.6.0+cu124")
+    assert by_name(doctor.run_checks(facts()), "triton-kernels[sm_90]").status == "ok"
+    # an arch this Triton's compiler does not know: a warning with the compiler's words, not a crash
+    patch_torch(monkeypatch, dict(MI300X, name="AMD future part", gcnArchName="gfx1999"), n=1)
+    c = by_name(doctor.run_checks(facts()), "triton-kernels[gfx1999]")
+    assert c.status == "warn" and "unsupported target: 'gfx1999'" in c.detail and "torch ops" in c.fix, c
+
+
+def test_a_cpu_build_has_no_triton_kernel_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert facts().info.backend == "cpu"
+    assert not [c for c in doctor.run_checks(facts()) if c.name.startswith("triton-kernels")]
+
+
 def test_cuda_build_is_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     patch_torch(monkeypatch, H100, hip=None, cuda="12.4", version="2.6.0+cu124")
     checks = doctor.run_checks(facts({"HIP_VISIBLE_DEVICES": "0"}))
