@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import numbers
 import os
 import re
 import subprocess
@@ -199,11 +200,11 @@ def _constexpr_value(name: str, value: Any) -> Any:
 
 
 def _type_of(name: str, value: Any) -> str:
-    if isinstance(value, bool):
+    if isinstance(value, bool) or type(value).__name__ in ("bool", "bool_"):   # Python's or numpy's
         return "i1"
-    if isinstance(value, int):
-        return "i32" if -2**31 <= value < 2**31 else "i64"
-    if isinstance(value, float):
+    if isinstance(value, numbers.Integral):      # Python and numpy ints
+        return "i32" if -2**31 <= int(value) < 2**31 else "i64"
+    if isinstance(value, numbers.Real):
         return "fp32"
     dtype = getattr(value, "dtype", None)
     if dtype is not None and hasattr(value, "data_ptr"):

@@ -110,6 +110,11 @@ def test_a_launch_maps_to_tritons_signature() -> None:
     assert const == {"OUT_DTYPE": {"tl_dtype": "fp16"}, "BLOCK": 32, "EVEN": False}
     sig, _ = launch_signature(_scale, (x, None, 7, True), {"OUT_DTYPE": tl.float32, "BLOCK": 32})
     assert sig["Y"] == "constexpr" and sig["N"] == "i32" and sig["factor"] == "i1"
+    import numpy as np
+
+    sig, _ = launch_signature(_scale, (x, x, np.int64(7), np.float32(0.5)), {"OUT_DTYPE": tl.float32, "BLOCK": 32})
+    assert sig["N"] == "i32" and sig["factor"] == "fp32"
+    assert launch_signature(_scale, (x, x, 1, np.bool_(True)), {"OUT_DTYPE": tl.float32, "BLOCK": 32})[0]["factor"] == "i1"
     # and the dtype constexpr reaches the compiler
     (b,) = compile_for(_scale, x, x, 7, 0.5, OUT_DTYPE=tl.float16, BLOCK=32, targets=("gfx942",))
     assert b.ok, b.error
