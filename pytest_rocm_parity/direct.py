@@ -212,7 +212,7 @@ class _Chooser:
     threaded pass makes the pool's thread, the side streams and that thread's cuBLAS handle, and
     the first passes of a signature run the statistics eagerly, then capture their graph. On the
     H200 the two-thread arm's first sample was 3.2-4.9 ms per call against 0.9-1.1 after (session 7,
-    docs/benchmarks.md), which alone made auto keep one thread.
+    docs/benchmarks.md), half of the median that made the first choice.
     """
 
     EXPLORE = 8

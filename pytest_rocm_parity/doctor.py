@@ -438,8 +438,8 @@ def check_triton_kernels(f: Facts) -> list[Check]:
 
     Why: a Triton whose compiler does not know the GPU (a wheel older than the arch, a ROCm
     Triton without its LLVM) fails only at the first replay, which then judges with torch ops:
-    same verdicts, several times slower. Compiled here (triton_targets, about two seconds per
-    arch, in a subprocess), it is a line of the checklist instead.
+    same verdicts, 38x slower at 1.1B on the H200 (session 6). Compiled here (triton_targets, in a
+    subprocess: seconds per arch, docs/doctor.md), it is a line of the checklist instead.
     """
     info = f.info
     if info.backend == "cpu" or not info.archs:
