@@ -441,10 +441,7 @@ def check_triton_kernels(f: Facts) -> list[Check]:
     same verdicts, 38x slower at 1.1B on the H200 (session 6). Compiled here (triton_targets, in a
     subprocess: seconds per arch, docs/doctor.md), it is a line of the checklist instead.
     """
-    info = f.info
-    if info.backend == "cpu" or not info.archs:
-        return []
-    return [Check(f"triton-kernels[{arch}]", *_stats_kernel_build(arch)) for arch in info.archs]
+    return [Check(f"triton-kernels[{arch}]", *_stats_kernel_build(arch)) for arch in f.info.archs]
 
 
 def _stats_kernel_build(arch: str) -> tuple[Status, str, str]:

@@ -28,7 +28,7 @@ MANY_WARPS = 4
 # the kernel's vectorised loop (triton_stats.stats_many_kernel, ALIGNED); tests and benchmarks switch
 # it off to compare
 ALIGNED_LOADS = True
-ALIGN = 16
+ALIGN = 16   # bytes: what triton_stats' tl.multiple_of(p, 16) promises; not a knob (the kernel hard-codes it)
 
 
 def aligned(ptrs: Any) -> bool:

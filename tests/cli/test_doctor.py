@@ -66,14 +66,6 @@ def test_triton_builds_the_statistics_kernel_for_each_visible_arch(monkeypatch: 
     assert c.status == "warn" and "unsupported target: 'gfx1999'" in c.detail and "torch ops" in c.fix, c
 
 
-def test_a_cpu_build_has_no_triton_kernel_check(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(torch.version, "hip", None)
-    monkeypatch.setattr(torch.version, "cuda", None)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert facts().info.backend == "cpu"
-    assert not [c for c in doctor.run_checks(facts()) if c.name.startswith("triton-kernels")]
-
-
 def test_cuda_build_is_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     patch_torch(monkeypatch, H100, hip=None, cuda="12.4", version="2.6.0+cu124")
     checks = doctor.run_checks(facts({"HIP_VISIBLE_DEVICES": "0"}))
