@@ -78,6 +78,14 @@ def main(argv: list[str] | None = None) -> int:
     rp._StatsQueue._launch = timed("statistics started (parts, during the calls and at the flush)",
                                    rp._StatsQueue._launch)
     stats_graph.start = timed("  of which stats_graph.start", stats_graph.start)
+    # the pieces of a start and of the read-back (session 8: a start cost 0.31 ms inside a pass
+    # against 55-89 us alone in session 6; which calls grow)
+    kernels.ManyLaunch.point_at = timed("    start: point_at (address table)", kernels.ManyLaunch.point_at)
+    kernels.aligned = timed("    start: aligned check", kernels.aligned)
+    stats_graph._to_host = timed("    start: copy to the host", stats_graph._to_host)
+    stats_graph._recorded = timed("    start: event", stats_graph._recorded)
+    torch.cuda.CUDAGraph.replay = timed("    start: graph launch", torch.cuda.CUDAGraph.replay)
+    rp.metrics_from_columns = timed("flush: metrics_from_columns", rp.metrics_from_columns)
     stats_graph.Pending.columns = timed("flush: waiting for the device, reading back", stats_graph.Pending.columns)
     stats_graph.columns_many = timed("flush: formulas in numpy (not a graph yet)", stats_graph.columns_many)
     kernels.block_stats_many = timed("block_stats_many (not a graph yet)", kernels.block_stats_many)

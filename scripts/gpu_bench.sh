@@ -11,7 +11,8 @@
 # the device timeline of a pass beside a forward (session 7); "j": the rows on session 7's shipped code;
 # "k": the thread sweep pinned to each half of the host's cores (taskset), with the host's topology;
 # "l": auto without its warm-up samples: the sweep in two processes, then bench_parity at 1.1B;
-# "m": the sweep with 60 alternations, in two processes; "n": GPU tests, one-thread host profile.
+# "m": the sweep with 60 alternations, in two processes; "n": GPU tests, one-thread host profile;
+# "o": GPU tests, the statistics kernel's compact grid, a one-thread pass's statistics start piece by piece.
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -145,6 +146,14 @@ if [[ "$part" == n ]]; then   # session 7, last: GPU tests on the final code; th
   echo "gpu tests rc=$?" >> "$L/env.txt"; tail -3 "$L/gpu_tests.log"
   timeout 110 python bench/diag_fast_pass.py --device cuda --model 1b --threads 1 --reps 15 --profile "$L/prof_1t.txt" --out "$L/diag_1t.json" > "$L/diag_1t.log" 2>&1
   echo "diag rc=$?" >> "$L/env.txt"; head -16 "$L/diag_1t.log"
+fi
+if [[ "$part" == o ]]; then   # session 8, first: GPU tests, the compact grid's device time, a one-thread start piece by piece
+  timeout 100 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu -o addopts="" > "$L/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?" >> "$L/env.txt"; tail -3 "$L/gpu_tests.log"
+  timeout 120 python bench/bench_stats_kernel.py --model 1b --out "$L/stats_kernel.json" > "$L/stats_kernel.log" 2>&1
+  echo "stats kernel rc=$?" >> "$L/env.txt"; tail -12 "$L/stats_kernel.log"
+  timeout 110 python bench/diag_fast_pass.py --device cuda --model 1b --threads 1 --reps 20 --out "$L/diag_1t.json" > "$L/diag_1t.log" 2>&1
+  echo "diag rc=$?" >> "$L/env.txt"; head -30 "$L/diag_1t.log"
 fi
 cat "$L/env.txt"
 tail -3 "$L/gpu_tests.log" 2>/dev/null
