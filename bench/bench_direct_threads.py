@@ -2,6 +2,7 @@
 
     python bench/bench_direct_threads.py --device cuda --models 1b,8b --workers 1,2,3,4 --out threads.json
     python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --launch-mb 0,32,128
+    python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --host-pointers on,off
 
 ``--launch-mb``: arms with replay._StatsQueue.LAUNCH_BYTES set (MiB of candidate outputs that start
 a part of the statistics during the pass; 0: every statistic at the flush, as before session 6).
@@ -28,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", default="1,2,3,4", help="thread counts, comma-separated; auto for the choice")
     p.add_argument("--columns-kernel", default="", help="on,off: arms with stats_graph.COLUMNS_KERNEL set")
     p.add_argument("--aligned-loads", default="", help="on,off: arms with kernels.ALIGNED_LOADS set")
+    p.add_argument("--host-pointers", default="", help="on,off: arms with kernels.HOST_POINTERS set")
     p.add_argument("--launch-mb", default="", help="LAUNCH_BYTES arms in MiB, comma-separated; default: the code's")
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--out", default=None)
@@ -62,35 +64,42 @@ def main(argv: list[str] | None = None) -> int:
         kernels_on = [x == "on" for x in a.columns_kernel.split(",")] if a.columns_kernel else [kdefault]
         adefault = kernels.ALIGNED_LOADS
         aligned_on = [x == "on" for x in a.aligned_loads.split(",")] if a.aligned_loads else [adefault]
+        hdefault = kernels.HOST_POINTERS
+        host_on = [x == "on" for x in a.host_pointers.split(",")] if a.host_pointers else [hdefault]
         for w in [0 if x == "auto" else int(x) for x in a.workers.split(",")]:   # 0: --parity-threads=auto
-            for lb, kon, aon in itertools.product(launches, kernels_on, aligned_on):
+            for lb, kon, aon, hon in itertools.product(launches, kernels_on, aligned_on, host_on):
                 sp = CheckSpec(name=name, dtypes=["bfloat16"], drill=0, replay="fast", threads=w)
                 one = prepare_rung(model, sp, manifest, meta, reader, "bfloat16", a.device,
                                    {"args": (), "kwargs": inputs}, keep_loaded=True)
 
-                def arm(one: Any = one, lb: int = lb, kon: bool = kon, aon: bool = aon, default: int = default,
-                        kdefault: bool = kdefault, adefault: bool = adefault) -> Any:
-                    _StatsQueue.LAUNCH_BYTES, stats_graph.COLUMNS_KERNEL, kernels.ALIGNED_LOADS = lb, kon, aon
+                def arm(one: Any = one, lb: int = lb, kon: bool = kon, aon: bool = aon, hon: bool = hon,
+                        default: int = default, kdefault: bool = kdefault, adefault: bool = adefault,
+                        hdefault: bool = hdefault) -> Any:
+                    (_StatsQueue.LAUNCH_BYTES, stats_graph.COLUMNS_KERNEL, kernels.ALIGNED_LOADS,
+                     kernels.HOST_POINTERS) = lb, kon, aon, hon
                     try:
                         return one()
                     finally:
-                        _StatsQueue.LAUNCH_BYTES, stats_graph.COLUMNS_KERNEL, kernels.ALIGNED_LOADS = (
-                            default, kdefault, adefault)
+                        (_StatsQueue.LAUNCH_BYTES, stats_graph.COLUMNS_KERNEL, kernels.ALIGNED_LOADS,
+                         kernels.HOST_POINTERS) = default, kdefault, adefault, hdefault
                 res = arm()
-                ratios[(w, lb, kon, aon)] = {l.name: l.iso.ratio for l in res.layers if l.iso}
+                ratios[(w, lb, kon, aon, hon)] = {l.name: l.iso.ratio for l in res.layers if l.iso}
                 fns[f"pass_w{w}" + (f"_l{lb >> 20}" if len(launches) > 1 else "")
                     + (f"_k{'on' if kon else 'off'}" if len(kernels_on) > 1 else "")
-                    + (f"_a{'on' if aon else 'off'}" if len(aligned_on) > 1 else "")] = arm
+                    + (f"_a{'on' if aon else 'off'}" if len(aligned_on) > 1 else "")
+                    + (f"_h{'on' if hon else 'off'}" if len(host_on) > 1 else "")] = arm
         got = interleaved(fns, a.device, a.reps)
         row: dict[str, Any] = {"model": name, **{f"{k}_ms": v * 1e3 for k, v in got.items()}}
         for k, v in got.items():
             if k != "forward":
                 row[f"{k}_x"] = v / got["forward"]
         base = ratios[min(ratios)]
-        row["same_ratios"] = {f"w{w}_l{lb >> 20}_k{int(kon)}_a{int(aon)}":
+        row["same_ratios"] = {f"w{w}_l{lb >> 20}_k{int(kon)}_a{int(aon)}_h{int(hon)}":
                               all(abs(r[k] - base[k]) <= 1e-6 * max(1.0, abs(base[k])) for k in base)
-                              for (w, lb, kon, aon), r in ratios.items()}
+                              for (w, lb, kon, aon, hon), r in ratios.items()}
         row["columns_errors"] = stats_graph.COLUMNS_ERRORS
+        row["host_pointer_errors"] = kernels.HOST_POINTER_ERRORS
+        row["capture_errors"] = stats_graph.CAPTURE_ERRORS
         # what --parity-threads=auto measured (seconds per call, per arm) and how often it chose
         row["auto_samples"] = {str(k): {arm: [round(x * 1e6, 2) for x in v] for arm, v in s.items()}
                                for k, s in direct.CHOOSER.samples.items()}

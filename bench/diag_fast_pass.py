@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", default="auto", help="--parity-threads: auto or a count")
     p.add_argument("--launch-mb", type=float, default=None,
                    help="_StatsQueue.LAUNCH_BYTES in MiB (0: every statistic at the flush); default: the code's")
+    p.add_argument("--host-pointers", default=None, choices=("on", "off"),
+                   help="kernels.HOST_POINTERS (graphs read addresses from pinned host memory); default: the code's")
     p.add_argument("--profile", default=None, help="write cProfile's host-time tables here")
     p.add_argument("--trace", default=None, help="write the device timeline's summary (torch.profiler) here")
     p.add_argument("--out", default=None)
@@ -45,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if a.launch_mb is not None:
         rp._StatsQueue.LAUNCH_BYTES = int(a.launch_mb * (1 << 20))
+    if a.host_pointers is not None:
+        kernels.HOST_POINTERS = a.host_pointers == "on"
     model = build(a.model, a.device)
     ids = torch.randint(0, model.config.vocab_size, (4, 512), generator=torch.Generator().manual_seed(0))
     inputs = {"input_ids": ids, "use_cache": False}
@@ -126,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in rows.items():
         print(f"{k:40s} {v * 1e3:8.3f} ms")
     graphs = {"cache puts": puts, "capture errors": stats_graph.CAPTURE_ERRORS,
+              "host pointers": kernels.HOST_POINTERS, "host pointer errors": kernels.HOST_POINTER_ERRORS,
               "launch bytes": rp._StatsQueue.LAUNCH_BYTES, "parts per pass": parts_per_pass}
     print(json.dumps(graphs))
     if a.profile:

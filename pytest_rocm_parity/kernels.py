@@ -82,9 +82,12 @@ def columns_meta(layouts: list[tuple[int, int]], numels: list[int], confs: list[
             torch.from_numpy(floats).pin_memory().to(dev, non_blocking=True))
 
 
-def columns_launch(stats: Any, meta: tuple[Any, Any], unit_roundoff: float) -> Any:
+def columns_launch(stats: Any, meta: tuple[Any, Any], unit_roundoff: float, out: Any = None) -> Any:
     """(L, 9) float64: compare.metric_columns of every leaf (and the finite flag) from the (rows, 8)
-    block sums ``stats``, as one launch (triton_stats.columns_kernel); asynchronously."""
+    block sums ``stats``, as one launch (triton_stats.columns_kernel); asynchronously.
+
+    ``out``: where to write them; a graph (stats_graph) gives pinned host memory, which the kernel
+    writes through unified addressing, so reading them back needs no copy of its own."""
     import torch
 
     from pytest_rocm_parity.compare import JACKKNIFE_BLOCKS
@@ -92,7 +95,8 @@ def columns_launch(stats: Any, meta: tuple[Any, Any], unit_roundoff: float) -> A
 
     ints, floats = meta
     count = ints.numel() // 2
-    out = torch.empty((count, 9), dtype=torch.float64, device=stats.device)
+    if out is None:
+        out = torch.empty((count, 9), dtype=torch.float64, device=stats.device)
     nbmax = 1 << max(0, (JACKKNIFE_BLOCKS - 1).bit_length())
     triton_columns_kernel()[(count,)](stats, ints[:count], ints[count:], floats[:count], floats[count:], out,
                                       float(unit_roundoff * FLOOR_ULPS), NBMAX=nbmax)
@@ -104,11 +108,11 @@ _CODES = {"bfloat16": 0, "float16": 1, "float32": 2, "float64": 3}
 
 def many_supported(c: Any, r: Any, e: Any) -> bool:
     """Whether block_stats_many takes these (contiguous, real, of the four float dtypes)."""
-    return all(x.dtype in _dtype_codes() and x.is_contiguous() for x in (c, r, e))
+    return all(x.dtype in dtype_codes() and x.is_contiguous() for x in (c, r, e))
 
 
 @functools.lru_cache(maxsize=1)
-def _dtype_codes() -> dict[Any, int]:
+def dtype_codes() -> dict[Any, int]:
     import torch
 
     return {getattr(torch, k): v for k, v in _CODES.items()}
@@ -150,7 +154,7 @@ def block_stats_many(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int
 
 def _groups(leaves: list[tuple[Any, Any, Any]]) -> dict[tuple[int, int, int], list[int]]:
     """Leaf indices by dtype combination: one launch each."""
-    codes = _dtype_codes()
+    codes = dtype_codes()
     groups: dict[tuple[int, int, int], list[int]] = {}
     for i, (c, r, e) in enumerate(leaves):
         groups.setdefault((codes[c.dtype], codes[r.dtype], codes[e.dtype]), []).append(i)
@@ -158,36 +162,66 @@ def _groups(leaves: list[tuple[Any, Any, Any]]) -> dict[tuple[int, int, int], li
 
 
 def _launch(dev_table: Any, k: int, grid: tuple[int, int, int], codes: tuple[int, int, int], dev: Any,
-            al: bool) -> Any:
+            al: bool, host: Any = None) -> Any:
     """One launch of the many-leaf kernel over a table of k leaves; (blocks, 8) sums, asynchronously.
     ``grid``: _table's (blocks, most chunks in a block, programs); ``al``: every leaf is aligned
-    (kernels.aligned): the vectorised loop."""
+    (kernels.aligned): the vectorised loop. ``host``: the 3k addresses in pinned host memory, read
+    in place of the table's first 3k entries (ManyLaunch)."""
     import torch
 
     dc, dr, de = codes
     n_blk, kmax, n_work = grid
+    ptrs = dev_table if host is None else host
     # zeros: a block with fewer chunks than kmax leaves rows no program writes, and adding 0.0 (or
     # taking the max with it: the last column is a max of absolute values) changes no sum
     part = torch.zeros((n_blk, kmax, NCOLS), dtype=torch.float64, device=dev)
-    triton_many_kernel()[(n_work,)](dev_table[0:k], dev_table[k:2 * k], dev_table[2 * k:3 * k],
+    triton_many_kernel()[(n_work,)](ptrs[0:k], ptrs[k:2 * k], ptrs[2 * k:3 * k],
                                     dev_table[3 * k:], part, CC=dc, CR=dr, CE=de, F64=_CODES["float64"] in codes,
                                     BLOCK=MANY_BLOCK, ALIGNED=al, num_warps=MANY_WARPS)
     # chunks added in a fixed order (no atomics): the same inputs give the same sums
     return torch.cat([part[:, :, :7].sum(1), part[:, :, 7].amax(1, keepdim=True)], 1)
 
 
+def host_pointers_usable(dev: Any) -> bool:
+    """Whether launches on ``dev`` may read their leaves' addresses from pinned host memory
+    (ManyLaunch(host_pointers=True)): HOST_POINTERS, a CUDA build (not ROCm, where it has not run),
+    and not switched off here by a failure."""
+    import torch
+
+    return HOST_POINTERS and not HOST_POINTER_ERRORS and dev.type == "cuda" and torch.version.hip is None
+
+
+def host_pointers_failed(exc: BaseException) -> None:
+    """Keep the device tables from now on in this process (the reason stays for bug reports)."""
+    HOST_POINTER_ERRORS.append(f"{type(exc).__name__}: {exc}")
+
+
+# A graphed launch reads its leaves' addresses from pinned host memory, which the kernel reads
+# through unified addressing, so pointing it at a pass's outputs is a write into a numpy array: no
+# CUDA call. On the H200 (session 8) the device-table way (a pinned staging buffer and a copy per
+# pass) cost 0.18 ms of host time inside a pass. CUDA only: not run on ROCm, whose pinned memory
+# is also device-visible but whose coherence for it this project has not checked on a GPU.
+HOST_POINTERS = True
+HOST_POINTER_ERRORS: list[str] = []
+
+
 class ManyLaunch:
     """block_stats_many for leaves of one signature (sizes, dtypes, order) whose addresses are set
     per pass (point_at): a CUDA graph of run() then serves every pass, whatever blocks the caching
-    allocator hands the candidate's outputs (stats_graph.py). The kernel reads the leaves' addresses
-    from a table in device memory; point_at rewrites that table's address rows, in stream order.
+    allocator hands the candidate's outputs (stats_graph.py).
+
+    The kernel reads the leaves' addresses from a table. ``host_pointers`` (host_pointers_usable):
+    that table is pinned host memory, and point_at writes it at once, so the caller must know no
+    launch that reads it is still queued (stats_graph waits for a graph's previous results first).
+    Otherwise it is device memory, and point_at rewrites it in stream order.
     """
 
     def __init__(self, leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int, int]],
-                 chunk: int | None = None, al: bool = False) -> None:
+                 chunk: int | None = None, al: bool = False, host_pointers: bool = False) -> None:
         """``al``: every leaf of every pass pointed at is aligned (kernels.aligned; the caller keys
         its launches by that, since the vectorised loop must not read a misaligned leaf)."""
         import numpy as np
+        import torch
 
         self.chunk = chunk or CHUNK
         self.dev = leaves[0][0].device
@@ -195,24 +229,39 @@ class ManyLaunch:
         row0 = np.cumsum([0] + [nb for nb, _ in layouts])
         self.total = int(row0[-1])
         self.groups = []
+        # per group: the flat positions, in the leaves' (c, r, e) order, of its address rows
+        self._order: list[list[int]] = []
         for codes, idx in _groups(leaves).items():
             ptr_rows = [[leaves[i][k].data_ptr() for i in idx] for k in range(3)]
             dev_table, grid, rows = _table(ptr_rows, idx, leaves, layouts, row0, self.chunk, self.dev)
-            self.groups.append((codes, idx, dev_table, grid, rows))
+            ptrs = None
+            if host_pointers:
+                ptrs = torch.tensor([p for row in ptr_rows for p in row], dtype=torch.int64)
+                ptrs = ptrs.pin_memory() if self.dev.type == "cuda" else ptrs
+            self.groups.append((codes, idx, dev_table, grid, rows, ptrs))
+            self._order.append([3 * i + k for k in range(3) for i in idx])
+        self._views = [g[5].numpy() if g[5] is not None else None for g in self.groups]
 
-    def point_at(self, leaves: list[tuple[Any, Any, Any]]) -> None:
-        """Make the next run() read these leaves (of this launch's signature), in stream order.
+    def point_at(self, leaves: list[tuple[Any, Any, Any]], ptrs: list[int] | None = None) -> None:
+        """Make the next run() read these leaves (of this launch's signature).
 
-        Each call stages the addresses in a pinned buffer of its own: torch's caching host
-        allocator keeps it from reuse until the copy has run, so two point_at/run pairs may be
-        queued before either runs (a replay starts several parts of one signature per pass).
+        ``ptrs``: their addresses, flat in (c, r, e) order, if the caller has them already.
+        Device tables: each call stages the addresses in a pinned buffer of its own (torch's
+        caching host allocator keeps it from reuse until the copy has run), so two point_at/run
+        pairs may be queued before either runs. Host tables: written now (see the class).
         """
         import torch
 
+        if ptrs is None:
+            ptrs = [x.data_ptr() for leaf in leaves for x in leaf]
         pin = self.dev.type == "cuda"
-        for _codes, idx, dev_table, _grid, _rows in self.groups:
+        for (_codes, idx, dev_table, _grid, _rows, host), view, order in zip(self.groups, self._views, self._order):
+            addresses = [ptrs[j] for j in order]
+            if view is not None:
+                view[:] = addresses
+                continue
             staged = torch.empty(3 * len(idx), dtype=torch.int64, pin_memory=pin)
-            staged.numpy()[:] = [leaves[i][k].data_ptr() for k in range(3) for i in idx]
+            staged.numpy()[:] = addresses
             dev_table[:3 * len(idx)].copy_(staged, non_blocking=pin)
 
     def run(self) -> Any:
@@ -220,11 +269,11 @@ class ManyLaunch:
         import torch
 
         if len(self.groups) == 1:
-            codes, idx, dev_table, grid, _rows = self.groups[0]
-            return _launch(dev_table, len(idx), grid, codes, self.dev, self.al)
+            codes, idx, dev_table, grid, _rows, host = self.groups[0]
+            return _launch(dev_table, len(idx), grid, codes, self.dev, self.al, host)
         out = torch.empty((self.total, NCOLS), dtype=torch.float64, device=self.dev)
-        for codes, idx, dev_table, grid, rows in self.groups:
-            out[rows] = _launch(dev_table, len(idx), grid, codes, self.dev, self.al)
+        for codes, idx, dev_table, grid, rows, host in self.groups:
+            out[rows] = _launch(dev_table, len(idx), grid, codes, self.dev, self.al, host)
         return out
 
 

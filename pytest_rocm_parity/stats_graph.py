@@ -11,11 +11,16 @@ one read-back: 1.10 ms of flush, most of it waiting for the device's tail (docs/
 When: a replay's flush sees the same leaf signature (sizes, dtypes, confidences) on every pass over
 a loaded golden, but not the same addresses: the caching allocator hands the candidate's outputs
 different blocks from pass to pass (on the H200 consecutive passes mostly differed). So the
-graph is keyed by signature, and its kernel reads the leaves' addresses from a device table that
-kernels.ManyLaunch.point_at rewrites before each replay, in stream order. The first time a
-signature is seen it runs eagerly (the statistics kernel, then the formulas kernel; numpy where
-that kernel failed); the second time it also is captured; from the third on the graph is
-replayed, on the leaves of that pass.
+graph is keyed by signature, and its kernel reads the leaves' addresses from a table that
+kernels.ManyLaunch.point_at rewrites before each replay. On CUDA that table and the columns the
+graph writes are pinned host memory, read and written by the kernels through unified addressing,
+so a start is a write into a numpy array, a graph launch and an event (session 8: the staging
+copy, the copy back and a new event per start had cost 0.3 ms of host time inside a pass); a
+graph's next start then first waits for its last start's columns. Elsewhere (ROCm, untested
+there) the table is device memory rewritten in stream order and the columns are copied back.
+The first time a signature is seen it runs eagerly (the statistics kernel, then the formulas
+kernel; numpy where that kernel failed); the second time it also is captured; from the third on
+the graph is replayed, on the leaves of that pass.
 
 start() only queues the work and returns a Pending, which waits when its columns are read: a
 replay may start parts of its statistics during the pass (replay._StatsQueue.LAUNCH_BYTES; off by
@@ -53,17 +58,23 @@ class _Launch:
     copies cannot be captured), the outputs it writes, and what a graph of it must keep alive."""
 
     def __init__(self, leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int, int]],
-                 confs: list[float], dev: Any, al: bool) -> None:
+                 confs: list[float], dev: Any, al: bool, host_side: bool = False) -> None:
+        """``host_side``: the leaves' addresses and the columns in pinned host memory (see
+        kernels.ManyLaunch; the columns only with the formulas kernel), so a start makes no copy."""
         import torch
 
         self.count = len(leaves)    # no reference kept: a cached graph must not hold a pass's outputs
-        self.many = kernels.ManyLaunch(leaves, layouts, al=al)
+        self.many = kernels.ManyLaunch(leaves, layouts, al=al, host_pointers=host_side)
+        self.host_side = host_side
         self.stats: Any = None
         self.out: Any = None
+        self.host_out: Any = None
         self.meta: Any = None
         self.groups: list[Any] = []
         if _columns_kernel_usable():   # compiled already: an eager judgement of this signature came first
             self.meta = kernels.columns_meta(layouts, [int(c.numel()) for c, _, _ in leaves], confs, dev)
+            if host_side:
+                self.host_out = torch.empty((self.count, NCOLS), dtype=torch.float64, pin_memory=True)
             return
         groups: dict[int, list[int]] = {}
         for i, (nb, _) in enumerate(layouts):
@@ -87,7 +98,7 @@ class _Launch:
 
         self.stats = self.many.run()
         if self.meta is not None:
-            self.out = kernels.columns_launch(self.stats, self.meta, unit_roundoff)
+            self.out = kernels.columns_launch(self.stats, self.meta, unit_roundoff, self.host_out)
             return
         out = torch.empty((self.count, NCOLS), dtype=torch.float64, device=self.stats.device)
         for nb, pos, rows, row0, n, conf in self.groups:
@@ -100,8 +111,15 @@ class _Launch:
 
 
 class _Graphed:
+    """A captured launch, its last start's results (``last``) and, for a host-side launch, the event
+    its starts record."""
+
     def __init__(self, graph: Any, launch: _Launch) -> None:
+        import torch
+
         self.graph, self.launch = graph, launch
+        self.last: Pending | None = None
+        self.event = torch.cuda.Event() if launch.host_side else None
 
 
 class Pending:
@@ -113,13 +131,18 @@ class Pending:
 
     def __init__(self, host: Any, event: Any, columns_of: Any = None) -> None:
         self._host, self._event, self._columns_of = host, event, columns_of
+        self._cols: Any = None
 
     def columns(self) -> Any:
-        """(L, NCOLS) numpy: metric_columns' 8, then 1.0 where the leaf's sums are finite."""
-        if self._event is not None:
-            self._event.synchronize()
-        host = self._host.numpy()
-        return self._columns_of(host) if self._columns_of is not None else host.copy()
+        """(L, NCOLS) numpy: metric_columns' 8, then 1.0 where the leaf's sums are finite. Read once
+        (later calls return the same array): a host-side graph's buffer is its next start's too."""
+        if self._cols is None:
+            if self._event is not None:
+                self._event.synchronize()
+            host = self._host.numpy()
+            self._cols = self._columns_of(host) if self._columns_of is not None else host.copy()
+            self._host = self._event = None
+        return self._cols
 
 
 _SEEN, _FAILED = "seen", "failed"
@@ -133,11 +156,13 @@ CAPTURE_ERRORS: list[str] = []      # the last few failed captures, newest first
 
 
 def start(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int, int]], confs: list[float],
-          unit_roundoff: float) -> Pending:
+          unit_roundoff: float, slot: int = 0) -> Pending:
     """Queue the statistics and judging columns of ``leaves`` on the current stream; nothing waits.
 
     ``leaves``: (candidate, reference, residual) contiguous, on one GPU, of block_stats_many's dtypes;
-    they must stay alive (and unwritten) until the Pending's columns() returns.
+    they must stay alive (and unwritten) until the Pending's columns() returns. ``slot``: which of
+    a pass's parts this is (replay._StatsQueue): parts of one signature (runs of identical blocks)
+    get a graph each, since a host-side graph's next start must wait for its last one's results.
 
     Callable inside or outside torch.inference_mode (a replay starts parts during its direct calls,
     which run inside it, and at the flush, outside): what it caches is made as normal tensors, since
@@ -148,29 +173,39 @@ def start(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int, int]], co
     import torch
 
     with torch.inference_mode(False):
-        return _start(leaves, layouts, confs, unit_roundoff)
+        return _start(leaves, layouts, confs, unit_roundoff, slot)
 
 
 def _start(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int, int]], confs: list[float],
-           unit_roundoff: float) -> Pending:
+           unit_roundoff: float, slot: int) -> Pending:
     import torch
 
     global TORCH_OPS
     if TORCH_OPS is None:
         TORCH_OPS = ArrayOps(torch, torch=True)
     dev = leaves[0][0].device
+    ptrs = [x.data_ptr() for leaf in leaves for x in leaf]
     # the signature: what the graph computes, whatever addresses (point_at sets them per pass), and
     # whether all are aligned (a graph of the vectorised loop must never be pointed at a leaf that is not)
-    al = kernels.aligned(x.data_ptr() for leaf in leaves for x in leaf)
+    al = kernels.aligned(ptrs)
+    host_side = kernels.host_pointers_usable(dev)
     key = (dev, kernels.CHUNK, unit_roundoff, _columns_kernel_usable(), tuple(confs),
-           tuple((c.numel(), c.dtype, r.dtype, e.dtype) for c, r, e in leaves), al)
+           tuple((c.numel(), c.dtype, r.dtype, e.dtype) for c, r, e in leaves), al, slot, host_side)
     got = _CACHE.get(key)
     if isinstance(got, _Graphed):
-        got.launch.many.point_at(leaves)
+        launch = got.launch
+        if launch.host_side and got.last is not None:
+            got.last.columns()   # its address table and columns are about to be rewritten
+        launch.many.point_at(leaves, ptrs)
         got.graph.replay()
-        # a host buffer per start: the graph's own output is overwritten by its next replay, which
-        # may come before this one is read (two parts of one signature in a pass)
-        return Pending(_to_host(got.launch.out), _recorded(dev))
+        if launch.host_out is not None:   # written by the graph into pinned memory: no copy
+            got.event.record(torch.cuda.current_stream(dev))
+            got.last = Pending(launch.host_out, got.event)
+        else:
+            # a host buffer per start: the graph's own output is overwritten by its next replay,
+            # which may come before this one is read (two parts of one signature in a pass)
+            got.last = Pending(_to_host(launch.out), _recorded(dev))
+        return got.last
     # not (yet) a graph: the statistics, then the formulas in one launch; without that kernel the
     # statistics come back and the formulas run in numpy (launching torch's ~90 small kernels one
     # by one would cost the host more than numpy does)
@@ -185,7 +220,11 @@ def _start(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int, int]], c
     if got is None:
         _CACHE.put(key, _SEEN)
     elif got == _SEEN and GRAPHS and dev.type == "cuda":
-        _CACHE.put(key, _capture(_Launch(leaves, layouts, confs, dev, al), unit_roundoff, dev))
+        graphed = _capture(_Launch(leaves, layouts, confs, dev, al, host_side), unit_roundoff, dev)
+        if graphed == _FAILED and host_side:   # device tables from now on, and try once more
+            kernels.host_pointers_failed(RuntimeError(CAPTURE_ERRORS[0] if CAPTURE_ERRORS else "capture failed"))
+            graphed = _capture(_Launch(leaves, layouts, confs, dev, al), unit_roundoff, dev)
+        _CACHE.put(key, graphed)
     if cols is not None:
         return Pending(_to_host(cols), _recorded(dev))
     host = _to_host(stats)

@@ -12,7 +12,8 @@
 # "k": the thread sweep pinned to each half of the host's cores (taskset), with the host's topology;
 # "l": auto without its warm-up samples: the sweep in two processes, then bench_parity at 1.1B;
 # "m": the sweep with 60 alternations, in two processes; "n": GPU tests, one-thread host profile;
-# "o": GPU tests, the statistics kernel's compact grid, a one-thread pass's statistics start piece by piece.
+# "o": GPU tests, the statistics kernel's compact grid, a one-thread pass's statistics start piece by piece;
+# "p": GPU tests, statistics graphs on host tables: phases with and without parts, the sweep with arms.
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -154,6 +155,16 @@ if [[ "$part" == o ]]; then   # session 8, first: GPU tests, the compact grid's 
   echo "stats kernel rc=$?" >> "$L/env.txt"; tail -12 "$L/stats_kernel.log"
   timeout 110 python bench/diag_fast_pass.py --device cuda --model 1b --threads 1 --reps 20 --out "$L/diag_1t.json" > "$L/diag_1t.log" 2>&1
   echo "diag rc=$?" >> "$L/env.txt"; head -30 "$L/diag_1t.log"
+fi
+if [[ "$part" == p ]]; then   # session 8: statistics graphs that read addresses from (and write columns to) pinned host memory
+  timeout 100 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu -o addopts="" > "$L/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?" >> "$L/env.txt"; tail -3 "$L/gpu_tests.log"
+  timeout 80 python bench/diag_fast_pass.py --device cuda --model 1b --threads 1 --reps 20 --out "$L/diag_1t.json" > "$L/diag_1t.log" 2>&1
+  echo "diag rc=$?" >> "$L/env.txt"; head -30 "$L/diag_1t.log"
+  timeout 80 python bench/diag_fast_pass.py --device cuda --model 1b --threads 1 --reps 20 --launch-mb 128 --out "$L/diag_1t_l128.json" > "$L/diag_1t_l128.log" 2>&1
+  echo "diag l128 rc=$?" >> "$L/env.txt"; head -30 "$L/diag_1t_l128.log"
+  timeout 150 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --launch-mb 0,64,128 --host-pointers on,off --out "$L/threads.json" > "$L/threads.log" 2>&1
+  echo "threads rc=$?" >> "$L/env.txt"; cat "$L/threads.log"
 fi
 cat "$L/env.txt"
 tail -3 "$L/gpu_tests.log" 2>/dev/null

@@ -181,18 +181,22 @@ def _host_columns(leaves: list[tuple[torch.Tensor, ...]], lays: list[tuple[int, 
             for m in metrics_many(items, 2.0**-8)]
 
 
+@pytest.mark.parametrize("host_pointers", [True, False])
 @pytest.mark.parametrize("columns_kernel", [True, False])
-def test_graphed_judgement_reads_the_leaves_when_replayed(monkeypatch, columns_kernel) -> None:
+def test_graphed_judgement_reads_the_leaves_when_replayed(monkeypatch, columns_kernel, host_pointers) -> None:
     """stats_graph.start: eager the first time, captured the second, a graph from the
     third; the graph's columns are those of the values in the leaves at replay (written in place
     since capture), never those seen at capture. Two dtype groups, two block counts. The judging
-    formulas as one Triton kernel (the default) and as torch ops (where that kernel failed)."""
+    formulas as one Triton kernel (the default) and as torch ops (where that kernel failed); the
+    addresses (and the kernel's columns) in pinned host memory (the default on CUDA) or on the device."""
     from pytest_rocm_parity import stats_graph
 
     monkeypatch.setattr(stats_graph, "_CACHE", kernels._TableCache(4))
     monkeypatch.setattr(stats_graph, "GRAPHS", True)
     monkeypatch.setattr(stats_graph, "COLUMNS_KERNEL", columns_kernel)
     monkeypatch.setattr(stats_graph, "COLUMNS_ERRORS", [])
+    monkeypatch.setattr(kernels, "HOST_POINTERS", host_pointers)
+    monkeypatch.setattr(kernels, "HOST_POINTER_ERRORS", [])
     leaves, lays = _leaves_two_groups()
     confs = [3.0, 2.0, 3.0]
     want = torch.tensor(_host_columns(leaves, lays, confs), dtype=torch.float64)
@@ -217,16 +221,22 @@ def test_graphed_judgement_reads_the_leaves_when_replayed(monkeypatch, columns_k
     assert sum(isinstance(v, stats_graph._Graphed) for v in stats_graph._CACHE._d.values()) == 1
     graphed = next(v for v in stats_graph._CACHE._d.values() if isinstance(v, stats_graph._Graphed))
     assert (graphed.launch.meta is not None) == columns_kernel and stats_graph.COLUMNS_ERRORS == []
+    assert graphed.launch.host_side == host_pointers and kernels.HOST_POINTER_ERRORS == []
+    assert (graphed.launch.host_out is not None) == (host_pointers and columns_kernel)
 
 
-def test_two_parts_of_one_signature_started_before_either_is_read(monkeypatch) -> None:
+@pytest.mark.parametrize("host_pointers", [True, False])
+def test_two_parts_of_one_signature_started_before_either_is_read(monkeypatch, host_pointers) -> None:
     """A replay starts a part of its statistics per few modules, and a run of identical blocks gives
     parts of one signature: the same graph replayed twice before the flush reads either. Each part
-    must get its own leaves' columns (its own address table staging and host buffer)."""
+    must get its own leaves' columns (device tables: its own address staging and host buffer; host
+    tables, which the second start rewrites: the first start's columns are read before it does)."""
     from pytest_rocm_parity import stats_graph
 
     monkeypatch.setattr(stats_graph, "_CACHE", kernels._TableCache(4))
     monkeypatch.setattr(stats_graph, "GRAPHS", True)
+    monkeypatch.setattr(kernels, "HOST_POINTERS", host_pointers)
+    monkeypatch.setattr(kernels, "HOST_POINTER_ERRORS", [])
     leaves, lays = _leaves_two_groups()
     confs = [3.0, 2.0, 3.0]
     for _ in range(2):                          # eager, then captured
@@ -240,7 +250,16 @@ def test_two_parts_of_one_signature_started_before_either_is_read(monkeypatch) -
     second = stats_graph.start(other, lays, confs, 2.0**-8)
     torch.testing.assert_close(torch.from_numpy(second.columns()[:, :8]), want2, rtol=1e-5, atol=1e-30)
     torch.testing.assert_close(torch.from_numpy(first.columns()[:, :8]), want1, rtol=1e-5, atol=1e-30)
-    assert sum(isinstance(v, stats_graph._Graphed) for v in stats_graph._CACHE._d.values()) == 1
+    graphed = [v for v in stats_graph._CACHE._d.values() if isinstance(v, stats_graph._Graphed)]
+    assert len(graphed) == 1 and graphed[0].launch.host_side == host_pointers
+    # parts in other slots (a replay's part index) get graphs of their own: no wait between them
+    for _ in range(2):
+        stats_graph.start(other, lays, confs, 2.0**-8, slot=1).columns()
+    third = stats_graph.start(leaves, lays, confs, 2.0**-8)
+    fourth = stats_graph.start(other, lays, confs, 2.0**-8, slot=1)
+    torch.testing.assert_close(torch.from_numpy(fourth.columns()[:, :8]), want2, rtol=1e-5, atol=1e-30)
+    torch.testing.assert_close(torch.from_numpy(third.columns()[:, :8]), want1, rtol=1e-5, atol=1e-30)
+    assert sum(isinstance(v, stats_graph._Graphed) for v in stats_graph._CACHE._d.values()) == 2
 
 
 def test_a_graph_made_inside_inference_mode_serves_starts_outside_it(monkeypatch) -> None:

@@ -69,6 +69,18 @@ SCRIPT = textwrap.dedent('''
     want_moved = torch.cat([kernels.block_stats_torch(*o, *lay) for o, lay in zip(other, lays)])
     ok = torch.isfinite(want_moved)
     moved_rel = float((((moved - want_moved).abs() / want_moved.abs().clamp(min=1e-300))[ok]).max())
+    # the same with the addresses in a host table (what a CUDA graph reads from pinned memory),
+    # pointed at the other leaves and back: each run reads the leaves of the last point_at
+    hosted = kernels.ManyLaunch(leaves, lays, host_pointers=True)
+    hosted.point_at(other)
+    h_moved = hosted.run()
+    hosted.point_at(leaves, [x.data_ptr() for leaf in leaves for x in leaf])
+    h_back = hosted.run()
+    want_back = torch.cat([kernels.block_stats_torch(*o, *lay) for o, lay in zip(leaves, lays)])
+    okb = torch.isfinite(want_back)
+    host_rel = max(float((((h_moved - want_moved).abs() / want_moved.abs().clamp(min=1e-300))[ok]).max()),
+                   float((((h_back - want_back).abs() / want_back.abs().clamp(min=1e-300))[okb]).max()))
+    host_table = all(g[5] is not None for g in hosted.groups)
     # a launch (what a cached graph holds) keeps no reference to the leaves it was made for
     import gc, weakref
     made_for = [(c.clone(), r.clone(), e.clone()) for c, r, e in leaves]
@@ -77,6 +89,7 @@ SCRIPT = textwrap.dedent('''
     del made_for
     gc.collect()
     print(json.dumps({"rows": rows, "stats_rel": stat_rel, "shape": list(cols.shape), "moved_rel": moved_rel,
+                      "host_rel": host_rel, "host_table": host_table,
                       "holds_leaves": alive() is not None,
                       "graphs": sum(isinstance(v, stats_graph._Graphed) for v in stats_graph._CACHE._d.values())}))
 ''')
@@ -90,6 +103,7 @@ def test_device_judgement_in_the_interpreter_equals_the_host_formulas() -> None:
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert got["shape"] == [6, 9] and got["graphs"] == 0        # no graphs off a GPU
     assert got["stats_rel"] < 1e-5 and got["moved_rel"] < 1e-5
+    assert got["host_table"] and got["host_rel"] < 1e-5
     assert not got["holds_leaves"]
     for k, finite, rel in got["rows"]:
         if k == 4:
