@@ -217,3 +217,25 @@ def test_metrics_many_columns_match_one_leaf_at_a_time() -> None:
     together = metrics_many(items, 2.0**-8)
     alone = [metrics_many([it], 2.0**-8)[0] for it in items]
     assert together == alone
+
+
+def test_host_tables_only_on_cuda_builds_and_off_after_a_failure(monkeypatch) -> None:
+    """Pinned host memory as a graph's address table: a CUDA build's GPU only (ROCm's pinned memory
+    is device-visible too, but not run there), and never again in the process once it failed."""
+    from pytest_rocm_parity import kernels
+
+    monkeypatch.setattr(kernels, "HOST_POINTERS", True)
+    monkeypatch.setattr(kernels, "HOST_POINTER_ERRORS", [])
+    monkeypatch.setattr(torch.version, "hip", None)
+    cuda = torch.device("cuda", 0)
+    assert kernels.host_pointers_usable(cuda)
+    assert not kernels.host_pointers_usable(torch.device("cpu"))
+    monkeypatch.setattr(torch.version, "hip", "6.4.43482")
+    assert not kernels.host_pointers_usable(cuda)
+    monkeypatch.setattr(torch.version, "hip", None)
+    kernels.host_pointers_failed(ValueError("Pointer argument cannot be accessed from Triton (cpu tensor?)"))
+    assert not kernels.host_pointers_usable(cuda)
+    assert "cpu tensor?" in kernels.HOST_POINTER_ERRORS[0]
+    monkeypatch.setattr(kernels, "HOST_POINTER_ERRORS", [])
+    monkeypatch.setattr(kernels, "HOST_POINTERS", False)
+    assert not kernels.host_pointers_usable(cuda)

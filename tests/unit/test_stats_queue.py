@@ -182,3 +182,29 @@ def test_discard_forgets_started_parts_of_a_repeated_pass(monkeypatch: pytest.Mo
     assert sinks["b"][0].ratio == pytest.approx(want_b.ratio, rel=1e-9)
     assert sinks["b"][0].ratio < 10 < residual_metrics("b", old, ref[1], res[1], 2.0**-24).ratio
     assert sinks["c"] == [] and not q.items and not q.parts
+
+
+def test_what_a_queue_knows_of_a_golden_is_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The facts a replay keeps per golden tensor across passes (its block layout) belong to that
+    tensor: an entry left by another tensor under the same id (a golden freed and its id reused)
+    is worked out again, not trusted."""
+    from pytest_rocm_parity.compare import block_layout, residual_metrics
+    from pytest_rocm_parity.tolerance import Tolerance
+
+    g = torch.Generator().manual_seed(1)
+    truth = torch.randn(70001, dtype=torch.float64, generator=g)
+    ref = truth.float()
+    res = (truth - ref.double()).float()
+    cand = (truth * (1 + 1e-3 * torch.randn(70001, dtype=torch.float64, generator=g))).float()
+    monkeypatch.setattr(replay_mod._StatsQueue, "DEFER_ON_CPU", True)
+    stale = torch.zeros(5)
+    known: dict[int, Any] = {id(ref): (stale, stale, block_layout(5), True)}
+    tol = Tolerance()
+    for _ in range(2):         # two passes: the second uses what the first learned
+        q = replay_mod._StatsQueue("float32", 2.0**-24, None, known)
+        sink: list[Any] = []
+        q.add(sink, "x", cand, ref, res, tol, True, "x")
+        q.flush()
+        want = residual_metrics("x", cand, ref, res, 2.0**-24, tol.confidence)
+        assert sink[0].ratio == pytest.approx(want.ratio, rel=1e-9)
+        assert known[id(ref)][0] is ref and known[id(ref)][2] == block_layout(70001)
