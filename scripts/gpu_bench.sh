@@ -13,7 +13,8 @@
 # "l": auto without its warm-up samples: the sweep in two processes, then bench_parity at 1.1B;
 # "m": the sweep with 60 alternations, in two processes; "n": GPU tests, one-thread host profile;
 # "o": GPU tests, the statistics kernel's compact grid, a one-thread pass's statistics start piece by piece;
-# "p": GPU tests, statistics graphs on host tables: phases with and without parts, the sweep with arms.
+# "p": GPU tests, statistics graphs on host tables: phases with and without parts, the sweep with arms;
+# "q": a one-thread pass's host profile, callee by callee; the sweep with parts from 96 MiB, twice.
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -165,6 +166,14 @@ if [[ "$part" == p ]]; then   # session 8: statistics graphs that read addresses
   echo "diag l128 rc=$?" >> "$L/env.txt"; head -30 "$L/diag_1t_l128.log"
   timeout 150 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --launch-mb 0,64,128 --host-pointers on,off --out "$L/threads.json" > "$L/threads.log" 2>&1
   echo "threads rc=$?" >> "$L/env.txt"; cat "$L/threads.log"
+fi
+if [[ "$part" == q ]]; then   # session 8: where a start's host time goes (profile), parts from 96 MiB (the logits alone), many alternations
+  timeout 90 python bench/diag_fast_pass.py --device cuda --model 1b --threads 1 --reps 20 --profile "$L/prof_1t.txt" --out "$L/diag_1t.json" > "$L/diag_1t.log" 2>&1
+  echo "diag rc=$?" >> "$L/env.txt"; head -30 "$L/diag_1t.log"
+  for i in 1 2; do
+    timeout 150 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --launch-mb 0,96 --reps 30 --out "$L/threads_p$i.json" > "$L/threads_p$i.log" 2>&1
+    echo "threads p$i rc=$?" >> "$L/env.txt"; cat "$L/threads_p$i.log"
+  done
 fi
 cat "$L/env.txt"
 tail -3 "$L/gpu_tests.log" 2>/dev/null
