@@ -575,7 +575,8 @@ class _StatsQueue:
             k = known.get(id(ref))
             if k is None or k[0] is not ref or k[1] is not res:
                 k = known[id(ref)] = (ref, res, block_layout(int(ref.numel())),
-                                      res.device == ref.device == dev and kernels.many_supported(ref, ref, res))
+                                      res.device == ref.device == dev and ref.dtype in codes and res.dtype in codes
+                                      and ref.is_contiguous() and res.is_contiguous())
             if c.device != dev:
                 c = c.to(dev)
             flat.append((c, ref, res))

@@ -14,7 +14,8 @@
 # "m": the sweep with 60 alternations, in two processes; "n": GPU tests, one-thread host profile;
 # "o": GPU tests, the statistics kernel's compact grid, a one-thread pass's statistics start piece by piece;
 # "p": GPU tests, statistics graphs on host tables: phases with and without parts, the sweep with arms;
-# "q": a one-thread pass's host profile, callee by callee; the sweep with parts from 96 MiB, twice.
+# "q": a one-thread pass's host profile, callee by callee; the sweep with parts from 96 MiB, twice;
+# "r": the shipped code: GPU tests, bench_parity at 1.1B, the sweep twice with 30 alternations.
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -172,6 +173,16 @@ if [[ "$part" == q ]]; then   # session 8: where a start's host time goes (profi
   echo "diag rc=$?" >> "$L/env.txt"; head -30 "$L/diag_1t.log"
   for i in 1 2; do
     timeout 150 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --launch-mb 0,96 --reps 30 --out "$L/threads_p$i.json" > "$L/threads_p$i.log" 2>&1
+    echo "threads p$i rc=$?" >> "$L/env.txt"; cat "$L/threads_p$i.log"
+  done
+fi
+if [[ "$part" == r ]]; then   # session 8, the shipped code: GPU tests, bench_parity at 1.1B, the sweep twice with 30 alternations
+  timeout 100 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu -o addopts="" > "$L/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?" >> "$L/env.txt"; tail -3 "$L/gpu_tests.log"
+  timeout 150 python bench/bench_parity.py --device cuda --models 1b --reps 15 --out "$L/bench_r.json" > "$L/bench_r.log" 2>&1
+  echo "bench 1b rc=$?" >> "$L/env.txt"
+  for i in 1 2; do
+    timeout 120 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --reps 30 --out "$L/threads_p$i.json" > "$L/threads_p$i.log" 2>&1
     echo "threads p$i rc=$?" >> "$L/env.txt"; cat "$L/threads_p$i.log"
   done
 fi
