@@ -15,7 +15,8 @@
 # "o": GPU tests, the statistics kernel's compact grid, a one-thread pass's statistics start piece by piece;
 # "p": GPU tests, statistics graphs on host tables: phases with and without parts, the sweep with arms;
 # "q": a one-thread pass's host profile, callee by callee; the sweep with parts from 96 MiB, twice;
-# "r": the shipped code: GPU tests, bench_parity at 1.1B, the sweep twice with 30 alternations.
+# "r": the shipped code: GPU tests, bench_parity at 1.1B, the sweep twice with 30 alternations;
+# "s": a warm one-thread pass's phases with a start's pieces, bench_parity at 1.1B, the sweep.
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -185,6 +186,14 @@ if [[ "$part" == r ]]; then   # session 8, the shipped code: GPU tests, bench_pa
     timeout 120 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --reps 30 --out "$L/threads_p$i.json" > "$L/threads_p$i.log" 2>&1
     echo "threads p$i rc=$?" >> "$L/env.txt"; cat "$L/threads_p$i.log"
   done
+fi
+if [[ "$part" == s ]]; then   # session 8, last: a warm one-thread pass's phases with the start's pieces; bench_parity and the sweep again
+  timeout 90 python bench/diag_fast_pass.py --device cuda --model 1b --threads 1 --warm --reps 30 --out "$L/diag_warm_1t.json" > "$L/diag_warm_1t.log" 2>&1
+  echo "diag warm rc=$?" >> "$L/env.txt"; head -34 "$L/diag_warm_1t.log"
+  timeout 150 python bench/bench_parity.py --device cuda --models 1b --reps 15 --out "$L/bench_s.json" > "$L/bench_s.log" 2>&1
+  echo "bench 1b rc=$?" >> "$L/env.txt"
+  timeout 120 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --reps 30 --out "$L/threads.json" > "$L/threads.log" 2>&1
+  echo "threads rc=$?" >> "$L/env.txt"; cat "$L/threads.log"
 fi
 cat "$L/env.txt"
 tail -3 "$L/gpu_tests.log" 2>/dev/null
