@@ -198,7 +198,7 @@ def _start(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int, int]], c
             got.last.columns()   # its address table and columns are about to be rewritten
         launch.many.point_at(leaves, ptrs)
         got.graph.replay()
-        if launch.host_out is not None:   # written by the graph into pinned memory: no copy
+        if launch.host_out is not None and got.event is not None:   # written by the graph into pinned memory
             got.event.record(torch.cuda.current_stream(dev))
             got.last = Pending(launch.host_out, got.event)
         else:
