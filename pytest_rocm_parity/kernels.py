@@ -18,9 +18,10 @@ TILE = 2048
 NCOLS = 8
 # The many-leaf kernel's shape, chosen on the H200 by bench/bench_stats_kernel.py (docs/benchmarks.md,
 # session 7: with the vectorised loop, 0.381 ms for a 1.1B pass's 1 GB against 0.436 for the shape
-# before, 1024 x 8 warps; session 8, one program per chunk with elements: 0.315 ms). 1024 elements over 4 warps of 32 lanes: 8 bf16 (16 bytes) per lane per
-# load. On AMD's 64-lane wavefronts the same shape loads 8 bytes per lane (tests/unit/
-# test_kernel_codegen.py); not tuned there: no AMD GPU has run it.
+# before, 1024 x 8 warps; session 8, one program per chunk with elements: 0.315 ms). 1024 elements
+# over 4 warps of 32 lanes: 8 bf16 (16 bytes) per lane per load. On AMD's 64-lane wavefronts the
+# same shape loads 8 bytes per lane (tests/unit/test_kernel_codegen.py); not tuned there: no AMD
+# GPU has run it.
 CHUNK = 1 << 17        # elements per program (a 4M-element block: 32 programs)
 MANY_BLOCK = 1024      # elements per loop step; sums kept per lane
 MANY_WARPS = 4

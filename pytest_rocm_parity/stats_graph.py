@@ -25,9 +25,10 @@ the graph is replayed, on the leaves of that pass.
 start() only queues the work and returns a Pending, which waits when its columns are read: a
 replay may start parts of its statistics during the pass (replay._StatsQueue.LAUNCH_BYTES; off by
 default, since on the H200 a part's start cost about as much host time as the device time it hid,
-sessions 6 and 8). A graph launch alone costs 3 us of host time; inside a pass 25 us. The formulas run as one Triton launch (COLUMNS_KERNEL):
-as torch ops they were ~90 small kernels, 100 us of device time per replay whatever the leaf
-count; as one kernel 4 us (session 6, bench/bench_stats_start.py).
+sessions 6 and 8). A graph launch alone costs 3 us of host time; inside a pass 25 us. The
+formulas run as one Triton launch (COLUMNS_KERNEL): as torch ops they were ~90 small kernels, 100
+us of device time per replay whatever the leaf count; as one kernel 4 us (session 6,
+bench/bench_stats_start.py).
 """
 from __future__ import annotations
 
