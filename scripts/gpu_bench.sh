@@ -16,7 +16,8 @@
 # "p": GPU tests, statistics graphs on host tables: phases with and without parts, the sweep with arms;
 # "q": a one-thread pass's host profile, callee by callee; the sweep with parts from 96 MiB, twice;
 # "r": the shipped code: GPU tests, bench_parity at 1.1B, the sweep twice with 30 alternations;
-# "s": a warm one-thread pass's phases with a start's pieces, bench_parity at 1.1B, the sweep.
+# "s": a warm one-thread pass's phases with a start's pieces, bench_parity at 1.1B, the sweep;
+# "t": the final code's GPU tests and a warm one-thread pass's host profile.
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -194,6 +195,12 @@ if [[ "$part" == s ]]; then   # session 8, last: a warm one-thread pass's phases
   echo "bench 1b rc=$?" >> "$L/env.txt"
   timeout 120 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --reps 30 --out "$L/threads.json" > "$L/threads.log" 2>&1
   echo "threads rc=$?" >> "$L/env.txt"; cat "$L/threads.log"
+fi
+if [[ "$part" == t ]]; then   # session 8, final code: GPU tests; a warm one-thread pass's host profile (what lies outside the timed phases)
+  timeout 100 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu -o addopts="" > "$L/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?" >> "$L/env.txt"; tail -3 "$L/gpu_tests.log"
+  timeout 90 python bench/diag_fast_pass.py --device cuda --model 1b --threads 1 --warm --reps 30 --profile "$L/prof_warm_1t.txt" --out "$L/diag_warm_1t.json" > "$L/diag_warm_1t.log" 2>&1
+  echo "diag warm rc=$?" >> "$L/env.txt"; head -34 "$L/diag_warm_1t.log"
 fi
 cat "$L/env.txt"
 tail -3 "$L/gpu_tests.log" 2>/dev/null
