@@ -141,6 +141,11 @@ def main(argv: list[str] | None = None) -> int:
             phases[k].append(v)
     rows = {"forward": statistics.median(fwd), "pass": statistics.median(total)}
     rows.update({k: statistics.median(v) for k, v in phases.items()})
+    # what the top-level phases leave unexplained, pass by pass (the bookkeeping between them)
+    top = [k for k in ("setup (prepare_rung)", "forward (hooked)", "isolated calls (direct)", "flush",
+                       "judge_layer", "finish") if k in phases]
+    rows["outside the phases above"] = statistics.median(
+        t - sum(phases[k][i] for k in top if i < len(phases[k])) for i, t in enumerate(total))
     for k, v in rows.items():
         print(f"{k:40s} {v * 1e3:8.3f} ms")
     graphs = {"cache puts": puts, "capture errors": stats_graph.CAPTURE_ERRORS,
