@@ -12,7 +12,10 @@ Reported (medians, microseconds): ``bare`` (the same modules called on the same 
 by a plain loop: the modules' own host time), ``direct`` (`direct.run_level` with the replay's
 comparison of each output: what a pass spends in its direct calls), their difference per call,
 and ``judge`` (after the flush: the per-layer verdicts). The flush's statistics are left out:
-on a GPU they are the Triton kernel, here torch ops on the CPU.
+on a GPU they are the Triton kernel, here torch ops on the CPU. ``outside``: the pass less its
+direct calls, flush and judging, i.e. the pass's own bookkeeping (its inputs handed out, the
+records, the contexts), the same Python as on a GPU: 0.45 ms a pass on the H200's host (session 8,
+`bench/diag_fast_pass.py --warm`), a figure to work down here without one.
 """
 from __future__ import annotations
 
@@ -69,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         return real_run_level(model_, calls, *args, **kw)
     rp.run_level = timed("direct", run_level)
     rp.judge_layer = timed("judge", rp.judge_layer)
+    rp._StatsQueue.flush = timed("flush", rp._StatsQueue.flush)
     one = rp.prepare_rung(model, spec, manifest, meta, reader, "float32", "cpu", {"args": (), "kwargs": inputs},
                           keep_loaded=True)
     one()
@@ -80,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         with torch.inference_mode():
             for m, args, kwargs in built:
                 m(*args, **kwargs)
-    samples: dict[str, list[float]] = {"bare": [], "direct": [], "judge": [], "pass": []}
+    samples: dict[str, list[float]] = {"bare": [], "direct": [], "judge": [], "pass": [], "outside": []}
     for _ in range(a.reps):
         t = time.perf_counter()
         bare()
@@ -91,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         samples["pass"].append(time.perf_counter() - t)
         samples["direct"].append(times["direct"])
         samples["judge"].append(times["judge"])
+        samples["outside"].append(samples["pass"][-1] - times["direct"] - times["judge"] - times.get("flush", 0.0))
     us = {k: statistics.median(v) * 1e6 for k, v in samples.items()}
     row = {"model": f"llama-16wide-{a.layers}", "calls": len(calls), **{f"{k}_us": v for k, v in us.items()},
            "harness_per_call_us": (us["direct"] - us["bare"]) / len(calls)}
