@@ -31,7 +31,7 @@ from pytest_rocm_parity.engine import (
 from pytest_rocm_parity.direct import DirectCall, plan_level, resolve_modules, run_level
 from pytest_rocm_parity.errors import GoldenStale
 from pytest_rocm_parity.golden import GoldenStore, RungReader
-from pytest_rocm_parity.judge import finish, judge_layer
+from pytest_rocm_parity.judge import finish, judge_layer, leaf_failure
 from pytest_rocm_parity.records import CheckResult, LayerRecord, LeafMetrics
 from pytest_rocm_parity.selection import Selected, select
 from pytest_rocm_parity.tolerance import Tolerance
@@ -101,9 +101,10 @@ def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: R
 
 
 def _fails(leaves: list[LeafMetrics], tol: Tolerance, rung: str) -> bool:
-    from pytest_rocm_parity.judge import leaf_failure
-
-    return any(leaf_failure(mm, tol, rung, True) for mm in leaves)
+    for mm in leaves:
+        if leaf_failure(mm, tol, rung, True):
+            return True
+    return False
 
 
 def _records_in_order(meta: dict[str, Any], layers: dict[str, dict[str, Any]]) -> Iterator[tuple[str, LayerRecord]]:
@@ -115,8 +116,6 @@ def _records_in_order(meta: dict[str, Any], layers: dict[str, dict[str, Any]]) -
 
 
 def _sketch_failure(m: LeafMetrics, tol: Tolerance, rung: str, budget: float) -> str:
-    from pytest_rocm_parity.judge import leaf_failure
-
     if m.note.startswith("shape") or m.kind == "exact" or m.nonfinite:
         return leaf_failure(m, tol, rung, isolated=True)
     if m.ratio_lo > budget and m.z > tol.z:
@@ -318,21 +317,29 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
 
         outs: list[LayerRecord] = []
         notes: list[str] = []
-        args0, kwargs0 = stored_inputs()   # preloaded: handed out watched (RungReader.get_fresh), per run
+        fetched: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+        def model_inputs() -> tuple[tuple[Any, ...], dict[str, Any]]:
+            """The model's stored inputs, fetched when a pass first needs them (one of direct calls
+            alone needs none: 0.04 ms of host time per pass saved) and again after each pass, so
+            every pass that runs the whole model has them handed out watched (RungReader.get_fresh)."""
+            if not fetched:
+                fetched.append(stored_inputs())
+            return fetched[0]
 
         def watched(one: Callable[[], Any], sink: dict[str, list[LeafMetrics]]) -> Any:
             """One pass; repeated while the model writes a golden tensor handed to it. Each repeat hands
             the written keys out as copies from then on, so it ends within as many repeats as keys."""
-            nonlocal args0, kwargs0
             while True:
                 mark, before = len(queue.items), set(sink)
                 out = one()
-                if not reader.changed_in_place():
+                changed = reader.changed_in_place()
+                fetched.clear()      # the watch ended: the next pass fetches (and watches) them again
+                if not changed:
                     return out
                 queue.discard(mark)
                 for k in set(sink) - before:
                     del sink[k]
-                args0, kwargs0 = stored_inputs()
 
         def direct_level(level: int, calls: list[DirectCall]) -> set[str] | None:
             """One level by direct calls; the keys that failed (then confirmed through the hooked
@@ -375,7 +382,7 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
 
             def isolated() -> None:
                 with Hooks(m, selected, sub, keep):
-                    _run(m, args0, kwargs0)
+                    _run(m, *model_inputs())
             watched(isolated, iso)
             queue.flush()
 
@@ -384,7 +391,7 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                 if not fast:   # propagated
                     def propagated() -> Any:
                         with Hooks(m, selected, None, lambda k, s, o: compare(k, o, "gtruth", prop)):
-                            return _run(m, args0, kwargs0)
+                            return _run(m, *model_inputs())
                     out = watched(propagated, prop)
                     queue.flush()
                     outs = _compare_outputs(out, meta, reader, u, tol)
@@ -426,7 +433,7 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
             from pytest_rocm_parity.profiling import compare_shares, profile_shares
 
             with eval_mode(m, mwalk), numerics(rung, tol.tf32):
-                cand_prof = profile_shares(m, args0, kwargs0, home_device(m, device))
+                cand_prof = profile_shares(m, *model_inputs(), home_device(m, device))
             result.extra["profile"] = {"flags": compare_shares(meta["extra"]["profile"], cand_prof),
                                        "reference": meta["extra"]["profile"], "candidate": cand_prof}
         if spec.report_dir is not None and not result.passed and obtained:
@@ -438,7 +445,7 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
             result.extra["_pos_err"] = pos_err
             try:
                 with eval_mode(m, mwalk), numerics(rung, tol.tf32):
-                    spec.extra_judge(rung, m, args0, kwargs0, pending, reader, meta, result)
+                    spec.extra_judge(rung, m, *model_inputs(), pending, reader, meta, result)
             finally:
                 result.extra.pop("_pos_err", None)
         return result
@@ -629,8 +636,6 @@ class _StatsQueue:
 
     def keep_if_failing(self, m: LeafMetrics, c: Any, tol: Tolerance, isolated: bool, tag: str) -> None:
         """Keep a host copy of a leaf that fails, for the failing-tensor export (--parity-report)."""
-        from pytest_rocm_parity.judge import leaf_failure
-
         if self.obtained is not None and leaf_failure(m, tol, self.rung, isolated):
             self.obtained[tag] = c.detach().to("cpu")
 

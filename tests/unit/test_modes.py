@@ -1,0 +1,62 @@
+"""A replay runs the model in eval mode and fp32 rungs without TF32, and puts both back after.
+
+The mode is decided from the module walk a replay takes at set-up (engine.ModelWalk.training), not
+by looking at every module again on each pass; these tests pin what that must still do.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from pytest_rocm_parity.engine import eval_mode, numerics, walk_model
+
+
+def _net() -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5), nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5)))
+
+
+def test_a_model_in_training_mode_runs_in_eval_and_gets_its_flags_back() -> None:
+    net = _net()
+    net.train()
+    net[2].eval()                      # a mixed model: each module's own flag comes back
+    walk = walk_model(net)
+    assert walk.training
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    with eval_mode(net, walk):
+        assert not any(m.training for m in net.modules())
+        a, b = net(x), net(x)          # dropout off: the same output twice
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert net.training and net[0].training and net[1].training
+    assert not net[2].training and not net[2][1].training
+
+
+def test_a_model_walked_in_eval_mode_is_left_alone() -> None:
+    net = _net().eval()
+    walk = walk_model(net)
+    assert not walk.training
+    with eval_mode(net, walk):
+        assert not any(m.training for m in net.modules())
+    assert not any(m.training for m in net.modules())
+    with eval_mode(net):               # no walk: the modules are looked at
+        pass
+    net.train()
+    with eval_mode(net):
+        assert not any(m.training for m in net.modules())
+    assert all(m.training for m in net.modules())
+
+
+@pytest.mark.parametrize("tf32", [False, True])
+def test_fp32_rungs_set_tf32_and_restore_it_other_rungs_touch_nothing(tf32: bool) -> None:
+    cm, cd = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = (cm.allow_tf32, cd.allow_tf32)
+    try:
+        cm.allow_tf32, cd.allow_tf32 = not tf32, not tf32
+        with numerics("float32", tf32):
+            assert cm.allow_tf32 is tf32 and cd.allow_tf32 is tf32
+        assert cm.allow_tf32 is (not tf32) and cd.allow_tf32 is (not tf32)
+        with numerics("bfloat16", tf32):
+            assert cm.allow_tf32 is (not tf32) and cd.allow_tf32 is (not tf32)
+        assert cm.allow_tf32 is (not tf32) and cd.allow_tf32 is (not tf32)
+    finally:
+        cm.allow_tf32, cd.allow_tf32 = saved
