@@ -303,7 +303,8 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                     res.append(LeafMetrics(leaf=p, numel=int(ref.numel()), ratio=float("inf"), ratio_lo=float("inf"),
                                            note=f"shape: output leaf {p!r} missing on the candidate"))
                     continue
-                c = c.detach()
+                if c.requires_grad:    # a new tensor object per leaf otherwise, for nothing
+                    c = c.detach()
                 if tname:
                     queue.add(res, p, c, ref, reader.get(tname), t, isolated, tag, snapshot)
                     if (spec.positions is not None and truth_prefix == "gtruth" and ref.dim() >= 2
@@ -519,12 +520,12 @@ class _StatsQueue:
             sink.append(residual_metrics(leaf, c, ref, res, self.u, tol.confidence, tol.nan))
             self.keep_if_failing(sink[-1], c, tol, isolated, tag)
             return
-        import torch
-
         sink.append(None)
         # A snapshot in stream order: the model may still write this output in place (a parent's
         # `x += ...`, an inplace activation) before flush() reads it.
         if snapshot or not c.is_contiguous():
+            import torch
+
             c = c.clone(memory_format=torch.contiguous_format)
         self.items.append((sink, len(sink) - 1, leaf, c, ref, res, tol, isolated, tag))
         size = c.numel() * c.element_size()
