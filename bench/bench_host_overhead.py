@@ -10,7 +10,9 @@ the replay's queued (GPU) comparison path taken on the CPU (`_StatsQueue.DEFER_O
 
 Reported (medians, microseconds): ``bare`` (the same modules called on the same golden inputs
 by a plain loop: the modules' own host time), ``direct`` (`direct.run_level` with the replay's
-comparison of each output: what a pass spends in its direct calls), their difference per call,
+comparison of each output: what a pass spends in its direct calls), their difference per call
+(``harness_per_call_us``, and ``harness_per_call_paired_us``: the median of each pass's own
+difference, steadier when the host's speed drifts),
 and ``judge`` (after the flush: the per-layer verdicts). The flush's statistics are left out:
 on a GPU they are the Triton kernel, here torch ops on the CPU. ``outside``: the pass less its
 direct calls, flush and judging, i.e. the pass's own bookkeeping (its inputs handed out, the
@@ -97,8 +99,12 @@ def main(argv: list[str] | None = None) -> int:
         samples["judge"].append(times["judge"])
         samples["outside"].append(samples["pass"][-1] - times["direct"] - times["judge"] - times.get("flush", 0.0))
     us = {k: statistics.median(v) * 1e6 for k, v in samples.items()}
+    # paired: each pass's direct calls less the bare loop run just before it (the host's speed
+    # drifts between runs; the difference of two medians carries that drift)
+    paired = statistics.median(d - b for d, b in zip(samples["direct"], samples["bare"])) * 1e6
     row = {"model": f"llama-16wide-{a.layers}", "calls": len(calls), **{f"{k}_us": v for k, v in us.items()},
-           "harness_per_call_us": (us["direct"] - us["bare"]) / len(calls)}
+           "harness_per_call_us": (us["direct"] - us["bare"]) / len(calls),
+           "harness_per_call_paired_us": paired / len(calls)}
     print(json.dumps(row), flush=True)
     write_rows(a.out, "cpu", [row])
     return 0
