@@ -107,9 +107,9 @@ def columns_launch(stats: Any, meta: tuple[Any, Any], unit_roundoff: float, out:
 _CODES = {"bfloat16": 0, "float16": 1, "float32": 2, "float64": 3}
 
 
-def many_supported(c: Any, r: Any, e: Any) -> bool:
-    """Whether block_stats_many takes these (contiguous, real, of the four float dtypes)."""
-    return all(x.dtype in dtype_codes() and x.is_contiguous() for x in (c, r, e))
+def readable(t: Any) -> bool:
+    """Whether block_stats_many reads ``t`` (contiguous, real, of the four float dtypes)."""
+    return t.dtype in dtype_codes() and t.is_contiguous()
 
 
 @functools.lru_cache(maxsize=1)

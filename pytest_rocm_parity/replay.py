@@ -101,10 +101,7 @@ def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: R
 
 
 def _fails(leaves: list[LeafMetrics], tol: Tolerance, rung: str) -> bool:
-    for mm in leaves:
-        if leaf_failure(mm, tol, rung, True):
-            return True
-    return False
+    return any(leaf_failure(mm, tol, rung, True) for mm in leaves)
 
 
 def _records_in_order(meta: dict[str, Any], layers: dict[str, dict[str, Any]]) -> Iterator[tuple[str, LayerRecord]]:
@@ -321,9 +318,9 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
         fetched: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
 
         def model_inputs() -> tuple[tuple[Any, ...], dict[str, Any]]:
-            """The model's stored inputs, fetched when a pass first needs them (one of direct calls
-            alone needs none: 0.04 ms of host time per pass saved) and again after each pass, so
-            every pass that runs the whole model has them handed out watched (RungReader.get_fresh)."""
+            """The model's stored inputs, fetched when a pass first needs them (a pass of direct
+            calls alone needs none) and again after each pass, so every pass that runs the whole
+            model has them handed out watched (RungReader.get_fresh)."""
             if not fetched:
                 fetched.append(stored_inputs())
             return fetched[0]
@@ -579,19 +576,18 @@ class _StatsQueue:
         # leaves go as they are (a view per tensor is host time on every module). What depends on
         # the golden alone is worked out once per loaded golden (inside a pass on the H200 this
         # preparation cost 0.18 ms per start, session 8)
-        known, codes = self.known, kernels.dtype_codes()
+        known = self.known
         flat, layouts, on_device = [], [], dev.type == "cuda" and kernels.triton_usable()
         for _s, _i, _l, c, ref, res, *_ in items:
             k = known.get(id(ref))
             if k is None or k[0] is not ref or k[1] is not res:
                 k = known[id(ref)] = (ref, res, block_layout(int(ref.numel())),
-                                      res.device == ref.device == dev and ref.dtype in codes and res.dtype in codes
-                                      and ref.is_contiguous() and res.is_contiguous())
+                                      res.device == ref.device == dev and kernels.readable(ref) and kernels.readable(res))
             if c.device != dev:
                 c = c.to(dev)
             flat.append((c, ref, res))
             layouts.append(k[2])
-            on_device = on_device and k[3] and c.dtype in codes
+            on_device = on_device and k[3] and kernels.readable(c)
         if on_device:
             from pytest_rocm_parity import stats_graph
 
