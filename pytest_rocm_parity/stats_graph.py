@@ -222,8 +222,11 @@ def _start(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int, int]], c
         _CACHE.put(key, _SEEN)
     elif got == _SEEN and GRAPHS and dev.type == "cuda":
         graphed = _capture(_Launch(leaves, layouts, confs, dev, al, host_side), unit_roundoff, dev)
-        if graphed == _FAILED and host_side:   # device tables from now on, and try once more
+        if graphed == _FAILED and host_side:
+            # device tables from now on: captured again as such, under the key the next starts
+            # will look for (host_pointers_usable is false from here on)
             kernels.host_pointers_failed(RuntimeError(CAPTURE_ERRORS[0] if CAPTURE_ERRORS else "capture failed"))
+            key = key[:-1] + (False,)
             graphed = _capture(_Launch(leaves, layouts, confs, dev, al), unit_roundoff, dev)
         _CACHE.put(key, graphed)
     if cols is not None:

@@ -262,6 +262,37 @@ def test_two_parts_of_one_signature_started_before_either_is_read(monkeypatch, h
     assert sum(isinstance(v, stats_graph._Graphed) for v in stats_graph._CACHE._d.values()) == 2
 
 
+def test_a_failed_host_table_capture_falls_back_to_a_graph_the_next_start_uses(monkeypatch) -> None:
+    """A capture with host tables that fails switches them off for the process and captures the
+    launch again with device tables, under the key the next start looks for: that start replays
+    the graph (not the eager path again) and gets the right columns."""
+    from pytest_rocm_parity import stats_graph
+
+    monkeypatch.setattr(stats_graph, "_CACHE", kernels._TableCache(4))
+    monkeypatch.setattr(stats_graph, "GRAPHS", True)
+    monkeypatch.setattr(kernels, "HOST_POINTERS", True)
+    monkeypatch.setattr(kernels, "HOST_POINTER_ERRORS", [])
+    real_run = stats_graph._Launch.run
+
+    def run(self, unit_roundoff):   # a launcher that cannot take pinned host memory, say
+        if self.host_side:
+            raise ValueError("Pointer argument cannot be accessed from Triton (cpu tensor?)")
+        return real_run(self, unit_roundoff)
+    monkeypatch.setattr(stats_graph._Launch, "run", run)
+    leaves, lays = _leaves_two_groups()
+    confs = [3.0, 2.0, 3.0]
+    for _ in range(2):                      # eager; eager and captured (host tables fail, then device)
+        stats_graph.judge_on_device(leaves, lays, confs, 2.0**-8)
+    assert kernels.HOST_POINTER_ERRORS and "cpu tensor?" in kernels.HOST_POINTER_ERRORS[0]
+    other = [(r.double().mul(1 + 2e-2).to(c.dtype), r, e) for c, r, e in leaves]
+    want = torch.tensor(_host_columns(other, lays, confs), dtype=torch.float64)
+    cols = stats_graph.judge_on_device(other, lays, confs, 2.0**-8)
+    torch.testing.assert_close(torch.from_numpy(cols[:, :8]), want, rtol=1e-5, atol=1e-30)
+    graphed = [v for v in stats_graph._CACHE._d.values() if isinstance(v, stats_graph._Graphed)]
+    assert len(graphed) == 1 and not graphed[0].launch.host_side
+    assert graphed[0].last is not None      # the third start replayed it
+
+
 def test_a_graph_made_inside_inference_mode_serves_starts_outside_it(monkeypatch) -> None:
     """A replay starts statistics inside its direct calls' torch.inference_mode and at the flush
     outside it. A graph seen and captured inside, then started outside, must rewrite its address
