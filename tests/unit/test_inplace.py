@@ -104,3 +104,45 @@ def test_preloaded_golden_written_by_the_model_is_reloaded_and_the_pass_repeated
     again = _replay_rung(model, spec, manifest, meta, reader, "float32", "cpu", tmpl, keep_loaded=True)
     assert len(runs) == 1 and _layer_ratios(again) == _layer_ratios(plain)   # a copy now: no repeat
     assert torch.equal(reader.get(act_in), before)
+
+
+class ScalesItsInput(nn.Module):
+    """A model that writes its own input in place before using it (an in-place normalisation, say)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.mul_(2.0)
+        return self.fc(x)
+
+
+def test_a_model_that_writes_its_own_input_gets_fresh_inputs_on_the_repeat(tmp_path, monkeypatch) -> None:
+    """The whole model's stored inputs are handed out watched too: a forward that writes them is
+    repeated, and the repeat must run on the stored values again (a copy), not on the tensor the
+    first run doubled; the verdicts equal a replay that reads every tensor from the file."""
+    from pytest_rocm_parity import replay as replay_mod
+    from pytest_rocm_parity.replay import _replay_rung
+
+    torch.manual_seed(0)
+    model = ScalesItsInput()
+    x = torch.randn(16, 32, generator=torch.Generator().manual_seed(1))
+    spec = CheckSpec(name="own", dtypes=["float32"], drill=1, replay="full")
+    store = GoldenStore(tmp_path)
+    manifest = capture(model, x.clone(), spec, store, "cpu")
+    meta = manifest["rungs"]["float32"]
+    monkeypatch.setattr(replay_mod._StatsQueue, "DEFER_ON_CPU", True)
+    tmpl = {"args": (x,), "kwargs": {}}
+    path = store.rung_file("own", manifest, "float32")
+    plain = _replay_rung(model, spec, manifest, meta, RungReader(path, "cpu"), "float32", "cpu", tmpl)
+    reader = RungReader(path, "cpu")
+    reader.preload(sorted(reader.keys), 1 << 30)
+    runs = []
+    real_run = replay_mod._run
+    monkeypatch.setattr(replay_mod, "_run", lambda *a: runs.append(1) or real_run(*a))
+    got = _replay_rung(model, spec, manifest, meta, reader, "float32", "cpu", tmpl, keep_loaded=True)
+    assert len(runs) >= 2 and any(k.startswith("input/") for k in reader._copy_keys)
+    assert plain.passed and got.passed
+    assert [o.prop_passed for o in got.outputs] == [o.prop_passed for o in plain.outputs]
+    assert _layer_ratios(got) == _layer_ratios(plain)
