@@ -132,7 +132,7 @@ class ModelWalk:
     structure: tuple[Any, ...]   # child names and module identities in walk order: the tree's signature
     # any module in training mode at the walk: what eval_mode(model, walk) acts on, read here while
     # the walk touches every module anyway (read again per pass, after a forward has evicted the
-    # modules from the host's caches, it cost 0.09 ms at 300 modules; session 8)
+    # modules from the host's caches, it cost 50-61 us at 293 modules: bench/bench_pass_contexts.py)
     training: bool = False
 
 
@@ -230,7 +230,8 @@ def eval_mode(model: Any, walk: ModelWalk | None = None) -> Iterator[None]:
 @contextlib.contextmanager
 def numerics(rung: str, tf32: bool = False) -> Iterator[None]:
     """fp32 rungs run with TF32 off (unless the policy says it is deployed); restored afterwards.
-    Other rungs touch nothing (reading and restoring the flags cost 0.05 ms a pass, session 8)."""
+    Other rungs touch nothing (reading and restoring the flags cost 22-24 us a pass after a forward:
+    bench/bench_pass_contexts.py)."""
     import torch
 
     if rung != "float32":
