@@ -21,7 +21,6 @@ records, the contexts), the same Python as on a GPU: 0.45 ms a pass on the H200'
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -31,28 +30,19 @@ from typing import Any
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--layers", type=int, default=22)
-    p.add_argument("--reps", type=int, default=300)
-    p.add_argument("--out", default=None)
-    a = p.parse_args(argv)
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     sys.path.insert(0, __file__.rsplit("/", 1)[0])
-    from bench_parity import accumulating, write_rows
+    from bench_parity import accumulating, thin_args, thin_llama, write_rows
+
+    a = thin_args(__doc__ or "", argv)
+    import torch
 
     from pytest_rocm_parity import direct, replay as rp
     from pytest_rocm_parity.capture import capture
     from pytest_rocm_parity.engine import CheckSpec
     from pytest_rocm_parity.golden import GoldenStore, RungReader
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=a.layers, num_attention_heads=2,
-                      num_key_value_heads=1, vocab_size=64)
-    model = LlamaForCausalLM(cfg).eval()
-    inputs = {"input_ids": torch.randint(0, 64, (1, 4), generator=torch.Generator().manual_seed(0)),
-              "use_cache": False}
+    model, ids = thin_llama(a.layers)
+    inputs = {"input_ids": ids, "use_cache": False}
     store = GoldenStore(tempfile.mkdtemp())
     spec = CheckSpec(name="o", dtypes=["float32"], drill=0, replay="fast", threads=1)
     manifest = capture(model, inputs, spec, store, "cpu", overwrite=True)

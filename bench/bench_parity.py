@@ -119,6 +119,30 @@ def build(name: str, device: str) -> Any:
     return model
 
 
+def thin_args(doc: str, argv: list[str] | None) -> argparse.Namespace:
+    """The host-time benchmarks' options: --layers (thin_llama's), --reps, --out."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--layers", type=int, default=22)
+    p.add_argument("--reps", type=int, default=300)
+    p.add_argument("--out", default=None)
+    return p.parse_args(argv)
+
+
+def thin_llama(layers: int = 22) -> tuple[Any, Any]:
+    """(model, input_ids): a Llama of ``layers`` decoder layers 16 wide on 4 tokens, in eval mode.
+
+    The host-time benchmarks' stand-in for the 1.1B model (22 layers: the same module tree and the
+    same Python per call) whose compute is negligible on the CPU."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=layers, num_attention_heads=2,
+                      num_key_value_heads=1, vocab_size=64)
+    ids = torch.randint(0, 64, (1, 4), generator=torch.Generator().manual_seed(0))
+    return LlamaForCausalLM(cfg).eval(), ids
+
+
 class RssSampler:
     """Peak resident memory of this process during a block, sampled every 2 ms from /proc."""
 

@@ -13,7 +13,6 @@ and restoring those flags, which every other rung did before. Medians, microseco
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -21,25 +20,16 @@ from typing import Any
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--layers", type=int, default=22)
-    p.add_argument("--reps", type=int, default=300)
-    p.add_argument("--out", default=None)
-    a = p.parse_args(argv)
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     sys.path.insert(0, __file__.rsplit("/", 1)[0])
-    from bench_parity import write_rows
+    from bench_parity import thin_args, thin_llama, write_rows
+
+    a = thin_args(__doc__ or "", argv)
+    import torch
 
     from pytest_rocm_parity.engine import _TRAINING, eval_mode, numerics, walk_model
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=a.layers, num_attention_heads=2,
-                      num_key_value_heads=1, vocab_size=64)
-    model = LlamaForCausalLM(cfg).eval()
+    model, ids = thin_llama(a.layers)
     walk = walk_model(model)
-    ids = torch.randint(0, 64, (1, 4), generator=torch.Generator().manual_seed(0))
 
     def forward() -> None:
         with torch.inference_mode():

@@ -42,6 +42,28 @@ def test_inplace_module_output_is_its_result_not_its_input(tmp_path) -> None:
     assert res.passed, [(l.name, l.reason) for l in res.layers]
 
 
+def _plain_and_preloaded(model, x, spec, tmp_path, monkeypatch):
+    """Goldens of ``model`` on ``x``; their replay reading every tensor from the file; a reader with
+    every golden preloaded (what a GPU replay does, replay._preload) and the function that replays
+    through it, again and again. Both on the queued (GPU) comparison path."""
+    from pytest_rocm_parity import replay as replay_mod
+    from pytest_rocm_parity.replay import _replay_rung
+
+    store = GoldenStore(tmp_path)
+    manifest = capture(model, x.clone(), spec, store, "cpu")
+    meta = manifest["rungs"]["float32"]
+    monkeypatch.setattr(replay_mod._StatsQueue, "DEFER_ON_CPU", True)
+    tmpl = {"args": (x,), "kwargs": {}}
+    path = store.rung_file(spec.name, manifest, "float32")
+    plain = _replay_rung(model, spec, manifest, meta, RungReader(path, "cpu"), "float32", "cpu", tmpl)
+    reader = RungReader(path, "cpu")
+    reader.preload(sorted(reader.keys), 1 << 30)
+
+    def replay_preloaded():
+        return _replay_rung(model, spec, manifest, meta, reader, "float32", "cpu", tmpl, keep_loaded=True)
+    return meta, plain, reader, replay_preloaded
+
+
 def _layer_ratios(res) -> dict[str, tuple[float | None, float | None]]:
     return {l.name: (l.iso.ratio if l.iso else None, l.prop.ratio if l.prop else None) for l in res.layers}
 
@@ -73,21 +95,12 @@ def test_preloaded_golden_written_by_the_model_is_reloaded_and_the_pass_repeated
     isolated routes: modules called directly (direct.py) and the hooked forward. (A repeat that
     discards statistics parts already started: tests/unit/test_stats_queue.py.)"""
     from pytest_rocm_parity import replay as replay_mod
-    from pytest_rocm_parity.replay import _replay_rung
 
     torch.manual_seed(0)
     model = Net()
     x = torch.randn(16, 32, generator=torch.Generator().manual_seed(1))
     spec = CheckSpec(name="inplace", dtypes=["float32"], drill=2, replay="fast")
-    store = GoldenStore(tmp_path)
-    manifest = capture(model, x, spec, store, "cpu")
-    meta = manifest["rungs"]["float32"]
-    monkeypatch.setattr(replay_mod._StatsQueue, "DEFER_ON_CPU", True)
-    tmpl = {"args": (x,), "kwargs": {}}
-    path = store.rung_file("inplace", manifest, "float32")
-    plain = _replay_rung(model, spec, manifest, meta, RungReader(path, "cpu"), "float32", "cpu", tmpl)
-    reader = RungReader(path, "cpu")
-    reader.preload(sorted(reader.keys), 1 << 30)      # what a GPU replay does (replay._preload)
+    meta, plain, reader, replay_preloaded = _plain_and_preloaded(model, x, spec, tmp_path, monkeypatch)
     act_in = next(e for e in meta["layers"] if e["name"] == "act")["in"]["args.0"]
     before = reader.get(act_in).clone()
     runs = []
@@ -95,13 +108,13 @@ def test_preloaded_golden_written_by_the_model_is_reloaded_and_the_pass_repeated
     counted = "run_level" if route == "direct" else "_run"
     real_run = getattr(replay_mod, counted)
     monkeypatch.setattr(replay_mod, counted, lambda *a: runs.append(1) or real_run(*a))
-    got = _replay_rung(model, spec, manifest, meta, reader, "float32", "cpu", tmpl, keep_loaded=True)
+    got = replay_preloaded()
     assert len(runs) == 2                                # the pass, then its repeat
     assert reader._copy_keys == {act_in}
     assert torch.equal(reader.get(act_in), before)       # the cache holds the stored tensor again
     assert got.passed and _layer_ratios(got) == _layer_ratios(plain)
     runs.clear()
-    again = _replay_rung(model, spec, manifest, meta, reader, "float32", "cpu", tmpl, keep_loaded=True)
+    again = replay_preloaded()
     assert len(runs) == 1 and _layer_ratios(again) == _layer_ratios(plain)   # a copy now: no repeat
     assert torch.equal(reader.get(act_in), before)
 
@@ -123,25 +136,16 @@ def test_a_model_that_writes_its_own_input_gets_fresh_inputs_on_the_repeat(tmp_p
     repeated, and the repeat must run on the stored values again (a copy), not on the tensor the
     first run doubled; the verdicts equal a replay that reads every tensor from the file."""
     from pytest_rocm_parity import replay as replay_mod
-    from pytest_rocm_parity.replay import _replay_rung
 
     torch.manual_seed(0)
     model = ScalesItsInput()
     x = torch.randn(16, 32, generator=torch.Generator().manual_seed(1))
     spec = CheckSpec(name="own", dtypes=["float32"], drill=1, replay="full")
-    store = GoldenStore(tmp_path)
-    manifest = capture(model, x.clone(), spec, store, "cpu")
-    meta = manifest["rungs"]["float32"]
-    monkeypatch.setattr(replay_mod._StatsQueue, "DEFER_ON_CPU", True)
-    tmpl = {"args": (x,), "kwargs": {}}
-    path = store.rung_file("own", manifest, "float32")
-    plain = _replay_rung(model, spec, manifest, meta, RungReader(path, "cpu"), "float32", "cpu", tmpl)
-    reader = RungReader(path, "cpu")
-    reader.preload(sorted(reader.keys), 1 << 30)
+    _meta, plain, reader, replay_preloaded = _plain_and_preloaded(model, x, spec, tmp_path, monkeypatch)
     runs = []
     real_run = replay_mod._run
     monkeypatch.setattr(replay_mod, "_run", lambda *a: runs.append(1) or real_run(*a))
-    got = _replay_rung(model, spec, manifest, meta, reader, "float32", "cpu", tmpl, keep_loaded=True)
+    got = replay_preloaded()
     assert len(runs) >= 2 and any(k.startswith("input/") for k in reader._copy_keys)
     assert plain.passed and got.passed
     assert [o.prop_passed for o in got.outputs] == [o.prop_passed for o in plain.outputs]
