@@ -3,9 +3,11 @@
     python bench/bench_direct_threads.py --device cuda --models 1b,8b --workers 1,2,3,4 --out threads.json
     python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --launch-mb 0,32,128
     python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --host-pointers on,off
+    python bench/bench_direct_threads.py --device cuda --models 1b --workers 1 --launch-mb 0,128,256 --side-stream on,off
 
 ``--launch-mb``: arms with replay._StatsQueue.LAUNCH_BYTES set (MiB of candidate outputs that start
-a part of the statistics during the pass; 0: every statistic at the flush, as before session 6).
+a part of the statistics during the pass; 0: every statistic at the flush, as before session 6);
+``--side-stream``: those parts on a side stream beside the calls, or on the main stream after them.
 
 Each isolated call takes golden inputs, so a level's calls are independent; direct.run_level runs
 shares of them on host threads with a CUDA stream each (--parity-threads, CheckSpec.threads). This
@@ -30,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--columns-kernel", default="", help="on,off: arms with stats_graph.COLUMNS_KERNEL set")
     p.add_argument("--aligned-loads", default="", help="on,off: arms with kernels.ALIGNED_LOADS set")
     p.add_argument("--host-pointers", default="", help="on,off: arms with kernels.HOST_POINTERS set")
+    p.add_argument("--side-stream", default="", help="on,off: arms with replay._StatsQueue.SIDE_STREAM set")
     p.add_argument("--launch-mb", default="", help="LAUNCH_BYTES arms in MiB, comma-separated; default: the code's")
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--out", default=None)
@@ -56,47 +59,45 @@ def main(argv: list[str] | None = None) -> int:
         manifest = capture(model, inputs, spec, store, a.device, overwrite=True)
         meta = manifest["rungs"]["bfloat16"]
         reader = RungReader(store.rung_file(name, manifest, "bfloat16"), a.device)
-        ratios: dict[int, dict[str, float]] = {}
+        ratios: dict[tuple[Any, ...], dict[str, float]] = {}
         fns: dict[str, Any] = {"forward": lambda m=model: _run(m, (), dev_inputs)}
-        default = _StatsQueue.LAUNCH_BYTES
-        launches = [int(float(x) * (1 << 20)) for x in a.launch_mb.split(",")] if a.launch_mb else [default]
-        kdefault = stats_graph.COLUMNS_KERNEL
-        kernels_on = [x == "on" for x in a.columns_kernel.split(",")] if a.columns_kernel else [kdefault]
-        adefault = kernels.ALIGNED_LOADS
-        aligned_on = [x == "on" for x in a.aligned_loads.split(",")] if a.aligned_loads else [adefault]
-        hdefault = kernels.HOST_POINTERS
-        host_on = [x == "on" for x in a.host_pointers.split(",")] if a.host_pointers else [hdefault]
+        # the arms: each knob's values (its default alone unless asked), every combination
+        knobs = [("l", _StatsQueue, "LAUNCH_BYTES", [int(float(x) * (1 << 20)) for x in a.launch_mb.split(",")]
+                  if a.launch_mb else None),
+                 ("s", _StatsQueue, "SIDE_STREAM", a.side_stream),
+                 ("k", stats_graph, "COLUMNS_KERNEL", a.columns_kernel),
+                 ("a", kernels, "ALIGNED_LOADS", a.aligned_loads),
+                 ("h", kernels, "HOST_POINTERS", a.host_pointers)]
+        values = [v if isinstance(v, list) else [x == "on" for x in v.split(",")] if v else [getattr(o, at)]
+                  for _, o, at, v in knobs]
+        defaults = [getattr(o, at) for _, o, at, _v in knobs]
         for w in [0 if x == "auto" else int(x) for x in a.workers.split(",")]:   # 0: --parity-threads=auto
-            for lb, kon, aon, hon in itertools.product(launches, kernels_on, aligned_on, host_on):
+            for combo in itertools.product(*values):
                 sp = CheckSpec(name=name, dtypes=["bfloat16"], drill=0, replay="fast", threads=w)
                 one = prepare_rung(model, sp, manifest, meta, reader, "bfloat16", a.device,
                                    {"args": (), "kwargs": inputs}, keep_loaded=True)
 
-                def arm(one: Any = one, lb: int = lb, kon: bool = kon, aon: bool = aon, hon: bool = hon,
-                        default: int = default, kdefault: bool = kdefault, adefault: bool = adefault,
-                        hdefault: bool = hdefault) -> Any:
-                    (_StatsQueue.LAUNCH_BYTES, stats_graph.COLUMNS_KERNEL, kernels.ALIGNED_LOADS,
-                     kernels.HOST_POINTERS) = lb, kon, aon, hon
+                def arm(one: Any = one, combo: tuple[Any, ...] = combo) -> Any:
+                    for (_, o, at, _v), x in zip(knobs, combo):
+                        setattr(o, at, x)
                     try:
                         return one()
                     finally:
-                        (_StatsQueue.LAUNCH_BYTES, stats_graph.COLUMNS_KERNEL, kernels.ALIGNED_LOADS,
-                         kernels.HOST_POINTERS) = default, kdefault, adefault, hdefault
+                        for (_, o, at, _v), x in zip(knobs, defaults):
+                            setattr(o, at, x)
                 res = arm()
-                ratios[(w, lb, kon, aon, hon)] = {l.name: l.iso.ratio for l in res.layers if l.iso}
-                fns[f"pass_w{w}" + (f"_l{lb >> 20}" if len(launches) > 1 else "")
-                    + (f"_k{'on' if kon else 'off'}" if len(kernels_on) > 1 else "")
-                    + (f"_a{'on' if aon else 'off'}" if len(aligned_on) > 1 else "")
-                    + (f"_h{'on' if hon else 'off'}" if len(host_on) > 1 else "")] = arm
+                ratios[(w, *combo)] = {l.name: l.iso.ratio for l in res.layers if l.iso}
+                fns[f"pass_w{w}" + "".join(_label(tag, x) for (tag, *_), vs, x in zip(knobs, values, combo)
+                                             if len(vs) > 1)] = arm
         got = interleaved(fns, a.device, a.reps)
         row: dict[str, Any] = {"model": name, **{f"{k}_ms": v * 1e3 for k, v in got.items()}}
         for k, v in got.items():
             if k != "forward":
                 row[f"{k}_x"] = v / got["forward"]
         base = ratios[min(ratios)]
-        row["same_ratios"] = {f"w{w}_l{lb >> 20}_k{int(kon)}_a{int(aon)}_h{int(hon)}":
+        row["same_ratios"] = {f"w{arm[0]}" + "".join(_label(tag, x) for (tag, *_), x in zip(knobs, arm[1:])):
                               all(abs(r[k] - base[k]) <= 1e-6 * max(1.0, abs(base[k])) for k in base)
-                              for (w, lb, kon, aon, hon), r in ratios.items()}
+                              for arm, r in ratios.items()}
         row["columns_errors"] = stats_graph.COLUMNS_ERRORS
         row["host_pointer_errors"] = kernels.HOST_POINTER_ERRORS
         row["capture_errors"] = stats_graph.CAPTURE_ERRORS
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         row["auto_samples"] = {str(k): {arm: [round(x * 1e6, 2) for x in v] for arm, v in s.items()}
                                for k, s in direct.CHOOSER.samples.items()}
         row["auto_picks"] = {str(k): v for k, v in direct.CHOOSER.picks.items()}
-        row["launch_bytes_default"] = default
+        row["launch_bytes_default"] = defaults[0]
         rows.append(row)
         print(json.dumps(row), flush=True)
         reader.release()
@@ -113,6 +114,13 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.empty_cache()
     write_rows(a.out, a.device, rows)
     return 0
+
+
+def _label(tag: str, value: Any) -> str:
+    """An arm's name piece: _l128 for 128 MiB, _hon / _hoff for a switch."""
+    if isinstance(value, bool):
+        return f"_{tag}{'on' if value else 'off'}"
+    return f"_{tag}{int(value) >> 20}"
 
 
 if __name__ == "__main__":

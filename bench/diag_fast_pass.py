@@ -31,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="_StatsQueue.LAUNCH_BYTES in MiB (0: every statistic at the flush); default: the code's")
     p.add_argument("--host-pointers", default=None, choices=("on", "off"),
                    help="kernels.HOST_POINTERS (graphs read addresses from pinned host memory); default: the code's")
+    p.add_argument("--side-stream", default=None, choices=("on", "off"),
+                   help="_StatsQueue.SIDE_STREAM (parts beside the calls); default: the code's")
     p.add_argument("--warm", action="store_true",
                    help="set the rung up once and time its passes (as the benchmarks' fast pass); default: set-up per pass")
     p.add_argument("--profile", default=None, help="write cProfile's host-time tables here")
@@ -51,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         rp._StatsQueue.LAUNCH_BYTES = int(a.launch_mb * (1 << 20))
     if a.host_pointers is not None:
         kernels.HOST_POINTERS = a.host_pointers == "on"
+    if a.side_stream is not None:
+        rp._StatsQueue.SIDE_STREAM = a.side_stream == "on"
     model = build(a.model, a.device)
     ids = torch.randint(0, model.config.vocab_size, (4, 512), generator=torch.Generator().manual_seed(0))
     inputs = {"input_ids": ids, "use_cache": False}
@@ -150,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{k:40s} {v * 1e3:8.3f} ms")
     graphs = {"cache puts": puts, "capture errors": stats_graph.CAPTURE_ERRORS,
               "host pointers": kernels.HOST_POINTERS, "host pointer errors": kernels.HOST_POINTER_ERRORS,
-              "launch bytes": rp._StatsQueue.LAUNCH_BYTES, "parts per pass": parts_per_pass}
+              "launch bytes": rp._StatsQueue.LAUNCH_BYTES,
+              "side stream": rp._StatsQueue.SIDE_STREAM, "parts per pass": parts_per_pass}
     print(json.dumps(graphs))
     if a.profile:
         import cProfile

@@ -5,6 +5,8 @@ fed the golden inputs), comparing on the device against goldens loaded straight 
 """
 from __future__ import annotations
 
+import contextlib
+
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -492,6 +494,9 @@ class _StatsQueue:
 
     HOLD_BYTES = 2 << 30
     LAUNCH_BYTES = 0         # candidate bytes that start a part's statistics during the pass (0: all at the flush)
+    # a part started during the pass runs on a side stream, beside the calls that follow it (on the
+    # main stream a part's device time is added to the calls'); the flush's own start stays on main
+    SIDE_STREAM = True
     DEFER_ON_CPU = False     # tests set it to run the queued path without a GPU
 
     def __init__(self, rung: str, u: float, obtained: dict[str, Any] | None,
@@ -531,7 +536,7 @@ class _StatsQueue:
         if self.held > self.HOLD_BYTES:
             self.flush()
         elif self.LAUNCH_BYTES and self.waiting >= self.LAUNCH_BYTES:
-            self._start()
+            self._start(beside=self.SIDE_STREAM)
 
     def discard(self, mark: int) -> None:
         """Forget the items queued since ``mark`` (their pass is repeated)."""
@@ -554,12 +559,23 @@ class _StatsQueue:
         dev = self.items[0][4].device
         if dev.type == "cuda":
             torch.cuda.current_stream(dev).synchronize()
+            side = _SIDE_STREAMS.get(dev)
+            if side is not None:
+                side.synchronize()
 
-    def _start(self) -> None:
-        """Start the statistics of the items queued since the last part (nothing waits)."""
+    def _start(self, beside: bool = False) -> None:
+        """Start the statistics of the items queued since the last part (nothing waits). ``beside``:
+        on a side stream that waits for what the current stream has queued so far, so the part
+        runs while the calls after it are launched and run. Its tensors stay held until the flush
+        has waited for every part, so the caching allocator cannot hand their blocks out under it."""
         a, b = self._started(), len(self.items)
         if a < b:
-            self.parts.append((a, b, self._launch(self.items[a:b])))
+            dev = self.items[a][4].device
+            if beside and dev.type == "cuda":
+                with _side_stream(dev):
+                    self.parts.append((a, b, self._launch(self.items[a:b])))
+            else:
+                self.parts.append((a, b, self._launch(self.items[a:b])))
         self.waiting = 0
 
     def _launch(self, items: list[Any]) -> Callable[[], list[LeafMetrics | None]]:
@@ -635,6 +651,22 @@ class _StatsQueue:
         """Keep a host copy of a leaf that fails, for the failing-tensor export (--parity-report)."""
         if self.obtained is not None and leaf_failure(m, tol, self.rung, isolated):
             self.obtained[tag] = c.detach().to("cpu")
+
+
+_SIDE_STREAMS: dict[Any, Any] = {}
+
+
+@contextlib.contextmanager
+def _side_stream(dev: Any) -> Iterator[None]:
+    """The current stream switched to this device's side stream, after what is queued so far."""
+    import torch
+
+    side = _SIDE_STREAMS.get(dev)
+    if side is None:
+        side = _SIDE_STREAMS[dev] = torch.cuda.Stream(device=dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        yield
 
 
 PRELOAD_FRACTION = 0.5

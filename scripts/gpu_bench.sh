@@ -17,7 +17,10 @@
 # "q": a one-thread pass's host profile, callee by callee; the sweep with parts from 96 MiB, twice;
 # "r": the shipped code: GPU tests, bench_parity at 1.1B, the sweep twice with 30 alternations;
 # "s": a warm one-thread pass's phases with a start's pieces, bench_parity at 1.1B, the sweep;
-# "t": the final code's GPU tests and a warm one-thread pass's host profile.
+# "t": the final code's GPU tests and a warm one-thread pass's host profile;
+# "u": GPU tests, then parts of the statistics on a side stream beside the calls: the sweep (1 thread
+# and auto x parts 0/128/384 MiB x side stream on/off) in two processes, a warm pass's phases with
+# and without parts, the default's host profile.
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -201,6 +204,31 @@ if [[ "$part" == t ]]; then   # session 8, final code: GPU tests; a warm one-thr
   echo "gpu tests rc=$?" >> "$L/env.txt"; tail -3 "$L/gpu_tests.log"
   timeout 90 python bench/diag_fast_pass.py --device cuda --model 1b --threads 1 --warm --reps 30 --profile "$L/prof_warm_1t.txt" --out "$L/diag_warm_1t.json" > "$L/diag_warm_1t.log" 2>&1
   echo "diag warm rc=$?" >> "$L/env.txt"; head -34 "$L/diag_warm_1t.log"
+fi
+if [[ "$part" == u ]]; then   # session 9: the statistics' parts on a side stream, beside the calls
+  timeout 100 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu -o addopts="" > "$L/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?" >> "$L/env.txt"; tail -3 "$L/gpu_tests.log"
+  for i in 1 2; do
+    timeout 110 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --launch-mb 0,128,384 \
+      --side-stream on,off --reps 30 --out "$L/threads_p$i.json" > "$L/threads_p$i.log" 2>&1
+    echo "threads p$i rc=$?" >> "$L/env.txt"
+  done
+  timeout 80 python bench/diag_fast_pass.py --device cuda --model 1b --threads 1 --warm --reps 30 --launch-mb 128 \
+    --side-stream on --out "$L/diag_side.json" > "$L/diag_side.log" 2>&1
+  echo "diag side rc=$?" >> "$L/env.txt"; head -34 "$L/diag_side.log"
+  timeout 80 python bench/diag_fast_pass.py --device cuda --model 1b --threads 1 --warm --reps 30 \
+    --profile "$L/prof_warm_1t.txt" --out "$L/diag_warm_1t.json" > "$L/diag_warm_1t.log" 2>&1
+  echo "diag warm rc=$?" >> "$L/env.txt"; head -34 "$L/diag_warm_1t.log"
+  python - "$L" <<'PY'
+import json, sys
+for i in (1, 2):
+    try:
+        r = json.load(open(f"{sys.argv[1]}/threads_p{i}.json"))["rows"][0]
+    except Exception as e:
+        print("p", i, e); continue
+    print("p", i, "fwd", round(r["forward_ms"], 2), {k[5:-2]: round(v, 3) for k, v in r.items() if k.endswith("_x")})
+    print("  same", all(r["same_ratios"].values()), "errors", r["capture_errors"], r["host_pointer_errors"])
+PY
 fi
 cat "$L/env.txt"
 tail -3 "$L/gpu_tests.log" 2>/dev/null

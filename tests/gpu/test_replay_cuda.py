@@ -352,12 +352,12 @@ def test_graphs_off_stay_eager(monkeypatch) -> None:
     assert not any(isinstance(v, stats_graph._Graphed) for v in stats_graph._CACHE._d.values())
 
 
-@pytest.mark.parametrize("launch", [None, 300_000])
-def test_repeated_passes_with_graphed_stats_still_blame_a_new_bug(tmp_path, monkeypatch, launch) -> None:
+@pytest.mark.parametrize("launch,side", [(None, False), (300_000, False), (300_000, True)])
+def test_repeated_passes_with_graphed_stats_still_blame_a_new_bug(tmp_path, monkeypatch, launch, side) -> None:
     """Passes 1-3 over one loaded golden (the third replays the captured statistics), then a weight
     changed in place: the next pass, at the same addresses, fails and blames that block. ``launch``
     300 kB: a part of the statistics started every two modules (256 kB outputs), graphs of one
-    signature replayed several times a pass."""
+    signature replayed several times a pass; ``side``: those parts on the side stream."""
     from pytest_rocm_parity import replay as replay_mod
     from pytest_rocm_parity.replay import prepare_rung
 
@@ -365,6 +365,7 @@ def test_repeated_passes_with_graphed_stats_still_blame_a_new_bug(tmp_path, monk
 
     monkeypatch.setattr(stats_graph, "_CACHE", kernels._TableCache(stats_graph.CACHE_SIZE))
     monkeypatch.setattr(stats_graph, "GRAPHS", True)
+    monkeypatch.setattr(replay_mod._StatsQueue, "SIDE_STREAM", side)
     if launch is not None:
         monkeypatch.setattr(replay_mod._StatsQueue, "LAUNCH_BYTES", launch)
     torch.manual_seed(0)
@@ -392,3 +393,40 @@ def test_repeated_passes_with_graphed_stats_still_blame_a_new_bug(tmp_path, monk
     bad = run()
     assert not bad.passed and bad.culprit.startswith("blocks.2")
     assert not kernels._DISABLED, kernels._DISABLED
+
+
+@pytest.mark.parametrize("side", [True, False])
+def test_a_part_started_during_the_pass_reads_what_the_stream_wrote_before_it(monkeypatch, side) -> None:
+    """A part of the statistics started while the main stream is still busy (a 20 ms spin, then
+    the write of the candidate) judges the written candidate, on the side stream as on the main
+    one: the side stream must wait for the main stream's queue first. Run twice, so the second
+    start replays a captured graph, and a third time after the graph exists."""
+    from pytest_rocm_parity import replay as replay_mod
+    from pytest_rocm_parity import stats_graph
+    from pytest_rocm_parity.tolerance import Tolerance
+
+    monkeypatch.setattr(stats_graph, "_CACHE", kernels._TableCache(stats_graph.CACHE_SIZE))
+    monkeypatch.setattr(replay_mod._StatsQueue, "LAUNCH_BYTES", 1)    # every leaf starts a part
+    monkeypatch.setattr(replay_mod._StatsQueue, "SIDE_STREAM", side)
+    monkeypatch.setattr(replay_mod, "_SIDE_STREAMS", {})
+    g = torch.Generator(device="cuda").manual_seed(0)
+    n = 1 << 22
+    truth = torch.randn(n, device="cuda", dtype=torch.float64, generator=g)
+    ref = truth.to(torch.bfloat16)
+    res = (truth - ref.double()).to(torch.bfloat16)
+    bug = (truth * 1.05).to(torch.bfloat16)
+    want = residual_metrics("x", bug, ref, res, 2.0**-8)
+    tol = Tolerance()
+    for _ in range(3):
+        c = torch.zeros_like(ref)
+        torch.cuda.synchronize()
+        torch.cuda._sleep(40_000_000)   # about 20 ms at 2 GHz
+        c.copy_(bug)                      # queued behind the spin on the main stream
+        q = replay_mod._StatsQueue("bfloat16", 2.0**-8, None)
+        sink: list = []
+        q.add(sink, "x", c, ref, res, tol, True, "x", snapshot=False)
+        assert len(q.parts) == 1          # started at once, while the spin still runs
+        q.flush()
+        assert sink[0].ratio == pytest.approx(want.ratio, rel=1e-5)
+        assert sink[0].z == pytest.approx(want.z, abs=1e-6)
+    assert bool(replay_mod._SIDE_STREAMS) == side
