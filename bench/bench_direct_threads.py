@@ -89,7 +89,16 @@ def main(argv: list[str] | None = None) -> int:
                 ratios[(w, *combo)] = {l.name: l.iso.ratio for l in res.layers if l.iso}
                 fns[f"pass_w{w}" + "".join(_label(tag, x) for (tag, *_), vs, x in zip(knobs, values, combo)
                                              if len(vs) > 1)] = arm
-        got = interleaved(fns, a.device, a.reps)
+        picked: list[int] = []            # what --parity-threads=auto chose, pass by pass
+        real_pick = direct.CHOOSER.pick
+
+        def pick(key: Any, real_pick: Any = real_pick) -> int:
+            picked.append(real_pick(key))
+            return picked[-1]
+        direct.CHOOSER.pick = pick        # type: ignore[method-assign]
+        raw: dict[str, list[float]] = {}
+        got = interleaved(fns, a.device, a.reps, raw)
+        direct.CHOOSER.pick = real_pick   # type: ignore[method-assign]
         row: dict[str, Any] = {"model": name, **{f"{k}_ms": v * 1e3 for k, v in got.items()}}
         for k, v in got.items():
             if k != "forward":
@@ -106,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
                                for k, s in direct.CHOOSER.samples.items()}
         row["auto_picks"] = {str(k): v for k, v in direct.CHOOSER.picks.items()}
         row["launch_bytes_default"] = defaults[0]
+        row["auto_sequence"] = picked
+        row["raw_ms"] = {k: [round(x * 1e3, 3) for x in v] for k, v in raw.items()}
         rows.append(row)
         print(json.dumps(row), flush=True)
         reader.release()

@@ -77,10 +77,13 @@ def accumulating(into: dict[str, float], name: str, fn: Any) -> Any:
     return wrapper
 
 
-def interleaved(fns: dict[str, Any], device: str, reps: int) -> dict[str, float]:
+def interleaved(fns: dict[str, Any], device: str, reps: int,
+                raw: dict[str, list[float]] | None = None) -> dict[str, float]:
     """Median time of each function, run in turn (a, b, a, b, ...): the host of a lent machine
-    drifts between and within runs, and a ratio of two medians taken minutes apart carries that drift."""
-    times: dict[str, list[float]] = {k: [] for k in fns}
+    drifts between and within runs, and a ratio of two medians taken minutes apart carries that drift.
+    ``raw``: filled with every time, in order."""
+    times: dict[str, list[float]] = {k: [] for k in fns} if raw is None else raw
+    times.update({k: [] for k in fns})
     for _ in range(reps):
         for k, fn in fns.items():
             sync(device)

@@ -20,7 +20,8 @@
 # "t": the final code's GPU tests and a warm one-thread pass's host profile;
 # "u": GPU tests, then parts of the statistics on a side stream beside the calls: the sweep (1 thread
 # and auto x parts 0/128/384 MiB x side stream on/off) in two processes, a warm pass's phases with
-# and without parts, the default's host profile.
+# and without parts, the default's host profile;
+# "v": one thread, two and auto side by side, pass by pass, in two processes; bench_parity at 1.1B.
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -228,6 +229,28 @@ for i in (1, 2):
         print("p", i, e); continue
     print("p", i, "fwd", round(r["forward_ms"], 2), {k[5:-2]: round(v, 3) for k, v in r.items() if k.endswith("_x")})
     print("  same", all(r["same_ratios"].values()), "errors", r["capture_errors"], r["host_pointer_errors"])
+PY
+fi
+if [[ "$part" == v ]]; then   # session 9: is auto's choice the faster arm? every pass's time and pick
+  for i in 1 2; do
+    timeout 110 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,2,auto --reps 40 \
+      --out "$L/threads_p$i.json" > "$L/threads_p$i.log" 2>&1
+    echo "threads p$i rc=$?" >> "$L/env.txt"
+  done
+  timeout 150 python bench/bench_parity.py --device cuda --models 1b --reps 15 --out "$L/bench_v.json" > "$L/bench_v.log" 2>&1
+  echo "bench 1b rc=$?" >> "$L/env.txt"
+  python - "$L" <<'PY'
+import json, statistics, sys
+for i in (1, 2):
+    try:
+        r = json.load(open(f"{sys.argv[1]}/threads_p{i}.json"))["rows"][0]
+    except Exception as e:
+        print("p", i, e); continue
+    print("p", i, "fwd", round(r["forward_ms"], 2), {k[5:-2]: round(v, 3) for k, v in r.items() if k.endswith("_x")})
+    print("  picks", "".join(map(str, r["auto_sequence"])), r["auto_samples"])
+    raw = r["raw_ms"]
+    for k, v in raw.items():
+        print("  ", k, [round(statistics.median(v[j:j + 10]), 2) for j in range(0, len(v), 10)])
 PY
 fi
 cat "$L/env.txt"
