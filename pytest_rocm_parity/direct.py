@@ -213,10 +213,17 @@ class _Chooser:
     the first passes of a signature run the statistics eagerly, then capture their graph. On the
     H200 the two-thread arm's first sample was 3.2-4.9 ms per call against 0.9-1.1 after (session 7,
     docs/benchmarks.md), half of the median that made the first choice.
+
+    Two threads are chosen only when their median is MARGIN under one thread's: a closer call is
+    within the samples' noise, and one thread is the arm with nothing to contend. On the H200 a
+    1.5% lead of two threads in the samples (791 against 803 us per call) chose them where one
+    thread, run alone, measured 1.00-1.03x the forward against auto's 1.09-1.18x; where two threads
+    won (0.94-0.99x against 1.02-1.09x) their samples led by 13-14% (session 9, docs/benchmarks.md).
     """
 
     EXPLORE = 8
     KEEP = 6
+    MARGIN = 0.05
 
     def __init__(self) -> None:
         self.samples: dict[Any, dict[int, collections.deque[float]]] = {}
@@ -231,7 +238,8 @@ class _Chooser:
         if thin:   # alternate, one thread first: a run of two passes has tried both
             warm = self.warmups.get(key, {})
             return min(thin, key=lambda arm: len(s[arm]) + (arm in warm))
-        best, other = sorted((1, AUTO_THREADS), key=lambda arm: statistics.median(s[arm]))
+        threads = statistics.median(s[AUTO_THREADS]) < (1 - self.MARGIN) * statistics.median(s[1])
+        best, other = (AUTO_THREADS, 1) if threads else (1, AUTO_THREADS)
         return other if n % self.EXPLORE == 0 else best
 
     def record(self, key: Any, arm: int, per_call: float) -> None:

@@ -402,6 +402,25 @@ def test_auto_threads_alternate_then_keep_the_faster_and_look_again_now_and_then
     assert [ch.pick(key) for _ in range(ch.EXPLORE - 1)].count(1) >= ch.EXPLORE - 2
 
 
+@pytest.mark.parametrize("lead,want", [(0.015, 1), (0.04, 1), (0.06, 2), (0.13, 2)])   # 2: AUTO_THREADS
+def test_auto_threads_need_a_clear_lead_over_one_thread(lead: float, want: int) -> None:
+    """Two threads are kept only when their median is MARGIN (5%) under one thread's: a lead
+    within the samples' noise keeps one thread."""
+    from pytest_rocm_parity.direct import AUTO_THREADS, _Chooser
+
+    ch = _Chooser()
+    key = ("cuda:0", "LlamaDecoderLayer")
+    spread = [1.0, 0.9, 1.1, 0.95, 1.05, 1.0]          # each arm's samples scatter around its cost
+    cost = {1: 1.0e-3, AUTO_THREADS: (1 - lead) * 1.0e-3}
+    seen = {1: 0, AUTO_THREADS: 0}
+    for _ in range(6 * ch.EXPLORE):
+        arm = ch.pick(key)
+        ch.record(key, arm, cost[arm] * spread[seen[arm] % len(spread)])
+        seen[arm] += 1
+    later = [ch.pick(key) for _ in range(ch.EXPLORE - 1)]
+    assert later.count(want) >= ch.EXPLORE - 2, later
+
+
 def test_auto_threads_time_a_level_up_to_its_judged_outputs(tmp_path, monkeypatch) -> None:
     """The auto choice's sample covers the flush after the calls (on a GPU, where the device
     finishes the shared calls' work): a flush made 40 ms slow shows in the time per call."""
