@@ -485,8 +485,10 @@ class _StatsQueue:
     docs/benchmarks.md) that hid half the wait at the flush (0.84 -> 0.37 ms at 1.1B) but each part
     cost about 0.2 ms of host time to start, so parts of 16-32 MiB made the pass slower and 128 MiB
     gained nothing. Session 8 made a start cheaper (host address tables: 0.2 ms with its
-    preparation) and measured parts of 64-128 MiB again: no arm ahead beyond the noise. Off (0)
-    until a part starts for well under 0.1 ms. The candidate tensors stay referenced until
+    preparation) and measured parts of 64-128 MiB again: no arm ahead beyond the noise. A part
+    started during the pass runs on a side stream beside the later calls (SIDE_STREAM); session 9
+    measured that too, no gain beyond the noise either: the flush's own part holds the logits
+    whatever the part size. Off (0) until a part starts for well under 0.1 ms. The candidate tensors stay referenced until
     the flush (also for the masked path of non-finite values and the failing-tensor export), up to
     HOLD_BYTES, past which the queue flushes early. On the CPU there is nothing to overlap: each
     leaf is judged at once.
