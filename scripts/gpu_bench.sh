@@ -21,7 +21,8 @@
 # "u": GPU tests, then parts of the statistics on a side stream beside the calls: the sweep (1 thread
 # and auto x parts 0/128/384 MiB x side stream on/off) in two processes, a warm pass's phases with
 # and without parts, the default's host profile;
-# "v": one thread, two and auto side by side, pass by pass, in two processes; bench_parity at 1.1B.
+# "v": one thread, two and auto side by side, pass by pass, in two processes; bench_parity at 1.1B;
+# "w": the final code's GPU tests, then v without bench_parity.
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -231,14 +232,20 @@ for i in (1, 2):
     print("  same", all(r["same_ratios"].values()), "errors", r["capture_errors"], r["host_pointer_errors"])
 PY
 fi
-if [[ "$part" == v ]]; then   # session 9: is auto's choice the faster arm? every pass's time and pick
+if [[ "$part" == w ]]; then   # session 9, final code: GPU tests first
+  timeout 100 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu -o addopts="" > "$L/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?" >> "$L/env.txt"; tail -3 "$L/gpu_tests.log"
+fi
+if [[ "$part" == v || "$part" == w ]]; then   # session 9: is auto's choice the faster arm? every pass's time and pick
   for i in 1 2; do
     timeout 110 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,2,auto --reps 40 \
       --out "$L/threads_p$i.json" > "$L/threads_p$i.log" 2>&1
     echo "threads p$i rc=$?" >> "$L/env.txt"
   done
-  timeout 150 python bench/bench_parity.py --device cuda --models 1b --reps 15 --out "$L/bench_v.json" > "$L/bench_v.log" 2>&1
-  echo "bench 1b rc=$?" >> "$L/env.txt"
+  if [[ "$part" == v ]]; then
+    timeout 150 python bench/bench_parity.py --device cuda --models 1b --reps 15 --out "$L/bench_v.json" > "$L/bench_v.log" 2>&1
+    echo "bench 1b rc=$?" >> "$L/env.txt"
+  fi
   python - "$L" <<'PY'
 import json, statistics, sys
 for i in (1, 2):
