@@ -221,16 +221,6 @@ if [[ "$part" == u ]]; then   # session 9: the statistics' parts on a side strea
   timeout 80 python bench/diag_fast_pass.py --device cuda --model 1b --threads 1 --warm --reps 30 \
     --profile "$L/prof_warm_1t.txt" --out "$L/diag_warm_1t.json" > "$L/diag_warm_1t.log" 2>&1
   echo "diag warm rc=$?" >> "$L/env.txt"; head -34 "$L/diag_warm_1t.log"
-  python - "$L" <<'PY'
-import json, sys
-for i in (1, 2):
-    try:
-        r = json.load(open(f"{sys.argv[1]}/threads_p{i}.json"))["rows"][0]
-    except Exception as e:
-        print("p", i, e); continue
-    print("p", i, "fwd", round(r["forward_ms"], 2), {k[5:-2]: round(v, 3) for k, v in r.items() if k.endswith("_x")})
-    print("  same", all(r["same_ratios"].values()), "errors", r["capture_errors"], r["host_pointer_errors"])
-PY
 fi
 if [[ "$part" == w ]]; then   # session 9, final code: GPU tests first
   timeout 100 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu -o addopts="" > "$L/gpu_tests.log" 2>&1
@@ -246,25 +236,21 @@ if [[ "$part" == v || "$part" == w ]]; then   # session 9: is auto's choice the 
     timeout 150 python bench/bench_parity.py --device cuda --models 1b --reps 15 --out "$L/bench_v.json" > "$L/bench_v.log" 2>&1
     echo "bench 1b rc=$?" >> "$L/env.txt"
   fi
-  python - "$L" <<'PY'
-import json, statistics, sys
-for i in (1, 2):
-    try:
-        r = json.load(open(f"{sys.argv[1]}/threads_p{i}.json"))["rows"][0]
-    except Exception as e:
-        print("p", i, e); continue
-    print("p", i, "fwd", round(r["forward_ms"], 2), {k[5:-2]: round(v, 3) for k, v in r.items() if k.endswith("_x")})
-    print("  picks", "".join(map(str, r["auto_sequence"])), r["auto_samples"])
-    raw = r["raw_ms"]
-    for k, v in raw.items():
-        print("  ", k, [round(statistics.median(v[j:j + 10]), 2) for j in range(0, len(v), 10)])
-PY
 fi
 cat "$L/env.txt"
 tail -3 "$L/gpu_tests.log" 2>/dev/null
 tail -1 "$L/stats_kernel.log" 2>/dev/null
 python - "$L" <<'PY'
-import json, sys, glob
+import json, statistics, sys, glob
+for f in sorted(glob.glob(sys.argv[1] + "/threads_p*.json")):   # the sweeps of parts u, v, w
+    r = json.load(open(f))["rows"][0]
+    print(f.rsplit("/", 1)[-1], "fwd", round(r["forward_ms"], 2),
+          {k[5:-2]: round(v, 3) for k, v in r.items() if k.endswith("_x")})
+    print("  same", all(r["same_ratios"].values()), "errors", r["capture_errors"], r["host_pointer_errors"])
+    if r.get("auto_sequence"):
+        print("  picks", "".join(map(str, r["auto_sequence"])), r["auto_samples"])
+    for k, v in r.get("raw_ms", {}).items():   # medians of each ten passes: the host's drift
+        print("  ", k, [round(statistics.median(v[j:j + 10]), 2) for j in range(0, len(v), 10)])
 keys = ("model", "forward_s", "record_s", "record_x", "record_landed_x", "capture_s", "pass_fast_s", "pass_fast_x",
         "pass_fast_setup_x", "pass_full_x", "pass_full_setup_x", "replay_warm_s", "golden_gb", "capture_host_growth_gib", "replay_passed", "error")
 for f in sorted(glob.glob(sys.argv[1] + "/bench_*.json")):
