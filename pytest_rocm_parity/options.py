@@ -114,7 +114,7 @@ def addoption(parser: pytest.Parser) -> None:
         "cost of one forward (docs/judging.md says what it does not judge); auto (default): fast above 1B parameters",
         type=parse_replay, metavar="auto|full|fast")
     add(THREADS, "parity_threads", "host threads that share the isolated pass's module calls on a GPU: auto "
-        "(default: 1 or 2, whichever has issued them faster in this process), or N (1: no threads, for "
+        "(default: 1 or 2, whichever has issued them faster in this process; 2 only with a 5%% lead), or N (1: no threads, for "
         "modules that are not safe to call from two threads at once)", type=parse_threads, metavar="auto|N")
     add(PROFILE, "parity_profile", "profiler parity: record per-operator time shares at capture, flag "
         "operators whose share grew at replay", ini_type="bool", default=False, action="store_true")

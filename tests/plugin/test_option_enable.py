@@ -53,3 +53,15 @@ def test_plugin_module_imports_no_heavy_dependency() -> None:
 def test_header_shows_mode(project: pytest.Pytester) -> None:
     result = project.runpytest("--rocm-parity", "--parity-mode=capture")
     result.stdout.fnmatch_lines(["rocm-parity: mode=capture device=auto*"])
+
+
+def test_help_lists_every_option(pytester: pytest.Pytester) -> None:
+    """`pytest --help` renders every option's help (argparse %-formats it: a bare % breaks --help)."""
+    from pytest_rocm_parity import options
+
+    result = pytester.runpytest("--help")
+    assert result.ret == 0, result.stderr.str()[-2000:]
+    flags = [v for k, v in vars(options).items() if k.isupper() and isinstance(v, str) and v.startswith("--")]
+    assert ENABLE in flags and len(flags) > 5
+    text = result.stdout.str()
+    assert all(f in text for f in flags), [f for f in flags if f not in text]
