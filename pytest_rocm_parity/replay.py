@@ -6,7 +6,6 @@ fed the golden inputs), comparing on the device against goldens loaded straight 
 from __future__ import annotations
 
 import contextlib
-
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -488,9 +487,9 @@ class _StatsQueue:
     preparation) and measured parts of 64-128 MiB again: no arm ahead beyond the noise. A part
     started during the pass runs on a side stream beside the later calls (SIDE_STREAM); session 9
     measured that too, no gain beyond the noise either: the flush's own part holds the logits
-    whatever the part size. Off (0) until a part starts for well under 0.1 ms. The candidate tensors stay referenced until
-    the flush (also for the masked path of non-finite values and the failing-tensor export), up to
-    HOLD_BYTES, past which the queue flushes early. On the CPU there is nothing to overlap: each
+    whatever the part size. Off (0) until a part starts for well under 0.1 ms. The candidate
+    tensors stay referenced until the flush (also for the masked path of non-finite values and
+    the failing-tensor export), up to HOLD_BYTES, past which the queue flushes early. On the CPU there is nothing to overlap: each
     leaf is judged at once.
     """
 

@@ -399,8 +399,8 @@ def test_repeated_passes_with_graphed_stats_still_blame_a_new_bug(tmp_path, monk
 def test_a_part_started_during_the_pass_reads_what_the_stream_wrote_before_it(monkeypatch, side) -> None:
     """A part of the statistics started while the main stream is still busy (a 20 ms spin, then
     the write of the candidate) judges the written candidate, on the side stream as on the main
-    one: the side stream must wait for the main stream's queue first. Run twice, so the second
-    start replays a captured graph, and a third time after the graph exists."""
+    one: the side stream must wait for the main stream's queue first. Three passes: eager, eager
+    with the graph captured, the graph replayed."""
     from pytest_rocm_parity import replay as replay_mod
     from pytest_rocm_parity import stats_graph
     from pytest_rocm_parity.tolerance import Tolerance
