@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         meta = manifest["rungs"]["bfloat16"]
         reader = RungReader(store.rung_file(name, manifest, "bfloat16"), a.device)
         ratios: dict[tuple[Any, ...], dict[str, float]] = {}
+        allocs: dict[str, list[int]] = {}   # per pass: new device allocations by the caching allocator
         fns: dict[str, Any] = {"forward": lambda m=model: _run(m, (), dev_inputs)}
         # the arms: each knob's values (its default alone unless asked), every combination
         knobs = [("l", _StatsQueue, "LAUNCH_BYTES", [int(float(x) * (1 << 20)) for x in a.launch_mb.split(",")]
@@ -77,18 +78,22 @@ def main(argv: list[str] | None = None) -> int:
                 one = prepare_rung(model, sp, manifest, meta, reader, "bfloat16", a.device,
                                    {"args": (), "kwargs": inputs}, keep_loaded=True)
 
-                def arm(one: Any = one, combo: tuple[Any, ...] = combo) -> Any:
+                label = f"pass_w{w}" + "".join(_label(tag, x) for (tag, *_), vs, x in zip(knobs, values, combo)
+                                               if len(vs) > 1)
+
+                def arm(one: Any = one, combo: tuple[Any, ...] = combo, label: str = label) -> Any:
                     for (_, o, at, _v), x in zip(knobs, combo):
                         setattr(o, at, x)
+                    before = _device_allocs(a.device)
                     try:
                         return one()
                     finally:
                         for (_, o, at, _v), x in zip(knobs, defaults):
                             setattr(o, at, x)
+                        allocs.setdefault(label, []).append(_device_allocs(a.device) - before)
                 res = arm()
                 ratios[(w, *combo)] = {l.name: l.iso.ratio for l in res.layers if l.iso}
-                fns[f"pass_w{w}" + "".join(_label(tag, x) for (tag, *_), vs, x in zip(knobs, values, combo)
-                                             if len(vs) > 1)] = arm
+                fns[label] = arm
         picked: list[int] = []            # what --parity-threads=auto chose, pass by pass
         real_pick = direct.CHOOSER.pick
 
@@ -117,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         row["launch_bytes_default"] = defaults[0]
         row["auto_sequence"] = picked
         row["raw_ms"] = {k: [round(x * 1e3, 3) for x in v] for k, v in raw.items()}
+        row["device_allocs"] = allocs    # the set-up pass first, then one per rep
         rows.append(row)
         print(json.dumps(row), flush=True)
         reader.release()
@@ -125,6 +131,13 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.empty_cache()
     write_rows(a.out, a.device, rows)
     return 0
+
+
+def _device_allocs(device: str) -> int:
+    """cudaMalloc calls the caching allocator has made so far (a pass that makes any pays for them)."""
+    import torch
+
+    return int(torch.cuda.memory_stats().get("num_device_alloc", 0)) if device.startswith("cuda") else 0
 
 
 def _label(tag: str, value: Any) -> str:

@@ -22,7 +22,8 @@
 # and auto x parts 0/128/384 MiB x side stream on/off) in two processes, a warm pass's phases with
 # and without parts, the default's host profile;
 # "v": one thread, two and auto side by side, pass by pass, in two processes; bench_parity at 1.1B;
-# "w": the final code's GPU tests, then v without bench_parity.
+# "w": the final code's GPU tests, then v without bench_parity;
+# "x": v's sweep, short (20 alternations), with each pass's new device allocations: auto's slow early passes.
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -226,6 +227,13 @@ if [[ "$part" == w ]]; then   # session 9, final code: GPU tests first
   timeout 100 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu -o addopts="" > "$L/gpu_tests.log" 2>&1
   echo "gpu tests rc=$?" >> "$L/env.txt"; tail -3 "$L/gpu_tests.log"
 fi
+if [[ "$part" == x ]]; then   # session 9: what makes auto's first one-thread passes slow on a fast host
+  for i in 1 2; do
+    timeout 90 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,2,auto --reps 20 \
+      --out "$L/threads_p$i.json" > "$L/threads_p$i.log" 2>&1
+    echo "threads p$i rc=$?" >> "$L/env.txt"
+  done
+fi
 if [[ "$part" == v || "$part" == w ]]; then   # session 9: is auto's choice the faster arm? every pass's time and pick
   for i in 1 2; do
     timeout 110 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,2,auto --reps 40 \
@@ -251,6 +259,8 @@ for f in sorted(glob.glob(sys.argv[1] + "/threads_p*.json")):   # the sweeps of 
         print("  picks", "".join(map(str, r["auto_sequence"])), r["auto_samples"])
     for k, v in r.get("raw_ms", {}).items():   # medians of each ten passes: the host's drift
         print("  ", k, [round(statistics.median(v[j:j + 10]), 2) for j in range(0, len(v), 10)])
+        if k in r.get("device_allocs", {}):     # the first passes one by one, with their new allocations
+            print("     first", [round(x, 1) for x in v[:10]], "allocs", r["device_allocs"][k][:11])
 keys = ("model", "forward_s", "record_s", "record_x", "record_landed_x", "capture_s", "pass_fast_s", "pass_fast_x",
         "pass_fast_setup_x", "pass_full_x", "pass_full_setup_x", "replay_warm_s", "golden_gb", "capture_host_growth_gib", "replay_passed", "error")
 for f in sorted(glob.glob(sys.argv[1] + "/bench_*.json")):
