@@ -219,8 +219,9 @@ class _Chooser:
     1.5% lead of two threads in the samples (791 against 803 us per call) chose them where one
     thread, run alone, measured 1.00-1.03x the forward against auto's 1.09-1.18x; where two threads
     won (0.84-1.01x against 1.02-1.09x) their samples led by 13-25% (session 9, docs/benchmarks.md).
-    Where one thread won by far (0.995x against 1.317x) auto still began on two threads: its own
-    first one-thread passes ran 10 ms slow, for a reason not yet found.
+    Where one thread won by far (0.995x against 1.317x) auto still began on two threads: the first
+    rounds of a process run slow at random, for whichever arm they hit, and there they hit its
+    first one-thread samples (10 ms slow; not the allocator, run 11).
     """
 
     EXPLORE = 8
