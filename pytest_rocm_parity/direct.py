@@ -205,8 +205,8 @@ class _Chooser:
     Why measured: which one wins depends on the host's phase, not on the model alone. On H200
     leases the same 1.1B fast pass measured 0.97-1.04x the forward with two threads against
     1.11-1.16x with one in some runs, and 1.37x against 1.16x in another (docs/benchmarks.md). The
-    arms alternate until each has two samples, then the faster median is used, with one try of the
-    other every EXPLORE passes (the host's speed drifts within minutes).
+    arms alternate until each has FIRST (3) samples, then the faster median is used, with one try
+    of the other every EXPLORE passes (the host's speed drifts within minutes).
 
     Each arm's first sample is a warm-up, kept apart (``warmups``) and out of the choice: the first
     threaded pass makes the pool's thread, the side streams and that thread's cuBLAS handle, and
@@ -227,6 +227,10 @@ class _Chooser:
     EXPLORE = 8
     KEEP = 6
     MARGIN = 0.05
+    # kept samples per arm before the first choice: a median of two is their mean, which one slow
+    # round moves all the way; of three, one slow round is outvoted (run 11: a process's first
+    # rounds are slow at random)
+    FIRST = 3
 
     def __init__(self) -> None:
         self.samples: dict[Any, dict[int, collections.deque[float]]] = {}
@@ -237,7 +241,7 @@ class _Chooser:
         s = self.samples.setdefault(key, {1: collections.deque(maxlen=self.KEEP),
                                           AUTO_THREADS: collections.deque(maxlen=self.KEEP)})
         self.picks[key] = n = self.picks.get(key, 0) + 1
-        thin = [arm for arm in (1, AUTO_THREADS) if len(s[arm]) < 2]
+        thin = [arm for arm in (1, AUTO_THREADS) if len(s[arm]) < self.FIRST]
         if thin:   # alternate, one thread first: a run of two passes has tried both
             warm = self.warmups.get(key, {})
             return min(thin, key=lambda arm: len(s[arm]) + (arm in warm))
