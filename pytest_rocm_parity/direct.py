@@ -221,7 +221,8 @@ class _Chooser:
     won (0.84-1.01x against 1.02-1.09x) their samples led by 13-25% (session 9, docs/benchmarks.md).
     Where one thread won by far (0.995x against 1.317x) auto still began on two threads: the first
     rounds of a process run slow at random, for whichever arm they hit, and there they hit its
-    first one-thread samples (10 ms slow; not the allocator, run 11).
+    first one-thread samples (10 ms slow; not the allocator: session 9, runs 10 and 11). Hence
+    FIRST: three samples per arm before the first choice.
     """
 
     EXPLORE = 8
