@@ -489,8 +489,8 @@ class _StatsQueue:
     measured that too, no gain beyond the noise either: the flush's own part holds the logits
     whatever the part size. Off (0) until a part starts for well under 0.1 ms. The candidate
     tensors stay referenced until the flush (also for the masked path of non-finite values and
-    the failing-tensor export), up to HOLD_BYTES, past which the queue flushes early. On the CPU there is nothing to overlap: each
-    leaf is judged at once.
+    the failing-tensor export), up to HOLD_BYTES, past which the queue flushes early. On the CPU
+    there is nothing to overlap: each leaf is judged at once.
     """
 
     HOLD_BYTES = 2 << 30
@@ -572,10 +572,7 @@ class _StatsQueue:
         a, b = self._started(), len(self.items)
         if a < b:
             dev = self.items[a][4].device
-            if beside and dev.type == "cuda":
-                with _side_stream(dev):
-                    self.parts.append((a, b, self._launch(self.items[a:b])))
-            else:
+            with _side_stream(dev) if beside and dev.type == "cuda" else contextlib.nullcontext():
                 self.parts.append((a, b, self._launch(self.items[a:b])))
         self.waiting = 0
 
