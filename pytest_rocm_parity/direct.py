@@ -216,8 +216,8 @@ class _Chooser:
 
     Two threads are chosen only when their median is MARGIN under one thread's: a closer call is
     within the samples' noise, and one thread is the arm with nothing to contend. On the H200 a
-    1.5% lead of two threads in the samples (791 against 803 us per call) chose them where one
-    thread, run alone, measured 1.00-1.03x the forward against auto's 1.09-1.18x; where two threads
+    1.4% lead of two threads in the samples (791 against 802 us per call) chose them where one
+    thread, run alone, measured 0.99-1.03x the forward against auto's 1.09-1.18x; where two threads
     won (0.84-1.01x against 1.02-1.09x) their samples led by 13-25% (session 9, docs/benchmarks.md).
     Where one thread won by far (0.995x against 1.317x) auto still began on two threads: the first
     rounds of a process run slow at random, for whichever arm they hit, and there they hit its
