@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     one()
     calls, mods = calls_seen
     mods = mods or direct.resolve_modules(model, calls)
-    built = [(m, direct._build(c.args, reader.get), direct._build(c.kwargs, reader.get)) for c, m in zip(calls, mods)]
+    built = [(m, *c.make(reader.get)) for c, m in zip(calls, mods)]
 
     def bare() -> None:
         with torch.inference_mode():

@@ -32,8 +32,7 @@ _KIND_CODE = {"tuple": _TUPLE, "list": _LIST, "dict": _DICT}
 class DirectCall:
     key: str            # the golden's layer key (module name, "#n" for its n-th call)
     name: str           # the module's name in the model
-    args: Any           # template nodes (see _build)
-    kwargs: Any
+    make: Callable[[Callable[[str], Any]], tuple[Any, Any]]   # fetch -> (args, kwargs): builder()
     snapshot: bool      # the module is called again in this pass: its output may be a buffer it reuses
 
 
@@ -82,16 +81,30 @@ class _Gap(Exception):
     pass
 
 
-def _build(node: Any, fetch: Callable[[str], Any]) -> Any:
-    code, val = node
-    if code == _SLOT:
-        return fetch(val)
-    if code == _CONST:
-        return val
-    if code == _DICT:
-        return {k: _build(v, fetch) for k, v in val.items()}
-    items = [_build(v, fetch) for v in val]
-    return tuple(items) if code == _TUPLE else items
+def builder(args: Any, kwargs: Any) -> Callable[[Callable[[str], Any]], tuple[Any, Any]]:
+    """The function that rebuilds a call from call_template's nodes: fetch -> (args, kwargs).
+
+    Why generated code: the nodes were walked on every call of every pass, one Python function
+    call per node (about nine per decoder layer); as one expression, made once per golden, the
+    containers are built by the interpreter's own opcodes. On the CPU that took a 22-layer pass's
+    argument building from 135 to (see docs/benchmarks.md, session 10) us. Golden keys and
+    container keys go in as repr() of strings, constants by reference (``C[i]``), so no value of
+    a golden reaches the source.
+    """
+    consts: list[Any] = []
+
+    def src(node: Any) -> str:
+        code, val = node
+        if code == _SLOT:
+            return f"f({str(val)!r})"
+        if code == _CONST:
+            consts.append(val)
+            return f"C[{len(consts) - 1}]"
+        if code == _DICT:
+            return "{" + ", ".join(f"{str(k)!r}: {src(v)}" for k, v in val.items()) + "}"
+        items = "".join(f"{src(v)}, " for v in val)
+        return f"({items})" if code == _TUPLE else f"[{items}]"
+    return eval(f"lambda f: ({src(args)}, {src(kwargs)})", {"C": consts})   # our own source, see above
 
 
 def plan_level(meta: dict[str, Any], layers: dict[str, dict[str, Any]], level: int) -> list[DirectCall] | str:
@@ -109,13 +122,13 @@ def plan_level(meta: dict[str, Any], layers: dict[str, dict[str, Any]], level: i
             plan = f"{key}: {t}"
             break
         assert isinstance(plan, list)
-        plan.append(DirectCall(key, name, t[0], t[1], calls_of[name] > 1))
+        plan.append(DirectCall(key, name, builder(*t), calls_of[name] > 1))
     return plan
 
 
 def run_level(model: Any, calls: list[DirectCall], fetch: Callable[[str], Any],
-              on_output: Callable[[str, Any, bool], None], shared: Callable[[str], bool] = lambda k: False,
-              workers: int = 1, mods: list[Any] | None = None) -> Callable[[], None] | None:
+              on_output: Callable[[str, Any, bool], None], workers: int = 1,
+              mods: list[Any] | None = None) -> Callable[[], None] | None:
     """Call each module on its golden inputs; on_output(key, output, snapshot) after each call.
 
     Returns, when ``workers`` is AUTO and the calls were shared, the function that records this
@@ -125,9 +138,9 @@ def run_level(model: Any, calls: list[DirectCall], fetch: Callable[[str], Any],
     the H200 auto then measured 1.177x the forward where one thread gave 1.141x and two 1.187x
     (session 5, docs/benchmarks.md).
 
-    A golden that ``shared(key)`` says is watched for writes (RungReader.is_watched) is fetched once
-    per pass: a tensor many calls take (a rotary table, a mask) reaches them all as one object, as in
-    the reference's forward. Any other is fetched per call, a copy of its own for each.
+    ``fetch``: the tensor a call gets for a golden key, asked once per input of every call; this
+    pass's own (RungReader.fetcher: a golden handed out watched reaches every call that takes it as
+    one object, a rotary table or a mask as in the reference's forward; a copy is one per call).
 
     ``workers`` > 1, on a GPU: the calls of a level are independent (each takes golden inputs), so
     contiguous shares of them run on that many host threads, each on a CUDA stream of its own. A
@@ -139,16 +152,6 @@ def run_level(model: Any, calls: list[DirectCall], fetch: Callable[[str], Any],
     be a buffer its next call reuses, so it is judged at once).
     """
     import torch
-
-    fetched: dict[str, Any] = {}
-
-    def once(key: str) -> Any:
-        t = fetched.get(key)
-        if t is None:
-            t = fetch(key)
-            if shared(key):
-                fetched[key] = t
-        return t
 
     if mods is None:   # the modules called, in order (resolve_modules; the caller may keep them)
         mods = resolve_modules(model, calls)
@@ -167,7 +170,8 @@ def run_level(model: Any, calls: list[DirectCall], fetch: Callable[[str], Any],
     with torch.inference_mode():
         for i, c in enumerate(calls):
             if i not in shared_calls:
-                on_output(c.key, mods[i](*_build(c.args, once), **_build(c.kwargs, once)), c.snapshot)
+                a, kw = c.make(fetch)
+                on_output(c.key, mods[i](*a, **kw), c.snapshot)
     if not rest:
         return None
     key = (str(dev), type(mods[rest[0]]).__name__)
@@ -176,14 +180,15 @@ def run_level(model: Any, calls: list[DirectCall], fetch: Callable[[str], Any],
     if n > 1:
         # inputs fetched here, in order, by one thread (the reader's watch list is no state to race
         # on), and held until every stream is joined (a copy handed to one call must outlive its read)
-        built = [(mods[i], _build(calls[i].args, once), _build(calls[i].kwargs, once)) for i in rest]
+        built = [(mods[i], *calls[i].make(fetch)) for i in rest]
         for i, o in zip(rest, _threaded(built, n, dev)):
             on_output(calls[i].key, o, False)
     else:
         with torch.inference_mode():
             for i in rest:
                 c = calls[i]
-                on_output(c.key, mods[i](*_build(c.args, once), **_build(c.kwargs, once)), False)
+                a, kw = c.make(fetch)
+                on_output(c.key, mods[i](*a, **kw), False)
     if not workers:
         return lambda: CHOOSER.record(key, n, (time.perf_counter() - t0) / len(rest))
     return None

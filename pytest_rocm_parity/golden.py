@@ -21,7 +21,7 @@ import stat
 import struct
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -678,9 +678,22 @@ class RungReader:
         self._handed[key] = (t, t._version)
         return t
 
-    def is_watched(self, key: str) -> bool:
-        """Whether get_fresh(key) handed out the golden itself, watched for writes, in this pass."""
-        return key in self._handed
+    def fetcher(self) -> Callable[[str], Any]:
+        """get_fresh for one pass of direct calls: a golden handed out watched is fetched once and
+        reaches every call that takes it as one object (a rotary table, a mask, as in the
+        reference's forward); a copy is made per call. One function per input, not three (a memo,
+        get_fresh, a watch check): host time on every input of every module of every pass."""
+        memo: dict[str, Any] = {}
+        handed, fresh = self._handed, self.get_fresh
+
+        def fetch(key: str) -> Any:
+            t = memo.get(key)
+            if t is None:
+                t = fresh(key)
+                if key in handed:
+                    memo[key] = t
+            return t
+        return fetch
 
     def changed_in_place(self) -> list[str]:
         """Keys whose tensor from get_fresh was written since; reloaded from the file, and handed out

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from pytest_rocm_parity.records import CheckResult, LayerRecord, LeafMetrics
 from pytest_rocm_parity.tolerance import Tolerance
@@ -15,50 +16,81 @@ def _round_up(x: float) -> float:
     return math.ceil(x / 10**e) * 10**e
 
 
-def leaf_failure(m: LeafMetrics, tol: Tolerance, rung: str, isolated: bool) -> str:
-    """'' if the leaf passes, else the reason."""
-    if m.note.startswith("shape"):
-        return m.note
-    if m.kind == "exact":
-        return m.note if m.mismatches else ""
-    if m.nonfinite:
-        return m.note
-    if isolated:
-        budget = tol.ratio_for(rung)
-        if m.ratio_lo > budget and m.z > tol.z:
-            return (f"isolated error {m.ratio:.3g}x the reference's (>= {m.ratio_lo:.3g}x at "
-                    f"{tol.confidence:g} sigma; budget {budget:g}x; sign test z={m.z:+.1f})")
+@dataclass(frozen=True)
+class Rule:
+    """One layer's tolerance resolved for one rung: the numbers its leaves are judged against.
+
+    Why apart from Tolerance: resolved per leaf, on every pass, the policy's lookups (the per-layer
+    globs, the rung's canonical name, the defaults) were most of the judgement's host time, which on
+    a GPU replay is added to the pass (docs/benchmarks.md, session 10). A replay resolves a rule per
+    layer once per loaded golden (replay.prepare_rung).
+    """
+
+    budget: float        # isolated: the allowed error ratio
+    z: float             # isolated: the sign test's z a failure also needs
+    confidence: float    # the z of the ratio's lower bound, as reported
+    k: float             # propagated: Dynamo's multiplier
+    floor: float         # propagated: the rung's unit roundoff, the additive floor per unit of RMS
+
+    @classmethod
+    def of(cls, tol: Tolerance, rung: str) -> Rule:
+        """``tol`` as resolved for the layer already (Tolerance.for_layer)."""
+        return cls(tol.ratio_for(rung), tol.z, tol.confidence, tol.propagated_for(rung), tol.unit_roundoff(rung))
+
+    def failure(self, m: LeafMetrics, isolated: bool) -> str:
+        """'' if the leaf passes, else the reason."""
+        if m.note.startswith("shape"):
+            return m.note
+        if m.kind == "exact":
+            return m.note if m.mismatches else ""
+        if m.nonfinite:
+            return m.note
+        if isolated:
+            if m.ratio_lo > self.budget and m.z > self.z:
+                return (f"isolated error {m.ratio:.3g}x the reference's (>= {m.ratio_lo:.3g}x at "
+                        f"{self.confidence:g} sigma; budget {self.budget:g}x; sign test z={m.z:+.1f})")
+            return ""
+        # Dynamo's additive tolerance, as one rounding of the output: an exact reference (lookups, tiny
+        # outputs) must not turn a single-ulp difference into a multiple of nothing.
+        denom = max(m.err_ref, self.floor * m.rms_truth)
+        ratio = m.err_cand / denom if denom > 0 else (0.0 if m.err_cand == 0 else math.inf)
+        if ratio > self.k:
+            return f"propagated error {ratio:.3g}x the reference's (budget {self.k:g}x)"
         return ""
-    k = tol.propagated_for(rung)
-    # Dynamo's additive tolerance, as one rounding of the output: an exact reference (lookups, tiny
-    # outputs) must not turn a single-ulp difference into a multiple of nothing.
-    denom = max(m.err_ref, tol.unit_roundoff(rung) * m.rms_truth)
-    ratio = m.err_cand / denom if denom > 0 else (0.0 if m.err_cand == 0 else math.inf)
-    if ratio > k:
-        return f"propagated error {ratio:.3g}x the reference's (budget {k:g}x)"
-    return ""
+
+    def fails(self, leaves: list[LeafMetrics]) -> bool:
+        """Whether any isolated leaf fails."""
+        return any(self.failure(m, True) for m in leaves)
 
 
-def judge_layer(rec: LayerRecord, iso: list[LeafMetrics], prop: list[LeafMetrics], tol: Tolerance, rung: str) -> None:
-    t = tol.for_layer(rec.name)
-    rec.budget = t.ratio_for(rung)
-    rec.prop_budget = t.propagated_for(rung)
-    iso_reasons = [(m, leaf_failure(m, t, rung, True)) for m in iso]
-    prop_reasons = [(m, leaf_failure(m, t, rung, False)) for m in prop]
-    rec.iso_passed = not any(r for _, r in iso_reasons)
-    rec.prop_passed = not any(r for _, r in prop_reasons)
+def leaf_failure(m: LeafMetrics, tol: Tolerance, rung: str, isolated: bool) -> str:
+    """'' if the leaf passes, else the reason (``tol`` resolved for the layer)."""
+    return Rule.of(tol, rung).failure(m, isolated)
+
+
+def judge_layer(rec: LayerRecord, iso: list[LeafMetrics], prop: list[LeafMetrics], tol: Tolerance, rung: str,
+                rule: Rule | None = None) -> None:
+    """``rule``: the layer's, resolved already (else from ``tol`` by the record's name)."""
+    r = rule if rule is not None else Rule.of(tol.for_layer(rec.name), rung)
+    rec.budget = r.budget
+    rec.prop_budget = r.k
+    iso_reasons = [(m, r.failure(m, True)) for m in iso]
+    prop_reasons = [(m, r.failure(m, False)) for m in prop]
+    first_iso = next((why for _, why in iso_reasons if why), "")
+    first_prop = next((why for _, why in prop_reasons if why), "")
+    rec.iso_passed = not first_iso
+    rec.prop_passed = not first_prop
     rec.passed = rec.iso_passed
     if iso:   # the worst leaf: a failing one first, then the largest bound
-        rec.iso = max(iso_reasons, key=lambda mr: (bool(mr[1]), mr[0].ratio_lo))[0]
+        rec.iso = iso[0] if len(iso) == 1 else max(iso_reasons, key=lambda mr: (bool(mr[1]), mr[0].ratio_lo))[0]
     if prop:
-        rec.prop = max(prop_reasons, key=lambda mr: (bool(mr[1]), mr[0].ratio))[0]
-    reasons = [r for _, r in iso_reasons if r]
-    if reasons:
-        rec.reason = reasons[0]
+        rec.prop = prop[0] if len(prop) == 1 else max(prop_reasons, key=lambda mr: (bool(mr[1]), mr[0].ratio))[0]
+    if first_iso:
+        rec.reason = first_iso
         if rec.iso is not None and rec.iso.kind == "float" and not rec.iso.nonfinite and math.isfinite(rec.iso.ratio_lo):
             rec.would_pass_ratio = _round_up(rec.iso.ratio_lo)
-    elif not rec.prop_passed:
-        rec.reason = next(r for _, r in prop_reasons if r)
+    elif first_prop:
+        rec.reason = first_prop
 
 
 def finish(result: CheckResult, tol: Tolerance) -> CheckResult:

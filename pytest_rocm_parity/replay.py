@@ -32,7 +32,7 @@ from pytest_rocm_parity.engine import (
 from pytest_rocm_parity.direct import DirectCall, plan_level, resolve_modules, run_level
 from pytest_rocm_parity.errors import GoldenStale
 from pytest_rocm_parity.golden import GoldenStore, RungReader
-from pytest_rocm_parity.judge import finish, judge_layer, leaf_failure
+from pytest_rocm_parity.judge import Rule, finish, judge_layer, leaf_failure
 from pytest_rocm_parity.records import CheckResult, LayerRecord, LeafMetrics
 from pytest_rocm_parity.selection import Selected, select
 from pytest_rocm_parity.tolerance import Tolerance
@@ -99,10 +99,6 @@ def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: R
     result.notes.append(f"sketch golden (groups of {group}): propagated judgement only; the culprit is the "
                         f"smallest module where the candidate first drifts")
     return finish(result, tol)
-
-
-def _fails(leaves: list[LeafMetrics], tol: Tolerance, rung: str) -> bool:
-    return any(leaf_failure(mm, tol, rung, True) for mm in leaves)
 
 
 def _records_in_order(meta: dict[str, Any], layers: dict[str, dict[str, Any]]) -> Iterator[tuple[str, LayerRecord]]:
@@ -249,6 +245,7 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
     selected = select(model, spec.layers, spec.drill, walk)
     layers = {e["key"]: e for e in meta["layers"]}
     tols = {k: tol.for_layer(e["name"]) for k, e in layers.items()}
+    rules = {k: Rule.of(t, rung) for k, t in tols.items()}
 
     def stored_inputs() -> tuple[tuple[Any, ...], dict[str, Any]]:
         # The test's inputs are the template (structure and constants); every tensor leaf is the stored one.
@@ -349,9 +346,9 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                 if mods is None:
                     mods = level_mods[level] = resolve_modules(m, calls)
                 timing: list[Callable[[], None] | None] = []
-                watched(lambda: timing.append(run_level(m, calls, reader.get_fresh,
+                watched(lambda: timing.append(run_level(m, calls, reader.fetcher(),
                                                         lambda k, o, snap: compare(k, o, "truth", iso, snap),
-                                                        reader.is_watched, spec.threads, mods)), iso)
+                                                        spec.threads, mods)), iso)
                 queue.flush()
                 if timing and timing[-1] is not None:
                     timing[-1]()    # the --parity-threads=auto choice, timed to the judged outputs
@@ -362,7 +359,7 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                 notes.append(f"isolated level {level}: a direct call failed "
                              f"({type(exc).__name__}: {str(exc)[:200]}); judged through the hooked forward instead")
                 return None
-            failing = {c.key for c in calls if _fails(iso.get(c.key, []), tols[c.key], rung)}
+            failing = {c.key for c in calls if rules[c.key].fails(iso.get(c.key, []))}
             for k in failing:   # judged again by the hooked forward (save_failing_tensors exports only what fails)
                 del iso[k]
             return failing
@@ -405,7 +402,7 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                         continue
                     hooked_level(level)
                     if failing:
-                        confirmed = {k for k in failing if _fails(iso.get(k, []), tols[k], rung)}
+                        confirmed = {k for k in failing if rules[k].fails(iso.get(k, []))}
                         if confirmed != failing:
                             differ = ", ".join(sorted(failing ^ confirmed)[:5])
                             notes.append(f"isolated level {level}: modules called directly on their golden inputs "
@@ -416,7 +413,7 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                 reader.release()
         result = CheckResult(test=spec.test, name=spec.name, dtype=rung, passed=True)
         for key, rec in _records_in_order(meta, layers):
-            judge_layer(rec, iso.get(key, []), prop.get(key, []), tol, rung)
+            judge_layer(rec, iso.get(key, []), prop.get(key, []), tol, rung, rules[key])
             if key not in iso:
                 # A fused or bypassed sub-module (e.g. q/k/v fused into one GEMM) is judged through its
                 # parent; a missing top-level module changes the model's outputs, which are judged too.

@@ -193,6 +193,32 @@ def test_a_golden_read_from_the_file_reaches_each_call_as_its_own_tensor(tmp_pat
     assert _ratios(direct) == _ratios(hooked)
 
 
+class Twice(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pre = nn.Linear(16, 16)
+        self.shared = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.shared(self.shared(self.pre(x)))
+
+
+def test_a_per_layer_tolerance_holds_for_every_call_of_its_module(tmp_path) -> None:
+    """The override names the module; its second call (golden key "shared#1") is judged by it too,
+    in the direct calls' verdict and in the record alike."""
+    from pytest_rocm_parity.tolerance import Tolerance
+
+    torch.manual_seed(0)
+    model = Twice()
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+    store, _, _ = _captured(tmp_path, model, x, "twice", 1)
+    tol = Tolerance(layers={"shared": Tolerance(ratio=7.0)})
+    spec = CheckSpec(name="twice", dtypes=["float32"], drill=1, replay="fast", tolerance=tol)
+    (res,) = replay(model, x, spec, store, "cpu")
+    budgets = {rec.name: rec.budget for rec in res.layers}
+    assert budgets == {"pre": 10.0, "shared": 7.0, "shared#1": 7.0}
+
+
 @dataclasses.dataclass
 class Packet:
     x: torch.Tensor
@@ -235,9 +261,9 @@ def test_calls_a_rebuild_cannot_make_take_the_hooked_forward(tmp_path, monkeypat
 def test_call_templates_say_why_a_call_cannot_be_rebuilt() -> None:
     base = {"in": {"args.0": "t/0"}, "const_in": {"kwargs.flag": True},
             "in_tree": {"args": "tuple", "kwargs": "dict"}}
-    from pytest_rocm_parity.direct import _build
+    from pytest_rocm_parity.direct import builder
 
-    a, kw = (_build(node, lambda k: f"<{k}>") for node in call_template(base))
+    a, kw = builder(*call_template(base))(lambda k: f"<{k}>")
     assert a == ("<t/0>",) and kw == {"flag": True}
     assert "in_tree is incomplete" in call_template({**base, "in": {"kwargs.pe.0": "t/1"}})
     assert "not an (args, kwargs) call" in call_template({**base, "in_tree": {"args": "dict", "kwargs": "dict"}})
@@ -246,7 +272,7 @@ def test_call_templates_say_why_a_call_cannot_be_rebuilt() -> None:
     assert "positions" in call_template({**base, "in": {"args.1": "t/0"}})
     nested = {"in": {"kwargs.pe.0": "t/1", "kwargs.pe.1": "t/2"}, "const_in": {"kwargs.mask": None, "kwargs.e": 3},
               "in_tree": {"args": "tuple", "kwargs": "dict", "kwargs.pe": "tuple", "kwargs.empty": "list"}}
-    a, kw = (_build(node, lambda k: f"<{k}>") for node in call_template(nested))
+    a, kw = builder(*call_template(nested))(lambda k: f"<{k}>")
     assert a == () and kw == {"pe": ("<t/1>", "<t/2>"), "mask": None, "e": 3, "empty": []}
 
 
