@@ -59,6 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
 
+    ev, main = torch.cuda.Event(), torch.cuda.current_stream(dev)
+
+    def signature(leaves: list[Any]) -> Any:   # as stats_graph._start makes it
+        ptrs = [x.data_ptr() for leaf in leaves for x in leaf]
+        return (kernels.aligned(ptrs), tuple(confs),
+                tuple((c.numel(), c.dtype, r.dtype, e.dtype) for c, r, e in leaves))
+
     def timed(fn: Any) -> float:
         ts = []
         for _ in range(a.iters):
@@ -77,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
         "event record, us": timed(lambda: stats_graph._recorded(dev)),
         "eager block_stats_many, us": timed(lambda: kernels.block_stats_many(leaves, lays)),
         "pinned empty, us": timed(lambda: torch.empty(12, dtype=torch.int64, pin_memory=True)),
+        # the pieces a start repeats that do not depend on its leaves (session 10)
+        "current_stream(device), us": timed(lambda: torch.cuda.current_stream(dev)),
+        "current_stream(), us": timed(torch.cuda.current_stream),
+        "event record on a held stream, us": timed(lambda: ev.record(main)),
+        "addresses, signature and alignment (Python), us": timed(lambda: signature(leaves)),
     }
     def device_us(fn: Any) -> float:
         """Device time of fn's work, from events around 50 back-to-back calls."""
