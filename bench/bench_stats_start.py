@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     from pytest_rocm_parity import kernels, stats_graph
     from pytest_rocm_parity.compare import block_layout
 
-    dev = torch.device("cuda")
+    dev = torch.device("cuda", torch.cuda.current_device())
     g = torch.Generator(device=dev).manual_seed(0)
     leaves = []
     for _ in range(a.leaves):
@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         # the pieces a start repeats that do not depend on its leaves (session 10)
         "current_stream(device), us": timed(lambda: torch.cuda.current_stream(dev)),
         "current_stream(), us": timed(torch.cuda.current_stream),
+        "kernels.current_stream(device), us": timed(lambda: kernels.current_stream(dev)),
         "event record on a held stream, us": timed(lambda: ev.record(main)),
         "addresses, signature and alignment (Python), us": timed(lambda: signature(leaves)),
     }

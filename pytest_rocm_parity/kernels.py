@@ -192,6 +192,26 @@ def host_pointers_usable(dev: Any) -> bool:
     return HOST_POINTERS and not HOST_POINTER_ERRORS and dev.type == "cuda" and torch.version.hip is None
 
 
+_STREAM_OBJECTS: dict[Any, Any] = {}
+
+
+def current_stream(dev: Any) -> Any:
+    """torch.cuda.current_stream(dev) for a device with an index, one Stream object kept per stream.
+
+    Why: torch makes a new Stream object on every call, after resolving the device; a statistics
+    start and the flush's wait each asked for one inside the pass, 40 us of host time in the timed
+    start on the H200 (session 8's phases; bench/bench_stats_start.py times both ways). Which stream is
+    current is still asked of torch every time: a user's stream context may change it.
+    """
+    import torch
+
+    key = torch._C._cuda_getCurrentStream(dev.index)
+    s = _STREAM_OBJECTS.get(key)
+    if s is None:
+        s = _STREAM_OBJECTS[key] = torch.cuda.Stream(stream_id=key[0], device_index=key[1], device_type=key[2])
+    return s
+
+
 def host_pointers_failed(exc: BaseException) -> None:
     """Keep the device tables from now on in this process (the reason stays for bug reports)."""
     HOST_POINTER_ERRORS.append(f"{type(exc).__name__}: {exc}")

@@ -200,7 +200,7 @@ def _start(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int, int]], c
         launch.many.point_at(leaves, ptrs)
         got.graph.replay()
         if launch.host_out is not None and got.event is not None:   # written by the graph into pinned memory
-            got.event.record(torch.cuda.current_stream(dev))
+            got.event.record(kernels.current_stream(dev))
             got.last = Pending(launch.host_out, got.event)
         else:
             # a host buffer per start: the graph's own output is overwritten by its next replay,

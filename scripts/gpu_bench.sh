@@ -24,9 +24,9 @@
 # "v": one thread, two and auto side by side, pass by pass, in two processes; bench_parity at 1.1B;
 # "w": the final code's GPU tests, then v without bench_parity;
 # "x": v's sweep, short (20 alternations), with each pass's new device allocations: auto's slow early passes;
-# "y": GPU tests, a statistics start's pieces at 27 leaves, then x's sweep in four processes, alternately
-# on the code in ab/old (an export of an earlier commit, if present: `git archive REV pytest_rocm_parity |
-# tar -x -C ab/old`, not committed) and on this tree's.
+# "y": GPU tests, a statistics start's pieces at 27 leaves, then bench_ab.py in two processes: the replay
+# of ab/old (an export of an earlier commit: `git archive REV pytest_rocm_parity | tar -x -C ab/old`, not
+# committed) beside this tree's, round by round.
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -237,17 +237,15 @@ if [[ "$part" == x ]]; then   # session 9: what makes auto's first one-thread pa
     echo "threads p$i rc=$?" >> "$L/env.txt"
   done
 fi
-if [[ "$part" == y ]]; then   # session 10: an earlier commit's code and this tree's, side by side in alternating processes
+if [[ "$part" == y ]]; then   # session 10: GPU tests, a start's pieces, then an earlier commit's pass beside this tree's
   timeout 100 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu -o addopts="" > "$L/gpu_tests.log" 2>&1
   echo "gpu tests rc=$?" >> "$L/env.txt"; tail -3 "$L/gpu_tests.log"
   timeout 60 python bench/bench_stats_start.py --leaves 27 --numel 4194304 --iters 200 --out "$L/stats_start.json" > "$L/stats_start.log" 2>&1
   echo "stats start rc=$?" >> "$L/env.txt"; cat "$L/stats_start.log"
-  for i in 1 2 3 4; do
-    code=new; path="$PYTHONPATH"
-    if (( i % 2 )) && [[ -d ab/old/pytest_rocm_parity ]]; then code=old; path="$PWD/ab/old:$PYTHONPATH"; fi
-    PYTHONPATH="$path" timeout 100 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,2,auto --reps 20 \
-      --out "$L/threads_p${i}_$code.json" > "$L/threads_p${i}_$code.log" 2>&1
-    echo "threads p$i $code rc=$? ($(PYTHONPATH="$path" python -c 'import pytest_rocm_parity as p; print(p.__file__)'))" >> "$L/env.txt"
+  for i in 1 2; do
+    timeout 120 python bench/bench_ab.py --old ab/old/pytest_rocm_parity --device cuda --model 1b --threads 1,auto \
+      --reps 40 --out "$L/ab_p$i.json" > "$L/ab_p$i.log" 2>&1
+    echo "ab p$i rc=$?" >> "$L/env.txt"; head -30 "$L/ab_p$i.log"
   done
 fi
 if [[ "$part" == v || "$part" == w ]]; then   # session 9: is auto's choice the faster arm? every pass's time and pick

@@ -430,3 +430,14 @@ def test_a_part_started_during_the_pass_reads_what_the_stream_wrote_before_it(mo
         assert sink[0].ratio == pytest.approx(want.ratio, rel=1e-5)
         assert sink[0].z == pytest.approx(want.z, abs=1e-6)
     assert bool(replay_mod._SIDE_STREAMS) == side
+
+
+def test_the_kept_stream_object_is_the_stream_torch_says_is_current() -> None:
+    """kernels.current_stream keeps one Stream object per stream, yet follows a stream context."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    main = kernels.current_stream(dev)
+    assert main == torch.cuda.current_stream(dev) and kernels.current_stream(dev) is main
+    side = torch.cuda.Stream(device=dev)
+    with torch.cuda.stream(side):
+        assert kernels.current_stream(dev) == side != main
+    assert kernels.current_stream(dev) is main
