@@ -106,7 +106,12 @@ def _records_in_order(meta: dict[str, Any], layers: dict[str, dict[str, Any]]) -
     for key in meta.get("order", list(layers)):
         e = layers.get(key)
         if e is not None:
-            yield key, LayerRecord(name=key, level=e["level"], primary=e["primary"])
+            yield key, _record(key, e)
+
+
+def _record(key: str, e: dict[str, Any]) -> LayerRecord:
+    """An empty record of the captured call ``key`` (its golden entry ``e``)."""
+    return LayerRecord(name=key, level=e["level"], primary=e["primary"])
 
 
 def _sketch_failure(m: LeafMetrics, tol: Tolerance, rung: str, budget: float) -> str:
@@ -313,6 +318,14 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
 
         outs: list[LayerRecord] = []
         notes: list[str] = []
+        # every captured call's record, made while the device computes a level's statistics (the
+        # host waits for them anyway); a key in ``judged`` has its final verdict already
+        records: dict[str, LayerRecord] = {}
+        judged: set[str] = set()
+
+        def make_records() -> None:
+            if not records:
+                records.update(_records_in_order(meta, layers))
         fetched: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
 
         def model_inputs() -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -349,7 +362,7 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                 watched(lambda: timing.append(run_level(m, calls, reader.fetcher(),
                                                         lambda k, o, snap: compare(k, o, "truth", iso, snap),
                                                         spec.threads, mods)), iso)
-                queue.flush()
+                queue.flush(meanwhile=make_records)
                 if timing and timing[-1] is not None:
                     timing[-1]()    # the --parity-threads=auto choice, timed to the judged outputs
             except Exception as exc:   # a module that needs its caller's context
@@ -359,9 +372,14 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                 notes.append(f"isolated level {level}: a direct call failed "
                              f"({type(exc).__name__}: {str(exc)[:200]}); judged through the hooked forward instead")
                 return None
-            failing = {c.key for c in calls if rules[c.key].fails(iso.get(c.key, []))}
+            failing: set[str] = set()
+            for c in calls:     # judged once: a failing call's verdict is the hooked forward's
+                rec = records[c.key]
+                judge_layer(rec, iso.get(c.key, []), prop.get(c.key, []), tol, rung, rules[c.key])
+                (judged if rec.iso_passed else failing).add(c.key)
             for k in failing:   # judged again by the hooked forward (save_failing_tensors exports only what fails)
                 del iso[k]
+                records[k] = _record(k, layers[k])
             return failing
 
         def hooked_level(level: int) -> None:
@@ -412,8 +430,10 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
             if not keep_loaded:
                 reader.release()
         result = CheckResult(test=spec.test, name=spec.name, dtype=rung, passed=True)
-        for key, rec in _records_in_order(meta, layers):
-            judge_layer(rec, iso.get(key, []), prop.get(key, []), tol, rung, rules[key])
+        make_records()
+        for key, rec in records.items():
+            if key not in judged:
+                judge_layer(rec, iso.get(key, []), prop.get(key, []), tol, rung, rules[key])
             if key not in iso:
                 # A fused or bypassed sub-module (e.g. q/k/v fused into one GEMM) is judged through its
                 # parent; a missing top-level module changes the model's outputs, which are judged too.
@@ -626,10 +646,16 @@ class _StatsQueue:
                                  for it, part in zip(items, parts)], self.u)
         return on_host
 
-    def flush(self) -> None:
+    def flush(self, meanwhile: Callable[[], None] | None = None) -> None:
+        """Every queued leaf judged into its sink. ``meanwhile``: host work that needs no result,
+        done while the device computes them (the host would wait for the device there)."""
         if not self.items:
+            if meanwhile is not None:
+                meanwhile()
             return
         self._start()
+        if meanwhile is not None:
+            meanwhile()
         done: list[LeafMetrics | None] = []
         for a, b, results in self.parts:
             done += results()[:b - a]

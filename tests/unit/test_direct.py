@@ -298,10 +298,12 @@ class Parent(nn.Module):
 
 
 @pytest.mark.parametrize("stale", [False, True])
-def test_modules_that_need_their_callers_context_are_judged_through_the_hooked_forward(tmp_path, stale) -> None:
+def test_modules_that_need_their_callers_context_are_judged_through_the_hooked_forward(tmp_path, monkeypatch,
+                                                                                       stale) -> None:
     """A module reading state its parent sets during the forward: called directly it raises (never
     set) or computes with a stale value. Either way the level is judged through the hooked forward,
-    which passes, and a note says why."""
+    which passes, and a note says why; the records are the hooked forward's, with nothing left of
+    the direct calls' failing verdict."""
     torch.manual_seed(0)
     model = Parent()
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
@@ -317,6 +319,9 @@ def test_modules_that_need_their_callers_context_are_judged_through_the_hooked_f
     assert res.passed, [(l.name, l.reason) for l in res.layers]
     note = " ".join(res.notes)
     assert ("disagreed with the hooked forward" in note) if stale else ("a direct call failed" in note)
+    monkeypatch.setattr(replay_mod, "DIRECT", False)
+    (hooked,) = replay(model, x, spec, store, "cpu")
+    assert [rec.to_dict() for rec in res.layers] == [rec.to_dict() for rec in hooked.layers]
 
 
 def _llama_n(layers: int) -> nn.Module:
@@ -482,8 +487,8 @@ def test_auto_threads_time_a_level_up_to_its_judged_outputs(tmp_path, monkeypatc
     monkeypatch.setattr(direct, "CHOOSER", direct._Chooser())
     real_flush = replay_mod._StatsQueue.flush
 
-    def slow_flush(self) -> None:
-        real_flush(self)
+    def slow_flush(self, **kw) -> None:
+        real_flush(self, **kw)
         time.sleep(0.04)
 
     monkeypatch.setattr(replay_mod._StatsQueue, "flush", slow_flush)

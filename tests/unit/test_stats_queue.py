@@ -66,9 +66,9 @@ def test_queued_path_equals_immediate_path(tmp_path: Any, monkeypatch: pytest.Mo
     parts: list[int] = []
     real_flush, real_launch = replay_mod._StatsQueue.flush, replay_mod._StatsQueue._launch
 
-    def counting_flush(self: Any) -> None:
+    def counting_flush(self: Any, **kw: Any) -> None:
         flushes.append(len(self.items))
-        real_flush(self)
+        real_flush(self, **kw)
 
     def counting_launch(self: Any, items: list[Any]) -> Any:
         parts.append(len(items))
