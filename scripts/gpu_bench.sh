@@ -26,7 +26,8 @@
 # "x": v's sweep, short (20 alternations), with each pass's new device allocations: auto's slow early passes;
 # "y": GPU tests, a statistics start's pieces at 27 leaves, then bench_ab.py in two processes: the replay
 # of ab/old (an export of an earlier commit: `git archive REV pytest_rocm_parity | tar -x -C ab/old`, not
-# committed) beside this tree's, round by round.
+# committed) beside this tree's, round by round;
+# "z": y without the start's pieces, then x's sweep in two processes and bench_parity at 1.1B (session 10's final code).
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -230,23 +231,29 @@ if [[ "$part" == w ]]; then   # session 9, final code: GPU tests first
   timeout 100 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu -o addopts="" > "$L/gpu_tests.log" 2>&1
   echo "gpu tests rc=$?" >> "$L/env.txt"; tail -3 "$L/gpu_tests.log"
 fi
-if [[ "$part" == x ]]; then   # session 9: what makes auto's first one-thread passes slow on a fast host
+if [[ "$part" == x || "$part" == z ]]; then   # session 9: what makes auto's first one-thread passes slow on a fast host
   for i in 1 2; do
     timeout 90 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,2,auto --reps 20 \
       --out "$L/threads_p$i.json" > "$L/threads_p$i.log" 2>&1
     echo "threads p$i rc=$?" >> "$L/env.txt"
   done
 fi
-if [[ "$part" == y ]]; then   # session 10: GPU tests, a start's pieces, then an earlier commit's pass beside this tree's
+if [[ "$part" == y || "$part" == z ]]; then   # session 10: GPU tests, a start's pieces, then an earlier commit's pass beside this tree's
   timeout 100 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu -o addopts="" > "$L/gpu_tests.log" 2>&1
   echo "gpu tests rc=$?" >> "$L/env.txt"; tail -3 "$L/gpu_tests.log"
-  timeout 60 python bench/bench_stats_start.py --leaves 27 --numel 4194304 --iters 200 --out "$L/stats_start.json" > "$L/stats_start.log" 2>&1
-  echo "stats start rc=$?" >> "$L/env.txt"; cat "$L/stats_start.log"
+  if [[ "$part" == y ]]; then
+    timeout 60 python bench/bench_stats_start.py --leaves 27 --numel 4194304 --iters 200 --out "$L/stats_start.json" > "$L/stats_start.log" 2>&1
+    echo "stats start rc=$?" >> "$L/env.txt"; cat "$L/stats_start.log"
+  fi
   for i in 1 2; do
     timeout 120 python bench/bench_ab.py --old ab/old/pytest_rocm_parity --device cuda --model 1b --threads 1,auto \
       --reps 40 --out "$L/ab_p$i.json" > "$L/ab_p$i.log" 2>&1
     echo "ab p$i rc=$?" >> "$L/env.txt"; head -30 "$L/ab_p$i.log"
   done
+fi
+if [[ "$part" == z ]]; then
+  timeout 150 python bench/bench_parity.py --device cuda --models 1b --reps 15 --out "$L/bench_z.json" > "$L/bench_z.log" 2>&1
+  echo "bench 1b rc=$?" >> "$L/env.txt"
 fi
 if [[ "$part" == v || "$part" == w ]]; then   # session 9: is auto's choice the faster arm? every pass's time and pick
   for i in 1 2; do
