@@ -215,9 +215,9 @@ def columns_many(stats: list[Any], numels: list[int], confs: list[float], unit_r
 
 def metrics_from_columns(leaves: list[str], numels: list[int], cols: Any) -> list[LeafMetrics]:
     """LeafMetrics from metric_columns' (L, 8) result on the host, as plain Python floats in bulk
-    (tolist, not a float() per number). Positional, in LeafMetrics' field order: half the host
-    time of keywords, on every leaf of a GPU replay's pass (tests/unit/test_judging.py checks
-    the order)."""
+    (tolist, not a float() per number). Positional, in LeafMetrics' field order: keywords cost the
+    interpreter more, on every leaf of a GPU replay's pass (tests/unit/test_judging.py checks the
+    order)."""
     return [LeafMetrics(leaf, n, "float", ec, er, rt, ra, rl, zz, re, dm)
             for leaf, n, (rt, ec, er, ra, rl, re, dm, zz) in zip(leaves, numels, cols.tolist())]
 

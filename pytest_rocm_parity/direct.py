@@ -85,11 +85,11 @@ def builder(args: Any, kwargs: Any) -> Callable[[Callable[[str], Any]], tuple[An
     """The function that rebuilds a call from call_template's nodes: fetch -> (args, kwargs).
 
     Why generated code: the nodes were walked on every call of every pass, one Python function
-    call per node (about nine per decoder layer); as one expression, made once per golden, the
-    containers are built by the interpreter's own opcodes. On the CPU that took a 22-layer pass's
-    argument building from 135 to (see docs/benchmarks.md, session 10) us. Golden keys and
-    container keys go in as repr() of strings, constants by reference (``C[i]``), so no value of
-    a golden reaches the source.
+    call per node (about nine per decoder layer), host time added to a GPU replay one to one; as
+    one expression, made once per golden, the containers are built by the interpreter's own
+    opcodes (with RungReader.fetcher, session 10's pass-level measurements are in
+    docs/benchmarks.md). Golden keys and container keys go in as repr() of strings, constants by
+    reference (``C[i]``), so no value of a golden reaches the source.
     """
     consts: list[Any] = []
 

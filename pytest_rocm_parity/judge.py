@@ -20,10 +20,11 @@ def _round_up(x: float) -> float:
 class Rule:
     """One layer's tolerance resolved for one rung: the numbers its leaves are judged against.
 
-    Why apart from Tolerance: resolved per leaf, on every pass, the policy's lookups (the per-layer
-    globs, the rung's canonical name, the defaults) were most of the judgement's host time, which on
-    a GPU replay is added to the pass (docs/benchmarks.md, session 10). A replay resolves a rule per
-    layer once per loaded golden (replay.prepare_rung).
+    Why apart from Tolerance: the policy's lookups (the per-layer globs, the rung's canonical name,
+    the defaults) were repeated for every leaf of every pass, host time a GPU replay adds to the
+    pass (docs/benchmarks.md, session 10). A replay resolves a rule per layer once per loaded
+    golden (replay.prepare_rung), from the module's name, so every call of a module is judged by
+    its per-layer tolerance.
     """
 
     budget: float        # isolated: the allowed error ratio

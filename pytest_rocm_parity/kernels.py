@@ -198,10 +198,11 @@ _STREAM_OBJECTS: dict[Any, Any] = {}
 def current_stream(dev: Any) -> Any:
     """torch.cuda.current_stream(dev) for a device with an index, one Stream object kept per stream.
 
-    Why: torch makes a new Stream object on every call, after resolving the device; a statistics
-    start and the flush's wait each asked for one inside the pass, 40 us of host time in the timed
-    start on the H200 (session 8's phases; bench/bench_stats_start.py times both ways). Which stream is
-    current is still asked of torch every time: a user's stream context may change it.
+    Why: torch makes a new Stream object on every call, after resolving the device. A statistics
+    start asked for one for its event inside the pass: 40 us of host time there on the H200
+    (session 9's phases); outside a pass 6.0 us against 1.0 us this way, and the event's record
+    2.1 us on the kept object (session 10, bench/bench_stats_start.py). Which stream is current is
+    still asked of torch every time: a user's stream context may change it.
     """
     import torch
 
