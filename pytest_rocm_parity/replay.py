@@ -78,11 +78,11 @@ def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: R
         out = _run(m, args0, kwargs0)
     result = CheckResult(test=spec.test, name=spec.name, dtype=rung, passed=True)
     for key, rec in _records_in_order(meta, layers):
-        judge_layer(rec, [], prop.get(key, []), tol, rung)
+        t = tol.for_layer(layers[key]["name"])    # the module's tolerance, for each of its calls
+        judge_layer(rec, [], prop.get(key, []), tol, rung, Rule.of(t, rung))
         # No inputs in a sketch golden: the propagated verdict is the verdict, judged like an isolated
         # one (jackknife bound and sign test over the sketch entries, which are few) against the larger
         # of the ratio budget and Dynamo's multiplier.
-        t = tol.for_layer(key)
         budget = max(t.ratio_for(rung), t.propagated_for(rung))
         reasons = [_sketch_failure(mm, t, rung, budget) for mm in prop.get(key, [])]
         rec.prop_passed = rec.iso_passed = rec.passed = not any(reasons)

@@ -203,17 +203,19 @@ class Twice(nn.Module):
         return self.shared(self.shared(self.pre(x)))
 
 
-def test_a_per_layer_tolerance_holds_for_every_call_of_its_module(tmp_path) -> None:
+@pytest.mark.parametrize("sketch", [0, 8])
+def test_a_per_layer_tolerance_holds_for_every_call_of_its_module(tmp_path, sketch) -> None:
     """The override names the module; its second call (golden key "shared#1") is judged by it too,
-    in the direct calls' verdict and in the record alike."""
+    in the direct calls' verdict and in the record alike, and against a sketch golden."""
     from pytest_rocm_parity.tolerance import Tolerance
 
     torch.manual_seed(0)
     model = Twice()
     x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
-    store, _, _ = _captured(tmp_path, model, x, "twice", 1)
+    store = GoldenStore(tmp_path)
+    capture(model, x, CheckSpec(name="twice", dtypes=["float32"], drill=1, sketch=sketch), store, "cpu")
     tol = Tolerance(layers={"shared": Tolerance(ratio=7.0)})
-    spec = CheckSpec(name="twice", dtypes=["float32"], drill=1, replay="fast", tolerance=tol)
+    spec = CheckSpec(name="twice", dtypes=["float32"], drill=1, replay="fast", tolerance=tol, sketch=sketch)
     (res,) = replay(model, x, spec, store, "cpu")
     budgets = {rec.name: rec.budget for rec in res.layers}
     assert budgets == {"pre": 10.0, "shared": 7.0, "shared#1": 7.0}
