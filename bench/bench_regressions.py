@@ -55,7 +55,7 @@ import torch
 from safetensors.torch import save_file
 from pytest_rocm_parity.golden import RungReader
 from pytest_rocm_parity.compare import residual_metrics
-from pytest_rocm_parity.judge import judge_layer, finish
+from pytest_rocm_parity.judge import Rule, judge_layer, finish
 from pytest_rocm_parity.records import CheckResult, LayerRecord
 from pytest_rocm_parity.tolerance import Tolerance
 from pytest_rocm_parity.assertion import message
@@ -73,10 +73,11 @@ else:
     t = time.perf_counter()
     r = RungReader(__import__("pathlib").Path(path), "cpu")
     res = CheckResult(test="bench", name="bench", dtype="float32", passed=True)
+    rule = Rule.of(Tolerance(), "float32")
     for k, c in cand.items():
         m = residual_metrics("0", c, r.get(k), r.get(f"truth/{k}"), 2.0**-24)
         rec = LayerRecord(name=k)
-        judge_layer(rec, [m], [m], Tolerance(), "float32")
+        judge_layer(rec, [m], [m], rule)
         res.layers.append(rec)
     finish(res, Tolerance())
     text = message(res) if not res.passed else ""

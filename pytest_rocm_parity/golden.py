@@ -681,8 +681,9 @@ class RungReader:
     def fetcher(self) -> Callable[[str], Any]:
         """get_fresh for one pass of direct calls: a golden handed out watched is fetched once and
         reaches every call that takes it as one object (a rotary table, a mask, as in the
-        reference's forward); a copy is made per call. One function per input, not three (a memo,
-        get_fresh, a watch check): host time on every input of every module of every pass."""
+        reference's forward); a copy, or a tensor read from the file, is fetched per call. The
+        memo answers a repeated input with one lookup: host time on every input of every module
+        of every pass."""
         memo: dict[str, Any] = {}
         handed, fresh = self._handed, self.get_fresh
 

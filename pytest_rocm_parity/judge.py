@@ -69,10 +69,8 @@ def leaf_failure(m: LeafMetrics, tol: Tolerance, rung: str, isolated: bool) -> s
     return Rule.of(tol, rung).failure(m, isolated)
 
 
-def judge_layer(rec: LayerRecord, iso: list[LeafMetrics], prop: list[LeafMetrics], tol: Tolerance, rung: str,
-                rule: Rule | None = None) -> None:
-    """``rule``: the layer's, resolved already (else from ``tol`` by the record's name)."""
-    r = rule if rule is not None else Rule.of(tol.for_layer(rec.name), rung)
+def judge_layer(rec: LayerRecord, iso: list[LeafMetrics], prop: list[LeafMetrics], r: Rule) -> None:
+    """The record's verdicts from its leaves' metrics, by its layer's rule (Rule.of)."""
     rec.budget = r.budget
     rec.prop_budget = r.k
     iso_reasons = [(m, r.failure(m, True)) for m in iso]

@@ -79,7 +79,7 @@ def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: R
     result = CheckResult(test=spec.test, name=spec.name, dtype=rung, passed=True)
     for key, rec in _records_in_order(meta, layers):
         t = tol.for_layer(layers[key]["name"])    # the module's tolerance, for each of its calls
-        judge_layer(rec, [], prop.get(key, []), tol, rung, Rule.of(t, rung))
+        judge_layer(rec, [], prop.get(key, []), Rule.of(t, rung))
         # No inputs in a sketch golden: the propagated verdict is the verdict, judged like an isolated
         # one (jackknife bound and sign test over the sketch entries, which are few) against the larger
         # of the ratio budget and Dynamo's multiplier.
@@ -91,7 +91,7 @@ def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: R
         result.layers.append(rec)
     for p, mm in zip(meta["outputs"]["out"], judge_leaves(OUTPUT, out, meta["outputs"]["out"])):
         rec = LayerRecord(name=f"{OUTPUT}.{p}")
-        judge_layer(rec, [], [mm], tol, rung)
+        judge_layer(rec, [], [mm], Rule.of(tol.for_layer(rec.name), rung))
         budget = max(tol.ratio_for(rung), tol.propagated_for(rung))
         rec.reason = _sketch_failure(mm, tol, rung, budget)
         rec.passed = rec.prop_passed = not rec.reason
@@ -326,6 +326,7 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
         def make_records() -> None:
             if not records:
                 records.update(_records_in_order(meta, layers))
+
         fetched: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
 
         def model_inputs() -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -375,7 +376,7 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
             failing: set[str] = set()
             for c in calls:     # judged once: a failing call's verdict is the hooked forward's
                 rec = records[c.key]
-                judge_layer(rec, iso.get(c.key, []), prop.get(c.key, []), tol, rung, rules[c.key])
+                judge_layer(rec, iso.get(c.key, []), prop.get(c.key, []), rules[c.key])
                 (judged if rec.iso_passed else failing).add(c.key)
             for k in failing:   # judged again by the hooked forward (save_failing_tensors exports only what fails)
                 del iso[k]
@@ -433,7 +434,7 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
         make_records()
         for key, rec in records.items():
             if key not in judged:
-                judge_layer(rec, iso.get(key, []), prop.get(key, []), tol, rung, rules[key])
+                judge_layer(rec, iso.get(key, []), prop.get(key, []), rules[key])
             if key not in iso:
                 # A fused or bypassed sub-module (e.g. q/k/v fused into one GEMM) is judged through its
                 # parent; a missing top-level module changes the model's outputs, which are judged too.
@@ -731,7 +732,7 @@ def _compare_outputs(out: Any, meta: dict[str, Any], reader: RungReader, u: floa
                 mm = residual_metrics(p, c.detach(), ref, reader.get(f"gtruth/{OUTPUT}/{p}"), u, tol.confidence, tol.nan)
             else:
                 mm = exact_metrics(p, c.detach(), ref)
-            judge_layer(rec, [], [mm], tol, _rung_of(reader))
+            judge_layer(rec, [], [mm], Rule.of(tol.for_layer(rec.name), _rung_of(reader)))
             rec.passed = rec.prop_passed
         recs.append(rec)
     return recs

@@ -8,7 +8,7 @@ import torch
 
 from pytest_rocm_parity.compare import exact_metrics, float_metrics
 from pytest_rocm_parity.errors import InvalidArgument
-from pytest_rocm_parity.judge import judge_layer, leaf_failure
+from pytest_rocm_parity.judge import Rule, judge_layer, leaf_failure
 from pytest_rocm_parity.records import LayerRecord
 from pytest_rocm_parity.tolerance import Tolerance, coerce
 
@@ -117,10 +117,11 @@ def test_per_layer_override_and_would_pass(truth: torch.Tensor) -> None:
     cand = _rounded(truth * 1.02, torch.bfloat16)
     m = float_metrics("0", cand, ref, truth, U_BF16)
     rec = LayerRecord(name="model.layers.3.mlp")
-    judge_layer(rec, [m], [], Tolerance(), "bfloat16")
+    judge_layer(rec, [m], [], Rule.of(Tolerance().for_layer(rec.name), "bfloat16"))
     assert not rec.passed and rec.would_pass_ratio is not None and rec.would_pass_ratio >= m.ratio_lo
     rec2 = LayerRecord(name="model.layers.3.mlp")
-    judge_layer(rec2, [m], [], Tolerance(layers={"model.layers.*.mlp": Tolerance(ratio=rec.would_pass_ratio)}), "bfloat16")
+    override = Tolerance(layers={"model.layers.*.mlp": Tolerance(ratio=rec.would_pass_ratio)})
+    judge_layer(rec2, [m], [], Rule.of(override.for_layer(rec2.name), "bfloat16"))
     assert rec2.passed
 
 
