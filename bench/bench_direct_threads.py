@@ -4,10 +4,17 @@
     python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --launch-mb 0,32,128
     python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --host-pointers on,off
     python bench/bench_direct_threads.py --device cuda --models 1b --workers 1 --launch-mb 0,128,256 --side-stream on,off
+    python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --blocks-last on,off --bare
 
 ``--launch-mb``: arms with replay._StatsQueue.LAUNCH_BYTES set (MiB of candidate outputs that start
 a part of the statistics during the pass; 0: every statistic at the flush, as before session 6);
 ``--side-stream``: those parts on a side stream beside the calls, or on the main stream after them.
+``--blocks-last``: direct.BLOCKS_LAST on and off (the repeated blocks' calls after the others, or
+every call in the model's order). ``--bare``: one more arm, the level's modules called on their
+golden inputs by a plain loop in the model's order, nothing judged: the floor of a pass's calls,
+so pass - bare is what the harness costs on this host. Each arm's ``_xp``: the median over
+rounds of its time over the forward's in the same round (steadier than a ratio of medians where
+the host's speed drifts).
 
 Each isolated call takes golden inputs, so a level's calls are independent; direct.run_level runs
 shares of them on host threads with a CUDA stream each (--parity-threads, CheckSpec.threads). This
@@ -19,6 +26,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import statistics
 import sys
 import tempfile
 from typing import Any
@@ -34,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host-pointers", default="", help="on,off: arms with kernels.HOST_POINTERS set")
     p.add_argument("--side-stream", default="", help="on,off: arms with replay._StatsQueue.SIDE_STREAM set")
     p.add_argument("--launch-mb", default="", help="LAUNCH_BYTES arms in MiB, comma-separated; default: the code's")
+    p.add_argument("--blocks-last", default="", help="on,off: arms with direct.BLOCKS_LAST set")
+    p.add_argument("--bare", action="store_true", help="an arm of the modules alone on their golden inputs")
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
@@ -68,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
                  ("s", _StatsQueue, "SIDE_STREAM", a.side_stream),
                  ("k", stats_graph, "COLUMNS_KERNEL", a.columns_kernel),
                  ("a", kernels, "ALIGNED_LOADS", a.aligned_loads),
-                 ("h", kernels, "HOST_POINTERS", a.host_pointers)]
+                 ("h", kernels, "HOST_POINTERS", a.host_pointers),
+                 ("b", direct, "BLOCKS_LAST", a.blocks_last)]
         values = [v if isinstance(v, list) else [x == "on" for x in v.split(",")] if v else [getattr(o, at)]
                   for _, o, at, v in knobs]
         defaults = [getattr(o, at) for _, o, at, _v in knobs]
@@ -94,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
                 res = arm()
                 ratios[(w, *combo)] = {l.name: l.iso.ratio for l in res.layers if l.iso}
                 fns[label] = arm
+        if a.bare:
+            fns["bare"] = _bare(model, meta, reader)
         picked: list[int] = []            # what --parity-threads=auto chose, pass by pass
         real_pick = direct.CHOOSER.pick
 
@@ -108,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         for k, v in got.items():
             if k != "forward":
                 row[f"{k}_x"] = v / got["forward"]
+                row[f"{k}_xp"] = statistics.median(x / f for x, f in zip(raw[k], raw["forward"]))
         base = ratios[min(ratios)]
         row["same_ratios"] = {f"w{arm[0]}" + "".join(_label(tag, x) for (tag, *_), x in zip(knobs, arm[1:])):
                               all(abs(r[k] - base[k]) <= 1e-6 * max(1.0, abs(base[k])) for k in base)
@@ -131,6 +145,23 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.empty_cache()
     write_rows(a.out, a.device, rows)
     return 0
+
+
+def _bare(model: Any, meta: dict[str, Any], reader: Any) -> Any:
+    """The level-0 modules called on their golden inputs in the model's order, and nothing else."""
+    import torch
+
+    from pytest_rocm_parity import direct
+
+    calls = direct.plan_level(meta, {e["key"]: e for e in meta["layers"]}, 0)
+    assert isinstance(calls, list), calls
+    built = [(m, *c.make(reader.get)) for c, m in zip(calls, direct.resolve_modules(model, calls))]
+
+    def bare() -> None:
+        with torch.inference_mode():
+            outs = [m(*args, **kwargs) for m, args, kwargs in built]   # held to the end, as a pass's are
+        del outs
+    return bare
 
 
 def _device_allocs(device: str) -> int:

@@ -37,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="set the rung up once and time its passes (as the benchmarks' fast pass); default: set-up per pass")
     p.add_argument("--profile", default=None, help="write cProfile's host-time tables here")
     p.add_argument("--trace", default=None, help="write the device timeline's summary (torch.profiler) here")
+    p.add_argument("--sync-debug", action="store_true",
+                   help="count the operations that make the host wait for the device, per pass and per forward")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     import torch
@@ -177,6 +179,10 @@ def main(argv: list[str] | None = None) -> int:
         st.sort_stats("tottime").print_callees(r"stats_graph.py.*\(_start\)|replay.py.*\((_launch|flush|results)\)")
         with open(a.profile, "w") as f:
             f.write(f"{a.reps} passes, --parity-threads={a.threads}\n" + text.getvalue())
+    syncs: dict[str, Any] = {}
+    if a.sync_debug:
+        syncs = {"pass": host_waits(a.reps, one_pass), "forward": host_waits(a.reps, lambda: _run(model, (), dev_inputs))}
+        print(json.dumps({"host waits": syncs}))
     if a.trace:
         summary = device_timeline(a.device, a.reps, one_pass, lambda: _run(model, (), dev_inputs))
         print(json.dumps(summary, indent=1))
@@ -184,8 +190,32 @@ def main(argv: list[str] | None = None) -> int:
             json.dump({"threads": a.threads, **summary}, f, indent=1)
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"model": a.model, "device": a.device, "torch": torch.__version__, "threads": a.threads, "graphs": graphs, "ms": {k: v * 1e3 for k, v in rows.items()}}, f, indent=1)
+            json.dump({"model": a.model, "device": a.device, "torch": torch.__version__, "threads": a.threads, "graphs": graphs, "host_waits": syncs, "ms": {k: v * 1e3 for k, v in rows.items()}}, f, indent=1)
     return 0
+
+
+def host_waits(reps: int, fn: Any) -> dict[str, Any]:
+    """Where ``fn`` makes the host wait for the device (torch.cuda.set_sync_debug_mode's warnings):
+    per pass, how many and from which lines. In a forward bound by the host, each such wait
+    drains the device's queue and the host then launches into an idle device."""
+    import warnings
+
+    import torch
+
+    where: collections.Counter[str] = collections.Counter()
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(reps):
+                fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    for w in got:
+        if "synchroniz" in str(w.message):
+            where[f"{w.filename.rsplit('site-packages/', 1)[-1]}:{w.lineno}"] += 1
+    return {"per_pass": sum(where.values()) / reps, "where": dict(where.most_common(12))}
 
 
 def device_timeline(device: str, reps: int, one_pass: Any, forward: Any) -> dict[str, Any]:
@@ -196,7 +226,9 @@ def device_timeline(device: str, reps: int, one_pass: Any, forward: Any) -> dict
     wait), ``busy`` (the union of its kernels' intervals), ``lead`` (from the range's start to its
     first kernel), ``tail`` (from its last kernel's end to the range's end: host work after the
     device finished), ``idle`` (wall - busy - lead - tail: gaps in the middle, where the device
-    waited for the host), and the device time of the statistics and formulas kernels. A pass
+    waited for the host), ``host waits`` (the host's synchronising CUDA calls, the closing one
+    included), ``final wait`` (from the host's last launch to the device's last kernel end: what
+    the host waits for at the end), and the device time of the statistics and formulas kernels. A pass
     whose busy time exceeds the forward's pays in device time; one with more idle, in host time.
     """
     import tempfile as tf
@@ -225,6 +257,10 @@ def device_timeline(device: str, reps: int, one_pass: Any, forward: Any) -> dict
             and e.get("cat") != "gpu_user_annotation"]
     kernels = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
                      if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    waits = sorted(e["ts"] for e in events if e.get("ph") == "X" and e.get("cat") == "cuda_runtime"
+                   and ("Synchronize" in str(e.get("name")) or str(e.get("name")) == "cudaMemcpy"))
+    launches = sorted(e["ts"] for e in events if e.get("ph") == "X" and e.get("cat") == "cuda_runtime"
+                      and "Launch" in str(e.get("name")))
     rows: dict[str, list[dict[str, float]]] = collections.defaultdict(list)
     for name, t0, t1 in wins:
         ks = [k for k in kernels if t0 <= k[0] < t1]
@@ -238,11 +274,15 @@ def device_timeline(device: str, reps: int, one_pass: Any, forward: Any) -> dict
         lead, tail = ks[0][0] - t0, t1 - max(e for _, e, _ in ks)
         rows[name].append({"wall": t1 - t0, "busy": busy, "lead": lead, "tail": tail,
                            "idle": (t1 - t0) - busy - lead - tail, "kernels": len(ks),
+                           # host waits for the device, the window's closing one included
+                           "host waits": sum(t0 <= w < t1 for w in waits),
+                           "final wait": max(e for _, e, _ in ks) - max((x for x in launches if t0 <= x < t1), default=t0),
                            "statistics kernel": sum(e - s for s, e, n in ks if "stats_many" in n),
                            "formulas kernel": sum(e - s for s, e, n in ks if "columns_kernel" in n)})
     out: dict[str, Any] = {"torch": torch.__version__}
     for name, rs in rows.items():
-        out[name] = {k: (statistics.median(r[k] for r in rs) / 1e3 if k != "kernels" else statistics.median(r[k] for r in rs))
+        out[name] = {k: (statistics.median(r[k] for r in rs) / 1e3 if k not in ("kernels", "host waits")
+                     else statistics.median(r[k] for r in rs))
                      for k in rs[0]}
     return out
 

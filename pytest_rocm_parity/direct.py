@@ -149,33 +149,30 @@ def run_level(model: Any, calls: list[DirectCall], fetch: Callable[[str], Any],
     threads, whichever has issued these calls faster in this process (see _Chooser). Run first on
     this thread, in order: the first call of each module class (lazy set-up, Triton compiles, handle
     creation happen once, unraced) and every call of a module called more than once (its output may
-    be a buffer its next call reuses, so it is judged at once).
+    be a buffer its next call reuses, so it is judged at once). The other calls (a model's repeated
+    blocks) come after them, shared or not (BLOCKS_LAST).
     """
     import torch
 
     if mods is None:   # the modules called, in order (resolve_modules; the caller may keep them)
         mods = resolve_modules(model, calls)
-    dev = next((t.device for t in model.parameters() if t.is_cuda or THREADS_ON_CPU), None) \
-        if workers != 1 else None
-    rest: list[int] = []           # the calls the threads may share
-    if dev is not None:
+    rest: list[int] = []           # the repeated blocks' later calls: last, and the threads may share them
+    if BLOCKS_LAST or workers != 1:
         seen: set[type] = set()
         for i, (c, mod) in enumerate(zip(calls, mods)):
             if not c.snapshot and type(mod) in seen:
                 rest.append(i)
             seen.add(type(mod))
-        if len(rest) < 2 * max(workers, AUTO_THREADS):
-            rest = []
+    dev = next((t.device for t in model.parameters() if t.is_cuda or THREADS_ON_CPU), None) \
+        if workers != 1 and len(rest) >= 2 * max(workers, AUTO_THREADS) else None
     shared_calls = set(rest)
     with torch.inference_mode():
         for i, c in enumerate(calls):
             if i not in shared_calls:
                 a, kw = c.make(fetch)
                 on_output(c.key, mods[i](*a, **kw), c.snapshot)
-    if not rest:
-        return None
-    key = (str(dev), type(mods[rest[0]]).__name__)
-    n = workers or CHOOSER.pick(key)
+    key = (str(dev), type(mods[rest[0]]).__name__) if dev is not None else None
+    n = 1 if dev is None else workers or CHOOSER.pick(key)
     t0 = time.perf_counter()
     if n > 1:
         # inputs fetched here, in order, by one thread (the reader's watch list is no state to race
@@ -189,7 +186,7 @@ def run_level(model: Any, calls: list[DirectCall], fetch: Callable[[str], Any],
                 c = calls[i]
                 a, kw = c.make(fetch)
                 on_output(c.key, mods[i](*a, **kw), False)
-    if not workers:
+    if key is not None and not workers:
         return lambda: CHOOSER.record(key, n, (time.perf_counter() - t0) / len(rest))
     return None
 
@@ -202,6 +199,11 @@ def resolve_modules(model: Any, calls: list[DirectCall]) -> list[Any]:
 
 AUTO = 0            # run_level(workers=AUTO): 1 or AUTO_THREADS threads, chosen by measurement
 AUTO_THREADS = 2
+# the later calls of a module class already called (a model's repeated blocks) run after every other
+# call of the level, on one thread as on several: the calls are independent, and on a GPU the host
+# then waits at the end for a block's last kernels rather than for the model's head (the 1.1B's
+# lm_head, the largest output), whose device time runs while the host still launches the blocks
+BLOCKS_LAST = True
 
 
 class _Chooser:

@@ -27,7 +27,10 @@
 # "y": GPU tests, a statistics start's pieces at 27 leaves, then bench_ab.py in two processes: the replay
 # of ab/old (an export of an earlier commit: `git archive REV pytest_rocm_parity | tar -x -C ab/old`, not
 # committed) beside this tree's, round by round;
-# "z": y without the start's pieces, then x's sweep in two processes and bench_parity at 1.1B (session 10's final code).
+# "z": y without the start's pieces, then x's sweep in two processes and bench_parity at 1.1B (session 10's final code);
+# "A": GPU tests, then one thread and auto with the repeated blocks' calls last or in the model's order,
+# beside the modules alone on their golden inputs (bare), in three processes; a warm one-thread pass's
+# host waits for the device and its device timeline beside the forward's (session 11).
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -266,6 +269,18 @@ if [[ "$part" == v || "$part" == w ]]; then   # session 9: is auto's choice the 
     echo "bench 1b rc=$?" >> "$L/env.txt"
   fi
 fi
+if [[ "$part" == A ]]; then
+  timeout 100 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu -o addopts="" > "$L/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?" >> "$L/env.txt"
+  for i in 1 2 3; do
+    timeout 120 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --blocks-last on,off --bare \
+      --reps 30 --out "$L/threads_p$i.json" > "$L/threads_p$i.log" 2>&1
+    echo "threads p$i rc=$?" >> "$L/env.txt"
+  done
+  timeout 150 python bench/diag_fast_pass.py --device cuda --model 1b --warm --threads 1 --sync-debug --trace "$L/trace_1t.json" \
+    --out "$L/diag_1t.json" > "$L/diag_1t.log" 2>&1
+  echo "diag rc=$?" >> "$L/env.txt"; cat "$L/diag_1t.log"
+fi
 cat "$L/env.txt"
 tail -3 "$L/gpu_tests.log" 2>/dev/null
 tail -1 "$L/stats_kernel.log" 2>/dev/null
@@ -274,7 +289,8 @@ import json, statistics, sys, glob
 for f in sorted(glob.glob(sys.argv[1] + "/threads_p*.json")):   # the sweeps of parts u, v, w
     r = json.load(open(f))["rows"][0]
     print(f.rsplit("/", 1)[-1], "fwd", round(r["forward_ms"], 2),
-          {k[5:-2]: round(v, 3) for k, v in r.items() if k.endswith("_x")})
+          {k[5:-2]: round(v, 3) for k, v in r.items() if k.endswith("_x")},
+          {k[5:]: round(v, 3) for k, v in r.items() if k.endswith("_xp")})
     print("  same", all(r["same_ratios"].values()), "errors", r["capture_errors"], r["host_pointer_errors"])
     if r.get("auto_sequence"):
         print("  picks", "".join(map(str, r["auto_sequence"])), r["auto_samples"])

@@ -378,6 +378,40 @@ def test_threads_share_the_calls_and_judge_as_one_thread(tmp_path, monkeypatch, 
     assert _ratios(results[1]) == _ratios(results[3])
 
 
+@pytest.mark.parametrize("threads", [1, 0])
+def test_the_repeated_blocks_run_after_the_head_and_judge_as_in_the_models_order(tmp_path, monkeypatch,
+                                                                                 threads) -> None:
+    """direct.BLOCKS_LAST: a block's later calls come after every other call of the level (on a GPU
+    the host then waits at the end for a block, not for the head), on one thread and with auto.
+    A module called twice keeps both calls in their order; the verdicts are the model order's."""
+    from pytest_rocm_parity import direct
+
+    model = _llama_n(4)
+    model.model.layers.append(model.model.layers[1])      # called twice: both calls in order, up front
+    model.config.num_hidden_layers = 5
+    inputs = {"input_ids": torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(1)),
+              "use_cache": False}
+    store = GoldenStore(tmp_path)
+    capture(model, inputs, CheckSpec(name="o", dtypes=["float32"], drill=0), store, "cpu")
+    order: list[str] = []
+    for name, mod in model.named_modules():
+        if name.count(".") <= 2 and name not in ("", "model", "model.layers"):
+            mod.register_forward_pre_hook(lambda m, a, n=name: order.append(n))
+    spec = CheckSpec(name="o", dtypes=["float32"], drill=0, replay="fast", threads=threads)
+    seen = {}
+    for last in (True, False):
+        monkeypatch.setattr(direct, "BLOCKS_LAST", last)
+        order.clear()
+        (res,) = replay(model, inputs, spec, store, "cpu")
+        assert res.passed
+        seen[last] = (list(order), _ratios(res))
+    head = ["model.embed_tokens", "model.rotary_emb", "model.layers.0", "model.layers.1"]
+    assert seen[True][0] == head + ["model.layers.1", "model.norm", "lm_head", "model.layers.2", "model.layers.3"]
+    assert seen[False][0] == (head + ["model.layers.2", "model.layers.3", "model.layers.1", "model.norm", "lm_head"]
+                              if threads == 1 else seen[True][0])   # auto shares the blocks whatever the switch
+    assert seen[True][1] == seen[False][1]
+
+
 class Flaky(nn.Module):
     """Raises when called off the thread that built it."""
 
