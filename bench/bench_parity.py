@@ -122,10 +122,17 @@ def build(name: str, device: str) -> Any:
     return model
 
 
-def thin_args(doc: str, argv: list[str] | None) -> argparse.Namespace:
-    """The host-time benchmarks' options: --layers (thin_llama's), --reps, --out."""
+def thin_args(doc: str, argv: list[str] | None, devices: bool = False,
+              more: dict[str, str] | None = None) -> argparse.Namespace:
+    """The host-time benchmarks' options: --layers (thin_llama's), --reps, --out; ``devices``:
+    also --device and --model (thin, or a shape of SHAPES on 4 x 512); ``more``: flags and their help."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--layers", type=int, default=22)
+    if devices:
+        p.add_argument("--device", default="cpu")
+        p.add_argument("--model", default="thin", choices=("thin", *SHAPES))
+    for flag, text in (more or {}).items():
+        p.add_argument(flag, action="store_true", help=text)
     p.add_argument("--reps", type=int, default=300)
     p.add_argument("--out", default=None)
     return p.parse_args(argv)

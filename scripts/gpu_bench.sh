@@ -30,7 +30,10 @@
 # "z": y without the start's pieces, then x's sweep in two processes and bench_parity at 1.1B (session 10's final code);
 # "A": GPU tests, then one thread and auto with the repeated blocks' calls last or in the model's order,
 # beside the modules alone on their golden inputs (bare), in three processes; a warm one-thread pass's
-# host waits for the device and its device timeline beside the forward's (session 11).
+# host waits for the device and its device timeline beside the forward's (session 11);
+# "B": the harness's host time per direct call on the GPU's host (bench_host_overhead.py, thin and
+# 1.1B, with and without its phase timers), then one process of A's sweep (one thread, auto, bare)
+# and A's warm one-thread diagnostic (session 12).
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -277,6 +280,21 @@ if [[ "$part" == A ]]; then
       --reps 30 --out "$L/threads_p$i.json" > "$L/threads_p$i.log" 2>&1
     echo "threads p$i rc=$?" >> "$L/env.txt"
   done
+  timeout 150 python bench/diag_fast_pass.py --device cuda --model 1b --warm --threads 1 --sync-debug --trace "$L/trace_1t.json" \
+    --out "$L/diag_1t.json" > "$L/diag_1t.log" 2>&1
+  echo "diag rc=$?" >> "$L/env.txt"; cat "$L/diag_1t.log"
+fi
+if [[ "$part" == B ]]; then
+  for m in thin 1b; do
+    for ph in "" --phases; do
+      timeout 150 python bench/bench_host_overhead.py --device cuda --model $m --reps $([[ $m == thin ]] && echo 300 || echo 60) \
+        $ph --out "$L/host_$m${ph:+_phases}.json" > "$L/host_$m${ph:+_phases}.log" 2>&1
+      echo "host $m $ph rc=$?" >> "$L/env.txt"; tail -1 "$L/host_$m${ph:+_phases}.log"
+    done
+  done
+  timeout 150 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --bare \
+    --reps 30 --out "$L/threads_p1.json" > "$L/threads_p1.log" 2>&1
+  echo "threads p1 rc=$?" >> "$L/env.txt"
   timeout 150 python bench/diag_fast_pass.py --device cuda --model 1b --warm --threads 1 --sync-debug --trace "$L/trace_1t.json" \
     --out "$L/diag_1t.json" > "$L/diag_1t.log" 2>&1
   echo "diag rc=$?" >> "$L/env.txt"; cat "$L/diag_1t.log"
