@@ -5,12 +5,15 @@
     python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --host-pointers on,off
     python bench/bench_direct_threads.py --device cuda --models 1b --workers 1 --launch-mb 0,128,256 --side-stream on,off
     python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --blocks-last on,off --bare
+    python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --part-before-blocks on,off --bare
 
 ``--launch-mb``: arms with replay._StatsQueue.LAUNCH_BYTES set (MiB of candidate outputs that start
 a part of the statistics during the pass; 0: every statistic at the flush, as before session 6);
 ``--side-stream``: those parts on a side stream beside the calls, or on the main stream after them.
 ``--blocks-last``: direct.BLOCKS_LAST on and off (the repeated blocks' calls after the others, or
-every call in the model's order). ``--bare``: one more arm, the level's modules called on their
+every call in the model's order). ``--part-before-blocks``: replay._StatsQueue.PART_BEFORE_BLOCKS
+on and off (the statistics of the calls before the repeated blocks started beside them, or all at
+the flush). ``--bare``: one more arm, the level's modules called on their
 golden inputs by a plain loop in the model's order, nothing judged: the floor of a pass's calls,
 so pass - bare is what the harness costs on this host. Each arm's ``_xp``: the median over
 rounds of its time over the forward's in the same round (steadier than a ratio of medians where
@@ -43,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--side-stream", default="", help="on,off: arms with replay._StatsQueue.SIDE_STREAM set")
     p.add_argument("--launch-mb", default="", help="LAUNCH_BYTES arms in MiB, comma-separated; default: the code's")
     p.add_argument("--blocks-last", default="", help="on,off: arms with direct.BLOCKS_LAST set")
+    p.add_argument("--part-before-blocks", default="",
+                   help="on,off: arms with replay._StatsQueue.PART_BEFORE_BLOCKS set")
     p.add_argument("--bare", action="store_true", help="an arm of the modules alone on their golden inputs")
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--out", default=None)
@@ -79,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
                  ("k", stats_graph, "COLUMNS_KERNEL", a.columns_kernel),
                  ("a", kernels, "ALIGNED_LOADS", a.aligned_loads),
                  ("h", kernels, "HOST_POINTERS", a.host_pointers),
-                 ("b", direct, "BLOCKS_LAST", a.blocks_last)]
+                 ("b", direct, "BLOCKS_LAST", a.blocks_last),
+                 ("p", _StatsQueue, "PART_BEFORE_BLOCKS", a.part_before_blocks)]
         values = [v if isinstance(v, list) else [x == "on" for x in v.split(",")] if v else [getattr(o, at)]
                   for _, o, at, v in knobs]
         defaults = [getattr(o, at) for _, o, at, _v in knobs]

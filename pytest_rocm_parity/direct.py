@@ -128,7 +128,7 @@ def plan_level(meta: dict[str, Any], layers: dict[str, dict[str, Any]], level: i
 
 def run_level(model: Any, calls: list[DirectCall], fetch: Callable[[str], Any],
               on_output: Callable[[str, Any, bool], None], workers: int = 1,
-              mods: list[Any] | None = None) -> Callable[[], None] | None:
+              mods: list[Any] | None = None, before_rest: Callable[[], None] | None = None) -> Callable[[], None] | None:
     """Call each module on its golden inputs; on_output(key, output, snapshot) after each call.
 
     Returns, when ``workers`` is AUTO and the calls were shared, the function that records this
@@ -150,7 +150,8 @@ def run_level(model: Any, calls: list[DirectCall], fetch: Callable[[str], Any],
     this thread, in order: the first call of each module class (lazy set-up, Triton compiles, handle
     creation happen once, unraced) and every call of a module called more than once (its output may
     be a buffer its next call reuses, so it is judged at once). The other calls (a model's repeated
-    blocks) come after them, shared or not (BLOCKS_LAST).
+    blocks) come after them, shared or not (BLOCKS_LAST). ``before_rest``: called between the two
+    groups, when there are later calls (the caller starts the first group's statistics there).
     """
     import torch
 
@@ -171,6 +172,8 @@ def run_level(model: Any, calls: list[DirectCall], fetch: Callable[[str], Any],
             if i not in shared_calls:
                 a, kw = c.make(fetch)
                 on_output(c.key, mods[i](*a, **kw), c.snapshot)
+    if rest and before_rest is not None:
+        before_rest()
     key = (str(dev), type(mods[rest[0]]).__name__) if dev is not None else None
     n = 1 if dev is None else workers or CHOOSER.pick(key)
     t0 = time.perf_counter()

@@ -360,9 +360,10 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                 if mods is None:
                     mods = level_mods[level] = resolve_modules(m, calls)
                 timing: list[Callable[[], None] | None] = []
+                part = queue.start_part if queue.PART_BEFORE_BLOCKS else None
                 watched(lambda: timing.append(run_level(m, calls, reader.fetcher(),
                                                         lambda k, o, snap: compare(k, o, "truth", iso, snap),
-                                                        spec.threads, mods)), iso)
+                                                        spec.threads, mods, part)), iso)
                 queue.flush(meanwhile=make_records)
                 if timing and timing[-1] is not None:
                     timing[-1]()    # the --parity-threads=auto choice, timed to the judged outputs
@@ -517,6 +518,9 @@ class _StatsQueue:
     # main stream a part's device time is added to the calls'); the flush's own start stays on main
     SIDE_STREAM = True
     DEFER_ON_CPU = False     # tests set it to run the queued path without a GPU
+    # a part started before a level's repeated blocks (direct.run_level's before_rest): the other
+    # calls' statistics, the 1.1B's logits among them, run beside the blocks instead of after them
+    PART_BEFORE_BLOCKS = False
 
     def __init__(self, rung: str, u: float, obtained: dict[str, Any] | None,
                  known: dict[int, tuple[Any, Any, tuple[int, int], bool]] | None = None) -> None:
@@ -555,7 +559,11 @@ class _StatsQueue:
         if self.held > self.HOLD_BYTES:
             self.flush()
         elif self.LAUNCH_BYTES and self.waiting >= self.LAUNCH_BYTES:
-            self._start(beside=self.SIDE_STREAM)
+            self.start_part()
+
+    def start_part(self) -> None:
+        """Start the statistics queued so far as a part, beside the calls that follow (SIDE_STREAM)."""
+        self._start(beside=self.SIDE_STREAM)
 
     def discard(self, mark: int) -> None:
         """Forget the items queued since ``mark`` (their pass is repeated)."""

@@ -33,7 +33,10 @@
 # host waits for the device and its device timeline beside the forward's (session 11);
 # "B": the harness's host time per direct call on the GPU's host (bench_host_overhead.py, thin and
 # 1.1B, with and without its phase timers), then one process of A's sweep (one thread, auto, bare)
-# and A's warm one-thread diagnostic (session 12).
+# and A's warm one-thread diagnostic (session 12);
+# "C": GPU tests, then the statistics of the calls before the repeated blocks started beside them
+# (PART_BEFORE_BLOCKS on/off, one thread and auto, bare) in two processes at 1.1B and one at 8B, a
+# warm one-thread pass's device timeline with it on, bench_parity at 1.1B (session 12).
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -298,6 +301,20 @@ if [[ "$part" == B ]]; then
   timeout 150 python bench/diag_fast_pass.py --device cuda --model 1b --warm --threads 1 --sync-debug --trace "$L/trace_1t.json" \
     --out "$L/diag_1t.json" > "$L/diag_1t.log" 2>&1
   echo "diag rc=$?" >> "$L/env.txt"; cat "$L/diag_1t.log"
+fi
+if [[ "$part" == C ]]; then
+  timeout 110 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu -o addopts="" > "$L/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?" >> "$L/env.txt"; tail -3 "$L/gpu_tests.log"
+  for i in 1 2 8; do
+    timeout 100 python bench/bench_direct_threads.py --device cuda --models $([[ $i == 8 ]] && echo 8b || echo 1b) --workers 1,auto \
+      --part-before-blocks on,off --bare --reps $([[ $i == 8 ]] && echo 10 || echo 30) --out "$L/threads_p$i.json" > "$L/threads_p$i.log" 2>&1
+    echo "threads p$i rc=$?" >> "$L/env.txt"
+  done
+  timeout 80 python bench/diag_fast_pass.py --device cuda --model 1b --warm --threads 1 --part-before-blocks on \
+    --trace "$L/trace_1t_pon.json" --out "$L/diag_1t_pon.json" > "$L/diag_1t_pon.log" 2>&1
+  echo "diag rc=$?" >> "$L/env.txt"; cat "$L/diag_1t_pon.log"
+  timeout 130 python bench/bench_parity.py --device cuda --models 1b --reps 15 --out "$L/bench_C.json" > "$L/bench_C.log" 2>&1
+  echo "bench 1b rc=$?" >> "$L/env.txt"
 fi
 cat "$L/env.txt"
 tail -3 "$L/gpu_tests.log" 2>/dev/null

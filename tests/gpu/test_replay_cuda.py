@@ -352,12 +352,15 @@ def test_graphs_off_stay_eager(monkeypatch) -> None:
     assert not any(isinstance(v, stats_graph._Graphed) for v in stats_graph._CACHE._d.values())
 
 
-@pytest.mark.parametrize("launch,side", [(None, False), (300_000, False), (300_000, True)])
-def test_repeated_passes_with_graphed_stats_still_blame_a_new_bug(tmp_path, monkeypatch, launch, side) -> None:
+@pytest.mark.parametrize("launch,side,before", [(None, False, False), (300_000, False, False), (300_000, True, False),
+                                                (None, True, True)])
+def test_repeated_passes_with_graphed_stats_still_blame_a_new_bug(tmp_path, monkeypatch, launch, side,
+                                                                  before) -> None:
     """Passes 1-3 over one loaded golden (the third replays the captured statistics), then a weight
     changed in place: the next pass, at the same addresses, fails and blames that block. ``launch``
     300 kB: a part of the statistics started every two modules (256 kB outputs), graphs of one
-    signature replayed several times a pass; ``side``: those parts on the side stream."""
+    signature replayed several times a pass; ``side``: those parts on the side stream; ``before``:
+    a part started before the repeated blocks (PART_BEFORE_BLOCKS), on the side stream."""
     from pytest_rocm_parity import replay as replay_mod
     from pytest_rocm_parity.replay import prepare_rung
 
@@ -366,6 +369,7 @@ def test_repeated_passes_with_graphed_stats_still_blame_a_new_bug(tmp_path, monk
     monkeypatch.setattr(stats_graph, "_CACHE", kernels._TableCache(stats_graph.CACHE_SIZE))
     monkeypatch.setattr(stats_graph, "GRAPHS", True)
     monkeypatch.setattr(replay_mod._StatsQueue, "SIDE_STREAM", side)
+    monkeypatch.setattr(replay_mod._StatsQueue, "PART_BEFORE_BLOCKS", before)
     if launch is not None:
         monkeypatch.setattr(replay_mod._StatsQueue, "LAUNCH_BYTES", launch)
     torch.manual_seed(0)

@@ -412,6 +412,39 @@ def test_the_repeated_blocks_run_after_the_head_and_judge_as_in_the_models_order
     assert seen[True][1] == seen[False][1]
 
 
+@pytest.mark.parametrize("threads", [1, 0])
+def test_a_part_before_the_blocks_holds_the_other_calls_statistics_and_judges_the_same(tmp_path, monkeypatch,
+                                                                                       threads) -> None:
+    """_StatsQueue.PART_BEFORE_BLOCKS: the statistics of the calls before a level's repeated blocks
+    (the head's logits among them) start as one part before the blocks are called, the blocks' at
+    the flush; the verdicts are those of one start at the flush."""
+    from pytest_rocm_parity import direct
+
+    model = _llama_n(4)
+    inputs = {"input_ids": torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(1)),
+              "use_cache": False}
+    store = GoldenStore(tmp_path)
+    capture(model, inputs, CheckSpec(name="o", dtypes=["float32"], drill=0), store, "cpu")
+    monkeypatch.setattr(replay_mod._StatsQueue, "DEFER_ON_CPU", True)
+    monkeypatch.setattr(direct, "THREADS_ON_CPU", True)
+    starts: list[list[str]] = []
+    real = replay_mod._StatsQueue._launch
+    monkeypatch.setattr(replay_mod._StatsQueue, "_launch",
+                        lambda self, items: starts.append([it[8] for it in items]) or real(self, items))
+    seen = {}
+    for on in (True, False):
+        monkeypatch.setattr(replay_mod._StatsQueue, "PART_BEFORE_BLOCKS", on)
+        starts.clear()
+        (res,) = replay(model, inputs, CheckSpec(name="o", dtypes=["float32"], drill=0, replay="fast",
+                                                 threads=threads), store, "cpu")
+        assert res.passed
+        seen[on] = ([[t.split("/")[0] for t in s] for s in starts], _ratios(res))
+    first = ["model.embed_tokens", "model.rotary_emb", "model.rotary_emb", "model.layers.0", "model.norm", "lm_head"]
+    assert seen[True][0] == [first, [f"model.layers.{i}" for i in (1, 2, 3)]]
+    assert seen[False][0] == [first + [f"model.layers.{i}" for i in (1, 2, 3)]]
+    assert seen[True][1] == seen[False][1]
+
+
 class Flaky(nn.Module):
     """Raises when called off the thread that built it."""
 
