@@ -36,7 +36,9 @@
 # and A's warm one-thread diagnostic (session 12);
 # "C": GPU tests, then the statistics of the calls before the repeated blocks started beside them
 # (PART_BEFORE_BLOCKS on/off, one thread and auto, bare) in two processes at 1.1B and one at 8B, a
-# warm one-thread pass's device timeline with it on, bench_parity at 1.1B (session 12).
+# warm one-thread pass's device timeline with it on, bench_parity at 1.1B (session 12);
+# "D": the default (one thread, auto, bare) in three processes and bench_parity at 1.1B twice:
+# how often the default meets 1.05x across a lease (session 12's final code).
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -315,6 +317,17 @@ if [[ "$part" == C ]]; then
   echo "diag rc=$?" >> "$L/env.txt"; cat "$L/diag_1t_pon.log"
   timeout 130 python bench/bench_parity.py --device cuda --models 1b --reps 15 --out "$L/bench_C.json" > "$L/bench_C.log" 2>&1
   echo "bench 1b rc=$?" >> "$L/env.txt"
+fi
+if [[ "$part" == D ]]; then
+  for i in 1 2 3; do
+    timeout 90 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --bare \
+      --reps 30 --out "$L/threads_p$i.json" > "$L/threads_p$i.log" 2>&1
+    echo "threads p$i rc=$?" >> "$L/env.txt"
+  done
+  for i in 1 2; do
+    timeout 120 python bench/bench_parity.py --device cuda --models 1b --reps 15 --out "$L/bench_D$i.json" > "$L/bench_D$i.log" 2>&1
+    echo "bench 1b ($i) rc=$?" >> "$L/env.txt"; tail -1 "$L/bench_D$i.log"
+  done
 fi
 cat "$L/env.txt"
 tail -3 "$L/gpu_tests.log" 2>/dev/null
