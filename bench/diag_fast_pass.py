@@ -178,6 +178,11 @@ def main(argv: list[str] | None = None) -> int:
         st = pstats.Stats(prof, stream=text)
         st.sort_stats("tottime").print_stats(45)
         st.sort_stats("cumulative").print_stats("pytest_rocm_parity|triton", 45)
+        # this package's functions by their own time, and what the per-call ones call (the harness's
+        # time per direct call on a GPU's host was 3-10 times the CPU proxy's: session 12)
+        st.sort_stats("tottime").print_stats("pytest_rocm_parity", 40)
+        st.sort_stats("tottime").print_callees(r"replay.py.*\((compare|add)\)|golden.py.*\((fetch|get_fresh|get)\)"
+                                               r"|direct.py.*\(run_level\)")
         # what the flush's own functions spend, callee by callee (session 8: 0.2 ms of a start was
         # in none of the pieces timed above)
         st.sort_stats("tottime").print_callees(r"stats_graph.py.*\(_start\)|replay.py.*\((_launch|flush|results)\)")

@@ -519,7 +519,10 @@ class _StatsQueue:
     SIDE_STREAM = True
     DEFER_ON_CPU = False     # tests set it to run the queued path without a GPU
     # a part started before a level's repeated blocks (direct.run_level's before_rest): the other
-    # calls' statistics, the 1.1B's logits among them, run beside the blocks instead of after them
+    # calls' statistics, the 1.1B's logits among them, run beside the blocks instead of after them.
+    # Off: on the H200 (session 12, docs/benchmarks.md) the device's tail after the last call fell
+    # (0.40 -> 0.31 ms in one timeline) but the second start's host time took it back: paired
+    # pass ratios on/off 0.977-1.010 at 1.1B and 0.998-1.006 at 8B, no gain beyond the noise
     PART_BEFORE_BLOCKS = False
 
     def __init__(self, rung: str, u: float, obtained: dict[str, Any] | None,

@@ -38,7 +38,9 @@
 # (PART_BEFORE_BLOCKS on/off, one thread and auto, bare) in two processes at 1.1B and one at 8B, a
 # warm one-thread pass's device timeline with it on, bench_parity at 1.1B (session 12);
 # "D": the default (one thread, auto, bare) in three processes and bench_parity at 1.1B twice:
-# how often the default meets 1.05x across a lease (session 12's final code).
+# how often the default meets 1.05x across a lease (session 12's final code);
+# "E": a warm one-thread pass's host profile with this package's functions and the per-call ones'
+# callees, and the host time per direct call of the thin model (session 12).
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -328,6 +330,13 @@ if [[ "$part" == D ]]; then
     timeout 120 python bench/bench_parity.py --device cuda --models 1b --reps 15 --out "$L/bench_D$i.json" > "$L/bench_D$i.log" 2>&1
     echo "bench 1b ($i) rc=$?" >> "$L/env.txt"; tail -1 "$L/bench_D$i.log"
   done
+fi
+if [[ "$part" == E ]]; then
+  timeout 150 python bench/diag_fast_pass.py --device cuda --model 1b --warm --threads 1 --reps 30 --profile "$L/prof_1t.txt" \
+    --out "$L/diag_prof.json" > "$L/diag_prof.log" 2>&1
+  echo "diag prof rc=$?" >> "$L/env.txt"
+  timeout 100 python bench/bench_host_overhead.py --device cuda --model thin --reps 300 --out "$L/host_thin.json" > "$L/host_thin.log" 2>&1
+  echo "host thin rc=$?" >> "$L/env.txt"; tail -1 "$L/host_thin.log"
 fi
 cat "$L/env.txt"
 tail -3 "$L/gpu_tests.log" 2>/dev/null
