@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         st.sort_stats("tottime").print_stats(45)
         st.sort_stats("cumulative").print_stats("pytest_rocm_parity|triton", 45)
         # this package's functions by their own time, and what the per-call ones call (the harness's
-        # time per direct call on a GPU's host was 3-10 times the CPU proxy's: session 12)
+        # time per direct call on a GPU's host was 3-7 times the CPU proxy's: session 12)
         st.sort_stats("tottime").print_stats("pytest_rocm_parity", 40)
         st.sort_stats("tottime").print_callees(r"replay.py.*\((compare|add)\)|golden.py.*\((fetch|get_fresh|get)\)"
                                                r"|direct.py.*\(run_level\)")
