@@ -23,8 +23,9 @@ records, the contexts), the same Python as on a GPU: 0.45 ms a pass on the H200'
 `bench/diag_fast_pass.py --warm`), a figure to work down here without one.
 
 ``--device cuda``: the same on a GPU's host, where the CPU proxy's figures were not enough: on the
-H200 the modules alone on their golden inputs measured 0.95-0.98x the forward and a one-thread pass
-1.08-1.10x (session 11), far more than this benchmark's CPU harness time explains. There the
+H200 the modules alone on their golden inputs measured 0.97-0.98x the forward and a one-thread pass
+1.07-1.13x over them (session 12, docs/benchmarks.md), far more than this benchmark's CPU harness
+time explains. There the
 queued comparison is the real GPU path (statistics kernel, graph), ``direct`` and ``bare`` are the
 host's time to launch (no synchronisation at their end: the thin model's kernels are short, so the
 host is the bound, as at 1.1B), ``flush`` includes the wait for the device, and ``bare_synced``
