@@ -196,7 +196,8 @@ class _Pool:
     """
 
     def __init__(self) -> None:
-        self.by_id: dict[int, str] = {}
+        # id -> (key, version counter when recorded; None for an inference tensor, which has none)
+        self.by_id: dict[int, tuple[str, int | None]] = {}
         self.alive: list[Any] = []
         self.copies = _HostCopies()
         self.device: dict[str, Any] = {}   # key -> device snapshot, held until drop_device()
@@ -213,14 +214,28 @@ class _Pool:
         self.finish()
         return self._host
 
+    def key_of(self, t: Any) -> str | None:
+        """The key under which this tensor object was recorded, if it was."""
+        hit = self.by_id.get(id(t))
+        return None if hit is None else hit[0]
+
     def add(self, t: Any, fresh: bool = False) -> str:
-        """The key of ``t``'s copy; ``fresh``: copy again even if this tensor object was seen
-        (it was changed in place since: an in-place module returns its input, modified)."""
-        k = None if fresh else self.by_id.get(id(t))
+        """The key of ``t``'s copy: a tensor object recorded before and not written since is one key.
+
+        Why the version counter: a tensor may be written after it was recorded, and recorded again:
+        a parent's ``h += x`` on its child's output before returning it (ResNet's ``out +=
+        identity``), a module that returns one buffer it rewrites on every call. Matched by object
+        alone, the later record named the earlier contents: the parent's golden was its child's
+        output, silently (found in session 13). ``fresh``: copy again whatever the counter says
+        (for an inference tensor, which has none: an in-place module returns its input, modified).
+        """
+        v = None if t.is_inference() else t._version
+        hit = None if fresh else self.by_id.get(id(t))
+        k = hit[0] if hit is not None and hit[1] == v else None
         if k is None:
             k = f"t/{self._count}"
             self._count += 1
-            self.by_id[id(t)] = k
+            self.by_id[id(t)] = (k, v)
             self.alive.append(t)   # keeps id() unique while the pass runs
             if t.is_cuda and t.numel():
                 self._add_cuda(k, t)
@@ -296,6 +311,8 @@ def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any) -> 
     once the float64 model's construction is queued, so issuing them costs the forward nothing), and
     ``pool.tensors`` issues what is left and waits for all of them.
     """
+    import torch
+
     pool = _Pool()
     entries: dict[str, dict[str, Any]] = {}
 
@@ -310,13 +327,15 @@ def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any) -> 
         return None
 
     def rec_out(key: str, sel: Selected, out: Any) -> None:
-        ins = {pool.by_id.get(id(t)) for t in inputs.pop(key, {}).values()} - {None}
+        ins = {pool.key_of(t) for t in inputs.pop(key, {}).values()} - {None}
         leaves, consts = split_leaves(out)
-        entries[key]["out"] = {p: pool.add(t, fresh=pool.by_id.get(id(t)) in ins) for p, t in leaves.items()}
+        entries[key]["out"] = {p: pool.add(t, fresh=pool.key_of(t) in ins) for p, t in leaves.items()}
         entries[key]["const_out"] = consts
 
-    with Hooks(m, selected, rec_in, rec_out) as hooks:
-        out = _run(m, args, kwargs)
+    # under no_grad, not inference_mode: tensors made in the pass keep their version counters,
+    # which tell _Pool.add whether a tensor recorded before was written since
+    with Hooks(m, selected, rec_in, rec_out) as hooks, torch.no_grad():
+        out = m(*args, **kwargs)
         order = list(hooks.order)
     outputs = {"out": {p: pool.add(t) for p, t in tensor_leaves(out).items()}, "const": constant_leaves(out)}
     pool.release()

@@ -263,6 +263,7 @@ class ManyLaunch:
             self.groups.append((codes, idx, dev_table, grid, rows, ptrs))
             self._order.append([3 * i + k for k in range(3) for i in idx])
         self._views = [g[5].numpy() if g[5] is not None else None for g in self.groups]
+        self.owner: Any = None   # who last wrote the host table (stats_graph.Restart; None: point_at)
 
     def point_at(self, leaves: list[tuple[Any, Any, Any]], ptrs: list[int] | None = None) -> None:
         """Make the next run() read these leaves (of this launch's signature).
@@ -276,6 +277,7 @@ class ManyLaunch:
 
         if ptrs is None:
             ptrs = [x.data_ptr() for leaf in leaves for x in leaf]
+        self.owner = None
         pin = self.dev.type == "cuda"
         for (_codes, idx, dev_table, _grid, _rows, host), view, order in zip(self.groups, self._views, self._order):
             addresses = [ptrs[j] for j in order]

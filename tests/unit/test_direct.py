@@ -176,16 +176,20 @@ def test_a_golden_two_calls_share_and_one_writes_is_handed_out_as_copies(tmp_pat
     assert _ratios(got) == _ratios(hooked)
 
 
-def test_a_golden_read_from_the_file_reaches_each_call_as_its_own_tensor(tmp_path, monkeypatch) -> None:
-    """Unwatched goldens (a CPU replay reads each from the file) are not shared between calls: a
-    writing the tensor it took must not change what b takes, as in the hooked forward. (The golden
-    holds b's input as it was before a's write, the value recorded when a took it.)"""
+def test_a_tensor_written_before_another_call_takes_it_is_that_calls_own_golden(tmp_path, monkeypatch) -> None:
+    """a writes h in place, then b takes h: the golden holds each call's input as it took it (b's
+    with a's write; until session 13 both named the value a took), and the direct calls judge as
+    the hooked forward."""
     torch.manual_seed(0)
     model = Shared(writer_first=True)
     x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
     store, manifest, meta = _captured(tmp_path, model, x, "writer", 2)
     keys = {e["name"]: e["in"]["args.0"] for e in meta["layers"]}
-    assert keys["a"] == keys["b"]
+    assert keys["a"] != keys["b"]
+    reader = RungReader(store.rung_file("writer", manifest, "float32"), "cpu")
+    with torch.no_grad():
+        h = model.pre(x)
+    assert torch.equal(reader.get(keys["a"]), h) and torch.equal(reader.get(keys["b"]), h * 1.5)
     spec = CheckSpec(name="writer", dtypes=["float32"], drill=2, replay="fast", threads=1)
     (direct,) = replay(model, x, spec, store, "cpu")
     monkeypatch.setattr(replay_mod, "DIRECT", False)
@@ -430,7 +434,7 @@ def test_a_part_before_the_blocks_holds_the_other_calls_statistics_and_judges_th
     starts: list[list[str]] = []
     real = replay_mod._StatsQueue._launch
     monkeypatch.setattr(replay_mod._StatsQueue, "_launch",
-                        lambda self, items: starts.append([it[8] for it in items]) or real(self, items))
+                        lambda self, items, *rest: starts.append([it[8] for it in items]) or real(self, items, *rest))
     seen = {}
     for on in (True, False):
         monkeypatch.setattr(replay_mod._StatsQueue, "PART_BEFORE_BLOCKS", on)
@@ -569,3 +573,4 @@ def test_auto_threads_time_a_level_up_to_its_judged_outputs(tmp_path, monkeypatc
     (sample,) = arms[1]
     shared = 5                              # layers 1-5: layer 0 is its class's first call
     assert sample >= 0.04 / shared
+

@@ -150,3 +150,119 @@ def test_a_model_that_writes_its_own_input_gets_fresh_inputs_on_the_repeat(tmp_p
     assert plain.passed and got.passed
     assert [o.prop_passed for o in got.outputs] == [o.prop_passed for o in plain.outputs]
     assert _layer_ratios(got) == _layer_ratios(plain)
+
+
+class _AddsInPlace(nn.Module):
+    """ResNet's `out += identity`: the block writes its child's output, then returns it."""
+
+    def __init__(self, scale: float = 1.0) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        h += self.scale * x
+        return h
+
+
+class _Residual(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.b = _AddsInPlace()
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.b(x))
+
+
+@pytest.mark.parametrize("route", ["full", "fast"])
+def test_a_child_output_written_by_its_parent_is_recorded_as_each_one_returned_it(tmp_path, route) -> None:
+    """The block's golden is its own output, not its child's from before the `+=`; so a bug in the
+    block's own arithmetic is caught and blamed on it, not on the child (session 13: matched by
+    object alone, the block's golden was the child's output and the bug passed)."""
+    torch.manual_seed(0)
+    model = _Residual()
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+    spec = CheckSpec(name="residual", dtypes=["float32"], layers=["b", "b.lin", "head"], replay=route)
+    store = GoldenStore(tmp_path)
+    manifest = capture(model, x, spec, store, "cpu")
+    meta = manifest["rungs"]["float32"]
+    entry = {e["key"]: e for e in meta["layers"]}
+    reader = RungReader(store.rung_file("residual", manifest, "float32"), "cpu")
+    with torch.no_grad():
+        lin_out, b_out = model.b.lin(x), model.b(x)
+    assert torch.equal(reader.get(entry["b.lin"]["out"]["0"]), lin_out)
+    assert torch.equal(reader.get(entry["b"]["out"]["0"]), b_out)
+    assert torch.equal(reader.get(entry["head"]["in"]["args.0"]), b_out)
+    assert replay(model, x, spec, store, "cpu")[0].passed
+    model.b.scale = 1.5          # the block's own add goes wrong; its child is untouched
+    res = replay(model, x, spec, store, "cpu")[0]
+    assert not res.passed and res.culprit == "b", [(l.name, l.reason) for l in res.layers]
+
+
+class _ReusesItsBuffer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.buf: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        if self.buf is None or self.buf.shape != y.shape or self.buf.dtype != y.dtype:
+            self.buf = torch.empty_like(y)
+        return self.buf.copy_(y)
+
+
+class _CallsItTwice(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared = _ReusesItsBuffer()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.shared(x).clone()
+        return a + self.shared(a * 0.5 + 1)
+
+
+def test_a_buffer_a_module_returns_on_every_call_is_recorded_once_per_call(tmp_path) -> None:
+    torch.manual_seed(0)
+    model = _CallsItTwice()
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+    spec = CheckSpec(name="reuse", dtypes=["float32"], drill=1)
+    store = GoldenStore(tmp_path)
+    meta = capture(model, x, spec, store, "cpu")["rungs"]["float32"]
+    reader = RungReader(store.rung_file("reuse", store.read_manifest("reuse"), "float32"), "cpu")
+    entry = {e["key"]: e for e in meta["layers"]}
+    with torch.no_grad():
+        first = model.shared.lin(x)
+        second = model.shared.lin(first * 0.5 + 1)
+    assert torch.equal(reader.get(entry["shared"]["out"]["0"]), first)
+    assert torch.equal(reader.get(entry["shared#1"]["out"]["0"]), second)
+
+
+def test_a_module_called_twice_is_judged_on_each_output_as_it_was_when_produced(tmp_path, monkeypatch) -> None:
+    """Its second call rewrites the first one's output before the queued statistics read it (the GPU's
+    path, DEFER_ON_CPU): every pass, the later ones through the calls' slots (replay._slot), judges
+    each call on its own output, by direct calls alone."""
+    from pytest_rocm_parity import replay as replay_mod
+
+    torch.manual_seed(0)
+    model = _CallsItTwice()
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+    spec = CheckSpec(name="twice", dtypes=["float32"], drill=1, replay="fast")
+    store = GoldenStore(tmp_path)
+    manifest = capture(model, x, spec, store, "cpu")
+    monkeypatch.setattr(replay_mod._StatsQueue, "DEFER_ON_CPU", True)
+    made: list[object] = []
+    real = replay_mod._slot
+    monkeypatch.setattr(replay_mod, "_slot", lambda *a: made.append(real(*a)) or made[-1])
+    run = replay_mod.prepare_rung(model, spec, manifest, manifest["rungs"]["float32"],
+                                  RungReader(store.rung_file("twice", manifest, "float32"), "cpu"),
+                                  "float32", "cpu", {"args": (x,), "kwargs": {}}, keep_loaded=True)
+    for _ in range(3):
+        res = run()
+        assert res.passed, [(l.name, l.reason) for l in res.layers]
+        assert not [n for n in res.notes if "hooked forward" in n], res.notes   # the direct calls' own verdicts
+        assert {l.name for l in res.layers} == {"shared", "shared#1"}
+        assert all(l.iso is not None and l.iso.ratio <= 1.0 for l in res.layers)
+    assert len(made) == 2 and all(made)   # a slot per call, made on the first pass

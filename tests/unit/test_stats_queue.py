@@ -70,9 +70,9 @@ def test_queued_path_equals_immediate_path(tmp_path: Any, monkeypatch: pytest.Mo
         flushes.append(len(self.items))
         real_flush(self, **kw)
 
-    def counting_launch(self: Any, items: list[Any]) -> Any:
+    def counting_launch(self: Any, items: list[Any], *rest: Any) -> Any:
         parts.append(len(items))
-        return real_launch(self, items)
+        return real_launch(self, items, *rest)
 
     monkeypatch.setattr(replay_mod._StatsQueue, "DEFER_ON_CPU", True)
     monkeypatch.setattr(replay_mod._StatsQueue, "HOLD_BYTES", hold)
@@ -208,3 +208,73 @@ def test_what_a_queue_knows_of_a_golden_is_its_own(monkeypatch: pytest.MonkeyPat
         want = residual_metrics("x", cand, ref, res, 2.0**-24, tol.confidence)
         assert sink[0].ratio == pytest.approx(want.ratio, rel=1e-9)
         assert known[id(ref)][0] is ref and known[id(ref)][2] == block_layout(70001)
+
+
+def test_direct_calls_queued_through_their_slots_judge_as_the_general_walk(tmp_path: Any,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """From a rung's second pass on, a direct call's output is queued through the slot made from its
+    first (replay._slot, _StatsQueue.add_slot); every verdict and metric is the general walk's."""
+    from pytest_rocm_parity.replay import prepare_rung
+
+    model, x, spec, store = _setup(tmp_path)
+    model.blocks[1][1].approximate = "tanh"        # a seeded bug: failing layers are compared too
+    spec.replay = "fast"
+    monkeypatch.setattr(replay_mod._StatsQueue, "DEFER_ON_CPU", True)
+    manifest = store.read_manifest("q")
+    taken: list[bool] = []
+    real = replay_mod._StatsQueue.add_slot
+
+    def counted(self: Any, *a: Any) -> bool:
+        taken.append(real(self, *a))
+        return taken[-1]
+    monkeypatch.setattr(replay_mod._StatsQueue, "add_slot", counted)
+    got = {}
+    for slots in (True, False):
+        monkeypatch.setattr(replay_mod, "SLOTS", slots)
+        from pytest_rocm_parity.golden import RungReader
+
+        rung = "float32"
+        reader = RungReader(store.rung_file("q", manifest, rung), "cpu")
+        run = prepare_rung(model, spec, manifest, manifest["rungs"][rung], reader, rung, "cpu",
+                           {"args": (x,), "kwargs": {}}, keep_loaded=True)
+        taken.clear()
+        passes = [run() for _ in range(3)]
+        got[slots] = [_summary([p]) for p in passes]
+        if slots:   # the first pass makes the slots; each later one queues every call's output through them
+            calls = len(taken) // 2
+            assert calls >= 4 and taken == [True] * (2 * calls), taken
+            assert not passes[0].passed and str(passes[-1].culprit).startswith("blocks.1")
+        else:
+            assert taken == []
+    assert got[True] == got[False]
+    assert got[True][0] == got[True][2]
+
+
+def test_a_slot_refuses_an_output_it_was_not_made_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An output of another shape, dtype or layout than its slot's is not queued through it (the
+    general walk takes it): nothing is queued and the sink is untouched."""
+    from pytest_rocm_parity.tolerance import Tolerance
+
+    monkeypatch.setattr(replay_mod._StatsQueue, "DEFER_ON_CPU", True)
+    ref = torch.randn(6, 8)
+    res = torch.zeros(6, 8)
+    q = replay_mod._StatsQueue("float32", 2.0**-24, None)
+    first = ref + 1e-3
+    slot = replay_mod._slot(first, [("0", "r", "t", "k/0/isolated")], _Reader({"r": ref, "t": res}),  # type: ignore[arg-type]
+                            Tolerance(), q)
+    assert slot is not None
+    sink: dict[str, Any] = {}
+    for bad in (ref[:3], ref.double(), ref.t().contiguous().t(), (ref, ref), ref.unsqueeze(0)):
+        assert not q.add_slot(sink, "k", bad, slot, False)
+    assert sink == {} and q.items == [] and q.held == 0
+    assert q.add_slot(sink, "k", first, slot, False)
+    q.flush()
+    assert sink["k"][0].numel == 48 and sink["k"][0].ratio > 1
+
+
+class _Reader:
+    def __init__(self, d: dict[str, torch.Tensor]) -> None:
+        self.d = d
+
+    def get(self, k: str) -> torch.Tensor:
+        return self.d[k]
