@@ -41,6 +41,10 @@
 # how often the default meets 1.05x across a lease (session 12's final code);
 # "E": a warm one-thread pass's host profile with this package's functions and the per-call ones'
 # callees, and the host time per direct call of the thin model (session 12).
+# "F": GPU tests, then bench_ab.py (ab/old: session 12's final code) in two processes, one thread and
+# auto; the slots and restarts arms (on/off each, one thread, bare) in one process (session 13);
+# "G": bench_parity at 1.1B (the recording forward now under no_grad), the host time per direct call
+# of the thin model, a warm one-thread pass's phases (session 13).
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -337,6 +341,27 @@ if [[ "$part" == E ]]; then
   echo "diag prof rc=$?" >> "$L/env.txt"
   timeout 100 python bench/bench_host_overhead.py --device cuda --model thin --reps 300 --out "$L/host_thin.json" > "$L/host_thin.log" 2>&1
   echo "host thin rc=$?" >> "$L/env.txt"; tail -1 "$L/host_thin.log"
+fi
+if [[ "$part" == F ]]; then
+  timeout 150 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu -o addopts="" > "$L/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?" >> "$L/env.txt"; tail -3 "$L/gpu_tests.log"
+  for i in 1 2; do
+    timeout 110 python bench/bench_ab.py --old ab/old/pytest_rocm_parity --device cuda --model 1b --threads 1,auto --reps 40 \
+      --out "$L/ab_p$i.json" > "$L/ab_p$i.log" 2>&1
+    echo "ab p$i rc=$?" >> "$L/env.txt"; cat "$L/ab_p$i.log"
+  done
+  timeout 150 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1 --slots on,off --restarts on,off --bare \
+    --reps 30 --out "$L/threads_p1.json" > "$L/threads_p1.log" 2>&1
+  echo "threads p1 rc=$?" >> "$L/env.txt"
+fi
+if [[ "$part" == G ]]; then
+  timeout 150 python bench/bench_parity.py --device cuda --models 1b --reps 15 --out "$L/bench_G.json" > "$L/bench_G.log" 2>&1
+  echo "bench 1b rc=$?" >> "$L/env.txt"; tail -1 "$L/bench_G.log"
+  timeout 100 python bench/bench_host_overhead.py --device cuda --model thin --reps 300 --out "$L/host_thin.json" > "$L/host_thin.log" 2>&1
+  echo "host thin rc=$?" >> "$L/env.txt"; tail -1 "$L/host_thin.log"
+  timeout 100 python bench/diag_fast_pass.py --device cuda --model 1b --warm --threads 1 --sync-debug \
+    --out "$L/diag_1t.json" > "$L/diag_1t.log" 2>&1
+  echo "diag rc=$?" >> "$L/env.txt"; cat "$L/diag_1t.log"
 fi
 cat "$L/env.txt"
 tail -3 "$L/gpu_tests.log" 2>/dev/null

@@ -352,15 +352,18 @@ def test_graphs_off_stay_eager(monkeypatch) -> None:
     assert not any(isinstance(v, stats_graph._Graphed) for v in stats_graph._CACHE._d.values())
 
 
-@pytest.mark.parametrize("launch,side,before", [(None, False, False), (300_000, False, False), (300_000, True, False),
-                                                (None, True, True)])
+@pytest.mark.parametrize("launch,side,before,restarts", [
+    (None, False, False, True), (300_000, False, False, True), (300_000, True, False, True), (None, True, True, True),
+    (None, False, False, False)])
 def test_repeated_passes_with_graphed_stats_still_blame_a_new_bug(tmp_path, monkeypatch, launch, side,
-                                                                  before) -> None:
+                                                                  before, restarts) -> None:
     """Passes 1-3 over one loaded golden (the third replays the captured statistics), then a weight
     changed in place: the next pass, at the same addresses, fails and blames that block. ``launch``
     300 kB: a part of the statistics started every two modules (256 kB outputs), graphs of one
     signature replayed several times a pass; ``side``: those parts on the side stream; ``before``:
-    a part started before the repeated blocks (PART_BEFORE_BLOCKS), on the side stream."""
+    a part started before the repeated blocks (PART_BEFORE_BLOCKS), on the side stream;
+    ``restarts``: graphed runs of slotted outputs started again through their Restart (the
+    default) or by start()'s general path, with the same ratios."""
     from pytest_rocm_parity import replay as replay_mod
     from pytest_rocm_parity.replay import prepare_rung
 
@@ -369,6 +372,11 @@ def test_repeated_passes_with_graphed_stats_still_blame_a_new_bug(tmp_path, monk
     monkeypatch.setattr(stats_graph, "_CACHE", kernels._TableCache(stats_graph.CACHE_SIZE))
     monkeypatch.setattr(stats_graph, "GRAPHS", True)
     monkeypatch.setattr(replay_mod._StatsQueue, "SIDE_STREAM", side)
+    monkeypatch.setattr(replay_mod._StatsQueue, "RESTARTS", restarts)
+    restarted: list[bool] = []
+    real_restart = stats_graph.Restart.start
+    monkeypatch.setattr(stats_graph.Restart, "start",
+                        lambda self, cands: restarted.append(True) or real_restart(self, cands))
     monkeypatch.setattr(replay_mod._StatsQueue, "PART_BEFORE_BLOCKS", before)
     if launch is not None:
         monkeypatch.setattr(replay_mod._StatsQueue, "LAUNCH_BYTES", launch)
@@ -392,11 +400,15 @@ def test_repeated_passes_with_graphed_stats_still_blame_a_new_bug(tmp_path, monk
     assert not kernels._DISABLED, kernels._DISABLED
     assert any(isinstance(v, stats_graph._Graphed) for v in stats_graph._CACHE._d.values())
     assert [l.iso.ratio for l in first[2].layers] == [l.iso.ratio for l in first[0].layers]
+    assert bool(restarted) == restarts, restarted
     with torch.no_grad():
         model.blocks[2][0].weight.mul_(1.01)
     bad = run()
     assert not bad.passed and bad.culprit.startswith("blocks.2")
     assert not kernels._DISABLED, kernels._DISABLED
+    restarted.clear()
+    assert [l.iso.ratio for l in run().layers] == [l.iso.ratio for l in bad.layers]
+    assert bool(restarted) == restarts, restarted
 
 
 @pytest.mark.parametrize("side", [True, False])
