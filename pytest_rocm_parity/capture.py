@@ -198,6 +198,9 @@ class _Pool:
     def __init__(self) -> None:
         # id -> (key, version counter when recorded; None for an inference tensor, which has none)
         self.by_id: dict[int, tuple[str, int | None]] = {}
+        # (key, earlier key of the same inference tensor object): recorded again since it may have
+        # been written in between; the same key if it was not (resolve())
+        self.maybe: list[tuple[str, str]] = []
         self.alive: list[Any] = []
         self.copies = _HostCopies()
         self.device: dict[str, Any] = {}   # key -> device snapshot, held until drop_device()
@@ -222,26 +225,64 @@ class _Pool:
     def add(self, t: Any, fresh: bool = False) -> str:
         """The key of ``t``'s copy: a tensor object recorded before and not written since is one key.
 
-        Why the version counter: a tensor may be written after it was recorded, and recorded again:
-        a parent's ``h += x`` on its child's output before returning it (ResNet's ``out +=
-        identity``), a module that returns one buffer it rewrites on every call. Matched by object
-        alone, the later record named the earlier contents: the parent's golden was its child's
-        output, silently (found in session 13). ``fresh``: copy again whatever the counter says
-        (for an inference tensor, which has none: an in-place module returns its input, modified).
+        Why: a tensor may be written after it was recorded, and recorded again: a parent's ``h +=
+        x`` on its child's output before returning it (ResNet's ``out += identity``), a module that
+        returns one buffer it rewrites on every call. Matched by object alone, the later record
+        named the earlier contents: the parent's golden was its child's output, silently (found in
+        session 13). A tensor with a version counter is matched by it. The forward's own tensors
+        are inference tensors, which have none: such a tensor seen again is recorded again, and
+        resolve() merges the two keys after the forward where the contents are equal. (Run under
+        no_grad instead, to keep the counters, the recording forward cost 1.33x the plain one on
+        the H200 against 1.17-1.20x: session 13.) ``fresh``: a new key whatever (an in-place
+        module's output, its own input changed).
         """
-        v = None if t.is_inference() else t._version
+        inference = t.is_inference()
+        v = None if inference else t._version
         hit = None if fresh else self.by_id.get(id(t))
-        k = hit[0] if hit is not None and hit[1] == v else None
-        if k is None:
-            k = f"t/{self._count}"
-            self._count += 1
-            self.by_id[id(t)] = (k, v)
-            self.alive.append(t)   # keeps id() unique while the pass runs
-            if t.is_cuda and t.numel():
-                self._add_cuda(k, t)
-            else:
-                self._host[k] = self.copies.copy(t)
+        if hit is not None and not inference and hit[1] == v:
+            return hit[0]
+        k = f"t/{self._count}"
+        self._count += 1
+        if hit is not None and inference:
+            self.maybe.append((k, hit[0]))
+        self.by_id[id(t)] = (k, v)
+        self.alive.append(t)   # keeps id() unique while the pass runs
+        if t.is_cuda and t.numel():
+            self._add_cuda(k, t)
+        else:
+            self._host[k] = self.copies.copy(t)
         return k
+
+    def resolve(self) -> dict[str, str]:
+        """{key: the earlier key it equals} for the tensors recorded again (``maybe``) whose contents
+        had not changed; call after finish(), before drop_device(). Compared bit for bit (every
+        dtype, NaNs alike), on the device where both snapshots are held there (one read-back for
+        all), else on the host."""
+        import torch
+
+        def raw(t: Any) -> Any:
+            return t.reshape(-1).view(torch.uint8)
+
+        same: dict[str, str] = {}
+        on_dev: list[tuple[str, str, Any]] = []
+        for k, earlier in self.maybe:
+            a, b = self.device.get(k), self.device.get(earlier)
+            if a is None or b is None or a.device != b.device:
+                a, b = self._host[k], self._host[earlier]
+                if a.shape == b.shape and a.dtype == b.dtype and torch.equal(raw(a), raw(b)):
+                    same[k] = earlier
+            elif a.shape == b.shape and a.dtype == b.dtype:
+                on_dev.append((k, earlier, torch.ne(raw(a), raw(b)).any()))
+        if on_dev:
+            for (k, earlier, _), differs in zip(on_dev, torch.stack([d for *_, d in on_dev]).tolist()):
+                if not differs:
+                    same[k] = earlier
+        for k in list(same):     # chains (one tensor seen three times) to their first key
+            root = same[k]
+            while root in same:
+                root = same[root]
+            same[k] = root
+        return same
 
     def _add_cuda(self, k: str, t: Any) -> None:
         import torch
@@ -311,8 +352,6 @@ def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any) -> 
     once the float64 model's construction is queued, so issuing them costs the forward nothing), and
     ``pool.tensors`` issues what is left and waits for all of them.
     """
-    import torch
-
     pool = _Pool()
     entries: dict[str, dict[str, Any]] = {}
 
@@ -332,10 +371,8 @@ def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any) -> 
         entries[key]["out"] = {p: pool.add(t, fresh=pool.key_of(t) in ins) for p, t in leaves.items()}
         entries[key]["const_out"] = consts
 
-    # under no_grad, not inference_mode: tensors made in the pass keep their version counters,
-    # which tell _Pool.add whether a tensor recorded before was written since
-    with Hooks(m, selected, rec_in, rec_out) as hooks, torch.no_grad():
-        out = m(*args, **kwargs)
+    with Hooks(m, selected, rec_in, rec_out) as hooks:
+        out = _run(m, args, kwargs)
         order = list(hooks.order)
     outputs = {"out": {p: pool.add(t) for p, t in tensor_leaves(out).items()}, "const": constant_leaves(out)}
     pool.release()
@@ -455,6 +492,7 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
     del tm
     copies.finish()
     tensors.update(pool.tensors)
+    merge_repeats(pool, entries, outputs, tensors)
     pool.drop_device()
     layers = [entries[k] for k in order if k in entries and "out" in entries[k]]
     for e in layers:
@@ -463,6 +501,26 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
             "truth_encoding": "residual", "truth_dtype": dt.name_of(rdt), "tf32": tf32, "order": order,
             "selected": sorted(by_name), "extra": extra_meta}
     return meta, tensors
+
+
+def merge_repeats(pool: _Pool, entries: dict[str, dict[str, Any]], outputs: dict[str, Any],
+                  tensors: dict[str, Any]) -> None:
+    """A tensor recorded again unchanged (_Pool.resolve) named by its first key; the recorded
+    tensors renumbered t/0, t/1, ... in the order first seen, as a plain record of each distinct
+    value would name them. In place: ``tensors`` (pool.tensors among them), the entries' and the
+    model outputs' keys."""
+    same = pool.resolve()
+    for k in same:
+        tensors.pop(k, None)
+    kept = sorted((k for k in tensors if k.startswith("t/")), key=lambda k: int(k[2:]))
+    name = {k: f"t/{i}" for i, k in enumerate(kept)}
+    name.update({k: name[root] for k, root in same.items()})
+    moved = {name[k]: tensors.pop(k) for k in kept}
+    tensors.update(moved)
+    for e in [*entries.values(), outputs]:
+        for side in ("in", "out"):
+            if side in e:
+                e[side] = {p: name.get(k, k) for p, k in e[side].items()}
 
 
 def _golden_input_fetch(pool: _Pool, device: str, truth_dev: Any) -> tuple[Callable[[str], Any], Any]:

@@ -18,7 +18,7 @@ from torch import nn
 
 from pytest_rocm_parity import capture as cap
 from pytest_rocm_parity import dtypes as dt
-from pytest_rocm_parity.capture import _Pool, _residual, _truth_model, capture, recording_pass
+from pytest_rocm_parity.capture import _Pool, _residual, _truth_model, capture, merge_repeats, recording_pass
 from pytest_rocm_parity.engine import OUTPUT, CheckSpec, cast_inputs, normalize_inputs, prepare_model
 from pytest_rocm_parity.golden import GoldenStore, RungReader
 from pytest_rocm_parity.selection import select
@@ -120,7 +120,10 @@ class _Recorder:
             self.handles.append(mod.register_forward_hook(self._post(name), with_kwargs=True))
 
     def put(self, t: torch.Tensor, fresh: bool = False) -> str:
-        if fresh or id(t) not in self.key_of:
+        # one key per tensor object while its contents stay as recorded (a parent's `+=` on its
+        # child's output, a reused buffer: a new key)
+        k = self.key_of.get(id(t))
+        if fresh or k is None or not _same_bits(self.pool[k], t.detach().cpu()):
             self.key_of[id(t)] = f"t/{len(self.pool)}"
             self.alive.append(t)
             self.pool[self.key_of[id(t)]] = t.detach().cpu().clone()   # synchronous, at hook time
@@ -242,11 +245,12 @@ def test_recording_pass_reports_every_call_in_order_deduplicated() -> None:
     assert rec.order == ref.order
     assert "shared#1" in rec.order and rec.order.index("blocks.2") < rec.order.index("shared")
     assert set(rec.entries) == set(rec.order)
+    host = dict(rec.pool.tensors)
+    merge_repeats(rec.pool, rec.entries, rec.outputs, host)   # as capture() does after the truth passes
     for key in rec.order:
         e = rec.entries[key]
         assert (e["in"], e["out"]) == (ref.ins[key], ref.outs[key]), key
-    host = rec.pool.tensors
-    assert host.keys() == ref.pool.keys()   # one host copy per distinct tensor object
+    assert host.keys() == ref.pool.keys()   # one host copy per distinct tensor value
     assert len(host) < sum(len(e["in"]) + len(e["out"]) for e in rec.entries.values())
     differ = [k for k, t in ref.pool.items() if not _same_bits(host[k], t)]
     assert not differ   # the value at hook time, not after later in-place ops
@@ -348,12 +352,12 @@ def test_pinned_pool_equals_synchronous_copies(monkeypatch: pytest.MonkeyPatch, 
     expected = [t.cpu().clone() for t in tensors]
     pool = _Pool()
     keys = [pool.add(t) for t in tensors]
+    assert pool.add(tensors[0]) == keys[0]   # seen again unwritten (its version counter says so): one key
     for t in tensors:   # queued after the copies on the compute stream: must not reach them
         if t.dtype == torch.bool:
             t.logical_not_()
         elif t.numel():
             t.mul_(3).add_(1)
-    assert pool.add(tensors[0]) == keys[0]
     pool.release()
     del tensors
     # freed blocks, snapshots included, are up for reuse: without record_stream these would land there
@@ -377,14 +381,21 @@ def test_pinned_pool_equals_synchronous_copies(monkeypatch: pytest.MonkeyPatch, 
 
 @pytest.mark.gpu
 @needs_cuda
-def test_recording_pass_on_cuda_matches_synchronous_hooks() -> None:
+@pytest.mark.parametrize("hold", [None, 0])
+def test_recording_pass_on_cuda_matches_synchronous_hooks(monkeypatch: pytest.MonkeyPatch, hold: int | None) -> None:
+    """hold None: the tensors recorded again compared with their first record on the device; 0:
+    every snapshot streamed to the host during the pass, compared there."""
+    monkeypatch.setattr(cap, "DEVICE_HOLD_BYTES", hold)
     model = _net(inplace=True).to("cuda", torch.bfloat16).eval()
     selected = select(model, None, 2)
     args, kwargs = cast_inputs(*normalize_inputs(_net_inputs()), torch.bfloat16, "cuda")
     ref = _record_plainly(model, selected, args, kwargs)
     rec = recording_pass(model, selected, args, kwargs)
     assert rec.order == ref.order
-    host = rec.pool.tensors
+    host = dict(rec.pool.tensors)
+    assert len(rec.pool.maybe) > 0
+    merge_repeats(rec.pool, rec.entries, rec.outputs, host)
+    assert {k: (e["in"], e["out"]) for k, e in rec.entries.items()} == {k: (ref.ins[k], ref.outs[k]) for k in ref.order}
     assert host.keys() == ref.pool.keys() and rec.outputs["out"] == ref.model_out
     differ = [k for k, t in ref.pool.items() if not _same_bits(host[k], t)]
     assert not differ
