@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.phases:
         rp._StatsQueue.add = timed("add", rp._StatsQueue.add)
         real_fetcher = RungReader.fetcher
-        RungReader.fetcher = lambda self: timed("fetch", real_fetcher(self))   # type: ignore[method-assign]
+        RungReader.fetcher = lambda self, *a: timed("fetch", real_fetcher(self, *a))   # type: ignore[method-assign]
     rp.judge_layer = timed("judge", rp.judge_layer)
     rp._StatsQueue.flush = timed("flush", rp._StatsQueue.flush)
     one = rp.prepare_rung(model, spec, manifest, meta, reader, rung, dev, {"args": (), "kwargs": inputs},

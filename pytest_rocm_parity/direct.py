@@ -34,6 +34,9 @@ class DirectCall:
     name: str           # the module's name in the model
     make: Callable[[Callable[[str], Any]], tuple[Any, Any]]   # fetch -> (args, kwargs): builder()
     snapshot: bool      # the module is called again in this pass: its output may be a buffer it reuses
+    # its inputs hold no container below the call's own (args, kwargs): what make() built may be
+    # called with again, no module can have changed it (replay keeps it across passes)
+    flat: bool = True
 
 
 def call_template(entry: dict[str, Any]) -> tuple[Any, Any] | str:
@@ -122,11 +125,13 @@ def plan_level(meta: dict[str, Any], layers: dict[str, dict[str, Any]], level: i
             plan = f"{key}: {t}"
             break
         assert isinstance(plan, list)
-        plan.append(DirectCall(key, name, builder(*t), calls_of[name] > 1))
+        flat = all(code in (_SLOT, _CONST) or code == _TUPLE and all(c in (_SLOT, _CONST) for c, _ in v)
+                   for node in (t[0][1], t[1][1].values()) for code, v in node)
+        plan.append(DirectCall(key, name, builder(*t), calls_of[name] > 1, flat))
     return plan
 
 
-def run_level(model: Any, calls: list[DirectCall], fetch: Callable[[str], Any],
+def run_level(model: Any, calls: list[DirectCall], built: list[tuple[Any, Any]],
               on_output: Callable[[str, Any, bool], None], workers: int = 1,
               mods: list[Any] | None = None, before_rest: Callable[[], None] | None = None) -> Callable[[], None] | None:
     """Call each module on its golden inputs; on_output(key, output, snapshot) after each call.
@@ -138,9 +143,11 @@ def run_level(model: Any, calls: list[DirectCall], fetch: Callable[[str], Any],
     the H200 auto then measured 1.177x the forward where one thread gave 1.141x and two 1.187x
     (session 5, docs/benchmarks.md).
 
-    ``fetch``: the tensor a call gets for a golden key, asked once per input of every call; this
-    pass's own (RungReader.fetcher: a golden handed out watched reaches every call that takes it as
-    one object, a rotary table or a mask as in the reference's forward; a copy is one per call).
+    ``built``: each call's (args, kwargs), in ``calls``' order, made by its DirectCall.make from
+    this pass's fetch (RungReader.fetcher: a golden handed out watched reaches every call that
+    takes it as one object, a rotary table or a mask as in the reference's forward; a copy is one
+    per call), or kept from an earlier pass whose goldens were all handed out watched and none
+    written (replay re-registers them with RungReader.rehand).
 
     ``workers`` > 1, on a GPU: the calls of a level are independent (each takes golden inputs), so
     contiguous shares of them run on that many host threads, each on a CUDA stream of its own. A
@@ -170,7 +177,7 @@ def run_level(model: Any, calls: list[DirectCall], fetch: Callable[[str], Any],
     with torch.inference_mode():
         for i, c in enumerate(calls):
             if i not in shared_calls:
-                a, kw = c.make(fetch)
+                a, kw = built[i]
                 on_output(c.key, mods[i](*a, **kw), c.snapshot)
     if rest and before_rest is not None:
         before_rest()
@@ -178,17 +185,15 @@ def run_level(model: Any, calls: list[DirectCall], fetch: Callable[[str], Any],
     n = 1 if dev is None else workers or CHOOSER.pick(key)
     t0 = time.perf_counter()
     if n > 1:
-        # inputs fetched here, in order, by one thread (the reader's watch list is no state to race
+        # inputs built before, in order, by one thread (the reader's watch list is no state to race
         # on), and held until every stream is joined (a copy handed to one call must outlive its read)
-        built = [(mods[i], *calls[i].make(fetch)) for i in rest]
-        for i, o in zip(rest, _threaded(built, n, dev)):
+        for i, o in zip(rest, _threaded([(mods[i], *built[i]) for i in rest], n, dev)):
             on_output(calls[i].key, o, False)
     else:
         with torch.inference_mode():
             for i in rest:
-                c = calls[i]
-                a, kw = c.make(fetch)
-                on_output(c.key, mods[i](*a, **kw), False)
+                a, kw = built[i]
+                on_output(calls[i].key, mods[i](*a, **kw), False)
     if key is not None and not workers:
         return lambda: CHOOSER.record(key, n, (time.perf_counter() - t0) / len(rest))
     return None

@@ -678,13 +678,13 @@ class RungReader:
         self._handed[key] = (t, t._version)
         return t
 
-    def fetcher(self) -> Callable[[str], Any]:
+    def fetcher(self, memo: dict[str, Any] | None = None) -> Callable[[str], Any]:
         """get_fresh for one pass of direct calls: a golden handed out watched is fetched once and
         reaches every call that takes it as one object (a rotary table, a mask, as in the
         reference's forward); a copy, or a tensor read from the file, is fetched per call. The
         memo answers a repeated input with one lookup: host time on every input of every module
-        of every pass."""
-        memo: dict[str, Any] = {}
+        of every pass. ``memo``: the caller's, to see which keys were handed out watched."""
+        memo = {} if memo is None else memo
         handed, fresh = self._handed, self.get_fresh
 
         def fetch(key: str) -> Any:
@@ -695,6 +695,24 @@ class RungReader:
                     memo[key] = t
             return t
         return fetch
+
+    def rehand(self, held: dict[str, Any]) -> bool:
+        """Hand ``held`` (key -> the tensor get_fresh handed out watched in an earlier pass) out
+        again, watched as get_fresh would, without fetching; False, nothing handed, where one is no
+        longer what get_fresh would hand out (reloaded, or a copy from now on).
+
+        Why: a pass of direct calls fetched every input of every call (about 2 us each on the CI
+        machine's CPU, several times that on the H200's host, session 13), though a pass whose
+        goldens were all handed out watched and none written may keep its calls' inputs for the
+        next (replay.prepare_rung keeps them); only the watch must start again."""
+        cache, copies = self._cache, self._copy_keys
+        for k, t in held.items():
+            if cache.get(k) is not t or k in copies:
+                return False
+        handed = self._handed
+        for k, t in held.items():
+            handed[k] = (t, t._version)
+        return True
 
     def changed_in_place(self) -> list[str]:
         """Keys whose tensor from get_fresh was written since; reloaded from the file, and handed out

@@ -41,6 +41,9 @@ from pytest_rocm_parity.tree import constant_leaves, map_tensors, tensor_leaves
 VERIFY_HASH_MAX_BYTES = 512 * 1024 * 1024
 # Isolated passes by direct module calls where the golden allows (direct.py); tests compare both routes.
 DIRECT = True
+# A level's direct calls given the inputs kept from the pass before where that pass handed out only
+# watched goldens and none was written (RungReader.rehand); tests compare both routes.
+KEEP_INPUTS = True
 # A direct call's output queued through the slot made from its first output (_slot, add_slot), not
 # compare()'s general walk; tests compare both routes.
 SLOTS = True
@@ -281,6 +284,9 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
     known: dict[int, tuple[Any, Any, tuple[int, int], bool]] = {}   # _StatsQueue's, per golden tensor
     slots: dict[str, _Slot | None] = {}    # per direct call: its output's judging, checked once (_slot)
     prepared: dict[tuple[int, ...], Any] = {}   # _StatsQueue's statistics starts, per run of slots
+    # per level: its calls' inputs kept from a pass that handed out only watched goldens and wrote
+    # none (the goldens by key, for RungReader.rehand; each call's (args, kwargs))
+    inputs_kept: dict[int, tuple[dict[str, Any], list[tuple[Any, Any]]]] = {}
 
     def run() -> CheckResult:
         u = tol.unit_roundoff(rung)
@@ -376,8 +382,25 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                     mods = level_mods[level] = resolve_modules(m, calls)
                 timing: list[Callable[[], None] | None] = []
                 part = queue.start_part if queue.PART_BEFORE_BLOCKS else None
-                watched(lambda: timing.append(run_level(m, calls, reader.fetcher(), direct_out,
-                                                        spec.threads, mods, part)), iso)
+                made: list[tuple[dict[str, Any], list[tuple[Any, Any]]] | None] = []
+
+                def one() -> None:
+                    kept = inputs_kept.get(level) if KEEP_INPUTS else None
+                    if kept is not None and reader.rehand(kept[0]):
+                        built = kept[1]
+                        made.append(None)
+                    else:
+                        inputs_kept.pop(level, None)
+                        memo: dict[str, Any] = {}
+                        fetch = reader.fetcher(memo)
+                        built = [c.make(fetch) for c in calls]
+                        keys = {k for c in calls for k in layers[c.key]["in"].values()}
+                        made.append(({k: memo[k] for k in keys}, built)
+                                    if keys <= memo.keys() and all(c.flat for c in calls) else None)
+                    timing.append(run_level(m, calls, built, direct_out, spec.threads, mods, part))
+                watched(one, iso)
+                if made[-1] is not None:   # its last try wrote no golden: the next pass may keep them
+                    inputs_kept[level] = made[-1]
                 queue.flush(meanwhile=make_records)
                 if timing and timing[-1] is not None:
                     timing[-1]()    # the --parity-threads=auto choice, timed to the judged outputs

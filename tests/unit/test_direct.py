@@ -574,3 +574,114 @@ def test_auto_threads_time_a_level_up_to_its_judged_outputs(tmp_path, monkeypatc
     shared = 5                              # layers 1-5: layer 0 is its class's first call
     assert sample >= 0.04 / shared
 
+
+
+class StartsWriting(nn.Module):
+    """Scales its input in place after using it once ``writing`` is set: its output is the same,
+    but a golden handed to it and kept for the next pass would not be."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.writing = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        if self.writing:
+            x.mul_(1.5)
+        return y
+
+
+class KeepsInputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pre = nn.Linear(16, 16)
+        self.w = StartsWriting()
+        self.post = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.pre(x)
+        return self.post(self.w(h.clone()) + h)
+
+
+def test_a_pass_keeps_the_inputs_of_the_one_before_and_still_sees_a_write(tmp_path, monkeypatch) -> None:
+    """Preloaded (a GPU replay), a level's calls keep the inputs of a pass that handed out only
+    watched goldens and wrote none: no fetch from the second pass on, the same ratios as fetching
+    every pass. A module that starts writing its input then is seen by the watch all the same: its
+    pass is repeated with copies, the golden stays as stored, and it is judged on the stored
+    values."""
+    torch.manual_seed(0)
+    model = KeepsInputs()
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+    store, manifest, meta = _captured(tmp_path, model, x, "keeps", 1)
+    spec = CheckSpec(name="keeps", dtypes=["float32"], drill=1, replay="fast", threads=1)
+    monkeypatch.setattr(replay_mod._StatsQueue, "DEFER_ON_CPU", True)
+    fetches = []
+    real = RungReader.fetcher
+    monkeypatch.setattr(RungReader, "fetcher", lambda self, *a: fetches.append(1) or real(self, *a))
+    got = {}
+    for keep in (True, False):
+        monkeypatch.setattr(replay_mod, "KEEP_INPUTS", keep)
+        model.w.writing = False
+        reader = RungReader(store.rung_file("keeps", manifest, "float32"), "cpu")
+        reader.preload(sorted(reader.keys), 1 << 30)
+        run = replay_mod.prepare_rung(model, spec, manifest, meta, reader, "float32", "cpu",
+                                      {"args": (x,), "kwargs": {}}, keep_loaded=True)
+        fetches.clear()
+        got[keep] = [_ratios(run()) for _ in range(3)]
+        assert len(fetches) == (1 if keep else 3)
+        w_in = next(e["in"]["args.0"] for e in meta["layers"] if e["name"] == "w")
+        stored = reader.get(w_in).clone()
+        model.w.writing = True
+        runs = _count(monkeypatch, "run_level")
+        wrote = run()
+        assert len(runs) == 2                         # the write seen: the level again, with copies
+        assert torch.equal(reader.get(w_in), stored)  # the golden as stored
+        assert wrote.passed
+        got[keep].append(_ratios(wrote))
+        got[keep].append(_ratios(run()))
+    assert got[True] == got[False]
+    assert got[True][0] == got[True][2]
+
+
+class AppendsToItsList(nn.Module):
+    """Appends its input to a list it was given: a kept list would grow from pass to pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, seen: list[torch.Tensor]) -> torch.Tensor:
+        seen.append(x)
+        return self.lin(x) + sum(seen)
+
+
+class GivesAList(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pre = nn.Linear(16, 16)
+        self.app = AppendsToItsList()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.pre(x)
+        return self.app(h, [h * 0.5])
+
+
+def test_a_call_given_a_container_gets_it_built_again_every_pass(tmp_path, monkeypatch) -> None:
+    """Inputs inside a list or dict of the call's are not kept across passes (DirectCall.flat): the
+    module may change the container, as this one appends to it."""
+    torch.manual_seed(0)
+    model = GivesAList()
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+    store, manifest, meta = _captured(tmp_path, model, x, "lists", 1)
+    plan = plan_level(meta, {e["key"]: e for e in meta["layers"]}, meta["layers"][0]["level"])
+    assert [c.flat for c in plan] == [True, False]
+    spec = CheckSpec(name="lists", dtypes=["float32"], drill=1, replay="fast", threads=1)
+    monkeypatch.setattr(replay_mod._StatsQueue, "DEFER_ON_CPU", True)
+    reader = RungReader(store.rung_file("lists", manifest, "float32"), "cpu")
+    reader.preload(sorted(reader.keys), 1 << 30)
+    run = replay_mod.prepare_rung(model, spec, manifest, meta, reader, "float32", "cpu",
+                                  {"args": (x,), "kwargs": {}}, keep_loaded=True)
+    for _ in range(3):
+        res = run()
+        assert res.passed and not res.notes[:-1], (res.notes, [(l.name, l.reason) for l in res.layers])
