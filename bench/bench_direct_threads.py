@@ -7,6 +7,7 @@
     python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --blocks-last on,off --bare
     python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --part-before-blocks on,off --bare
     python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --slots on,off --restarts on,off --bare
+    python bench/bench_direct_threads.py --device cuda --models 1b --workers 1 --keep-inputs on,off --bare
 
 ``--launch-mb``: arms with replay._StatsQueue.LAUNCH_BYTES set (MiB of candidate outputs that start
 a part of the statistics during the pass; 0: every statistic at the flush, as before session 6);
@@ -17,7 +18,8 @@ on and off (the statistics of the calls before the repeated blocks started besid
 the flush). ``--slots``: replay.SLOTS on and off (a direct call's output queued through the slot
 made from its first, or by the general comparison); ``--restarts``: replay._StatsQueue.RESTARTS
 (a graphed run of slotted outputs started again through its stats_graph.Restart, or by
-stats_graph.start). ``--bare``: one more arm, the level's modules called on their
+stats_graph.start); ``--keep-inputs``: replay.KEEP_INPUTS (a level's calls given the inputs
+kept from the pass before, or fetched every pass). ``--bare``: one more arm, the level's modules called on their
 golden inputs by a plain loop in the model's order, nothing judged: the floor of a pass's calls,
 so pass - bare is what the harness costs on this host. Each arm's ``_xp``: the median over
 rounds of its time over the forward's in the same round (steadier than a ratio of medians where
@@ -54,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="on,off: arms with replay._StatsQueue.PART_BEFORE_BLOCKS set")
     p.add_argument("--slots", default="", help="on,off: arms with replay.SLOTS set")
     p.add_argument("--restarts", default="", help="on,off: arms with replay._StatsQueue.RESTARTS set")
+    p.add_argument("--keep-inputs", default="", help="on,off: arms with replay.KEEP_INPUTS set")
     p.add_argument("--bare", action="store_true", help="an arm of the modules alone on their golden inputs")
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--out", default=None)
@@ -94,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
                  ("b", direct, "BLOCKS_LAST", a.blocks_last),
                  ("p", _StatsQueue, "PART_BEFORE_BLOCKS", a.part_before_blocks),
                  ("o", replay_mod, "SLOTS", a.slots),
-                 ("r", _StatsQueue, "RESTARTS", a.restarts)]
+                 ("r", _StatsQueue, "RESTARTS", a.restarts),
+                 ("i", replay_mod, "KEEP_INPUTS", a.keep_inputs)]
         values = [v if isinstance(v, list) else [x == "on" for x in v.split(",")] if v else [getattr(o, at)]
                   for _, o, at, v in knobs]
         defaults = [getattr(o, at) for _, o, at, _v in knobs]

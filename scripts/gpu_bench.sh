@@ -44,7 +44,11 @@
 # "F": GPU tests, then bench_ab.py (ab/old: session 12's final code) in two processes, one thread and
 # auto; the slots and restarts arms (on/off each, one thread, bare) in one process (session 13);
 # "G": bench_parity at 1.1B (the recording forward now under no_grad), the host time per direct call
-# of the thin model, a warm one-thread pass's phases (session 13).
+# of the thin model, a warm one-thread pass's phases (session 13);
+# "H": GPU tests (the capture's unit tests on CUDA among them), bench_ab.py against session 12's code
+# in two processes, the sweep with slots and kept inputs on/off (one thread, bare), bench_parity at
+# 1.1B twice (the recording forward merging repeats after the forward), a warm one-thread pass's
+# phases (session 13's final code).
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -360,6 +364,26 @@ if [[ "$part" == G ]]; then
   timeout 100 python bench/bench_host_overhead.py --device cuda --model thin --reps 300 --out "$L/host_thin.json" > "$L/host_thin.log" 2>&1
   echo "host thin rc=$?" >> "$L/env.txt"; tail -1 "$L/host_thin.log"
   timeout 100 python bench/diag_fast_pass.py --device cuda --model 1b --warm --threads 1 --sync-debug \
+    --out "$L/diag_1t.json" > "$L/diag_1t.log" 2>&1
+  echo "diag rc=$?" >> "$L/env.txt"; cat "$L/diag_1t.log"
+fi
+if [[ "$part" == H ]]; then
+  timeout 150 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu tests/unit/test_capture_fast.py \
+    tests/unit/test_inplace.py tests/unit/test_direct.py -o addopts="" > "$L/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?" >> "$L/env.txt"; tail -3 "$L/gpu_tests.log"
+  for i in 1 2; do
+    timeout 100 python bench/bench_ab.py --old ab/old/pytest_rocm_parity --device cuda --model 1b --threads 1,auto --reps 40 \
+      --out "$L/ab_p$i.json" > "$L/ab_p$i.log" 2>&1
+    echo "ab p$i rc=$?" >> "$L/env.txt"; grep -E '"(old|new)_x_paired"|new_over_old|forward_ms' "$L/ab_p$i.log"
+  done
+  timeout 120 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1 --slots on,off --keep-inputs on,off --bare \
+    --reps 30 --out "$L/threads_p1.json" > "$L/threads_p1.log" 2>&1
+  echo "threads p1 rc=$?" >> "$L/env.txt"
+  for i in 1 2; do
+    timeout 100 python bench/bench_parity.py --device cuda --models 1b --reps 15 --out "$L/bench_H$i.json" > "$L/bench_H$i.log" 2>&1
+    echo "bench 1b ($i) rc=$?" >> "$L/env.txt"; tail -1 "$L/bench_H$i.log"
+  done
+  timeout 60 python bench/diag_fast_pass.py --device cuda --model 1b --warm --threads 1 \
     --out "$L/diag_1t.json" > "$L/diag_1t.log" 2>&1
   echo "diag rc=$?" >> "$L/env.txt"; cat "$L/diag_1t.log"
 fi
