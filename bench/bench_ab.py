@@ -2,6 +2,7 @@
 
     git archive REV pytest_rocm_parity | tar -x -C ab/old        # an earlier commit's package
     python bench/bench_ab.py --old ab/old/pytest_rocm_parity --device cuda --model 1b --reps 40
+    python bench/bench_ab.py --old ab/old/pytest_rocm_parity --device cuda --model 1b --capture --reps 20
 
 Why: a change worth 1% of the pass cannot be seen across processes on a lent H200, where the same
 code measured 1.000x and 1.096x the forward in two processes of one run (session 9, run 2). Here
@@ -9,6 +10,10 @@ both versions judge the same golden, on the same model, in turn with the plain f
 old, new, forward, ...), so each round's new/old ratio compares passes a few milliseconds apart.
 The old package is copied to a temporary directory under another name (its own imports rewritten),
 so both are imported at once, each with its own caches and statistics graphs.
+
+``--capture``: the recording forward instead (capture.recording_pass, as bench_parity.py's
+``record_s``: timed until the forward's stream is done, its host copies landing after), each
+version's over the plain forward of its round, and the rounds' new/old ratios.
 
 Reported per ``--threads`` value: each version's median pass over the forward, and the median
 of the rounds' new/old ratios (``new_over_old``; below 1: this tree is faster). Both versions must
@@ -52,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="1b")
     p.add_argument("--threads", default="1,auto", help="--parity-threads values, comma-separated")
     p.add_argument("--reps", type=int, default=40)
+    p.add_argument("--capture", action="store_true", help="the recording forward, not the replay pass")
     p.add_argument("--out", default=None)
     a = p.parse_args(argv)
     import torch
@@ -67,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     import_renamed(a.old)
     versions = {"old": OLD_NAME, "new": new_pkg.__name__}
     model = build(a.model, a.device)
+    if a.capture:
+        return _capture_ab(a, model, versions, _run)
     ids = torch.randint(0, model.config.vocab_size, (4, 512), generator=torch.Generator().manual_seed(0))
     inputs = {"input_ids": ids, "use_cache": False}
     store = GoldenStore(tempfile.mkdtemp())
@@ -104,6 +112,60 @@ def main(argv: list[str] | None = None) -> int:
             "new_faster_rounds": sum(n < o for n, o in zip(new, old)), "rounds": len(new)}
     base = next(iter(ratios.values()))
     row["same_ratios"] = all(abs(r[k] - base[k]) <= 1e-6 * max(1.0, abs(base[k])) for r in ratios.values() for k in base)
+    row["raw_ms"] = {k: [round(x * 1e3, 3) for x in v] for k, v in raw.items()}
+    print(json.dumps({k: v for k, v in row.items() if k != "raw_ms"}, indent=1), flush=True)
+    write_rows(a.out, a.device, [row])
+    return 0
+
+
+def _capture_ab(a: Any, model: Any, versions: dict[str, str], run: Any) -> int:
+    """--capture: the recording forward of each version beside the plain forward, round by round."""
+    import time
+
+    import torch
+    from bench_parity import sync, write_rows
+
+    ids = torch.randint(0, model.config.vocab_size, (4, 512), generator=torch.Generator().manual_seed(0))
+    inputs = {"input_ids": ids.to(a.device), "use_cache": False}
+    fns: dict[str, Any] = {}
+    for tag, pkg in versions.items():
+        cap = importlib.import_module(f"{pkg}.capture")
+        eng = importlib.import_module(f"{pkg}.engine")
+        selected = importlib.import_module(f"{pkg}.selection").select(model, None, 0)
+
+        def record(cap: Any = cap, eng: Any = eng, selected: Any = selected) -> float:
+            sync(a.device)
+            t = time.perf_counter()
+            with eng.numerics("bfloat16"):
+                rec = cap.recording_pass(model, selected, (), inputs)
+            if a.device.startswith("cuda"):
+                torch.cuda.current_stream().synchronize()   # the forward's stream; the copies land after
+            took = time.perf_counter() - t
+            rec.pool.tensors
+            return took
+        record()
+        fns[tag] = record
+
+    def forward() -> float:
+        sync(a.device)
+        t = time.perf_counter()
+        run(model, (), inputs)
+        sync(a.device)
+        return time.perf_counter() - t
+    forward()
+    raw: dict[str, list[float]] = {"forward": [], **{k: [] for k in fns}}
+    for _ in range(a.reps):
+        raw["forward"].append(forward())
+        for k, fn in fns.items():
+            raw[k].append(fn())
+    row: dict[str, Any] = {"model": a.model, "old": a.old, "capture": True,
+                           "forward_ms": statistics.median(raw["forward"]) * 1e3}
+    for k in fns:
+        row[f"{k}_x"] = statistics.median(raw[k]) / statistics.median(raw["forward"])
+        row[f"{k}_x_paired"] = statistics.median(x / f for x, f in zip(raw[k], raw["forward"]))
+    row["new_over_old"] = statistics.median(n / o for n, o in zip(raw["new"], raw["old"]))
+    row["new_faster_rounds"] = sum(n < o for n, o in zip(raw["new"], raw["old"]))
+    row["rounds"] = a.reps
     row["raw_ms"] = {k: [round(x * 1e3, 3) for x in v] for k, v in raw.items()}
     print(json.dumps({k: v for k, v in row.items() if k != "raw_ms"}, indent=1), flush=True)
     write_rows(a.out, a.device, [row])

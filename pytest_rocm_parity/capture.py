@@ -287,7 +287,9 @@ class _Pool:
     def _add_cuda(self, k: str, t: Any) -> None:
         import torch
 
-        snap = t.detach().clone(memory_format=torch.contiguous_format)
+        # detach only what needs it: the forward's own tensors (inference mode) carry no graph, and
+        # a detach is a dispatch on every record (host time of the recording forward)
+        snap = (t.detach() if t.requires_grad else t).clone(memory_format=torch.contiguous_format)
         n = snap.numel() * snap.element_size()
         if self._budget is None:
             self._budget = DEVICE_HOLD_BYTES if DEVICE_HOLD_BYTES is not None else \

@@ -48,7 +48,9 @@
 # "H": GPU tests (the capture's unit tests on CUDA among them), bench_ab.py against session 12's code
 # in two processes, the sweep with slots and kept inputs on/off (one thread, bare), bench_parity at
 # 1.1B twice (the recording forward merging repeats after the forward), a warm one-thread pass's
-# phases (session 13's final code).
+# phases (session 13's final code);
+# "I": the recording forward of session 12's code beside this tree's (bench_ab.py --capture) in two
+# processes, then bench_parity at 1.1B (session 13).
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -386,6 +388,15 @@ if [[ "$part" == H ]]; then
   timeout 60 python bench/diag_fast_pass.py --device cuda --model 1b --warm --threads 1 \
     --out "$L/diag_1t.json" > "$L/diag_1t.log" 2>&1
   echo "diag rc=$?" >> "$L/env.txt"; cat "$L/diag_1t.log"
+fi
+if [[ "$part" == I ]]; then
+  for i in 1 2; do
+    timeout 100 python bench/bench_ab.py --old ab/old/pytest_rocm_parity --device cuda --model 1b --capture --reps 30 \
+      --out "$L/abcap_p$i.json" > "$L/abcap_p$i.log" 2>&1
+    echo "ab capture p$i rc=$?" >> "$L/env.txt"; cat "$L/abcap_p$i.log"
+  done
+  timeout 100 python bench/bench_parity.py --device cuda --models 1b --reps 15 --out "$L/bench_I.json" > "$L/bench_I.log" 2>&1
+  echo "bench 1b rc=$?" >> "$L/env.txt"; tail -1 "$L/bench_I.log"
 fi
 cat "$L/env.txt"
 tail -3 "$L/gpu_tests.log" 2>/dev/null
