@@ -140,6 +140,8 @@ def _capture_ab(a: Any, model: Any, versions: dict[str, str], run: Any) -> int:
                 rec = cap.recording_pass(model, selected, (), inputs)
             if a.device.startswith("cuda"):
                 torch.cuda.current_stream().synchronize()   # the forward's stream; the copies land after
+            if hasattr(rec.pool, "repeats_unchanged"):   # as capture() asks, where the version has it
+                assert rec.pool.repeats_unchanged()
             took = time.perf_counter() - t
             rec.pool.tensors
             return took

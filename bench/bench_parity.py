@@ -230,6 +230,7 @@ def bench_one(name: str, device: str, batch: int, seq: int, reps: int, drill: in
             rec = recording_pass(model, selected, (), inputs)
         if device.startswith("cuda"):
             torch.cuda.current_stream().synchronize()   # the forward's stream; the copy stream runs on
+        assert rec.pool.repeats_unchanged()   # as capture() asks (this model writes nothing it passes on)
         t1 = time.perf_counter()
         rec.pool.tensors
         t2 = time.perf_counter()

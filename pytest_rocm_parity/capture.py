@@ -195,11 +195,17 @@ class _Pool:
     memory during the forward as before. Elsewhere tensors are copied to the host at once.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, resnap: bool = False) -> None:
+        """``resnap``: an inference tensor seen again is snapshotted again (see add)."""
         # id -> (key, version counter when recorded; None for an inference tensor, which has none)
         self.by_id: dict[int, tuple[str, int | None]] = {}
-        # (key, earlier key of the same inference tensor object): recorded again since it may have
-        # been written in between; the same key if it was not (resolve())
+        self.resnap = resnap
+        # id -> (inference tensor seen again, its key): compared with its first record after the
+        # forward (check_repeats); resnap=False
+        self.repeats: dict[int, tuple[Any, str]] = {}
+        self._changed: list[Any] = []      # check_repeats' answers: bools, or flags on a device
+        # (key, earlier key of the same inference tensor object): snapshotted again (resnap=True);
+        # the same key if the contents are (resolve())
         self.maybe: list[tuple[str, str]] = []
         self.alive: list[Any] = []
         self.copies = _HostCopies()
@@ -230,17 +236,26 @@ class _Pool:
         returns one buffer it rewrites on every call. Matched by object alone, the later record
         named the earlier contents: the parent's golden was its child's output, silently (found in
         session 13). A tensor with a version counter is matched by it. The forward's own tensors
-        are inference tensors, which have none: such a tensor seen again is recorded again, and
-        resolve() merges the two keys after the forward where the contents are equal. (Run under
-        no_grad instead, to keep the counters, the recording forward cost 1.33x the plain one on
-        the H200 against 1.17-1.20x: session 13.) ``fresh``: a new key whatever (an in-place
-        module's output, its own input changed).
+        are inference tensors, which have none. Such a tensor seen again keeps its key, and
+        check_repeats() compares it with its first record after the forward; where one differs,
+        capture records again with ``resnap``: every such tensor seen again is snapshotted again,
+        and resolve() merges the keys whose contents are equal. Why in two steps: run under
+        no_grad to keep the counters, the recording forward cost 1.33x the plain one on the H200,
+        and snapshotting every repeat 1.10-1.11x what it had cost (a Llama hands each block its
+        predecessor's output and the rotary tables); most models write nothing they pass on
+        (session 13). ``fresh``: a new key whatever (an in-place module's output, its own input
+        changed).
         """
         inference = t.is_inference()
         v = None if inference else t._version
         hit = None if fresh else self.by_id.get(id(t))
-        if hit is not None and not inference and hit[1] == v:
-            return hit[0]
+        if hit is not None:
+            if not inference:
+                if hit[1] == v:
+                    return hit[0]
+            elif not self.resnap:
+                self.repeats.setdefault(id(t), (t, hit[0]))
+                return hit[0]
         k = f"t/{self._count}"
         self._count += 1
         if hit is not None and inference:
@@ -253,6 +268,36 @@ class _Pool:
             self._host[k] = self.copies.copy(t)
         return k
 
+    def check_repeats(self) -> None:
+        """Queue the comparison of every inference tensor seen again with its first record, as it
+        is after the forward (nothing waits; repeats_unchanged() reads the answer). Equal means it
+        was not written between the two, so the key it kept is right; a tensor whose first record
+        is not held on the device counts as changed."""
+        import torch
+
+        for t, k in self.repeats.values():
+            snap = self.device.get(k)
+            if not t.is_cuda:
+                first = self._host[k]
+                self._changed.append(not (first.shape == t.shape and torch.equal(_raw(first), _raw(t))))
+            elif snap is None or snap.shape != t.shape:
+                self._changed.append(True)
+            else:
+                self._changed.append(torch.ne(_raw(t), _raw(snap)).any())
+        self.repeats.clear()
+
+    def repeats_unchanged(self) -> bool:
+        """Whether no tensor check_repeats() compared had changed (waits for the device's answers)."""
+        import torch
+
+        flags = [f for f in self._changed if not isinstance(f, bool)]
+        if any(f for f in self._changed if isinstance(f, bool)):
+            return False
+        by_dev: dict[Any, list[Any]] = {}
+        for f in flags:
+            by_dev.setdefault(f.device, []).append(f)
+        return not any(bool(torch.stack(fs).any()) for fs in by_dev.values())
+
     def resolve(self) -> dict[str, str]:
         """{key: the earlier key it equals} for the tensors recorded again (``maybe``) whose contents
         had not changed; call after finish(), before drop_device(). Compared bit for bit (every
@@ -260,9 +305,7 @@ class _Pool:
         all), else on the host."""
         import torch
 
-        def raw(t: Any) -> Any:
-            return t.reshape(-1).view(torch.uint8)
-
+        raw = _raw
         same: dict[str, str] = {}
         on_dev: list[tuple[str, str, Any]] = []
         for k, earlier in self.maybe:
@@ -345,16 +388,25 @@ class Recording:
     pool: _Pool
 
 
-def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any) -> Recording:
+def _raw(t: Any) -> Any:
+    """``t``'s bytes, flat (bit-for-bit comparison of any dtype)."""
+    import torch
+
+    return t.reshape(-1).view(torch.uint8)
+
+
+def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any, resnap: bool = False) -> Recording:
     """One forward of ``m`` that copies every selected module call's input and output leaves to the host.
 
     Exactly the recording capture runs (a benchmark times this function); run it under
     ``numerics(rung, tf32)``. On CUDA the recorded tensors are device snapshots in ``pool.device``
     when it returns: ``pool.start_copies()`` sends them to the host without waiting (capture does so
     once the float64 model's construction is queued, so issuing them costs the forward nothing), and
-    ``pool.tensors`` issues what is left and waits for all of them.
+    ``pool.tensors`` issues what is left and waits for all of them. Where
+    ``pool.repeats_unchanged()`` is false, a tensor seen again had been written in between: record
+    again with ``resnap`` (see _Pool.add).
     """
-    pool = _Pool()
+    pool = _Pool(resnap)
     entries: dict[str, dict[str, Any]] = {}
 
     inputs: dict[str, Any] = {}    # this call's input leaves until its output is recorded
@@ -377,6 +429,7 @@ def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any) -> 
         out = _run(m, args, kwargs)
         order = list(hooks.order)
     outputs = {"out": {p: pool.add(t) for p, t in tensor_leaves(out).items()}, "const": constant_leaves(out)}
+    pool.check_repeats()
     pool.release()
     return Recording(entries, outputs, order, pool)
 
@@ -436,6 +489,9 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
     try:
         with numerics(rung, tf32):
             rec = recording_pass(m, selected, args, kwargs)
+            if not rec.pool.repeats_unchanged():   # a tensor passed on was written: snapshot repeats
+                rec.pool.drop_device()
+                rec = recording_pass(m, selected, args, kwargs, resnap=True)
         extra_meta: dict[str, Any] = {}
         if extra is not None:
             with numerics(rung, tf32):

@@ -50,7 +50,9 @@
 # 1.1B twice (the recording forward merging repeats after the forward), a warm one-thread pass's
 # phases (session 13's final code);
 # "I": the recording forward of session 12's code beside this tree's (bench_ab.py --capture) in two
-# processes, then bench_parity at 1.1B (session 13).
+# processes, then bench_parity at 1.1B (session 13);
+# "J": the final code: GPU tests (the capture's on CUDA among them), I's capture comparison in two
+# processes, bench_ab.py's replay comparison once, bench_parity at 1.1B (session 13).
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -397,6 +399,21 @@ if [[ "$part" == I ]]; then
   done
   timeout 100 python bench/bench_parity.py --device cuda --models 1b --reps 15 --out "$L/bench_I.json" > "$L/bench_I.log" 2>&1
   echo "bench 1b rc=$?" >> "$L/env.txt"; tail -1 "$L/bench_I.log"
+fi
+if [[ "$part" == J ]]; then
+  timeout 150 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu tests/unit/test_capture_fast.py \
+    tests/unit/test_inplace.py tests/unit/test_direct.py -o addopts="" > "$L/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?" >> "$L/env.txt"; tail -3 "$L/gpu_tests.log"
+  for i in 1 2; do
+    timeout 100 python bench/bench_ab.py --old ab/old/pytest_rocm_parity --device cuda --model 1b --capture --reps 30 \
+      --out "$L/abcap_p$i.json" > "$L/abcap_p$i.log" 2>&1
+    echo "ab capture p$i rc=$?" >> "$L/env.txt"; grep -E "x_paired|new_over_old|forward_ms" "$L/abcap_p$i.log"
+  done
+  timeout 100 python bench/bench_ab.py --old ab/old/pytest_rocm_parity --device cuda --model 1b --threads 1,auto --reps 40 \
+    --out "$L/ab_p1.json" > "$L/ab_p1.log" 2>&1
+  echo "ab p1 rc=$?" >> "$L/env.txt"; grep -E '"(old|new)_x_paired"|new_over_old|forward_ms' "$L/ab_p1.log"
+  timeout 100 python bench/bench_parity.py --device cuda --models 1b --reps 15 --out "$L/bench_J.json" > "$L/bench_J.log" 2>&1
+  echo "bench 1b rc=$?" >> "$L/env.txt"; tail -1 "$L/bench_J.log"
 fi
 cat "$L/env.txt"
 tail -3 "$L/gpu_tests.log" 2>/dev/null

@@ -266,3 +266,23 @@ def test_a_module_called_twice_is_judged_on_each_output_as_it_was_when_produced(
         assert {l.name for l in res.layers} == {"shared", "shared#1"}
         assert all(l.iso is not None and l.iso.ratio <= 1.0 for l in res.layers)
     assert len(made) == 2 and all(made)   # a slot per call, made on the first pass
+
+
+@pytest.mark.parametrize("model, passes", [(_Residual, 2), (Net, 2), (_CallsItTwice, 2), ("plain", 1)])
+def test_the_forward_is_recorded_again_only_where_a_tensor_handed_on_was_written(tmp_path, monkeypatch,
+                                                                                 model, passes) -> None:
+    """A model that writes nothing it hands on is recorded in one forward; one that does (a `+=` on
+    a child's output, an in-place ReLU, a reused buffer) in a second one that snapshots every
+    tensor seen again (capture._Pool.add)."""
+    from pytest_rocm_parity import capture as cap
+
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 16)) if model == "plain" else model()
+    width = 32 if model is Net else 16
+    x = torch.randn(8, width, generator=torch.Generator().manual_seed(1))
+    calls: list[bool] = []
+    real = cap.recording_pass
+    monkeypatch.setattr(cap, "recording_pass", lambda *a, **k: calls.append(k.get("resnap", False)) or real(*a, **k))
+    layers = ["b", "b.lin", "head"] if model is _Residual else None
+    capture(m, x, CheckSpec(name="r", dtypes=["float32"], drill=2, layers=layers), GoldenStore(tmp_path), "cpu")
+    assert calls == [False, True][:passes]
