@@ -140,10 +140,11 @@ def _capture_ab(a: Any, model: Any, versions: dict[str, str], run: Any) -> int:
                 rec = cap.recording_pass(model, selected, (), inputs)
             if a.device.startswith("cuda"):
                 torch.cuda.current_stream().synchronize()   # the forward's stream; the copies land after
-            if hasattr(rec.pool, "repeats_unchanged"):   # as capture() asks, where the version has it
-                assert rec.pool.repeats_unchanged()
             took = time.perf_counter() - t
             rec.pool.tensors
+            if hasattr(rec.pool, "check_repeats"):   # as capture() asks after the forward, where the version does
+                rec.pool.check_repeats()
+                assert rec.pool.repeats_unchanged()
             return took
         record()
         fns[tag] = record

@@ -236,6 +236,12 @@ def test_rung_files_equal_a_plain_reference(tmp_path: Path, which: str) -> None:
         assert ref_file.name == manifest["rungs"][rung]["file"]
 
 
+def _unchanged(rec: Any) -> bool:
+    """Whether no tensor handed on was written after it was recorded, as capture() asks."""
+    rec.pool.check_repeats()
+    return rec.pool.repeats_unchanged()
+
+
 def test_recording_pass_reports_every_call_in_order_deduplicated() -> None:
     model = _net(inplace=True)   # ReLU(inplace=True) rewrites fc1's output after it was recorded
     selected = select(model, None, 2)
@@ -244,8 +250,8 @@ def test_recording_pass_reports_every_call_in_order_deduplicated() -> None:
     rec = recording_pass(model, selected, args, kwargs)
     assert rec.order == ref.order
     # ReLU(inplace=True) wrote fc1's output after it was handed on: capture records again (resnap)
-    assert not rec.pool.repeats_unchanged()
-    assert recording_pass(_net(), selected, args, kwargs).pool.repeats_unchanged()
+    assert not _unchanged(rec)
+    assert _unchanged(recording_pass(_net(), selected, args, kwargs))
     rec = recording_pass(model, selected, args, kwargs, resnap=True)
     assert "shared#1" in rec.order and rec.order.index("blocks.2") < rec.order.index("shared")
     assert set(rec.entries) == set(rec.order)
@@ -395,10 +401,10 @@ def test_recording_pass_on_cuda_matches_synchronous_hooks(monkeypatch: pytest.Mo
     args, kwargs = cast_inputs(*normalize_inputs(_net_inputs()), torch.bfloat16, "cuda")
     ref = _record_plainly(model, selected, args, kwargs)
     rec = recording_pass(model, selected, args, kwargs)
-    assert rec.order == ref.order and not rec.pool.repeats_unchanged()   # ReLU(inplace=True): see the CPU test
+    assert rec.order == ref.order and not _unchanged(rec)   # ReLU(inplace=True): see the CPU test
     plain = _net().to("cuda", torch.bfloat16).eval()
     # held on the device, the repeats are compared there; streamed (hold 0), they count as changed
-    assert recording_pass(plain, select(plain, None, 2), args, kwargs).pool.repeats_unchanged() == (hold is None)
+    assert _unchanged(recording_pass(plain, select(plain, None, 2), args, kwargs)) == (hold is None)
     rec.pool.drop_device()
     rec = recording_pass(model, selected, args, kwargs, resnap=True)
     host = dict(rec.pool.tensors)
