@@ -52,7 +52,8 @@
 # "I": the recording forward of session 12's code beside this tree's (bench_ab.py --capture) in two
 # processes, then bench_parity at 1.1B (session 13);
 # "J": the final code: GPU tests (the capture's on CUDA among them), I's capture comparison in two
-# processes, bench_ab.py's replay comparison once, bench_parity at 1.1B (session 13).
+# processes, bench_ab.py's replay comparison once, bench_parity at 1.1B (session 13);
+# "K": D's sweep (one thread, auto, bare) in two processes on the final code (session 13).
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -414,6 +415,13 @@ if [[ "$part" == J ]]; then
   echo "ab p1 rc=$?" >> "$L/env.txt"; grep -E '"(old|new)_x_paired"|new_over_old|forward_ms' "$L/ab_p1.log"
   timeout 100 python bench/bench_parity.py --device cuda --models 1b --reps 15 --out "$L/bench_J.json" > "$L/bench_J.log" 2>&1
   echo "bench 1b rc=$?" >> "$L/env.txt"; tail -1 "$L/bench_J.log"
+fi
+if [[ "$part" == K ]]; then
+  for i in 1 2; do
+    timeout 100 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --bare \
+      --reps 30 --out "$L/threads_p$i.json" > "$L/threads_p$i.log" 2>&1
+    echo "threads p$i rc=$?" >> "$L/env.txt"
+  done
 fi
 cat "$L/env.txt"
 tail -3 "$L/gpu_tests.log" 2>/dev/null
