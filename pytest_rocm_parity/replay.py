@@ -507,36 +507,40 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
     return run
 
 
-# (tensor type, shape, dtype, device index, leaf, reference, residual, tolerance, report tag, bytes)
-_Slot = tuple[Any, Any, Any, int, str, Any, Any, Tolerance, str, int]
+# (the output's type: Tensor, tuple or list; per leaf, in order: (shape, dtype, device index, leaf,
+# reference, residual, tolerance, report tag, bytes); the Tensor type)
+_Slot = tuple[type, list[tuple[Any, Any, int, str, Any, Any, Tolerance, str, int]], Any]
 
 
 def _slot(out: Any, rows: list[tuple[str, str, str | None, str]] | None, reader: RungReader,
           t: Tolerance | None, queue: _StatsQueue) -> _Slot | None:
     """What _StatsQueue.add_slot needs to queue a direct call's output without compare()'s general
-    walk, or None where that walk is needed (several leaves, an exact or unjudged leaf, a shape or
-    device the quick statistics path does not take, a queue that judges at once).
+    walk, or None where that walk is needed (an exact or unjudged leaf, a nested output, a shape
+    or device the quick statistics path does not take, a queue that judges at once).
 
     Why: on the H200's host a pass's comparisons after each call cost 0.77 ms of a 1.1B pass
     (session 12, under cProfile), most of it checks whose answer depends on the golden alone,
     asked again on every call of every pass. Made once from the first output seen; add_slot then
-    checks only what the candidate may change (its type, shape, dtype, device, layout).
+    checks only what the candidate may change (its type, shapes, dtypes, devices, layouts). A
+    tuple or list of tensors (a rotary embedding's cos and sin) has a slot too: a level whose
+    every output went through slots restarts its statistics (_StatsQueue._launch).
     """
-    if rows is None or t is None or len(rows) != 1:
-        return None
     import torch
 
-    p, gk, tname, tag = rows[0]
-    if p != "0" or not tname:
+    leaves = [out] if type(out) is torch.Tensor else list(out) if type(out) in (tuple, list) else None
+    if rows is None or t is None or leaves is None or len(rows) != len(leaves) or not leaves:
         return None
-    ref, res = reader.get(gk), reader.get(tname)
-    if (type(out) is not torch.Tensor or not out.shape == ref.shape == res.shape or ref.numel() == 0
-            or out.is_complex() or ref.is_complex() or res.is_complex() or out.requires_grad
-            or not out.is_contiguous() or not (out.is_cuda or queue.DEFER_ON_CPU)
-            or not out.get_device() == ref.get_device() == res.get_device()):
-        return None
-    return (torch.Tensor, out.shape, out.dtype, out.get_device(), "0", ref, res, t, tag,
-            out.numel() * out.element_size())
+    specs = []
+    for i, (o, (p, gk, tname, tag)) in enumerate(zip(leaves, rows)):
+        if p != str(i) or not tname or type(o) is not torch.Tensor:
+            return None
+        ref, res = reader.get(gk), reader.get(tname)
+        if (not o.shape == ref.shape == res.shape or ref.numel() == 0 or o.is_complex() or ref.is_complex()
+                or res.is_complex() or o.requires_grad or not o.is_contiguous()
+                or not (o.is_cuda or queue.DEFER_ON_CPU) or not o.get_device() == ref.get_device() == res.get_device()):
+            return None
+        specs.append((o.shape, o.dtype, o.get_device(), p, ref, res, t, tag, o.numel() * o.element_size()))
+    return (type(out), specs, torch.Tensor)
 
 
 def _out_plan(key: str, e: dict[str, Any], truth_prefix: str, reader: RungReader) -> list[tuple[str, str, str | None, str]]:
@@ -641,18 +645,23 @@ class _StatsQueue:
     def add_slot(self, sink: dict[str, Any], key: str, c: Any, slot: Any, snapshot: bool) -> bool:
         """Queue a direct call's output ``c`` as ``sink[key]`` through its slot (replay._slot), which
         checked once what depends on the golden alone; False, nothing queued, where ``c`` is not the
-        tensor the slot expects (the caller's general comparison takes it then)."""
-        tensor, shape, dtype, dev, leaf, ref, res, tol, tag, size = slot
-        if (type(c) is not tensor or c.shape != shape or c.dtype is not dtype or c.get_device() != dev
-                or not c.is_contiguous()):
+        output the slot expects (the caller's general comparison takes it then)."""
+        kind, specs, tensor = slot
+        if type(c) is not kind:
             return False
-        if snapshot:
-            c = c.clone()
-        row: list[Any] = [None]
+        outs = (c,) if kind is tensor else c
+        if len(outs) != len(specs):
+            return False
+        for o, (shape, dtype, dev, *_rest) in zip(outs, specs):
+            if (type(o) is not tensor or o.shape != shape or o.dtype is not dtype or o.get_device() != dev
+                    or not o.is_contiguous()):
+                return False
+        row: list[Any] = [None] * len(specs)
         sink[key] = row
-        self.items.append((row, 0, leaf, c, ref, res, tol, True, tag))
-        self.slot_ids.append(id(slot))
-        self._queued(size)
+        for i, (o, (_s, _d, _v, leaf, ref, res, tol, tag, size)) in enumerate(zip(outs, specs)):
+            self.items.append((row, i, leaf, o.clone() if snapshot else o, ref, res, tol, True, tag))
+            self.slot_ids.append(id(slot))
+            self._queued(size)
         return True
 
     def _queued(self, size: int) -> None:

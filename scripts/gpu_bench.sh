@@ -53,7 +53,9 @@
 # processes, then bench_parity at 1.1B (session 13);
 # "J": the final code: GPU tests (the capture's on CUDA among them), I's capture comparison in two
 # processes, bench_ab.py's replay comparison once, bench_parity at 1.1B (session 13);
-# "K": D's sweep (one thread, auto, bare) in two processes on the final code (session 13).
+# "K": D's sweep (one thread, auto, bare) in two processes on the final code (session 13);
+# "L": slots for tuple outputs (the rotary tables), so the 1.1B level restarts its statistics: GPU
+# tests, a warm one-thread pass's phases, bench_ab.py once (session 13).
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -422,6 +424,16 @@ if [[ "$part" == K ]]; then
       --reps 30 --out "$L/threads_p$i.json" > "$L/threads_p$i.log" 2>&1
     echo "threads p$i rc=$?" >> "$L/env.txt"
   done
+fi
+if [[ "$part" == L ]]; then
+  timeout 90 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu -o addopts="" > "$L/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?" >> "$L/env.txt"; tail -3 "$L/gpu_tests.log"
+  timeout 60 python bench/diag_fast_pass.py --device cuda --model 1b --warm --threads 1 \
+    --out "$L/diag_1t.json" > "$L/diag_1t.log" 2>&1
+  echo "diag rc=$?" >> "$L/env.txt"; cat "$L/diag_1t.log"
+  timeout 90 python bench/bench_ab.py --old ab/old/pytest_rocm_parity --device cuda --model 1b --threads 1,auto --reps 40 \
+    --out "$L/ab_p1.json" > "$L/ab_p1.log" 2>&1
+  echo "ab p1 rc=$?" >> "$L/env.txt"; grep -E '"(old|new)_x_paired"|new_over_old|forward_ms|same' "$L/ab_p1.log"
 fi
 cat "$L/env.txt"
 tail -3 "$L/gpu_tests.log" 2>/dev/null

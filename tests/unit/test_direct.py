@@ -685,3 +685,36 @@ def test_a_call_given_a_container_gets_it_built_again_every_pass(tmp_path, monke
     for _ in range(3):
         res = run()
         assert res.passed and not res.notes[:-1], (res.notes, [(l.name, l.reason) for l in res.layers])
+
+
+def test_every_output_of_a_llama_level_goes_through_a_slot_and_judges_as_the_general_walk(tmp_path,
+                                                                                         monkeypatch) -> None:
+    """The rotary embedding's (cos, sin) included: from the second pass on, every leaf a level
+    queues came through a slot, which is what lets a GPU restart its graphed statistics
+    (_StatsQueue._launch, stats_graph.Restart); the ratios are the general walk's."""
+    model = _llama()
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+    inputs = {"input_ids": ids, "use_cache": False}
+    store = GoldenStore(tmp_path)
+    manifest = capture(model, inputs, CheckSpec(name="l", dtypes=["float32"], drill=0), store, "cpu")
+    meta = manifest["rungs"]["float32"]
+    spec = CheckSpec(name="l", dtypes=["float32"], drill=0, replay="fast", threads=1)
+    monkeypatch.setattr(replay_mod._StatsQueue, "DEFER_ON_CPU", True)
+    runs: list[list[int]] = []
+    real = replay_mod._StatsQueue._launch
+    monkeypatch.setattr(replay_mod._StatsQueue, "_launch",
+                        lambda self, items, slot_ids=None: runs.append(list(slot_ids or [])) or real(self, items, slot_ids))
+    got = {}
+    for slots in (True, False):
+        monkeypatch.setattr(replay_mod, "SLOTS", slots)
+        reader = RungReader(store.rung_file("l", manifest, "float32"), "cpu")
+        reader.preload(sorted(reader.keys), 1 << 30)
+        run = replay_mod.prepare_rung(model, spec, manifest, meta, reader, "float32", "cpu",
+                                      {"args": (), "kwargs": inputs}, keep_loaded=True)
+        runs.clear()
+        got[slots] = [_ratios(run()) for _ in range(3)]
+        rotary = next(e for e in meta["layers"] if e["name"].endswith("rotary_emb"))
+        assert len(rotary["out"]) == 2
+        assert len(runs) == 3 and len(runs[1]) == len(runs[2]) > 5
+        assert all(runs[2]) == slots and not any(runs[0])
+    assert got[True] == got[False]

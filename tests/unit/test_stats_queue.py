@@ -264,7 +264,7 @@ def test_a_slot_refuses_an_output_it_was_not_made_for(monkeypatch: pytest.Monkey
                             Tolerance(), q)
     assert slot is not None
     sink: dict[str, Any] = {}
-    for bad in (ref[:3], ref.double(), ref.t().contiguous().t(), (ref, ref), ref.unsqueeze(0)):
+    for bad in (ref[:3], ref.double(), ref.t().contiguous().t(), (ref,), [ref], ref.unsqueeze(0)):
         assert not q.add_slot(sink, "k", bad, slot, False)
     assert sink == {} and q.items == [] and q.held == 0
     assert q.add_slot(sink, "k", first, slot, False)
