@@ -176,20 +176,25 @@ class _Residual(nn.Module):
         return self.head(self.b(x))
 
 
+def _recorded(tmp_path, model_class: type, spec: CheckSpec) -> tuple[nn.Module, torch.Tensor, GoldenStore, dict, RungReader]:
+    """(model, input, store, the float32 rung's meta, its reader) of a fresh CPU capture."""
+    torch.manual_seed(0)
+    model = model_class()
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+    store = GoldenStore(tmp_path)
+    manifest = capture(model, x, spec, store, "cpu")
+    reader = RungReader(store.rung_file(spec.name, manifest, "float32"), "cpu")
+    return model, x, store, manifest["rungs"]["float32"], reader
+
+
 @pytest.mark.parametrize("route", ["full", "fast"])
 def test_a_child_output_written_by_its_parent_is_recorded_as_each_one_returned_it(tmp_path, route) -> None:
     """The block's golden is its own output, not its child's from before the `+=`; so a bug in the
     block's own arithmetic is caught and blamed on it, not on the child (session 13: matched by
     object alone, the block's golden was the child's output and the bug passed)."""
-    torch.manual_seed(0)
-    model = _Residual()
-    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
     spec = CheckSpec(name="residual", dtypes=["float32"], layers=["b", "b.lin", "head"], replay=route)
-    store = GoldenStore(tmp_path)
-    manifest = capture(model, x, spec, store, "cpu")
-    meta = manifest["rungs"]["float32"]
+    model, x, store, meta, reader = _recorded(tmp_path, _Residual, spec)
     entry = {e["key"]: e for e in meta["layers"]}
-    reader = RungReader(store.rung_file("residual", manifest, "float32"), "cpu")
     with torch.no_grad():
         lin_out, b_out = model.b.lin(x), model.b(x)
     assert torch.equal(reader.get(entry["b.lin"]["out"]["0"]), lin_out)
@@ -225,13 +230,7 @@ class _CallsItTwice(nn.Module):
 
 
 def test_a_buffer_a_module_returns_on_every_call_is_recorded_once_per_call(tmp_path) -> None:
-    torch.manual_seed(0)
-    model = _CallsItTwice()
-    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
-    spec = CheckSpec(name="reuse", dtypes=["float32"], drill=1)
-    store = GoldenStore(tmp_path)
-    meta = capture(model, x, spec, store, "cpu")["rungs"]["float32"]
-    reader = RungReader(store.rung_file("reuse", store.read_manifest("reuse"), "float32"), "cpu")
+    model, x, _store, meta, reader = _recorded(tmp_path, _CallsItTwice, CheckSpec(name="reuse", dtypes=["float32"], drill=1))
     entry = {e["key"]: e for e in meta["layers"]}
     with torch.no_grad():
         first = model.shared.lin(x)
@@ -246,18 +245,13 @@ def test_a_module_called_twice_is_judged_on_each_output_as_it_was_when_produced(
     each call on its own output, by direct calls alone."""
     from pytest_rocm_parity import replay as replay_mod
 
-    torch.manual_seed(0)
-    model = _CallsItTwice()
-    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
     spec = CheckSpec(name="twice", dtypes=["float32"], drill=1, replay="fast")
-    store = GoldenStore(tmp_path)
-    manifest = capture(model, x, spec, store, "cpu")
+    model, x, store, meta, reader = _recorded(tmp_path, _CallsItTwice, spec)
     monkeypatch.setattr(replay_mod._StatsQueue, "DEFER_ON_CPU", True)
     made: list[object] = []
     real = replay_mod._slot
     monkeypatch.setattr(replay_mod, "_slot", lambda *a: made.append(real(*a)) or made[-1])
-    run = replay_mod.prepare_rung(model, spec, manifest, manifest["rungs"]["float32"],
-                                  RungReader(store.rung_file("twice", manifest, "float32"), "cpu"),
+    run = replay_mod.prepare_rung(model, spec, store.read_manifest("twice"), meta, reader,
                                   "float32", "cpu", {"args": (x,), "kwargs": {}}, keep_loaded=True)
     for _ in range(3):
         res = run()
