@@ -235,7 +235,7 @@ def bench_one(name: str, device: str, batch: int, seq: int, reps: int, drill: in
         t1 = time.perf_counter()
         rec.pool.tensors
         t2 = time.perf_counter()
-        rec.pool.check_repeats()              # capture() does this while it builds the float64 model
+        rec.pool.check_repeats()              # as capture() does after the recording forward
         assert rec.pool.repeats_unchanged()   # this model writes nothing it hands on: one recording
         checks.append(time.perf_counter() - t2)
         del rec
