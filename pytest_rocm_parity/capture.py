@@ -279,13 +279,16 @@ class _Pool:
 
         for t, k in self.repeats.values():
             snap = self.device.get(k)
-            if not t.is_cuda:
-                first = self._host[k]
-                self._changed.append(not (first.shape == t.shape and torch.equal(_raw(first), _raw(t))))
-            elif snap is None or snap.shape != t.shape or snap.dtype != t.dtype:
+            try:
+                if not t.is_cuda:
+                    first = self._host[k]
+                    self._changed.append(not (first.shape == t.shape and torch.equal(_raw(first), _raw(t))))
+                elif snap is None or snap.shape != t.shape or snap.dtype != t.dtype:
+                    self._changed.append(True)
+                else:   # device time at the forward's end: read both, write a flag per 8 bytes
+                    self._changed.append(torch.ne(_raw(t, wide=True), _raw(snap, wide=True)).any())
+            except Exception:   # no byte view (a sparse or quantized tensor, a subclass): record again
                 self._changed.append(True)
-            else:   # device time at the forward's end: read both, write a flag per 8 bytes
-                self._changed.append(torch.ne(_raw(t, wide=True), _raw(snap, wide=True)).any())
         self.repeats.clear()
 
     def repeats_unchanged(self) -> bool:
@@ -312,12 +315,15 @@ class _Pool:
         on_dev: list[tuple[str, str, Any]] = []
         for k, earlier in self.maybe:
             a, b = self.device.get(k), self.device.get(earlier)
-            if a is None or b is None or a.device != b.device:
-                a, b = self._host[k], self._host[earlier]
-                if a.shape == b.shape and a.dtype == b.dtype and torch.equal(raw(a), raw(b)):
-                    same[k] = earlier
-            elif a.shape == b.shape and a.dtype == b.dtype:
-                on_dev.append((k, earlier, torch.ne(raw(a), raw(b)).any()))
+            try:
+                if a is None or b is None or a.device != b.device:
+                    a, b = self._host[k], self._host[earlier]
+                    if a.shape == b.shape and a.dtype == b.dtype and torch.equal(raw(a), raw(b)):
+                        same[k] = earlier
+                elif a.shape == b.shape and a.dtype == b.dtype:
+                    on_dev.append((k, earlier, torch.ne(raw(a), raw(b)).any()))
+            except Exception:   # no byte view: kept as two keys (correct, a little larger)
+                continue
         if on_dev:
             for (k, earlier, _), differs in zip(on_dev, torch.stack([d for *_, d in on_dev]).tolist()):
                 if not differs:
