@@ -477,3 +477,25 @@ def test_cuda_capture_equals_the_host_routes(tmp_path: Path, monkeypatch: pytest
             capture(model, inputs, spec, store, "cuda", env={})
             files[mode] = _rung_files(store, "net")
     assert files["auto"] == files["streamed"] == files["truth_via_host"] == files["all_host"]
+
+
+class _NoByteView(torch.Tensor):
+    """A tensor subclass whose bytes cannot be viewed (as some wrappers' cannot)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.view and any(isinstance(a, torch.dtype) for a in args[1:]):
+            raise RuntimeError("no byte view here")
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_a_tensor_seen_again_without_a_byte_view_is_recorded_again_not_an_error() -> None:
+    with torch.inference_mode():
+        t = torch.arange(6.0).as_subclass(_NoByteView)
+    pool = _Pool()
+    assert pool.add(t) == pool.add(t)
+    pool.check_repeats()
+    assert not pool.repeats_unchanged()      # capture then records again, snapshotting repeats
+    again = _Pool(resnap=True)
+    first, second = again.add(t), again.add(t)
+    assert first != second and again.resolve() == {}    # kept as two keys
