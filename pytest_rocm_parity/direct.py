@@ -125,10 +125,15 @@ def plan_level(meta: dict[str, Any], layers: dict[str, dict[str, Any]], level: i
             plan = f"{key}: {t}"
             break
         assert isinstance(plan, list)
-        flat = all(code in (_SLOT, _CONST) or code == _TUPLE and all(c in (_SLOT, _CONST) for c, _ in v)
-                   for node in (t[0][1], t[1][1].values()) for code, v in node)
-        plan.append(DirectCall(key, name, builder(*t), calls_of[name] > 1, flat))
+        plan.append(DirectCall(key, name, builder(*t), calls_of[name] > 1, _flat(*t)))
     return plan
+
+
+def _flat(args: Any, kwargs: Any) -> bool:
+    """Whether every argument is a leaf or a tuple of leaves (no list or dict a module could change)."""
+    leafy = (_SLOT, _CONST)
+    return all(code in leafy or code == _TUPLE and all(c in leafy for c, _ in val)
+               for code, val in [*args[1], *kwargs[1].values()])
 
 
 def run_level(model: Any, calls: list[DirectCall], built: list[tuple[Any, Any]],

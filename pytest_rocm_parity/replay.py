@@ -328,7 +328,7 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
             sink[key] = res
 
         def direct_out(key: str, out: Any, snapshot: bool) -> None:
-            """A direct call's output: queued through its slot when it is the tensor the slot expects
+            """A direct call's output: queued through its slot when it is the output the slot expects
             (_StatsQueue.add_slot), else by compare(), after which the slot is made once."""
             s = slots.get(key)
             if s is not None and queue.add_slot(iso, key, out, s, snapshot):
