@@ -701,9 +701,8 @@ class RungReader:
         again, watched as get_fresh would, without fetching; False, nothing handed, where one is no
         longer what get_fresh would hand out (reloaded, or a copy from now on).
 
-        Why: a pass of direct calls fetched every input of every call (2 us a call on the CI
-        machine's CPU, `bench_host_overhead.py --phases`; 3.5 us on the H200's host with its
-        timers, session 12), though a pass whose goldens were all handed out watched and none
+        Why: a pass of direct calls fetched every input of every call (3.5 us a call on the H200's
+        host, timers included: `bench_host_overhead.py --device cuda --phases`, session 12), though a pass whose goldens were all handed out watched and none
         written may keep its calls' inputs for the next (replay.prepare_rung keeps them); only the
         watch must start again."""
         cache, copies = self._cache, self._copy_keys
