@@ -702,9 +702,9 @@ class RungReader:
         longer what get_fresh would hand out (reloaded, or a copy from now on).
 
         Why: a pass of direct calls fetched every input of every call (3.5 us a call on the H200's
-        host, timers included: `bench_host_overhead.py --device cuda --phases`, session 12), though a pass whose goldens were all handed out watched and none
-        written may keep its calls' inputs for the next (replay.prepare_rung keeps them); only the
-        watch must start again."""
+        host, timers included: `bench_host_overhead.py --device cuda --phases`, session 12), though
+        a pass whose goldens were all handed out watched and none written may keep its calls'
+        inputs for the next (replay.prepare_rung keeps them); only the watch must start again."""
         cache, copies = self._cache, self._copy_keys
         for k, t in held.items():
             if cache.get(k) is not t or k in copies:
