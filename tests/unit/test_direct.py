@@ -575,7 +575,6 @@ def test_auto_threads_time_a_level_up_to_its_judged_outputs(tmp_path, monkeypatc
     assert sample >= 0.04 / shared
 
 
-
 class StartsWriting(nn.Module):
     """Scales its input in place after using it once ``writing`` is set: its output is the same,
     but a golden handed to it and kept for the next pass would not be."""

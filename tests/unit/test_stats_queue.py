@@ -16,7 +16,7 @@ from torch import nn
 from pytest_rocm_parity import replay as replay_mod
 from pytest_rocm_parity.capture import capture
 from pytest_rocm_parity.engine import CheckSpec
-from pytest_rocm_parity.golden import GoldenStore
+from pytest_rocm_parity.golden import GoldenStore, RungReader
 from pytest_rocm_parity.replay import replay
 
 
@@ -231,8 +231,6 @@ def test_direct_calls_queued_through_their_slots_judge_as_the_general_walk(tmp_p
     got = {}
     for slots in (True, False):
         monkeypatch.setattr(replay_mod, "SLOTS", slots)
-        from pytest_rocm_parity.golden import RungReader
-
         rung = "float32"
         reader = RungReader(store.rung_file("q", manifest, rung), "cpu")
         run = prepare_rung(model, spec, manifest, manifest["rungs"][rung], reader, rung, "cpu",
