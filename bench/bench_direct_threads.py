@@ -8,6 +8,7 @@
     python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --part-before-blocks on,off --bare
     python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --slots on,off --restarts on,off --bare
     python bench/bench_direct_threads.py --device cuda --models 1b --workers 1 --keep-inputs on,off --bare
+    python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --part-before-last 0,1,2,4
 
 ``--launch-mb``: arms with replay._StatsQueue.LAUNCH_BYTES set (MiB of candidate outputs that start
 a part of the statistics during the pass; 0: every statistic at the flush, as before session 6);
@@ -15,7 +16,8 @@ a part of the statistics during the pass; 0: every statistic at the flush, as be
 ``--blocks-last``: direct.BLOCKS_LAST on and off (the repeated blocks' calls after the others, or
 every call in the model's order). ``--part-before-blocks``: replay._StatsQueue.PART_BEFORE_BLOCKS
 on and off (the statistics of the calls before the repeated blocks started beside them, or all at
-the flush). ``--slots``: replay.SLOTS on and off (a direct call's output queued through the slot
+the flush). ``--part-before-last``: replay._StatsQueue.PART_BEFORE_LAST, arms of counts (a part
+started before a level's last that many repeated blocks, on one thread; 0: none). ``--slots``: replay.SLOTS on and off (a direct call's output queued through the slot
 made from its first, or by the general comparison); ``--restarts``: replay._StatsQueue.RESTARTS
 (a graphed run of slotted outputs started again through its stats_graph.Restart, or by
 stats_graph.start); ``--keep-inputs``: replay.KEEP_INPUTS (a level's calls given the inputs
@@ -54,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--blocks-last", default="", help="on,off: arms with direct.BLOCKS_LAST set")
     p.add_argument("--part-before-blocks", default="",
                    help="on,off: arms with replay._StatsQueue.PART_BEFORE_BLOCKS set")
+    p.add_argument("--part-before-last", default="",
+                   help="counts, comma-separated: arms with replay._StatsQueue.PART_BEFORE_LAST set")
     p.add_argument("--slots", default="", help="on,off: arms with replay.SLOTS set")
     p.add_argument("--restarts", default="", help="on,off: arms with replay._StatsQueue.RESTARTS set")
     p.add_argument("--keep-inputs", default="", help="on,off: arms with replay.KEEP_INPUTS set")
@@ -96,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
                  ("h", kernels, "HOST_POINTERS", a.host_pointers),
                  ("b", direct, "BLOCKS_LAST", a.blocks_last),
                  ("p", _StatsQueue, "PART_BEFORE_BLOCKS", a.part_before_blocks),
+                 ("t", _StatsQueue, "PART_BEFORE_LAST", [int(x) for x in a.part_before_last.split(",")]
+                  if a.part_before_last else None),
                  ("o", replay_mod, "SLOTS", a.slots),
                  ("r", _StatsQueue, "RESTARTS", a.restarts),
                  ("i", replay_mod, "KEEP_INPUTS", a.keep_inputs)]
@@ -191,10 +197,10 @@ def _device_allocs(device: str) -> int:
 
 
 def _label(tag: str, value: Any) -> str:
-    """An arm's name piece: _l128 for 128 MiB, _hon / _hoff for a switch."""
+    """An arm's name piece: _l128 for 128 MiB, _t2 for a count, _hon / _hoff for a switch."""
     if isinstance(value, bool):
         return f"_{tag}{'on' if value else 'off'}"
-    return f"_{tag}{int(value) >> 20}"
+    return f"_{tag}{int(value) >> 20 if tag == 'l' else int(value)}"
 
 
 if __name__ == "__main__":

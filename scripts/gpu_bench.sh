@@ -55,7 +55,9 @@
 # processes, bench_ab.py's replay comparison once, bench_parity at 1.1B (session 13);
 # "K": D's sweep (one thread, auto, bare) in two processes on the final code (session 13);
 # "L": slots for tuple outputs (the rotary tables), so the 1.1B level restarts its statistics: GPU
-# tests, a warm one-thread pass's phases, bench_ab.py once (session 13).
+# tests, a warm one-thread pass's phases, bench_ab.py once (session 13);
+# "M": GPU tests, then a part of the statistics before the level's last blocks (PART_BEFORE_LAST 0/2,
+# one thread and auto, bare) in two processes, and a warm one-thread pass's phases with 0 and 2 (session 14).
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -434,6 +436,20 @@ if [[ "$part" == L ]]; then
   timeout 90 python bench/bench_ab.py --old ab/old/pytest_rocm_parity --device cuda --model 1b --threads 1,auto --reps 40 \
     --out "$L/ab_p1.json" > "$L/ab_p1.log" 2>&1
   echo "ab p1 rc=$?" >> "$L/env.txt"; grep -E '"(old|new)_x_paired"|new_over_old|forward_ms|same' "$L/ab_p1.log"
+fi
+if [[ "$part" == M ]]; then
+  timeout 100 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu -o addopts="" > "$L/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?" >> "$L/env.txt"; tail -3 "$L/gpu_tests.log"
+  for i in 1 2; do
+    timeout 120 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --part-before-last 0,2 \
+      --bare --reps 30 --out "$L/threads_p$i.json" > "$L/threads_p$i.log" 2>&1
+    echo "threads p$i rc=$?" >> "$L/env.txt"
+  done
+  for n in 0 2; do
+    timeout 60 python bench/diag_fast_pass.py --device cuda --model 1b --warm --threads 1 --part-before-last $n \
+      --out "$L/diag_1t_t$n.json" > "$L/diag_1t_t$n.log" 2>&1
+    echo "diag t$n rc=$?" >> "$L/env.txt"; cat "$L/diag_1t_t$n.log"
+  done
 fi
 cat "$L/env.txt"
 tail -3 "$L/gpu_tests.log" 2>/dev/null

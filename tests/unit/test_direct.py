@@ -449,6 +449,47 @@ def test_a_part_before_the_blocks_holds_the_other_calls_statistics_and_judges_th
     assert seen[True][1] == seen[False][1]
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_part_before_the_last_blocks_leaves_only_theirs_to_the_flush_and_judges_the_same(tmp_path, monkeypatch,
+                                                                                            threads) -> None:
+    """_StatsQueue.PART_BEFORE_LAST: on one thread the statistics of every output before a level's last
+    blocks start as a part before them, only those blocks' at the flush; it takes PART_BEFORE_BLOCKS's
+    place, a count past the blocks puts the part before the first, and blocks shared between threads
+    start nothing early. The verdicts are those of one start at the flush."""
+    from pytest_rocm_parity import direct
+
+    model = _llama_n(5)   # 4 repeated blocks: shared by 2 threads (run_level shares 2 per thread at least)
+    inputs = {"input_ids": torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(1)),
+              "use_cache": False}
+    store = GoldenStore(tmp_path)
+    capture(model, inputs, CheckSpec(name="o", dtypes=["float32"], drill=0), store, "cpu")
+    monkeypatch.setattr(replay_mod._StatsQueue, "DEFER_ON_CPU", True)
+    monkeypatch.setattr(direct, "THREADS_ON_CPU", True)
+    starts: list[list[str]] = []
+    real = replay_mod._StatsQueue._launch
+    monkeypatch.setattr(replay_mod._StatsQueue, "_launch",
+                        lambda self, items, *rest: starts.append([it[8] for it in items]) or real(self, items, *rest))
+    seen = {}
+    for last, blocks in ((0, False), (1, False), (2, True), (9, False)):
+        monkeypatch.setattr(replay_mod._StatsQueue, "PART_BEFORE_LAST", last)
+        monkeypatch.setattr(replay_mod._StatsQueue, "PART_BEFORE_BLOCKS", blocks)
+        starts.clear()
+        (res,) = replay(model, inputs, CheckSpec(name="o", dtypes=["float32"], drill=0, replay="fast",
+                                                 threads=threads), store, "cpu")
+        assert res.passed
+        seen[last] = ([[t.split("/")[0] for t in s] for s in starts], _ratios(res))
+    first = ["model.embed_tokens", "model.rotary_emb", "model.rotary_emb", "model.layers.0", "model.norm", "lm_head"]
+    blocks = [f"model.layers.{i}" for i in (1, 2, 3, 4)]
+    if threads == 1:
+        assert seen[1][0] == [first + blocks[:3], blocks[3:]]
+        assert seen[2][0] == [first + blocks[:2], blocks[2:]]
+        assert seen[9][0] == [first, blocks]
+    else:
+        assert seen[1][0] == seen[2][0] == seen[9][0] == [first + blocks]
+    assert seen[0][0] == [first + blocks]
+    assert seen[1][1] == seen[2][1] == seen[9][1] == seen[0][1]
+
+
 class Flaky(nn.Module):
     """Raises when called off the thread that built it."""
 
