@@ -57,7 +57,9 @@
 # "L": slots for tuple outputs (the rotary tables), so the 1.1B level restarts its statistics: GPU
 # tests, a warm one-thread pass's phases, bench_ab.py once (session 13);
 # "M": GPU tests, then a part of the statistics before the level's last blocks (PART_BEFORE_LAST 0/2,
-# one thread and auto, bare) in two processes, and a warm one-thread pass's phases with 0 and 2 (session 14).
+# one thread and auto, bare) in two processes, and a warm one-thread pass's phases with 0 and 2 (session 14);
+# "N": that part on the side stream or the main one (PART_BEFORE_LAST 0/2 x SIDE_STREAM on/off, one
+# thread) in two processes, a warm one-thread pass's phases with the part on the main stream (session 14).
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -450,6 +452,16 @@ if [[ "$part" == M ]]; then
       --out "$L/diag_1t_t$n.json" > "$L/diag_1t_t$n.log" 2>&1
     echo "diag t$n rc=$?" >> "$L/env.txt"; cat "$L/diag_1t_t$n.log"
   done
+fi
+if [[ "$part" == N ]]; then
+  for i in 1 2; do
+    timeout 130 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1 --part-before-last 0,2 \
+      --side-stream on,off --reps 40 --out "$L/threads_p$i.json" > "$L/threads_p$i.log" 2>&1
+    echo "threads p$i rc=$?" >> "$L/env.txt"
+  done
+  timeout 60 python bench/diag_fast_pass.py --device cuda --model 1b --warm --threads 1 --part-before-last 2 \
+    --side-stream off --out "$L/diag_1t_t2_soff.json" > "$L/diag_1t_t2_soff.log" 2>&1
+  echo "diag t2 soff rc=$?" >> "$L/env.txt"; cat "$L/diag_1t_t2_soff.log"
 fi
 cat "$L/env.txt"
 tail -3 "$L/gpu_tests.log" 2>/dev/null
