@@ -59,7 +59,8 @@
 # "M": GPU tests, then a part of the statistics before the level's last blocks (PART_BEFORE_LAST 0/2,
 # one thread and auto, bare) in two processes, and a warm one-thread pass's phases with 0 and 2 (session 14);
 # "N": that part on the side stream or the main one (PART_BEFORE_LAST 0/2 x SIDE_STREAM on/off, one
-# thread) in two processes, a warm one-thread pass's phases with the part on the main stream (session 14).
+# thread) in two processes, a warm one-thread pass's phases with the part on the main stream (session 14);
+# "O": the thin model's harness time per direct call on the GPU's host, then K's sweep in two processes (session 14).
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -462,6 +463,16 @@ if [[ "$part" == N ]]; then
   timeout 60 python bench/diag_fast_pass.py --device cuda --model 1b --warm --threads 1 --part-before-last 2 \
     --side-stream off --out "$L/diag_1t_t2_soff.json" > "$L/diag_1t_t2_soff.log" 2>&1
   echo "diag t2 soff rc=$?" >> "$L/env.txt"; cat "$L/diag_1t_t2_soff.log"
+fi
+if [[ "$part" == O ]]; then
+  timeout 90 python bench/bench_host_overhead.py --device cuda --model thin --reps 200 --out "$L/host_thin.json" \
+    > "$L/host_thin.log" 2>&1
+  echo "host thin rc=$?" >> "$L/env.txt"; tail -1 "$L/host_thin.log"
+  for i in 1 2; do
+    timeout 130 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --bare \
+      --reps 30 --out "$L/threads_p$i.json" > "$L/threads_p$i.log" 2>&1
+    echo "threads p$i rc=$?" >> "$L/env.txt"
+  done
 fi
 cat "$L/env.txt"
 tail -3 "$L/gpu_tests.log" 2>/dev/null
