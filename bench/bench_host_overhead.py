@@ -19,7 +19,10 @@ difference, steadier when the host's speed drifts),
 and ``judge`` (after the flush: the per-layer verdicts). Since session 13 (slots, kept inputs) the
 per-call figures come out below zero on the CPU (-3 to -5 us): the bare loop frees each output
 inside its timing, the replay frees them at the flush, so that difference is this benchmark's
-floor, and a smaller harness no longer shows here. The flush's statistics are left out:
+floor, and a smaller harness no longer shows here. Hence the split (session 14): ``bare_held``
+(the bare loop keeping every output until its end, as a pass does), ``level_noop``
+(`direct.run_level` keeping each output, nothing queued), and per call ``hold`` (bare_held less
+bare), ``loop`` (level_noop less bare_held) and ``queue`` (direct less level_noop). The flush's statistics are left out:
 on a GPU they are the Triton kernel, here torch ops on the CPU. ``outside``: the pass less its
 direct calls, flush and judging, i.e. the pass's own bookkeeping (its inputs handed out, the
 records, the contexts), the same Python as on a GPU: 0.45 ms a pass on the H200's host (session 8,
@@ -105,7 +108,18 @@ def main(argv: list[str] | None = None) -> int:
         with torch.inference_mode():
             for m, args, kwargs in built:
                 m(*args, **kwargs)
-    samples: dict[str, list[float]] = {"bare": [], "bare_synced": [], "direct": [], "judge": [], "flush": [],
+    held: list[Any] = []
+
+    def bare_held() -> None:     # the bare loop keeping every output, as a pass does until its flush
+        with torch.inference_mode():
+            for m, args, kwargs in built:
+                held.append(m(*args, **kwargs))
+    level_args = [(args, kwargs) for _m, args, kwargs in built]
+
+    def level_noop() -> None:    # direct.run_level's loop, each output kept and nothing queued
+        direct.run_level(model, calls, level_args, lambda _k, o, _s: held.append(o), 1, mods)
+    samples: dict[str, list[float]] = {"bare": [], "bare_synced": [], "bare_held": [], "level_noop": [],
+                                       "direct": [], "judge": [], "flush": [],
                                        "pass": [], "outside": [], "fetch": [], "add": []}
     for _ in range(a.reps):
         sync(dev)
@@ -114,6 +128,13 @@ def main(argv: list[str] | None = None) -> int:
         samples["bare"].append(time.perf_counter() - t)
         sync(dev)
         samples["bare_synced"].append(time.perf_counter() - t)
+        for name, fn in (("bare_held", bare_held), ("level_noop", level_noop)):
+            sync(dev)
+            t = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - t)
+            sync(dev)
+            held.clear()
         times.clear()
         t = time.perf_counter()
         one()
@@ -131,7 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     name = f"llama-16wide-{a.layers}" if a.model == "thin" else a.model
     row = {"model": name, "device": dev, "phases": a.phases, "calls": len(calls), **{f"{k}_us": v for k, v in us.items()},
            "harness_per_call_us": (us["direct"] - us["bare"]) / len(calls),
-           "harness_per_call_paired_us": paired / len(calls)}
+           "harness_per_call_paired_us": paired / len(calls),
+           # the harness per call split: outputs kept to the flush, run_level's own loop, the queueing
+           "hold_per_call_us": (us["bare_held"] - us["bare"]) / len(calls),
+           "loop_per_call_us": (us["level_noop"] - us["bare_held"]) / len(calls),
+           "queue_per_call_us": (us["direct"] - us["level_noop"]) / len(calls)}
     print(json.dumps(row), flush=True)
     write_rows(a.out, dev, [row])
     return 0

@@ -60,7 +60,8 @@
 # one thread and auto, bare) in two processes, and a warm one-thread pass's phases with 0 and 2 (session 14);
 # "N": that part on the side stream or the main one (PART_BEFORE_LAST 0/2 x SIDE_STREAM on/off, one
 # thread) in two processes, a warm one-thread pass's phases with the part on the main stream (session 14);
-# "O": the thin model's harness time per direct call on the GPU's host, then K's sweep in two processes (session 14).
+# "O": the thin model's harness time per direct call on the GPU's host, then K's sweep in two processes (session 14);
+# "P": that harness time split (outputs kept, run_level's loop, the queueing), thin model twice and 1.1B (session 14).
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -472,6 +473,13 @@ if [[ "$part" == O ]]; then
     timeout 130 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --bare \
       --reps 30 --out "$L/threads_p$i.json" > "$L/threads_p$i.log" 2>&1
     echo "threads p$i rc=$?" >> "$L/env.txt"
+  done
+fi
+if [[ "$part" == P ]]; then
+  for m in thin thin 1b; do
+    timeout 90 python bench/bench_host_overhead.py --device cuda --model $m --reps 200 --out "$L/host_$m.json" \
+      > "$L/host_$m.log" 2>&1
+    echo "host $m rc=$?" >> "$L/env.txt"; tail -1 "$L/host_$m.log"
   done
 fi
 cat "$L/env.txt"
