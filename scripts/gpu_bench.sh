@@ -476,10 +476,11 @@ if [[ "$part" == O ]]; then
   done
 fi
 if [[ "$part" == P ]]; then
-  for m in thin thin 1b; do
-    timeout 90 python bench/bench_host_overhead.py --device cuda --model $m --reps 200 --out "$L/host_$m.json" \
-      > "$L/host_$m.log" 2>&1
-    echo "host $m rc=$?" >> "$L/env.txt"; tail -1 "$L/host_$m.log"
+  for mi in thin:1 thin:2 1b:1; do
+    m=${mi%%:*}
+    timeout 90 python bench/bench_host_overhead.py --device cuda --model $m --reps 200 --out "$L/host_${m}_${mi##*:}.json" \
+      > "$L/host_${m}_${mi##*:}.log" 2>&1
+    echo "host $mi rc=$?" >> "$L/env.txt"; tail -1 "$L/host_${m}_${mi##*:}.log"
   done
 fi
 cat "$L/env.txt"
