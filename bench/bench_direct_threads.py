@@ -20,7 +20,8 @@ the flush). ``--part-before-last``: replay._StatsQueue.PART_BEFORE_LAST, arms of
 started before a level's last that many repeated blocks, on one thread; 0: none). ``--slots``: replay.SLOTS on and off (a direct call's output queued through the slot
 made from its first, or by the general comparison); ``--restarts``: replay._StatsQueue.RESTARTS
 (a graphed run of slotted outputs started again through its stats_graph.Restart, or by
-stats_graph.start); ``--keep-inputs``: replay.KEEP_INPUTS (a level's calls given the inputs
+stats_graph.start); ``--defer-slots``: replay.DEFER_SLOTS (a level's slotted outputs queued
+together after its calls, or each as its call returns); ``--keep-inputs``: replay.KEEP_INPUTS (a level's calls given the inputs
 kept from the pass before, or fetched every pass). ``--bare``: one more arm, the level's modules called on their
 golden inputs by a plain loop in the model's order, nothing judged: the floor of a pass's calls,
 so pass - bare is what the harness costs on this host. Each arm's ``_xp``: the median over
@@ -59,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--part-before-last", default="",
                    help="counts, comma-separated: arms with replay._StatsQueue.PART_BEFORE_LAST set")
     p.add_argument("--slots", default="", help="on,off: arms with replay.SLOTS set")
+    p.add_argument("--defer-slots", default="", help="on,off: arms with replay.DEFER_SLOTS set")
     p.add_argument("--restarts", default="", help="on,off: arms with replay._StatsQueue.RESTARTS set")
     p.add_argument("--keep-inputs", default="", help="on,off: arms with replay.KEEP_INPUTS set")
     p.add_argument("--bare", action="store_true", help="an arm of the modules alone on their golden inputs")
@@ -103,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                  ("t", _StatsQueue, "PART_BEFORE_LAST", [int(x) for x in a.part_before_last.split(",")]
                   if a.part_before_last else None),
                  ("o", replay_mod, "SLOTS", a.slots),
+                 ("d", replay_mod, "DEFER_SLOTS", a.defer_slots),
                  ("r", _StatsQueue, "RESTARTS", a.restarts),
                  ("i", replay_mod, "KEEP_INPUTS", a.keep_inputs)]
         values = [v if isinstance(v, list) else [x == "on" for x in v.split(",")] if v else [getattr(o, at)]

@@ -54,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
 
     a = thin_args(__doc__ or "", argv, devices=True,
                   more={"--phases": "time the direct calls' golden fetches (fetch) and queued comparisons (add) "
-                                    "apart; their timers add host time of their own"})
+                                    "apart; their timers add host time of their own",
+                        "--no-defer": "replay.DEFER_SLOTS off: each output queued through its slot as its call "
+                                      "returns, not with the level's others after the calls"})
     import torch
 
     from pytest_rocm_parity import direct, replay as rp
@@ -77,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     reader = RungReader(store.rung_file("o", manifest, rung), dev)
     reader.preload(reader.keys, 1 << 40)
     rp._StatsQueue.DEFER_ON_CPU = dev == "cpu"
+    rp.DEFER_SLOTS = not a.no_defer
 
     times: dict[str, float] = {}
     calls_seen: list[Any] = []
@@ -150,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     # drifts between runs; the difference of two medians carries that drift)
     paired = statistics.median(d - b for d, b in zip(samples["direct"], samples["bare"])) * 1e6
     name = f"llama-16wide-{a.layers}" if a.model == "thin" else a.model
-    row = {"model": name, "device": dev, "phases": a.phases, "calls": len(calls), **{f"{k}_us": v for k, v in us.items()},
+    row = {"model": name, "device": dev, "phases": a.phases, "defer": rp.DEFER_SLOTS, "calls": len(calls), **{f"{k}_us": v for k, v in us.items()},
            "harness_per_call_us": (us["direct"] - us["bare"]) / len(calls),
            "harness_per_call_paired_us": paired / len(calls),
            # the harness per call split: outputs kept to the flush, run_level's own loop, the queueing

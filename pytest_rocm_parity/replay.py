@@ -47,6 +47,9 @@ KEEP_INPUTS = True
 # A direct call's output queued through the slot made from its first output (_slot, add_slot), not
 # compare()'s general walk; tests compare both routes.
 SLOTS = True
+# A level's direct-call outputs that have slots queued together after its calls (_StatsQueue.add_slots),
+# not one by one as each call returns; tests compare both routes.
+DEFER_SLOTS = True
 
 
 def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: RungReader, rung: str,
@@ -327,15 +330,39 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                     queue.keep_if_failing(res[-1], c, t, isolated, tag)
             sink[key] = res
 
+        # direct calls' outputs that have slots, queued at once by drain() after the level's calls
+        deferred: list[tuple[str, Any, Any]] = []
+        deferred_bytes = [0]
+
         def direct_out(key: str, out: Any, snapshot: bool) -> None:
-            """A direct call's output: queued through its slot when it is the output the slot expects
-            (_StatsQueue.add_slot), else by compare(), after which the slot is made once."""
+            """A direct call's output: deferred to drain() when it has a slot (or queued through it at
+            once, for a ``snapshot``), else compare()'s, after which the slot is made once."""
             s = slots.get(key)
-            if s is not None and queue.add_slot(iso, key, out, s, snapshot):
-                return
+            if s is not None:
+                if not snapshot and DEFER_SLOTS and not queue.LAUNCH_BYTES:
+                    deferred.append((key, out, s))
+                    deferred_bytes[0] += s[3]
+                    if deferred_bytes[0] + queue.held > queue.HOLD_BYTES:
+                        drain()    # the queue's early flush frees held outputs as it did call by call
+                    return
+                if queue.add_slot(iso, key, out, s, snapshot):
+                    return
             compare(key, out, "truth", iso, snapshot)
             if SLOTS and key not in slots:
                 slots[key] = _slot(out, out_plans.get((key, "truth")), reader, tols.get(key), queue)
+
+        def drain() -> None:
+            """The deferred outputs queued through their slots; one that is not what its slot expects
+            goes to compare()."""
+            if deferred:
+                for key, out in queue.add_slots(iso, deferred):
+                    compare(key, out, "truth", iso, False)
+                deferred.clear()
+                deferred_bytes[0] = 0
+
+        def start_part() -> None:
+            drain()
+            queue.start_part()
 
         outs: list[LayerRecord] = []
         notes: list[str] = []
@@ -382,10 +409,12 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                     mods = level_mods[level] = resolve_modules(m, calls)
                 timing: list[Callable[[], None] | None] = []
                 late = queue.PART_BEFORE_LAST
-                part = queue.start_part if late or queue.PART_BEFORE_BLOCKS else None
+                part = start_part if late or queue.PART_BEFORE_BLOCKS else None
                 made: list[tuple[dict[str, Any], list[tuple[Any, Any]]] | None] = []
 
                 def one() -> None:
+                    deferred.clear()
+                    deferred_bytes[0] = 0
                     kept = inputs_kept.get(level) if KEEP_INPUTS else None
                     if kept is not None and reader.rehand(kept[0]):
                         built = kept[1]
@@ -399,6 +428,7 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                         made.append(({k: memo[k] for k in keys}, built)
                                     if keys <= memo.keys() and all(c.flat for c in calls) else None)
                     timing.append(run_level(m, calls, built, direct_out, spec.threads, mods, part, late))
+                    drain()
                 watched(one, iso)
                 if made[-1] is not None:   # its last try wrote no golden: the next pass may keep them
                     inputs_kept[level] = made[-1]
@@ -406,6 +436,7 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                 if timing and timing[-1] is not None:
                     timing[-1]()    # the --parity-threads=auto choice, timed to the judged outputs
             except Exception as exc:   # a module that needs its caller's context
+                deferred.clear()
                 queue.discard(mark)
                 for k in set(iso) - before:
                     del iso[k]
@@ -509,8 +540,8 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
 
 
 # (the output's type: Tensor, tuple or list; per leaf, in order: (shape, dtype, device index, leaf,
-# reference, residual, tolerance, report tag, bytes); the Tensor type)
-_Slot = tuple[type, list[tuple[Any, Any, int, str, Any, Any, Tolerance, str, int]], Any]
+# reference, residual, tolerance, report tag, bytes); the Tensor type; the leaves' bytes)
+_Slot = tuple[type, list[tuple[Any, Any, int, str, Any, Any, Tolerance, str, int]], Any, int]
 
 
 def _slot(out: Any, rows: list[tuple[str, str, str | None, str]] | None, reader: RungReader,
@@ -541,7 +572,7 @@ def _slot(out: Any, rows: list[tuple[str, str, str | None, str]] | None, reader:
                 or not (o.is_cuda or queue.DEFER_ON_CPU) or not o.get_device() == ref.get_device() == res.get_device()):
             return None
         specs.append((o.shape, o.dtype, o.get_device(), p, ref, res, t, tag, o.numel() * o.element_size()))
-    return (type(out), specs, torch.Tensor)
+    return (type(out), specs, torch.Tensor, sum(sp[-1] for sp in specs))
 
 
 def _out_plan(key: str, e: dict[str, Any], truth_prefix: str, reader: RungReader) -> list[tuple[str, str, str | None, str]]:
@@ -651,23 +682,42 @@ class _StatsQueue:
         """Queue a direct call's output ``c`` as ``sink[key]`` through its slot (replay._slot), which
         checked once what depends on the golden alone; False, nothing queued, where ``c`` is not the
         output the slot expects (the caller's general comparison takes it then)."""
-        kind, specs, tensor = slot
-        if type(c) is not kind:
-            return False
-        outs = (c,) if kind is tensor else c
-        if len(outs) != len(specs):
-            return False
-        for o, (shape, dtype, dev, *_rest) in zip(outs, specs):
-            if (type(o) is not tensor or o.shape != shape or o.dtype is not dtype or o.get_device() != dev
-                    or not o.is_contiguous()):
-                return False
-        row: list[Any] = [None] * len(specs)
-        sink[key] = row
-        for i, (o, (_s, _d, _v, leaf, ref, res, tol, tag, size)) in enumerate(zip(outs, specs)):
-            self.items.append((row, i, leaf, o.clone() if snapshot else o, ref, res, tol, True, tag))
-            self.slot_ids.append(id(slot))
-            self._queued(size)
-        return True
+        return not self.add_slots(sink, [(key, c, slot)], snapshot)
+
+    def add_slots(self, sink: dict[str, Any], batch: list[tuple[str, Any, Any]],
+                  snapshot: bool = False) -> list[tuple[str, Any]]:
+        """add_slot for many (key, output, slot) at once; the (key, output) pairs not queued.
+
+        Why at once: replay defers a level's outputs to here (DEFER_SLOTS). On the H200's host the
+        queueing cost 25-36 us per direct call, one Python call after another (session 14,
+        bench/bench_host_overhead.py's ``queue``); a loop over the level pays the calls' overhead once.
+        Each candidate is still checked for what it may change: its type, shapes, dtypes, devices
+        and layouts (the statistics kernel reads it flat, at the golden's size).
+        """
+        items, ids, missed, total = self.items, self.slot_ids, [], 0
+        for key, c, slot in batch:
+            kind, specs, tensor, size = slot
+            outs = (c,) if kind is tensor else c
+            if type(c) is not kind or len(outs) != len(specs):
+                missed.append((key, c))
+                continue
+            for o, (shape, dtype, dev, *_rest) in zip(outs, specs):
+                if (type(o) is not tensor or o.shape != shape or o.dtype is not dtype or o.get_device() != dev
+                        or not o.is_contiguous()):
+                    break
+            else:
+                row: list[Any] = [None] * len(specs)
+                sink[key] = row
+                sid = id(slot)
+                for i, (o, (_s, _d, _v, leaf, ref, res, tol, tag, _n)) in enumerate(zip(outs, specs)):
+                    items.append((row, i, leaf, o.clone() if snapshot else o, ref, res, tol, True, tag))
+                    ids.append(sid)
+                total += size
+                continue
+            missed.append((key, c))
+        if total:
+            self._queued(total)
+        return missed
 
     def _queued(self, size: int) -> None:
         self.held += size

@@ -61,7 +61,9 @@
 # "N": that part on the side stream or the main one (PART_BEFORE_LAST 0/2 x SIDE_STREAM on/off, one
 # thread) in two processes, a warm one-thread pass's phases with the part on the main stream (session 14);
 # "O": the thin model's harness time per direct call on the GPU's host, then K's sweep in two processes (session 14);
-# "P": that harness time split (outputs kept, run_level's loop, the queueing), thin model twice and 1.1B (session 14).
+# "P": that harness time split (outputs kept, run_level's loop, the queueing), thin model twice and 1.1B (session 14);
+# "Q": GPU tests, then a level's slotted outputs queued after its calls or as each returns (DEFER_SLOTS):
+# the thin model's host time both ways, the sweep (on/off, one thread and auto, bare) in two processes (session 14).
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -481,6 +483,20 @@ if [[ "$part" == P ]]; then
     timeout 90 python bench/bench_host_overhead.py --device cuda --model $m --reps 200 --out "$L/host_${m}_${mi##*:}.json" \
       > "$L/host_${m}_${mi##*:}.log" 2>&1
     echo "host $mi rc=$?" >> "$L/env.txt"; tail -1 "$L/host_${m}_${mi##*:}.log"
+  done
+fi
+if [[ "$part" == Q ]]; then
+  timeout 100 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu -o addopts="" > "$L/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?" >> "$L/env.txt"; tail -3 "$L/gpu_tests.log"
+  for d in on off on off; do
+    timeout 60 python bench/bench_host_overhead.py --device cuda --model thin --reps 150 $([[ $d == off ]] && echo --no-defer) \
+      >> "$L/host_thin.log" 2>&1
+    echo "host thin defer $d rc=$?" >> "$L/env.txt"; tail -1 "$L/host_thin.log"
+  done
+  for i in 1 2; do
+    timeout 130 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --defer-slots on,off \
+      --bare --reps 30 --out "$L/threads_p$i.json" > "$L/threads_p$i.log" 2>&1
+    echo "threads p$i rc=$?" >> "$L/env.txt"
   done
 fi
 cat "$L/env.txt"

@@ -213,7 +213,8 @@ def test_what_a_queue_knows_of_a_golden_is_its_own(monkeypatch: pytest.MonkeyPat
 def test_direct_calls_queued_through_their_slots_judge_as_the_general_walk(tmp_path: Any,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """From a rung's second pass on, a direct call's output is queued through the slot made from its
-    first (replay._slot, _StatsQueue.add_slot); every verdict and metric is the general walk's."""
+    first (replay._slot, _StatsQueue.add_slots), deferred to the level's end (DEFER_SLOTS) or as the
+    call returns; every verdict and metric is the general walk's."""
     from pytest_rocm_parity.replay import prepare_rung
 
     model, x, spec, store = _setup(tmp_path)
@@ -221,31 +222,68 @@ def test_direct_calls_queued_through_their_slots_judge_as_the_general_walk(tmp_p
     spec.replay = "fast"
     monkeypatch.setattr(replay_mod._StatsQueue, "DEFER_ON_CPU", True)
     manifest = store.read_manifest("q")
-    taken: list[bool] = []
-    real = replay_mod._StatsQueue.add_slot
+    taken: list[int] = []    # per add_slots call: how many outputs it queued (-1 per output refused)
+    real = replay_mod._StatsQueue.add_slots
 
-    def counted(self: Any, *a: Any) -> bool:
-        taken.append(real(self, *a))
-        return taken[-1]
-    monkeypatch.setattr(replay_mod._StatsQueue, "add_slot", counted)
+    def counted(self: Any, sink: Any, batch: Any, *a: Any) -> Any:
+        missed = real(self, sink, batch, *a)
+        taken.append(len(batch) - len(missed) if not missed else -len(missed))
+        return missed
+    monkeypatch.setattr(replay_mod._StatsQueue, "add_slots", counted)
     got = {}
-    for slots in (True, False):
+    for slots, defer in ((True, True), (True, False), (False, True)):
         monkeypatch.setattr(replay_mod, "SLOTS", slots)
+        monkeypatch.setattr(replay_mod, "DEFER_SLOTS", defer)
         rung = "float32"
         reader = RungReader(store.rung_file("q", manifest, rung), "cpu")
         run = prepare_rung(model, spec, manifest, manifest["rungs"][rung], reader, rung, "cpu",
                            {"args": (x,), "kwargs": {}}, keep_loaded=True)
         taken.clear()
         passes = [run() for _ in range(3)]
-        got[slots] = [_summary([p]) for p in passes]
-        if slots:   # the first pass makes the slots; each later one queues every call's output through them
-            calls = len(taken) // 2
-            assert calls >= 4 and taken == [True] * (2 * calls), taken
-            assert not passes[0].passed and str(passes[-1].culprit).startswith("blocks.1")
-        else:
+        got[slots, defer] = [_summary([p]) for p in passes]
+        if not slots:
             assert taken == []
-    assert got[True] == got[False]
-    assert got[True][0] == got[True][2]
+        elif defer:   # the first pass makes the slots; each later one queues a level's outputs at once
+            levels = len(taken) // 2
+            assert levels >= 2 and min(taken) >= 2 and taken[:levels] == taken[levels:], taken
+            assert not passes[0].passed and str(passes[-1].culprit).startswith("blocks.1")
+        else:         # one by one
+            calls = len(taken) // 2
+            assert calls >= 4 and taken == [1] * (2 * calls), taken
+    assert got[True, True] == got[True, False] == got[False, True]
+    assert got[True, True][0] == got[True, True][2]
+
+
+def test_deferred_outputs_still_flush_early_past_the_hold_limit(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outputs deferred to a level's end (DEFER_SLOTS) are queued as soon as what waits would pass
+    HOLD_BYTES, so the queue's early flush frees them as it did call by call: with a limit of one
+    byte no flush judges more than one leaf, on the passes through slots too; the verdicts are those
+    of the default limit."""
+    from pytest_rocm_parity.replay import prepare_rung
+
+    model, x, spec, store = _setup(tmp_path)
+    model.blocks[1][1].approximate = "tanh"
+    spec.replay = "fast"
+    monkeypatch.setattr(replay_mod._StatsQueue, "DEFER_ON_CPU", True)
+    manifest = store.read_manifest("q")
+    flushes: list[int] = []
+    real_flush = replay_mod._StatsQueue.flush
+
+    def counting_flush(self: Any, **kw: Any) -> None:
+        flushes.append(len(self.items))
+        real_flush(self, **kw)
+    monkeypatch.setattr(replay_mod._StatsQueue, "flush", counting_flush)
+    got = {}
+    for hold in (1, replay_mod._StatsQueue.HOLD_BYTES):
+        monkeypatch.setattr(replay_mod._StatsQueue, "HOLD_BYTES", hold)
+        reader = RungReader(store.rung_file("q", manifest, "float32"), "cpu")
+        run = prepare_rung(model, spec, manifest, manifest["rungs"]["float32"], reader, "float32", "cpu",
+                           {"args": (x,), "kwargs": {}}, keep_loaded=True)
+        run()
+        flushes.clear()
+        got[hold] = [_summary([run()]) for _ in range(2)]
+        assert (max(flushes) == 1) == (hold == 1), flushes
+    assert got[1] == got[replay_mod._StatsQueue.HOLD_BYTES]
 
 
 def test_a_slot_refuses_an_output_it_was_not_made_for(monkeypatch: pytest.MonkeyPatch) -> None:
