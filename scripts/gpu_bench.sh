@@ -64,7 +64,8 @@
 # "P": that harness time split (outputs kept, run_level's loop, the queueing), thin model twice and 1.1B (session 14);
 # "Q": GPU tests, then a level's slotted outputs queued after its calls or as each returns (DEFER_SLOTS):
 # the thin model's host time both ways, the sweep (on/off, one thread and auto, bare) in two processes (session 14);
-# "R": bench_ab.py against session 13's final code (ab/old: an export of 42d76ea) in three processes (session 14).
+# "R": bench_ab.py against session 13's final code (ab/old: an export of 42d76ea) in three processes (session 14);
+# "S": the final code: K's sweep (one thread, auto, bare) in two processes, then R's comparison in two (session 14).
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -503,6 +504,18 @@ fi
 if [[ "$part" == R ]]; then
   for i in 1 2 3; do
     timeout 150 python bench/bench_ab.py --old ab/old/pytest_rocm_parity --device cuda --model 1b --threads 1,auto --reps 40 \
+      --out "$L/ab_p$i.json" > "$L/ab_p$i.log" 2>&1
+    echo "ab p$i rc=$?" >> "$L/env.txt"; grep -E '"(old|new)_x_paired"|new_over_old|new_faster|forward_ms|same' "$L/ab_p$i.log"
+  done
+fi
+if [[ "$part" == S ]]; then
+  for i in 1 2; do
+    timeout 120 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --bare \
+      --reps 30 --out "$L/threads_p$i.json" > "$L/threads_p$i.log" 2>&1
+    echo "threads p$i rc=$?" >> "$L/env.txt"
+  done
+  for i in 1 2; do
+    timeout 100 python bench/bench_ab.py --old ab/old/pytest_rocm_parity --device cuda --model 1b --threads 1,auto --reps 40 \
       --out "$L/ab_p$i.json" > "$L/ab_p$i.log" 2>&1
     echo "ab p$i rc=$?" >> "$L/env.txt"; grep -E '"(old|new)_x_paired"|new_over_old|new_faster|forward_ms|same' "$L/ab_p$i.log"
   done
