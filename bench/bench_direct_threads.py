@@ -41,6 +41,7 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 from typing import Any
 
 
@@ -120,17 +121,17 @@ def main(argv: list[str] | None = None) -> int:
                 label = f"pass_w{w}" + "".join(_label(tag, x) for (tag, *_), vs, x in zip(knobs, values, combo)
                                                if len(vs) > 1)
 
-                def arm(one: Any = one, combo: tuple[Any, ...] = combo, label: str = label) -> Any:
+                def arm(one: Any = one, combo: tuple[Any, ...] = combo) -> Any:
                     for (_, o, at, _v), x in zip(knobs, combo):
                         setattr(o, at, x)
-                    before = _device_allocs(a.device)
                     try:
                         return one()
                     finally:
                         for (_, o, at, _v), x in zip(knobs, defaults):
                             setattr(o, at, x)
-                        allocs.setdefault(label, []).append(_device_allocs(a.device) - before)
+                before = _device_allocs(a.device)
                 res = arm()
+                allocs[label] = [_device_allocs(a.device) - before]
                 ratios[(w, *combo)] = {l.name: l.iso.ratio for l in res.layers if l.iso}
                 fns[label] = arm
         if a.bare:
@@ -143,7 +144,10 @@ def main(argv: list[str] | None = None) -> int:
             return picked[-1]
         direct.CHOOSER.pick = pick        # type: ignore[method-assign]
         raw: dict[str, list[float]] = {}
-        got = interleaved(fns, a.device, a.reps, raw)
+        probed: dict[str, list[int]] = {}
+        got = interleaved(fns, a.device, a.reps, raw, lambda: _device_allocs(a.device), probed)
+        for label in allocs:
+            allocs[label] += probed.get(label, [])
         direct.CHOOSER.pick = real_pick   # type: ignore[method-assign]
         row: dict[str, Any] = {"model": name, **{f"{k}_ms": v * 1e3 for k, v in got.items()}}
         for k, v in got.items():
@@ -165,6 +169,14 @@ def main(argv: list[str] | None = None) -> int:
         row["auto_sequence"] = picked
         row["raw_ms"] = {k: [round(x * 1e3, 3) for x in v] for k, v in raw.items()}
         row["device_allocs"] = allocs    # the set-up pass first, then one per rep
+        # what one read of that counter costs the host: sweeps before session 14 read it twice inside
+        # each pass arm's timing (neither the forward's nor the bare loop's)
+        probe_t = []
+        for _ in range(50):
+            t0 = time.perf_counter()
+            _device_allocs(a.device)
+            probe_t.append(time.perf_counter() - t0)
+        row["alloc_probe_us"] = statistics.median(probe_t) * 1e6
         rows.append(row)
         print(json.dumps(row), flush=True)
         reader.release()

@@ -78,19 +78,26 @@ def accumulating(into: dict[str, float], name: str, fn: Any) -> Any:
 
 
 def interleaved(fns: dict[str, Any], device: str, reps: int,
-                raw: dict[str, list[float]] | None = None) -> dict[str, float]:
+                raw: dict[str, list[float]] | None = None,
+                probe: Any = None, probed: dict[str, list[int]] | None = None) -> dict[str, float]:
     """Median time of each function, run in turn (a, b, a, b, ...): the host of a lent machine
     drifts between and within runs, and a ratio of two medians taken minutes apart carries that drift.
-    ``raw``: filled with every time, in order."""
+    ``raw``: filled with every time, in order. ``probe``: a counter read just before and after
+    each timed call, outside its timing, its differences into ``probed`` (bench_direct_threads'
+    device allocations: read inside the timing, torch.cuda.memory_stats() added host time to the
+    passes alone; sweeps of sessions 9-14 carried it, docs/benchmarks.md "Session 14")."""
     times: dict[str, list[float]] = {k: [] for k in fns} if raw is None else raw
     times.update({k: [] for k in fns})
     for _ in range(reps):
         for k, fn in fns.items():
+            before = probe() if probe is not None else 0
             sync(device)
             t = time.perf_counter()
             fn()
             sync(device)
             times[k].append(time.perf_counter() - t)
+            if probe is not None and probed is not None:
+                probed.setdefault(k, []).append(probe() - before)
     return {k: statistics.median(v) for k, v in times.items()}
 
 

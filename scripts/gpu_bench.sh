@@ -65,7 +65,8 @@
 # "Q": GPU tests, then a level's slotted outputs queued after its calls or as each returns (DEFER_SLOTS):
 # the thin model's host time both ways, the sweep (on/off, one thread and auto, bare) in two processes (session 14);
 # "R": bench_ab.py against session 13's final code (ab/old: an export of 42d76ea) in three processes (session 14);
-# "S": the final code: K's sweep (one thread, auto, bare) in two processes, then R's comparison in two (session 14).
+# "S": the final code: K's sweep (one thread, auto, bare) in two processes, then R's comparison in two (session 14);
+# "T": K's sweep with the device-allocation counter read outside each pass's timing, in two processes (session 14).
 # Results under $OUT.
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -518,6 +519,14 @@ if [[ "$part" == S ]]; then
     timeout 100 python bench/bench_ab.py --old ab/old/pytest_rocm_parity --device cuda --model 1b --threads 1,auto --reps 40 \
       --out "$L/ab_p$i.json" > "$L/ab_p$i.log" 2>&1
     echo "ab p$i rc=$?" >> "$L/env.txt"; grep -E '"(old|new)_x_paired"|new_over_old|new_faster|forward_ms|same' "$L/ab_p$i.log"
+  done
+fi
+if [[ "$part" == T ]]; then
+  for i in 1 2; do
+    timeout 120 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --bare \
+      --reps 30 --out "$L/threads_p$i.json" > "$L/threads_p$i.log" 2>&1
+    echo "threads p$i rc=$?" >> "$L/env.txt"
+    python -c "import json,sys; r=json.load(open(sys.argv[1]))['rows'][0]; print('alloc probe us', round(r['alloc_probe_us'], 1))" "$L/threads_p$i.json"
   done
 fi
 cat "$L/env.txt"
