@@ -22,7 +22,9 @@ inside its timing, the replay frees them at the flush, so that difference is thi
 floor, and a smaller harness no longer shows here. Hence the split (session 14): ``bare_held``
 (the bare loop keeping every output until its end, as a pass does), ``level_noop``
 (`direct.run_level` keeping each output, nothing queued), and per call ``hold`` (bare_held less
-bare), ``loop`` (level_noop less bare_held) and ``queue`` (direct less level_noop). The flush's statistics are left out:
+bare), ``loop`` (level_noop less bare_held) and ``queue`` (direct less level_noop). With
+replay.DEFER_SLOTS (on; ``--no-defer`` for off) a level's outputs are queued after its calls,
+outside ``direct``: ``queue`` is then the deferral alone and the queueing itself is in ``outside``. The flush's statistics are left out:
 on a GPU they are the Triton kernel, here torch ops on the CPU. ``outside``: the pass less its
 direct calls, flush and judging, i.e. the pass's own bookkeeping (its inputs handed out, the
 records, the contexts), the same Python as on a GPU: 0.45 ms a pass on the H200's host (session 8,
