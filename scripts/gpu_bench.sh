@@ -77,6 +77,23 @@ L="$OUT"
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python -c "import torch, triton, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__)"; nproc; } > "$L/env.txt" 2>&1
 part="${1:-a}"
+sweep() {   # the 1.1B fast pass's sweep (one thread, auto, bare) in processes 1..$1, $2 s each; more flags after
+  local n=$1 t=$2 i
+  shift 2
+  for i in $(seq 1 "$n"); do
+    timeout "$t" python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --bare --reps 30 "$@" \
+      --out "$L/threads_p$i.json" > "$L/threads_p$i.log" 2>&1
+    echo "threads p$i rc=$?" >> "$L/env.txt"
+  done
+}
+ab() {      # bench_ab.py against ab/old (one thread, auto; 40 rounds) in processes 1..$1, $2 s each
+  local n=$1 t=$2 i
+  for i in $(seq 1 "$n"); do
+    timeout "$t" python bench/bench_ab.py --old ab/old/pytest_rocm_parity --device cuda --model 1b --threads 1,auto --reps 40 \
+      --out "$L/ab_p$i.json" > "$L/ab_p$i.log" 2>&1
+    echo "ab p$i rc=$?" >> "$L/env.txt"; grep -E '"(old|new)_x_paired"|new_over_old|new_faster|forward_ms|same' "$L/ab_p$i.log"
+  done
+}
 if [[ "$part" == a ]]; then
   timeout 170 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu tests/unit/test_capture_fast.py \
     tests/unit/test_inplace.py tests/unit/test_direct.py -o addopts="" > "$L/gpu_tests.log" 2>&1
@@ -430,11 +447,7 @@ if [[ "$part" == J ]]; then
   echo "bench 1b rc=$?" >> "$L/env.txt"; tail -1 "$L/bench_J.log"
 fi
 if [[ "$part" == K ]]; then
-  for i in 1 2; do
-    timeout 100 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --bare \
-      --reps 30 --out "$L/threads_p$i.json" > "$L/threads_p$i.log" 2>&1
-    echo "threads p$i rc=$?" >> "$L/env.txt"
-  done
+  sweep 2 100
 fi
 if [[ "$part" == L ]]; then
   timeout 90 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu -o addopts="" > "$L/gpu_tests.log" 2>&1
@@ -449,11 +462,7 @@ fi
 if [[ "$part" == M ]]; then
   timeout 100 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu -o addopts="" > "$L/gpu_tests.log" 2>&1
   echo "gpu tests rc=$?" >> "$L/env.txt"; tail -3 "$L/gpu_tests.log"
-  for i in 1 2; do
-    timeout 120 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --part-before-last 0,2 \
-      --bare --reps 30 --out "$L/threads_p$i.json" > "$L/threads_p$i.log" 2>&1
-    echo "threads p$i rc=$?" >> "$L/env.txt"
-  done
+  sweep 2 120 --part-before-last 0,2
   for n in 0 2; do
     timeout 60 python bench/diag_fast_pass.py --device cuda --model 1b --warm --threads 1 --part-before-last $n \
       --out "$L/diag_1t_t$n.json" > "$L/diag_1t_t$n.log" 2>&1
@@ -474,11 +483,7 @@ if [[ "$part" == O ]]; then
   timeout 90 python bench/bench_host_overhead.py --device cuda --model thin --reps 200 --out "$L/host_thin.json" \
     > "$L/host_thin.log" 2>&1
   echo "host thin rc=$?" >> "$L/env.txt"; tail -1 "$L/host_thin.log"
-  for i in 1 2; do
-    timeout 130 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --bare \
-      --reps 30 --out "$L/threads_p$i.json" > "$L/threads_p$i.log" 2>&1
-    echo "threads p$i rc=$?" >> "$L/env.txt"
-  done
+  sweep 2 130
 fi
 if [[ "$part" == P ]]; then
   for mi in thin:1 thin:2 1b:1; do
@@ -496,36 +501,18 @@ if [[ "$part" == Q ]]; then
       >> "$L/host_thin.log" 2>&1
     echo "host thin defer $d rc=$?" >> "$L/env.txt"; tail -1 "$L/host_thin.log"
   done
-  for i in 1 2; do
-    timeout 130 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --defer-slots on,off \
-      --bare --reps 30 --out "$L/threads_p$i.json" > "$L/threads_p$i.log" 2>&1
-    echo "threads p$i rc=$?" >> "$L/env.txt"
-  done
+  sweep 2 130 --defer-slots on,off
 fi
 if [[ "$part" == R ]]; then
-  for i in 1 2 3; do
-    timeout 150 python bench/bench_ab.py --old ab/old/pytest_rocm_parity --device cuda --model 1b --threads 1,auto --reps 40 \
-      --out "$L/ab_p$i.json" > "$L/ab_p$i.log" 2>&1
-    echo "ab p$i rc=$?" >> "$L/env.txt"; grep -E '"(old|new)_x_paired"|new_over_old|new_faster|forward_ms|same' "$L/ab_p$i.log"
-  done
+  ab 3 150
 fi
 if [[ "$part" == S ]]; then
-  for i in 1 2; do
-    timeout 120 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --bare \
-      --reps 30 --out "$L/threads_p$i.json" > "$L/threads_p$i.log" 2>&1
-    echo "threads p$i rc=$?" >> "$L/env.txt"
-  done
-  for i in 1 2; do
-    timeout 100 python bench/bench_ab.py --old ab/old/pytest_rocm_parity --device cuda --model 1b --threads 1,auto --reps 40 \
-      --out "$L/ab_p$i.json" > "$L/ab_p$i.log" 2>&1
-    echo "ab p$i rc=$?" >> "$L/env.txt"; grep -E '"(old|new)_x_paired"|new_over_old|new_faster|forward_ms|same' "$L/ab_p$i.log"
-  done
+  sweep 2 120
+  ab 2 100
 fi
 if [[ "$part" == T ]]; then
+  sweep 2 120
   for i in 1 2; do
-    timeout 120 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --bare \
-      --reps 30 --out "$L/threads_p$i.json" > "$L/threads_p$i.log" 2>&1
-    echo "threads p$i rc=$?" >> "$L/env.txt"
     python -c "import json,sys; r=json.load(open(sys.argv[1]))['rows'][0]; print('alloc probe us', round(r['alloc_probe_us'], 1))" "$L/threads_p$i.json"
   done
 fi
