@@ -8,7 +8,6 @@
     python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --part-before-blocks on,off --bare
     python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --slots on,off --restarts on,off --bare
     python bench/bench_direct_threads.py --device cuda --models 1b --workers 1 --keep-inputs on,off --bare
-    python bench/bench_direct_threads.py --device cuda --models 1b --workers 1,auto --part-before-last 0,1,2,4
 
 ``--launch-mb``: arms with replay._StatsQueue.LAUNCH_BYTES set (MiB of candidate outputs that start
 a part of the statistics during the pass; 0: every statistic at the flush, as before session 6);
@@ -16,8 +15,7 @@ a part of the statistics during the pass; 0: every statistic at the flush, as be
 ``--blocks-last``: direct.BLOCKS_LAST on and off (the repeated blocks' calls after the others, or
 every call in the model's order). ``--part-before-blocks``: replay._StatsQueue.PART_BEFORE_BLOCKS
 on and off (the statistics of the calls before the repeated blocks started beside them, or all at
-the flush). ``--part-before-last``: replay._StatsQueue.PART_BEFORE_LAST, arms of counts (a part
-started before a level's last that many repeated blocks, on one thread; 0: none). ``--slots``: replay.SLOTS on and off (a direct call's output queued through the slot
+the flush). ``--slots``: replay.SLOTS on and off (a direct call's output queued through the slot
 made from its first, or by the general comparison); ``--restarts``: replay._StatsQueue.RESTARTS
 (a graphed run of slotted outputs started again through its stats_graph.Restart, or by
 stats_graph.start); ``--defer-slots``: replay.DEFER_SLOTS (a level's slotted outputs queued
@@ -58,8 +56,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--blocks-last", default="", help="on,off: arms with direct.BLOCKS_LAST set")
     p.add_argument("--part-before-blocks", default="",
                    help="on,off: arms with replay._StatsQueue.PART_BEFORE_BLOCKS set")
-    p.add_argument("--part-before-last", default="",
-                   help="counts, comma-separated: arms with replay._StatsQueue.PART_BEFORE_LAST set")
     p.add_argument("--slots", default="", help="on,off: arms with replay.SLOTS set")
     p.add_argument("--defer-slots", default="", help="on,off: arms with replay.DEFER_SLOTS set")
     p.add_argument("--restarts", default="", help="on,off: arms with replay._StatsQueue.RESTARTS set")
@@ -103,8 +99,6 @@ def main(argv: list[str] | None = None) -> int:
                  ("h", kernels, "HOST_POINTERS", a.host_pointers),
                  ("b", direct, "BLOCKS_LAST", a.blocks_last),
                  ("p", _StatsQueue, "PART_BEFORE_BLOCKS", a.part_before_blocks),
-                 ("t", _StatsQueue, "PART_BEFORE_LAST", [int(x) for x in a.part_before_last.split(",")]
-                  if a.part_before_last else None),
                  ("o", replay_mod, "SLOTS", a.slots),
                  ("d", replay_mod, "DEFER_SLOTS", a.defer_slots),
                  ("r", _StatsQueue, "RESTARTS", a.restarts),
@@ -212,10 +206,10 @@ def _device_allocs(device: str) -> int:
 
 
 def _label(tag: str, value: Any) -> str:
-    """An arm's name piece: _l128 for 128 MiB, _t2 for a count, _hon / _hoff for a switch."""
+    """An arm's name piece: _l128 for 128 MiB, _hon / _hoff for a switch."""
     if isinstance(value, bool):
         return f"_{tag}{'on' if value else 'off'}"
-    return f"_{tag}{int(value) >> 20 if tag == 'l' else int(value)}"
+    return f"_{tag}{int(value) >> 20}"
 
 
 if __name__ == "__main__":

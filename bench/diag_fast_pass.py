@@ -35,8 +35,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="_StatsQueue.SIDE_STREAM (parts beside the calls); default: the code's")
     p.add_argument("--part-before-blocks", default=None, choices=("on", "off"),
                    help="_StatsQueue.PART_BEFORE_BLOCKS (the other calls' statistics beside the blocks); default: the code's")
-    p.add_argument("--part-before-last", type=int, default=None,
-                   help="_StatsQueue.PART_BEFORE_LAST (a part before a level's last that many blocks); default: the code's")
     p.add_argument("--warm", action="store_true",
                    help="set the rung up once and time its passes (as the benchmarks' fast pass); default: set-up per pass")
     p.add_argument("--profile", default=None, help="write cProfile's host-time tables here")
@@ -63,8 +61,6 @@ def main(argv: list[str] | None = None) -> int:
         rp._StatsQueue.SIDE_STREAM = a.side_stream == "on"
     if a.part_before_blocks is not None:
         rp._StatsQueue.PART_BEFORE_BLOCKS = a.part_before_blocks == "on"
-    if a.part_before_last is not None:
-        rp._StatsQueue.PART_BEFORE_LAST = a.part_before_last
     model = build(a.model, a.device)
     ids = torch.randint(0, model.config.vocab_size, (4, 512), generator=torch.Generator().manual_seed(0))
     inputs = {"input_ids": ids, "use_cache": False}

@@ -138,8 +138,7 @@ def _flat(args: Any, kwargs: Any) -> bool:
 
 def run_level(model: Any, calls: list[DirectCall], built: list[tuple[Any, Any]],
               on_output: Callable[[str, Any, bool], None], workers: int = 1,
-              mods: list[Any] | None = None, before_rest: Callable[[], None] | None = None,
-              before_last: int = 0) -> Callable[[], None] | None:
+              mods: list[Any] | None = None, before_rest: Callable[[], None] | None = None) -> Callable[[], None] | None:
     """Call each module on its golden inputs; on_output(key, output, snapshot) after each call.
 
     Returns, when ``workers`` is AUTO and the calls were shared, the function that records this
@@ -164,10 +163,7 @@ def run_level(model: Any, calls: list[DirectCall], built: list[tuple[Any, Any]],
     creation happen once, unraced) and every call of a module called more than once (its output may
     be a buffer its next call reuses, so it is judged at once). The other calls (a model's repeated
     blocks) come after them, shared or not (BLOCKS_LAST). ``before_rest``: called between the two
-    groups, when there are later calls (the caller starts the first group's statistics there), or,
-    with ``before_last`` > 0, before the last ``before_last`` later calls when they run on one
-    thread (then what every call before them produced is judged beside them); not at all when they
-    are shared between threads.
+    groups, when there are later calls (the caller starts the first group's statistics there).
     """
     import torch
 
@@ -188,7 +184,7 @@ def run_level(model: Any, calls: list[DirectCall], built: list[tuple[Any, Any]],
             if i not in shared_calls:
                 a, kw = built[i]
                 on_output(c.key, mods[i](*a, **kw), c.snapshot)
-    if rest and before_rest is not None and not before_last:
+    if rest and before_rest is not None:
         before_rest()
     key = (str(dev), type(mods[rest[0]]).__name__) if dev is not None else None
     n = 1 if dev is None else workers or CHOOSER.pick(key)
@@ -199,11 +195,8 @@ def run_level(model: Any, calls: list[DirectCall], built: list[tuple[Any, Any]],
         for i, o in zip(rest, _threaded([(mods[i], *built[i]) for i in rest], n, dev)):
             on_output(calls[i].key, o, False)
     else:
-        cut = max(len(rest) - before_last, 0) if before_last else -1
         with torch.inference_mode():
-            for j, i in enumerate(rest):
-                if j == cut and before_rest is not None:
-                    before_rest()
+            for i in rest:
                 a, kw = built[i]
                 on_output(calls[i].key, mods[i](*a, **kw), False)
     if key is not None and not workers:

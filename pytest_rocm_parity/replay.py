@@ -408,8 +408,7 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                 if mods is None:
                     mods = level_mods[level] = resolve_modules(m, calls)
                 timing: list[Callable[[], None] | None] = []
-                late = queue.PART_BEFORE_LAST
-                part = start_part if late or queue.PART_BEFORE_BLOCKS else None
+                part = start_part if queue.PART_BEFORE_BLOCKS else None
                 made: list[tuple[dict[str, Any], list[tuple[Any, Any]]] | None] = []
 
                 def one() -> None:
@@ -427,7 +426,7 @@ def prepare_rung(model: Any, spec: CheckSpec, manifest: dict[str, Any], meta: di
                         keys = {k for c in calls for k in layers[c.key]["in"].values()}
                         made.append(({k: memo[k] for k in keys}, built)
                                     if keys <= memo.keys() and all(c.flat for c in calls) else None)
-                    timing.append(run_level(m, calls, built, direct_out, spec.threads, mods, part, late))
+                    timing.append(run_level(m, calls, built, direct_out, spec.threads, mods, part))
                     drain()
                 watched(one, iso)
                 if made[-1] is not None:   # its last try wrote no golden: the next pass may keep them
@@ -629,10 +628,6 @@ class _StatsQueue:
     # (0.40 -> 0.31 ms in one timeline) but the second start's host time took it back: paired
     # pass ratios on/off 0.977-1.010 at 1.1B and 0.998-1.006 at 8B, no gain beyond the noise
     PART_BEFORE_BLOCKS = False
-    # a part started before a level's last PART_BEFORE_LAST repeated blocks, when they run on one
-    # thread (0: none; it takes PART_BEFORE_BLOCKS's place): the statistics of every output before
-    # them, the logits among them, run beside those last calls, and only theirs after the last one
-    PART_BEFORE_LAST = 0
 
     # a run of slotted items (add_slot) started again through its stats_graph.Restart, made the
     # first time that run was graphed (tests switch it off to compare with the general start)

@@ -59,7 +59,9 @@
 # "M": GPU tests, then a part of the statistics before the level's last blocks (PART_BEFORE_LAST 0/2,
 # one thread and auto, bare) in two processes, and a warm one-thread pass's phases with 0 and 2 (session 14);
 # "N": that part on the side stream or the main one (PART_BEFORE_LAST 0/2 x SIDE_STREAM on/off, one
-# thread) in two processes, a warm one-thread pass's phases with the part on the main stream (session 14);
+# thread) in two processes, a warm one-thread pass's phases with the part on the main stream (session 14).
+# M and N ran at 6b00776 and 7de1e6b (`git show 7de1e6b:scripts/gpu_bench.sh`): the switch they measured
+# was left off, then removed from the code;
 # "O": the thin model's harness time per direct call on the GPU's host, then K's sweep in two processes (session 14);
 # "P": that harness time split (outputs kept, run_level's loop, the queueing), thin model twice and 1.1B (session 14);
 # "Q": GPU tests, then a level's slotted outputs queued after its calls or as each returns (DEFER_SLOTS):
@@ -458,26 +460,6 @@ if [[ "$part" == L ]]; then
   timeout 90 python bench/bench_ab.py --old ab/old/pytest_rocm_parity --device cuda --model 1b --threads 1,auto --reps 40 \
     --out "$L/ab_p1.json" > "$L/ab_p1.log" 2>&1
   echo "ab p1 rc=$?" >> "$L/env.txt"; grep -E '"(old|new)_x_paired"|new_over_old|forward_ms|same' "$L/ab_p1.log"
-fi
-if [[ "$part" == M ]]; then
-  timeout 100 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin -m gpu tests/gpu -o addopts="" > "$L/gpu_tests.log" 2>&1
-  echo "gpu tests rc=$?" >> "$L/env.txt"; tail -3 "$L/gpu_tests.log"
-  sweep 2 120 --part-before-last 0,2
-  for n in 0 2; do
-    timeout 60 python bench/diag_fast_pass.py --device cuda --model 1b --warm --threads 1 --part-before-last $n \
-      --out "$L/diag_1t_t$n.json" > "$L/diag_1t_t$n.log" 2>&1
-    echo "diag t$n rc=$?" >> "$L/env.txt"; cat "$L/diag_1t_t$n.log"
-  done
-fi
-if [[ "$part" == N ]]; then
-  for i in 1 2; do
-    timeout 130 python bench/bench_direct_threads.py --device cuda --models 1b --workers 1 --part-before-last 0,2 \
-      --side-stream on,off --reps 40 --out "$L/threads_p$i.json" > "$L/threads_p$i.log" 2>&1
-    echo "threads p$i rc=$?" >> "$L/env.txt"
-  done
-  timeout 60 python bench/diag_fast_pass.py --device cuda --model 1b --warm --threads 1 --part-before-last 2 \
-    --side-stream off --out "$L/diag_1t_t2_soff.json" > "$L/diag_1t_t2_soff.log" 2>&1
-  echo "diag t2 soff rc=$?" >> "$L/env.txt"; cat "$L/diag_1t_t2_soff.log"
 fi
 if [[ "$part" == O ]]; then
   timeout 90 python bench/bench_host_overhead.py --device cuda --model thin --reps 200 --out "$L/host_thin.json" \

@@ -353,16 +353,15 @@ def test_graphs_off_stay_eager(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("launch,side,before,restarts", [
-    (None, False, "", True), (300_000, False, "", True), (300_000, True, "", True), (None, True, "blocks", True),
-    (None, True, "last", True), (None, False, "", False)])
+    (None, False, False, True), (300_000, False, False, True), (300_000, True, False, True), (None, True, True, True),
+    (None, False, False, False)])
 def test_repeated_passes_with_graphed_stats_still_blame_a_new_bug(tmp_path, monkeypatch, launch, side,
                                                                   before, restarts) -> None:
     """Passes 1-3 over one loaded golden (the third replays the captured statistics), then a weight
     changed in place: the next pass, at the same addresses, fails and blames that block. ``launch``
     300 kB: a part of the statistics started every two modules (256 kB outputs), graphs of one
     signature replayed several times a pass; ``side``: those parts on the side stream; ``before``:
-    a part started before the repeated blocks (PART_BEFORE_BLOCKS) or before the last two
-    (PART_BEFORE_LAST), on the side stream;
+    a part started before the repeated blocks (PART_BEFORE_BLOCKS), on the side stream;
     ``restarts``: graphed runs of slotted outputs started again through their Restart (the
     default) or by start()'s general path, with the same ratios."""
     from pytest_rocm_parity import replay as replay_mod
@@ -378,8 +377,7 @@ def test_repeated_passes_with_graphed_stats_still_blame_a_new_bug(tmp_path, monk
     real_restart = stats_graph.Restart.start
     monkeypatch.setattr(stats_graph.Restart, "start",
                         lambda self, cands: restarted.append(True) or real_restart(self, cands))
-    monkeypatch.setattr(replay_mod._StatsQueue, "PART_BEFORE_BLOCKS", before == "blocks")
-    monkeypatch.setattr(replay_mod._StatsQueue, "PART_BEFORE_LAST", 2 if before == "last" else 0)
+    monkeypatch.setattr(replay_mod._StatsQueue, "PART_BEFORE_BLOCKS", before)
     if launch is not None:
         monkeypatch.setattr(replay_mod._StatsQueue, "LAUNCH_BYTES", launch)
     torch.manual_seed(0)

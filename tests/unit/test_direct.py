@@ -7,7 +7,6 @@ failure there.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import pytest
 import torch
@@ -417,13 +416,15 @@ def test_the_repeated_blocks_run_after_the_head_and_judge_as_in_the_models_order
     assert seen[True][1] == seen[False][1]
 
 
-def _starts_per_arm(tmp_path: Any, monkeypatch: Any, layers: int, threads: int,
-                    arms: dict[Any, dict[str, Any]]) -> dict[Any, tuple[list[list[str]], Any]]:
-    """Per arm (its _StatsQueue settings), a fast replay of a Llama of ``layers`` blocks on the CPU's
-    queued path: the modules whose statistics each start held, in order, and the layers' ratios."""
+@pytest.mark.parametrize("threads", [1, 0])
+def test_a_part_before_the_blocks_holds_the_other_calls_statistics_and_judges_the_same(tmp_path, monkeypatch,
+                                                                                       threads) -> None:
+    """_StatsQueue.PART_BEFORE_BLOCKS: the statistics of the calls before a level's repeated blocks
+    (the head's logits among them) start as one part before the blocks are called, the blocks' at
+    the flush; the verdicts are those of one start at the flush."""
     from pytest_rocm_parity import direct
 
-    model = _llama_n(layers)
+    model = _llama_n(4)
     inputs = {"input_ids": torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(1)),
               "use_cache": False}
     store = GoldenStore(tmp_path)
@@ -435,53 +436,17 @@ def _starts_per_arm(tmp_path: Any, monkeypatch: Any, layers: int, threads: int,
     monkeypatch.setattr(replay_mod._StatsQueue, "_launch",
                         lambda self, items, *rest: starts.append([it[8] for it in items]) or real(self, items, *rest))
     seen = {}
-    for arm, settings in arms.items():
-        for name, value in settings.items():
-            monkeypatch.setattr(replay_mod._StatsQueue, name, value)
+    for on in (True, False):
+        monkeypatch.setattr(replay_mod._StatsQueue, "PART_BEFORE_BLOCKS", on)
         starts.clear()
         (res,) = replay(model, inputs, CheckSpec(name="o", dtypes=["float32"], drill=0, replay="fast",
                                                  threads=threads), store, "cpu")
         assert res.passed
-        seen[arm] = ([[t.split("/")[0] for t in s] for s in starts], _ratios(res))
-    return seen
-
-
-_FIRST = ["model.embed_tokens", "model.rotary_emb", "model.rotary_emb", "model.layers.0", "model.norm", "lm_head"]
-
-
-@pytest.mark.parametrize("threads", [1, 0])
-def test_a_part_before_the_blocks_holds_the_other_calls_statistics_and_judges_the_same(tmp_path, monkeypatch,
-                                                                                       threads) -> None:
-    """_StatsQueue.PART_BEFORE_BLOCKS: the statistics of the calls before a level's repeated blocks
-    (the head's logits among them) start as one part before the blocks are called, the blocks' at
-    the flush; the verdicts are those of one start at the flush."""
-    seen = _starts_per_arm(tmp_path, monkeypatch, 4, threads,
-                           {on: {"PART_BEFORE_BLOCKS": on} for on in (True, False)})
-    blocks = [f"model.layers.{i}" for i in (1, 2, 3)]
-    assert seen[True][0] == [_FIRST, blocks]
-    assert seen[False][0] == [_FIRST + blocks]
+        seen[on] = ([[t.split("/")[0] for t in s] for s in starts], _ratios(res))
+    first = ["model.embed_tokens", "model.rotary_emb", "model.rotary_emb", "model.layers.0", "model.norm", "lm_head"]
+    assert seen[True][0] == [first, [f"model.layers.{i}" for i in (1, 2, 3)]]
+    assert seen[False][0] == [first + [f"model.layers.{i}" for i in (1, 2, 3)]]
     assert seen[True][1] == seen[False][1]
-
-
-@pytest.mark.parametrize("threads", [1, 2])
-def test_a_part_before_the_last_blocks_leaves_only_theirs_to_the_flush_and_judges_the_same(tmp_path, monkeypatch,
-                                                                                            threads) -> None:
-    """_StatsQueue.PART_BEFORE_LAST: on one thread the statistics of every output before a level's last
-    blocks start as a part before them, only those blocks' at the flush; it takes PART_BEFORE_BLOCKS's
-    place, a count past the blocks puts the part before the first, and blocks shared between threads
-    start nothing early. The verdicts are those of one start at the flush."""
-    # 4 repeated blocks: shared by 2 threads (run_level shares 2 per thread at least)
-    seen = _starts_per_arm(tmp_path, monkeypatch, 5, threads,
-                           {last: {"PART_BEFORE_LAST": last, "PART_BEFORE_BLOCKS": last == 2} for last in (0, 1, 2, 9)})
-    blocks = [f"model.layers.{i}" for i in (1, 2, 3, 4)]
-    if threads == 1:
-        assert seen[1][0] == [_FIRST + blocks[:3], blocks[3:]]
-        assert seen[2][0] == [_FIRST + blocks[:2], blocks[2:]]
-        assert seen[9][0] == [_FIRST, blocks]
-    else:
-        assert seen[1][0] == seen[2][0] == seen[9][0] == [_FIRST + blocks]
-    assert seen[0][0] == [_FIRST + blocks]
-    assert seen[1][1] == seen[2][1] == seen[9][1] == seen[0][1]
 
 
 class Flaky(nn.Module):
