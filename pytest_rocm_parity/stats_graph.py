@@ -267,8 +267,9 @@ class Restart:
     candidates' addresses new (the caching allocator's blocks). start() recomputes the signature
     (every leaf's size and dtype, every address's alignment), hashes it, and rewrites the whole
     address table; on the H200's host that was most of the 0.24 ms start of a 1.1B pass (session
-    12); restarted, a start took 0.086 ms against start()'s 0.193 (session 13). The caller vouches for the candidates' sizes, dtypes and devices (replay._slot checks
-    them per call); alignment, which the allocator decides, is checked here.
+    12); restarted, a start took 0.086 ms against start()'s 0.193 (session 13). The caller vouches
+    for the candidates' sizes, dtypes and devices (replay's slots check them per output);
+    alignment, which the allocator decides, is checked here.
     """
 
     def __init__(self, graphed: _Graphed, leaves: list[tuple[Any, Any, Any]], dev: Any,
