@@ -11,10 +11,11 @@ truth residuals are computed there: only the golden's own bytes come to the host
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -450,7 +451,12 @@ def capture(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device
 
     from pytest_rocm_parity.backend import collect_env
 
+    from pytest_rocm_parity.wrappers import plain_copy, unwrap
+
     args0, kwargs0 = normalize_inputs(inputs)
+    model = unwrap(model)
+    if any(getattr(mod, "_compiled_call_impl", None) is not None for mod in model.modules()):
+        model = plain_copy(model)   # copies of it must not call compiled code bound to the original
     selected = select(model, spec.layers, spec.drill)
     manifest: dict[str, Any] = {
         "format": FORMAT_VERSION, "name": spec.name, "test": spec.test, "tool_version": __version__,
@@ -527,17 +533,24 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
         src = outputs["out"] if key == OUTPUT else entries[key]["out"]
         return pool.on(src[p], truth_dev)
 
+    from pytest_rocm_parity.replay import valid_positions
+
+    valid = valid_positions(args, kwargs)
+
     def put_truth(name: str, key: str, p: str, t: Any) -> None:
         if t.is_floating_point() or t.is_complex():
-            tensors[name] = _residual(t, ref_of(key, p), rdt, copies)
+            ref = ref_of(key, p)
+            _refuse_nonfinite(key, p, t, ref, valid)
+            tensors[name] = _residual(t, ref, rdt, copies)
 
     def store_gtruth(key: str, sel: Selected, out: Any) -> None:
         if sel.level == 0:  # propagated truth for top-level modules only: it locates first divergence
             for p, t in tensor_leaves(out).items():
                 put_truth(f"gtruth/{key}/{p}", key, p, t)
+        _finite_padding(out, valid)
 
     fetch, fdtype = _golden_input_fetch(pool, device, truth_dev)
-    with torch.no_grad():
+    with torch.no_grad(), _truth_errors(tm, selected):
         with Hooks(tm, selected, None, store_gtruth):
             tout = _run(tm, targs, tkwargs)
         for p, t in tensor_leaves(tout).items():
@@ -619,7 +632,8 @@ def _rung_model_and_inputs(model: Any, args0: Any, kwargs0: Any, device: str, dt
     m.eval()
     args, kwargs = cast_inputs(args0, kwargs0, dtype, home_device(m, device))
     for path, t in tensor_leaves({"args": args, "kwargs": kwargs}).items():
-        tensors[f"input/{path}"] = t.detach().to("cpu").contiguous()
+        # a copy: the forward may write its inputs, and the golden keeps them as they were before it
+        tensors[f"input/{path}"] = t.detach().to("cpu", copy=True).contiguous()
     return m, was_training, args, kwargs
 
 
@@ -768,6 +782,81 @@ def _residual(truth: Any, ref: Any, rdt: Any, copies: _HostCopies | None = None)
         return d.to(narrow).contiguous()
     d = truth.detach().to(wide) - ref.to(truth.device, non_blocking=True).to(wide)
     return copies.copy(d.to(narrow), snapshot=False)
+
+
+def _finite_padding(out: Any, valid: Any) -> None:
+    """Non-finite values of ``out`` at padded positions set to 0, in place (the float64 truth model's
+    own tensors). Why: a fully masked softmax row (left padding, eager attention) is NaN in float64;
+    handed on, 0 x NaN spreads it into every position of the next attention. Padded positions are not
+    judged, so what they hold in the truth does not matter as long as it is finite."""
+    import torch
+
+    if valid is None:
+        return None
+    for t in tensor_leaves(out).values():
+        if not t.is_floating_point() or t.dim() < 2 or tuple(t.shape[:2]) != tuple(valid.shape):
+            continue
+        pad = ~valid.to(t.device).reshape(*valid.shape, *([1] * (t.dim() - 2)))
+        bad = pad & ~torch.isfinite(t)
+        if bool(bad.any()):
+            t.masked_fill_(bad, 0.0)
+    return None
+
+
+def _refuse_nonfinite(key: str, leaf: str, truth: Any, ref: Any, valid: Any) -> None:
+    """A float64 truth must be finite wherever the reference is (padded positions aside): a NaN there
+    would make every candidate pass or fail for no reason of its own."""
+    import torch
+
+    if truth.is_complex() or ref.is_complex() or tuple(truth.shape) != tuple(ref.shape):
+        return
+    bad = ~torch.isfinite(truth) & torch.isfinite(ref.to(truth.device))
+    if valid is not None and truth.dim() >= 2 and tuple(truth.shape[:2]) == tuple(valid.shape):
+        bad = bad & valid.to(truth.device).reshape(*valid.shape, *([1] * (truth.dim() - 2)))
+    n = int(bad.sum())
+    if n:
+        from pytest_rocm_parity.errors import CaptureError
+
+        first = [int(i) for i in bad.nonzero()[0]]
+        raise CaptureError(
+            f"the float64 truth of {key} (output {leaf}) is not finite at {n} element(s) where the reference "
+            f"is finite (first at {first}); the golden would judge nothing there. Usually a mask built in "
+            f"float64 overflows: capture with another attention implementation (attn_implementation=\"sdpa\"), "
+            f"or select fewer layers around {key} with layers=[...]")
+
+
+@contextlib.contextmanager
+def _truth_errors(tm: Any, selected: list[Selected]) -> Iterator[None]:
+    """An exception of the float64 truth run as a CaptureError naming the innermost selected module
+    that was running (a kernel without float64 support: grouped_mm experts, flex_attention on the CPU)."""
+    stack: list[str] = []
+    handles = []
+    for sel in selected:
+        mod = tm.get_submodule(sel.name) if sel.name else tm
+        handles.append(mod.register_forward_pre_hook(lambda _m, _a, n=sel.name: stack.append(n)))
+        handles.append(mod.register_forward_hook(lambda _m, _a, _o: stack.pop() and None if stack else None))
+    try:
+        yield
+    except Exception as exc:
+        from pytest_rocm_parity.errors import CaptureError, ParityError
+
+        if isinstance(exc, ParityError):
+            raise
+        where = stack[-1] if stack else type(tm).__name__
+        raise CaptureError(
+            f"the float64 truth run failed in {where}: {type(exc).__name__}: {str(exc)[:300]}. The plugin "
+            f"runs every selected module in float64 on {_device_of(tm)} for its truth; this module's kernel "
+            f"has no float64 version there. Fix: capture with an implementation that has one (Hugging Face: "
+            f"attn_implementation=\"sdpa\" instead of flex_attention; experts_implementation=\"eager\" for "
+            f"MoE experts); the candidate may still use the fast kernel. docs/migrations.md lists them.") from exc
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _device_of(m: Any) -> str:
+    p = next(iter(m.parameters()), None)
+    return str(p.device) if p is not None else "cpu"
 
 
 def _supports_f64(device: str) -> bool:

@@ -261,10 +261,13 @@ class Hooks:
         self.on_input = on_input
         self.on_output = on_output
         self._current: dict[str, list[str]] = {}
+        from pytest_rocm_parity.wrappers import outside_dynamo, unwrap
+
+        model = unwrap(model)
         for sel in selected:
             mod = model.get_submodule(sel.name) if sel.name else model
-            self.handles.append(mod.register_forward_pre_hook(self._pre(sel), with_kwargs=True))
-            self.handles.append(mod.register_forward_hook(self._post(sel), with_kwargs=True))
+            self.handles.append(mod.register_forward_pre_hook(outside_dynamo(self._pre(sel)), with_kwargs=True))
+            self.handles.append(mod.register_forward_hook(outside_dynamo(self._post(sel)), with_kwargs=True))
 
     @staticmethod
     def key(name: str, call: int) -> str:
@@ -286,7 +289,7 @@ class Hooks:
         def hook(_mod: Any, _args: Any, _kwargs: Any, output: Any) -> Any:
             key = self._current[sel.name].pop()
             if self.on_output is not None:
-                self.on_output(key, sel, output)
+                return self.on_output(key, sel, output)   # not None: replaces the module's output
             return None
         return hook
 

@@ -56,3 +56,8 @@ class LayerSelectionError(InvalidArgument):
 
 class InputError(InvalidArgument):
     """Model inputs are malformed (shapes, vocabulary, masks)."""
+
+
+class CaptureError(ParityError):
+    """The golden cannot be recorded as asked (a module that cannot run in float64 here, a truth
+    that is not finite where the reference is); nothing was written."""

@@ -42,81 +42,40 @@ def test_inplace_module_output_is_its_result_not_its_input(tmp_path) -> None:
     assert res.passed, [(l.name, l.reason) for l in res.layers]
 
 
-def _plain_and_preloaded(model, x, spec, tmp_path, monkeypatch):
-    """Goldens of ``model`` on ``x``; their replay reading every tensor from the file; a reader with
-    every golden preloaded (what a GPU replay does, replay._preload) and the function that replays
-    through it, again and again. Both on the queued (GPU) comparison path."""
-    from pytest_rocm_parity import replay as replay_mod
-    from pytest_rocm_parity.replay import _replay_rung
-
-    store = GoldenStore(tmp_path)
-    manifest = capture(model, x.clone(), spec, store, "cpu")
-    meta = manifest["rungs"]["float32"]
-    monkeypatch.setattr(replay_mod._StatsQueue, "DEFER_ON_CPU", True)
-    tmpl = {"args": (x,), "kwargs": {}}
-    path = store.rung_file(spec.name, manifest, "float32")
-    plain = _replay_rung(model, spec, manifest, meta, RungReader(path, "cpu"), "float32", "cpu", tmpl)
-    reader = RungReader(path, "cpu")
-    reader.preload(sorted(reader.keys), 1 << 30)
-
-    def replay_preloaded():
-        return _replay_rung(model, spec, manifest, meta, reader, "float32", "cpu", tmpl, keep_loaded=True)
-    return meta, plain, reader, replay_preloaded
-
-
 def _layer_ratios(res) -> dict[str, tuple[float | None, float | None]]:
     return {l.name: (l.iso.ratio if l.iso else None, l.prop.ratio if l.prop else None) for l in res.layers}
 
 
-def test_queued_replay_judges_an_output_as_it_was_when_produced(tmp_path, monkeypatch) -> None:
-    """The GPU path queues outputs and judges them after the pass; the ReLU(inplace=True) after fc1
-    rewrites fc1's output before then. Judged from a snapshot, fc1 agrees (propagated ratio 1),
-    as on the immediate path; judged from the live tensor it read 6.6e6."""
-    from pytest_rocm_parity import replay as replay_mod
-
+def test_an_output_is_judged_as_it_was_when_produced(tmp_path) -> None:
+    """The ReLU(inplace=True) after fc1 rewrites fc1's output after fc1 returns. Judged as produced,
+    fc1 agrees (propagated ratio about 1); judged from the live tensor it read 6.6e6."""
     torch.manual_seed(0)
     model = Net()
     x = torch.randn(16, 32, generator=torch.Generator().manual_seed(1))
     spec = CheckSpec(name="inplace", dtypes=["float32"], drill=2)
     store = GoldenStore(tmp_path)
     capture(model, x, spec, store, "cpu")
-    (immediate,) = replay(model, x, spec, store, "cpu")
-    monkeypatch.setattr(replay_mod._StatsQueue, "DEFER_ON_CPU", True)
-    (queued,) = replay(model, x, spec, store, "cpu")
-    assert queued.passed and _layer_ratios(queued) == _layer_ratios(immediate)
-    assert _layer_ratios(queued)["fc1"][1] < 1.5
+    (res,) = replay(model, x, spec, store, "cpu")
+    assert res.passed and _layer_ratios(res)["fc1"][1] < 1.5
 
 
-@pytest.mark.parametrize("route", ["direct", "hooked"])
-def test_preloaded_golden_written_by_the_model_is_reloaded_and_the_pass_repeated(tmp_path, monkeypatch, route) -> None:
-    """Preloaded goldens are handed to the model without a copy; `act` writes its input, which is
-    also fc1's stored output. The reader sees the write, reloads that tensor, and the pass runs
-    again with a copy: the verdicts equal a replay that reads every tensor from the file. Both
-    isolated routes: modules called directly (direct.py) and the hooked forward. (A repeat that
-    discards statistics parts already started: tests/unit/test_stats_queue.py.)"""
-    from pytest_rocm_parity import replay as replay_mod
-
+def test_a_model_that_writes_its_golden_inputs_leaves_the_golden_unchanged(tmp_path) -> None:
+    """`act` writes its input, which is also fc1's stored output: the isolated pass hands modules
+    copies, so the golden on disk and in the reader stays as captured and two replays agree."""
     torch.manual_seed(0)
     model = Net()
     x = torch.randn(16, 32, generator=torch.Generator().manual_seed(1))
-    spec = CheckSpec(name="inplace", dtypes=["float32"], drill=2, replay="fast")
-    meta, plain, reader, replay_preloaded = _plain_and_preloaded(model, x, spec, tmp_path, monkeypatch)
+    spec = CheckSpec(name="inplace", dtypes=["float32"], drill=2)
+    store = GoldenStore(tmp_path)
+    manifest = capture(model, x.clone(), spec, store, "cpu")
+    meta = manifest["rungs"]["float32"]
     act_in = next(e for e in meta["layers"] if e["name"] == "act")["in"]["args.0"]
+    reader = RungReader(store.rung_file("inplace", manifest, "float32"), "cpu")
     before = reader.get(act_in).clone()
-    runs = []
-    monkeypatch.setattr(replay_mod, "DIRECT", route == "direct")
-    counted = "run_level" if route == "direct" else "_run"
-    real_run = getattr(replay_mod, counted)
-    monkeypatch.setattr(replay_mod, counted, lambda *a: runs.append(1) or real_run(*a))
-    got = replay_preloaded()
-    assert len(runs) == 2                                # the pass, then its repeat
-    assert reader._copy_keys == {act_in}
-    assert torch.equal(reader.get(act_in), before)       # the cache holds the stored tensor again
-    assert got.passed and _layer_ratios(got) == _layer_ratios(plain)
-    runs.clear()
-    again = replay_preloaded()
-    assert len(runs) == 1 and _layer_ratios(again) == _layer_ratios(plain)   # a copy now: no repeat
-    assert torch.equal(reader.get(act_in), before)
+    (first,) = replay(model, x, spec, store, "cpu")
+    (second,) = replay(model, x, spec, store, "cpu")
+    assert first.passed and _layer_ratios(first) == _layer_ratios(second)
+    assert torch.equal(RungReader(store.rung_file("inplace", manifest, "float32"), "cpu").get(act_in), before)
 
 
 class ScalesItsInput(nn.Module):
@@ -131,25 +90,19 @@ class ScalesItsInput(nn.Module):
         return self.fc(x)
 
 
-def test_a_model_that_writes_its_own_input_gets_fresh_inputs_on_the_repeat(tmp_path, monkeypatch) -> None:
-    """The whole model's stored inputs are handed out watched too: a forward that writes them is
-    repeated, and the repeat must run on the stored values again (a copy), not on the tensor the
-    first run doubled; the verdicts equal a replay that reads every tensor from the file."""
-    from pytest_rocm_parity import replay as replay_mod
-
+def test_a_model_that_writes_its_own_input_gets_the_stored_inputs_on_every_pass(tmp_path) -> None:
+    """The model doubles its input in place: every pass (propagated, isolated) runs on a copy of the
+    stored inputs, so two replays agree and both pass."""
     torch.manual_seed(0)
     model = ScalesItsInput()
     x = torch.randn(16, 32, generator=torch.Generator().manual_seed(1))
     spec = CheckSpec(name="own", dtypes=["float32"], drill=1, replay="full")
-    _meta, plain, reader, replay_preloaded = _plain_and_preloaded(model, x, spec, tmp_path, monkeypatch)
-    runs = []
-    real_run = replay_mod._run
-    monkeypatch.setattr(replay_mod, "_run", lambda *a: runs.append(1) or real_run(*a))
-    got = replay_preloaded()
-    assert len(runs) >= 2 and any(k.startswith("input/") for k in reader._copy_keys)
-    assert plain.passed and got.passed
-    assert [o.prop_passed for o in got.outputs] == [o.prop_passed for o in plain.outputs]
-    assert _layer_ratios(got) == _layer_ratios(plain)
+    store = GoldenStore(tmp_path)
+    capture(model, x.clone(), spec, store, "cpu")
+    (first,) = replay(model, x.clone(), spec, store, "cpu")
+    (second,) = replay(model, x.clone(), spec, store, "cpu")
+    assert first.passed and second.passed
+    assert _layer_ratios(first) == _layer_ratios(second)
 
 
 class _AddsInPlace(nn.Module):
@@ -190,8 +143,8 @@ def _recorded(tmp_path, model_class: type, spec: CheckSpec) -> tuple[nn.Module, 
 @pytest.mark.parametrize("route", ["full", "fast"])
 def test_a_child_output_written_by_its_parent_is_recorded_as_each_one_returned_it(tmp_path, route) -> None:
     """The block's golden is its own output, not its child's from before the `+=`; so a bug in the
-    block's own arithmetic is caught and blamed on it, not on the child (session 13: matched by
-    object alone, the block's golden was the child's output and the bug passed)."""
+    block's own arithmetic is caught and blamed on it, not on the child (matched by object alone,
+    the block's golden would be the child's output and the bug would pass)."""
     spec = CheckSpec(name="residual", dtypes=["float32"], layers=["b", "b.lin", "head"], replay=route)
     model, x, store, meta, reader = _recorded(tmp_path, _Residual, spec)
     entry = {e["key"]: e for e in meta["layers"]}
@@ -239,27 +192,14 @@ def test_a_buffer_a_module_returns_on_every_call_is_recorded_once_per_call(tmp_p
     assert torch.equal(reader.get(entry["shared#1"]["out"]["0"]), second)
 
 
-def test_a_module_called_twice_is_judged_on_each_output_as_it_was_when_produced(tmp_path, monkeypatch) -> None:
-    """Its second call rewrites the first one's output before the queued statistics read it (the GPU's
-    path, DEFER_ON_CPU): every pass, the later ones through the calls' slots (replay._slot), judges
-    each call on its own output, by direct calls alone."""
-    from pytest_rocm_parity import replay as replay_mod
-
-    spec = CheckSpec(name="twice", dtypes=["float32"], drill=1, replay="fast")
+def test_a_module_called_twice_is_judged_on_each_output_as_it_was_when_produced(tmp_path) -> None:
+    """Its second call rewrites the first one's output: each call is judged on its own output."""
+    spec = CheckSpec(name="twice", dtypes=["float32"], drill=1)
     model, x, store, meta, reader = _recorded(tmp_path, _CallsItTwice, spec)
-    monkeypatch.setattr(replay_mod._StatsQueue, "DEFER_ON_CPU", True)
-    made: list[object] = []
-    real = replay_mod._slot
-    monkeypatch.setattr(replay_mod, "_slot", lambda *a: made.append(real(*a)) or made[-1])
-    run = replay_mod.prepare_rung(model, spec, store.read_manifest("twice"), meta, reader,
-                                  "float32", "cpu", {"args": (x,), "kwargs": {}}, keep_loaded=True)
-    for _ in range(3):
-        res = run()
-        assert res.passed, [(l.name, l.reason) for l in res.layers]
-        assert not [n for n in res.notes if "hooked forward" in n], res.notes   # the direct calls' own verdicts
-        assert {l.name for l in res.layers} == {"shared", "shared#1"}
-        assert all(l.iso is not None and l.iso.ratio <= 1.0 for l in res.layers)
-    assert len(made) == 2 and all(made)   # a slot per call, made on the first pass
+    (res,) = replay(model, x, spec, store, "cpu")
+    assert res.passed, [(l.name, l.reason) for l in res.layers]
+    assert {l.name for l in res.layers} == {"shared", "shared#1"}
+    assert all(l.iso is not None and l.iso.ratio <= 1.0 for l in res.layers)
 
 
 @pytest.mark.parametrize("model, passes", [(_Residual, 2), (Net, 2), (_CallsItTwice, 2), ("plain", 1)])

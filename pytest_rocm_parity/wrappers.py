@@ -1,0 +1,110 @@
+"""The model a user hands in, seen through its wrappers.
+
+Why: a correct migration often wraps the model (``torch.compile``, ``model.compile()``, regional
+compilation, DataParallel, accelerate's device-map hooks, PEFT). Goldens are keyed by the plain
+model's module names, and the candidate's own code (its compiled forward included) is what must be
+judged, so the plugin hooks the inner model's modules, calls the outer object, and casts weights in
+place instead of copying the model (a copy loses compiled call paths and accelerate's hooks).
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+
+def unwrap(model: Any) -> Any:
+    """The plain ``nn.Module`` under compile, data-parallel and PEFT wrappers (itself when none)."""
+    seen = 0
+    while seen < 8:
+        seen += 1
+        cls = type(model).__name__
+        if cls == "OptimizedModule" and hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        elif cls in ("DataParallel", "DistributedDataParallel") and hasattr(model, "module"):
+            model = model.module
+        elif hasattr(model, "peft_config") and hasattr(model, "base_model") and hasattr(model.base_model, "model"):
+            model = model.base_model.model
+        else:
+            break
+    return model
+
+
+def plain_copy(model: Any) -> Any:
+    """A deep copy of ``model`` that runs eagerly: ``model.compile()`` stores a compiled ``__call__``
+    on each module, which a copy would share with the original (calling the original's weights)."""
+    import copy
+
+    m = copy.deepcopy(unwrap(model))
+    for mod in m.modules():
+        if getattr(mod, "_compiled_call_impl", None) is not None:
+            mod._compiled_call_impl = None
+    return m
+
+
+@contextlib.contextmanager
+def cast_in_place(model: Any, device: Any, dtype: Any) -> Iterator[None]:
+    """Every floating parameter and buffer of ``model`` in ``dtype`` (and on ``device`` unless it is
+    None), the original tensors put back afterwards.
+
+    The same module objects keep running, so compiled code, hooks and wrappers stay as the user made
+    them; Dynamo's guards see the new dtype and recompile.
+    """
+    import torch
+
+    target = None if device is None else torch.device(device)
+    params: dict[int, tuple[Any, Any]] = {}
+    buffers: list[tuple[Any, str, Any]] = []
+
+    def want(t: Any) -> Any:
+        if t.is_floating_point() and t.dtype != dtype or target is not None and not _on(t, target):
+            return t.to(device=target if target is not None else t.device,
+                        dtype=dtype if t.is_floating_point() else t.dtype)
+        return None
+
+    try:
+        with torch.no_grad():
+            for mod in model.modules():
+                for p in mod._parameters.values():
+                    if p is None or id(p) in params:
+                        continue
+                    new = want(p.data)
+                    if new is not None:
+                        params[id(p)] = (p, p.data)
+                        p.data = new
+                for name, b in list(mod._buffers.items()):
+                    if b is None:
+                        continue
+                    new = want(b)
+                    if new is not None:
+                        buffers.append((mod, name, b))
+                        mod._buffers[name] = new
+        yield
+    finally:
+        for p, old in params.values():
+            p.data = old
+        for mod, name, old in buffers:
+            mod._buffers[name] = old
+
+
+def _on(t: Any, target: Any) -> bool:
+    if t.device.type != target.type:
+        return False
+    return target.index is None or t.device.index == target.index
+
+
+def outside_dynamo(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` made opaque to Dynamo when Dynamo is loaded: a hook of ours inside a compiled region is
+    a graph break, never traced (tracing its dict updates broke guards). Without Dynamo loaded no
+    model can be compiled, and the hook stays a plain function."""
+    if "torch._dynamo" not in sys.modules:
+        return fn
+    import torch._dynamo
+
+    return torch._dynamo.disable(fn, recursive=True)
+
+
+def training_modules(model: Any) -> list[str]:
+    """Names of modules left in training mode (judged in eval mode: dropout off)."""
+    return [n or type(model).__name__ for n, m in model.named_modules() if m.training]
