@@ -33,7 +33,7 @@ from typing import Any
 
 SHAPES = {
     # the 1.1B model's module tree at a width where the forward is bound by the host on any machine:
-    # a stand-in for a GPU forward that is host-bound (issue 8's 1.1B case), measurable on a CPU
+    # a stand-in, measurable on a CPU, for a GPU forward that the host bounds (the 1.1B case on the H200)
     "host": dict(hidden_size=64, intermediate_size=172, num_hidden_layers=22, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=512),
     "tiny": dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
@@ -63,41 +63,17 @@ def timed(fn: Any, device: str, reps: int) -> float:
     return statistics.median(times)
 
 
-def accumulating(into: dict[str, float], name: str, fn: Any) -> Any:
-    """``fn`` wrapped to add its wall time to ``into[name]`` per call (phase timers of the diagnostics)."""
-    import functools
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kw: Any) -> Any:
-        t = time.perf_counter()
-        try:
-            return fn(*args, **kw)
-        finally:
-            into[name] = into.get(name, 0.0) + time.perf_counter() - t
-    return wrapper
-
-
-def interleaved(fns: dict[str, Any], device: str, reps: int,
-                raw: dict[str, list[float]] | None = None,
-                probe: Any = None, probed: dict[str, list[int]] | None = None) -> dict[str, float]:
-    """Median time of each function, run in turn (a, b, a, b, ...): the host of a lent machine
-    drifts between and within runs, and a ratio of two medians taken minutes apart carries that drift.
-    ``raw``: filled with every time, in order. ``probe``: a counter read just before and after
-    each timed call, outside its timing, its differences into ``probed`` (bench_direct_threads'
-    device allocations: read inside the timing, torch.cuda.memory_stats() added host time to the
-    passes alone; sweeps of sessions 9-14 carried it, docs/benchmarks.md "Session 14")."""
-    times: dict[str, list[float]] = {k: [] for k in fns} if raw is None else raw
-    times.update({k: [] for k in fns})
+def interleaved(fns: dict[str, Any], device: str, reps: int) -> dict[str, float]:
+    """Median time of each function, run in turn (a, b, a, b, ...): the host of a lent GPU machine
+    drifts between and within runs, and a ratio of two medians taken minutes apart carries that drift."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(reps):
         for k, fn in fns.items():
-            before = probe() if probe is not None else 0
             sync(device)
             t = time.perf_counter()
             fn()
             sync(device)
             times[k].append(time.perf_counter() - t)
-            if probe is not None and probed is not None:
-                probed.setdefault(k, []).append(probe() - before)
     return {k: statistics.median(v) for k, v in times.items()}
 
 
@@ -127,37 +103,6 @@ def build(name: str, device: str) -> Any:
     with torch.device(device):
         model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
     return model
-
-
-def thin_args(doc: str, argv: list[str] | None, devices: bool = False,
-              more: dict[str, str] | None = None) -> argparse.Namespace:
-    """The host-time benchmarks' options: --layers (thin_llama's), --reps, --out; ``devices``:
-    also --device and --model (thin, or a shape of SHAPES on 4 x 512); ``more``: flags and their help."""
-    p = argparse.ArgumentParser(description=doc.splitlines()[0])
-    p.add_argument("--layers", type=int, default=22)
-    if devices:
-        p.add_argument("--device", default="cpu")
-        p.add_argument("--model", default="thin", choices=("thin", *SHAPES))
-    for flag, text in (more or {}).items():
-        p.add_argument(flag, action="store_true", help=text)
-    p.add_argument("--reps", type=int, default=300)
-    p.add_argument("--out", default=None)
-    return p.parse_args(argv)
-
-
-def thin_llama(layers: int = 22) -> tuple[Any, Any]:
-    """(model, input_ids): a Llama of ``layers`` decoder layers 16 wide on 4 tokens, in eval mode.
-
-    The host-time benchmarks' stand-in for the 1.1B model (22 layers: the same module tree and the
-    same Python per call) whose compute is negligible on the CPU."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=layers, num_attention_heads=2,
-                      num_key_value_heads=1, vocab_size=64)
-    ids = torch.randint(0, 64, (1, 4), generator=torch.Generator().manual_seed(0))
-    return LlamaForCausalLM(cfg).eval(), ids
 
 
 class RssSampler:
@@ -379,12 +324,6 @@ def _portable(text: str) -> str:
     return re.sub(r"\S*/site-packages/", "site-packages/", text)
 
 
-def _leaves(*objs: Any) -> list[Any]:
-    from pytest_rocm_parity.tree import tensor_leaves
-
-    return [t for o in objs for t in tensor_leaves(o).values()]
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cpu")
@@ -411,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_rows(path: str | None, device: str, rows: list[dict[str, Any]]) -> None:
-    """The run's rows with its date and environment, as JSON at ``path`` (docs/runs/ keeps them)."""
+    """The run's rows with its date and environment, as JSON at ``path``."""
     import torch
 
     from pytest_rocm_parity.backend import collect_env

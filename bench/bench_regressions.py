@@ -2,13 +2,14 @@
 
     pip install pytest-regressions && python bench/bench_regressions.py
 
-Data: 24 layers of (4, 128, 1024) float32 (48 MB), as in calibration.md section 3. Each variant runs
+Data: 24 layers of (4, 128, 1024) float32 (48 MB), as in docs/calibration.md section 3. Each variant runs
 in its own subprocess; reported: wall time of the check itself (imports excluded) and the peak RSS
 growth over the process's RSS just before the check. pytest-regressions runs inside pytest (it is a
 fixture); ours uses golden.py + compare.py + judge.py directly, as the replay does per layer.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -88,7 +89,8 @@ else:
 '''
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     out: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)

@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         chunks = [-(-min(size, c.numel() - b * size) // chunk) for (c, _, _), (nb, size) in zip(leaves, lays)
                   for b in range(nb)]
-        shape["programs"] = sum(chunks)                       # one per chunk with elements (session 7)
+        shape["programs"] = sum(chunks)                       # one per chunk with elements
         shape["programs_before"] = len(chunks) * max(chunks)  # the blocks x chunks grid it replaced
         rows.append({**shape, "ms": ms, "gbps": nbytes / (ms * 1e-3) / 1e9,
                      "of_floor": floor_ms / ms, "same_sums": ok, "default": (chunk, block, warps, al) == default})

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Operator fuzzing on a real GPU (issue 5): the Triton RMSNorm kernel natively, then the
+# Operator fuzzing on a real GPU: the Triton RMSNorm kernel natively, then the
 # built-in op suite on cuda, then the op suite replaying goldens recorded on this machine.
 # Needs torch (CUDA or ROCm build), triton, hypothesis, safetensors; no network.
 # Usage: OUT=/some/dir bash scripts/gpu_fuzz_run.sh        (about 2 minutes on an H200)
