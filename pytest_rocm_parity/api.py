@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from pytest_rocm_parity import dtypes as dt
-from pytest_rocm_parity.assertion import raise_if_failed
+from pytest_rocm_parity.assertion import property_text, raise_if_failed
 from pytest_rocm_parity.capture import capture
 from pytest_rocm_parity.engine import CheckSpec, default_dtypes, shell_quote
 from pytest_rocm_parity.replay import replay as replay_golden
@@ -26,6 +26,7 @@ class Parity:
         self._count = 0
         marker = node.get_closest_marker("parity") if node is not None else None
         self._defaults: dict[str, Any] = dict(marker.kwargs) if marker is not None else {}
+        _refuse_hypothesis(node)
 
     @property
     def device(self) -> str:
@@ -142,9 +143,7 @@ class Parity:
             r.test = spec.test
             s.add(r)
             if self._node is not None:  # reaches JUnit XML <properties> and CI test views
-                self._node.user_properties.append((f"parity[{r.name}][{r.dtype}]",
-                                                   f"{'pass' if r.passed else 'FAIL'}; culprit={r.culprit}; "
-                                                   f"first_divergent={r.first_divergent}"))
+                self._node.user_properties.append((f"parity[{r.name}][{r.dtype}]", property_text(r)))
         raise_if_failed(results)
         return results
 
@@ -162,8 +161,30 @@ def _clean_errors() -> Iterator[None]:
 
 
 def _fail(exc: BaseException) -> None:
+    """Fail the test with the error's message once: without the chained original printed above it."""
     __tracebackhide__ = True
-    pytest.fail(f"{type(exc).__name__}: {exc}", pytrace=False)
+    raise pytest.fail.Exception(f"{type(exc).__name__}: {exc}", pytrace=False) from None
+
+
+def _refuse_hypothesis(node: Any) -> None:
+    """A Hypothesis ``@given`` test asking for the function-scoped ``parity`` fixture: name ``parity_ops``.
+
+    Hypothesis would stop such a test with its function_scoped_fixture health check, which does not
+    say what to use instead. A test that suppresses that health check explicitly is left alone.
+    """
+    __tracebackhide__ = True
+    fn = getattr(node, "obj", None)
+    if not getattr(fn, "is_hypothesis_test", False):
+        return
+    settings = getattr(fn, "_hypothesis_internal_use_settings", None)
+    suppressed = [getattr(h, "name", str(h)) for h in (getattr(settings, "suppress_health_check", ()) or ())]
+    if "function_scoped_fixture" in suppressed:
+        return
+    _fail(InvalidArgument(
+        f"{node.nodeid} is a Hypothesis @given test that asks for the function-scoped 'parity' fixture, which "
+        f"Hypothesis refuses (one fixture value would be shared by every generated example). For operator "
+        f"fuzzing use the session-scoped 'parity_ops' fixture instead: def test_op(parity_ops, x): "
+        f"parity_ops.compare_op(candidate, reference, x). Model checks (parity.check) belong in plain tests."))
 
 
 AUTO_DRILL_MAX_PARAMS = 1_000_000_000

@@ -1,6 +1,7 @@
 """The one place where parity records become a test failure, with a readable message."""
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,29 +33,116 @@ def _fmt(x: float | None) -> str:
     return f"{x:.3g}"
 
 
-def _row(l: LayerRecord) -> str:
+def _verdict(l: LayerRecord) -> str:
+    if not l.iso_passed:
+        return "FAIL isolated" + ("; drift propagated" if not l.prop_passed else "")
+    return "drift propagated" if not l.prop_passed else "ok"
+
+
+def _row(l: LayerRecord, culprit: str | None = None) -> str:
     iso, prop = l.iso, l.prop
-    verdict = "FAIL" if not l.iso_passed else ("drift" if not l.prop_passed else "ok")
+    mark = "  <- culprit" if culprit and l.name == culprit else ""
     return (f"  {l.name[:44]:<44} {_fmt(iso.ratio if iso else None):>9} {_fmt(l.budget):>6} "
             f"{_fmt(iso.z if iso else None):>7} {_fmt(prop.ratio if prop else None):>9} "
-            f"{_fmt(prop.rel_to_ref if prop else None):>9}  {verdict}")
+            f"{_fmt(prop.rel_to_ref if prop else None):>9}  {_verdict(l)}{mark}").rstrip()
 
 
 def table(result: CheckResult, max_rows: int = MAX_ROWS) -> list[str]:
+    """The rows that explain a failure: isolated failures, propagated drift and the culprit; then a count.
+
+    Rows that passed both checks are counted, never listed; a row that failed a check is never
+    folded into that count (when there are more than ``max_rows`` of them, the rest are counted
+    by kind).
+    """
     rows = result.layers
-    if len(rows) > max_rows:
-        # failing layers and the first divergent one first, then the rest in order
-        important = [l for l in rows if not l.iso_passed or l.name == result.first_divergent]
-        rest = [l for l in rows if l not in important]
-        keep = set(map(id, (important + rest)[:max_rows]))
-        shown = [l for l in rows if id(l) in keep]
-    else:
-        shown = rows
+    important = [l for l in rows if not l.iso_passed or not l.prop_passed or l.name == result.culprit]
+    ok = len(rows) - len(important)
+    shown, hidden = important[:max_rows], important[max_rows:]
     lines = [f"  {'layer':<44} {'iso ratio':>9} {'budget':>6} {'z':>7} {'prop ratio':>9} {'rel->ref':>9}  verdict"]
-    lines += [_row(l) for l in shown]
-    if len(shown) < len(rows):
-        lines.append(f"  ... {len(rows) - len(shown)} more layers passed (full table: --parity-report=DIR)")
+    lines += [_row(l, result.culprit) for l in shown]
+    if hidden:
+        n_iso = sum(1 for l in hidden if not l.iso_passed)
+        n_prop = sum(1 for l in hidden if l.iso_passed and not l.prop_passed)
+        what = [s for s in (f"{n_iso} failed isolated" if n_iso else "",
+                            f"{n_prop} drifted propagated" if n_prop else "") if s]
+        lines.append(f"  ... {len(hidden)} more failing rows not listed ({', '.join(what) or 'culprit'}; "
+                     f"full table: --parity-report=DIR)")
+    if ok:
+        lines.append(f"  {ok} more ok (passed isolated and propagated)")
+    elif not rows:
+        lines.append("  (no layer records)")
     return lines
+
+
+def _device_kind(env: dict[str, Any]) -> tuple[str, str, str]:
+    return (str(env.get("device", "")).split(":")[0], str(env.get("device_name", "")), str(env.get("arch", "")))
+
+
+def same_platform(ref: dict[str, Any], cand: dict[str, Any]) -> bool:
+    """Whether the candidate ran on the same kind of device as the golden's capture."""
+    return bool(ref) and bool(cand) and bool(ref.get("device")) and _device_kind(ref) == _device_kind(cand)
+
+
+def regen_command(result: CheckResult) -> str:
+    cmd = f"pytest --rocm-parity --parity-regen={shlex.quote(result.name)}"
+    return f"{cmd} {shlex.quote(result.test)}" if result.test else cmd
+
+
+def regen_hint(result: CheckResult) -> str:
+    """The regenerate line, or '' when the failure is likely a backend difference, not an old golden.
+
+    A golden may simply be out of date when the candidate ran on the same kind of device as the
+    capture: there the reference's numerics are reproduced, so a failure comes from a change in
+    the model, its code or its inputs.
+    """
+    if result.passed or not same_platform(result.reference_env, result.candidate_env):
+        return ""
+    return (f"  this run used the same kind of device as the capture, so the difference comes from the model, its "
+            f"code or its inputs; if this change is intended, regenerate with {regen_command(result)}")
+
+
+SUGGEST_WITHIN = 10.0   # a tolerance is suggested only up to this multiple of the layer's budget
+
+
+def tolerance_hint(result: CheckResult) -> str:
+    """A tolerance that would pass, only when it is a modest widening (within 10x of each budget).
+
+    A larger ratio, a non-finite or exact-kind failure, or propagated drift is a bug to fix, not a
+    tolerance to widen, so no suggestion is made for them.
+    """
+    failing = [l for l in result.layers if not l.iso_passed]
+    if not failing or any(not o.prop_passed for o in result.outputs):
+        return ""
+    fixes: dict[str, float] = {}
+    for l in failing:
+        if not l.would_pass_ratio or not l.budget or l.would_pass_ratio > SUGGEST_WITHIN * l.budget:
+            return ""
+        fixes[l.name] = l.would_pass_ratio
+    worst = max(fixes.values())
+    return (f"  would have passed with tolerance=Tolerance(ratio={worst:g}) (or per layer: "
+            + ", ".join(f'"{k}": Tolerance(ratio={v:g})' for k, v in list(fixes.items())[:3]) + ")")
+
+
+def steps_text(steps: Any) -> str:
+    """First divergent generation steps per sequence, in words (``[None, 3]`` -> "sequence 1 at step 3")."""
+    if not isinstance(steps, (list, tuple)):
+        return "none" if steps is None else str(steps)
+    hit = [f"sequence {b} at step {s}" for b, s in enumerate(steps) if s is not None]
+    if not hit:
+        return f"none (all {len(steps)} sequences match)"
+    return ", ".join(hit) + (f"; {len(steps) - len(hit)} of {len(steps)} sequences match" if len(hit) < len(steps) else "")
+
+
+def property_text(result: CheckResult) -> str:
+    """The JUnit XML property value of one check: verdict, culprit and first divergent layer, in words."""
+    parts = ["pass" if result.passed else "FAIL"]
+    if result.culprit:
+        parts.append(f"culprit={result.culprit}")
+    elif not result.passed:
+        parts.append("no culprit in isolation")
+    if result.first_divergent:
+        parts.append(f"first_divergent={result.first_divergent}")
+    return "; ".join(parts)
 
 
 def message(result: CheckResult) -> str:
@@ -65,10 +153,15 @@ def message(result: CheckResult) -> str:
     if culprit is not None:
         inside = f" (inside block {result.culprit_block})" if result.culprit_block and result.culprit_block != result.culprit else ""
         lines.append(f"  culprit: {result.culprit}{inside}: {culprit.reason}")
+    elif any(not l.iso_passed for l in result.layers):
+        lines.append("  culprit: none named (the failing layers are listed below)")
     else:
         lines.append("  culprit: none in isolation; the model outputs drifted (accumulated error)")
-    lines.append(f"  first divergent layer (propagated): {result.first_divergent or 'none'}")
-    bad_out = [o for o in result.outputs if not o.passed]
+    if result.first_divergent:
+        lines.append(f"  first divergent layer (propagated): {result.first_divergent}")
+    else:
+        lines.append("  first divergent layer (propagated): none, every layer within its propagated budget")
+    bad_out = [o for o in result.outputs if not o.passed or not o.prop_passed]
     for o in bad_out[:3]:
         lines.append(f"  output {o.name}: {o.reason}")
     lm = result.extra.get("lm")
@@ -77,15 +170,16 @@ def message(result: CheckResult) -> str:
         lines.append(f"  lm: ppl {lm['ppl']:.6g} vs reference {lm['ppl_ref']:.6g} (rel {lm['ppl_rel_delta']:+.2e}), "
                      f"top-1 agreement {lm['top1_agreement']:.4f} ({lm['confident_flips']} confident flips), "
                      f"KL mean {lm['kl_mean']:.2e} max {lm['kl_max']:.2e}"
-                     + (f", first divergent generation step {gen.get('first_divergent_step')}" if gen else ""))
+                     + (f", first divergent generation step: {steps_text(gen.get('first_divergent_step'))}" if gen else ""))
     lines += table(result)
-    fixes = {l.name: l.would_pass_ratio for l in result.layers if not l.iso_passed and l.would_pass_ratio}
-    if fixes:
-        worst = max(fixes.values())
-        lines.append(f"  would have passed with tolerance=Tolerance(ratio={worst:g}) (or per layer: "
-                     + ", ".join(f"{k!r}: Tolerance(ratio={v:g})" for k, v in list(fixes.items())[:3]) + ")")
+    hint = tolerance_hint(result)
+    if hint:
+        lines.append(hint)
     for n in result.notes:
         lines.append(f"  note: {n}")
+    regen = regen_hint(result)
+    if regen:
+        lines.append(regen)
     lines.append(f"  golden: {result.golden}")
     text = "\n".join(lines)
     if len(text) > MAX_CHARS:

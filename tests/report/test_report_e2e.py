@@ -58,4 +58,4 @@ def test_capture_then_replay_writes_reports(pytester: pytest.Pytester, monkeypat
     assert pd.read_csv(out / "checks.csv")["culprit"].tolist() == ["blocks.2"]
     # the culprit reaches JUnit XML through record_property
     props = {p.get("name"): p.get("value") for p in ET.parse(pytester.path / "junit.xml").iter("property")}
-    assert "culprit=blocks.2" in props["parity[tiny][float32]"]
+    assert props["parity[tiny][float32]"] == "FAIL; culprit=blocks.2; first_divergent=blocks.2"

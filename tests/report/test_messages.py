@@ -1,0 +1,183 @@
+"""Failure messages: which rows they list, the hints they add, and no Python values leaking into text."""
+from __future__ import annotations
+
+import re
+import shutil
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_rocm_parity.assertion import MAX_ROWS, message, property_text, steps_text, table
+from pytest_rocm_parity.records import CheckResult, LayerRecord, LeafMetrics
+
+HERE = Path(__file__).parent
+CPU = {"device": "cpu", "device_name": "x86_64", "arch": "x86_64", "torch": "2.13.0+cpu"}
+H200 = {"device": "cuda:0", "device_name": "NVIDIA H200", "arch": "sm_90", "torch": "2.11.0+cu130", "cuda": "13.0"}
+MI300 = {"device": "cuda:0", "device_name": "AMD Instinct MI300X", "arch": "gfx942", "torch": "2.9.0+rocm6.4",
+         "hip": "6.4"}
+REPR = re.compile(r"\bNone\b|\[None|\bTrue\b|\bFalse\b")
+
+
+def _layer(name: str, iso_ok: bool = True, prop_ok: bool = True, ratio: float = 1.0,
+           would_pass: float | None = None, budget: float = 10.0) -> LayerRecord:
+    iso = LeafMetrics("0", 64, ratio=ratio, ratio_lo=ratio * 0.9, z=0.0 if iso_ok else 9.0)
+    prop = LeafMetrics("0", 64, ratio=1.0 if prop_ok else 40.0, rel_to_ref=1e-7 if prop_ok else 1e-4)
+    return LayerRecord(name, passed=iso_ok, iso_passed=iso_ok, prop_passed=prop_ok, budget=budget, prop_budget=3.0,
+                       iso=iso, prop=prop, would_pass_ratio=would_pass,
+                       reason="" if iso_ok and prop_ok else ("isolated error" if not iso_ok else "propagated error"))
+
+
+def _result(layers: list[LayerRecord], culprit: str | None, first: str | None, ref: dict[str, Any] = H200,
+            cand: dict[str, Any] = MI300, **kw: Any) -> CheckResult:
+    return CheckResult(test="tests/test_m.py::test_m", name="m", dtype="float32", passed=False, culprit=culprit,
+                       culprit_block=culprit, first_divergent=first, layers=layers, reference_env=ref,
+                       candidate_env=cand, golden="goldens/m/float32.safetensors", **kw)
+
+
+def _deep(n: int = 40, bad: int = 20) -> CheckResult:
+    """n blocks; block ``bad`` fails in isolation, the three after it drift (propagated only)."""
+    layers = [_layer(f"blocks.{i}") for i in range(n)]
+    layers[bad] = _layer(f"blocks.{bad}", iso_ok=False, prop_ok=False, ratio=30.0, would_pass=28.0)
+    for i in range(bad + 1, bad + 4):
+        layers[i] = _layer(f"blocks.{i}", prop_ok=False)
+    return _result(layers, f"blocks.{bad}", f"blocks.{bad}")
+
+
+def test_table_lists_failures_drift_and_culprit_then_counts_the_ok_rows() -> None:
+    lines = table(_deep())
+    body = lines[1:]
+    listed = [l.split()[0] for l in body if l.strip().startswith("blocks.")]
+    assert listed == ["blocks.20", "blocks.21", "blocks.22", "blocks.23"]
+    assert "<- culprit" in next(l for l in body if l.split()[0] == "blocks.20")
+    for name in ("blocks.21", "blocks.22", "blocks.23"):
+        assert next(l for l in body if l.split()[0] == name).rstrip().endswith("drift propagated")
+    assert body[-1].strip() == "36 more ok (passed isolated and propagated)"
+    assert not any("passed (full table" in l or "more layers passed" in l for l in lines)
+
+
+def test_more_failing_rows_than_fit_are_counted_as_failing_not_as_passed() -> None:
+    n = MAX_ROWS + 10
+    layers = [_layer(f"l.{i}", prop_ok=False) for i in range(n)] + [_layer("ok.0"), _layer("ok.1")]
+    layers[0] = _layer("l.0", iso_ok=False, prop_ok=False, ratio=50, would_pass=48)
+    lines = table(_result(layers, "l.0", "l.0"))
+    assert sum(1 for l in lines if l.strip().startswith("l.")) == MAX_ROWS
+    assert "... 10 more failing rows not listed (10 drifted propagated" in "\n".join(lines)
+    assert lines[-1].strip() == "2 more ok (passed isolated and propagated)"
+
+
+def test_suggested_tolerance_only_within_ten_times_the_budget() -> None:
+    modest = _deep()   # would pass at ratio 28 with a budget of 10: 2.8x the budget
+    assert "would have passed with tolerance=Tolerance(ratio=28)" in message(modest)
+    absurd = _deep()
+    absurd.layers[20] = _layer("blocks.20", iso_ok=False, prop_ok=False, ratio=1e6, would_pass=990000)
+    text = message(absurd)
+    assert "would have passed" not in text and "990000" not in text
+    # the limit is ten times the layer's own budget
+    edge = _deep()
+    edge.layers[20] = _layer("blocks.20", iso_ok=False, ratio=101, would_pass=101, budget=10.0)
+    assert "would have passed" not in message(edge)
+    edge.layers[20] = _layer("blocks.20", iso_ok=False, ratio=100, would_pass=100, budget=10.0)
+    assert "Tolerance(ratio=100)" in message(edge)
+
+
+def test_regen_hint_only_when_the_candidate_runs_where_the_golden_was_captured() -> None:
+    cross = _deep()
+    assert "regenerate" not in message(cross)   # H200 golden, MI300 candidate: a backend difference
+    same = _result(_deep().layers, "blocks.20", "blocks.20", ref=CPU, cand=dict(CPU))
+    text = message(same)
+    assert ("if this change is intended, regenerate with pytest --rocm-parity --parity-regen=m "
+            "tests/test_m.py::test_m") in text
+    # another GPU index of the same kind is the same platform
+    gpu = _result(_deep().layers, "blocks.20", "blocks.20", ref=H200, cand={**H200, "device": "cuda:3"})
+    assert "--parity-regen=m" in message(gpu)
+
+
+def test_no_python_values_in_messages_or_junit_properties() -> None:
+    drift_only = _result([_layer("a"), _layer("b")], None, None,
+                         extra={"lm": {"ppl": 3.0, "ppl_ref": 3.0, "ppl_rel_delta": 0.0, "top1_agreement": 1.0,
+                                       "confident_flips": 0, "kl_mean": 0.0, "kl_max": 0.0,
+                                       "generation": {"first_divergent_step": [None, None]}}})
+    text = message(drift_only)
+    assert not REPR.search(text), text
+    assert "first divergent generation step: none (all 2 sequences match)" in text
+    assert steps_text([None, 3]) == "sequence 1 at step 3; 1 of 2 sequences match"
+    passing = _result([_layer("a")], None, None)
+    passing.passed = True
+    assert property_text(passing) == "pass"
+    assert property_text(drift_only) == "FAIL; no culprit in isolation"
+    assert property_text(_deep()) == "FAIL; culprit=blocks.20; first_divergent=blocks.20"
+
+
+# ---------------------------------------------------------------------------------------------
+# through pytest
+
+TEST_FILE = '''
+import os
+import report_models
+
+
+def test_tiny(parity):
+    bug = os.environ.get("PARITY_TEST_BUG", "")
+    m, x = report_models.make(int(bug)) if bug else report_models.make()
+    if os.environ.get("PARITY_TEST_WIDER"):
+        m.blocks[0].fc1 = type(m.blocks[0].fc1)(32, 64)
+    parity.check(m, x, name="tiny", dtypes=["float32"])
+'''
+
+HYPOTHESIS_FILE = '''
+from hypothesis import given, strategies as st
+
+
+@given(st.integers(0, 3))
+def test_fuzzed(parity, n):
+    parity.compare_op(abs, abs, n)
+'''
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    shutil.copy(HERE / "report_models.py", pytester.path / "report_models.py")
+    monkeypatch.syspath_prepend(str(pytester.path))
+    pytester.makepyfile(test_tiny=TEST_FILE)
+    cap = pytester.runpytest_inprocess("--rocm-parity", "--parity-mode=capture", "-p", "no:cacheprovider")
+    cap.assert_outcomes(passed=1)
+    return pytester
+
+
+def test_failure_through_pytest_regen_hint_and_clean_junit(project: pytest.Pytester,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    rep = project.runpytest_inprocess("--rocm-parity", "--junitxml=ok.xml", "-p", "no:cacheprovider")
+    rep.assert_outcomes(passed=1)
+    props = {p.get("name"): p.get("value") for p in ET.parse(project.path / "ok.xml").iter("property")}
+    assert props["parity[tiny][float32]"] == "pass"      # not "culprit=None; first_divergent=None"
+    monkeypatch.setenv("PARITY_TEST_BUG", "2")
+    rep = project.runpytest_inprocess("--rocm-parity", "--junitxml=bad.xml", "-p", "no:cacheprovider")
+    rep.assert_outcomes(failed=1)
+    out = rep.stdout.str()
+    # captured and replayed on this CPU: the golden may simply be out of date
+    assert "if this change is intended, regenerate with pytest --rocm-parity --parity-regen=tiny" in out
+    assert "more ok (passed isolated and propagated)" in out and "more layers passed" not in out
+    assert not re.search(r"\bNone\b", out)
+    props = {p.get("name"): p.get("value") for p in ET.parse(project.path / "bad.xml").iter("property")}
+    assert props["parity[tiny][float32]"] == "FAIL; culprit=blocks.2; first_divergent=blocks.2"
+
+
+def test_a_plugin_error_is_printed_once(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PARITY_TEST_WIDER", "1")   # the model's structure changed: a stale golden
+    rep = project.runpytest_inprocess("--rocm-parity", "-p", "no:cacheprovider")
+    rep.assert_outcomes(failed=1)
+    out = rep.stdout.str()
+    assert "During handling of the above exception" not in out
+    failures = out.split("= FAILURES =")[1].split("short test summary")[0]
+    assert failures.count("stale golden") == 1, failures
+
+
+def test_hypothesis_test_with_the_parity_fixture_is_told_to_use_parity_ops(project: pytest.Pytester) -> None:
+    project.makepyfile(test_fuzz=HYPOTHESIS_FILE)
+    rep = project.runpytest_inprocess("--rocm-parity", "test_fuzz.py", "-p", "no:cacheprovider")
+    rep.assert_outcomes(errors=1)
+    out = rep.stdout.str()
+    assert "use the session-scoped 'parity_ops' fixture instead" in out
+    assert "FailedHealthCheck" not in out and "function_scoped_fixture" not in out.split("parity_ops")[0]
