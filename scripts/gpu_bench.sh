@@ -2,7 +2,7 @@
 # The GPU figures of docs/performance.md, on a CUDA or ROCm machine: the environment, the tests marked
 # `gpu`, the capture/replay benchmark (tiny and the 1.1B Llama shape, bf16, 4 x 512) and the
 # statistics kernel's launch shapes. Needs torch (CUDA or ROCm build), triton, transformers; no network.
-# Usage: OUT=/some/dir bash scripts/gpu_bench.sh [--8b]     (about 6 minutes on an H200; --8b adds
+# Usage: OUT=/some/dir bash scripts/gpu_bench.sh [--8b]     (under 10 minutes on an H200; --8b adds
 # the 8B Llama shape's row, about 3 more)
 set -uo pipefail
 : "${OUT:?set OUT to an output folder}"
