@@ -1,16 +1,20 @@
 """Which modules of a model are captured, and how they nest.
 
-Default: the repeated blocks (the longest ModuleList/Sequential of same-class
-children) plus every maximal module outside them (embeddings, final norm,
-head).  With drill-down, the children and grandchildren of each block too, so
-a blamed block can be narrowed to its attention, MLP, norm or projection.
+Default (docs/judging.md, "Which modules are judged"): every stack of repeated blocks (a
+ModuleList of >= 2 children with parameters, or a Sequential of >= 2 of one class), outermost
+stacks only, plus every maximal module outside the stacks (embeddings, projections, norms, heads),
+found by walking from the root. With drill-down N, N levels of children below each of those, so a
+failing block is narrowed to the smallest failing module; the default N is the deepest whose
+golden fits the golden-size budget (api.default_drill, estimated here by ``golden_bytes``).
 """
 from __future__ import annotations
 
 import difflib
 import fnmatch
+import re
+import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_rocm_parity.errors import LayerSelectionError
@@ -23,49 +27,114 @@ class Selected:
     primary: str    # the level-0 ancestor (itself at level 0)
 
 
-def _block_lists(model: Any) -> list[tuple[str, list[str]]]:
+def _has_params(mod: Any) -> bool:
+    return any(True for _ in mod.parameters())
+
+
+def _is_stack(mod: Any) -> bool:
+    """A stack of repeated blocks: a ModuleList of >= 2 children that all hold parameters (classes may
+    differ, as a UNet's down blocks do), or a Sequential of >= 2 of one class (a Sequential of mixed
+    classes is one sub-network, e.g. Linear-GELU-Linear, not a stack)."""
     import torch.nn as nn
 
+    if not isinstance(mod, (nn.ModuleList, nn.Sequential)):
+        return False
+    kids = [m for m in mod._modules.values() if m is not None]
+    if len(kids) < 2 or not all(_has_params(k) for k in kids):
+        return False
+    return isinstance(mod, nn.ModuleList) or len({type(k) for k in kids}) == 1
+
+
+def _never_called(mod: Any) -> bool:
+    """Containers a forward iterates or indexes but never calls: their hooks would never fire."""
+    import torch.nn as nn
+
+    return isinstance(mod, (nn.ModuleList, nn.ModuleDict))
+
+
+def _named(model: Any) -> list[tuple[str, Any]]:
+    """(name, module) in registration order, each module once under its first name: a module reachable
+    by two names (T5's shared embedding is also encoder.embed_tokens) would otherwise get two hooks."""
+    return [(n, m) for n, m in model.named_modules() if n]
+
+
+def stacks(model: Any) -> list[tuple[str, list[str]]]:
+    """Every stack of repeated blocks (outermost or nested): (its name, its children's names)."""
     found = []
-    for name, mod in model.named_modules():
-        if isinstance(mod, (nn.ModuleList, nn.Sequential)) and len(mod) >= 2:
-            kids = list(mod.named_children())
-            classes = {type(m) for _, m in kids}
-            if len(classes) == 1 and any(True for _ in kids[0][1].parameters()):
-                found.append((name, [f"{name}.{k}" if name else k for k, _ in kids]))
+    for name, mod in [("", model), *_named(model)]:
+        if _is_stack(mod):
+            found.append((name, [f"{name}.{k}" if name else k for k, c in mod._modules.items() if c is not None]))
     return found
 
 
 def default_primary(model: Any) -> list[str]:
-    blocks = _block_lists(model)
-    if not blocks:
-        kids = [n for n, _ in model.named_children()]
-        return kids or [""]
-    best_name, best = max(blocks, key=lambda b: len(b[1]))
-    block_set = set(best)
-
-    def contains_blocks(name: str) -> bool:
-        return best_name == name or best_name.startswith(name + ".") if name else True
-
+    """The level-0 selection: the blocks of every outermost stack and every maximal module outside them."""
+    stack_names = {n for n, _ in stacks(model)}
+    first = {id(m): n for n, m in reversed(_named(model))}   # each module's first name
     out: list[str] = []
 
-    def walk(prefix: str, mod: Any) -> None:
-        for child_name, child in mod.named_children():
+    def holds_stack(name: str) -> bool:
+        return any(s.startswith(name + ".") for s in stack_names)
+
+    def walk(prefix: str, mod: Any, in_stack: bool) -> None:
+        for child_name, child in mod._modules.items():
+            if child is None:
+                continue
             full = f"{prefix}.{child_name}" if prefix else child_name
-            if full in block_set:
+            if first.get(id(child)) != full:
+                continue            # the same module under an earlier name
+            if _never_called(child) and full not in stack_names:
+                walk(full, child, in_stack)
+            elif in_stack:
                 out.append(full)
-            elif full == best_name or contains_blocks(full):
-                walk(full, child)
-            elif any(True for _ in child.parameters()) or any(True for _ in child.buffers()) or not list(child.children()):
+            elif full in stack_names:
+                walk(full, child, True)
+            elif holds_stack(full):
+                walk(full, child, False)
+            elif _has_params(child) or any(True for _ in child.buffers()) or not child._modules:
                 out.append(full)
 
-    walk("", model)
+    if _is_stack(model):
+        walk("", model, True)
+    else:
+        walk("", model, False)
+    return out or [""]
+
+
+def _drill_children(model: Any, name: str, first: dict[int, str]) -> list[str]:
+    """The children drill-down selects below ``name``: those with parameters, and parameter-free leaves
+    (activations, pooling), each module once under its first name."""
+    mod = model.get_submodule(name) if name else model
+    out = []
+    for k, c in mod._modules.items():
+        full = f"{name}.{k}" if name else k
+        if c is None or first.get(id(c)) != full:
+            continue
+        if _never_called(c):
+            out += _drill_children(model, full, first)
+        elif _has_params(c) or not c._modules:
+            out.append(full)
     return out
 
 
-def _children(model: Any, name: str) -> list[str]:
-    mod = model.get_submodule(name) if name else model
-    return [f"{name}.{k}" if name else k for k, _ in mod.named_children()]
+def _drilled(model: Any, drill: int) -> list[list[str]]:
+    """The default selection level by level: [primary, their drill children, ...], at most drill+1 levels,
+    fewer where nothing is left below."""
+    first = {id(m): n for n, m in reversed(_named(model))}
+    levels = [default_primary(model)]
+    frontier = [n for n in levels[0] if n]
+    for _ in range(drill):
+        nxt = [c for b in frontier for c in _drill_children(model, b, first)]
+        if not nxt:
+            break
+        levels.append(nxt)
+        frontier = nxt
+    return levels
+
+
+def max_drill(model: Any) -> int:
+    """The drill depth past which the default selection grows no more (every leaf module selected)."""
+    return len(_drilled(model, 1 << 30)) - 1
 
 
 _CACHE: Any = None
@@ -118,19 +187,7 @@ def _select(model: Any, layers: Sequence[str] | None, drill: int) -> list[Select
                 )
             chosen.extend(h for h in hits if h not in chosen)
     else:
-        chosen = default_primary(model)
-        if drill > 0:
-            blocks = {n for _, bl in _block_lists(model) for n in bl} & set(chosen)
-            frontier = sorted(blocks)
-            for _ in range(drill):
-                nxt = []
-                for b in frontier:
-                    for c in _children(model, b):
-                        mod = model.get_submodule(c)
-                        if any(True for _ in mod.parameters()) or not list(mod.children()):
-                            nxt.append(c)
-                chosen.extend(nxt)
-                frontier = nxt
+        chosen = [n for level in _drilled(model, drill) for n in level]
     order = {n: i for i, n in enumerate(all_names)}
     chosen = sorted(set(chosen), key=lambda n: order.get(n, -1))
     chosen_set = set(chosen)
@@ -141,3 +198,154 @@ def _select(model: Any, layers: Sequence[str] | None, drill: int) -> list[Select
         sel_anc = [a for a in ancestors if a in chosen_set]
         result.append(Selected(name=n, level=len(sel_anc), primary=sel_anc[0] if sel_anc else n))
     return result
+
+
+# ---------------------------------------------------------------------------------------------
+# golden size of a selection, estimated from one shape pass
+
+# a leaf: (token, elements, bytes per element; 0 for a floating or complex leaf, whose size is the
+# rung's, x2 for complex). Tokens name distinct tensor objects: the capture stores each once.
+Leaf = tuple[int, int, int]
+
+# the manifest's entry and the file header's keys of one recorded call, per rung (1.5-1.6 KB measured
+# on the family matrix's models, tests/families)
+PER_CALL_BYTES = 1600
+
+
+@dataclass
+class Activations:
+    """Every module call's input and output tensor leaves in one forward (sizes only), per module name."""
+
+    calls: dict[str, list[tuple[list[Leaf], list[Leaf]]]] = field(default_factory=dict)
+    model_in: list[Leaf] = field(default_factory=list)
+    model_out: list[Leaf] = field(default_factory=list)
+    where: str = "meta"     # "meta": a shape-only pass; "forward": the model's own forward
+
+
+class _Tokens:
+    """A token per distinct tensor object alive in the pass (an id may be reused after a tensor dies)."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[Any, int]] = {}
+
+    def leaves(self, obj: Any) -> list[Leaf]:
+        from pytest_rocm_parity.tree import tensor_leaves
+
+        out = []
+        for t in tensor_leaves(obj).values():
+            hit = self._by_id.get(id(t))
+            if hit is None or hit[0]() is not t:
+                try:
+                    ref = weakref.ref(t)
+                except TypeError:
+                    ref = (lambda t=t: t)
+                hit = (ref, len(self._by_id) + 1)
+                self._by_id[id(t)] = hit
+            per = 0 if (t.is_floating_point() or t.is_complex()) else t.element_size()
+            out.append((hit[1], t.numel() * (2 if t.is_complex() else 1), per))
+        return out
+
+
+def activation_sizes(model: Any, inputs: Any) -> Activations:
+    """Sizes of every module call's inputs and outputs: from a pass on the meta device (no arithmetic,
+    no memory), else, where the model cannot run on meta tensors (data-dependent control flow,
+    ``.item()``), from its own forward in eval mode without gradients."""
+    import torch
+
+    from pytest_rocm_parity.engine import eval_mode, normalize_inputs
+    from pytest_rocm_parity.tree import map_tensors
+
+    args, kwargs = normalize_inputs(inputs)
+    try:
+        meta = {n: torch.empty_like(t, device="meta") for n, t in
+                [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]}
+        margs, mkwargs = (map_tensors(x, lambda _p, t: torch.empty_like(t, device="meta")) for x in (args, kwargs))
+        return _sizes_pass(model, lambda: torch.func.functional_call(model, meta, tuple(margs), dict(mkwargs)),
+                           margs, mkwargs, "meta")
+    except Exception:   # anything a meta tensor cannot do: measure the real forward instead
+        with eval_mode(model), torch.inference_mode():
+            return _sizes_pass(model, lambda: model(*args, **kwargs), args, kwargs, "forward")
+
+
+def _sizes_pass(model: Any, run: Any, args: Any, kwargs: Any, where: str) -> Activations:
+    from pytest_rocm_parity.engine import eval_mode
+
+    tokens = _Tokens()
+    acts = Activations(where=where)
+    acts.model_in = tokens.leaves({"args": args, "kwargs": kwargs})
+    pending: dict[str, list[list[Leaf]]] = {}
+    handles = []
+
+    def pre(name: str) -> Any:
+        def hook(_m: Any, a: Any, kw: Any) -> None:
+            pending.setdefault(name, []).append(tokens.leaves({"args": a, "kwargs": kw}))
+        return hook
+
+    def post(name: str) -> Any:
+        def hook(_m: Any, _a: Any, _kw: Any, out: Any) -> None:
+            acts.calls.setdefault(name, []).append((pending[name].pop(), tokens.leaves(out)))
+        return hook
+
+    try:
+        for name, mod in _named(model):
+            handles.append(mod.register_forward_pre_hook(pre(name), with_kwargs=True))
+            handles.append(mod.register_forward_hook(post(name), with_kwargs=True))
+        with eval_mode(model):
+            out = run()
+        acts.model_out = tokens.leaves(out)
+    finally:
+        for h in handles:
+            h.remove()
+    return acts
+
+
+def golden_bytes(acts: Activations, selected: Sequence[Selected], rungs: Sequence[str]) -> int:
+    """Estimated bytes of a golden of ``selected`` over ``rungs``: per rung, each distinct recorded tensor
+    (a selected call's inputs and outputs, the model's inputs and outputs) once, plus the float64
+    truth's residual of every selected output (twice at level 0: local and global truth) and of the
+    model's outputs, in the rung's residual dtype (capture._capture_rung)."""
+    from pytest_rocm_parity import dtypes as dt
+
+    total = 0
+    for rung in rungs:
+        size = dt.to_torch(rung).itemsize
+        rsize = dt.to_torch(dt.residual_dtype_name(rung)).itemsize
+        distinct: dict[int, int] = {}
+        residual = 0
+
+        def add(leaves: list[Leaf], fresh: set[int] = set()) -> None:
+            for tok, n, per in leaves:
+                # an output that is its own call's input (an identity, an eval-mode dropout) is stored
+                # apart from it (capture's fresh copy)
+                distinct[-len(distinct) - 1 if tok in fresh else tok] = n * (per or size)
+
+        def truth(leaves: list[Leaf], times: int) -> int:
+            return sum(n * rsize * times for _, n, per in leaves if per == 0)
+
+        calls = 0
+        for s in selected:
+            for ins, outs in acts.calls.get(s.name, []):
+                calls += 1
+                add(ins)
+                add(outs, {tok for tok, _, _ in ins})
+                residual += truth(outs, 2 if s.level == 0 else 1)
+        add(acts.model_in)
+        add(acts.model_out)
+        residual += truth(acts.model_out, 1)
+        stored_inputs = sum(n * (per or size) for _, n, per in acts.model_in)   # kept apart as "input/..."
+        total += sum(distinct.values()) + residual + stored_inputs + calls * PER_CALL_BYTES
+    return total
+
+
+def deepest_drill(model: Any, acts: Activations | None, rungs: Sequence[str], limit: int | None) -> int:
+    """The deepest drill whose estimated golden fits ``limit`` bytes (all the way down when ``limit`` is
+    None); 0 where even the blocks alone exceed it (the golden-size warning then names the budget)."""
+    deepest = max_drill(model)
+    if limit is None or acts is None:
+        return deepest
+    best = 0
+    for d in range(deepest + 1):
+        if golden_bytes(acts, select(model, None, d), rungs) > limit:
+            break
+        best = d
+    return best

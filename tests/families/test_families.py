@@ -1,0 +1,56 @@
+"""The family matrix: a vision transformer, an encoder-decoder with cross-attention, a dual-tower model,
+a state-space model and a UNet, each captured and replayed through the plugin with the default
+selection and drill depth. The unchanged model passes; a bug planted in one deep sub-module fails
+and names exactly that sub-module as the culprit (family_models.BUGS).
+"""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("transformers")
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+
+import family_models as fm  # noqa: E402
+
+TEST = '''
+import torch
+import family_models as fm
+
+torch.set_num_threads(1)
+
+
+def test_family(parity):
+    model, inputs = fm.make("{family}")
+    parity.check(model, inputs, name="{family}", dtypes=["float32"])
+'''
+
+
+@pytest.fixture(params=list(fm.BUILDERS))
+def captured(request: pytest.FixtureRequest, parity_project: Any) -> tuple[str, pytest.Pytester]:
+    family = request.param
+    pytester = parity_project("", "FAMILY_BUG", family_models=(HERE / "family_models.py").read_text(),
+                              test_family=TEST.format(family=family))
+    pytester.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    return family, pytester
+
+
+def test_unchanged_model_passes_and_planted_bug_names_its_module(captured: tuple[str, pytest.Pytester],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    family, pytester = captured
+    clean = pytester.runpytest("--rocm-parity")
+    clean.assert_outcomes(passed=1)
+
+    monkeypatch.setenv("FAMILY_BUG", "1")
+    buggy = pytester.runpytest("--rocm-parity")
+    buggy.assert_outcomes(failed=1)
+    out = buggy.stdout.str()
+    culprits = re.findall(r"culprit: (\S+?)(?: \(inside block \S+\))?: ", out)
+    bug_module = fm.BUGS[family][0]
+    assert culprits == [bug_module], f"{family}: planted in {bug_module}, blamed {culprits}\n{out[-3000:]}"
