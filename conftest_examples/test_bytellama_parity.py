@@ -7,9 +7,10 @@ import pytest
 
 def test_bytellama_lm(parity: Any, bytellama: Any, heldout_batch: Any) -> None:
     """Per-layer parity (drilled into attention, MLP and norms) plus perplexity, token agreement, KL and
-    12 greedy steps, at the deployed precisions."""
+    12 greedy steps, at the deployed precisions. Its float32 rung is a check of its own at block depth
+    (below), which keeps the committed goldens small, hence ladder=False here."""
     parity.check_lm(bytellama, heldout_batch, name="bytellama-lm", dtypes=["bfloat16", "float16"], generate=12,
-                    drill=1)
+                    drill=1, ladder=False)
 
 
 def test_bytellama_lm_fp32(parity: Any, bytellama: Any, heldout_batch: Any) -> None:

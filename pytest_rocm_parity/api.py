@@ -13,6 +13,8 @@ from pytest_rocm_parity.capture import capture
 from pytest_rocm_parity.engine import CheckSpec, default_dtypes, shell_quote
 from pytest_rocm_parity.replay import replay as replay_golden
 from pytest_rocm_parity.errors import GoldenExists, GoldenMissing, InvalidArgument, ParityError, WriteForbidden
+from pytest_rocm_parity.errors import ReferenceChange
+from pytest_rocm_parity.progress import checking, progress
 from pytest_rocm_parity.records import CheckResult
 from pytest_rocm_parity.tolerance import coerce
 
@@ -24,6 +26,7 @@ class Parity:
         self._session = session
         self._node = node
         self._count = 0
+        self._claimed: set[str] = set()   # check names this test has run (one name, one check)
         marker = node.get_closest_marker("parity") if node is not None else None
         self._defaults: dict[str, Any] = dict(marker.kwargs) if marker is not None else {}
         _refuse_hypothesis(node)
@@ -48,48 +51,60 @@ class Parity:
 
     def _spec(self, model: Any, name: str | None, dtypes: Sequence[str] | str | None,
               layers: Sequence[str] | str | None, tolerance: Any, drill: int | None,
-              sketch: int | bool | None = None, replay_kind: str | None = None) -> CheckSpec:
+              sketch: int | bool | None = None, replay_kind: str | None = None,
+              ladder: bool | None = None, inputs: Any = None) -> CheckSpec:
         dtypes = dtypes if dtypes is not None else self._defaults.get("dtypes")
         if dtypes is None:
             dtypes = self._session.options.dtypes or default_dtypes(model)
         if isinstance(dtypes, str):
             dtypes = [dtypes]
         rungs = list(dict.fromkeys(dt.canonical_name(d) for d in dtypes))
+        if ladder is None:
+            ladder = self._defaults.get("ladder", self._session.options.ladder)
+        if ladder and "float32" not in rungs and any(r in LOW_PRECISION for r in rungs):
+            # the sentinel rung: bugs under the noise of bf16/fp16 stand out at fp32 (docs/judging.md)
+            rungs.append("float32")
         if isinstance(layers, str):
             layers = [layers]
         nm = self._name(name)
-        return CheckSpec(
+        explicit = _explicit_drill(drill, self._defaults.get("drill"), self._session.options.drill)
+        spec = CheckSpec(
             name=nm, test=self._node.nodeid if self._node is not None else "",
             dtypes=rungs, layers=layers if layers is not None else self._defaults.get("layers"),
-            drill=_drill(model, drill, self._defaults.get("drill"), self._session.options.drill),
+            drill=explicit if explicit is not None else 0,
             tolerance=coerce(tolerance if tolerance is not None else self._defaults.get("tolerance")),
             profile=self._session.options.profile,
             sketch=_sketch_group(sketch if sketch is not None else self._defaults.get("sketch")),
             report_dir=self._session.options.report_dir,
+            golden_size_limit=self._session.options.golden_size_limit,
             replay=_replay_kind(model, replay_kind or self._defaults.get("replay") or self._session.options.replay),
-            threads=self._session.options.threads,
             regen_command=(f"pytest --rocm-parity --parity-regen={shell_quote(nm)} "
                            f"{shell_quote(self._node.nodeid) if self._node else ''}").strip(),
         )
+        spec.drill = _resolve_drill(model, inputs, spec, explicit, self._session.store, self._session.capturing)
+        return spec
 
     def check(self, model: Any, inputs: Any, *, name: str | None = None,
               dtypes: Sequence[str] | str | None = None, layers: Sequence[str] | str | None = None,
               tolerance: Any = None, drill: int | None = None, sketch: int | bool | None = None,
-              replay: str | None = None) -> list[CheckResult]:
+              replay: str | None = None, ladder: bool | None = None) -> list[CheckResult]:
         """Capture (reference run) or judge (candidate run) ``model`` on ``inputs``, per layer and dtype.
 
         ``sketch=True`` (or a group size) keeps per-layer sketches instead of full tensors: well under
         1% of the golden's size, for models whose activations are too large to keep; judged on the
         propagated run only. ``replay="fast"`` judges the isolated pass only (about one forward);
-        the default is --parity-replay, else "auto" (fast above 1B parameters).
+        the default is --parity-replay, else "auto" (fast above 1B parameters). ``ladder=False``: judge only
+        the dtypes asked for; by default an explicit bfloat16/float16 list keeps the float32 rung, where
+        bugs below the low-precision noise show (ini ``parity_ladder``).
         """
         __tracebackhide__ = True
         with _clean_errors():
             _require_module(model)
-            spec = self._spec(model, name, dtypes, layers, tolerance, drill, sketch, replay)
+            spec = self._spec(model, name, dtypes, layers, tolerance, drill, sketch, replay, ladder, inputs=inputs)
         return self._run(spec, lambda: capture(model, inputs, spec, self._session.store, self.device,
                                                overwrite=self._session.store.exists(spec.name), env=self._session.env),
-                         lambda: replay_golden(model, inputs, spec, self._session.store, self.device, env=self._session.env))
+                         lambda: _where_unjudged(model, spec, replay_golden(model, inputs, spec, self._session.store,
+                                                                            self.device, env=self._session.env)))
 
     def check_lm(self, model: Any, input_ids: Any, **kwargs: Any) -> list[CheckResult]:
         """Per-layer parity plus perplexity, token agreement, KL and generation for a causal LM."""
@@ -110,6 +125,8 @@ class Parity:
     def _run(self, spec: CheckSpec, do_capture: Any, do_replay: Any) -> list[CheckResult]:
         __tracebackhide__ = True
         s = self._session
+        with _clean_errors():
+            s.claim(spec.name, spec.test, self._claimed)
         s.goldens.used.add(spec.name)
         exists = s.store.exists(spec.name)
         if s.capturing:
@@ -123,13 +140,17 @@ class Parity:
                 _fail(WriteForbidden(
                     f"refusing to write the golden for {spec.name!r} into {s.store.root} because CI=true; goldens "
                     f"are captured on the reference machine and committed. Pass --parity-allow-write to override."))
+            change = s.reference_change(spec.name) if exists and not s.options.allow_reference_change else ""
+            if change:
+                _fail(ReferenceChange(change, s.store.manifest_path(spec.name)))
             try:
-                with _clean_errors():
+                with _clean_errors(), checking(spec.name):
+                    progress(f"capture {', '.join(spec.dtypes)} on {s.device} ...")
                     do_capture()
+                    s.record_capture(spec, existed=exists)
             except GoldenExists:
                 s.goldens.kept.append(spec.name)
                 pytest.skip(f"golden for {spec.name!r} was just captured by another worker")
-            (s.goldens.updated if exists else s.goldens.created).append(spec.name)
             return []
         if not exists:
             s.goldens.missing.append(spec.name)
@@ -137,13 +158,18 @@ class Parity:
                 f"no golden for {spec.name!r} in {s.store.root}. Capture it on the reference machine (CUDA) and "
                 f"commit it: pytest --rocm-parity --parity-mode=capture {spec.test}".rstrip(),
                 s.store.manifest_path(spec.name)))
-        with _clean_errors():
+        with _clean_errors(), checking(spec.name):
+            progress(f"replay {', '.join(spec.dtypes)} on {s.device} against {s.store.dir_for(spec.name)} ...")
             results = do_replay()
+            for r in results:
+                progress(f"{r.dtype}: verdict {'PASS' if r.passed else 'FAIL'}"
+                         + (f" (culprit {r.culprit})" if not r.passed and r.culprit else ""))
         for r in results:
             r.test = spec.test
             s.add(r)
             if self._node is not None:  # reaches JUnit XML <properties> and CI test views
                 self._node.user_properties.append((f"parity[{r.name}][{r.dtype}]", property_text(r)))
+        ladder_notes(results)
         raise_if_failed(results)
         return results
 
@@ -206,15 +232,84 @@ def _replay_kind(model: Any, kind: Any) -> str:
     return str(kind)
 
 
-def _drill(model: Any, *choices: Any) -> int:
-    """The first explicit drill depth, else 2 (0 above 1B parameters, where sub-module goldens get huge)."""
+def _where_unjudged(model: Any, spec: CheckSpec, results: list[CheckResult]) -> list[CheckResult]:
+    """Failing results say where a fault the selection did not judge lies: the region between the last
+    agreeing and the first divergent selected module and the ``layers=`` globs that would judge it
+    (extra["unselected_region"], shown by assertion.message), or the culprit's unselected sub-modules."""
+    from pytest_rocm_parity.selection import unselected_children, unselected_region
+
+    for r in results:
+        if r.passed:
+            continue
+        region = unselected_region(model, r, spec.layers)
+        if region is not None:
+            r.extra["unselected_region"] = region
+        note = unselected_children(model, r, spec.drill) if not spec.layers else ""
+        if note:
+            r.notes.append(note)
+    return results
+
+
+DEFAULT_GOLDEN_SIZE_LIMIT = 50 * 1024 * 1024   # bytes; CheckSpec.golden_size_limit where it is set
+
+
+def _explicit_drill(*choices: Any) -> int | None:
+    """The first explicit drill depth (any depth >= 0; a depth below the deepest module selects all)."""
     for c in choices:
         if c is not None:
-            if not isinstance(c, int) or isinstance(c, bool) or c not in (0, 1, 2):
-                raise InvalidArgument(f"drill={c!r}: allowed 0 (blocks only), 1, 2 (sub-module depth)")
+            if not isinstance(c, int) or isinstance(c, bool) or c < 0:
+                raise InvalidArgument(f"drill={c!r}: expected an integer >= 0, the sub-module depth below each "
+                                      f"selected block (0: blocks only); leave it out to choose the deepest "
+                                      f"whose golden fits the golden-size limit")
             return c
+    return None
+
+
+def _drill(model: Any, *choices: Any) -> int:
+    """The first explicit drill depth, else the deepest selection (as by default_drill without inputs:
+    no activation sizes, so no budget; 0 above 1B parameters, where every module's golden gets huge)."""
+    from pytest_rocm_parity.selection import max_drill
+
+    c = _explicit_drill(*choices)
+    if c is not None:
+        return c
     n = sum(p.numel() for p in model.parameters())
-    return 0 if n > AUTO_DRILL_MAX_PARAMS else 2
+    return 0 if n > AUTO_DRILL_MAX_PARAMS else max_drill(model)
+
+
+def default_drill(model: Any, inputs: Any, rungs: Sequence[str], limit: int | None) -> int:
+    """The deepest drill whose golden for ``inputs`` over ``rungs`` stays under ``limit`` bytes (None: no
+    limit, every module down to the leaves).
+
+    Why a budget and not a fixed depth: a bug is named at the smallest selected module that fails in
+    isolation, so the deeper the selection the more exact the culprit (a value projection four levels
+    below a T5 block); what bounds it is the golden's size, estimated from one shape-only pass
+    (selection.activation_sizes, within about 15% of the file's bytes on the family matrix).
+    """
+    from pytest_rocm_parity.selection import activation_sizes, deepest_drill
+
+    acts = activation_sizes(model, inputs) if limit is not None else None
+    return deepest_drill(model, acts, rungs, limit)
+
+
+def _resolve_drill(model: Any, inputs: Any, spec: CheckSpec, explicit: int | None, store: Any,
+                   capturing: bool) -> int:
+    """``explicit`` if given; with ``layers=`` globs the depth plays no part (0); on a replay the depth the
+    golden was captured with (its selection is what the replay must find again); on a capture the
+    deepest within the golden-size limit."""
+    if explicit is not None:
+        return explicit
+    if spec.layers:
+        return 0
+    if not capturing:
+        if store is not None and store.exists(spec.name):
+            drill = store.read_manifest(spec.name).get("drill")
+            if isinstance(drill, int) and not isinstance(drill, bool) and drill >= 0:
+                return drill
+        return _drill(model)
+    if inputs is None:
+        return _drill(model)
+    return default_drill(model, inputs, spec.dtypes, getattr(spec, "golden_size_limit", DEFAULT_GOLDEN_SIZE_LIMIT))
 
 
 def _sketch_group(value: Any) -> int:
@@ -248,3 +343,27 @@ class OpChecker:
 
         kwargs.setdefault("device", self.device)
         return compare_op(candidate, reference, *args, **kwargs)
+
+
+LOW_PRECISION = ("bfloat16", "float16")
+
+
+def ladder_notes(results: list[CheckResult]) -> None:
+    """Say, on each failing low-precision rung, what the float32 rung found: a bug of the function
+    (float32 fails too) or of precision only (float32 holds)."""
+    by = {r.dtype: r for r in results}
+    f32 = by.get("float32")
+    if f32 is None:
+        return
+    for r in results:
+        if r.dtype not in LOW_PRECISION:
+            continue
+        if not r.passed and f32.passed:
+            r.notes.append(f"less accurate at {r.dtype}, same function at float32: the float32 rung passed, so "
+                           f"this is a precision difference (accumulation, rounding), not a changed computation")
+        elif not r.passed and not f32.passed:
+            r.notes.append(f"the float32 rung fails too (culprit {f32.culprit or 'the outputs'}): the computation "
+                           f"itself changed, not only its precision")
+        elif r.passed and not f32.passed:
+            r.notes.append(f"found at float32 only: a change below the noise of {r.dtype} "
+                           f"(culprit {f32.culprit or 'the outputs'})")

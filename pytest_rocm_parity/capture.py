@@ -406,6 +406,92 @@ def _raw(t: Any, wide: bool = False) -> Any:
     return flat.view(torch.int64) if wide and flat.numel() % 8 == 0 and flat.data_ptr() % 8 == 0 else flat
 
 
+class DataFlow:
+    """Which tensors of a forward carry activations: values computed from a floating model input or
+    from a selected module's output, through any torch operation (a torch function mode).
+
+    Why: the isolated replay feeds each module the golden values of its activations and lets the
+    candidate build the rest itself (attention masks in its own format, position ids, rotary tables
+    made outside a selected module), so that a correct migration to another attention
+    implementation is not judged on the reference's calling conventions. Identity alone misses an
+    activation that passes through glue code (an attention's reshape before its output projection);
+    names would guess. Integer inputs (token ids, a padding mask) start nothing: what the model
+    builds from them alone is its own convention.
+    """
+
+    def __init__(self) -> None:
+        import torch
+        import torch.overrides
+
+        # id -> weak reference (tensors compare elementwise, so no WeakSet); a dead id is dropped
+        self._carriers: dict[int, Any] = {}
+        self._paused = 0
+        outer = self
+
+        class _Mode(torch.overrides.TorchFunctionMode):
+            def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                out = func(*args, **(kwargs or {}))
+                if torch.compiler.is_compiling():   # a kernel compiled inside the model (FlexAttention)
+                    return out
+                if not outer._paused and outer._carriers and outer._any_carrier(args, kwargs):
+                    outer.mark(_leaves_of(out))
+                return out
+        self._mode = _Mode()
+
+    def _any_carrier(self, args: Any, kwargs: Any) -> bool:
+        carriers = self._carriers
+        for x in _leaves_of((args, kwargs)):
+            r = carriers.get(id(x))
+            if r is not None and r() is x:
+                return True
+        return False
+
+    def mark(self, tensors: Any, floating_only: bool = False) -> None:
+        import weakref
+
+        carriers = self._carriers
+        for t in tensors.values() if isinstance(tensors, dict) else tensors:
+            if not floating_only or t.is_floating_point() or t.is_complex():
+                carriers[id(t)] = weakref.ref(t, lambda _r, i=id(t): carriers.pop(i, None))
+
+    def carries(self, t: Any) -> bool:
+        r = self._carriers.get(id(t))
+        return r is not None and r() is t
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Our own hook code's torch calls are not the model's data flow."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
+
+    def __enter__(self) -> DataFlow:
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._mode.__exit__(*exc)
+
+
+def _leaves_of(obj: Any) -> list[Any]:
+    """The tensors in nested tuples, lists and dicts (an op's arguments or results)."""
+    import torch
+
+    out: list[Any] = []
+    stack = [obj]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, torch.Tensor):
+            out.append(x)
+        elif isinstance(x, (tuple, list)):
+            stack.extend(x)
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+    return out
+
+
 def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any, resnap: bool = False) -> Recording:
     """One forward of ``m`` that copies every selected module call's input and output leaves to the host.
 
@@ -422,21 +508,28 @@ def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any, res
 
     inputs: dict[str, Any] = {}    # this call's input leaves until its output is recorded
 
+    flow = DataFlow()
+    flow.mark(tensor_leaves({"args": args, "kwargs": kwargs}), floating_only=True)
+
     def rec_in(key: str, sel: Selected, a: Any, kw: Any) -> None:
-        kinds: dict[str, str] = {}
-        leaves, consts = split_leaves({"args": a, "kwargs": kw}, kinds)
-        inputs[key] = leaves
-        entries[key] = {"name": sel.name, "key": key, "level": sel.level, "primary": sel.primary,
-                        "in": {p: pool.add(t) for p, t in leaves.items()}, "const_in": consts, "in_tree": kinds}
+        with flow.paused():
+            kinds: dict[str, str] = {}
+            leaves, consts = split_leaves({"args": a, "kwargs": kw}, kinds)
+            inputs[key] = leaves
+            entries[key] = {"name": sel.name, "key": key, "level": sel.level, "primary": sel.primary,
+                            "in": {p: pool.add(t) for p, t in leaves.items()}, "const_in": consts, "in_tree": kinds,
+                            "act": sorted(p for p, t in leaves.items() if flow.carries(t))}
         return None
 
     def rec_out(key: str, sel: Selected, out: Any) -> None:
-        ins = {pool.key_of(t) for t in inputs.pop(key, {}).values()} - {None}
-        leaves, consts = split_leaves(out)
-        entries[key]["out"] = {p: pool.add(t, fresh=pool.key_of(t) in ins) for p, t in leaves.items()}
-        entries[key]["const_out"] = consts
+        with flow.paused():
+            ins = {pool.key_of(t) for t in inputs.pop(key, {}).values()} - {None}
+            leaves, consts = split_leaves(out)
+            entries[key]["out"] = {p: pool.add(t, fresh=pool.key_of(t) in ins) for p, t in leaves.items()}
+            entries[key]["const_out"] = consts
+            flow.mark(leaves)
 
-    with Hooks(m, selected, rec_in, rec_out) as hooks:
+    with Hooks(m, selected, rec_in, rec_out) as hooks, flow:
         out = _run(m, args, kwargs)
         order = list(hooks.order)
     outputs = {"out": {p: pool.add(t) for p, t in tensor_leaves(out).items()}, "const": constant_leaves(out)}
@@ -651,6 +744,7 @@ def _truth_model(model: Any, device: str, dtype: Any, rung: list[Any]) -> tuple[
     if device == KEEP_PLACEMENT:   # a split model keeps its split in float64 too
         rung.clear()
         tm = copy.deepcopy(prepare_model(model, device, dtype)).to(dtype=torch.float64).eval()
+        _float64_kernels(tm)
         return tm, home_device(tm, device)
     truth_dev = device if _supports_f64(device) else "cpu"
     m = rung.pop()
@@ -660,7 +754,37 @@ def _truth_model(model: Any, device: str, dtype: Any, rung: list[Any]) -> tuple[
         tm = _copy_tensors(m, lambda t: t.to("cpu", copy=True))
     del m
     # catches what the copy left in the rung's dtype (parameter subclasses); a no-op otherwise
-    return tm.to(device=truth_dev, dtype=torch.float64).eval(), truth_dev
+    tm = tm.to(device=truth_dev, dtype=torch.float64).eval()
+    _float64_kernels(tm)
+    return tm, truth_dev
+
+
+# Kernels without a float64 version, and the implementation of the same function the float64 truth
+# uses instead (docs/migrations.md): Hugging Face's MoE experts ("grouped_mm": torch._grouped_mm takes
+# float32/bf16/fp16 only) and FlexAttention (no float64 on the CPU).
+TRUTH_EXPERTS = "eager"
+TRUTH_ATTENTION = {"flex_attention": "sdpa"}
+
+
+def _float64_kernels(tm: Any) -> None:
+    """Switch the float64 truth model to implementations that run in float64, where Hugging Face
+    lets a model choose them. The truth is what the module computes; the reference and the candidate
+    keep their own kernels."""
+    get_experts = getattr(tm, "get_experts_implementation", None)
+    if callable(get_experts):
+        try:
+            impls = get_experts()
+            if any(v not in (None, TRUTH_EXPERTS) for v in impls.values()):
+                tm.set_experts_implementation({k: TRUTH_EXPERTS for k in impls})
+        except (ValueError, AttributeError, TypeError):
+            pass
+    cfg = getattr(tm, "config", None)
+    attn = getattr(cfg, "_attn_implementation", None)
+    if attn in TRUTH_ATTENTION and callable(getattr(tm, "set_attn_implementation", None)):
+        try:
+            tm.set_attn_implementation(TRUTH_ATTENTION[attn])
+        except (ValueError, AttributeError, TypeError, ImportError):
+            pass
 
 
 def _truth_on_device(m: Any, truth_dev: Any) -> bool:

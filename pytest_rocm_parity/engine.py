@@ -44,8 +44,8 @@ class CheckSpec:
     profile: bool = False            # profiler parity (--parity-profile)
     sketch: int = 0                  # >0: sketch golden with this group size (pytest_rocm_parity/sketch.py)
     replay: str = "full"             # "full": propagated + isolated passes; "fast": isolated only (--parity-replay)
-    threads: int = 0                 # host threads for the isolated direct calls on a GPU; 0: auto (--parity-threads)
     report_dir: Any = None           # where obtained tensors of failing layers are saved
+    golden_size_limit: int | None = None   # bytes a golden should stay under (--parity-golden-size-limit); None: no limit
 
 
 def shell_quote(text: str) -> str:

@@ -21,6 +21,7 @@ import stat
 import struct
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from typing import Any
 from pytest_rocm_parity.errors import (
     GoldenCorrupt, GoldenExists, GoldenMissing, GoldenStale, GoldenWriteError, InvalidArgument,
 )
+from pytest_rocm_parity.progress import megabytes, progress
 from pytest_rocm_parity.tree import CONTAINER_KINDS
 
 FORMAT_VERSION = 1
@@ -52,6 +54,29 @@ _HASHED = re.compile(r"-[0-9a-f]{12}$")
 _RESERVED = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)), *(f"lpt{i}" for i in range(10))}
 MAX_NAME = 96
 ALIGN = 64   # bytes; what torch's CPU allocator guarantees
+# The marker of a golden this tool wrote: prune deletes only directories whose manifest holds it.
+TOOL_KEY = "tool"
+TOOL = "pytest-rocm-parity"
+# Manifest keys that change on every capture without saying anything about the golden: a regen
+# that changes nothing else leaves the golden as it was (no diff for git).
+VOLATILE_KEYS = ("created", "tool_version")
+# Goldens one store keeps pinned at a time (see GoldenStore.read_manifest).
+PINNED_GOLDENS = 8
+# A tensor file of ours: <dtype>-<12 hex digits of its SHA-256>.safetensors
+_TENSOR_FILE = re.compile(r"^[a-z0-9_]+-[0-9a-f]{12}\.safetensors$")
+
+
+def _file_mode() -> int:
+    """What open() gives a new file here: 0o666 less the umask (0644 under the usual 022).
+
+    mkstemp creates 0600 files, which a teammate's checkout or a shared artifact cannot read.
+    """
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+FILE_MODE = _file_mode()
 
 
 def safe_name(name: str) -> str:
@@ -86,6 +111,10 @@ class GoldenStore:
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
+        # name -> open, share-locked descriptors of the tensor files its last-read manifest names
+        self._pins: dict[str, list[int]] = {}
+        # names whose last write found the golden unchanged and left it untouched
+        self.unchanged: set[str] = set()
 
     def dir_for(self, name: str) -> Path:
         return self.root / safe_name(name)
@@ -124,7 +153,9 @@ class GoldenStore:
         if not path.exists() and not path.is_symlink():
             raise GoldenMissing(f"no golden for {name!r} at {path}", path)
         self._inside(path)
-        m = load_manifest(path)
+        with _locked(path.parent, shared=True):   # never between a writer's commit and its clean-up
+            m = load_manifest(path)
+            self._pin(name, path.parent, m)
         if "name" in m and m["name"] != name:
             raise GoldenCorrupt(
                 f"{path}: this golden was captured for {m['name']!r}, not {name!r} (a copied or renamed "
@@ -148,6 +179,93 @@ class GoldenStore:
         self._inside(path)
         return path
 
+    # -- pins: a replay racing a regeneration reads the old golden whole -------------------------
+    def _pin(self, name: str, d: Path, manifest: dict[str, Any]) -> None:
+        """Hold a shared lock on each tensor file ``manifest`` names, until this name is read again.
+
+        Why: the replay reads the manifest, then each rung's file by name, seconds apart. A
+        regeneration committing in between would delete the files the old manifest names; a
+        writer's clean-up leaves a file alone while anyone holds such a lock (collect_garbage),
+        so the replay reads the old golden whole and the next write collects the file.
+        """
+        self.unpin(name)
+        try:
+            import fcntl
+        except ImportError:
+            return
+        fds: list[int] = []
+        for rung in manifest.get("rungs", {}).values():
+            fname = str(rung.get("file", "")) if isinstance(rung, dict) else ""
+            if not _TENSOR_FILE.match(fname):
+                continue
+            try:
+                fd = os.open(d / fname, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+            except OSError:
+                continue   # missing: rung_file names it when the replay gets there
+            try:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    fds.append(fd)
+                    continue
+            except OSError:
+                pass
+            os.close(fd)
+        self._pins[name] = fds
+        while len(self._pins) > PINNED_GOLDENS:
+            self.unpin(next(iter(self._pins)))
+
+    def unpin(self, name: str | None = None) -> None:
+        """Release the pins of ``name`` (of every golden without it)."""
+        for n in [name] if name is not None else list(self._pins):
+            for fd in self._pins.pop(n, []):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    # -- pruning ---------------------------------------------------------------------------
+    def goldens_on_disk(self) -> Iterator[tuple[str, Path, dict[str, Any] | None]]:
+        """(name, directory, manifest or None when unreadable) of every golden directly under the root."""
+        if not self.root.is_dir():
+            return
+        for d in sorted(self.root.iterdir()):
+            m = d / MANIFEST
+            if d.is_dir() and not d.is_symlink() and m.is_file() and not m.is_symlink():
+                try:
+                    manifest = load_manifest(m)
+                except (GoldenCorrupt, GoldenStale):
+                    yield d.name, d, None
+                    continue
+                name = manifest.get("name")
+                yield (name if isinstance(name, str) else d.name), d, manifest
+
+    def ours(self, d: Path, manifest: dict[str, Any] | None) -> bool:
+        """True when this tool wrote the golden at ``d``: its manifest is valid, carries our marker,
+        and the directory is the one the manifest's name maps to. Prune deletes nothing else."""
+        return (manifest is not None and manifest.get(TOOL_KEY) == TOOL and isinstance(manifest.get("name"), str)
+                and d.parent == self.root and d.name == safe_name(manifest["name"]) and not d.is_symlink())
+
+    def delete(self, d: Path, dry_run: bool = False) -> list[Path]:
+        """Delete the golden at ``d``: its manifest first (after that no reader sees a golden), then
+        the tensor and temporary files of ours; the directory too once empty. Files of any other
+        name are left where they are. Returns the paths deleted (``dry_run``: that would be)."""
+        deleted: list[Path] = []
+        with _locked(d):
+            entries = sorted(d.iterdir())
+            for p in [d / MANIFEST] + [p for p in entries if p.name != MANIFEST]:
+                if p.is_symlink() or not p.is_file():
+                    continue
+                if p.name == MANIFEST or _TENSOR_FILE.match(p.name) or p.name.startswith(".tmp-"):
+                    if not dry_run:
+                        p.unlink(missing_ok=True)
+                    deleted.append(p)
+        if dry_run:
+            if len(deleted) == len(entries):
+                deleted.append(d)
+            return deleted
+        with contextlib.suppress(OSError):
+            d.rmdir()
+            deleted.append(d)
+        return deleted
+
     # -- writing ---------------------------------------------------------------------------
     def write(self, name: str, manifest: dict[str, Any], rungs: dict[str, Any],
               overwrite: bool) -> Path:
@@ -162,6 +280,9 @@ class GoldenStore:
         if d.is_symlink() or d.exists():
             self._inside(d)   # never write (or collect garbage) through a link that leaves the root
         written: list[Path] = []
+        self.unpin(name)   # this store's own reads must not keep the files it replaces
+        self.unchanged.discard(name)
+        manifest[TOOL_KEY] = TOOL
         try:
             d.mkdir(parents=True, exist_ok=True)
             with _locked(d):   # concurrent writers of one golden (xdist workers) take turns
@@ -171,19 +292,34 @@ class GoldenStore:
                 for dtype, tensors in rungs.items():
                     # A rung may be produced lazily: the capture streams one rung at a time to disk
                     # instead of holding every rung's tensors in host memory at once.
+                    started = time.monotonic()
                     if callable(tensors):
+                        progress(f"{dtype}: reference forward, float64 truth ...", verbose=1)
                         tensors = tensors()
                     tmp = _write_tensors_tmp(d, tensors, {"format": str(FORMAT_VERSION), "name": name, "dtype": dtype})
                     del tensors
                     written.append(tmp)
                     digest = sha256_file(tmp)
                     final = d / f"{dtype}-{digest[:12]}.safetensors"
-                    os.replace(tmp, final)
-                    written[-1] = final
+                    if _same_file(final, digest):
+                        # the bytes are there already: replacing them would only touch the file
+                        tmp.unlink()
+                        written.pop()
+                    else:
+                        os.chmod(tmp, FILE_MODE)
+                        os.replace(tmp, final)
+                        written[-1] = final
+                    size = final.stat().st_size
                     manifest["rungs"][dtype]["file"] = final.name
                     manifest["rungs"][dtype]["sha256"] = digest
-                    manifest["rungs"][dtype]["bytes"] = final.stat().st_size
-                _atomic_write_text(mpath, json.dumps(manifest, indent=1, sort_keys=True, default=str) + "\n")
+                    manifest["rungs"][dtype]["bytes"] = size
+                    progress(f"{dtype}: reference forward, float64 truth, wrote {megabytes(size)} "
+                             f"in {time.monotonic() - started:.1f} s")
+                text = json.dumps(manifest, indent=1, sort_keys=True, default=str) + "\n"
+                if _meaningful(_old_manifest(mpath)) == _meaningful(json.loads(text)):
+                    self.unchanged.add(name)   # same tensors, same description: keep the file and its time
+                else:
+                    _atomic_write_text(mpath, text)
                 with contextlib.suppress(OSError):   # committed: leftovers are only disk space
                     self.collect_garbage(d)
         except BaseException as exc:
@@ -208,13 +344,15 @@ class GoldenStore:
         for p in d.iterdir():
             if p.name == MANIFEST or p.name in keep:
                 continue
-            if p.suffix == ".safetensors" or p.name.startswith(".tmp-"):
+            if p.name.startswith(".tmp-") or (p.suffix == ".safetensors" and not _in_use(p)):
                 p.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
-def _locked(d: Path) -> Iterator[None]:
-    """An exclusive advisory lock on the golden's directory itself (no lock file to commit).
+def _locked(d: Path, shared: bool = False) -> Iterator[None]:
+    """An advisory lock on the golden's directory itself (no lock file to commit): exclusive for
+    writers, shared for a reader of the manifest, so it never reads between a writer's commit and
+    its clean-up.
 
     Released by the kernel when the holder dies, so a killed capture never wedges the next.
     Without fcntl (Windows) writers are not serialized; each write is still atomic.
@@ -226,8 +364,53 @@ def _locked(d: Path) -> Iterator[None]:
         return
     fd = os.open(d, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
         yield
+    finally:
+        os.close(fd)
+
+
+def _same_file(path: Path, digest: str) -> bool:
+    """True when ``path`` is a plain file holding exactly the bytes of SHA-256 ``digest``."""
+    try:
+        if path.is_symlink() or not path.is_file():
+            return False
+        return sha256_file(path) == digest
+    except OSError:
+        return False
+
+
+def _old_manifest(mpath: Path) -> dict[str, Any] | None:
+    try:
+        return load_manifest(mpath) if mpath.is_file() else None
+    except (GoldenCorrupt, GoldenStale):
+        return None
+
+
+def _meaningful(manifest: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The manifest less what changes on every capture; None stays None (never equal to a manifest)."""
+    if manifest is None:
+        return None
+    return {k: v for k, v in manifest.items() if k not in VOLATILE_KEYS}
+
+
+def _in_use(path: Path) -> bool:
+    """True while a reader holds the file pinned (GoldenStore._pin): it may not be deleted yet."""
+    try:
+        import fcntl
+    except ImportError:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:   # a file system without flock: nobody can pin there
+        return False
     finally:
         os.close(fd)
 
@@ -250,6 +433,7 @@ def _storable(tensors: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")} - {None}
     out: dict[str, Any] = {}
     complex128: list[str] = []
+    storages: set[int] = set()
     for k, v in tensors.items():
         if v.dtype == torch.complex128:
             complex128.append(k)
@@ -258,7 +442,14 @@ def _storable(tensors: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
             raise InvalidArgument(
                 f"tensor {k!r} has dtype {v.dtype}, which a golden cannot store; return a supported dtype "
                 f"from the model (float, int, bool, complex64/128) or cast it in the test")
-        out[k] = v.contiguous()
+        v = v.contiguous()
+        # safetensors refuses tensors that share memory (outputs that are views of one storage, a
+        # parent's output that is its child's): each shared one is written as its own copy
+        ptr = v.untyped_storage().data_ptr()
+        if ptr and ptr in storages:
+            v = v.clone()
+        storages.add(v.untyped_storage().data_ptr())
+        out[k] = v
     return out, complex128
 
 
@@ -304,6 +495,7 @@ def _atomic_write_text(path: Path, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -400,6 +592,8 @@ def _manifest_problem(m: dict[str, Any]) -> str:
     """
     if "name" in m and not isinstance(m["name"], str):
         return "'name' is not a string"
+    if TOOL_KEY in m and not isinstance(m[TOOL_KEY], str):
+        return f"{TOOL_KEY!r} is not a string"
     if not _str_map(m.get("fingerprint", {})):
         return "'fingerprint' is not a mapping of strings"
     layers = m.get("layers", [])
@@ -440,6 +634,9 @@ def _manifest_problem(m: dict[str, Any]) -> str:
             tree = e.get("in_tree", {})
             if not (_str_map(tree) and all(v in CONTAINER_KINDS for v in tree.values())):
                 return f"{where} has a layer entry whose 'in_tree' is not a mapping of path -> {'/'.join(CONTAINER_KINDS)}"
+            act = e.get("act", [])
+            if not (isinstance(act, list) and all(isinstance(p, str) and p in e["in"] for p in act)):
+                return f"{where} has a layer entry whose 'act' is not a list of its input paths"
         order = r.get("order", [])
         if not isinstance(order, list) or not all(isinstance(k, str) for k in order):
             return f"{where} has an 'order' that is not a list of layer keys"
@@ -701,10 +898,10 @@ class RungReader:
         again, watched as get_fresh would, without fetching; False, nothing handed, where one is no
         longer what get_fresh would hand out (reloaded, or a copy from now on).
 
-        Why: a pass of direct calls fetched every input of every call (3.5 us a call on the H200's
-        host, timers included: `bench_host_overhead.py --device cuda --phases`, session 12), though
-        a pass whose goldens were all handed out watched and none written may keep its calls'
-        inputs for the next (replay.prepare_rung keeps them); only the watch must start again."""
+        Why: fetching every input of every call again is host time added to each call of a pass
+        on a GPU whose forward the host bounds, while a pass whose goldens were all handed out
+        watched and none written can keep its calls' inputs for the next; only the watch must
+        start again."""
         cache, copies = self._cache, self._copy_keys
         for k, t in held.items():
             if cache.get(k) is not t or k in copies:

@@ -16,6 +16,7 @@ from pytest_rocm_parity import dtypes as dt
 from pytest_rocm_parity.capture import capture
 from pytest_rocm_parity.engine import OUTPUT
 from pytest_rocm_parity.replay import load_truth, replay
+from pytest_rocm_parity.assertion import steps_text
 from pytest_rocm_parity.errors import InputError, InvalidArgument
 
 # A top-1 flip counts only where the reference's top-1/top-2 logit margin exceeds
@@ -135,7 +136,7 @@ def greedy(model: Any, ids: Any, mask: Any, steps: int) -> tuple[Any, Any]:
 
 def check_lm(parity: Any, model: Any, input_ids: Any, *, name: str | None = None, dtypes: Any = None,
              attention_mask: Any = None, generate: int = 0, layers: Any = None, tolerance: Any = None,
-             drill: int | None = None, top_k: int = 5) -> list[Any]:
+             drill: int | None = None, top_k: int = 5, ladder: bool | None = None) -> list[Any]:
     """See Parity.check_lm."""
     __tracebackhide__ = True
     from pytest_rocm_parity.api import _clean_errors, _require_module
@@ -143,7 +144,8 @@ def check_lm(parity: Any, model: Any, input_ids: Any, *, name: str | None = None
     with _clean_errors():
         _require_module(model)
         input_ids, attention_mask = validate(model, input_ids, attention_mask, generate)
-        spec = parity._spec(model, name, dtypes, layers, tolerance, drill)
+        spec = parity._spec(model, name, dtypes, layers, tolerance, drill, ladder=ladder,
+                            inputs={"input_ids": input_ids, "attention_mask": attention_mask})
     session = parity._session
     prompt_len = int(input_ids.shape[1])
 
@@ -309,14 +311,15 @@ def _judge(prompt_len: int, generate: int, top_k: int, ids_cpu: Any, mask_cpu: A
             }
             if conf_div:
                 fails.append(f"greedy generation diverged at a confident step in {conf_div} row(s) "
-                             f"(first divergent steps {steps})")
+                             f"(first divergent step: {steps_text(steps)})")
         result.extra["lm"] = metrics
         if fails:
             result.passed = False
             result.notes.extend(f"lm: {f}" for f in fails)
             if first is not None:
                 result.notes.append(f"lm: first confident disagreement at batch {first['batch']} position "
-                                    f"{first['position']}; layer that diverged first there: {first['layer']}")
+                                    f"{first['position']}; layer that diverged first there: "
+                                    f"{first['layer'] or 'none beyond its budget at that position'}")
         result.kind = "lm"
 
     return judge

@@ -22,7 +22,10 @@ PRUNE = "--parity-prune-obsolete"
 PROFILE = "--parity-profile"
 REPLAY = "--parity-replay"
 REPLAY_KINDS = ("auto", "full", "fast")
-THREADS = "--parity-threads"
+ALLOW_REFERENCE_CHANGE = "--parity-allow-reference-change"
+GOLDEN_SIZE_LIMIT = "--parity-golden-size-limit"
+PRUNE_DRY_RUN = "--parity-prune-dry-run"
+DEFAULT_GOLDEN_SIZE_LIMIT_MB = 50.0
 REGEN_ALL = "*"
 
 
@@ -61,8 +64,10 @@ def parse_dtypes(value: str) -> list[str]:
 
 
 def parse_drill(value: str) -> int:
-    if value.strip() not in ("0", "1", "2"):
-        raise pytest.UsageError(f"{DRILL}={value!r}: allowed values are 0 (blocks only), 1, 2 (sub-module depth)")
+    if not value.strip().isdigit():
+        raise pytest.UsageError(f"{DRILL}={value!r}: expected an integer >= 0, the sub-module depth below each "
+                                f"selected block (0: blocks only); leave it out for the deepest whose golden fits "
+                                f"the golden-size limit")
     return int(value)
 
 
@@ -75,15 +80,16 @@ def parse_replay(value: str) -> str:
     return v
 
 
-def parse_threads(value: str) -> int:
-    """auto -> 0 (direct.AUTO: 1 or 2 threads, whichever is faster here), else a count from 1 to 16."""
-    v = value.strip().lower()
-    if v == "auto":
-        return 0
-    if not v.isdigit() or not 1 <= int(v) <= 16:
-        raise pytest.UsageError(f"{THREADS}={value!r}: auto, or a whole number from 1 to 16 (host threads for "
-                                f"the isolated calls on a GPU; 1 runs them on the test's thread alone)")
-    return int(v)
+def parse_size_limit(value: str) -> float:
+    """Megabytes (10**6 bytes); 0 turns the warning off."""
+    try:
+        mb = float(value)
+    except ValueError:
+        mb = -1.0
+    if not mb >= 0 or mb == float("inf"):
+        raise pytest.UsageError(f"{GOLDEN_SIZE_LIMIT}={value!r}: a size in MB, e.g. 50 (0 turns the size "
+                                f"warning off)")
+    return mb
 
 
 def addoption(parser: pytest.Parser) -> None:
@@ -107,19 +113,27 @@ def addoption(parser: pytest.Parser) -> None:
         default=False, action="store_true")
     add(DTYPES, "parity_dtypes", "default precisions, comma-separated (default: deployed dtype + float32)",
         type=parse_dtypes, metavar="LIST")
-    add(DRILL, "parity_drill", "sub-module depth captured inside each block for drill-down (0-2; default 2, "
-        "or 0 for models over 1B parameters)",
+    add(DRILL, "parity_drill", "sub-module depth captured below each selected block for drill-down (any N >= 0; "
+        "default: the deepest whose golden fits the golden-size limit)",
         type=parse_drill, metavar="N")
     add(REPLAY, "parity_replay", "full: propagated and isolated passes; fast: the isolated pass only, about the "
         "cost of one forward (docs/judging.md says what it does not judge); auto (default): fast above 1B parameters",
         type=parse_replay, metavar="auto|full|fast")
-    add(THREADS, "parity_threads", "host threads that share the isolated pass's module calls on a GPU: auto "
-        "(default: 1 or 2, whichever has issued them faster in this process; 2 only with a 5%% lead), or N (1: no threads, for "
-        "modules that are not safe to call from two threads at once)", type=parse_threads, metavar="auto|N")
+    parser.addini("parity_ladder", type="bool", default=True,
+                  help="keep the float32 rung of the precision ladder beside an explicit low-precision dtypes "
+                       "list (default true; a check's ladder=False or @pytest.mark.parity(ladder=False) drops it)")
     add(PROFILE, "parity_profile", "profiler parity: record per-operator time shares at capture, flag "
         "operators whose share grew at replay", ini_type="bool", default=False, action="store_true")
-    add(PRUNE, "parity_prune_obsolete", "delete goldens on disk that no collected test uses", ini_type="bool",
+    add(PRUNE, "parity_prune_obsolete", "delete obsolete goldens: those of test files that ran to completion in "
+        "this run without using them (never after a failed, stopped, --lf or deselected run)", ini_type="bool",
         default=False, action="store_true")
+    add(PRUNE_DRY_RUN, "parity_prune_dry_run", f"with {PRUNE}: list what it would delete, delete nothing",
+        ini_type="bool", default=False, action="store_true")
+    add(ALLOW_REFERENCE_CHANGE, "parity_allow_reference_change", "let --parity-regen replace a golden captured "
+        "on another device kind (cuda, rocm, cpu) or torch major version", ini_type="bool", default=False,
+        action="store_true")
+    add(GOLDEN_SIZE_LIMIT, "parity_golden_size_limit", "warn when a captured golden is larger than this many MB "
+        f"(default {DEFAULT_GOLDEN_SIZE_LIMIT_MB:g}; 0: never)", type=parse_size_limit, metavar="MB")
 
 
 @dataclass(frozen=True)
@@ -136,7 +150,10 @@ class ParityOptions:
     prune: bool
     profile: bool = False
     replay: str = "auto"
-    threads: int = 0               # 0: auto (direct.AUTO)
+    ladder: bool = True            # float32 kept beside explicit low-precision dtypes
+    prune_dry_run: bool = False
+    allow_reference_change: bool = False
+    golden_size_limit: int | None = int(DEFAULT_GOLDEN_SIZE_LIMIT_MB * 1e6)   # bytes; None: no warning
 
     @property
     def ci(self) -> bool:
@@ -176,7 +193,10 @@ def from_config(config: pytest.Config) -> ParityOptions:
         prune=bool(_get(config, "parity_prune_obsolete")),
         profile=bool(_get(config, "parity_profile")),
         replay=_get(config, "parity_replay", parse_replay) or "auto",
-        threads=_threads(_get(config, "parity_threads", parse_threads)),
+        ladder=bool(config.getini("parity_ladder")),
+        prune_dry_run=bool(_get(config, "parity_prune_dry_run")),
+        allow_reference_change=bool(_get(config, "parity_allow_reference_change")),
+        golden_size_limit=_size_limit(_get(config, "parity_golden_size_limit", parse_size_limit)),
     )
     if opts.regen is not None and opts.mode is not Mode.CAPTURE:
         # --parity-regen implies capture for the matching models
@@ -184,8 +204,22 @@ def from_config(config: pytest.Config) -> ParityOptions:
     return opts
 
 
-def _threads(value: Any) -> int:
-    return 0 if value is None else int(value)
+def _size_limit(mb: Any) -> int | None:
+    mb = DEFAULT_GOLDEN_SIZE_LIMIT_MB if mb is None else float(mb)
+    return int(mb * 1e6) if mb > 0 else None
+
+
+def given_without_enable(config: pytest.Config) -> list[str]:
+    """The --parity-* flags given on the command line, which do nothing without --rocm-parity.
+
+    --parity-device is left out: the parity_ops fixture honours it without --rocm-parity.
+    """
+    flags = {MODE: "parity_mode", REGEN: "parity_regen", GOLDEN_DIR: "parity_golden_dir",
+             REPORT: "parity_report", ALLOW_WRITE: "parity_allow_write", DTYPES: "parity_dtypes",
+             DRILL: "parity_drill", REPLAY: "parity_replay", PROFILE: "parity_profile",
+             PRUNE: "parity_prune_obsolete", PRUNE_DRY_RUN: "parity_prune_dry_run",
+             ALLOW_REFERENCE_CHANGE: "parity_allow_reference_change", GOLDEN_SIZE_LIMIT: "parity_golden_size_limit"}
+    return [flag for flag, dest in flags.items() if config.getoption(dest, None) not in (None, False)]
 
 
 def xdist_worker_index() -> int | None:

@@ -223,16 +223,15 @@ def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device:
 
 
 def activation_paths(layers: dict[str, dict[str, Any]]) -> dict[str, set[str]]:
-    """Per module call, the input leaves that carry activations: values some selected module produced.
-
-    Why from data flow: capture numbers every distinct tensor once, so an input whose key is another
-    call's output is an activation handed on; anything else (an attention mask in whatever form the
-    attention implementation wants, position ids, rotary tables built outside a selected module, a
-    cache) was built by the model's own glue and comes from the candidate's run. Model inputs need no
-    rule: the candidate runs on the stored inputs either way.
+    """Per module call, the input leaves that carry activations, as capture recorded them (``act``,
+    capture.DataFlow); anything else (an attention mask in whatever form the attention
+    implementation wants, position ids, rotary tables built outside a selected module, a cache) was
+    built by the model's own glue and comes from the candidate's run. A golden without ``act``:
+    the inputs that are another selected call's output (capture numbers each distinct tensor once).
     """
     produced = {k for e in layers.values() for k in e.get("out", {}).values()}
-    return {key: {p for p, k in e.get("in", {}).items() if k in produced} for key, e in layers.items()}
+    return {key: set(e["act"]) if "act" in e else {p for p, k in e.get("in", {}).items() if k in produced}
+            for key, e in layers.items()}
 
 
 def valid_positions(args: Any, kwargs: Any) -> Any:
@@ -318,6 +317,21 @@ class _Judge:
             self.obtained[tag] = c.detach().to("cpu").contiguous()
 
 
+# Hugging Face output fields a model returns depending on flags and implementation (use_cache,
+# output_attentions, output_hidden_states, an attention implementation that returns no weights)
+OPTIONAL_FIELDS = frozenset({"past_key_values", "hidden_states", "attentions", "cross_attentions",
+                             "encoder_hidden_states", "encoder_attentions", "decoder_hidden_states",
+                             "decoder_attentions", "router_logits", "aux_loss"})
+
+
+def optional_leaf(path: str) -> bool:
+    """Whether an output leaf may be absent on one side without failing: a tuple's later items (an
+    attention's weights, a block's cache) and the optional fields of a Hugging Face output. The first
+    item of a tuple and any other field are the output itself."""
+    head = path.split(".", 1)[0]
+    return head in OPTIONAL_FIELDS or head.isdigit() and head != "0"
+
+
 _PLAIN_CONSTS = (type(None), bool, int, float, str)
 
 
@@ -392,14 +406,14 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         got = {"0": out} if isinstance(out, torch.Tensor) else tensor_leaves(out)
         res: list[Any] = []
         isolated = prefix == "truth"
-        for i, (p, gk) in enumerate(e["out"].items()):
+        for p, gk in e["out"].items():
             ref = reader.get(gk)
             c = got.get(p)
             if c is None:
-                if i == 0:
+                if not optional_leaf(p):
                     res.append(LeafMetrics(leaf=p, numel=int(ref.numel()), ratio=float("inf"), ratio_lo=float("inf"),
                                            note=f"shape: the module's main output {p!r} is missing on the candidate"))
-                else:   # optional outputs (attention weights, caches) that one side does not produce
+                else:
                     optional.setdefault(p, []).append(key)
                 continue
             tname = f"{prefix}/{key}/{p}"
@@ -443,9 +457,12 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         pending = out if spec.extra_judge is not None else None
         del out
 
+        # a whole-model compile runs its compiled code only through the model's own forward: a
+        # module called on its own would run eagerly and judge code the candidate does not run
+        whole_compiled = model is not inner or getattr(inner, "_compiled_call_impl", None) is not None
         for level in levels:
             keys = [k for k in meta.get("order", list(layers)) if k in layers and layers[k]["level"] == level]
-            if not _direct_level(inner, keys, layers, acts, calls, plain, golden, compare, iso, judge, notes, level):
+            if whole_compiled or not _direct_level(inner, keys, layers, acts, calls, plain, golden, compare, iso, judge, notes, level):
                 _hooked_level(model, inner, selected, level, layers, acts, golden, compare, iso, judge, notes,
                               stored_inputs)
         calls.clear()
@@ -572,19 +589,19 @@ def _per_position(c: Any, r: Any, t: Any) -> tuple[Any, Any]:
 
 def _compare_outputs(out: Any, meta: dict[str, Any], reader: RungReader, judge: _Judge, tol: Tolerance,
                      notes: list[str]) -> list[LayerRecord]:
-    """The model's outputs judged against the float64 truth of the whole model. The first output leaf
-    (logits, last hidden state) must be there; another one that only the reference produces (caches,
-    attention weights, hidden-state tuples) is a note."""
+    """The model's outputs judged against the float64 truth of the whole model. An optional output
+    that only the reference produces (optional_leaf: caches, attention weights, hidden-state tuples)
+    is a note; any other missing output fails."""
     recs = []
     got = tensor_leaves(out)
     rung = _rung_of(reader)
     missing = []
-    for i, (p, gk) in enumerate(meta["outputs"]["out"].items()):
+    for p, gk in meta["outputs"]["out"].items():
         ref = reader.get(gk)
         c = got.get(p)
         rec = LayerRecord(name=f"{OUTPUT}.{p}")
         if c is None:
-            if i > 0:
+            if optional_leaf(p):
                 missing.append(p)
                 continue
             rec.passed = rec.prop_passed = False

@@ -198,8 +198,8 @@ def test_a_module_called_twice_is_judged_on_each_output_as_it_was_when_produced(
     model, x, store, meta, reader = _recorded(tmp_path, _CallsItTwice, spec)
     (res,) = replay(model, x, spec, store, "cpu")
     assert res.passed, [(l.name, l.reason) for l in res.layers]
-    assert {l.name for l in res.layers} == {"shared", "shared#1"}
-    assert all(l.iso is not None and l.iso.ratio <= 1.0 for l in res.layers)
+    calls = [l for l in res.layers if l.name in ("shared", "shared#1")]
+    assert len(calls) == 2 and all(l.iso is not None and l.iso.ratio <= 1.0 for l in calls)
 
 
 @pytest.mark.parametrize("model, passes", [(_Residual, 2), (Net, 2), (_CallsItTwice, 2), ("plain", 1)])
