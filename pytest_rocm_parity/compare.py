@@ -63,7 +63,7 @@ def float_metrics(leaf: str, cand: Any, ref: Any, truth: Any, unit_roundoff: flo
                    torch.stack([x.to(torch.float64), torch.zeros_like(x, dtype=torch.float64)], -1)
                    for x in (c, r, t))
     # Flattened in their own dtypes: the statistics work chunk by chunk (or tile by tile on a GPU),
-    # which bounds the temporaries of a multi-GB layer (docs/benchmarks.md).
+    # which bounds the temporaries of a multi-GB layer (peak memory figures: docs/performance.md).
     c, r, t = (x.reshape(-1) for x in (c, r, t))
 
     fin_r = torch.isfinite(r) & torch.isfinite(t)
@@ -263,7 +263,8 @@ class _NumpyOps(ArrayOps):
 
 
 class _LazyNumpyOps:
-    """NUMPY_OPS without importing numpy at import time (the plugin's import cost, issue 8)."""
+    """NUMPY_OPS without importing numpy at import time: loading the plugin imports no numpy
+    (its load cost is in docs/performance.md)."""
 
     _ops: ArrayOps | None = None
 

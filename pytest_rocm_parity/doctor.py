@@ -438,7 +438,7 @@ def check_triton_kernels(f: Facts) -> list[Check]:
 
     Why: a Triton whose compiler does not know the GPU (a wheel older than the arch, a ROCm
     Triton without its LLVM) fails only at the first replay, which then judges with torch ops:
-    same verdicts, 38x slower at 1.1B on the H200 (session 6). Compiled here (triton_targets, in a
+    same verdicts, tens of times slower at 1.1B (docs/performance.md). Compiled here (triton_targets, in a
     subprocess: seconds per arch, docs/doctor.md), it is a line of the checklist instead.
     """
     return [Check(f"triton-kernels[{arch}]", *_stats_kernel_build(arch)) for arch in f.info.archs]

@@ -21,10 +21,10 @@ class Rule:
     """One layer's tolerance resolved for one rung: the numbers its leaves are judged against.
 
     Why apart from Tolerance: the policy's lookups (the per-layer globs, the rung's canonical name,
-    the defaults) were repeated for every leaf of every pass, host time a GPU replay adds to the
-    pass (docs/benchmarks.md, session 10). A replay resolves a rule per layer once per loaded
-    golden (replay.prepare_rung), from the module's name, so every call of a module is judged by
-    its per-layer tolerance.
+    the defaults) would otherwise run for every leaf of every pass, host time a GPU replay adds to
+    the forward it is compared with (docs/performance.md). A replay resolves a rule per layer once
+    per rung, from the module's name, so every call of a module is judged by its per-layer
+    tolerance.
     """
 
     budget: float        # isolated: the allowed error ratio

@@ -5,7 +5,7 @@ Each float output leaf of each selected module is reduced to one signed sum per 
 the same signs without any RNG stream). Sketches are linear: ``S(cand) - S(truth)`` is the sketch of
 the candidate's error, and ``E ||S(e)||^2 = ||e||^2``, so error ratios, their jackknife bound and the
 sign test carry over to sketch entries unchanged. Inputs are not kept, so a sketch golden judges the
-propagated run only (docs/golden-format.md, docs/benchmarks.md for detection power).
+propagated run only (docs/golden-format.md; size and detection power in docs/performance.md).
 """
 from __future__ import annotations
 

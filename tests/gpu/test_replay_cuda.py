@@ -1,6 +1,6 @@
 """On a real GPU: the Triton statistics and the queued replay agree with the CPU's arithmetic.
 
-Skipped without CUDA/ROCm; run on the H200 (scripts/gpu_bench.sh), results in docs/benchmarks.md.
+Skipped without CUDA/ROCm; run on a GPU by scripts/gpu_bench.sh (docs/performance.md, docs/where-run.md).
 """
 from __future__ import annotations
 

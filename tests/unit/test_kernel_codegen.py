@@ -2,10 +2,10 @@
 (H100/H200) and AMD gfx942 (MI300) and gfx90a (MI250), through Triton's own compilers.
 
 Why: the interpreter (test_stats_kernel.py) checks the arithmetic, not what the compiler accepts
-(a loop-carried name that changes shape compiles in the interpreter and fails on the GPU, which
-is how session 7 lost an H200 run), nor the machine code. Compiled here, the vectorised loop's
-loads are read from the PTX and the AMD GCN assembly: with the alignment hint the main loop loads
-8 or 16 bytes per lane, without it 2 (bf16), the difference docs/benchmarks.md measures on the H200.
+(a loop-carried name that changes shape runs in the interpreter and fails to compile for a GPU),
+nor the machine code. Compiled here, the vectorised loop's loads are read from the PTX and the AMD
+GCN assembly: with the alignment hint the main loop loads 8 or 16 bytes per lane, without it 2
+(bf16); bench/bench_stats_kernel.py times both on a GPU (docs/performance.md).
 Nothing here runs on an AMD GPU: it shows the kernels compile for one, and how they load.
 """
 from __future__ import annotations
