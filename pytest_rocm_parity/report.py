@@ -28,6 +28,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from pytest_rocm_parity.assertion import SUGGEST_WITHIN
+
 HTML_NAME = "parity-report.html"
 LAYERS_CSV = "layers.csv"
 CHECKS_CSV = "checks.csv"
@@ -97,10 +99,16 @@ def save_failing_tensors(result: Any, tensors: Mapping[str, Any], out_dir: str |
     chosen: dict[str, Any] = {}
     skipped: list[str] = []
     total = 0
+    storages: set[int] = set()
     for key, t in tensors.items():
         if not any(key == n or key.startswith(n + "/") for n in failing):
             continue
         t = t.detach().to("cpu").contiguous()
+        # safetensors refuses tensors that share memory: a module's outputs that are views of one
+        # storage (a tuple holding a tensor twice, chunks, y and y.view) each get their own copy
+        if t.untyped_storage().data_ptr() in storages - {0}:
+            t = t.clone()
+        storages.add(t.untyped_storage().data_ptr())
         size = t.numel() * t.element_size()
         if total + size > max_bytes:
             skipped.append(key)
@@ -283,12 +291,20 @@ def _log_range(values: Iterable[float]) -> tuple[float, float]:
 
 
 def svg_plot(layers: list[dict[str, Any]], mode: str, culprit: str | None, first_divergent: str | None,
-             title: str, width: int = 560, height: int = 300) -> str:
-    """Inline SVG: error / RMS(truth) against layer depth, log scale, for ``mode`` 'iso' or 'prop'."""
+             title: str, width: int = 560, height: int = 330) -> str:
+    """Inline SVG: error / RMS(truth) against layer depth, log scale, for ``mode`` 'iso' or 'prop'.
+
+    Errors of exactly zero (the candidate or the reference reproduced the truth bit for bit) have
+    no place on a log axis: they are drawn as hollow markers in an "exact" band under the plot,
+    never at the axis floor. The x labels hang vertically under their points, thinned so that no
+    two overlap, shortened to the end of the name with the full name as a hover title.
+    """
     budget_key = "budget_ratio" if mode == "iso" else "budget_propagated"
     pts = _series(layers, mode, budget_key)
-    ml, mr, mt, mb = 64, 16, 30, 92
+    ml, mr, mt, mb = 64, 16, 30, 112
+    band = 16                       # the "exact (0)" band at the bottom of the plot area
     pw, ph = width - ml - mr, height - mt - mb
+    pl = ph - band                  # height of the log-scale part
     e = html.escape
     out = [f'<svg class="plot" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'viewBox="0 0 {width} {height}" role="img" aria-label="{e(title)}" data-mode="{mode}">',
@@ -302,6 +318,7 @@ def svg_plot(layers: list[dict[str, Any]], mode: str, culprit: str | None, first
     lo, hi = _log_range([v for p in pts for v in (p["ref"], p["cand"], p["budget"])])
     llo, lhi = math.log10(lo), math.log10(hi)
     n = len(pts)
+    band_y = mt + pl + band / 2     # centre line of the exact band
 
     def X(k: int) -> float:
         return ml + (pw * (k + 0.5) / n)
@@ -310,15 +327,20 @@ def svg_plot(layers: list[dict[str, Any]], mode: str, culprit: str | None, first
         if v is None or not math.isfinite(v):
             return mt + 4.0   # non-finite: pinned at the top
         if v <= 0:
-            return mt + ph - 2.0   # exact zero: pinned at the bottom
-        return mt + ph * (1 - (math.log10(min(max(v, lo), hi)) - llo) / (lhi - llo))
+            return band_y     # exact zero: in the band, off the log scale
+        return mt + pl * (1 - (math.log10(min(max(v, lo), hi)) - llo) / (lhi - llo))
 
-    # decade grid and labels
+    # decade grid and labels; the exact band under the log scale
     for d in range(int(round(llo)), int(round(lhi)) + 1):
         y = Y(10.0 ** d)
         out.append(f'<line x1="{ml}" x2="{ml + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e6e6e6"/>'
                    f'<text x="{ml - 6}" y="{y + 4:.1f}" font-size="10" text-anchor="end" fill="#555">1e{d}</text>')
-    out.append(f'<text transform="translate(14,{mt + ph / 2}) rotate(-90)" font-size="11" text-anchor="middle" '
+    out.append(f'<rect class="exact-band" x="{ml}" y="{mt + pl:.1f}" width="{pw}" height="{band}" fill="#eef5ee"/>'
+               f'<line x1="{ml}" x2="{ml + pw}" y1="{mt + pl:.1f}" y2="{mt + pl:.1f}" stroke="#bbb"/>'
+               f'<text class="exact-label" x="{ml - 6}" y="{band_y + 3.5:.1f}" font-size="10" text-anchor="end" '
+               f'fill="#2e7d32">exact<title>error exactly 0: reproduced the float64 truth bit for bit '
+               f'(no place on a log scale)</title></text>')
+    out.append(f'<text transform="translate(14,{mt + pl / 2}) rotate(-90)" font-size="11" text-anchor="middle" '
                f'fill="#444">RMSE / RMS(truth), log</text>')
     # culprit band and first-divergent line
     for k, p in enumerate(pts):
@@ -328,52 +350,54 @@ def svg_plot(layers: list[dict[str, Any]], mode: str, culprit: str | None, first
                        f'fill="{C_FAIL}" fill-opacity="0.13"/>'
                        f'<text class="culprit-label" x="{min(max(X(k), ml + 40), ml + pw - 40):.1f}" y="{mt - 4}" '
                        f'font-size="11" text-anchor="middle" fill="{C_FAIL}" font-weight="700">'
-                       f'culprit: {e(_short(p["name"], 28))}</text>')
+                       f'culprit: {e(_short(p["name"], 28))}<title>culprit: {e(p["name"])}</title></text>')
         if first_divergent and p["name"] == first_divergent and first_divergent != culprit:
             out.append(f'<line x1="{X(k):.1f}" x2="{X(k):.1f}" y1="{mt}" y2="{mt + ph}" stroke="{C_FAIL}" '
                        f'stroke-dasharray="2,3"><title>first divergent: {e(p["name"])}</title></line>')
-    # lines
+    # lines: broken at exact zeros, which are not on the log scale
     for key, color, dash, wdt in (("budget", C_BUDGET, "5,4", 1.2), ("ref", C_REF, "", 1.6), ("cand", C_CAND, "", 1.6)):
-        coords = [f"{X(k):.1f},{Y(p[key]):.1f}" for k, p in enumerate(pts) if p[key] is not None and not p["exact"]]
-        if len(coords) > 1:
-            out.append(f'<polyline class="series-{key}" points="{" ".join(coords)}" fill="none" stroke="{color}" '
-                       f'stroke-width="{wdt}"' + (f' stroke-dasharray="{dash}"' if dash else "") + "/>")
+        runs: list[list[str]] = [[]]
+        for k, p in enumerate(pts):
+            v = p[key]
+            if v is None or p["exact"] or v <= 0:
+                if runs[-1]:
+                    runs.append([])
+                continue
+            runs[-1].append(f"{X(k):.1f},{Y(v):.1f}")
+        for coords in runs:
+            if len(coords) > 1:
+                out.append(f'<polyline class="series-{key}" points="{" ".join(coords)}" fill="none" stroke="{color}" '
+                           f'stroke-width="{wdt}"' + (f' stroke-dasharray="{dash}"' if dash else "") + "/>")
     # points, with native tooltips
     for k, p in enumerate(pts):
         r = 3.2 if p["level"] == 0 else 2.2
-        tip = (f'{p["name"]} (level {p["level"]}): reference {_fmt_num(p["ref"])}, candidate {_fmt_num(p["cand"])}, '
+        tip = (f'{p["name"]} (level {p["level"]}): reference {_err_text(p["ref"])}, candidate {_err_text(p["cand"])}, '
                f'budget {_fmt_num(p["budget"])}, ratio {_fmt_num(p["ratio"])}'
                + (f', {p["mismatches"]} exact mismatches' if p["exact"] else "") + (" FAIL" if p["failed"] else ""))
         out.append(f'<g class="pt{" fail" if p["failed"] else ""}"><title>{e(tip)}</title>')
         if p["exact"]:
-            y = mt + ph - 8
-            out.append(f'<rect x="{X(k) - 3:.1f}" y="{y - 3:.1f}" width="6" height="6" '
+            out.append(f'<rect x="{X(k) - 3:.1f}" y="{band_y - 3:.1f}" width="6" height="6" '
                        f'fill="{C_FAIL if p["failed"] else "#888"}"/>')
         else:
-            if p["ref"] is not None:
-                out.append(f'<circle cx="{X(k):.1f}" cy="{Y(p["ref"]):.1f}" r="{r}" fill="{C_REF}"/>')
-            if p["cand"] is not None:
-                if p["broken"] or (p["cand"] is not None and not math.isfinite(p["cand"])):
+            for key, color in (("ref", C_REF), ("cand", C_CAND)):
+                v = p[key]
+                if v is None:
+                    continue
+                if key == "cand" and (p["broken"] or not math.isfinite(v)):
                     x, y = X(k), mt + 4
                     out.append(f'<path d="M{x - 5:.1f},{y + 8:.1f} L{x:.1f},{y - 1:.1f} L{x + 5:.1f},{y + 8:.1f} Z" '
                                f'fill="{C_FAIL}"/>')
+                elif v == 0:
+                    out.append(f'<circle class="exact-zero" cx="{X(k):.1f}" cy="{band_y:.1f}" r="{r}" fill="#fff" '
+                               f'stroke="{color}" stroke-width="1.6"/>')
                 else:
-                    out.append(f'<circle cx="{X(k):.1f}" cy="{Y(p["cand"]):.1f}" r="{r}" fill="{C_CAND}"/>')
+                    out.append(f'<circle cx="{X(k):.1f}" cy="{Y(v):.1f}" r="{r}" fill="{color}"/>')
             if p["failed"]:
                 y = Y(p["cand"]) if p["cand"] is not None and not p["broken"] else mt + 6
                 out.append(f'<circle cx="{X(k):.1f}" cy="{y:.1f}" r="{r + 3.5}" fill="none" '
                            f'stroke="{C_FAIL}" stroke-width="1.8"/>')
         out.append("</g>")
-    # x labels: every layer when few, else only the blocks (level 0) thinned to fit
-    show = list(range(n)) if n <= 28 else [k for k, p in enumerate(pts) if p["level"] == 0]
-    step = max(1, math.ceil(len(show) / 28))
-    for j, k in enumerate(show):
-        name = pts[k]["name"]
-        if j % step and name not in (culprit, first_divergent):
-            continue
-        col = C_FAIL if name == culprit else "#444"
-        out.append(f'<text transform="translate({X(k) + 3:.1f},{mt + ph + 9}) rotate(-40)" font-size="9" '
-                   f'text-anchor="end" fill="{col}">{e(_short(name, 20))}</text>')
+    out += _x_labels(pts, X, mt + ph, mb - 22, pw / n, culprit, first_divergent)
     out.append(f'<text x="{ml}" y="{height - 5}" font-size="11" fill="#444">layer, in execution order &#8594;</text>')
     # legend, bottom right, clear of the data
     lx = ml + pw - 246
@@ -385,6 +409,45 @@ def svg_plot(layers: list[dict[str, Any]], mode: str, culprit: str | None, first
                    f'<text x="{x + 22}" y="{height - 5}" font-size="10" fill="#333">{label}</text>')
     out.append("</svg>")
     return "".join(out)
+
+
+LABEL_FONT = 9          # px, the x labels
+LABEL_PITCH = 12.0      # px between two vertical labels: the font's line height, so they never touch
+LABEL_CHAR = 5.6        # px, a generous average advance of one character at LABEL_FONT (sans-serif)
+
+
+def _err_text(v: float | None) -> str:
+    return "exact (0)" if v == 0 else _fmt_num(v)
+
+
+def _x_labels(pts: list[dict[str, Any]], X: Any, y0: float, room: float, slot: float,
+              culprit: str | None, first_divergent: str | None) -> list[str]:
+    """Vertical x labels that never overlap: the culprit and the first divergent layer first, then the
+    blocks (level 0), then deeper layers, each kept only at least LABEL_PITCH from every kept one."""
+    import bisect
+
+    order = sorted(range(len(pts)), key=lambda k: (pts[k]["name"] not in (culprit, first_divergent),
+                                                   pts[k]["level"], k))
+    kept_x: list[float] = []
+    kept: list[int] = []
+    for k in order:
+        x = X(k)
+        j = bisect.bisect_left(kept_x, x)
+        if (j < len(kept_x) and kept_x[j] - x < LABEL_PITCH) or (j and x - kept_x[j - 1] < LABEL_PITCH):
+            continue
+        kept_x.insert(j, x)
+        kept.append(k)
+    chars = max(4, int((room - 6) / LABEL_CHAR))
+    e = html.escape
+    out = []
+    for k in sorted(kept):
+        name = pts[k]["name"]
+        col = C_FAIL if name == culprit else "#444"
+        weight = ' font-weight="700"' if name in (culprit, first_divergent) else ""
+        out.append(f'<text class="xlabel" transform="translate({X(k) + 3:.1f},{y0 + 5:.1f}) rotate(-90)" '
+                   f'font-size="{LABEL_FONT}" text-anchor="end" fill="{col}"{weight}>{e(_short(name, chars))}'
+                   f'<title>{e(name)}</title></text>')
+    return out
 
 
 def _short(s: str, n: int) -> str:
@@ -407,7 +470,8 @@ h2{font-size:17px;margin:4px 0 8px} h3{font-size:14px;margin:14px 0 6px;color:#3
 .culprit{color:#c62828;font-weight:700}
 table{border-collapse:collapse;font-size:12.5px;margin:4px 0}
 th,td{border:1px solid #e1e4e8;padding:3px 7px;text-align:left;vertical-align:top}
-th{background:#f0f2f5} td.num{text-align:right;font-variant-numeric:tabular-nums;font-family:ui-monospace,Menlo,Consolas,monospace}
+th{background:#f0f2f5;white-space:nowrap} td.num{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums;font-family:ui-monospace,Menlo,Consolas,monospace}
+.scroll{overflow-x:auto;max-width:100%} svg.plot{max-width:100%;height:auto}
 tr.fail td{background:#fdecea} tr.culprit-row td{font-weight:700} tr.diff td{background:#fff6d6}
 .plots{display:flex;flex-wrap:wrap;gap:12px} .kv td:first-child{color:#555}
 .envs td{max-width:420px;word-break:break-word}
@@ -438,9 +502,7 @@ def _env_table(ref: Mapping[str, Any], cand: Mapping[str, Any]) -> str:
     keys = list(ref) + [k for k in cand if k not in ref]
 
     def show(v: Any) -> str:
-        if isinstance(v, (dict, list)):
-            return json.dumps(v, sort_keys=True, default=str)
-        return "" if v is None else str(v)
+        return "" if v is None else _value_text(v)
 
     rows = []
     for k in keys:
@@ -493,8 +555,9 @@ def _layer_table(c: Mapping[str, Any]) -> str:
             cls.append("fail")
         if l.get("name") == c.get("culprit"):
             cls.append("culprit-row")
-        verdict = ("ok" if not bad else
-                   "FAIL" + ("" if l.get("iso_passed", True) else " iso") + ("" if l.get("prop_passed", True) else " prop"))
+        iso_bad, prop_bad = not l.get("iso_passed", l.get("passed", True)), not l.get("prop_passed", True)
+        verdict = ("FAIL isolated" + ("; drift propagated" if prop_bad else "") if iso_bad
+                   else "drift propagated" if prop_bad else "FAIL" if bad else "ok")
         pre = "iso" if "iso_ratio" in m else "prop"
         rows.append(
             f'<tr class="{" ".join(cls)}"><td class="num">{i}</td><td><code>{e(str(l.get("name", "")))}</code></td>'
@@ -510,19 +573,115 @@ def _layer_table(c: Mapping[str, Any]) -> str:
     n_bad = sum(1 for _, l in items if not (l.get("passed", True) and l.get("prop_passed", True)))
     opened = " open" if len(rows) <= 40 or n_bad else ""
     return (f"<details{opened}><summary>All {len(rows)} layers and outputs ({n_bad} failing)</summary>"
-            f"<table>{head}{''.join(rows)}</table></details>")
+            f"<div class=\"scroll\"><table>{head}{''.join(rows)}</table></div></details>")
+
+
+# one row per LM metric: (label, key or keys of the candidate / reference / truth columns, how to format)
+LM_ROWS: tuple[tuple[str, tuple[str, str, str], str], ...] = (
+    ("perplexity", ("ppl", "ppl_ref", "ppl_truth"), "num"),
+    ("perplexity, relative change", ("ppl_rel_delta_truth", "ppl_ref_rel_delta_truth", ""), "signed"),
+    ("log-perplexity error against the truth", ("log_ppl_err", "log_ppl_err_ref", ""), "signed"),
+    ("top-1 agreement with the reference", ("top1_agreement", "", ""), "num"),
+    ("top-1 flips (confident)", ("flips", "", ""), "int"),
+    ("confident flips", ("confident_flips", "", ""), "int"),
+    ("near-tie margin (logits)", ("near_tie_margin", "", ""), "num"),
+    ("KL(reference || candidate) mean", ("kl_mean", "", ""), "num"),
+    ("KL(reference || candidate) max", ("kl_max", "", ""), "num"),
+    ("KL(truth || ·) mean", ("kl_truth_cand_mean", "kl_truth_ref_mean", ""), "num"),
+)
+LM_KNOWN = {k for _, keys, _ in LM_ROWS for k in keys if k} | {
+    "ppl_rel_delta", "log_ppl_budget", "positions", "logit_noise_rms", "generation", "first_confident_disagreement"}
+
+
+def _value_text(v: Any) -> str:
+    """A metric value in words and numbers: no Python reprs (None, lists, dicts) reach the page."""
+    if v is None:
+        return "–"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return str(v)
+    if _num(v) is not None:
+        return _fmt_num(v)
+    if isinstance(v, dict):
+        return "; ".join(f"{k} {_value_text(x)}" for k, x in v.items())
+    if isinstance(v, (list, tuple)):
+        return ", ".join(_value_text(x) for x in v) or "–"
+    return str(v)
+
+
+def _signed(v: Any) -> str:
+    x = _num(v)
+    return "–" if x is None else (f"{x:+.2e}" if x else "0")
+
+
+def _lm_table(lm: Mapping[str, Any]) -> str:
+    """The LM metrics as a table: metric, candidate, reference, truth; then generation and first flip."""
+    from pytest_rocm_parity.assertion import steps_text
+
+    e = html.escape
+
+    def cell(key: str, how: str) -> str:
+        if not key or key not in lm:
+            return '<td class="num muted">–</td>' if key else "<td></td>"
+        v = lm[key]
+        text = _signed(v) if how == "signed" else (str(int(v)) if how == "int" and _num(v) is not None
+                                                  else _value_text(v))
+        return f'<td class="num">{e(text)}</td>'
+
+    rows = []
+    for label, keys, how in LM_ROWS:
+        if keys[0] in lm:
+            rows.append(f"<tr><td>{e(label)}</td>" + "".join(cell(k, how) for k in keys) + "</tr>")
+    for key in sorted(k for k in lm if k.startswith("top") and k.endswith("_containment")):
+        rows.append(f"<tr><td>{e(key[:-len('_containment')])} containment</td>{cell(key, 'num')}<td></td><td></td></tr>")
+    if "log_ppl_budget" in lm:
+        rows.append(f"<tr><td>log-perplexity budget</td>{cell('log_ppl_budget', 'num')}<td></td><td></td></tr>")
+    for key in sorted(k for k in lm if k not in LM_KNOWN and not k.endswith("_containment")):
+        rows.append(f"<tr><td>{e(key.replace('_', ' '))}</td><td class=\"num\">{e(_value_text(lm[key]))}</td>"
+                    "<td></td><td></td></tr>")
+    parts = ['<h3>Language-model metrics</h3><div class="scroll"><table class="lm"><tr><th>metric</th>'
+             '<th>candidate</th><th>reference</th><th>truth</th></tr>' + "".join(rows) + "</table></div>"]
+    gen = lm.get("generation")
+    if isinstance(gen, Mapping) and gen:
+        labels = (("steps", "greedy steps"), ("first_divergent_step", "first divergent step"),
+                  ("exact_match_rows", "sequences that match exactly"),
+                  ("confident_divergences", "confident divergences"),
+                  ("teacher_forced_agreement", "teacher-forced agreement"),
+                  ("teacher_forced_confident_flips", "teacher-forced confident flips"))
+        grows = []
+        for key, label in labels:
+            if key in gen:
+                v = steps_text(gen[key]) if key == "first_divergent_step" else _value_text(gen[key])
+                grows.append(f'<tr><td>{e(label)}</td><td class="num">{e(v)}</td></tr>')
+        grows += [f'<tr><td>{e(str(k).replace("_", " "))}</td><td class="num">{e(_value_text(v))}</td></tr>'
+                  for k, v in gen.items() if k not in dict(labels)]
+        parts.append('<h3>Greedy generation</h3><table class="kv lm-gen">' + "".join(grows) + "</table>")
+    first = lm.get("first_confident_disagreement")
+    if isinstance(first, Mapping) and first:
+        parts.append(
+            '<p class="notes">First confident top-1 disagreement: sequence '
+            f'{e(_value_text(first.get("batch")))}, position {e(_value_text(first.get("position")))}, token '
+            f'{e(_value_text(first.get("ref_token")))} (reference) against {e(_value_text(first.get("cand_token")))} '
+            f'(candidate), reference margin {e(_value_text(first.get("ref_margin")))}; first layer beyond its budget '
+            f'there: <code>{e(str(first.get("layer") or "none"))}</code></p>')
+    return "".join(parts)
 
 
 def _extra_table(extra: Mapping[str, Any]) -> str:
     e = html.escape
+    parts = []
     rows = []
     for k, v in extra.items():
-        if k in ("profile", "failing_tensors"):
+        if k in ("profile", "failing_tensors") or k.startswith("_"):
             continue
-        if isinstance(v, dict):
-            v = ", ".join(f"{kk}={_fmt_num(vv) if _num(vv) is not None else vv}" for kk, vv in v.items())
-        rows.append(f"<tr><td>{e(str(k))}</td><td>{e(str(v))}</td></tr>")
-    return f'<h3>Extra</h3><table class="kv">{"".join(rows)}</table>' if rows else ""
+        if k == "lm" and isinstance(v, Mapping):
+            parts.append(_lm_table(v))
+            continue
+        rows.append(f"<tr><td>{e(str(k))}</td><td>{e(_value_text(v))}</td></tr>")
+    if rows:
+        parts.append(f'<h3>Extra</h3><table class="kv">{"".join(rows)}</table>')
+    return "".join(parts)
 
 
 def _tensor_link(c: Mapping[str, Any], out: Path) -> str:
@@ -549,7 +708,10 @@ def _check_section(c: Mapping[str, Any], out: Path) -> str:
     kv = [("test", f'<code>{e(str(c.get("test", "")))}</code>'), ("kind", e(str(c.get("kind", ""))))]
     if culprit:
         reason = (by_name.get(culprit, {}).get("metrics") or {}).get("reason", "")
-        wp = (by_name.get(culprit, {}).get("metrics") or {}).get("would_pass_ratio")
+        cm = by_name.get(culprit, {}).get("metrics") or {}
+        wp = cm.get("would_pass_ratio")
+        if _num(wp) is None or _num(cm.get("budget_ratio")) is None or wp > SUGGEST_WITHIN * cm["budget_ratio"]:
+            wp = None   # a tolerance is suggested only as a modest widening (assertion.tolerance_hint)
         kv.append(("culprit", f'<span class="culprit">{e(str(culprit))}</span>'
                    + (f' (block <code>{e(str(c.get("culprit_block")))}</code>)' if c.get("culprit_block") else "")
                    + (f"<br>{e(str(reason))}" if reason else "")
@@ -571,7 +733,7 @@ def _check_section(c: Mapping[str, Any], out: Path) -> str:
                  + "</div>")
     parts.append(_profile_table((c.get("extra") or {}).get("profile")))
     parts.append(_extra_table(c.get("extra") or {}))
-    parts.append("<h3>Environments</h3>" + _env_table(c.get("reference_env") or {}, c.get("candidate_env") or {}))
+    parts.append("<h3>Environments</h3>" + '<div class="scroll">' + _env_table(c.get("reference_env") or {}, c.get("candidate_env") or {}) + "</div>")
     parts.append("<h3>Layers</h3>" + _layer_table(c))
     parts.append("</section>")
     return "".join(parts)
@@ -603,9 +765,9 @@ def render_html(doc: Mapping[str, Any], out_dir: str | os.PathLike[str] = ".") -
             f'<a style="color:#9cd" href="{LAYERS_CSV}">{LAYERS_CSV}</a>, '
             f'<a style="color:#9cd" href="parity-report.json">parity-report.json</a></p></header><main>']
     if checks:
-        body.append('<table class="summary"><tr><th>verdict</th><th>check</th><th>dtype</th><th>culprit</th>'
+        body.append('<div class="scroll"><table class="summary"><tr><th>verdict</th><th>check</th><th>dtype</th><th>culprit</th>'
                     '<th>first divergent</th><th>profile flags</th><th>reference</th><th>candidate</th></tr>'
-                    + "".join(summary_rows) + "</table>")
+                    + "".join(summary_rows) + "</table></div>")
     else:
         body.append('<p class="muted">No parity check ran in this session.</p>')
     if glines:

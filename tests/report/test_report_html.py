@@ -128,3 +128,49 @@ def test_save_failing_tensors_respects_byte_budget(parity_results: dict[str, Any
                                        tmp_path, max_bytes=100)
     with safe_open(str(path), framework="pt") as f:
         assert set(f.keys()) == {"blocks.2/a"} and "blocks.2/b" in f.metadata()["skipped_over_budget"]
+
+
+def _plot_layers(errs: list[tuple[float, float]]) -> list[dict[str, Any]]:
+    return [{"name": f"blocks.{i}", "iso_passed": True, "prop_passed": True,
+             "metrics": {"level": 0, "budget_ratio": 10.0, "iso_err_ref": r, "iso_err_cand": c, "iso_rms_truth": 1.0,
+                         "iso_ratio": (c / r) if r else 0.0}} for i, (r, c) in enumerate(errs)]
+
+
+def test_zero_errors_are_marked_exact_not_plotted_at_the_floor() -> None:
+    svg = report.svg_plot(_plot_layers([(1e-7, 1.1e-7), (0.0, 0.0), (1e-7, 1.2e-7), (2e-7, 2e-7)]), "iso",
+                          None, None, "Isolated")
+    band = re.search(r'<rect class="exact-band" x="[\d.]+" y="([\d.]+)" width="[\d.]+" height="([\d.]+)"', svg)
+    assert band, "the plot has an exact band"
+    top, bottom = float(band.group(1)), float(band.group(1)) + float(band.group(2))
+    zeros = re.findall(r'<circle class="exact-zero" cx="[\d.]+" cy="([\d.]+)"', svg)
+    assert len(zeros) == 2 and all(top <= float(y) <= bottom for y in zeros)
+    # the log-scale series are broken at the zero: no line is drawn down to a floor
+    for pts in re.findall(r'<polyline class="series-(?:ref|cand)" points="([^"]+)"', svg):
+        assert all(float(p.split(",")[1]) <= top + 0.05 for p in pts.split())
+    assert ">exact<title>" in svg
+
+
+def test_x_labels_keep_full_names_as_titles_and_never_crowd() -> None:
+    names = [f"model.layers.{i}.self_attn.q_proj" for i in range(120)]
+    layers = _plot_layers([(1e-7, 1e-7)] * 120)
+    for l, n in zip(layers, names):
+        l["name"] = n
+    svg = report.svg_plot(layers, "iso", names[77], None, "Isolated")
+    labels = re.findall(r'<text class="xlabel" transform="translate\(([\d.]+),[\d.]+\) rotate\(-90\)"[^>]*>'
+                        r'([^<]*)<title>([^<]*)</title>', svg)
+    xs = sorted(float(x) for x, _, _ in labels)
+    assert len(labels) >= 20 and all(b - a >= report.LABEL_PITCH - 0.05 for a, b in zip(xs, xs[1:]))
+    assert names[77] in {t for _, _, t in labels}         # the culprit is always labelled
+    assert all(t in names and (s == t or s.startswith("…")) for _, s, t in labels)
+
+
+def test_lm_metrics_render_as_a_table_without_python_values() -> None:
+    lm = {"ppl": 12.5, "ppl_ref": 12.4, "ppl_truth": 12.4, "top1_agreement": 0.99, "flips": 3,
+          "confident_flips": 1, "kl_mean": 1e-6, "kl_max": 2e-4, "top5_containment": 1.0,
+          "generation": {"steps": 8, "first_divergent_step": [None, None], "exact_match_rows": 2},
+          "first_confident_disagreement": {"batch": 0, "position": 3, "ref_token": 5, "cand_token": 9,
+                                           "ref_margin": 0.4, "layer": None}}
+    text = report._extra_table({"lm": lm})
+    assert '<table class="lm">' in text and "<td>perplexity</td>" in text and "top5 containment" in text
+    assert "none (all 2 sequences match)" in text
+    assert "None" not in text and "{" not in text and "[" not in text and "ppl=" not in text
