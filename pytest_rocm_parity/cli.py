@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "scan": ("pytest_rocm_parity.scan", "list custom CUDA kernels and CUDA-only constructs in a codebase"),
     "show": ("pytest_rocm_parity.inspect_cmd", "print a golden's manifest and per-layer summary"),
     "diff": ("pytest_rocm_parity.inspect_cmd", "compare two goldens layer by layer"),
+    "golden": ("pytest_rocm_parity.inspect_cmd", "manage a golden directory: prune [--dry-run] GOLDEN_DIR"),
     "ops": ("pytest_rocm_parity.opsuite", "run the built-in operator fuzz suite on a backend"),
 }
 

@@ -61,3 +61,11 @@ class InputError(InvalidArgument):
 class CaptureError(ParityError):
     """The golden cannot be recorded as asked (a module that cannot run in float64 here, a truth
     that is not finite where the reference is); nothing was written."""
+
+
+class ReferenceChange(GoldenError):
+    """A regeneration would replace a golden captured on another device kind or torch major version."""
+
+
+class DuplicateCheckName(InvalidArgument):
+    """Two checks in one run use one name, so they would share (and overwrite) one golden."""

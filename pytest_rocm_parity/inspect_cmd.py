@@ -402,6 +402,40 @@ def run_diff(args: argparse.Namespace) -> int:
     return 1 if res["differs"] else 0
 
 
+# ---------------------------------------------------------------------------------------------
+# golden prune
+
+def add_golden_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="golden_command", metavar="ACTION", required=True)
+    prune = sub.add_parser(
+        "prune", help="delete the goldens no test uses any more (runs the suite to find them)",
+        description="Run the parity suite in replay mode against GOLDEN_DIR and delete the goldens it proves "
+                    "obsolete: those of test files whose parity tests all passed without using them. Nothing is "
+                    "deleted after a failed, stopped or partial run, nor any directory without this tool's "
+                    "marker. Arguments after GOLDEN_DIR go to pytest (test paths, -p, -c ...).")
+    prune.add_argument("golden_dir", metavar="GOLDEN_DIR", help="the golden directory (--parity-golden-dir)")
+    prune.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
+    prune.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="PYTEST_ARGS",
+                       help="passed to pytest: the test paths to run (default: the project's testpaths)")
+
+
+def run_golden(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from pytest_rocm_parity.options import ENABLE, GOLDEN_DIR, PRUNE, PRUNE_DRY_RUN
+
+    root = Path(args.golden_dir)
+    if not root.is_dir():
+        raise GoldenNotFound(f"{args.golden_dir}: no such golden directory; pass the directory the suite's "
+                             f"{GOLDEN_DIR} names (default: <rootdir>/goldens)")
+    extra = [a for a in args.pytest_args if a != "--"] if args.pytest_args else []
+    # A run of the suite is what proves a golden obsolete; a child process keeps this one's torch state clean.
+    cmd = [sys.executable, "-m", "pytest", ENABLE, f"{GOLDEN_DIR}={root.resolve()}", PRUNE,
+           *([PRUNE_DRY_RUN] if args.dry_run else []), *extra]
+    print("rocm-parity golden prune: running " + " ".join(cmd[1:]), flush=True)
+    return subprocess.call(cmd)
+
+
 # the generic names the CLI falls back to
 def add_arguments(p: argparse.ArgumentParser) -> None:  # pragma: no cover - cli picks add_show/add_diff
     add_show_arguments(p)

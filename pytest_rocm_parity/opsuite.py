@@ -252,6 +252,13 @@ def _positive_int(text: str) -> int:
 
 def run_ops(args: argparse.Namespace) -> int:
     """Run the suite; exit status 0 when every operator passes, 1 otherwise."""
+    # each line as it is printed, also when piped (tee, CI logs): a run takes minutes
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None:
+        try:
+            reconfigure(line_buffering=True)
+        except (ValueError, OSError):   # a stream that cannot change its buffering keeps its own
+            pass
     names = _split_names(args.ops, OP_NAMES, "--ops") if args.ops else list(OP_NAMES)
     dtype_names = _split_names(args.dtypes, ("float32", "float16", "bfloat16", "float64"), "--dtypes")
     import torch

@@ -13,6 +13,12 @@ from pytest_rocm_parity import options as opt
 
 SESSION_KEY: pytest.StashKey[Any] = pytest.StashKey()
 SKIP_REASON = f"parity checks run only with {opt.ENABLE} (or rocm_parity = true in the ini file)"
+IGNORED_KEY: pytest.StashKey[list[str]] = pytest.StashKey()
+
+
+def _ignored_message(flags: list[str]) -> str:
+    return (f"rocm-parity: {', '.join(flags)} given without {opt.ENABLE}: ignored, and the parity tests are "
+            f"skipped. Add {opt.ENABLE} (or rocm_parity = true in the ini file) to run them")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -27,6 +33,10 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     options = opt.from_config(config)
     if not options.enabled:
+        ignored = opt.given_without_enable(config)
+        if ignored:
+            config.stash[IGNORED_KEY] = ignored
+            config.issue_config_time_warning(pytest.PytestWarning(_ignored_message(ignored)), stacklevel=2)
         return
     from pytest_rocm_parity.session import ParitySession
 
@@ -42,9 +52,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if SESSION_KEY in config.stash:
         return
     skip = pytest.mark.skip(reason=SKIP_REASON)
+    skipped = 0
     for item in items:
         if "parity" in getattr(item, "fixturenames", ()) or item.get_closest_marker("parity") is not None:
             item.add_marker(skip)
+            skipped += 1
+    ignored = config.stash.get(IGNORED_KEY, None)
+    if ignored and skipped and opt.from_config(config).ci:
+        # a forgotten --rocm-parity would turn a CI job green with every parity test skipped
+        raise pytest.UsageError(f"{_ignored_message(ignored)}. Under CI=true this fails the run: {skipped} parity "
+                                f"test(s) would be skipped and the job would pass without judging anything")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:

@@ -1,18 +1,26 @@
 """Run state of one pytest session with --rocm-parity: results, golden bookkeeping, reports."""
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
-import shutil
+import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pytest_rocm_parity.options import REGEN_ALL, Mode, ParityOptions, resolve_device, xdist_worker_index
+from pytest_rocm_parity import progress as progress_lines
+from pytest_rocm_parity.options import (
+    ALLOW_REFERENCE_CHANGE, ALLOW_WRITE, ENABLE, GOLDEN_SIZE_LIMIT, PRUNE, REGEN, REGEN_ALL, Mode, ParityOptions,
+    resolve_device, xdist_worker_index,
+)
 
 WORKER_KEY = "rocm_parity_results"
+# A file above this size is refused by a push to GitHub unless git-lfs stores it.
+GITHUB_FILE_LIMIT = 100 * 1000 * 1000
 
 
 @dataclass
@@ -21,16 +29,70 @@ class GoldenLog:
     updated: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)   # regenerated, identical: left untouched
     used: set[str] = field(default_factory=set)
 
     def to_dict(self) -> dict[str, Any]:
         return {"created": self.created, "updated": self.updated, "missing": self.missing,
-                "kept": self.kept, "used": sorted(self.used)}
+                "kept": self.kept, "unchanged": self.unchanged, "used": sorted(self.used)}
 
     def merge(self, other: dict[str, Any]) -> None:
-        for k in ("created", "updated", "missing", "kept"):
+        for k in ("created", "updated", "missing", "kept", "unchanged"):
             getattr(self, k).extend(x for x in other.get(k, []) if x not in getattr(self, k))
         self.used.update(other.get("used", []))
+
+
+def uses_parity(item: Any) -> bool:
+    """A test that runs parity checks: it asks for the ``parity`` fixture or carries the marker."""
+    return "parity" in getattr(item, "fixturenames", ()) or item.get_closest_marker("parity") is not None
+
+
+def test_file(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+@dataclass
+class RunLog:
+    """What this run collected and completed: which goldens it can call obsolete, and whether prune may act.
+
+    A test file counts as complete when every parity test collected from it passed (setup, call,
+    teardown) and none of them was deselected; only there does an unused golden prove obsolete.
+    """
+
+    relevant: dict[str, set[str]] = field(default_factory=dict)   # test file -> parity test ids collected
+    partial: set[str] = field(default_factory=set)                # test files with parity tests left out
+    narrowed: set[str] = field(default_factory=set)               # why this run is a partial selection
+    passed: set[str] = field(default_factory=set)                 # ids whose call phase passed
+    incomplete: set[str] = field(default_factory=set)             # ids with a phase failed or skipped
+    owners: dict[str, str] = field(default_factory=dict)          # check name -> the test that ran it
+
+    def complete_files(self) -> set[str]:
+        return {f for f, ids in self.relevant.items()
+                if f not in self.partial and ids <= self.passed and not ids & self.incomplete}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"relevant": {f: sorted(ids) for f, ids in self.relevant.items()}, "partial": sorted(self.partial),
+                "narrowed": sorted(self.narrowed), "owners": self.owners}
+
+    def merge(self, other: dict[str, Any]) -> list[str]:
+        """Add a worker's log; returns the duplicate-name errors seen across workers."""
+        for f, ids in other.get("relevant", {}).items():
+            self.relevant.setdefault(f, set()).update(ids)
+        self.partial.update(other.get("partial", []))
+        self.narrowed.update(other.get("narrowed", []))
+        errors = []
+        for name, test in other.get("owners", {}).items():
+            prev = self.owners.setdefault(name, test)
+            if prev != test:
+                errors.append(duplicate_message(name, prev, test))
+        return errors
+
+
+def duplicate_message(name: str, first: str, second: str) -> str:
+    where = f"by {first} and again by {second}" if first != second else f"twice by {first}"
+    return (f"check name {name!r} is used {where} in this run; one name is one golden, so the two checks would "
+            f"capture into and replay from the same files. Give each check its own name= (or leave name= out: "
+            f"the default is the test's id)")
 
 
 class ParitySession:
@@ -49,7 +111,10 @@ class ParitySession:
         self._env: dict[str, Any] | None = None
         self.obsolete: list[str] = []
         self.pruned: list[str] = []
-
+        self.run = RunLog()
+        self.prune_lines: list[str] = []      # every path deleted (or, dry, that would be), and why not
+        self.errors: list[str] = []           # run-level errors for the summary (duplicates across workers)
+        self._regen_not_a_path(config)
     # -- facts computed on first use, so a session that runs no check never imports torch ----
     @property
     def device(self) -> str:
@@ -83,14 +148,23 @@ class ParitySession:
         self.results.append(result.to_dict())
 
     # -- xdist: workers ship results to the controller ---------------------------------------
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int | pytest.ExitCode) -> None:
+        self.store_unpin()
         workeroutput = getattr(session.config, "workeroutput", None)
         if workeroutput is not None:
-            workeroutput[WORKER_KEY] = json.dumps({"results": self.results, "goldens": self.goldens.to_dict()})
+            workeroutput[WORKER_KEY] = json.dumps({"results": self.results, "goldens": self.goldens.to_dict(),
+                                                   "run": self.run.to_dict()})
             return
-        self.find_obsolete()
+        if self.errors and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        self.find_obsolete(session, int(session.exitstatus))
         if self.options.report_dir is not None:
             self.write_reports(self.options.report_dir)
+
+    def store_unpin(self) -> None:
+        unpin = getattr(self.store, "unpin", None)
+        if unpin is not None:
+            unpin()
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
@@ -99,23 +173,229 @@ class ParitySession:
             payload = json.loads(data)
             self.results.extend(payload["results"])
             self.goldens.merge(payload["goldens"])
+            self.errors.extend(self.run.merge(payload.get("run", {})))
 
-    def find_obsolete(self) -> None:
-        if not self.goldens.used:
-            return  # nothing ran (e.g. -k deselected everything): do not call every golden obsolete
-        for name, d in self.store.names_on_disk():
-            if name not in self.goldens.used and self._collected_all:
-                self.obsolete.append(name)
-                if self.options.prune and not hasattr(self.store, "url"):  # remote stores are never pruned
-                    shutil.rmtree(d, ignore_errors=True)
-                    self.pruned.append(name)
+    # -- what ran: obsolete goldens and prune ------------------------------------------------------
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        config = session.config
+        for item in session.items:
+            if uses_parity(item):
+                self.run.relevant.setdefault(test_file(item.nodeid), set()).add(item.nodeid)
+        for flag, dest in (("-k", "keyword"), ("-m", "markexpr"), ("--lf", "lf"), ("--sw", "stepwise")):
+            if config.getoption(dest, None):
+                self.run.narrowed.add(flag)
+        named = [a for a in config.args if "::" in a]
+        if named:
+            self.run.narrowed.add("test ids on the command line")
+            for a in named:   # the file's other tests were not collected
+                p = Path(config.invocation_params.dir, a.split("::", 1)[0]).resolve()
+                with contextlib.suppress(ValueError):
+                    self.run.partial.add(p.relative_to(config.rootpath.resolve()).as_posix())
 
-    _collected_all = True
+    def pytest_deselected(self, items: list[Any]) -> None:
+        self.run.narrowed.add("deselected tests")
+        for item in items:
+            if uses_parity(item):
+                self.run.partial.add(test_file(item.nodeid))
 
-    def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config, items: list[Any]) -> None:
-        # Obsolete goldens are only named when the whole suite was collected unfiltered.
-        self._collected_all = not (config.getoption("keyword") or config.getoption("markexpr")
-                                   or any("::" in a for a in config.args))
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.failed or report.skipped:
+            self.run.incomplete.add(report.nodeid)
+        elif report.when == "call":
+            self.run.passed.add(report.nodeid)
+
+    def _whole_suite(self) -> bool:
+        """No file or directory arguments narrowed collection: every test path the project has was collected."""
+        c = self.config
+        src = getattr(c, "args_source", None)
+        if src == pytest.Config.ArgsSource.TESTPATHS:
+            return True
+        return src == pytest.Config.ArgsSource.INVOCATION_DIR and \
+            Path(c.invocation_params.dir).resolve() == Path(c.rootpath).resolve()
+
+    def find_obsolete(self, session: pytest.Session | None = None, exitstatus: int = 0) -> None:
+        """Name the goldens this run proves obsolete, and prune them when asked and safe.
+
+        Obsolete: the golden's test file (its manifest's ``test``) was collected and every parity
+        test in it passed, yet no check used the golden. A golden whose test is gone from that file
+        counts only when the whole suite ran: its check may have moved, name and all, to another file.
+        """
+        if hasattr(self.store, "url"):
+            return   # remote goldens are never listed obsolete nor pruned: their manifests are not local
+        complete = self.run.complete_files()
+        collected = set().union(*self.run.relevant.values()) if self.run.relevant else set()
+        whole = self._whole_suite() and not self.run.narrowed
+        found = []
+        for name, d, manifest in self.store.goldens_on_disk():
+            test = manifest.get("test") if manifest is not None else None
+            if name in self.goldens.used or not isinstance(test, str) or test_file(test) not in complete:
+                continue
+            if test not in collected and not whole:
+                continue
+            self.obsolete.append(name)
+            found.append((name, d, manifest))
+        if self.options.prune or self.options.prune_dry_run:
+            self._prune(found, session, exitstatus)
+
+    def _prune_refusal(self, session: pytest.Session | None, exitstatus: int) -> str:
+        if exitstatus != 0 or (session is not None and (session.shouldstop or session.shouldfail)):
+            return (f"the run did not pass (exit status {exitstatus}); a failed, stopped or interrupted run may not "
+                    f"have reached every check. Prune after a run that passes")
+        if self.run.narrowed:
+            return (f"this run was a partial selection ({', '.join(sorted(self.run.narrowed))}); prune after a run "
+                    f"of whole test files")
+        if not self.options.prune_dry_run and not self.options.may_write():
+            return (f"CI=true, and deleting goldens writes to {self.store.root}; goldens are pruned on a developer "
+                    f"machine and the deletion committed. Pass {ALLOW_WRITE} to override")
+        return ""
+
+    def _prune(self, found: list[tuple[str, Path, Any]], session: pytest.Session | None, exitstatus: int) -> None:
+        dry = self.options.prune_dry_run
+        if not found:
+            self.prune_lines.append(f"rocm-parity: {PRUNE}: no obsolete goldens under {self.store.root}")
+            return
+        why = self._prune_refusal(session, exitstatus)
+        if why:
+            self.prune_lines.append(f"rocm-parity: {PRUNE} deleted nothing: {why}")
+            return
+        for name, d, manifest in found:
+            if not self.store.ours(d, manifest):
+                self.prune_lines.append(
+                    f"rocm-parity: not deleted: {d}: its manifest lacks \"tool\": \"pytest-rocm-parity\" (a golden of "
+                    f"an older version, or a directory this tool did not write); delete it by hand if it is obsolete")
+                continue
+            for p in self.store.delete(d, dry_run=dry):
+                self.prune_lines.append(f"rocm-parity: {'would delete' if dry else 'deleted'} {p}")
+            if not dry:
+                self.pruned.append(name)
+
+    # -- checks: names, regeneration, sizes ---------------------------------------------------------
+    def claim(self, name: str, test: str, names_of_this_test: set[str]) -> None:
+        """Refuse a second check of one name in this run (a rerun of the same test is not a second check)."""
+        from pytest_rocm_parity.errors import DuplicateCheckName
+
+        prev = self.run.owners.get(name)
+        if name in names_of_this_test or (prev is not None and prev != test):
+            raise DuplicateCheckName(duplicate_message(name, prev or test, test))
+        names_of_this_test.add(name)
+        self.run.owners[name] = test
+
+    def _regen_not_a_path(self, config: pytest.Config) -> None:
+        """``--parity-regen tests/test_x.py`` (a space, not ``=``) makes the path the glob: say so."""
+        g = self.options.regen
+        if g is None or g == REGEN_ALL:
+            return
+        part = g.split("::", 1)[0]
+        if not part or not Path(config.invocation_params.dir, part).exists():
+            return
+        raise pytest.UsageError(
+            f"{REGEN} took {g!r} as the glob of check names to regenerate, but it is a path: an option value "
+            f"given after a space is read as the value. To regenerate every check of that file, put the path "
+            f"first: pytest {g} {ENABLE} {REGEN}; to regenerate some checks: {REGEN}='NAME_GLOB' {g}")
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> Any:
+        result = yield
+        g = self.options.regen
+        if (g is None or g == REGEN_ALL or hasattr(session.config, "workerinput")
+                or session.shouldstop or session.shouldfail):
+            return result
+        if not any(self.regen_matches(n) for n in self.goldens.used):
+            reached = sorted(self.goldens.used)
+            listed = ", ".join(reached[:10]) + (" ..." if len(reached) > 10 else "")
+            raise pytest.UsageError(
+                f"{REGEN}={g!r} matched none of the {len(reached)} checks this run reached"
+                + (f" ({listed})" if reached else "") + ", so nothing was regenerated. Pass a check name or a glob "
+                f"of names ({REGEN}='prefix*'), or {REGEN} alone to regenerate every check collected")
+        return result
+
+    def reference_change(self, name: str) -> str:
+        """What would change in the golden's reference environment if this machine regenerated it; '' when nothing."""
+        from pytest_rocm_parity.errors import ParityError
+
+        try:
+            old = self.store.read_manifest(name).get("reference_env") or {}
+        except ParityError:
+            return ""   # unreadable: regenerating is the fix, and there is no reference to keep
+        new = self.env
+        changes = []
+        if old.get("backend") and old.get("backend") != new.get("backend"):
+            changes.append(f"device kind {old.get('backend')} -> {new.get('backend')}")
+        major = [str(e.get("torch") or "").split(".", 1)[0] for e in (old, new)]
+        if major[0] and major[0] != major[1]:
+            changes.append(f"torch major version {old.get('torch')} -> {new.get('torch')}")
+        if not changes:
+            return ""
+
+        def where(e: dict[str, Any]) -> str:
+            return f"{e.get('backend')} ({e.get('device_name') or e.get('device') or '?'}, torch {e.get('torch')})"
+
+        return (f"regenerating {name!r} would replace the golden at {self.store.dir_for(name)}, captured on "
+                f"{where(old)}, with one captured here on {where(new)}: {'; '.join(changes)}. Goldens are the "
+                f"reference machine's results: regenerate them there, or pass {ALLOW_REFERENCE_CHANGE} to "
+                f"change the reference on purpose")
+
+    def record_capture(self, spec: Any, existed: bool) -> None:
+        """Log the capture (created, updated, or unchanged and left alone), print its size, warn when large."""
+        name = spec.name
+        if name in getattr(self.store, "unchanged", ()):
+            self.goldens.unchanged.append(name)
+            progress_lines.progress("golden unchanged (same tensors and description): left as it was")
+        else:
+            (self.goldens.updated if existed else self.goldens.created).append(name)
+        try:
+            from pytest_rocm_parity.golden import load_manifest
+
+            d = self.store.dir_for(name)
+            rungs = load_manifest(d / "manifest.json")["rungs"]
+            files = {str(r["file"]): int(r.get("bytes") or 0) for r in rungs.values()}
+        except Exception:  # the size line must never fail a capture that succeeded
+            return
+        size = sum(files.values())
+        progress_lines.progress(f"golden {progress_lines.megabytes(size)} in {len(files)} file(s) at {d}")
+        limit = spec.golden_size_limit
+        if limit is None or size <= limit:
+            return
+        largest, largest_bytes = max(files.items(), key=lambda kv: kv[1])
+        warnings.warn(pytest.PytestWarning(self.size_advice(name, size, limit, largest, largest_bytes)), stacklevel=1)
+
+    def size_advice(self, name: str, size: int, limit: int, largest: str, largest_bytes: int) -> str:
+        mb = progress_lines.megabytes
+        try:
+            rel = Path(os.path.relpath(self.store.root, self.config.rootpath)).as_posix()
+        except ValueError:
+            rel = Path(self.store.root).as_posix()
+        github = (f" Its largest file, {largest} ({mb(largest_bytes)}), is over GitHub's 100 MB file limit: a push "
+                  f"without git-lfs is refused." if largest_bytes > GITHUB_FILE_LIMIT else "")
+        return (f"rocm-parity: the golden for {name!r} is {mb(size)}, over the {mb(limit)} limit "
+                f"({GOLDEN_SIZE_LIMIT}, ini parity_golden_size_limit).{github} To shrink it: drill=0 (block outputs "
+                f"only) or drill=1 in parity.check or @pytest.mark.parity; sketch=True (well under 1% of the size, "
+                f"judged on the propagated pass); or fewer tokens (a shorter sequence or a smaller batch). To keep "
+                f"it in git as it is, store goldens with git-lfs: add this line to .gitattributes: "
+                f"{rel}/**/*.safetensors filter=lfs diff=lfs merge=lfs -text")
+
+    # -- progress lines through the terminal reporter ------------------------------------------------
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        if hasattr(session.config, "workerinput"):
+            return   # an xdist worker's terminal is not shown
+        progress_lines.set_sink(self._progress_line)
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        progress_lines.set_sink(None)
+        self.store_unpin()
+
+    def _progress_line(self, line: str, verbose: int) -> None:
+        # level 0 shows unless -qq; level 1 with -v
+        if self.config.get_verbosity() < (-1 if verbose <= 0 else verbose):
+            return
+        tr = self.config.pluginmanager.getplugin("terminalreporter")
+        if tr is None:
+            return
+        capman = self.config.pluginmanager.getplugin("capturemanager")
+        with capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext():
+            tr.write_line(line)
+        if hasattr(tr, "currentfspath"):
+            tr.currentfspath = None   # the test's own line starts afresh after ours
 
     def write_reports(self, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
@@ -134,4 +414,11 @@ class ParitySession:
         from pytest_rocm_parity.summary import summary_lines
 
         for line in summary_lines(self):
+            terminalreporter.write_line(line)
+        if self.goldens.unchanged:
+            terminalreporter.write_line("goldens unchanged (regenerated identical, files left as they were): "
+                                        + ", ".join(self.goldens.unchanged))
+        for line in self.errors:
+            terminalreporter.write_line(f"rocm-parity: error: {line}", red=True)
+        for line in self.prune_lines:
             terminalreporter.write_line(line)

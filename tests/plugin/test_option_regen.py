@@ -21,12 +21,13 @@ def _created(p: pytest.Pytester, name: str) -> str:
         (p.path / "goldens" / name / "manifest.json").read_text()
 
 
-def test_regen_glob_rewrites_only_matching(project: pytest.Pytester) -> None:
+def test_regen_glob_rewrites_only_matching(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     (project.path / "test_tiny.py").unlink()
     project.makepyfile(test_two=TWO_MODELS)
     project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=2)
     beta_before = (project.path / "goldens" / "beta" / "manifest.json").stat().st_ino
     alpha_before = (project.path / "goldens" / "alpha" / "manifest.json").stat().st_ino
+    monkeypatch.setenv("BUG", "1")   # the model changed: its regenerated golden differs
     result = project.runpytest("--rocm-parity", "--parity-regen=alp*", "-rs")
     result.assert_outcomes(passed=1, skipped=1)
     result.stdout.fnmatch_lines(["*goldens updated: alpha*"])
@@ -35,10 +36,11 @@ def test_regen_glob_rewrites_only_matching(project: pytest.Pytester) -> None:
     assert (project.path / "goldens" / "alpha" / "manifest.json").stat().st_ino != alpha_before
 
 
-def test_regen_without_glob_rewrites_all(project: pytest.Pytester) -> None:
+def test_regen_without_glob_rewrites_all(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     (project.path / "test_tiny.py").unlink()
     project.makepyfile(test_two=TWO_MODELS)
     project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=2)
+    monkeypatch.setenv("BUG", "1")
     result = project.runpytest("--rocm-parity", "--parity-regen")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*goldens updated: alpha, beta*"])
