@@ -349,3 +349,98 @@ def deepest_drill(model: Any, acts: Activations | None, rungs: Sequence[str], li
             break
         best = d
     return best
+
+
+# ---------------------------------------------------------------------------------------------
+# where a fault lies that the selection did not cover
+
+_CALL = re.compile(r"#\d+$")
+
+
+def _module_of(key: str) -> str:
+    return _CALL.sub("", key)
+
+
+def _globs_for(model: Any, name: str) -> list[str]:
+    """The ``layers=`` globs that judge ``name`` and everything below it."""
+    mod = model.get_submodule(name)
+    if not mod._modules:
+        return [name]
+    return [f"{name}.*"] if _never_called(mod) else [name, f"{name}.*"]
+
+
+def unselected_region(model: Any, result: Any, patterns: Sequence[str] | None = None) -> dict[str, Any] | None:
+    """Where a divergence that no selected module explains in isolation comes from, or None.
+
+    When no selected module fails in isolation but the propagated run diverges (or the model's outputs
+    do), the fault lies in computation the golden did not judge in isolation: between the last
+    selected module that agreed and the first that diverged. Returns {"after", "before", "modules",
+    "layers"}: the two modules bounding the region (None: the model's inputs / outputs), the maximal
+    modules in it that no selection covers (in registration order, the closest proxy for execution
+    order a result holds), and the ``layers=`` globs (added to ``patterns``) that would judge them.
+    Empty "modules": the region holds no module, so the fault is in a parent's own forward code.
+    """
+    if result.culprit is not None:
+        return None
+    top = [l for l in result.layers if l.level == 0]
+    bad = next((i for i, l in enumerate(top) if not l.prop_passed), None)
+    outputs_bad = any(not o.prop_passed for o in result.outputs)
+    if bad is None and not outputs_bad:
+        return None
+    end = bad if bad is not None else len(top)
+    ok = next((top[i] for i in range(end - 1, -1, -1) if top[i].prop_passed), None)
+    after = _module_of(ok.name) if ok is not None else None
+    before = _module_of(top[bad].name) if bad is not None else None
+    named = _named(model)
+    order = {n: i for i, (n, _) in enumerate(named)}
+    selected = {_module_of(l.name) for l in result.layers}
+    lo = order.get(after, -1) if after is not None else -1
+    hi = order.get(before, len(named)) if before is not None else len(named)
+    if lo >= hi:     # executed out of registration order: everything registered before the divergent one
+        lo = -1
+
+    def covered(n: str) -> bool:
+        return any(n == s or n.startswith(s + ".") or s.startswith(n + ".") for s in selected)
+
+    region = []
+    for n, mod in named:
+        if not (lo < order[n] < hi) or covered(n) or (_never_called(mod) and not mod._modules):
+            continue
+        parent = n.rpartition(".")[0]
+        if parent and not covered(parent) and any(r == parent or parent.startswith(r + ".") for r in region):
+            continue   # inside a module already named
+        region.append(n)
+    globs = [g for n in region for g in _globs_for(model, n)]
+    return {"after": after, "before": before, "modules": region,
+            "layers": list(dict.fromkeys([*(patterns or []), *globs])) if globs else []}
+
+
+def region_text(region: dict[str, Any]) -> str:
+    """One line of a failure message: where the unjudged fault lies and the selection that localizes it."""
+    after = region["after"] or "the model's inputs"
+    before = region["before"] or "the model's outputs"
+    if not region["modules"]:
+        return (f"the fault lies between {after} (last agreeing) and {before} (first divergent), in no module: "
+                f"the forward code of their parent that runs between them")
+    return (f"the fault lies between {after} (last agreeing) and {before} (first divergent), in modules the "
+            f"golden did not select: {', '.join(region['modules'])}; layers={region['layers']!r} would judge "
+            f"them (or leave layers= out for the default selection)")
+
+
+def unselected_children(model: Any, result: Any, drill: int) -> str:
+    """A note when the culprit has sub-modules the golden did not select: the culprit could be narrower."""
+    if result.culprit is None:
+        return ""
+    name = _module_of(result.culprit)
+    try:
+        mod = model.get_submodule(name)
+    except AttributeError:
+        return ""
+    selected = {_module_of(l.name) for l in result.layers}
+    first = {id(m): n for n, m in reversed(_named(model))}
+    kids = [c for c in _drill_children(model, name, first) if c not in selected]
+    if not kids or not mod._modules:
+        return ""
+    return (f"{name} has {len(kids)} sub-module(s) the golden did not select ({', '.join(kids[:8])}"
+            f"{', ...' if len(kids) > 8 else ''}): the fault may lie in one of them; drill={drill + 1} or "
+            f"layers={_globs_for(model, name)!r} (a golden-size limit permitting) would narrow it")

@@ -64,7 +64,7 @@ def test_auto_drill_depends_on_size() -> None:
     from pytest_rocm_parity.api import _drill
 
     small = Net()
-    assert _drill(small, None, None, None) == 2
+    assert _drill(small, None, None, None) == 2       # without inputs: every module (Net is 2 deep)
     assert _drill(small, None, 1, 0) == 1            # the first explicit choice wins
     import pytest_rocm_parity.api as api
 
@@ -74,5 +74,6 @@ def test_auto_drill_depends_on_size() -> None:
         assert _drill(Net(), None, None, None) == 0
     finally:
         api.AUTO_DRILL_MAX_PARAMS = old
-    with pytest.raises(Exception, match="drill=5"):
-        _drill(small, 5)
+    assert _drill(small, 5) == 5                      # any depth; a depth past the leaves selects them all
+    with pytest.raises(Exception, match="drill=-1"):
+        _drill(small, -1)

@@ -1,0 +1,147 @@
+"""The default selection from the model's structure, the drill depth from the golden-size budget, and
+where a fault lies that the selection did not judge."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from pytest_rocm_parity import api
+from pytest_rocm_parity.assertion import message
+from pytest_rocm_parity.capture import capture
+from pytest_rocm_parity.engine import CheckSpec
+from pytest_rocm_parity.errors import InvalidArgument
+from pytest_rocm_parity.golden import GoldenStore
+from pytest_rocm_parity.replay import replay
+from pytest_rocm_parity.selection import (activation_sizes, default_primary, golden_bytes, max_drill, select,
+                                          stacks)
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "families"))
+
+import family_models as fm  # noqa: E402
+
+
+def test_every_stack_and_the_modules_between_them() -> None:
+    t5, _ = fm.build_t5()
+    primary = default_primary(t5)
+    assert {"encoder.block.0", "encoder.block.1", "decoder.block.0", "decoder.block.1"} <= set(primary)
+    assert {"encoder.final_layer_norm", "decoder.final_layer_norm", "decoder.embed_tokens"} <= set(primary)
+    clip, _ = fm.build_clip()
+    primary = default_primary(clip)
+    for tower in ("text_model", "vision_model"):
+        assert f"{tower}.encoder.layers.1" in primary and f"{tower}.embeddings" in primary
+    assert {"visual_projection", "text_projection", "vision_model.post_layernorm"} <= set(primary)
+
+
+def test_unet_down_mid_and_up_blocks_of_mixed_classes() -> None:
+    unet, _ = fm.build_unet()
+    assert ("down_blocks", ["down_blocks.0", "down_blocks.1"]) in stacks(unet)   # DownBlock, AttnDownBlock
+    primary = default_primary(unet)
+    assert primary == ["conv_in", "time_embedding", "down_blocks.0", "down_blocks.1", "mid_block.resnets.0",
+                       "mid_block.resnets.1", "mid_block.attentions.0", "up_blocks.0", "up_blocks.1",
+                       "conv_norm_out", "conv_out"]
+    # a ModuleList is never called, so never selected itself: its members are, at its level
+    names = [s.name for s in select(unet, drill=1)]
+    assert "down_blocks.1.resnets.0" in names and "down_blocks.1.resnets" not in names
+
+
+def test_a_mixed_sequential_is_one_sub_network_not_a_stack() -> None:
+    model = nn.Sequential(nn.Embedding(10, 8), nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8)))
+    assert stacks(model) == []
+    assert default_primary(model) == ["0", "1"]
+
+
+def test_drill_goes_as_deep_as_the_model() -> None:
+    t5, _ = fm.build_t5()
+    assert max_drill(t5) == 3
+    sel = {s.name: s.level for s in select(t5, drill=3)}
+    assert sel[fm.BUGS["t5"][0]] == 3            # decoder.block.1.layer.1.EncDecAttention.v
+    assert fm.BUGS["t5"][0] not in {s.name for s in select(t5, drill=2)}
+    assert select(t5, drill=9) == select(t5, drill=3)
+
+
+def test_explicit_drill_any_depth_and_refusals() -> None:
+    t5, _ = fm.build_t5()
+    assert api._drill(t5, 3) == 3 and api._drill(t5, 7) == 7
+    with pytest.raises(InvalidArgument, match="drill=-1"):
+        api._drill(t5, -1)
+    with pytest.raises(InvalidArgument, match="drill=True"):
+        api._drill(t5, True)
+
+
+def test_option_accepts_any_depth() -> None:
+    from pytest_rocm_parity.options import parse_drill
+
+    assert parse_drill("5") == 5
+    with pytest.raises(pytest.UsageError, match="integer >= 0"):
+        parse_drill("x")
+
+
+def test_golden_estimate_tracks_the_file(tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    model, inputs = fm.build_vit()
+    acts = activation_sizes(model, inputs)
+    assert acts.where == "meta"
+    store = GoldenStore(tmp_path)
+    for d in (0, 2):
+        capture(model, inputs, CheckSpec(name=f"v{d}", dtypes=["float32"], drill=d), store, "cpu")
+        on_disk = sum(f.stat().st_size for f in store.dir_for(f"v{d}").iterdir())
+        est = golden_bytes(acts, select(model, drill=d), ["float32"])
+        assert 0.8 * on_disk < est < 1.3 * on_disk, (d, est, on_disk)
+
+
+def test_default_drill_is_the_deepest_within_the_budget() -> None:
+    model, inputs = fm.build_t5()
+    acts = activation_sizes(model, inputs)
+    sizes = [golden_bytes(acts, select(model, drill=d), ["float32"]) for d in range(4)]
+    assert sizes == sorted(sizes)
+    assert api.default_drill(model, inputs, ["float32"], None) == 3
+    assert api.default_drill(model, inputs, ["float32"], 50 * 1024 * 1024) == 3
+    assert api.default_drill(model, inputs, ["float32"], sizes[2]) == 2
+    assert api.default_drill(model, inputs, ["float32"], sizes[1] - 1) == 0
+    assert api.default_drill(model, inputs, ["float32"], 1) == 0
+
+
+def test_shape_pass_falls_back_to_the_forward() -> None:
+    class DataDependent(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x) * (2.0 if float(x.sum()) > 0 else 1.0)   # .item() on a meta tensor fails
+
+    acts = activation_sizes(DataDependent(), torch.ones(3, 4))
+    assert acts.where == "forward" and acts.calls["lin"][0][1][0][1] == 12
+
+
+def _replayed(tmp_path: Path, family: str, **spec: Any) -> Any:
+    torch.set_num_threads(1)
+    model, inputs = fm.build_unet() if family == "unet" else fm.BUILDERS[family]()
+    s = CheckSpec(name=family, dtypes=["float32"], **spec)
+    store = GoldenStore(tmp_path)
+    capture(model, inputs, s, store, "cpu")
+    fm.plant(model, family)
+    return api._where_unjudged(model, s, replay(model, inputs, s, store, "cpu"))[0]
+
+
+def test_a_fault_outside_the_selection_names_its_region_and_glob(tmp_path: Path) -> None:
+    layers = ["conv_in", "time_embedding", "mid_block", "up_blocks.*", "conv_out"]   # no down blocks
+    result = _replayed(tmp_path, "unet", layers=layers)
+    assert result.culprit is None
+    region = result.extra["unselected_region"]
+    assert region["before"] == "mid_block" and region["modules"] == ["down_blocks"]
+    assert region["layers"] == [*layers, "down_blocks.*"]
+    text = message(result)
+    assert "culprit: none among the selected modules; the fault lies between" in text
+    assert "'down_blocks.*'" in text
+
+
+def test_a_culprit_with_unselected_children_says_how_to_narrow_it(tmp_path: Path) -> None:
+    result = _replayed(tmp_path, "unet", drill=1)
+    assert result.culprit == "down_blocks.1.resnets.0"
+    assert any("drill=2" in n and "down_blocks.1.resnets.0.conv2" in n for n in result.notes)
