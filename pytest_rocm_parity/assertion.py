@@ -155,6 +155,10 @@ def message(result: CheckResult) -> str:
         lines.append(f"  culprit: {result.culprit}{inside}: {culprit.reason}")
     elif any(not l.iso_passed for l in result.layers):
         lines.append("  culprit: none named (the failing layers are listed below)")
+    elif result.extra.get("unselected_region"):
+        from pytest_rocm_parity.selection import region_text
+
+        lines.append(f"  culprit: none among the selected modules; {region_text(result.extra['unselected_region'])}")
     else:
         lines.append("  culprit: none in isolation; the model outputs drifted (accumulated error)")
     if result.first_divergent:
