@@ -13,10 +13,11 @@ float64 truth) and to the last copy landed (`record_landed_s`), each rep beside 
 Replay is timed three ways: cold (hash
 check, golden load, Triton's first compile, both passes), warm (a second replay() of the same golden:
 load and passes), and per pass with the goldens resident on the device (`pass_full`: propagated +
-isolated; `pass_fast`: isolated only, --parity-replay=fast), which is what a loaded golden costs,
-interleaved with plain forwards so that each ratio compares runs of the same minute. A pass is the
-runner of replay.prepare_rung (the passes and the judgement); `pass_*_setup` adds the rung's set-up
-(model walk, selection, placement check, direct-call plans) to every pass, as _replay_rung does.
+isolated; `pass_fast`: --parity-replay=fast, the candidate's forward uncompared and the isolated
+calls), which is what a loaded golden costs,
+interleaved with plain forwards so that each ratio compares runs of the same minute. A pass is one
+rung's replay (replay._replay_rung: model walk, selection, the passes and the verdict) with the
+goldens preloaded on the device (RungReader.preload).
 """
 from __future__ import annotations
 
@@ -151,7 +152,7 @@ def bench_one(name: str, device: str, batch: int, seq: int, reps: int, drill: in
     from pytest_rocm_parity.capture import capture, recording_pass
     from pytest_rocm_parity.engine import CheckSpec, _run, numerics
     from pytest_rocm_parity.golden import GoldenStore, RungReader
-    from pytest_rocm_parity.replay import _replay_rung, prepare_rung, replay
+    from pytest_rocm_parity.replay import _replay_rung, replay
     from pytest_rocm_parity.selection import select
 
     model = build(name, device)
@@ -247,30 +248,28 @@ def bench_one(name: str, device: str, batch: int, seq: int, reps: int, drill: in
         tmpl = {"args": (), "kwargs": {"input_ids": ids, "use_cache": False}}
         for kind in ("full", "fast"):
             sp = CheckSpec(name=name, dtypes=["bfloat16"], drill=drill, replay=kind)
+
+            def one_pass() -> Any:
+                return _replay_rung(model, sp, meta, reader, "bfloat16", device, tmpl)
+
             t = time.perf_counter()
-            r = _replay_rung(model, sp, manifest, meta, reader, "bfloat16", device, tmpl, keep_loaded=True)
+            if kind == "full":
+                reader.preload(list(reader.keys), 1 << 62)
+            r = one_pass()
             sync(device)
             if kind == "full":
-                row["load_s"] = time.perf_counter() - t
+                row["load_s"] = time.perf_counter() - t   # the goldens to the device and a first full pass
             row[f"{kind}_passed"] = r.passed
-            runner = prepare_rung(model, sp, manifest, meta, reader, "bfloat16", device, tmpl, keep_loaded=True)
-            got = interleaved({"forward": lambda: _run(model, (), inputs),
-                               "pass": runner,
-                               "setup+pass": lambda: _replay_rung(model, sp, manifest, meta, reader, "bfloat16", device,
-                                                                  tmpl, keep_loaded=True)}, device, reps)
+            got = interleaved({"forward": lambda: _run(model, (), inputs), "pass": one_pass}, device, reps)
             row[f"pass_{kind}_s"], row[f"pass_{kind}_forward_s"] = got["pass"], got["forward"]
             row[f"pass_{kind}_x"] = got["pass"] / got["forward"]   # against the forward run alongside
-            # with the rung's set-up (model walk, selection, placement check, plans) in every pass
-            row[f"pass_{kind}_setup_s"] = got["setup+pass"]
-            row[f"pass_{kind}_setup_x"] = got["setup+pass"] / got["forward"]
             if profile_dir:   # where the host time of a pass goes (what the GPU cannot hide)
-                _profile(lambda: _replay_rung(model, sp, manifest, meta, reader, "bfloat16", device, tmpl,
-                                              keep_loaded=True), device, profile_dir, f"{name} {kind} pass")
+                _profile(one_pass, device, profile_dir, f"{name} {kind} pass")
             if profile_dir and kind == "fast" and device.startswith("cuda"):   # and the device time
                 from torch.profiler import ProfilerActivity, profile
 
                 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                    _replay_rung(model, sp, manifest, meta, reader, "bfloat16", device, tmpl, keep_loaded=True)
+                    one_pass()
                     sync(device)
                 with open(os.path.join(profile_dir, "profiles.txt"), "a") as f:
                     f.write(f"===== {name} fast pass: device time =====\n")
