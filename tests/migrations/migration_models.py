@@ -1,0 +1,134 @@
+"""Tiny random-init models of the families a CUDA-to-ROCm migration meets, and a way to plant a bug.
+
+Built from configs with seeded weights (no hub): each call returns the same weights, so a capture on
+one variant and a replay on another differ only in what the variant changes.
+"""
+from __future__ import annotations
+
+import copy
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from pytest_rocm_parity.capture import capture
+from pytest_rocm_parity.engine import CheckSpec
+from pytest_rocm_parity.golden import GoldenStore
+from pytest_rocm_parity.records import CheckResult
+from pytest_rocm_parity.replay import replay
+from pytest_rocm_parity.selection import select
+
+VOCAB = 96
+
+
+def llama(attn: str = "sdpa", **config: Any) -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                      attn_implementation=attn, use_cache=False, **config)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def bert(attn: str = "sdpa") -> nn.Module:
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, attn_implementation=attn)
+    return BertModel(cfg).eval()
+
+
+def mixtral(experts: str | None = None) -> nn.Module:
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MixtralConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                        use_cache=False)
+    m = MixtralForCausalLM(cfg).eval()
+    if experts is not None:
+        m.set_experts_implementation(experts)
+    return m
+
+
+def t5() -> nn.Module:
+    from transformers import T5Config, T5Model
+
+    torch.manual_seed(0)
+    cfg = T5Config(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, use_cache=False)
+    return T5Model(cfg).eval()
+
+
+def convnet(channels_last: bool = False) -> nn.Module:
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                      nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4)).eval()
+    with torch.no_grad():
+        for b in m:
+            if isinstance(b, nn.BatchNorm2d):   # statistics of a trained net, not the identity
+                b.running_mean.uniform_(-0.5, 0.5, generator=torch.Generator().manual_seed(2))
+                b.running_var.uniform_(0.5, 2.0, generator=torch.Generator().manual_seed(3))
+    return m.to(memory_format=torch.channels_last) if channels_last else m
+
+
+def tokens(pad: str = "none", batch: int = 2, seq: int = 12) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, VOCAB, (batch, seq), generator=g)
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    if pad == "left":
+        mask[1, :4] = 0
+    elif pad == "right":
+        mask[1, -4:] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def seq2seq_tokens() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return {"input_ids": torch.randint(0, VOCAB, (2, 10), generator=g),
+            "decoder_input_ids": torch.randint(0, VOCAB, (2, 7), generator=g)}
+
+
+def image() -> torch.Tensor:
+    return torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+
+
+def plant(model: nn.Module, name: str, factor: float = 1.01) -> nn.Module:
+    """A kernel bug in one module: its output scaled by ``factor`` (the weights stay the golden's)."""
+    def hook(_m: nn.Module, _a: Any, out: Any) -> Any:
+        if isinstance(out, torch.Tensor):
+            return out * factor
+        return (out[0] * factor, *out[1:])
+    model.get_submodule(name).register_forward_hook(hook)
+    return model
+
+
+def expected_culprit(model: nn.Module, planted: str, spec: CheckSpec) -> str:
+    """The smallest selected module that holds the planted one (the culprit a correct verdict names)."""
+    names = [s.name for s in select(model, spec.layers, spec.drill)]
+    holders = [n for n in names if planted == n or planted.startswith(n + ".")]
+    return max(holders, key=len)
+
+
+def capture_then_replay(reference: nn.Module | Callable[[], nn.Module], candidate: nn.Module, inputs: Any,
+                        spec: CheckSpec | None = None) -> list[CheckResult]:
+    """Capture on ``reference``, replay ``candidate`` against it, on the CPU (a fresh golden dir)."""
+    spec = spec or CheckSpec(name="m", dtypes=["float32"])
+    ref = reference() if callable(reference) and not isinstance(reference, nn.Module) else reference
+    store = GoldenStore(tempfile.mkdtemp(prefix="parity-migration-"))
+    capture(ref, copy.deepcopy(inputs), spec, store, "cpu")
+    return replay(candidate, inputs, spec, store, "cpu")
+
+
+def verdicts(results: list[CheckResult]) -> str:
+    """A readable summary for assertion messages."""
+    out = []
+    for r in results:
+        bad = [f"{l.name}: {l.reason}" for l in r.layers if not l.passed][:3]
+        bad += [f"{o.name}: {o.reason}" for o in r.outputs if not o.passed][:2]
+        out.append(f"{r.dtype} {'PASS' if r.passed else 'FAIL'} culprit={r.culprit} {bad} notes={r.notes}")
+    return "\n".join(out)

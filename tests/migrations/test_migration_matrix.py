@@ -1,0 +1,147 @@
+"""Correct migrations pass, planted bugs fail with the right culprit (CPU, in CI).
+
+Each case captures a golden on one variant of a model and replays another variant against it: the
+changes a CUDA-to-ROCm port makes that are correct (another attention implementation, padding,
+torch.compile, use_cache, MoE experts kernels, channels_last) and, per family, one bug planted in a
+module the verdict must name.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from migration_models import (bert, capture_then_replay, convnet, expected_culprit, image, llama, mixtral, plant,
+                              seq2seq_tokens, t5, tokens, verdicts)
+from pytest_rocm_parity.engine import CheckSpec
+
+ATTENTION = ["eager", "sdpa", "flex_attention"]
+SWAPS = [(a, b) for a in ATTENTION for b in ATTENTION if a != b]
+
+
+@pytest.mark.parametrize("pad", ["none", "left", "right"])
+@pytest.mark.parametrize("reference, candidate", SWAPS)
+def test_decoder_attention_swap_passes(reference: str, candidate: str, pad: str) -> None:
+    res = capture_then_replay(lambda: llama(reference), llama(candidate), tokens(pad))
+    assert all(r.passed for r in res), verdicts(res)
+    if pad != "none":
+        assert any("padded positions" in n for n in res[0].notes)
+
+
+@pytest.mark.parametrize("pad", ["none", "right"])
+@pytest.mark.parametrize("reference, candidate", [("eager", "sdpa"), ("sdpa", "eager")])
+def test_encoder_attention_swap_passes(reference: str, candidate: str, pad: str) -> None:
+    res = capture_then_replay(lambda: bert(reference), bert(candidate), tokens(pad))
+    assert all(r.passed for r in res), verdicts(res)
+
+
+def test_attention_swap_at_bf16_keeps_the_ladder_and_passes() -> None:
+    res = capture_then_replay(lambda: llama("eager"), llama("sdpa"), tokens("left"),
+                              CheckSpec(name="m", dtypes=["bfloat16", "float32"]))
+    assert [r.dtype for r in res] == ["bfloat16", "float32"] and all(r.passed for r in res), verdicts(res)
+
+
+def test_optional_outputs_on_one_side_are_notes_not_failures() -> None:
+    """The reference returns attention weights (eager, output_attentions); the candidate (sdpa) none."""
+    ref = llama("eager")
+    ref.config.output_attentions = True
+    res = capture_then_replay(ref, llama("sdpa"), tokens("right"))
+    assert res[0].passed, verdicts(res)
+    assert any("attentions" in n and "reference only" in n for n in res[0].notes)
+    assert any("optional output" in n for n in res[0].notes)
+
+
+def test_use_cache_on_the_candidate_passes() -> None:
+    cand = llama("sdpa")
+    cand.config.use_cache = True
+    res = capture_then_replay(lambda: llama("sdpa"), cand, tokens("right"))
+    assert res[0].passed, verdicts(res)
+
+
+def test_a_missing_main_output_fails_in_plain_words() -> None:
+    """A candidate whose forward returns hidden states, not logits: the logits are missing."""
+    cand = llama("sdpa")
+    cand.lm_head.register_forward_hook(lambda _m, _a, out: out)   # unchanged module
+    base = cand.forward
+    cand.forward = lambda **kw: {"hidden": base(**kw).logits}     # type: ignore[method-assign]
+    res = capture_then_replay(lambda: llama("sdpa"), cand, tokens())
+    assert not res[0].passed
+    assert any("main output 'logits' is missing" in o.reason for o in res[0].outputs), verdicts(res)
+
+
+@pytest.mark.parametrize("how", ["whole", "method", "regional"])
+def test_compiled_candidate_passes(how: str) -> None:
+    cand = llama("sdpa")
+    if how == "whole":
+        cand = torch.compile(cand, backend="aot_eager")
+    elif how == "method":
+        cand.compile(backend="aot_eager")
+    else:
+        for layer in cand.model.layers:
+            layer.compile(backend="aot_eager")
+    res = capture_then_replay(lambda: llama("sdpa"), cand, tokens("right"))
+    assert res[0].passed, verdicts(res)
+
+
+def _scaled_backend(gm: torch.fx.GraphModule, _example: list[torch.Tensor]):  # type: ignore[no-untyped-def]
+    """A miscompile: every output of every compiled graph 1% too large."""
+    def run(*args: torch.Tensor) -> list[torch.Tensor]:
+        return [o * 1.01 if isinstance(o, torch.Tensor) and o.is_floating_point() else o for o in gm(*args)]
+    return run
+
+
+@pytest.mark.parametrize("replay_mode", ["full", "fast"])
+def test_a_miscompile_fails_in_every_replay_mode(replay_mode: str) -> None:
+    cand = torch.compile(llama("sdpa"), backend=_scaled_backend)
+    res = capture_then_replay(lambda: llama("sdpa"), cand, tokens(),
+                              CheckSpec(name="m", dtypes=["float32"], replay=replay_mode))
+    assert not res[0].passed, verdicts(res)
+    assert res[0].culprit is not None
+
+
+def test_a_miscompiled_layer_is_named() -> None:
+    cand = llama("sdpa")
+    cand.model.layers[1].compile(backend=_scaled_backend)
+    res = capture_then_replay(lambda: llama("sdpa"), cand, tokens())
+    assert not res[0].passed and res[0].culprit.startswith("model.layers.1"), verdicts(res)
+
+
+@pytest.mark.parametrize("experts", [None, "eager", "batched_mm"])
+def test_moe_with_any_experts_kernel_passes(experts: str | None) -> None:
+    """The reference keeps transformers' default experts kernel (grouped_mm, no float64 version): the
+    float64 truth runs the same function through the eager experts."""
+    res = capture_then_replay(lambda: mixtral(), mixtral(experts), tokens())
+    assert res[0].passed, verdicts(res)
+
+
+def test_t5_passes() -> None:
+    res = capture_then_replay(t5, t5(), seq2seq_tokens())
+    assert res[0].passed, verdicts(res)
+
+
+@pytest.mark.parametrize("dtypes", [["float32"], ["bfloat16", "float32"]])
+def test_convnet_channels_last_with_batchnorm_passes(dtypes: list[str]) -> None:
+    res = capture_then_replay(lambda: convnet(), convnet(channels_last=True), image(),
+                              CheckSpec(name="m", dtypes=dtypes))
+    assert all(r.passed for r in res), verdicts(res)
+
+
+BUGS = [
+    ("llama-sdpa", lambda: llama("sdpa"), lambda: llama("eager"), "model.layers.1.mlp.down_proj", lambda: tokens("left")),
+    ("llama-flex", lambda: llama("sdpa"), lambda: llama("flex_attention"), "model.layers.0.self_attn.o_proj",
+     lambda: tokens("right")),
+    ("bert", lambda: bert("eager"), lambda: bert("sdpa"), "encoder.layer.1.attention.self", lambda: tokens("right")),
+    ("mixtral", lambda: mixtral(), lambda: mixtral("eager"), "model.layers.0.mlp.gate", tokens),
+    ("t5", t5, t5, "decoder.block.1.layer.1.EncDecAttention.o", seq2seq_tokens),
+    ("convnet", lambda: convnet(), lambda: convnet(channels_last=True), "4", image),
+]
+
+
+@pytest.mark.parametrize("family, reference, candidate, module, inputs", BUGS, ids=[b[0] for b in BUGS])
+def test_a_planted_bug_fails_with_its_module_named(family, reference, candidate, module, inputs) -> None:  # type: ignore[no-untyped-def]
+    """A correct variant of the model (another attention or experts kernel, channels_last) with one bug:
+    the verdict fails and names the smallest selected module holding the bug."""
+    spec = CheckSpec(name="m", dtypes=["float32"])
+    cand = plant(candidate(), module, 1.02)
+    res = capture_then_replay(reference, cand, inputs(), spec)
+    assert not res[0].passed, verdicts(res)
+    assert res[0].culprit == expected_culprit(cand, module, spec), verdicts(res)
