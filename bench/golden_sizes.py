@@ -45,8 +45,9 @@ def main() -> None:
                 except ImportError:   # before the budgeted depth: 2 below 1B parameters
                     drill = 2
                 else:
-                    drill = default_drill(model, inputs, ["float32"], CheckSpec(name=fam).__dict__.get(
-                        "golden_size_limit", 50 * 1024 * 1024))
+                    from pytest_rocm_parity.options import DEFAULT_GOLDEN_SIZE_LIMIT_MB
+
+                    drill = default_drill(model, inputs, ["float32"], int(DEFAULT_GOLDEN_SIZE_LIMIT_MB * 1e6))
             m = capture(model, inputs, CheckSpec(name=fam, dtypes=["float32"], drill=drill), store, "cpu")
             size = sum(f.stat().st_size for f in store.dir_for(fam).iterdir() if f.is_file())
             names = {entry["name"] for entry in m["layers"]}

@@ -227,6 +227,7 @@ class _Tokens:
 
     def __init__(self) -> None:
         self._by_id: dict[int, tuple[Any, int]] = {}
+        self._count = 0
 
     def leaves(self, obj: Any) -> list[Leaf]:
         from pytest_rocm_parity.tree import tensor_leaves
@@ -239,7 +240,8 @@ class _Tokens:
                     ref = weakref.ref(t)
                 except TypeError:
                     ref = (lambda t=t: t)
-                hit = (ref, len(self._by_id) + 1)
+                self._count += 1
+                hit = (ref, self._count)
                 self._by_id[id(t)] = hit
             per = 0 if (t.is_floating_point() or t.is_complex()) else t.element_size()
             out.append((hit[1], t.numel() * (2 if t.is_complex() else 1), per))
@@ -258,7 +260,7 @@ def activation_sizes(model: Any, inputs: Any) -> Activations:
     args, kwargs = normalize_inputs(inputs)
     try:
         meta = {n: torch.empty_like(t, device="meta") for n, t in
-                [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]}
+                [*model.named_parameters(), *model.named_buffers()]}   # a tied weight once: call ties the rest
         margs, mkwargs = (map_tensors(x, lambda _p, t: torch.empty_like(t, device="meta")) for x in (args, kwargs))
         return _sizes_pass(model, lambda: torch.func.functional_call(model, meta, tuple(margs), dict(mkwargs)),
                            margs, mkwargs, "meta")
@@ -444,3 +446,33 @@ def unselected_children(model: Any, result: Any, drill: int) -> str:
     return (f"{name} has {len(kids)} sub-module(s) the golden did not select ({', '.join(kids[:8])}"
             f"{', ...' if len(kids) > 8 else ''}): the fault may lie in one of them; drill={drill + 1} or "
             f"layers={_globs_for(model, name)!r} (a golden-size limit permitting) would narrow it")
+
+
+# ---------------------------------------------------------------------------------------------
+# what a golden selects, compactly (rocm-parity show)
+
+_INDEX = re.compile(r"(?<![^.])(\d+)(?![^.])")
+
+
+def describe(layers: Sequence[dict[str, Any]]) -> list[tuple[int, int, list[str]]]:
+    """A golden manifest's layer entries ({name, level}) as (level, modules, names) per nesting level,
+    the members of a stack folded into one name: encoder.block.[0-5].layer.0 for six blocks."""
+    out = []
+    for level in sorted({int(e.get("level", 0)) for e in layers}):
+        names = [str(e["name"]) for e in layers if int(e.get("level", 0)) == level]
+        groups: dict[str, list[int]] = {}
+        for n in names:
+            m = _INDEX.search(n)
+            key = f"{n[:m.start()]}{{}}{n[m.end():]}" if m else n
+            groups.setdefault(key, []).append(int(m.group(1)) if m else -1)
+        shown = []
+        for key, idx in groups.items():
+            if idx == [-1]:
+                shown.append(key)
+                continue
+            idx = sorted(set(idx))
+            run = f"[{idx[0]}-{idx[-1]}]" if idx == list(range(idx[0], idx[-1] + 1)) and len(idx) > 1 else \
+                (str(idx[0]) if len(idx) == 1 else "[" + ",".join(map(str, idx)) + "]")
+            shown.append(key.replace("{}", run, 1))
+        out.append((level, len(names), shown))
+    return out

@@ -145,3 +145,24 @@ def test_a_culprit_with_unselected_children_says_how_to_narrow_it(tmp_path: Path
     result = _replayed(tmp_path, "unet", drill=1)
     assert result.culprit == "down_blocks.1.resnets.0"
     assert any("drill=2" in n and "down_blocks.1.resnets.0.conv2" in n for n in result.notes)
+
+
+def test_show_lists_what_a_golden_selects(tmp_path: Path) -> None:
+    from pytest_rocm_parity.inspect_cmd import format_show, show_golden
+    from pytest_rocm_parity.selection import describe
+
+    torch.set_num_threads(1)
+    model, inputs = fm.build_t5()
+    store = GoldenStore(tmp_path)
+    capture(model, inputs, CheckSpec(name="t5", dtypes=["float32"], drill=1), store, "cpu")
+    info = show_golden(store.dir_for("t5"), stats=False)
+    level0 = info["selects"][0]
+    assert level0["level"] == 0 and level0["modules"] == 11
+    assert "encoder.block.[0-1]" in level0["names"] and "decoder.block.[0-1]" in level0["names"]
+    assert info["selects"][1]["names"] == ["encoder.block.[0-1].layer.0", "encoder.block.[0-1].layer.1",
+                                           "decoder.block.[0-1].layer.0", "decoder.block.[0-1].layer.1",
+                                           "decoder.block.[0-1].layer.2"]
+    lines = format_show(info)
+    assert any(line.startswith("selects   level 0 (11): shared, encoder.embed_tokens, encoder.block.[0-1]")
+               for line in lines)
+    assert describe([{"name": "a.0", "level": 0}, {"name": "a.2", "level": 0}]) == [(0, 2, ["a.[0,2]"])]
