@@ -250,7 +250,7 @@ def _where_unjudged(model: Any, spec: CheckSpec, results: list[CheckResult]) -> 
     return results
 
 
-DEFAULT_GOLDEN_SIZE_LIMIT = 50 * 1024 * 1024   # bytes; CheckSpec.golden_size_limit where it is set
+DEFAULT_GOLDEN_SIZE_LIMIT = 50_000_000   # bytes, for a spec without golden_size_limit (options' default)
 
 
 def _explicit_drill(*choices: Any) -> int | None:

@@ -26,6 +26,7 @@ from typing import Any
 
 from pytest_rocm_parity.errors import ParityError
 from pytest_rocm_parity.golden import MANIFEST, RungReader, check_safetensors, load_manifest
+from pytest_rocm_parity.selection import describe
 
 OUTPUT = "<output>"
 DEFAULT_THRESHOLD = 1e-3
@@ -143,6 +144,8 @@ def show_golden(path: str | Path, dtypes: list[str] | None = None, stats: bool =
         "fingerprint": m.get("fingerprint", {}), "dtypes": m.get("dtypes", list(m.get("rungs", {}))),
         "seed": m.get("seed"), "drill": m.get("drill"), "layer_patterns": m.get("layer_patterns"),
         "n_layers": len(m.get("layers", [])), "reference_env": m.get("reference_env", {}), "rungs": {},
+        # what the golden selects, per nesting level, a stack's members folded (selection.describe)
+        "selects": [{"level": lv, "modules": n, "names": names} for lv, n, names in describe(m.get("layers", []))],
     }
     for rung in rungs:
         meta = m["rungs"][rung]
@@ -204,6 +207,8 @@ def format_show(info: dict[str, Any]) -> list[str]:
              f"dtypes    {', '.join(info.get('dtypes') or [])}",
              f"layers    {info['n_layers']} selected (drill {info.get('drill')}"
              + (f", patterns {info['layer_patterns']}" if info.get("layer_patterns") else "") + ")",
+             *[f"{'selects' if i == 0 else '':<9} level {x['level']} ({x['modules']}): {', '.join(x['names'])}"
+               for i, x in enumerate(info.get("selects") or [])],
              "reference " + "  ".join(f"{k}={env[k]}" for k in ENV_KEYS if env.get(k) not in (None, ""))]
     for rung, r in info["rungs"].items():
         lines += ["", f"[{rung}] {r['file']}  {_bytes(r['bytes'])}  {r['tensors']} tensors  truth {r.get('truth_dtype')}"
