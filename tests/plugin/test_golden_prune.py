@@ -1,0 +1,193 @@
+"""--parity-prune-obsolete: only goldens a complete, passing run proves obsolete; only directories of ours."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_rocm_parity.options import ALLOW_WRITE, PRUNE, PRUNE_DRY_RUN
+
+TEST_A = '''
+from conftest import make_model, make_inputs
+
+def test_alpha(parity):
+    parity.check(make_model(), make_inputs(), name="{name}", dtypes=["float32"])
+
+def test_other(parity):
+    parity.check(make_model(), make_inputs(), name="other", dtypes=["float32"])
+'''
+
+TEST_B = '''
+from conftest import make_model, make_inputs
+
+def test_beta(parity):
+    parity.check(make_model(), make_inputs(), name="beta", dtypes=["float32"])
+'''
+
+
+@pytest.fixture
+def renamed(project: pytest.Pytester) -> pytest.Pytester:
+    """Goldens alpha, other (test_a.py) and beta (test_b.py); then test_a's check renamed to alpha2.
+
+    So 'alpha' is obsolete, which only a run that completes test_a.py can know.
+    """
+    (project.path / "test_tiny.py").unlink()
+    project.makepyfile(test_a=TEST_A.format(name="alpha"), test_b=TEST_B)
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=3)
+    project.makepyfile(test_a=TEST_A.format(name="alpha2"))
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1, skipped=2)
+    return project
+
+
+def goldens(p: pytest.Pytester) -> set[str]:
+    return {d.name for d in (p.path / "goldens").iterdir()}
+
+
+def test_prune_deletes_the_obsolete_golden_and_prints_its_paths(renamed: pytest.Pytester) -> None:
+    result = renamed.runpytest("--rocm-parity", PRUNE)
+    result.assert_outcomes(passed=3)
+    assert goldens(renamed) == {"alpha2", "other", "beta"}
+    d = renamed.path / "goldens" / "alpha"
+    result.stdout.fnmatch_lines([f"rocm-parity: deleted {d / 'manifest.json'}",
+                                 f"rocm-parity: deleted {d}/float32-*.safetensors",
+                                 f"rocm-parity: deleted {d}"])
+
+
+def test_subset_of_files_never_touches_the_others(renamed: pytest.Pytester) -> None:
+    result = renamed.runpytest("--rocm-parity", PRUNE, "test_b.py")
+    result.assert_outcomes(passed=1)
+    assert "alpha" in goldens(renamed)
+    assert "goldens obsolete" not in result.stdout.str()   # alpha's file did not run: nothing proves it obsolete
+
+
+def test_a_subset_of_files_prunes_within_them(renamed: pytest.Pytester) -> None:
+    result = renamed.runpytest("--rocm-parity", PRUNE, "test_a.py")
+    result.assert_outcomes(passed=2)
+    assert goldens(renamed) == {"alpha2", "other", "beta"}
+
+
+@pytest.mark.parametrize("args", [["-k", "alpha"], ["-k", "not beta"], ["test_a.py::test_alpha", "test_a.py::test_other"],
+                                  ["--lf"], ["--deselect", "test_b.py::test_beta"]],
+                         ids=["k", "k-other-file", "node-ids", "lf", "deselect"])
+def test_partial_selection_prunes_nothing(renamed: pytest.Pytester, args: list[str]) -> None:
+    result = renamed.runpytest("--rocm-parity", PRUNE, *args)
+    assert "alpha" in goldens(renamed)
+    assert "rocm-parity: deleted" not in result.stdout.str()
+    if "goldens obsolete" in result.stdout.str():
+        result.stdout.fnmatch_lines([f"*{PRUNE} deleted nothing: this run was a partial selection*"])
+
+
+def test_failed_run_prunes_nothing_and_a_failing_file_is_not_obsolete(renamed: pytest.Pytester,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    renamed.makepyfile(test_b=TEST_B + '''
+
+def test_plain_failure():
+    assert False
+''')
+    result = renamed.runpytest("--rocm-parity", PRUNE)
+    result.assert_outcomes(passed=3, failed=1)
+    assert "alpha" in goldens(renamed)
+    result.stdout.fnmatch_lines([f"*{PRUNE} deleted nothing: the run did not pass (exit status 1)*"])
+    # a parity test that fails may not have reached every check of its test: its file proves nothing
+    monkeypatch.setenv("BUG", "1")
+    result = renamed.runpytest("--rocm-parity", PRUNE, "test_a.py")
+    result.assert_outcomes(failed=2)
+    assert "goldens obsolete" not in result.stdout.str()
+
+
+def test_stopped_run_prunes_nothing(renamed: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BUG", "1")
+    result = renamed.runpytest("--rocm-parity", PRUNE, "-x")
+    result.assert_outcomes(failed=1)
+    assert "alpha" in goldens(renamed)
+
+
+def test_interrupted_run_prunes_nothing(renamed: pytest.Pytester) -> None:
+    renamed.makepyfile(test_c='''
+def test_interrupt():
+    raise KeyboardInterrupt
+''')
+    result = renamed.runpytest("--rocm-parity", PRUNE, no_reraise_ctrlc=True)
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    assert "alpha" in goldens(renamed)
+
+
+def test_skipped_parity_test_makes_its_file_incomplete(renamed: pytest.Pytester) -> None:
+    renamed.makepyfile(test_a=TEST_A.format(name="alpha2").replace(
+        "def test_other(parity):", "import pytest\n\n@pytest.mark.skip(reason='no GPU here')\ndef test_other(parity):"))
+    result = renamed.runpytest("--rocm-parity", PRUNE)
+    result.assert_outcomes(passed=2, skipped=1)
+    assert goldens(renamed) == {"alpha", "alpha2", "other", "beta"}
+
+
+def test_prune_only_deletes_directories_with_our_marker(renamed: pytest.Pytester) -> None:
+    g = renamed.path / "goldens"
+    m = g / "alpha" / "manifest.json"
+    doc = json.loads(m.read_text())
+    assert doc["tool"] == "pytest-rocm-parity"      # every golden written carries the marker
+    del doc["tool"]
+    m.write_text(json.dumps(doc))
+    # a directory that merely holds a manifest.json naming a test of a complete file
+    stranger = g / "notes"
+    stranger.mkdir()
+    (stranger / "manifest.json").write_text(json.dumps({**doc, "name": "something-else"}))
+    result = renamed.runpytest("--rocm-parity", PRUNE)
+    result.assert_outcomes(passed=3)
+    assert {"alpha", "notes"} <= goldens(renamed)
+    assert m.exists() and (stranger / "manifest.json").exists()
+    result.stdout.fnmatch_lines([f"*not deleted: {g / 'alpha'}: its manifest lacks*"])
+
+
+def test_prune_leaves_files_it_did_not_write(renamed: pytest.Pytester) -> None:
+    notes = renamed.path / "goldens" / "alpha" / "README.txt"
+    notes.write_text("kept by hand")
+    renamed.runpytest("--rocm-parity", PRUNE).assert_outcomes(passed=3)
+    assert notes.read_text() == "kept by hand"
+    assert sorted(p.name for p in notes.parent.iterdir()) == ["README.txt"]
+
+
+def test_prune_obeys_the_ci_write_guard(renamed: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CI", "true")
+    result = renamed.runpytest("--rocm-parity", PRUNE)
+    result.assert_outcomes(passed=3)
+    assert "alpha" in goldens(renamed)
+    result.stdout.fnmatch_lines([f"*deleted nothing: CI=true*{ALLOW_WRITE}*"])
+    renamed.runpytest("--rocm-parity", PRUNE, ALLOW_WRITE).assert_outcomes(passed=3)
+    assert "alpha" not in goldens(renamed)
+
+
+def test_dry_run_lists_and_keeps(renamed: pytest.Pytester) -> None:
+    d = renamed.path / "goldens" / "alpha"
+    result = renamed.runpytest("--rocm-parity", PRUNE, PRUNE_DRY_RUN)
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines([f"rocm-parity: would delete {d / 'manifest.json'}",
+                                 f"rocm-parity: would delete {d}/float32-*.safetensors"])
+    assert "alpha" in goldens(renamed)
+
+
+def test_obsolete_line_names_only_proven_goldens(renamed: pytest.Pytester) -> None:
+    result = renamed.runpytest("--rocm-parity")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["goldens obsolete (*): alpha"])
+    report = renamed.runpytest("--rocm-parity", "test_b.py", "--parity-report=rep")
+    assert "goldens obsolete" not in report.stdout.str()
+    assert json.loads((renamed.path / "rep" / "parity-report.json").read_text())["goldens"]["obsolete"] == []
+
+
+def test_cli_golden_prune_dry_run(renamed: pytest.Pytester) -> None:
+    """`rocm-parity golden prune --dry-run GOLDEN_DIR` runs the suite and lists what it would delete."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                                         os.environ.get("PYTHONPATH", "")])}
+    env.pop("CI", None)
+    cmd = [sys.executable, "-c", "import sys; from pytest_rocm_parity.cli import main; sys.exit(main())",
+           "golden", "prune", "--dry-run", "goldens", "--", "-p", "no:cacheprovider", "-q"]
+    proc = subprocess.run(cmd, cwd=renamed.path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    d = renamed.path / "goldens" / "alpha"
+    assert f"rocm-parity: would delete {d / 'manifest.json'}" in proc.stdout
+    assert "alpha" in goldens(renamed)
+    assert "beta" not in proc.stdout.split("would delete", 1)[1]

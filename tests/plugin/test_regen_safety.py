@@ -1,0 +1,133 @@
+"""Regeneration never replaces a golden silently: reference changes, bad globs, no-op rewrites, duplicate names;
+and a forgotten --rocm-parity is said out loud."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pytest_rocm_parity.options import ALLOW_REFERENCE_CHANGE, REGEN
+
+TWO_TESTS_ONE_NAME = '''
+from conftest import make_model, make_inputs
+
+def test_first(parity):
+    parity.check(make_model(), make_inputs(), name="same", dtypes=["float32"])
+
+def test_second(parity):
+    parity.check(make_model(), make_inputs(), name="same", dtypes=["float32"])
+'''
+
+
+def manifest(p: pytest.Pytester, name: str = "tiny") -> dict:
+    return json.loads((p.path / "goldens" / name / "manifest.json").read_text())
+
+
+def edit_reference(p: pytest.Pytester, **env: str) -> None:
+    path = p.path / "goldens" / "tiny" / "manifest.json"
+    doc = json.loads(path.read_text())
+    doc["reference_env"].update(env)
+    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"backend": "cuda", "device_name": "NVIDIA H200"}, "device kind cuda -> cpu"),
+    ({"backend": "rocm", "device_name": "AMD Instinct MI300X"}, "device kind rocm -> cpu"),
+    ({"torch": "1.13.1"}, "torch major version 1.13.1 -> 2."),
+])
+def test_regen_refuses_a_reference_change(project: pytest.Pytester, env: dict, says: str) -> None:
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    edit_reference(project, **env)
+    before = (project.path / "goldens" / "tiny" / "manifest.json").read_text()
+    result = project.runpytest("--rocm-parity", f"{REGEN}=tiny")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*ReferenceChange: regenerating 'tiny' would replace the golden*{says}*"
+                                 f"{ALLOW_REFERENCE_CHANGE}*"])
+    assert (project.path / "goldens" / "tiny" / "manifest.json").read_text() == before
+    project.runpytest("--rocm-parity", f"{REGEN}=tiny", ALLOW_REFERENCE_CHANGE).assert_outcomes(passed=1)
+    assert manifest(project)["reference_env"]["backend"] == "cpu"
+
+
+def test_regen_on_the_same_kind_of_machine_is_allowed(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    edit_reference(project, device_name="another CPU", torch="2.0.0")   # same kind, same major version
+    monkeypatch.setenv("BUG", "1")
+    project.runpytest("--rocm-parity", f"{REGEN}=tiny").assert_outcomes(passed=1)
+
+
+def test_regen_glob_matching_nothing_is_a_usage_error(project: pytest.Pytester) -> None:
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    result = project.runpytest("--rocm-parity", f"{REGEN}=tyni")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {REGEN}='tyni' matched none of the 1 checks this run reached (tiny)*"])
+
+
+def test_regen_given_a_path_is_a_usage_error(project: pytest.Pytester) -> None:
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    before = manifest(project)
+    result = project.runpytest("--rocm-parity", REGEN, "test_tiny.py")   # a space where '=' was meant
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {REGEN} took 'test_tiny.py' as the glob*it is a path*"
+                                 f"pytest test_tiny.py --rocm-parity {REGEN}*"])
+    assert manifest(project) == before
+
+
+def test_unchanged_golden_is_not_rewritten(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    d = project.path / "goldens" / "tiny"
+    files = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in d.iterdir()}
+    created = manifest(project)["created"]
+    result = project.runpytest("--rocm-parity", f"{REGEN}=tiny")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["goldens unchanged (*): tiny"])
+    assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in d.iterdir()} == files
+    assert manifest(project)["created"] == created
+    monkeypatch.setenv("BUG", "1")   # a changed model: its golden is rewritten
+    result = project.runpytest("--rocm-parity", f"{REGEN}=tiny")
+    result.stdout.fnmatch_lines(["goldens updated: tiny"])
+    assert {p.name for p in d.iterdir()} != set(files)
+
+
+def test_two_checks_of_one_name_name_both_tests(project: pytest.Pytester) -> None:
+    (project.path / "test_tiny.py").unlink()
+    project.makepyfile(test_dup=TWO_TESTS_ONE_NAME)
+    result = project.runpytest("--rocm-parity", "--parity-mode=capture")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*DuplicateCheckName: check name 'same' is used by test_dup.py::test_first and "
+                                 "again by test_dup.py::test_second*name=*"])
+
+
+def test_one_test_reusing_a_name_is_refused(project: pytest.Pytester) -> None:
+    project.makepyfile(test_tiny='''
+from conftest import make_model, make_inputs
+
+def test_tiny(parity):
+    for _ in range(2):
+        parity.check(make_model(), make_inputs(), name="tiny", dtypes=["float32"])
+''')
+    result = project.runpytest("--rocm-parity", "--parity-mode=capture")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*DuplicateCheckName: check name 'tiny' is used twice by test_tiny.py::test_tiny*"])
+
+
+@pytest.mark.parametrize("flag", ["--parity-mode=replay", "--parity-golden-dir=goldens", "--parity-regen"])
+def test_parity_options_without_enable_warn(project: pytest.Pytester, flag: str) -> None:
+    result = project.runpytest(flag)
+    result.assert_outcomes(skipped=1, warnings=1)
+    result.stdout.fnmatch_lines([f"*PytestWarning: rocm-parity: {flag.split('=')[0]} given without --rocm-parity: "
+                                 f"ignored*Add --rocm-parity*"])
+
+
+def test_parity_options_without_enable_fail_under_ci(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CI", "true")
+    result = project.runpytest("--parity-mode=replay")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: rocm-parity: --parity-mode given without --rocm-parity*CI=true*1 parity "
+                                 "test(s) would be skipped*"])
+    project.runpytest().assert_outcomes(skipped=1)   # no parity option given: the plain skip
+
+
+def test_parity_device_alone_is_for_parity_ops(project: pytest.Pytester) -> None:
+    result = project.runpytest("--parity-device=cpu")
+    result.assert_outcomes(skipped=1)
+    assert "given without --rocm-parity" not in result.stdout.str()
