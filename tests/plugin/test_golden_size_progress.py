@@ -1,0 +1,107 @@
+"""Golden size (line, limit, advice, file mode) and progress lines during capture and replay."""
+from __future__ import annotations
+
+import io
+import os
+import stat
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from pytest_rocm_parity.options import GOLDEN_SIZE_LIMIT
+
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def test_capture_prints_each_golden_size(project: pytest.Pytester) -> None:
+    result = project.runpytest("--rocm-parity", "--parity-mode=capture")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([f"parity: tiny: golden *.* KB in 1 file(s) at {project.path / 'goldens' / 'tiny'}"])
+    assert "PytestWarning" not in result.stdout.str()   # 0.07 MB is far under the default 50 MB
+
+
+def test_size_over_the_limit_warns_with_the_ways_to_shrink(project: pytest.Pytester) -> None:
+    result = project.runpytest("--rocm-parity", "--parity-mode=capture", f"{GOLDEN_SIZE_LIMIT}=0.01")
+    result.assert_outcomes(passed=1, warnings=1)
+    text = " ".join(result.stdout.str().split())
+    assert "the golden for 'tiny' is " in text and "over the 10.0 KB limit" in text
+    for advice in ("drill=0", "sketch=True", "fewer tokens", "git-lfs",
+                   "goldens/**/*.safetensors filter=lfs diff=lfs merge=lfs -text", "parity_golden_size_limit"):
+        assert advice in text, advice
+
+
+def test_size_limit_from_the_ini_reaches_the_check_spec(project: pytest.Pytester) -> None:
+    project.makeini("[pytest]\nparity_golden_size_limit = 20\n")
+    project.makepyfile(test_tiny='''
+from conftest import make_model
+
+def test_spec(parity):
+    assert parity._spec(make_model(), None, None, None, None, None).golden_size_limit == 20_000_000
+''')
+    project.runpytest("--rocm-parity").assert_outcomes(passed=1)
+    project.makepyfile(test_tiny='''
+from conftest import make_model
+
+def test_spec(parity):
+    assert parity._spec(make_model(), None, None, None, None, None).golden_size_limit is None
+''')
+    project.runpytest("--rocm-parity", f"{GOLDEN_SIZE_LIMIT}=0").assert_outcomes(passed=1)
+
+
+def test_bad_size_limit_is_a_usage_error(project: pytest.Pytester) -> None:
+    result = project.runpytest("--rocm-parity", f"{GOLDEN_SIZE_LIMIT}=big")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{GOLDEN_SIZE_LIMIT}='big': a size in MB*"])
+
+
+def test_golden_files_are_readable_by_others(project: pytest.Pytester, umask_022: None) -> None:
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    files = list((project.path / "goldens" / "tiny").iterdir())
+    assert len(files) == 2
+    for p in files:
+        assert stat.S_IMODE(p.stat().st_mode) == 0o644, p
+
+
+def test_progress_lines_during_capture_and_replay(project: pytest.Pytester) -> None:
+    result = project.runpytest("--rocm-parity", "--parity-mode=capture")
+    result.stdout.fnmatch_lines(["parity: tiny: capture float32 on cpu ...",
+                                 "parity: tiny: float32: reference forward, float64 truth, wrote * KB in *s"])
+    assert "reference forward, float64 truth ..." not in result.stdout.str()   # the -v line
+    result = project.runpytest("--rocm-parity")
+    result.stdout.fnmatch_lines(["parity: tiny: replay float32 on cpu against *tiny ...",
+                                 "parity: tiny: float32: verdict PASS"])
+    result = project.runpytest("--rocm-parity", "-qq")
+    assert "parity: tiny" not in result.stdout.str()
+
+
+def test_progress_shows_more_with_verbose(project: pytest.Pytester) -> None:
+    result = project.runpytest("--rocm-parity", "--parity-mode=capture", "-v")
+    result.stdout.fnmatch_lines(["parity: tiny: capture float32 on cpu ...",
+                                 "parity: tiny: float32: reference forward, float64 truth ...",
+                                 "parity: tiny: float32: reference forward, float64 truth, wrote *",
+                                 "test_tiny.py::test_tiny PASSED*"])
+
+
+def test_progress_names_the_failing_verdict(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    monkeypatch.setenv("BUG", "1")
+    result = project.runpytest("--rocm-parity")
+    result.stdout.fnmatch_lines(["parity: tiny: float32: verdict FAIL (culprit blocks.1.act)"])
+
+
+def test_ops_output_is_line_buffered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Piped, stdout is block-buffered: every line of the op suite must reach the pipe as it is printed."""
+    from pytest_rocm_parity.opsuite import main
+
+    raw = io.BytesIO()
+    out = io.TextIOWrapper(raw, encoding="utf-8", line_buffering=False)
+    monkeypatch.setattr(sys, "stdout", out)
+    main(["--ops", "add", "--dtypes", "float32", "--max-examples", "3", "--device", "cpu"])
+    assert out.line_buffering
+    assert b"passed" in raw.getvalue() and b" failed on cpu" in raw.getvalue()   # the last line is out already
