@@ -115,6 +115,7 @@ class ParitySession:
         self.prune_lines: list[str] = []      # every path deleted (or, dry, that would be), and why not
         self.errors: list[str] = []           # run-level errors for the summary (duplicates across workers)
         self._regen_not_a_path(config)
+
     # -- facts computed on first use, so a session that runs no check never imports torch ----
     @property
     def device(self) -> str:
@@ -285,8 +286,8 @@ class ParitySession:
         g = self.options.regen
         if g is None or g == REGEN_ALL:
             return
-        part = g.split("::", 1)[0]
-        if not part or not Path(config.invocation_params.dir, part).exists():
+        # a test id (file.py::test) is not refused: default check names are test ids, so it names a check
+        if not Path(config.invocation_params.dir, g).exists():
             return
         raise pytest.UsageError(
             f"{REGEN} took {g!r} as the glob of check names to regenerate, but it is a path: an option value "
