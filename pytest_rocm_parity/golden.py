@@ -784,8 +784,6 @@ class RungReader:
         self.path = path
         self.device = str(device)
         self._cache: dict[str, Any] = {}
-        self._handed: dict[str, tuple[Any, int]] = {}   # see get_fresh
-        self._copy_keys: set[str] = set()
         self.header = check_safetensors(path, None if background_verify else expected_sha)
         # the content hash, checked while the replay runs: verification.result() before any verdict
         self.verification = BackgroundVerify(path, expected_sha if background_verify else None)
@@ -856,71 +854,6 @@ class RungReader:
 
     def release(self) -> None:
         self._cache.clear()
-        self._handed.clear()
-
-    def get_fresh(self, key: str) -> Any:
-        """get(), for tensors handed to the model: the preloaded tensor itself, watched.
-
-        Why not a copy each time: that is a device copy and host time per module input on every
-        pass, for the rare module that writes its input (ReLU(inplace=True)). Such a write changes
-        the cached golden; the version counter shows it (goldens are normal tensors, and in-place
-        ops bump it under inference_mode too), so changed_in_place() after the pass finds it, the
-        caller repeats the pass, and from then on that key is handed out as a copy.
-        """
-        t = self.get(key)
-        if key not in self._cache:
-            return t          # read from the file for this call: a fresh tensor already
-        if key in self._copy_keys or t.is_inference():
-            return t.clone()
-        self._handed[key] = (t, t._version)
-        return t
-
-    def fetcher(self, memo: dict[str, Any] | None = None) -> Callable[[str], Any]:
-        """get_fresh for one pass of direct calls: a golden handed out watched is fetched once and
-        reaches every call that takes it as one object (a rotary table, a mask, as in the
-        reference's forward); a copy, or a tensor read from the file, is fetched per call. The
-        memo answers a repeated input with one lookup: host time on every input of every module
-        of every pass. ``memo``: the caller's, to see which keys were handed out watched."""
-        memo = {} if memo is None else memo
-        handed, fresh = self._handed, self.get_fresh
-
-        def fetch(key: str) -> Any:
-            t = memo.get(key)
-            if t is None:
-                t = fresh(key)
-                if key in handed:
-                    memo[key] = t
-            return t
-        return fetch
-
-    def rehand(self, held: dict[str, Any]) -> bool:
-        """Hand ``held`` (key -> the tensor get_fresh handed out watched in an earlier pass) out
-        again, watched as get_fresh would, without fetching; False, nothing handed, where one is no
-        longer what get_fresh would hand out (reloaded, or a copy from now on).
-
-        Why: fetching every input of every call again is host time added to each call of a pass
-        on a GPU whose forward the host bounds, while a pass whose goldens were all handed out
-        watched and none written can keep its calls' inputs for the next; only the watch must
-        start again."""
-        cache, copies = self._cache, self._copy_keys
-        for k, t in held.items():
-            if cache.get(k) is not t or k in copies:
-                return False
-        handed = self._handed
-        for k, t in held.items():
-            handed[k] = (t, t._version)
-        return True
-
-    def changed_in_place(self) -> list[str]:
-        """Keys whose tensor from get_fresh was written since; reloaded from the file, and handed out
-        as copies from now on. Results computed from them since are wrong: repeat that pass."""
-        bad = sorted(k for k, (t, v) in self._handed.items() if t._version != v)
-        self._handed.clear()
-        for k in bad:
-            self._copy_keys.add(k)
-            del self._cache[k]
-            self._cache[k] = self.get(k)
-        return bad
 
     def get(self, key: str) -> Any:
         hit = self._cache.get(key) if isinstance(key, str) else None

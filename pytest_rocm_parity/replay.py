@@ -201,6 +201,7 @@ def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device:
         sha = meta.get("sha256") if int(meta.get("bytes", 0)) <= VERIFY_HASH_MAX_BYTES else None
         reader = RungReader(path, str(home_device(inner, device)), sha, background_verify=True)
         try:
+            _preload(reader, spec)
             why = _inputs_changed(args0, kwargs0, reader, rung, meta)
             if why:
                 raise GoldenStale(
@@ -220,6 +221,26 @@ def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device:
         results.append(result)
         del reader
     return results
+
+
+PRELOAD_FRACTION = 0.5
+
+
+def _preload(reader: RungReader, spec: CheckSpec) -> None:
+    """The goldens the passes read, loaded onto a GPU before the forward, up to half its free memory.
+
+    Why: a lazy load inside a hook is a blocking host-to-device copy per module, which stalls the
+    device's queue; a CPU reader maps the file and needs nothing.
+    """
+    import torch
+
+    dev = torch.device(reader.device)
+    if dev.type != "cuda":
+        return
+    skip = "gtruth/" if spec.replay == "fast" else None
+    keys = sorted(k for k in reader.keys if not (skip and k.startswith(skip) and not k.startswith(f"gtruth/{OUTPUT}")))
+    free, _ = torch.cuda.mem_get_info(dev)
+    reader.preload(keys, int(free * PRELOAD_FRACTION))
 
 
 def activation_paths(layers: dict[str, dict[str, Any]]) -> dict[str, set[str]]:
@@ -440,8 +461,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         return None
 
     def on_prop(key: str, sel: Selected, out: Any) -> None:
-        if not fast:
-            compare(key, out, "gtruth", prop)
+        compare(key, out, "gtruth", prop)
 
     levels = sorted({s.level for s in selected})
     result = CheckResult(test=spec.test, name=spec.name, dtype=rung, passed=True)
@@ -450,17 +470,27 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         notes.append(f"the model was in training mode ({', '.join(training[:3])}"
                      f"{'...' if len(training) > 3 else ''}); judged in eval mode, as it was captured")
     with cast_in_place(inner, place, dtype), eval_mode(inner), numerics(rung, tol.tf32):
-        with Hooks(inner, selected, keep_call, on_prop):
-            out = _run(model, args, kwargs)
-        judge.flush()
-        outs = _compare_outputs(out, meta, reader, judge, tol, notes)
-        pending = out if spec.extra_judge is not None else None
-        del out
+        outs: list[LayerRecord] = []
+        pending = None
+        if fast:
+            # one teacher-forced forward: the outermost level judged in isolation, in the candidate's
+            # own (compiled) forward, and every call kept for the deeper levels
+            _hooked_level(model, inner, selected, levels[0], layers, acts, golden, compare, iso, judge, notes,
+                          lambda: (args, kwargs), keep_call)
+            deeper = levels[1:]
+        else:
+            with Hooks(inner, selected, keep_call, on_prop):
+                out = _run(model, args, kwargs)
+            judge.flush()
+            outs = _compare_outputs(out, meta, reader, judge, tol, notes)
+            pending = out if spec.extra_judge is not None else None
+            del out
+            deeper = levels
 
         # a whole-model compile runs its compiled code only through the model's own forward: a
         # module called on its own would run eagerly and judge code the candidate does not run
         whole_compiled = model is not inner or getattr(inner, "_compiled_call_impl", None) is not None
-        for level in levels:
+        for level in deeper:
             keys = [k for k in meta.get("order", list(layers)) if k in layers and layers[k]["level"] == level]
             if whole_compiled or not _direct_level(inner, keys, layers, acts, calls, plain, golden, compare, iso, judge, notes, level):
                 _hooked_level(model, inner, selected, level, layers, acts, golden, compare, iso, judge, notes,
@@ -482,8 +512,9 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
             notes.append(f"{int((~valid).sum())} padded positions (attention_mask == 0) not judged")
         result.notes.extend(notes)
         if fast:
-            result.notes.append("fast replay (--parity-replay=fast): the model outputs and the isolated pass "
-                                "judged; per-layer propagated drift not judged")
+            result.notes.append("fast replay (--parity-replay=fast): every module judged in isolation, the outermost "
+                                "ones inside one teacher-forced run of the candidate's forward; propagated drift "
+                                "and the model outputs not judged")
         finish(result, tol)
         if spec.profile and isinstance(meta.get("extra", {}).get("profile"), dict):
             from pytest_rocm_parity.profiling import compare_shares, profile_shares
@@ -559,10 +590,14 @@ def _swap(key: str, a: Any, kw: Any, paths: set[str], golden: Callable[[str, str
 def _hooked_level(model: Any, inner: Any, selected: list[Selected], level: int, layers: dict[str, dict[str, Any]],
                   acts: dict[str, set[str]], golden: Callable[[str, str], Any], compare: Callable[..., None],
                   iso: dict[str, list[LeafMetrics]], judge: _Judge, notes: list[str],
-                  stored_inputs: Callable[[], tuple[Any, Any]]) -> None:
+                  stored_inputs: Callable[[], tuple[Any, Any]],
+                  keep_call: Callable[[str, Selected, Any, Any], None] | None = None) -> None:
     """One level through the candidate's whole forward: every module runs in its caller's context
-    (a cache, a BlockMask built by that forward), its activation inputs swapped by a pre-hook."""
+    (a cache, a BlockMask built by that forward), its activation inputs swapped by a pre-hook.
+    ``keep_call``: also sees every selected call as the candidate made it."""
     def sub(key: str, sel: Selected, a: Any, kw: Any) -> Any:
+        if keep_call is not None:
+            keep_call(key, sel, a, kw)
         if sel.level != level or key not in layers:
             return None
         return _swap(key, a, kw, acts[key], golden, notes)

@@ -22,7 +22,7 @@ status=0
   echo "host cores $(nproc)"
 } > "$OUT/env.txt" 2>&1
 
-timeout 300 python -m pytest -q -p no:cacheprovider -m gpu tests > "$OUT/gpu_tests.log" 2>&1 || status=1
+PARITY_GPU_RECORD="$OUT/migrations.jsonl" timeout 400 python -m pytest -q -p no:cacheprovider -m gpu tests > "$OUT/gpu_tests.log" 2>&1 || status=1
 timeout 600 python bench/bench_parity.py --device cuda --models "$models" --reps 15 --out "$OUT/bench_parity.json" \
   > "$OUT/bench_parity.log" 2>&1 || status=1
 timeout 200 python bench/bench_stats_kernel.py --model 1b --out "$OUT/stats_kernel.json" > "$OUT/stats_kernel.log" 2>&1 || status=1

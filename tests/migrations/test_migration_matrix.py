@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from migration_models import (bert, capture_then_replay, convnet, expected_culprit, image, llama, mixtral, plant,
+from parity_models import (bert, capture_then_replay, convnet, expected_culprit, image, llama, mixtral, plant,
                               seq2seq_tokens, t5, tokens, verdicts)
 from pytest_rocm_parity.engine import CheckSpec
 
