@@ -54,3 +54,24 @@ def test_unchanged_model_passes_and_planted_bug_names_its_module(captured: tuple
     culprits = re.findall(r"culprit: (\S+?)(?: \(inside block \S+\))?: ", out)
     bug_module = fm.BUGS[family][0]
     assert culprits == [bug_module], f"{family}: planted in {bug_module}, blamed {culprits}\n{out[-3000:]}"
+
+
+def test_a_smaller_size_limit_drills_less_and_says_how_to_narrow(parity_project: Any,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The golden-size limit bounds the default depth; the culprit is then the smallest selected module,
+    and the failure names its unselected sub-modules and the drill that would reach them."""
+    import json
+
+    pytester = parity_project("", "FAMILY_BUG", family_models=(HERE / "family_models.py").read_text(),
+                              test_family=TEST.format(family="t5"))
+    # 0.3 MB: room for drill 1 on this T5 (0.22 MB estimated), not for drill 2 (0.37 MB)
+    pytester.runpytest("--rocm-parity", "--parity-mode=capture", "--parity-golden-size-limit=0.3").assert_outcomes(
+        passed=1)
+    manifest = json.loads(next(pytester.path.rglob("manifest.json")).read_text())
+    assert manifest["drill"] == 1
+    monkeypatch.setenv("FAMILY_BUG", "1")
+    buggy = pytester.runpytest("--rocm-parity")
+    buggy.assert_outcomes(failed=1)
+    out = buggy.stdout.str()
+    assert re.findall(r"culprit: (\S+?)(?: \(inside block \S+\))?: ", out) == ["decoder.block.1.layer.1"]
+    assert "drill=2 or layers=['decoder.block.1.layer.1', 'decoder.block.1.layer.1.*']" in out.replace("\n", "")

@@ -166,3 +166,18 @@ def test_show_lists_what_a_golden_selects(tmp_path: Path) -> None:
     assert any(line.startswith("selects   level 0 (11): shared, encoder.embed_tokens, encoder.block.[0-1]")
                for line in lines)
     assert describe([{"name": "a.0", "level": 0}, {"name": "a.2", "level": 0}]) == [(0, 2, ["a.[0,2]"])]
+
+
+def test_replay_uses_the_depth_the_golden_was_captured_with(tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    model, inputs = fm.build_t5()
+    store = GoldenStore(tmp_path)
+    capture(model, inputs, CheckSpec(name="t5", dtypes=["float32"], drill=1), store, "cpu")
+    spec = CheckSpec(name="t5", dtypes=["float32"])
+    assert api._resolve_drill(model, inputs, spec, None, store, capturing=False) == 1
+    assert api._resolve_drill(model, inputs, spec, 2, store, capturing=False) == 2        # explicit wins
+    assert api._resolve_drill(model, inputs, spec, None, store, capturing=True) == 3      # no limit: all the way
+    spec.golden_size_limit = 1
+    assert api._resolve_drill(model, inputs, spec, None, store, capturing=True) == 0
+    spec.layers = ["decoder.*"]
+    assert api._resolve_drill(model, inputs, spec, None, store, capturing=True) == 0      # globs: depth unused
