@@ -244,6 +244,8 @@ def _where_unjudged(model: Any, spec: CheckSpec, results: list[CheckResult]) -> 
         region = unselected_region(model, r, spec.layers)
         if region is not None:
             r.extra["unselected_region"] = region
+            if region["modules"]:   # unjudged modules explain it: not "no single layer" accumulating drift
+                r.notes = [n for n in r.notes if "accumulated drift" not in n]
         note = unselected_children(model, r, spec.drill) if not spec.layers else ""
         if note:
             r.notes.append(note)

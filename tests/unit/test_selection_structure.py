@@ -139,6 +139,7 @@ def test_a_fault_outside_the_selection_names_its_region_and_glob(tmp_path: Path)
     text = message(result)
     assert "culprit: none among the selected modules; the fault lies between" in text
     assert "'down_blocks.*'" in text
+    assert "accumulated drift" not in text
 
 
 def test_a_culprit_with_unselected_children_says_how_to_narrow_it(tmp_path: Path) -> None:
