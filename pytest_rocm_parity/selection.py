@@ -236,9 +236,10 @@ class _Tokens:
         for t in tensor_leaves(obj).values():
             hit = self._by_id.get(id(t))
             if hit is None or hit[0]() is not t:
+                ref: Any
                 try:
                     ref = weakref.ref(t)
-                except TypeError:
+                except TypeError:   # a tensor subclass without weak references: kept alive instead
                     ref = (lambda t=t: t)
                 self._count += 1
                 hit = (ref, self._count)
@@ -404,7 +405,7 @@ def unselected_region(model: Any, result: Any, patterns: Sequence[str] | None = 
     def covered(n: str) -> bool:
         return any(n == s or n.startswith(s + ".") or s.startswith(n + ".") for s in selected)
 
-    region = []
+    region: list[str] = []
     for n, mod in named:
         if not (lo < order[n] < hi) or covered(n) or (_never_called(mod) and not mod._modules):
             continue
