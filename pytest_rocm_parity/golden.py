@@ -785,6 +785,7 @@ class RungReader:
         self.device = str(device)
         self._cache: dict[str, Any] = {}
         self.header = check_safetensors(path, None if background_verify else expected_sha)
+        progress(f"loading {path.name} ({megabytes(path.stat().st_size)})", verbose=1)
         # the content hash, checked while the replay runs: verification.result() before any verdict
         self.verification = BackgroundVerify(path, expected_sha if background_verify else None)
         try:

@@ -86,6 +86,11 @@ def test_progress_shows_more_with_verbose(project: pytest.Pytester) -> None:
                                  "parity: tiny: float32: reference forward, float64 truth ...",
                                  "parity: tiny: float32: reference forward, float64 truth, wrote *",
                                  "test_tiny.py::test_tiny PASSED*"])
+    result = project.runpytest("--rocm-parity", "-v")
+    result.stdout.fnmatch_lines(["parity: tiny: replay float32 on cpu against *",
+                                 "parity: tiny: loading float32-*.safetensors (* KB)",
+                                 "parity: tiny: float32: verdict PASS",
+                                 "test_tiny.py::test_tiny PASSED*"])
 
 
 def test_progress_names_the_failing_verdict(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
