@@ -3,7 +3,8 @@
 The corpus mixes CUDA/C++ and Python files that look like real extension code (includes,
 kernels, launches, comments, Triton) with a few findings per file, so both the keyword
 gate and the regexes are exercised.  Run: ``python bench/bench_scan.py [--lines N]``.
-The target from issue 6 is >= 50,000 lines/s on one core.
+The target from issue 6 is >= 50,000 lines/s on one core. ``--long-lines`` times every rule on
+long adversarial lines instead (linear rules: about 4x per 4x longer line).
 """
 from __future__ import annotations
 
@@ -84,11 +85,47 @@ def make_corpus(root: Path, target_lines: int) -> int:
     return written
 
 
+def long_lines(lengths: tuple[int, ...] = (32_768, 131_072, 524_288)) -> None:
+    """Seconds to scan one line of each length, per rule, on the shapes that make a regex backtrack:
+    the rule's own anchors and tokens repeated. Linear rules grow 4x per row; the worst rule is printed."""
+    import re
+
+    from pytest_rocm_parity import scan
+
+    seps = (" ", " (", "(a", ", ")
+    print(f"{'rule':<7}{'worst unit':<28}" + "".join(f"{n // 1024:>9} KiB" for n in lengths) + "   growth per 4x")
+    for rule in scan.RULES:
+        words = set(re.findall(r"[A-Za-z_][A-Za-z_0-9]{2,}", rule.pattern.replace("(?i:", "(")))
+        frags = sorted(set(rule.keywords) | words | {"const", "static", "#define", "warp_size"})
+        kinds = scan.P if rule.kinds == scan.P else scan.D
+        head = "MaxDynamicSharedMemorySize warpSize\n"
+        worst: tuple[float, str] = (0.0, "")
+        for unit in (f + s for f in frags for s in seps):   # pick the slowest unit at the middle length
+            line = (unit * (lengths[1] // len(unit) + 1))[:lengths[1]]
+            t0 = time.process_time()
+            scan.scan_text(head + line + "\n", "x", kinds, (rule,))
+            worst = max(worst, (time.process_time() - t0, unit))
+        unit = worst[1]
+        row = []
+        for n in lengths:
+            line = (unit * (n // len(unit) + 1))[:n]
+            t0 = time.process_time()
+            scan.scan_text(head + line + "\n", "x", kinds, (rule,))
+            row.append(time.process_time() - t0)
+        growth = (row[-1] / row[0]) ** (1 / (len(row) - 1)) if row[0] > 0 else 0.0
+        print(f"{rule.id:<7}{unit[:26]!r:<28}" + "".join(f"{t:>13.4f}" for t in row) + f"   {growth:>6.1f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lines", type=int, default=500_000, help="corpus size in lines (default 500,000)")
     parser.add_argument("--repeat", type=int, default=3, help="runs; the best is reported")
+    parser.add_argument("--long-lines", action="store_true",
+                        help="instead: CPU seconds per rule for one adversarial line of 32 KiB, 128 KiB and 512 KiB")
     args = parser.parse_args()
+    if args.long_lines:
+        long_lines()
+        return
     with tempfile.TemporaryDirectory() as tmp:
         lines = make_corpus(Path(tmp), args.lines)
         best, best_cpu = float("inf"), float("inf")

@@ -24,8 +24,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def version_text() -> str:
+    from pytest_rocm_parity import __version__
+
+    return f"rocm-parity {__version__} (pytest-rocm-parity, Python {sys.version.split()[0]})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rocm-parity", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -46,7 +53,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(runner(args))
     except ParityError as exc:
-        print(f"rocm-parity {args.command}: error: {exc}", file=sys.stderr)
+        from pytest_rocm_parity.colour import enabled, paint
+
+        print(f"rocm-parity {args.command}: {paint('error:', 'red+bold', enabled(sys.stderr))} {exc}",
+              file=sys.stderr)
         return 2
 
 

@@ -24,7 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pytest_rocm_parity.errors import ParityError
+from pytest_rocm_parity.colour import enabled, paint
+from pytest_rocm_parity.errors import GoldenCorrupt, ParityError
 from pytest_rocm_parity.golden import MANIFEST, RungReader, check_safetensors, load_manifest
 from pytest_rocm_parity.selection import describe
 
@@ -130,8 +131,30 @@ def add_show_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
+# what a golden whose manifest and tensors disagree raises inside torch or the stdlib; show and diff turn it
+# into GoldenCorrupt naming the golden, so only the plugin's own errors leave them
+_INCONSISTENT = (RuntimeError, TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError,
+                 ZeroDivisionError, RecursionError, UnicodeError)
+
+
+def _inconsistent(path: Any, exc: BaseException) -> GoldenCorrupt:
+    return GoldenCorrupt(
+        f"{path}: the golden's manifest and tensor files disagree or are malformed, so it cannot be read "
+        f"({type(exc).__name__}: {str(exc)[:300]}). It was written by another version or damaged: recapture it "
+        f"on the reference machine (pytest --rocm-parity --parity-mode=capture --parity-regen=NAME).", path)
+
+
 def show_golden(path: str | Path, dtypes: list[str] | None = None, stats: bool = True) -> dict[str, Any]:
-    """Everything ``show`` prints, as a JSON-able dict."""
+    """Everything ``show`` prints, as a JSON-able dict; an unreadable golden raises GoldenError."""
+    try:
+        return _show_golden(path, dtypes, stats)
+    except ParityError:
+        raise
+    except _INCONSISTENT as exc:
+        raise _inconsistent(path, exc) from None
+
+
+def _show_golden(path: str | Path, dtypes: list[str] | None, stats: bool) -> dict[str, Any]:
     d, m = resolve_golden(path)
     rungs = [r for r in m.get("rungs", {}) if not dtypes or r in dtypes]
     if dtypes:
@@ -196,23 +219,37 @@ def _bytes(n: Any) -> str:
     return str(n)
 
 
+def _txt(v: Any) -> str:
+    """A manifest value as text: '-' for none, yes/no, lists joined; never a Python repr."""
+    if v is None or v == "":
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, (list, tuple)):
+        return ", ".join(_txt(x) for x in v) or "-"
+    if isinstance(v, dict):
+        return ", ".join(f"{k}={_txt(x)}" for k, x in v.items()) or "-"
+    return str(v)
+
+
 def format_show(info: dict[str, Any]) -> list[str]:
     fp = info.get("fingerprint") or {}
     env = info.get("reference_env") or {}
     lines = [f"golden    {info['name']}  ({info['path']})",
-             f"format    {info['format']}  (written by pytest-rocm-parity {info.get('tool_version')})",
-             f"created   {info.get('created')}",
+             f"format    {_txt(info['format'])}  (written by pytest-rocm-parity {_txt(info.get('tool_version'))})",
+             f"created   {_txt(info.get('created'))}",
              f"test      {info.get('test') or '-'}",
-             f"model     {info.get('model_class')}  fingerprint structure={fp.get('structure')} weights={fp.get('weights')}",
+             f"model     {_txt(info.get('model_class'))}  fingerprint structure={_txt(fp.get('structure'))} "
+             f"weights={_txt(fp.get('weights'))}",
              f"dtypes    {', '.join(info.get('dtypes') or [])}",
-             f"layers    {info['n_layers']} selected (drill {info.get('drill')}"
-             + (f", patterns {info['layer_patterns']}" if info.get("layer_patterns") else "") + ")",
+             f"layers    {info['n_layers']} selected (drill {_txt(info.get('drill'))}"
+             + (f", patterns {_txt(info['layer_patterns'])}" if info.get("layer_patterns") else "") + ")",
              *[f"{'selects' if i == 0 else '':<9} level {x['level']} ({x['modules']}): {', '.join(x['names'])}"
                for i, x in enumerate(info.get("selects") or [])],
-             "reference " + "  ".join(f"{k}={env[k]}" for k in ENV_KEYS if env.get(k) not in (None, ""))]
+             "reference " + "  ".join(f"{k}={_txt(env[k])}" for k in ENV_KEYS if env.get(k) not in (None, ""))]
     for rung, r in info["rungs"].items():
-        lines += ["", f"[{rung}] {r['file']}  {_bytes(r['bytes'])}  {r['tensors']} tensors  truth {r.get('truth_dtype')}"
-                  f"  tf32={r.get('tf32')}"]
+        lines += ["", f"[{rung}] {r['file']}  {_bytes(r['bytes'])}  {r['tensors']} tensors  truth {_txt(r.get('truth_dtype'))}"
+                  f"  tf32 {_txt(r.get('tf32'))}"]
         rows = [[x["layer"] + ("" if x["leaf"] in ("", "0") else f" [{x['leaf']}]"),
                  "x".join(map(str, x["shape"] or [])) or "()", str(x["dtype"]), _bytes(x["bytes"]),
                  _fmt(x.get("rms")), _fmt(x.get("max_rel_err"))] for x in r["layers"]]
@@ -226,7 +263,7 @@ def run_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info, indent=1, default=str))
     else:
-        print("\n".join(format_show(info)))
+        print("\n".join(format_show(info)), flush=True)
     return 0
 
 
@@ -308,7 +345,20 @@ def _compare_leaf(ra: Any, rb: Any, ta: Any | None, tb: Any | None, u: float) ->
 
 def diff_goldens(path_a: str | Path, path_b: str | Path, dtypes: list[str] | None = None,
                  threshold: float = DEFAULT_THRESHOLD, error_ratio: float = DEFAULT_ERROR_RATIO) -> dict[str, Any]:
-    """Layer-by-layer comparison of two goldens of one model; ``differs`` says whether any leaf differs."""
+    """Layer-by-layer comparison of two goldens of one model; ``differs`` says whether any leaf differs.
+
+    An unreadable golden raises GoldenError naming it (both are named when the failure cannot be placed).
+    """
+    try:
+        return _diff_goldens(path_a, path_b, dtypes, threshold, error_ratio)
+    except ParityError:
+        raise
+    except _INCONSISTENT as exc:
+        raise _inconsistent(f"{path_a} or {path_b}", exc) from None
+
+
+def _diff_goldens(path_a: str | Path, path_b: str | Path, dtypes: list[str] | None,
+                  threshold: float, error_ratio: float) -> dict[str, Any]:
     from pytest_rocm_parity.dtypes import UNIT_ROUNDOFF, canonical_name
 
     da, ma = resolve_golden(path_a)
@@ -375,13 +425,13 @@ def format_diff(res: dict[str, Any], show_all: bool = False) -> list[str]:
     for side in ("a", "b"):
         s = res[side]
         env = s.get("reference_env") or {}
-        lines.append(f"{side.upper()}: {s['path']}  ({s.get('name')}, created {s.get('created')})  "
+        lines.append(f"{side.upper()}: {s['path']}  ({_txt(s.get('name'))}, created {_txt(s.get('created'))})  "
                      + "  ".join(f"{k}={env[k]}" for k in ("backend", "device_name", "torch", "cuda", "hip")
                                  if env.get(k) not in (None, "")))
     for w in res["warnings"]:
         lines.append(f"warning: {w}")
     if res["only_in_a"] or res["only_in_b"]:
-        lines.append(f"rungs only in A: {res['only_in_a']}  only in B: {res['only_in_b']}")
+        lines.append(f"rungs only in A: {_txt(res['only_in_a'])}  only in B: {_txt(res['only_in_b'])}")
     for rung, r in res["rungs"].items():
         lines.append("")
         lines.append(f"[{rung}] {r['n_leaves']} leaves, {r['n_differ']} differ; max relative L2 {_fmt(r['max_rel_l2'])}"
@@ -403,8 +453,22 @@ def run_diff(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(res, indent=1, default=str))
     else:
-        print("\n".join(format_diff(res, args.all)))
+        lines = format_diff(res, args.all)
+        if enabled(sys.stdout):
+            lines = [_paint_diff_line(line) for line in lines]
+        print("\n".join(lines), flush=True)
     return 1 if res["differs"] else 0
+
+
+def _paint_diff_line(line: str) -> str:
+    if line == "goldens DIFFER":
+        return paint(line, "red+bold", True)
+    if line.startswith("goldens agree"):
+        return paint(line, "green", True)
+    if line.startswith("warning:"):
+        return paint("warning:", "yellow", True) + line[len("warning:"):]
+    at = line.find("  DIFF ")
+    return line[:at + 2] + paint("DIFF", "red", True) + line[at + 6:] if at >= 0 else line
 
 
 # ---------------------------------------------------------------------------------------------

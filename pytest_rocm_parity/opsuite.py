@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_rocm_parity.errors import InvalidArgument
+from pytest_rocm_parity.errors import GoldenCorrupt, InvalidArgument, ParityError
 
 DEFAULT_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -208,14 +208,44 @@ def _sticky_device_error(error: str) -> bool:
             or "device-side assert" in low or "illegal memory access" in low)
 
 
+OP_GOLDEN_MAX_BYTES = 64 * 1024 * 1024
+
+
+def _regular_bounded(path: Path) -> None:
+    """Refuse a FIFO, a device or another special file (reading one can block forever) and oversized files."""
+    import stat
+
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise GoldenCorrupt(f"{path}: cannot be read ({exc.strerror or exc}); re-record the operator golden", path) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise GoldenCorrupt(f"{path}: not a regular file (a FIFO, device or socket); an operator golden is two plain "
+                            f"files, DIR/<op>-<dtype>.json and .safetensors: replace it with a recorded one", path)
+    if st.st_size > OP_GOLDEN_MAX_BYTES:
+        raise GoldenCorrupt(f"{path}: {st.st_size} bytes, over the {OP_GOLDEN_MAX_BYTES} bytes an operator golden may "
+                            f"have; it is not one written by rocm-parity ops --record", path)
+
+
 def replay_one(spec: OpSpec, dtype_name: str, device: str, golden_dir: Path) -> tuple[int, str | None]:
     """Replay ``DIR/<op>-<dtype>`` exactly; returns (examples replayed, first failure message or None)."""
     from pytest_rocm_parity import fuzz
 
     path = golden_dir / f"{spec.name}-{dtype_name}"
-    if not path.with_name(path.name + ".json").exists():
+    manifest = path.with_name(path.name + ".json")
+    if not manifest.exists():
         return 0, None
-    results = fuzz.replay_golden(path, spec.candidate, device=device)
+    for f in (manifest, path.with_name(path.name + ".safetensors")):
+        _regular_bounded(f)
+    try:
+        results = fuzz.replay_golden(path, spec.candidate, device=device)
+    except ParityError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, RecursionError, OverflowError,
+            RuntimeError, UnicodeError) as exc:
+        raise GoldenCorrupt(
+            f"{manifest}: the operator golden is malformed ({type(exc).__name__}: {str(exc)[:300]}); re-record it on "
+            f"the reference machine with rocm-parity ops --record DIR", manifest) from None
     bad = [r for r in results if not r.ok]
     return len(results), (bad[0].message() if bad else None)
 

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from pytest_rocm_parity.colour import SEVERITY, enabled, paint
 from pytest_rocm_parity.errors import InvalidArgument
 
 Severity = Literal["error", "warning", "note"]
@@ -80,6 +81,10 @@ def _compile(pattern: str) -> re.Pattern[str]:
 
 
 D, P, B = frozenset({"device"}), frozenset({"python"}), frozenset({"python", "build"})
+# Every rule runs in time linear in the length of a line: a span between two anchors is bounded
+# (256 characters; 512 for a call's arguments, which may span lines), and an identifier is consumed atomically ((?=(\w*))\N: the regex engine never
+# backtracks into it), so no rule tries every split of a long line (bench/bench_scan.py --long-lines).
+_WARP_IDENT = r"(?=\w*?(?i:warp_?size|threads_per_warp))(?=(\w*))\{0}"
 _SYNC = r"\b__(?:shfl(?:_up|_down|_xor)?|ballot|all|any|match_any|match_all|reduce_(?:add|min|max|and|or|xor))_sync\s*\(\s*"
 _MASK32 = r"(?:0x[fF]{8}(?![0-9a-fA-F])[uUlL]*|\(\s*(?:uint32_t|unsigned(?:\s+int)?)\s*\)\s*-1|(?:uint32_t|unsigned)\s*\(\s*-1\s*\)|~0[uU]?\b|-1[uU]?\b)"
 
@@ -97,8 +102,8 @@ RULES: tuple[Rule, ...] = (
          r"|\b__(?:popc|ffs)\s*\(\s*__(?:ballot|activemask)",
          "ballot/activemask result kept in 32 bits: HIP returns 64 lanes (use uint64_t, __popcll, __ffsll)", "manual"),
     Rule("RP104", "warp-size-32", "error", D, ("arp", "ARP"),
-         r"#\s*define\s+\w*(?i:warp_?size|threads_per_warp)\w*\s+\(?32\)?(?!\w)"
-         r"|\b(?:constexpr|const|static|enum)\b[^;=\n]*\b\w*(?i:warp_?size|threads_per_warp)\w*\s*=\s*32\b",
+         r"#\s*define\s+" + _WARP_IDENT.format(1) + r"\s+\(?32\)?(?!\w)"
+         r"|\b(?:constexpr|const|static|enum)\b[^;=\n]{0,256}?\b" + _WARP_IDENT.format(2) + r"\s*=\s*32\b",
          "warp size hard-coded to 32: CDNA wavefronts have 64 lanes (silent wrong results)", "manual",
          unless_line=("USE_ROCM", "__HIP", "HIP_PLATFORM")),
     Rule("RP105", "lane-arithmetic-32", "warning", D, ("31", "32", "5", "0x1"),
@@ -110,7 +115,8 @@ RULES: tuple[Rule, ...] = (
     Rule("RP107", "shfl-width-32", "warning", D, ("__shfl",), r"\b__shfl\w*\s*\([^;()]*(?:\([^;()]*\)[^;()]*)*,\s*32\s*\)",
          "shuffle with width 32: on wave64 this splits the wavefront into halves", "manual"),
     Rule("RP108", "warpsize-constexpr", "error", D, ("warpSize",),
-         r"\bconstexpr\b[^;\n]*\bwarpSize\b|[<,]\s*warpSize\s*[,>]|\[\s*warpSize\s*\]|static_assert\s*\([^;\n]*\bwarpSize\b",
+         r"\bconstexpr\b[^;\n]{0,256}?\bwarpSize\b|[<,]\s*warpSize\s*[,>]|\[\s*warpSize\s*\]"
+         r"|static_assert\s*\([^;\n]{0,256}?\bwarpSize\b",
          "warpSize used as a compile-time constant: not constexpr from ROCm 7.0 (use a template parameter / __AMDGCN_WAVEFRONT_SIZE guard)",
          "manual"),
     Rule("RP109", "wavefront-size-macro", "note", D, ("__AMDGCN_WAVEFRONT_SIZE",), r"\b__AMDGCN_WAVEFRONT_SIZE\w*",
@@ -132,7 +138,7 @@ RULES: tuple[Rule, ...] = (
          r"|\b(?:cg|cooperative_groups)::(?:reduce|inclusive_scan|exclusive_scan|plus|less|greater|bit_and|bit_or|bit_xor|labeled_partition|memcpy_async)\b",
          "cooperative-groups API missing in ROCm (reduce/scan/labeled_partition): write the reduction with shuffles", "manual"),
     Rule("RP115", "large-dynamic-smem", "warning", D, ("MaxDynamicSharedMemorySize",),
-         r"\b(?:cuda|hip)FuncSetAttribute\s*\([^;]*?MaxDynamicSharedMemorySize",
+         r"\b(?:cuda|hip)FuncSetAttribute\s*\([^;]{0,512}?MaxDynamicSharedMemorySize",
          "dynamic shared memory opt-in: LDS is 64 KiB per workgroup on MI200/MI300; re-tile requests above that", "manual"),
     Rule("RP116", "cutlass", "error", D, ("cutlass", "cute"),
          r"#\s*include\s*[<\"](?:cutlass|cute)/[^>\"\n]+[>\"]|\busing\s+namespace\s+cute\b",
@@ -203,7 +209,7 @@ RULES: tuple[Rule, ...] = (
     Rule("RP220", "capability-gate", "warning", P, ("get_device_capability",), r"\bget_device_capability\s*\(",
          "compute-capability gate: on ROCm (major, minor) is derived from gfx ((9,0)=MI200, not Hopper); check gcnArchName", "manual"),
     Rule("RP221", "device-name-check", "warning", P, ("get_device_name", "NVIDIA", "H100", "A100", "H200", "B200", "GeForce", "RTX", "Tesla"),
-         r"\bget_device_name\s*\([^)\n]*\)\s*(?:\.\s*(?:startswith|endswith|lower|upper)\b|==|!=)"
+         r"\bget_device_name\s*\([^)\n]{0,256}\)\s*(?:\.\s*(?:startswith|endswith|lower|upper)\b|==|!=)"
          r"|[\"'](?:NVIDIA|H100|H200|A100|B200|GB200|Tesla|GeForce|RTX)[^\"'\n]*[\"']\s+(?:not\s+)?in\b",
          "device-name check: AMD names ('AMD Instinct MI300X', sometimes '') never match NVIDIA names", "manual"),
     Rule("RP222", "torch-version-cuda", "warning", P, ("version.cuda",), r"\btorch\.version\.cuda\b",
@@ -246,6 +252,8 @@ class ScanResult:
     seconds: float = 0.0
     skipped: Counter[str] = field(default_factory=Counter)
     hipify: dict[str, Any] | None = None
+    suppressed: Counter[str] = field(default_factory=Counter)   # rule id -> findings silenced inline
+    ignored: tuple[str, ...] = ()                               # rule ids left out (--ignore)
 
 
 # --------------------------------------------------------------------------- walking
@@ -299,21 +307,71 @@ def iter_files(root: Path, include_vendored: bool, skipped: Counter[str]) -> Ite
 # --------------------------------------------------------------------------- matching
 
 
-def _in_comment(line: str, col: int, hash_comments: bool) -> bool:
-    """Whether the match at ``col`` of ``line`` sits in a comment (a cheap per-finding check)."""
-    before = line[:col]
-    head = before.lstrip()
+NEVER = 1 << 62
+
+
+def _comment_from(line: str, hash_comments: bool) -> int:
+    """The first column of ``line`` from which a match sits in a comment (NEVER when none).
+
+    Computed once per line, so that many matches on one long line cost O(1) each.
+    """
     if hash_comments:
-        hash_at = before.find("#")
+        hash_at = line.find("#")
         if hash_at < 0:
-            return False
-        quoted = before[:hash_at]  # a '#' inside a string literal is not a comment
-        return quoted.count('"') % 2 == 0 and quoted.count("'") % 2 == 0
-    return "//" in before or head.startswith(("*", "/*"))
+            return NEVER
+        quoted = line[:hash_at]  # a '#' inside a string literal is not a comment
+        return hash_at + 1 if quoted.count('"') % 2 == 0 and quoted.count("'") % 2 == 0 else NEVER
+    at = NEVER
+    slashes = line.find("//")
+    if slashes >= 0:
+        at = slashes + 2
+    indent = len(line) - len(line.lstrip())
+    if line.startswith("/*", indent):
+        at = min(at, indent + 2)
+    elif line.startswith("*", indent):
+        at = min(at, indent + 1)
+    return at
 
 
-def scan_text(text: str, rel: str, kinds: frozenset[str], rules: tuple[Rule, ...] = RULES) -> list[Finding]:
-    """Findings in one file's text.  Python files embedding CUDA source get device rules too."""
+def _in_comment(line: str, col: int, hash_comments: bool) -> bool:
+    """Whether the match at ``col`` of ``line`` sits in a comment."""
+    return col >= _comment_from(line, hash_comments)
+
+
+SUPPRESS_MARK = "rocm-parity:"
+_SUPPRESS = re.compile(r"rocm-parity:[ \t]*ignore\[([^\]\n]{0,200})\]")
+
+
+def suppressions(line: str) -> set[str]:
+    """Rule ids or names silenced by ``rocm-parity: ignore[RULE, ...]`` on ``line`` ('*' silences all)."""
+    if SUPPRESS_MARK not in line:
+        return set()
+    out: set[str] = set()
+    for m in _SUPPRESS.finditer(line):
+        out.update(x.strip() for x in re.split(r"[,\s]+", m.group(1)) if x.strip())
+    return out
+
+
+def _comment_only(line: str) -> bool:
+    return line.lstrip().startswith(("#", "//", "/*", "*"))
+
+
+def _is_suppressed(rule: Rule, line: str, previous: str) -> bool:
+    """An inline suppression on the finding's line, or on a comment-only line right above it."""
+    names = suppressions(line)
+    if not names and previous and _comment_only(previous):
+        names = suppressions(previous)
+    return bool(names) and ("*" in names or rule.id in names or rule.name in names)
+
+
+def scan_text(text: str, rel: str, kinds: frozenset[str], rules: tuple[Rule, ...] = RULES,
+              suppressed: Counter[str] | None = None) -> list[Finding]:
+    """Findings in one file's text.  Python files embedding CUDA source get device rules too.
+
+    A finding whose line (or the comment-only line above it) says ``rocm-parity: ignore[RULE]``
+    is left out and counted in ``suppressed`` (RULE: the rule's id or name, several separated by
+    commas, or ``*``).
+    """
     python = "python" in kinds
     hash_comments = python or "build" in kinds
     if python and ("__global__" in text or "__device__" in text):
@@ -321,6 +379,9 @@ def scan_text(text: str, rel: str, kinds: frozenset[str], rules: tuple[Rule, ...
     out: list[Finding] = []
     newlines: list[int] | None = None
     seen: set[tuple[str, int]] = set()
+    lines: dict[int, str] = {}                    # line index -> text, sliced once per line
+    comment_from: dict[tuple[int, bool], int] = {}
+    marked = SUPPRESS_MARK in text
     for rule in rules:
         if not (rule.kinds & kinds):
             continue
@@ -333,19 +394,31 @@ def scan_text(text: str, rel: str, kinds: frozenset[str], rules: tuple[Rule, ...
             if newlines is None:  # built only for files with a match
                 newlines = [mm.start() for mm in _NEWLINE.finditer(text)]
             idx = bisect_right(newlines, m.start() - 1)
+            key = (rule.id, idx)
+            if key in seen:   # one finding per rule and line: later matches on it cost nothing
+                continue
             start = newlines[idx - 1] + 1 if idx else 0
-            end = newlines[idx] if idx < len(newlines) else len(text)
-            line_text = text[start:end]
+            line_text = lines.get(idx)
+            if line_text is None:
+                end = newlines[idx] if idx < len(newlines) else len(text)
+                line_text = lines[idx] = text[start:end]
             col = m.start() - start
-            embedded_device = python and rule.kinds == D
-            if _in_comment(line_text, col, hash_comments and not embedded_device):
+            hashes = hash_comments and not (python and rule.kinds == D)
+            at = comment_from.get((idx, hashes))
+            if at is None:
+                at = comment_from[(idx, hashes)] = _comment_from(line_text, hashes)
+            if col >= at:
                 continue
             if rule.unless_line and any(s in line_text for s in rule.unless_line):
-                continue
-            key = (rule.id, idx)
-            if key in seen:
+                seen.add(key)   # the whole line is guarded: every match on it is
                 continue
             seen.add(key)
+            if marked:
+                prev = text[(newlines[idx - 2] + 1 if idx >= 2 else 0):newlines[idx - 1]] if idx else ""
+                if _is_suppressed(rule, line_text, prev):
+                    if suppressed is not None:
+                        suppressed[rule.id] += 1
+                    continue
             out.append(Finding(rule.id, rule.name, rule.severity, rel, idx + 1, col + 1,
                                line_text.strip()[:160], rule.message, rule.path))
     return out
@@ -385,7 +458,7 @@ def scan_path(path: str | os.PathLike[str], *, include_vendored: bool = False, m
             continue
         result.files += 1
         result.lines += text.count("\n") + (0 if text.endswith("\n") or not text else 1)
-        result.findings += scan_text(text, rel, kinds, rules)
+        result.findings += scan_text(text, rel, kinds, rules, result.suppressed)
     result.seconds = time.perf_counter() - t0
     result.findings.sort(key=lambda f: (f.path, f.line, f.rule))
     return result
@@ -443,28 +516,41 @@ def hipify_report(root: str) -> dict[str, Any] | None:
 # --------------------------------------------------------------------------- output
 
 
-def format_text(result: ScanResult) -> str:
+def format_text(result: ScanResult, color: bool = False) -> str:
+    """The findings table (ROUTE: the suggested migration route), the rules hit and a summary line."""
     rows = [(f.severity.upper(), f.rule, f"{f.path}:{f.line}", f.name, f.suggestion) for f in result.findings]
     lines = []
     if rows:
-        widths = [max(len(r[i]) for r in rows + [("SEVERITY", "RULE", "LOCATION", "CONSTRUCT", "PATH")]) for i in range(5)]
-        header = ("SEVERITY", "RULE", "LOCATION", "CONSTRUCT", "PATH")
-        lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
+        header = ("SEVERITY", "RULE", "LOCATION", "CONSTRUCT", "ROUTE")
+        widths = [max(len(r[i]) for r in rows + [header]) for i in range(5)]
+        lines.append(paint("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(), "bold", color))
         for r in rows:
-            lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+            cells = [c.ljust(w) for c, w in zip(r, widths)]
+            cells[0] = paint(cells[0], SEVERITY[r[0].lower()], color)
+            lines.append("  ".join(cells).rstrip())
         lines.append("")
         lines.append("Rules hit:")
         for rule_id, n in sorted(Counter(f.rule for f in result.findings).items()):
             rule = RULES_BY_ID[rule_id]
             lines.append(f"  {rule_id} {rule.name} ({n}): {rule.message}")
-            lines.append(f"      suggested path: {PATHS[rule.path]}")
+            lines.append(f"      suggested route: {PATHS[rule.path]}")
     else:
         lines.append("No CUDA-only constructs found.")
     sev = Counter(f.severity for f in result.findings)
     rate = result.lines / result.seconds if result.seconds > 0 else 0.0
     skipped = ", ".join(f"{k} {v}" for k, v in sorted(result.skipped.items())) or "none"
-    lines.append(f"{len(result.findings)} finding(s): {sev['error']} error, {sev['warning']} warning, {sev['note']} note; "
+    lines.append(f"{len(result.findings)} finding(s): {paint(str(sev['error']) + ' error', 'red', color and sev['error'] > 0)}, "
+                 f"{sev['warning']} warning, {sev['note']} note; "
                  f"{result.files} files, {result.lines} lines in {result.seconds:.2f}s ({rate:,.0f} lines/s); skipped: {skipped}")
+    n_sup = sum(result.suppressed.values())
+    if n_sup or result.ignored:
+        parts = []
+        if n_sup:
+            parts.append(f"{n_sup} suppressed inline (" + ", ".join(f"{k} {v}" for k, v in sorted(result.suppressed.items()))
+                         + ")")
+        if result.ignored:
+            parts.append("rules ignored: " + ", ".join(result.ignored))
+        lines.append("; ".join(parts))
     if result.hipify is not None:
         h = result.hipify
         lines.append("")
@@ -486,7 +572,9 @@ def to_json(result: ScanResult) -> dict[str, Any]:
         "summary": {s: sum(f.severity == s for f in result.findings) for s in ("error", "warning", "note")},
         "stats": {"files": result.files, "lines": result.lines, "seconds": round(result.seconds, 4),
                   "skipped": dict(result.skipped)},
-        "findings": [asdict(f) | {"suggested_path": PATHS[f.suggestion]} for f in result.findings],
+        "findings": [asdict(f) | {"suggested_path": PATHS[f.suggestion], "route": PATHS[f.suggestion]}
+                     for f in result.findings],
+        "suppressed": dict(result.suppressed), "ignored": list(result.ignored),
         "hipify": result.hipify,
     }
 
@@ -514,7 +602,7 @@ def to_sarif(result: ScanResult) -> dict[str, Any]:
                     "name": r.name,
                     "shortDescription": {"text": r.message.split(":")[0]},
                     "fullDescription": {"text": r.message},
-                    "help": {"text": f"Suggested path: {PATHS[r.path]}"},
+                    "help": {"text": f"Suggested route: {PATHS[r.path]}"},
                     "defaultConfiguration": {"level": _SARIF_LEVEL[r.severity]},
                     "properties": {"tags": ["rocm", "portability", r.path]},
                 } for r in rules],
@@ -525,7 +613,7 @@ def to_sarif(result: ScanResult) -> dict[str, Any]:
                 "ruleId": f.rule,
                 "ruleIndex": index[f.rule],
                 "level": _SARIF_LEVEL[f.severity],
-                "message": {"text": f"{f.message}. Suggested path: {PATHS[f.suggestion]}"},
+                "message": {"text": f"{f.message}. Suggested route: {PATHS[f.suggestion]}"},
                 "locations": [{"physicalLocation": {
                     "artifactLocation": {"uri": f.path, "uriBaseId": "SRCROOT"},
                     "region": {"startLine": f.line, "startColumn": f.column, "snippet": {"text": f.snippet}},
@@ -540,7 +628,7 @@ def to_sarif(result: ScanResult) -> dict[str, Any]:
 
 
 def add_scan_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("path", metavar="PATH", help="directory (or file) to scan")
+    parser.add_argument("path", metavar="PATH", nargs="?", help="directory (or file) to scan (not needed with --list-rules)")
     parser.add_argument("--format", choices=("text", "json", "sarif"), default="text", help="output format (default: text)")
     parser.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE instead of stdout")
     parser.add_argument("--fail-on", choices=("error", "warning", "note", "never"), default="error",
@@ -550,6 +638,25 @@ def add_scan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-hipify", action="store_true", help="skip the torch.utils.hipify translation report")
     parser.add_argument("--max-bytes", type=int, default=2_000_000, metavar="N", help="skip files larger than N bytes")
     parser.add_argument("--list-rules", action="store_true", help="print the rules and exit")
+    parser.add_argument("--ignore", action="append", default=[], metavar="RULE",
+                        help="leave out a rule (id or name; repeatable or comma-separated). One line: add the comment "
+                             "'rocm-parity: ignore[RULE]' to it (or to a comment line right above it)")
+
+
+def resolve_rules(names: list[str]) -> set[str]:
+    """Rule ids from ids or names (each item may hold several, comma-separated); unknown ones are an error."""
+    by_name = {r.name: r.id for r in RULES}
+    out: set[str] = set()
+    for item in names:
+        for x in (s.strip() for s in item.split(",")):
+            if not x:
+                continue
+            rid = x.upper() if x.upper() in RULES_BY_ID else by_name.get(x)
+            if rid is None:
+                raise InvalidArgument(f"--ignore {x}: no such rule; rule ids and names are listed by "
+                                      f"rocm-parity scan --list-rules (e.g. RP104 or warp-size-32)")
+            out.add(rid)
+    return out
 
 
 def exit_code(result: ScanResult, fail_on: str) -> int:
@@ -560,13 +667,21 @@ def exit_code(result: ScanResult, fail_on: str) -> int:
 
 
 def run_scan(args: argparse.Namespace) -> int:
+    color = enabled(sys.stdout) and not args.output
     if args.list_rules:
         for r in RULES_BY_ID.values():
-            print(f"{r.id}  {r.severity:<7}  {r.name:<24}  {r.message}  [{r.path}]")
+            sev = paint(f"{r.severity:<7}", SEVERITY[r.severity], color)
+            print(f"{r.id}  {sev}  {r.name:<24}  {r.message}  [route: {r.path}]", flush=True)
         return 0
+    if not args.path:
+        raise InvalidArgument("PATH is missing; give the directory or file to scan (rocm-parity scan src/), "
+                              "or --list-rules to print the rules")
     if args.max_bytes <= 0:
-        raise InvalidArgument(f"--max-bytes must be positive, got {args.max_bytes!r}")
-    result = scan_path(args.path, include_vendored=args.include_vendored, max_bytes=args.max_bytes)
+        raise InvalidArgument(f"--max-bytes must be positive, got {args.max_bytes}")
+    ignored = resolve_rules(args.ignore)
+    rules = tuple(r for r in RULES if r.id not in ignored)
+    result = scan_path(args.path, include_vendored=args.include_vendored, max_bytes=args.max_bytes, rules=rules)
+    result.ignored = tuple(sorted(ignored))
     if not args.no_hipify:
         result.hipify = hipify_report(result.root)
     if args.format == "json":
@@ -574,7 +689,7 @@ def run_scan(args: argparse.Namespace) -> int:
     elif args.format == "sarif":
         out = json.dumps(to_sarif(result), indent=2)
     else:
-        out = format_text(result)
+        out = format_text(result, color)
     if args.output:
         Path(args.output).write_text(out + "\n", encoding="utf-8")
     else:

@@ -120,9 +120,9 @@ def test_exit_codes(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
 
 def test_text_table(capsys: pytest.CaptureFixture[str]) -> None:
     code, out = _run(capsys, str(CORPUS), "--no-hipify")
-    assert out.splitlines()[0].split() == ["SEVERITY", "RULE", "LOCATION", "CONSTRUCT", "PATH"]
+    assert out.splitlines()[0].split() == ["SEVERITY", "RULE", "LOCATION", "CONSTRUCT", "ROUTE"]
     assert "ERROR     RP101  csrc/reduce_kernels.cu:11" in out
-    assert "suggested path: maintained ROCm fork" in out
+    assert "suggested route: maintained ROCm fork" in out
     assert "lines/s" in out
 
 
@@ -147,7 +147,7 @@ def test_sarif_2_1_0_structure(capsys: pytest.CaptureFixture[str], tmp_path: Pat
     assert len(ids) == len(set(ids))
     for rule in driver["rules"]:
         assert rule["defaultConfiguration"]["level"] in {"none", "note", "warning", "error"}
-        assert rule["shortDescription"]["text"] and rule["help"]["text"].startswith("Suggested path:")
+        assert rule["shortDescription"]["text"] and rule["help"]["text"].startswith("Suggested route:")
     assert run["originalUriBaseIds"]["SRCROOT"]["uri"].startswith("file://")
     assert len(run["results"]) == len(expected()) - 1  # two misses, one false positive
     for res in run["results"]:
