@@ -1,0 +1,45 @@
+"""show and diff on goldens whose manifest and tensors disagree: the plugin's own error, naming the golden."""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from pytest_rocm_parity.cli import main
+from pytest_rocm_parity.errors import GoldenError
+from pytest_rocm_parity.inspect_cmd import diff_goldens, show_golden
+
+
+def _reshaped_truths(src: Path, dst: Path) -> Path:
+    """A copy of the golden with every stored truth flattened: a valid file whose shapes disagree."""
+    shutil.copytree(src, dst)
+    manifest = json.loads((dst / "manifest.json").read_text())
+    for rung, meta in manifest["rungs"].items():
+        f = dst / meta["file"]
+        tensors = load_file(str(f))
+        changed = {k: (v.reshape(-1)[:-1].contiguous() if "truth" in k and v.numel() > 1 else v) for k, v in tensors.items()}
+        assert changed.keys() == tensors.keys() and any("truth" in k for k in tensors)
+        save_file(changed, str(f))
+        data = f.read_bytes()
+        meta["sha256"], meta["bytes"] = hashlib.sha256(data).hexdigest(), len(data)
+    (dst / "manifest.json").write_text(json.dumps(manifest))
+    return dst
+
+
+def test_shape_inconsistent_golden_raises_golden_errors(parity_results: dict[str, Any], tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    good = parity_results["root"] / "goldens" / "tiny"
+    bad = _reshaped_truths(good, tmp_path / "bad")
+    with pytest.raises(GoldenError) as exc:
+        show_golden(bad)
+    assert str(bad) in str(exc.value) and "recapture" in str(exc.value)
+    with pytest.raises(GoldenError):
+        diff_goldens(good, bad)
+    assert main(["show", str(bad)]) == 2 and main(["diff", str(good), str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 2 and "Traceback" not in err
