@@ -16,6 +16,9 @@ from pytest_rocm_parity.engine import (
     OUTPUT,
     CheckSpec,
     Hooks,
+    _NotPlain,
+    _patch,
+    _plan,
     _run,
     cast_inputs,
     eval_mode,
@@ -24,6 +27,7 @@ from pytest_rocm_parity.engine import (
     normalize_inputs,
     numerics,
     shell_quote,
+    walk_model,
 )
 from pytest_rocm_parity.errors import GoldenStale
 from pytest_rocm_parity.golden import GoldenStore, RungReader
@@ -243,7 +247,7 @@ def _preload(reader: RungReader, spec: CheckSpec) -> None:
     reader.preload(keys, int(free * PRELOAD_FRACTION))
 
 
-def activation_paths(layers: dict[str, dict[str, Any]]) -> dict[str, set[str]]:
+def activation_paths(layers: dict[str, dict[str, Any]]) -> dict[str, dict[str, str]]:
     """Per module call, the input leaves that carry activations, as capture recorded them (``act``,
     capture.DataFlow); anything else (an attention mask in whatever form the attention
     implementation wants, position ids, rotary tables built outside a selected module, a cache) was
@@ -251,7 +255,7 @@ def activation_paths(layers: dict[str, dict[str, Any]]) -> dict[str, set[str]]:
     the inputs that are another selected call's output (capture numbers each distinct tensor once).
     """
     produced = {k for e in layers.values() for k in e.get("out", {}).values()}
-    return {key: set(e["act"]) if "act" in e else {p for p, k in e.get("in", {}).items() if k in produced}
+    return {key: {p: p for p in (e["act"] if "act" in e else [p for p, k in e.get("in", {}).items() if k in produced])}
             for key, e in layers.items()}
 
 
@@ -267,15 +271,17 @@ def valid_positions(args: Any, kwargs: Any) -> Any:
 
 
 class _Judge:
-    """Comparisons of one pass: statistics started as each output appears, read after the pass.
+    """Comparisons of one pass, judged after it with one wait for the device (flush).
 
-    Why started at once: on a GPU the statistics kernel runs in stream order, so it reads the output
-    before any later in-place write (a parent's ``+=``) without a copy, and the host waits for the
-    device once per pass (flush), not once per module.
+    On a GPU with Triton each output is snapshotted (a later in-place write, a parent's ``+=``, must
+    not change what is judged) and the flush computes every leaf's statistics in one batched launch
+    (kernels.block_stats_many); elsewhere the statistics start as each output appears, reading it
+    before any later write.
     """
 
     def __init__(self, rung: str, u: float, valid: Any, obtained: dict[str, Any] | None) -> None:
         self.rung, self.u, self.valid, self.obtained = rung, u, valid, obtained
+        # (sink, index, leaf, stats or None for the batched launch, c, ref, res, tolerance, isolated, tag)
         self.items: list[tuple[list[Any], int, str, Any, Any, Any, Any, Tolerance, bool, str]] = []
 
     def _unpadded(self, *ts: Any) -> tuple[Any, ...]:
@@ -284,13 +290,14 @@ class _Judge:
         if v is None or ref.dim() < 2 or tuple(ref.shape[:2]) != tuple(v.shape) \
                 or any(tuple(t.shape) != tuple(ref.shape) for t in ts):
             return ts
-        v = v.to(ref.device)
         return tuple(t[v.to(t.device)] for t in ts)
 
     def leaf(self, sink: list[Any], leaf: str, c: Any, ref: Any, res: Any | None, tol: Tolerance,
              isolated: bool, tag: str) -> None:
         """Judge one output leaf into ``sink``; ``res``: its stored truth residual, None for an exact
         (integer, bool) leaf, or "" when only its presence is checked."""
+        from pytest_rocm_parity import kernels
+
         if c.requires_grad:
             c = c.detach()
         if res is None:
@@ -300,6 +307,7 @@ class _Judge:
             return
         if isinstance(res, str):
             return
+        res = res.to(ref.device)
         c, ref, res = self._unpadded(c, ref, res)
         quick = (c.shape == ref.shape == res.shape and ref.numel() > 0 and c.device == ref.device
                  and not (c.is_complex() or ref.is_complex() or res.is_complex()))
@@ -308,23 +316,52 @@ class _Judge:
             self.keep_if_failing(sink[-1], c, tol, isolated, tag)
             return
         sink.append(None)
-        st = block_stats(c, ref, res.to(ref.device))
+        if c.is_cuda and kernels.triton_usable() and ref.is_contiguous() and res.is_contiguous():
+            import torch
+
+            c = c.clone(memory_format=torch.contiguous_format)
+            self.items.append((sink, len(sink) - 1, leaf, None, c, ref, res, tol, isolated, tag))
+            return
+        st = block_stats(c, ref, res)
         self.items.append((sink, len(sink) - 1, leaf, st, c, ref, res, tol, isolated, tag))
 
-    def flush(self) -> None:
-        """Every started leaf read back (one wait for the device) and judged into its sink."""
-        if not self.items:
-            return
+    def _stats(self) -> list[Any]:
+        """Every item's (nb, 8) host statistics: the batched ones in one launch, then one wait."""
         import torch
 
-        sizes = [int(it[3].shape[0]) for it in self.items]
-        host = torch.cat([it[3] for it in self.items]).to("cpu").numpy()
-        parts, row = [], 0
-        for n in sizes:
-            parts.append(host[row:row + n])
+        from pytest_rocm_parity import kernels
+        from pytest_rocm_parity.compare import block_layout
+
+        batch = [i for i, it in enumerate(self.items) if it[3] is None]
+        started = [it[3] for it in self.items if it[3] is not None]
+        if batch:
+            layouts = [block_layout(int(self.items[i][5].numel())) for i in batch]
+            try:
+                started.append(kernels.block_stats_many([self.items[i][4:7] for i in batch], layouts))
+            except Exception as exc:   # a Triton that cannot compile the kernel here: the torch path
+                kernels.disable_triton(exc)
+                started.append(torch.cat([block_stats(*self.items[i][4:7]) for i in batch]))
+        host = torch.cat([t.reshape(-1, 8).to(torch.float64) for t in started]).to("cpu").numpy() if started else None
+        out: list[Any] = [None] * len(self.items)
+        row = 0
+        for i, it in enumerate(self.items):   # the started ones first, in order, then the batch
+            if it[3] is not None:
+                n = int(it[3].shape[0])
+                out[i] = host[row:row + n]
+                row += n
+        for i in batch:
+            n = block_layout(int(self.items[i][5].numel()))[0]
+            out[i] = host[row:row + n]
             row += n
-        done = metrics_many([(it[2], int(it[5].numel()), part, it[7].confidence)
-                             for it, part in zip(self.items, parts)], self.u)
+        return out
+
+    def flush(self) -> None:
+        """Every queued leaf judged into its sink."""
+        if not self.items:
+            return
+        stats = self._stats()
+        done = metrics_many([(it[2], int(it[5].numel()), st, it[7].confidence)
+                             for it, st in zip(self.items, stats)], self.u)
         for (sink, i, leaf, _st, c, ref, res, tol, isolated, tag), m in zip(self.items, done):
             if m is None:   # a sum met a NaN/Inf: the masked float64 path
                 m = residual_metrics(leaf, c, ref, res, self.u, tol.confidence, tol.nan)
@@ -387,7 +424,8 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
     dtype = dt.to_torch(rung)
     tol = spec.tolerance
     inner = unwrap(model)
-    selected = select(inner, spec.layers, spec.drill)
+    walk = walk_model(inner)
+    selected = select(inner, spec.layers, spec.drill, walk)
     by_name = {s.name: s for s in selected}
     layers = {e["key"]: e for e in meta["layers"]}
     acts = activation_paths(layers)
@@ -406,7 +444,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         return reader.get(layers[key]["in"][path]).clone()
 
     if meta.get("sketch"):
-        with cast_in_place(inner, place, dtype), eval_mode(inner), numerics(rung, tol.tf32):
+        with cast_in_place(inner, place, dtype, walk.modules), eval_mode(inner, walk), numerics(rung, tol.tf32):
             return _replay_rung_sketch(model, spec, meta, reader, rung, *stored_inputs(), selected)
 
     fast = spec.replay == "fast" and spec.extra_judge is None
@@ -465,11 +503,11 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
 
     levels = sorted({s.level for s in selected})
     result = CheckResult(test=spec.test, name=spec.name, dtype=rung, passed=True)
-    training = training_modules(inner)
+    training = training_modules(inner, walk.modules)
     if training:
         notes.append(f"the model was in training mode ({', '.join(training[:3])}"
                      f"{'...' if len(training) > 3 else ''}); judged in eval mode, as it was captured")
-    with cast_in_place(inner, place, dtype), eval_mode(inner), numerics(rung, tol.tf32):
+    with cast_in_place(inner, place, dtype, walk.modules), eval_mode(inner, walk), numerics(rung, tol.tf32):
         outs: list[LayerRecord] = []
         pending = None
         if fast:
@@ -535,7 +573,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
     return result
 
 
-def _direct_level(inner: Any, keys: list[str], layers: dict[str, dict[str, Any]], acts: dict[str, set[str]],
+def _direct_level(inner: Any, keys: list[str], layers: dict[str, dict[str, Any]], acts: dict[str, dict[str, str]],
                   calls: dict[str, tuple[Any, Any]], plain: dict[str, bool], golden: Callable[[str, str], Any],
                   compare: Callable[..., None], iso: dict[str, list[LeafMetrics]], judge: _Judge,
                   notes: list[str], level: int) -> bool:
@@ -565,8 +603,9 @@ def _direct_level(inner: Any, keys: list[str], layers: dict[str, dict[str, Any]]
     return True
 
 
-def _swap(key: str, a: Any, kw: Any, paths: set[str], golden: Callable[[str, str], Any], notes: list[str]) -> tuple[Any, Any]:
-    """The call ``(a, kw)`` with each activation leaf replaced by its golden value."""
+def _swap(key: str, a: Any, kw: Any, paths: dict[str, str], golden: Callable[[str, str], Any],
+          notes: list[str]) -> tuple[Any, Any]:
+    """The call ``(a, kw)`` with each activation leaf (``paths``: path -> path) replaced by its golden value."""
     found: set[str] = set()
 
     def fn(p: str, t: Any) -> Any:
@@ -579,8 +618,13 @@ def _swap(key: str, a: Any, kw: Any, paths: set[str], golden: Callable[[str, str
                          f"the candidate's value was used")
             return t
         return g.to(t.device) if g.device != t.device else g
-    root = map_tensors({"args": a, "kwargs": kw}, fn)
-    missing = sorted(paths - found)
+    root: Any = {"args": a, "kwargs": kw}
+    try:   # the usual calls (tensors in plain tuples, lists and dicts), rebuilding only the swapped paths
+        root = _patch(root, _plan(paths), fn)
+    except _NotPlain:
+        found.clear()
+        root = map_tensors({"args": a, "kwargs": kw}, fn)
+    missing = sorted(set(paths) - found)
     if missing:
         notes.append(f"{key}: activation input {', '.join(missing)} is not where the golden recorded it on the "
                      f"candidate's call; the candidate's own inputs were used there")
@@ -588,7 +632,7 @@ def _swap(key: str, a: Any, kw: Any, paths: set[str], golden: Callable[[str, str
 
 
 def _hooked_level(model: Any, inner: Any, selected: list[Selected], level: int, layers: dict[str, dict[str, Any]],
-                  acts: dict[str, set[str]], golden: Callable[[str, str], Any], compare: Callable[..., None],
+                  acts: dict[str, dict[str, str]], golden: Callable[[str, str], Any], compare: Callable[..., None],
                   iso: dict[str, list[LeafMetrics]], judge: _Judge, notes: list[str],
                   stored_inputs: Callable[[], tuple[Any, Any]],
                   keep_call: Callable[[str, Selected, Any, Any], None] | None = None) -> None:

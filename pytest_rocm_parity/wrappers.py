@@ -44,9 +44,10 @@ def plain_copy(model: Any) -> Any:
 
 
 @contextlib.contextmanager
-def cast_in_place(model: Any, device: Any, dtype: Any) -> Iterator[None]:
+def cast_in_place(model: Any, device: Any, dtype: Any, modules: list[Any] | None = None) -> Iterator[None]:
     """Every floating parameter and buffer of ``model`` in ``dtype`` (and on ``device`` unless it is
-    None), the original tensors put back afterwards.
+    None), the original tensors put back afterwards. ``modules``: the model's modules, when the
+    caller has walked them already.
 
     The same module objects keep running, so compiled code, hooks and wrappers stay as the user made
     them; Dynamo's guards see the new dtype and recompile.
@@ -54,32 +55,34 @@ def cast_in_place(model: Any, device: Any, dtype: Any) -> Iterator[None]:
     import torch
 
     target = None if device is None else torch.device(device)
+    mods = modules if modules is not None else list(model.modules())
+
+    def off(t: Any) -> bool:
+        return t.is_floating_point() and t.dtype != dtype or target is not None and not _on(t, target)
+
+    # the usual case, a model already in the rung's dtype on the device: nothing to swap
+    if not any(off(t) for mod in mods for t in (*mod._parameters.values(), *mod._buffers.values()) if t is not None):
+        yield
+        return
     params: dict[int, tuple[Any, Any]] = {}
     buffers: list[tuple[Any, str, Any]] = []
 
-    def want(t: Any) -> Any:
-        if t.is_floating_point() and t.dtype != dtype or target is not None and not _on(t, target):
-            return t.to(device=target if target is not None else t.device,
-                        dtype=dtype if t.is_floating_point() else t.dtype)
-        return None
+    def moved(t: Any) -> Any:
+        return t.to(device=target if target is not None else t.device,
+                    dtype=dtype if t.is_floating_point() else t.dtype)
 
     try:
         with torch.no_grad():
-            for mod in model.modules():
+            for mod in mods:
                 for p in mod._parameters.values():
-                    if p is None or id(p) in params:
+                    if p is None or id(p) in params or not off(p):
                         continue
-                    new = want(p.data)
-                    if new is not None:
-                        params[id(p)] = (p, p.data)
-                        p.data = new
+                    params[id(p)] = (p, p.data)
+                    p.data = moved(p.data)
                 for name, b in list(mod._buffers.items()):
-                    if b is None:
-                        continue
-                    new = want(b)
-                    if new is not None:
+                    if b is not None and off(b):
                         buffers.append((mod, name, b))
-                        mod._buffers[name] = new
+                        mod._buffers[name] = moved(b)
         yield
     finally:
         for p, old in params.values():
@@ -105,6 +108,9 @@ def outside_dynamo(fn: Callable[..., Any]) -> Callable[..., Any]:
     return torch._dynamo.disable(fn, recursive=True)
 
 
-def training_modules(model: Any) -> list[str]:
-    """Names of modules left in training mode (judged in eval mode: dropout off)."""
+def training_modules(model: Any, modules: list[Any] | None = None) -> list[str]:
+    """Names of modules left in training mode (judged in eval mode: dropout off); the names are
+    looked up only when there is one (``modules``: the model's, when walked already)."""
+    if not any(m.training for m in (modules if modules is not None else model.modules())):
+        return []
     return [n or type(model).__name__ for n, m in model.named_modules() if m.training]
