@@ -450,9 +450,12 @@ class DataFlow:
         import weakref
 
         carriers = self._carriers
+        def forget(i: int) -> Callable[[Any], None]:
+            return lambda _ref: carriers.pop(i, None)
+
         for t in tensors.values() if isinstance(tensors, dict) else tensors:
             if not floating_only or t.is_floating_point() or t.is_complex():
-                carriers[id(t)] = weakref.ref(t, lambda _r, i=id(t): carriers.pop(i, None))
+                carriers[id(t)] = weakref.ref(t, forget(id(t)))
 
     def carries(self, t: Any) -> bool:
         r = self._carriers.get(id(t))

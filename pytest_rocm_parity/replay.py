@@ -341,7 +341,7 @@ class _Judge:
             except Exception as exc:   # a Triton that cannot compile the kernel here: the torch path
                 kernels.disable_triton(exc)
                 started.append(torch.cat([block_stats(*self.items[i][4:7]) for i in batch]))
-        host = torch.cat([t.reshape(-1, 8).to(torch.float64) for t in started]).to("cpu").numpy() if started else None
+        host: Any = torch.cat([t.reshape(-1, 8).to(torch.float64) for t in started]).to("cpu").numpy()
         out: list[Any] = [None] * len(self.items)
         row = 0
         for i, it in enumerate(self.items):   # the started ones first, in order, then the batch

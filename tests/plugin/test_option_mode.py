@@ -22,8 +22,9 @@ def test_replay_names_the_culprit(project: pytest.Pytester, monkeypatch: pytest.
         "*parity check failed: tiny [[]float32[]]*",
         "*culprit: blocks.1.act (inside block blocks.1)*",
         "*first divergent layer (propagated): blocks.1*",
-        "*would have passed with tolerance=Tolerance(ratio=*",
     ])
+    # thousands of times the budget: no tolerance would be a fix worth suggesting
+    result.stdout.no_fnmatch_line("*would have passed with tolerance*")
 
 
 def test_missing_golden_prints_capture_command(project: pytest.Pytester) -> None:
