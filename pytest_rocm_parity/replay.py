@@ -248,15 +248,14 @@ def _preload(reader: RungReader, spec: CheckSpec) -> None:
 
 
 def activation_paths(layers: dict[str, dict[str, Any]]) -> dict[str, dict[str, str]]:
-    """Per module call, the input leaves that carry activations, as capture recorded them (``act``,
-    capture.DataFlow); anything else (an attention mask in whatever form the attention
-    implementation wants, position ids, rotary tables built outside a selected module, a cache) was
-    built by the model's own glue and comes from the candidate's run. A golden without ``act``:
-    the inputs that are another selected call's output (capture numbers each distinct tensor once).
+    """Per module call, the input leaves fed from the golden in the isolated pass: those that carry
+    activations, as capture recorded them (``act``, capture.DataFlow). Anything else (an attention
+    mask in whatever form the attention implementation wants, position ids, rotary tables built
+    outside a selected module, a cache) was built by the model's own glue and comes from the
+    candidate's run. A golden without ``act`` (captured before it was recorded) feeds every recorded
+    input, as it was judged then: recapture it to judge another attention implementation fairly.
     """
-    produced = {k for e in layers.values() for k in e.get("out", {}).values()}
-    return {key: {p: p for p in (e["act"] if "act" in e else [p for p, k in e.get("in", {}).items() if k in produced])}
-            for key, e in layers.items()}
+    return {key: {p: p for p in (e["act"] if "act" in e else e.get("in", {}))} for key, e in layers.items()}
 
 
 def valid_positions(args: Any, kwargs: Any) -> Any:
@@ -548,6 +547,10 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
                          f"is produced by the reference only (another implementation's calling convention): not judged")
         if valid is not None:
             notes.append(f"{int((~valid).sum())} padded positions (attention_mask == 0) not judged")
+        if layers and not any("act" in e for e in layers.values()):
+            notes.append("golden without recorded data flow: the isolated pass fed every module input from the "
+                         "golden, masks and position tables included; recapture it so that a candidate with another "
+                         f"attention implementation builds its own ({spec.regen_command or 'pytest --parity-regen'})")
         result.notes.extend(notes)
         if fast:
             result.notes.append("fast replay (--parity-replay=fast): every module judged in isolation, the outermost "
