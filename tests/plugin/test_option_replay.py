@@ -1,5 +1,4 @@
-"""--parity-replay: full (propagated + isolated passes) or fast (isolated only, about one forward);
---parity-threads: host threads sharing the isolated calls."""
+"""--parity-replay: full (propagated + isolated passes) or fast (one teacher-forced run of the forward)."""
 from __future__ import annotations
 
 import json

@@ -1,0 +1,62 @@
+"""Capture refuses, naming the module and the fix, what would make a golden judge nothing."""
+from __future__ import annotations
+
+import tempfile
+
+import pytest
+import torch
+from torch import nn
+
+from pytest_rocm_parity.capture import capture
+from pytest_rocm_parity.engine import CheckSpec
+from pytest_rocm_parity.errors import CaptureError
+from pytest_rocm_parity.golden import GoldenStore
+
+
+class Float64Only(nn.Module):
+    """A kernel whose float64 path misbehaves: ``mode`` says how."""
+
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.mode = mode
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        if y.dtype == torch.float64:
+            if self.mode == "raise":
+                raise RuntimeError("no float64 kernel for this op")
+            return y / 0.0
+        return y
+
+
+class Net(nn.Module):
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(8, 8), Float64Only(mode), nn.Linear(8, 8)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+@pytest.mark.parametrize("mode, says", [("raise", "float64 truth run failed in blocks.1"),
+                                        ("nan", "float64 truth of blocks.1")])
+def test_a_module_without_a_float64_truth_is_named_and_nothing_is_written(mode: str, says: str) -> None:
+    torch.manual_seed(0)
+    store = GoldenStore(tempfile.mkdtemp())
+    with pytest.raises(CaptureError, match=says) as err:
+        capture(Net(mode), torch.randn(2, 8), CheckSpec(name="n", dtypes=["float32"], drill=0), store, "cpu")
+    assert "Fix" in str(err.value) or "capture with" in str(err.value)
+    assert not store.exists("n")
+
+
+def test_nan_at_padded_positions_of_the_truth_is_not_refused() -> None:
+    """Left padding with eager attention: the float64 truth of a fully masked row is NaN there,
+    which is not judged; the capture succeeds."""
+    from parity_models import llama, tokens
+
+    store = GoldenStore(tempfile.mkdtemp())
+    capture(llama("eager"), tokens("left"), CheckSpec(name="l", dtypes=["float32"]), store, "cpu")
+    assert store.exists("l")

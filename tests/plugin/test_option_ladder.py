@@ -1,0 +1,64 @@
+"""The precision ladder: an explicit low-precision dtypes list keeps the float32 rung unless
+ladder=False (the check's argument, the marker or the ini key parity_ladder) drops it."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+BF16_ONLY = '''
+import pytest
+from conftest import make_model, make_inputs
+
+{marker}
+def test_tiny(parity):
+    parity.check(make_model(), make_inputs(), name="tiny", dtypes=["bfloat16"]{extra})
+'''
+
+
+def _write(project: pytest.Pytester, marker: str = "", extra: str = "") -> None:
+    project.makepyfile(test_tiny=BF16_ONLY.format(marker=marker, extra=extra))
+
+
+def _rungs(project: pytest.Pytester) -> list[str]:
+    manifest = json.loads((project.path / "goldens" / "tiny" / "manifest.json").read_text())
+    return list(manifest["rungs"])
+
+
+def test_bf16_alone_keeps_the_float32_rung_and_says_where_the_bug_shows(project: pytest.Pytester,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    _write(project)
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    assert _rungs(project) == ["bfloat16", "float32"]
+    monkeypatch.setenv("BUG", "1")       # an approximate GELU: the same function to bf16's eye
+    result = project.runpytest("--rocm-parity", "--parity-report=rep")
+    result.assert_outcomes(failed=1)
+    doc = json.loads((project.path / "rep" / "parity-report.json").read_text())
+    by = {c["dtype"]: c for c in doc["checks"]}
+    assert not by["float32"]["passed"] and by["float32"]["culprit"] == "blocks.1.act"
+    bf16_notes = " ".join(by["bfloat16"]["notes"])
+    if by["bfloat16"]["passed"]:
+        assert "found at float32 only" in bf16_notes
+    else:
+        assert "float32 rung fails too" in bf16_notes
+
+
+@pytest.mark.parametrize("how", ["argument", "marker", "ini"])
+def test_ladder_false_judges_only_the_dtypes_asked_for(project: pytest.Pytester, how: str) -> None:
+    if how == "argument":
+        _write(project, extra=", ladder=False")
+    elif how == "marker":
+        _write(project, marker="@pytest.mark.parity(ladder=False)")
+    else:
+        _write(project)
+        project.makeini("[pytest]\nparity_ladder = false\n")
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    assert _rungs(project) == ["bfloat16"]
+
+
+def test_a_model_left_in_training_mode_is_judged_in_eval_mode_with_a_note(project: pytest.Pytester) -> None:
+    """The tiny model is built in training mode (nn.Module's default)."""
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    project.runpytest("--rocm-parity", "--parity-report=rep").assert_outcomes(passed=1)
+    doc = json.loads((project.path / "rep" / "parity-report.json").read_text())
+    assert any("training mode" in n and "eval mode" in n for n in doc["checks"][0]["notes"])
