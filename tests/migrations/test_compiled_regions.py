@@ -1,0 +1,48 @@
+"""The plugin's hooks stay out of Dynamo's tracing: regional compilation of a decoder's and a
+state-space model's layers replays cleanly, and a miscompiled layer is named."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from parity_models import capture_then_replay, llama, tokens, verdicts
+from pytest_rocm_parity.engine import CheckSpec
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "families"))
+import family_models as fm  # noqa: E402
+
+
+def _scaled_backend(gm: torch.fx.GraphModule, _example: list[torch.Tensor]):  # type: ignore[no-untyped-def]
+    def run(*args: torch.Tensor) -> list[torch.Tensor]:
+        return [o * 1.01 if isinstance(o, torch.Tensor) and o.is_floating_point() else o for o in gm(*args)]
+    return run
+
+
+def _mamba() -> torch.nn.Module:
+    model, _inputs = fm.build_mamba()
+    return model
+
+
+def _mamba_inputs():  # type: ignore[no-untyped-def]
+    return fm.build_mamba()[1]
+
+
+CASES = [("llama", lambda: llama("sdpa"), tokens, lambda m: m.model.layers, "model.layers.1"),
+         ("mamba", _mamba, _mamba_inputs, lambda m: m.layers, "layers.1")]
+
+
+@pytest.mark.parametrize("family, build, inputs, layers, layer", CASES, ids=[c[0] for c in CASES])
+def test_regionally_compiled_layers_replay_and_a_miscompiled_one_is_named(family, build, inputs, layers,  # type: ignore[no-untyped-def]
+                                                                         layer) -> None:
+    cand = build()
+    for block in layers(cand):
+        block.compile(backend="aot_eager")
+    res = capture_then_replay(build, cand, inputs(), CheckSpec(name="m", dtypes=["float32"]))
+    assert res[0].passed, verdicts(res)
+    bad = build()
+    layers(bad)[1].compile(backend=_scaled_backend)
+    res = capture_then_replay(build, bad, inputs(), CheckSpec(name="m", dtypes=["float32"]))
+    assert not res[0].passed and res[0].culprit.startswith(layer), verdicts(res)
