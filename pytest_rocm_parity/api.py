@@ -92,7 +92,7 @@ class Parity:
 
         ``sketch=True`` (or a group size) keeps per-layer sketches instead of full tensors: well under
         1% of the golden's size, for models whose activations are too large to keep; judged on the
-        propagated run only. ``replay="fast"`` judges the isolated pass only (about one forward);
+        propagated run only. ``replay="fast"`` is one teacher-forced run of the forward plus the deeper levels (no propagated drift);
         the default is --parity-replay, else "auto" (fast above 1B parameters). ``ladder=False``: judge only
         the dtypes asked for; by default an explicit bfloat16/float16 list keeps the float32 rung, where
         bugs below the low-precision noise show (ini ``parity_ladder``).
@@ -219,14 +219,15 @@ AUTO_DRILL_MAX_PARAMS = 1_000_000_000
 def _replay_kind(model: Any, kind: Any) -> str:
     """full or fast; auto is fast above 1B parameters (the size where drill turns 0 too), else full.
 
-    Why fast for large models: it costs about one forward, and on the fault catalogue it catches
-    what the full replay catches (docs/judging.md); full adds the propagated drift and the outputs.
+    Why fast for large models: it costs one run of the forward plus the deeper levels
+    (docs/performance.md), and on the fault catalogue it catches what the full replay catches
+    (docs/detection.md); full adds the propagated drift and the outputs.
     """
     from pytest_rocm_parity.options import REPLAY_KINDS
 
     if kind not in REPLAY_KINDS:
         raise InvalidArgument(f"replay={kind!r}: allowed {' or '.join(map(repr, REPLAY_KINDS))} (full: propagated "
-                              f"and isolated passes; fast: the isolated pass only; auto: fast above 1B parameters)")
+                              f"and isolated passes; fast: one teacher-forced run of the forward; auto: fast above 1B parameters)")
     if kind == "auto":
         return "fast" if sum(p.numel() for p in model.parameters()) > AUTO_DRILL_MAX_PARAMS else "full"
     return str(kind)

@@ -43,7 +43,7 @@ class CheckSpec:
     manifest_extra: dict[str, Any] = field(default_factory=dict)
     profile: bool = False            # profiler parity (--parity-profile)
     sketch: int = 0                  # >0: sketch golden with this group size (pytest_rocm_parity/sketch.py)
-    replay: str = "full"             # "full": propagated + isolated passes; "fast": isolated only (--parity-replay)
+    replay: str = "full"             # "full": propagated + isolated passes; "fast": one teacher-forced forward plus deeper levels (--parity-replay)
     report_dir: Any = None           # where obtained tensors of failing layers are saved
     golden_size_limit: int | None = None   # bytes a golden should stay under (--parity-golden-size-limit); None: no limit
 

@@ -75,8 +75,8 @@ def parse_replay(value: str) -> str:
     v = value.strip().lower()
     if v not in REPLAY_KINDS:
         raise pytest.UsageError(f"{REPLAY}={value!r}: allowed values are auto (default: fast above 1B parameters), "
-                                f"full (propagated + isolated passes) and fast (one isolated pass per nesting "
-                                f"level: about one forward)")
+                                f"full (propagated + isolated passes) and fast (one teacher-forced run of the "
+                                f"forward plus the deeper levels)")
     return v
 
 
@@ -116,8 +116,9 @@ def addoption(parser: pytest.Parser) -> None:
     add(DRILL, "parity_drill", "sub-module depth captured below each selected block for drill-down (any N >= 0; "
         "default: the deepest whose golden fits the golden-size limit)",
         type=parse_drill, metavar="N")
-    add(REPLAY, "parity_replay", "full: propagated and isolated passes; fast: the isolated pass only, about the "
-        "cost of one forward (docs/judging.md says what it does not judge); auto (default): fast above 1B parameters",
+    add(REPLAY, "parity_replay", "full: propagated and isolated passes; fast: one teacher-forced run of the "
+        "candidate's forward plus the deeper levels (docs/judging.md says what it does not judge); auto (default): "
+        "fast above 1B parameters",
         type=parse_replay, metavar="auto|full|fast")
     parser.addini("parity_ladder", type="bool", default=True,
                   help="keep the float32 rung of the precision ladder beside an explicit low-precision dtypes "

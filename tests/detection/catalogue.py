@@ -510,7 +510,7 @@ def by_id(case_id: str) -> Case:
 
 RUNGS = ["bfloat16", "float16", "float32"]
 SKETCH = 0   # bench/detection.py --sketch G: judge the catalogue against sketch goldens instead
-REPLAY = "full"   # bench/detection.py --replay fast: the isolated pass only
+REPLAY = "full"   # bench/detection.py --replay fast: one teacher-forced run of the forward
 
 
 def spec_for(family: str, tolerance: Tolerance | None = None) -> Any:
