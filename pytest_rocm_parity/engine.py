@@ -87,15 +87,26 @@ def default_dtypes(model: Any) -> list[str]:
 
 
 def fingerprint(model: Any) -> dict[str, str]:
-    """Structure hash (names, classes, shapes) and a sampled weight hash (fast at any size)."""
+    """Structure hash (names, classes, shapes) and a sampled weight hash (fast at any size), of the
+    model as it is without adapters (wrappers.plain_view)."""
     import torch
 
+    from pytest_rocm_parity.wrappers import plain_view
+
+    mods, tensors = plain_view(model)
     s = hashlib.sha256()
-    for name, mod in model.named_modules():
-        s.update(f"{name}:{type(mod).__name__};".encode())
+    for name, cls in mods:
+        s.update(f"{name}:{cls};".encode())
     w = hashlib.sha256()
+    # parameters, then buffers, as named_parameters() and named_buffers() list them (tied ones once)
+    params = [(n, t) for n, t in tensors if isinstance(t, torch.nn.Parameter)]
+    buffers = [(n, t) for n, t in tensors if not isinstance(t, torch.nn.Parameter)]
+    seen: set[int] = set()
     with torch.no_grad():
-        for name, p in list(model.named_parameters()) + list(model.named_buffers()):
+        for name, p in params + buffers:
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
             s.update(f"{name}:{tuple(p.shape)};".encode())
             flat = p.detach().reshape(-1)
             if flat.numel() == 0 or not (flat.is_floating_point() or flat.dtype in (torch.int64, torch.int32)):

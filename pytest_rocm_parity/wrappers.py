@@ -114,3 +114,36 @@ def training_modules(model: Any, modules: list[Any] | None = None) -> list[str]:
     if not any(m.training for m in (modules if modules is not None else model.modules())):
         return []
     return [n or type(model).__name__ for n, m in model.named_modules() if m.training]
+
+
+def is_adapter_layer(mod: Any) -> bool:
+    """A PEFT tuner layer (LoRA and its kin): the plain module it replaced is its ``base_layer``."""
+    return hasattr(mod, "base_layer") and type(mod).__module__.startswith("peft.")
+
+
+def plain_view(model: Any) -> tuple[list[tuple[str, str]], list[tuple[str, Any]]]:
+    """(module name, class name) and (tensor name, tensor) of ``model`` as the model without its
+    adapters: an adapter layer stands for its base layer, under the base layer's class and with the
+    base layer's parameters and buffers; the adapter's own modules and weights are left out.
+
+    Why: a golden is captured on the plain model; the same model with a PEFT adapter attached must
+    match its structure, so that the adapter's effect is judged as numbers, module by module.
+    """
+    mods: list[tuple[str, str]] = []
+    tensors: list[tuple[str, Any]] = []
+    seen: set[int] = set()   # each module once, under its first name, as named_modules() gives them
+
+    def walk(prefix: str, mod: Any) -> None:
+        if id(mod) in seen:
+            return
+        seen.add(id(mod))
+        shown = mod.base_layer if is_adapter_layer(mod) else mod
+        mods.append((prefix, type(shown).__name__))
+        for n, t in list(shown._parameters.items()) + list(shown._buffers.items()):
+            if t is not None:
+                tensors.append((f"{prefix}.{n}" if prefix else n, t))
+        for n, child in shown._modules.items():
+            if child is not None:
+                walk(f"{prefix}.{n}" if prefix else n, child)
+    walk("", model)
+    return mods, tensors
