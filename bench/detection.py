@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     res["sketch"] = a.sketch
     res["replay"] = a.replay
     md = (f"Sketch goldens, groups of {a.sketch} (propagated judgement only).\n\n" if a.sketch else "") + \
-        ("Fast replay (isolated pass only).\n\n" if a.replay == "fast" else "") + markdown(res)
+        ("Fast replay (one teacher-forced run of the forward plus the deeper levels).\n\n" if a.replay == "fast" else "") + markdown(res)
     print(md)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
