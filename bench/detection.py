@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", default="")
     ap.add_argument("--ladders", default=",".join(C.LADDERS))
     ap.add_argument("--sketch", type=int, default=0, help="judge against sketch goldens with this group size")
-    ap.add_argument("--replay", default="full", choices=["full", "fast"], help="fast: judge the isolated pass only")
+    ap.add_argument("--replay", default="full", choices=["full", "fast"], help="fast: one teacher-forced run of the forward plus the deeper levels")
     a = ap.parse_args(argv)
     C.SKETCH = a.sketch
     C.REPLAY = a.replay
