@@ -370,3 +370,5 @@ def ladder_notes(results: list[CheckResult]) -> None:
         elif r.passed and not f32.passed:
             r.notes.append(f"found at float32 only: a change below the noise of {r.dtype} "
                            f"(culprit {f32.culprit or 'the outputs'})")
+            f32.notes.append(f"the {r.dtype} rung passed: this change is below the noise of {r.dtype} arithmetic; "
+                             f"the float32 rung of the precision ladder found it (a changed computation, not precision)")

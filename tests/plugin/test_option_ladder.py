@@ -39,6 +39,7 @@ def test_bf16_alone_keeps_the_float32_rung_and_says_where_the_bug_shows(project:
     bf16_notes = " ".join(by["bfloat16"]["notes"])
     if by["bfloat16"]["passed"]:
         assert "found at float32 only" in bf16_notes
+        result.stdout.fnmatch_lines(["*note: the bfloat16 rung passed: this change is below the noise*"])
     else:
         assert "float32 rung fails too" in bf16_notes
 
