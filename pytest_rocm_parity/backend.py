@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import platform
-import re
 import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -76,18 +75,18 @@ def parse_hip_version(hip: str | None) -> str | None:
 
 def short_version(version: str | None) -> str | None:
     """``'6.3.42131-fa1d'`` or ``'2.7.1+rocm6.3'`` -> ``'6.3'`` / ``'2.7'`` (major.minor)."""
-    if not version:
-        return None
-    m = re.match(r"(\d+)\.(\d+)", str(version))
-    return f"{m.group(1)}.{m.group(2)}" if m else None
+    from pytest_rocm_parity.compat import major_minor
+
+    return major_minor(version)
 
 
 def wheel_rocm_tag(torch_version: str | None) -> str | None:
-    """``'2.7.1+rocm6.3'`` -> ``'6.3'``: the ROCm the wheel was built for, from its local tag."""
-    if not torch_version:
-        return None
-    m = re.search(r"\+rocm(\d+(?:\.\d+)*)", torch_version)
-    return m.group(1) if m else None
+    """``'2.7.1+rocm6.3'`` -> ``'6.3'``: the ROCm the wheel was built for, from its local version label."""
+    from pytest_rocm_parity.compat import parse_version
+
+    v = parse_version(torch_version)
+    local = v.local if v is not None else None
+    return local[len("rocm"):] if local and local.startswith("rocm") else None
 
 
 def infer_warp_size(backend: str, arch: str) -> int:

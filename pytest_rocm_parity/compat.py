@@ -6,11 +6,13 @@ changes; every verdict says the matrix date so a stale matrix is visible to user
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from typing import Any, Literal
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
 
 Status = Literal["ok", "warn", "fail"]
 
@@ -32,21 +34,52 @@ def load_matrix() -> dict[str, Any]:
     return data
 
 
-def version_tuple(version: str | None) -> tuple[int, ...]:
-    """``'2.7.1+rocm6.3'`` -> ``(2, 7, 1)``; ``'3.5.0+git1b0418a9'`` -> ``(3, 5, 0)``."""
-    if not version:
-        return ()
-    m = re.match(r"\d+(?:\.\d+)*", str(version).strip())
-    return tuple(int(p) for p in m.group(0).split(".")) if m else ()
+def parse_version(version: str | None) -> Version | None:
+    """A version string as ``packaging`` reads it; None when it holds no version at all.
+
+    HIP reports ``'6.3.42131-fa1d09cbd'``, which is not PEP 440: its build suffix is dropped.
+    """
+    text = str(version or "").strip()
+    for candidate in (text, text.split("-")[0]):
+        try:
+            return Version(candidate)
+        except InvalidVersion:
+            continue
+    return None
+
+
+def release(version: str | None) -> tuple[int, ...]:
+    """``'2.7.1+rocm6.3'`` -> ``(2, 7, 1)``; ``'3.5.0+git1b0418a9'`` -> ``(3, 5, 0)``; ``()`` for none."""
+    v = parse_version(version)
+    return v.release if v is not None else ()
 
 
 def major_minor(version: str | None) -> str | None:
-    t = version_tuple(version)
+    t = release(version)
     return f"{t[0]}.{t[1]}" if len(t) >= 2 else None
 
 
-def _vt(version: str | None) -> tuple[int, ...]:
-    return version_tuple(version)
+def _base(version: str | None) -> Version | None:
+    """The release alone: a pre-release, dev build or local build of 0.7.0 counts as 0.7.0."""
+    v = parse_version(version)
+    return Version(v.base_version) if v is not None else None
+
+
+def at_least(version: str | None, minimum: str) -> bool:
+    """Whether ``version`` is ``minimum`` or newer (False when there is no version)."""
+    v = _base(version)
+    return v is not None and v >= Version(minimum)
+
+
+def in_series(version: str | None, low: str, high: str | None) -> bool:
+    """``low <= version`` and, when ``high`` is given, ``version`` is no later than ``high``'s series
+    (``high='0.5.2'`` admits 0.5.2 and 0.5.2.post1, not 0.5.3)."""
+    v = _base(version)
+    if v is None or v < Version(low):
+        return False
+    if high is None:
+        return True
+    return v in SpecifierSet(f"<={high}") or v in SpecifierSet(f"=={high}.*")
 
 
 def torch_row(torch_version: str | None) -> dict[str, Any] | None:
@@ -70,7 +103,7 @@ def check_torch_rocm(torch_version: str | None, hip_version: str | None) -> Verd
     if hip_mm in known:
         tag = " [unverified]" if "rocm" in row.get("unverified", []) else ""
         return Verdict("ok", f"torch {torch_version} ships for ROCm {', '.join(known)}; HIP {hip_version}{tag}")
-    newest = max(known, key=_vt) if known else "?"
+    newest = max(known, key=Version) if known else "?"
     return Verdict(
         "warn",
         f"torch {torch_version} with HIP {hip_version}: published wheels target ROCm {', '.join(known)} ({_stamp()})",
@@ -119,14 +152,11 @@ def check_vllm(vllm_version: str | None, hip_version: str | None, backend: str) 
     if backend != "rocm" or hip_version is None:
         return Verdict("warn", f"vllm {vllm_version} installed but torch is not a ROCm build",
                        "use the torch bundled with the vLLM ROCm wheel (or build vLLM from source against ROCm torch)")
-    vt, hip_t = _vt(vllm_version), _vt(hip_version)[:2]
     for row in load_matrix()["vllm"]:
-        lo = _vt(row["min"])
-        hi = _vt(row["max"]) if row.get("max") else None
-        if vt[: len(lo)] < lo or (hi is not None and vt[: len(hi)] > hi):
+        if not in_series(vllm_version, row["min"], row.get("max")):
             continue
         if "rocm_min" in row:
-            good = hip_t >= _vt(row["rocm_min"])
+            good = at_least(hip_version, row["rocm_min"])
             want = f"ROCm {row['rocm_min']} or above"
         else:
             good = major_minor(hip_version) in row["rocm"]
@@ -143,7 +173,7 @@ def check_arch_rocm(arch: str, hip_version: str | None) -> Verdict | None:
     need = load_matrix()["arch_min_rocm"].get(arch)
     if need is None or hip_version is None:
         return None
-    if _vt(hip_version)[:3] >= _vt(need):
+    if at_least(hip_version, need):
         return Verdict("ok", f"{arch} needs ROCm >= {need}; HIP {hip_version}")
     return Verdict("fail", f"{arch} needs ROCm >= {need}; torch has HIP {hip_version}",
                    f"install a torch wheel built for ROCm {need} or newer")
@@ -152,5 +182,4 @@ def check_arch_rocm(arch: str, hip_version: str | None) -> Verdict | None:
 def hipblaslt_default(archs: list[str] | tuple[str, ...], hip_version: str | None) -> bool:
     """Whether torch picks hipBLASLt by default: only if *all* visible archs qualify."""
     table = load_matrix()["hipblaslt_default_archs"]
-    hv = _vt(hip_version)[:2]
-    return bool(archs) and all(a in table and hv >= _vt(table[a]) for a in archs)
+    return bool(archs) and all(a in table and at_least(major_minor(hip_version), table[a]) for a in archs)

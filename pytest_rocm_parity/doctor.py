@@ -18,6 +18,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
 from pytest_rocm_parity import compat
 from pytest_rocm_parity.backend import BackendInfo, backend_info, wheel_rocm_tag
 from pytest_rocm_parity.rocm_tools import ToolsReport, probe_tools
@@ -65,6 +68,9 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
+_TRITON_NAMES = frozenset({"triton", "pytorch-triton", "pytorch-triton-rocm"})
+
+
 def _torch_triton_pin() -> str | None:
     """The triton version torch's wheel metadata requires (GPU wheels pin one; CPU wheels none)."""
     from importlib import metadata  # noqa: PLC0415
@@ -73,10 +79,15 @@ def _torch_triton_pin() -> str | None:
         requires = metadata.requires("torch") or []
     except metadata.PackageNotFoundError:
         return None
-    for req in requires:
-        m = re.match(r"\s*(?:pytorch[-_]triton[-_]rocm|pytorch[-_]triton|triton)\s*==\s*([\w.+]+)", req)
-        if m:
-            return m.group(1)
+    for text in requires:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            continue
+        if canonicalize_name(req.name) in _TRITON_NAMES:
+            pins = [spec.version for spec in req.specifier if spec.operator in ("==", "===")]
+            if pins:
+                return pins[0]
     return None
 
 

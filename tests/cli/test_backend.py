@@ -75,6 +75,11 @@ def test_version_helpers() -> None:
     assert backend.short_version("7.2.26015") == "7.2"
     assert backend.wheel_rocm_tag("2.10.0.dev20250929+rocm7.0") == "7.0"
     assert backend.wheel_rocm_tag("2.6.0+cu124") is None
+    assert backend.wheel_rocm_tag("2.7.1+rocm6.3.4") == "6.3.4"
+    assert backend.wheel_rocm_tag("not a version") is None
+    assert backend.short_version("6.3.42131-fa1d09cbd") == "6.3"
+    assert backend.short_version("2.10.0.dev20250929+rocm7.0") == "2.10"
+    assert backend.short_version("") is None
 
 
 def test_collect_env_rocm_device_is_json_able(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -130,6 +130,9 @@ def test_gfx950_needs_rocm_7(monkeypatch: pytest.MonkeyPatch) -> None:
         ("2.8.0+rocm6.4", "6.4.43483", {"triton": "3.1.0"}, "triton", "warn"),  # pin marked unverified
         ("2.6.0+rocm6.2.4", "6.2.41133", {"vllm": "0.6.5"}, "vllm", "ok"),
         ("2.6.0+rocm6.2.4", "6.2.41133", {"vllm": "0.9.1"}, "vllm", "fail"),
+        ("2.6.0+rocm6.2.4", "6.2.41133", {"vllm": "0.6.6.post1"}, "vllm", "ok"),   # within the 0.6.6 series
+        ("2.6.0+rocm6.2.4", "6.2.41133", {"vllm": "0.6.5rc1+rocm"}, "vllm", "ok"),  # a pre-release of 0.6.5
+        ("2.7.1+rocm6.3", "6.3.42131-fa1d09cbd", {"vllm": "0.8.0.dev12+g1a2b3c"}, "vllm", "ok"),
         ("2.6.0+rocm6.2.4", "6.2.41133", {"pynvml": "11.5.0"}, "nvml", "warn"),
         ("9.9.0+rocm9.9", "9.9.1", {}, "torch-rocm", "warn"),
     ],
@@ -147,6 +150,25 @@ def test_torch_metadata_pin_beats_matrix(monkeypatch: pytest.MonkeyPatch) -> Non
     patch_torch(monkeypatch, MI300X)
     c = by_name(doctor.check_versions(facts(packages={"triton": "3.2.0", "torch:triton-pin": "3.3.0"})), "triton")
     assert c.status == "fail" and "pins triton 3.3.x" in c.detail
+
+
+@pytest.mark.parametrize("requirement", [
+    "pytorch-triton-rocm==3.3.0; platform_system == 'Linux'",
+    "Pytorch_Triton_ROCm ==3.3.0",
+    "triton==3.3.0",
+])
+def test_triton_pin_read_from_torch_requirements(monkeypatch: pytest.MonkeyPatch, requirement: str) -> None:
+    from importlib import metadata
+
+    monkeypatch.setattr(metadata, "requires", lambda name: ["filelock", "not a requirement ((", requirement])
+    assert doctor._torch_triton_pin() == "3.3.0"
+
+
+def test_no_triton_pin_in_a_cpu_wheel(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib import metadata
+
+    monkeypatch.setattr(metadata, "requires", lambda name: ["filelock", "triton>=3.0; extra == 'opt'"])
+    assert doctor._torch_triton_pin() is None
 
 
 def _tools(*names: str, error: str | None = None) -> rocm_tools.ToolsReport:
