@@ -19,13 +19,13 @@ import os
 import re
 import stat
 import struct
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from pytest_rocm_parity.atomic import atomic_write, commit, sync, temp_beside
 from pytest_rocm_parity.errors import (
     GoldenCorrupt, GoldenExists, GoldenMissing, GoldenStale, GoldenWriteError, InvalidArgument,
 )
@@ -64,19 +64,6 @@ VOLATILE_KEYS = ("created", "tool_version")
 PINNED_GOLDENS = 8
 # A tensor file of ours: <dtype>-<12 hex digits of its SHA-256>.safetensors
 _TENSOR_FILE = re.compile(r"^[a-z0-9_]+-[0-9a-f]{12}\.safetensors$")
-
-
-def _file_mode() -> int:
-    """What open() gives a new file here: 0o666 less the umask (0644 under the usual 022).
-
-    mkstemp creates 0600 files, which a teammate's checkout or a shared artifact cannot read.
-    """
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
-FILE_MODE = _file_mode()
 
 
 def safe_name(name: str) -> str:
@@ -177,7 +164,17 @@ class GoldenStore:
                 f"{path}: tensor file named by {self.manifest_path(name)} is missing; recapture this model",
                 path)
         self._inside(path)
+        check_size(path, rung)
         return path
+
+    def missing_root(self) -> str:
+        """'' when the golden directory exists, else a sentence naming it and how to point or create it."""
+        if self.root.is_dir():
+            return ""
+        what = "is not a directory" if self.root.exists() else "does not exist"
+        return (f"the golden directory {self.root} {what}: point --parity-golden-dir (or the parity_golden_dir "
+                f"ini key) at the directory holding the goldens, or create it by capturing on the reference "
+                f"machine with --rocm-parity --parity-mode=capture")
 
     # -- pins: a replay racing a regeneration reads the old golden whole -------------------------
     def _pin(self, name: str, d: Path, manifest: dict[str, Any]) -> None:
@@ -306,8 +303,7 @@ class GoldenStore:
                         tmp.unlink()
                         written.pop()
                     else:
-                        os.chmod(tmp, FILE_MODE)
-                        os.replace(tmp, final)
+                        commit(tmp, final)
                         written[-1] = final
                     size = final.stat().st_size
                     manifest["rungs"][dtype]["file"] = final.name
@@ -459,17 +455,15 @@ def _write_tensors_tmp(d: Path, tensors: dict[str, Any], metadata: dict[str, str
     tensors, complex128 = _storable(tensors)
     if complex128:
         metadata = {**metadata, COMPLEX128_KEY: json.dumps(sorted(complex128))}
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".safetensors", dir=d)
-    os.close(fd)
+    tmp = temp_beside(d, ".safetensors")
     try:
         save_file(tensors, tmp, metadata=metadata)
-        _canonicalize_header(Path(tmp))
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
+        _canonicalize_header(tmp)
+        sync(tmp)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
-    return Path(tmp)
+    return tmp
 
 
 def _canonicalize_header(path: Path) -> None:
@@ -489,17 +483,7 @@ def _canonicalize_header(path: Path) -> None:
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, FILE_MODE)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, text, durable=True)
 
 
 def _open_regular(path: Path) -> tuple[Any, int]:
@@ -707,6 +691,27 @@ def check_safetensors(path: Path, expected_sha: str | None = None) -> dict[str, 
     if expected_sha is not None:
         verify_sha(path, expected_sha)
     return header
+
+
+def check_size(path: Path, rung: dict[str, Any]) -> None:
+    """Raise GoldenCorrupt unless the file holds as many bytes as its manifest entry records.
+
+    The recorded ``bytes`` is compared with the file itself, so a manifest cannot vouch for a file
+    of another size (a truncated copy, a git-lfs pointer that was never pulled).
+    """
+    expected = rung.get("bytes")
+    if not _is_int(expected):
+        return
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise GoldenCorrupt(f"{path}: cannot read ({exc.strerror or exc})", path) from exc
+    if size != expected:
+        check_safetensors(path)   # damage the framing shows (empty, pickle, cut header) is named as such
+        raise GoldenCorrupt(
+            f"{path}: holds {size} bytes where its manifest records {expected} (truncated, replaced, or a "
+            f"git-lfs pointer that was not pulled); run `git lfs pull` if the goldens are in git-lfs, "
+            f"else recapture this golden", path)
 
 
 # (real path, size, mtime_ns, inode, expected sha) of files this process has hashed already: a suite

@@ -26,7 +26,7 @@ from typing import Any
 
 from pytest_rocm_parity.colour import enabled, paint
 from pytest_rocm_parity.errors import GoldenCorrupt, ParityError
-from pytest_rocm_parity.golden import MANIFEST, RungReader, check_safetensors, load_manifest
+from pytest_rocm_parity.golden import MANIFEST, RungReader, check_safetensors, check_size, load_manifest, verify_sha
 from pytest_rocm_parity.selection import describe
 
 OUTPUT = "<output>"
@@ -62,6 +62,10 @@ def _rung_path(d: Path, manifest: dict[str, Any], rung: str) -> Path:
     p = d / fname
     if not p.is_file():
         raise GoldenNotFound(f"{p}: tensor file of the {rung} rung is missing")
+    meta = manifest["rungs"][rung]
+    check_size(p, meta)
+    if isinstance(meta.get("sha256"), str):
+        verify_sha(p, meta["sha256"])
     return p
 
 
@@ -177,7 +181,10 @@ def _show_golden(path: str | Path, dtypes: list[str] | None, stats: bool) -> dic
         reader = RungReader(fpath, "cpu") if stats else None
         rows = []
         for key, leaf, tk, truth_key in _leaves(meta):
-            h = header.get(tk, {})
+            if tk not in header:
+                raise GoldenCorrupt(f"{fpath}: manifest names tensor {tk!r} that the file lacks (manifest and "
+                                    f"tensors do not match); recapture this golden", fpath)
+            h = header[tk]
             start, end = h.get("data_offsets", (0, 0))
             row: dict[str, Any] = {"layer": key, "leaf": leaf, "shape": h.get("shape"), "dtype": h.get("dtype"),
                                    "bytes": int(end) - int(start)}

@@ -38,8 +38,6 @@ from pytest_rocm_parity.tolerance import Tolerance
 from pytest_rocm_parity.tree import constant_leaves, map_tensors, tensor_leaves
 from pytest_rocm_parity.wrappers import cast_in_place, training_modules, unwrap
 
-VERIFY_HASH_MAX_BYTES = 512 * 1024 * 1024
-
 
 def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: RungReader, rung: str,
                         args0: Any, kwargs0: Any, selected: list[Selected]) -> CheckResult:
@@ -202,8 +200,7 @@ def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device:
     for rung in spec.dtypes:
         meta = manifest["rungs"][rung]
         path = store.rung_file(spec.name, manifest, rung)
-        sha = meta.get("sha256") if int(meta.get("bytes", 0)) <= VERIFY_HASH_MAX_BYTES else None
-        reader = RungReader(path, str(home_device(inner, device)), sha, background_verify=True)
+        reader = RungReader(path, str(home_device(inner, device)), meta.get("sha256"), background_verify=True)
         try:
             _preload(reader, spec)
             why = _inputs_changed(args0, kwargs0, reader, rung, meta)

@@ -39,9 +39,9 @@ def test_truncated_tensor_file(golden: Golden, keep: float) -> None:
 
 
 def test_truncated_tensor_file_caught_without_manifest_hash(golden: Golden) -> None:
-    """The framing check alone (no sha256 in the manifest) still refuses a truncated file."""
+    """The framing check alone (no sha256 or bytes in the manifest) still refuses a truncated file."""
     m = golden.manifest_json()
-    del m["rungs"]["float32"]["sha256"]
+    del m["rungs"]["float32"]["sha256"], m["rungs"]["float32"]["bytes"]
     golden.write_manifest(m)
     p = golden.tensor_file()
     p.write_bytes(p.read_bytes()[:-4])
