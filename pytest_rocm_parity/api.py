@@ -154,7 +154,9 @@ class Parity:
             return []
         if not exists:
             s.goldens.missing.append(spec.name)
+            no_dir = s.store.missing_root()
             _fail(GoldenMissing(
+                f"no golden for {spec.name!r}: {no_dir}" if no_dir else
                 f"no golden for {spec.name!r} in {s.store.root}. Capture it on the reference machine (CUDA) and "
                 f"commit it: pytest --rocm-parity --parity-mode=capture {spec.test}".rstrip(),
                 s.store.manifest_path(spec.name)))
@@ -332,6 +334,13 @@ def _require_module(model: Any) -> None:
 
     if not isinstance(model, torch.nn.Module):
         raise InvalidArgument(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    on_meta = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
+    if on_meta:
+        raise InvalidArgument(
+            f"model: {len(on_meta)} parameter(s) or buffer(s) are on the meta device (first: {on_meta[0]}), "
+            f"which holds shapes but no values, so there is nothing to run or compare. Materialize the "
+            f"weights first: model.to_empty(device='cpu') then model.load_state_dict(state_dict), or load "
+            f"the model without init_empty_weights / device_map='meta'")
 
 
 class OpChecker:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pytest_rocm_parity.errors import BackendUnavailable, GoldenError, GoldenMissing
-from pytest_rocm_parity.golden import MANIFEST, GoldenStore, safe_name, sha256_file
+from pytest_rocm_parity.errors import BackendUnavailable, GoldenCorrupt, GoldenError, GoldenMissing, ParityError
+from pytest_rocm_parity.golden import MANIFEST, MAX_MANIFEST_BYTES, GoldenStore, load_manifest, safe_name, sha256_file
 
 
 def is_url(path: object) -> bool:
@@ -47,36 +48,76 @@ class RemoteGoldenStore(GoldenStore):
         base = f"{self.remote_root.rstrip('/')}/{safe_name(name)}"
         return f"{base}/{fname}" if fname else base
 
+    def _plain_file(self, rpath: str, where: str, max_bytes: int | None = None) -> int:
+        """The size of the remote ``rpath``, refused unless it is a plain file (never a FIFO, device or
+        directory, which could block a read forever) of at most ``max_bytes``."""
+        try:
+            info = self.fs.info(rpath)
+        except (OSError, ValueError) as exc:
+            raise GoldenError(f"{where}: cannot read ({exc}); check the URL and credentials", rpath) from exc
+        kind, size = info.get("type"), info.get("size")
+        if kind != "file" or not isinstance(size, int):
+            raise GoldenCorrupt(f"{where}: not a plain file ({kind}); a golden is plain files only. Remove it "
+                                f"from the store and upload the golden again", rpath)
+        if max_bytes is not None and size > max_bytes:
+            raise GoldenCorrupt(f"{where}: manifest of {size} bytes exceeds {max_bytes}; it is not a "
+                                f"pytest-rocm-parity manifest. Recapture and upload this golden", rpath)
+        return size
+
+    def _read_manifest_bytes(self, rpath: str, where: str) -> bytes:
+        """A remote manifest's bytes, read within the local reader's bound."""
+        self._plain_file(rpath, where, MAX_MANIFEST_BYTES)
+        try:
+            with self.fs.open(rpath, "rb") as f:
+                raw = f.read(MAX_MANIFEST_BYTES + 1)
+        except OSError as exc:
+            raise GoldenError(f"{where}: cannot read ({exc}); check the URL and credentials", rpath) from exc
+        if not isinstance(raw, bytes) or len(raw) > MAX_MANIFEST_BYTES:
+            raise GoldenCorrupt(f"{where}: manifest exceeds {MAX_MANIFEST_BYTES} bytes; it is not a "
+                                f"pytest-rocm-parity manifest. Recapture and upload this golden", rpath)
+        return raw
+
+    def _validated(self, raw: bytes, tmp: Path, where: str) -> dict[str, Any]:
+        """``raw`` written to ``tmp`` and checked by the local manifest reader; errors name ``where``."""
+        tmp.write_bytes(raw)
+        try:
+            return load_manifest(tmp)
+        except GoldenError as exc:
+            tmp.unlink(missing_ok=True)
+            raise type(exc)(str(exc).replace(str(tmp), where), where) from None
+
     def _fetch(self, name: str) -> None:
         """Bring the remote manifest and any tensor file missing or different in the cache."""
         rm = self._remote(name, MANIFEST)
+        where = f"{self.url}/{safe_name(name)}/{MANIFEST}"
         try:
             if not self.fs.exists(rm):
                 return
-            raw = self.fs.cat_file(rm)
         except OSError as exc:
-            raise GoldenError(f"{self.url}/{safe_name(name)}/{MANIFEST}: cannot read ({exc}); check the URL and "
-                              f"credentials", rm) from exc
+            raise GoldenError(f"{where}: cannot read ({exc}); check the URL and credentials", rm) from exc
+        raw = self._read_manifest_bytes(rm, where)
         d = self.dir_for(name)
         d.mkdir(parents=True, exist_ok=True)
-        try:
-            files = {str(r.get("file")): r.get("sha256") for r in json.loads(raw).get("rungs", {}).values()}
-        except (ValueError, AttributeError):
-            files = {}
-        for fname, sha in files.items():
-            local = d / Path(fname).name
+        tmp = d / f".tmp-{MANIFEST}"
+        manifest = self._validated(raw, tmp, where)
+        for r in manifest["rungs"].values():
+            fname, sha = Path(str(r["file"])).name, r.get("sha256")
+            local = d / fname
             if local.exists() and sha and sha256_file(local) == sha:
                 continue  # cached and verified
-            tmp = d / f".tmp-{Path(fname).name}"
+            size = self._plain_file(self._remote(name, fname), f"{self.url}/{safe_name(name)}/{fname}")
+            if isinstance(r.get("bytes"), int) and size != r["bytes"]:
+                raise GoldenCorrupt(f"{self.url}/{safe_name(name)}/{fname}: holds {size} bytes where its manifest "
+                                    f"records {r['bytes']} (truncated or replaced); recapture and upload this golden",
+                                    rm)
+            tmp_file = d / f".tmp-{fname}"
             try:
-                self.fs.get_file(self._remote(name, Path(fname).name), str(tmp))
+                self.fs.get_file(self._remote(name, fname), str(tmp_file))
             except (OSError, FileNotFoundError) as exc:
-                tmp.unlink(missing_ok=True)
+                tmp_file.unlink(missing_ok=True)
                 raise GoldenError(f"{self.url}/{safe_name(name)}/{fname}: named by the manifest but cannot be "
                                   f"fetched ({exc}); recapture and upload this golden", rm) from exc
-            os.replace(tmp, local)
-        tmp = d / f".tmp-{MANIFEST}"
-        tmp.write_bytes(raw)
+            os.replace(tmp_file, local)
         os.replace(tmp, d / MANIFEST)
 
     def exists(self, name: str) -> bool:
@@ -84,6 +125,16 @@ class RemoteGoldenStore(GoldenStore):
             return bool(self.fs.exists(self._remote(name, MANIFEST)))
         except OSError:
             return super().exists(name)
+
+    def missing_root(self) -> str:
+        try:
+            if self.fs.isdir(self.remote_root):
+                return ""
+        except OSError as exc:
+            return f"the golden directory {self.url} cannot be read ({exc}); check the URL and credentials"
+        return (f"the golden directory {self.url} does not exist: point --parity-golden-dir (or the "
+                f"parity_golden_dir ini key) at the URL holding the goldens, or create it by capturing on the "
+                f"reference machine with --rocm-parity --parity-mode=capture")
 
     def read_manifest(self, name: str) -> dict[str, Any]:
         self._fetch(name)
@@ -97,6 +148,7 @@ class RemoteGoldenStore(GoldenStore):
         mpath = super().write(name, manifest, rungs, overwrite)
         d = self.dir_for(name)
         m = json.loads(mpath.read_text("utf-8"))
+        self.fs.makedirs(self._remote(name), exist_ok=True)   # a file:// store does not create parents itself
         for r in m.get("rungs", {}).values():
             self.fs.put_file(str(d / r["file"]), self._remote(name, r["file"]))
         self.fs.put_file(str(mpath), self._remote(name, MANIFEST))  # the commit point, last
@@ -109,11 +161,20 @@ class RemoteGoldenStore(GoldenStore):
             return
         for entry in sorted(entries):
             base = str(entry).rstrip("/").rsplit("/", 1)[-1]
+            rpath = f"{str(entry).rstrip('/')}/{MANIFEST}"
             try:
-                raw = self.fs.cat_file(f"{str(entry).rstrip('/')}/{MANIFEST}")
-                yield str(json.loads(raw).get("name", base)), self.root / base
-            except (OSError, FileNotFoundError, ValueError):
+                if not self.fs.exists(rpath):
+                    continue
+            except OSError:
                 continue
+            try:   # a damaged manifest is listed by its directory's name, as a local one is
+                raw = self._read_manifest_bytes(rpath, f"{self.url}/{base}/{MANIFEST}")
+                self.root.mkdir(parents=True, exist_ok=True)
+                with tempfile.TemporaryDirectory(dir=self.root, prefix=".tmp-") as scratch:
+                    name = self._validated(raw, Path(scratch) / MANIFEST, rpath).get("name", base)
+            except ParityError:
+                name = base
+            yield name if isinstance(name, str) else base, self.root / base
 
 
 def open_store(location: str | os.PathLike[str]) -> GoldenStore:

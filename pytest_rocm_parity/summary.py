@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pytest_rocm_parity.tables import text_table
+
 MAX_LISTED = 20
 MAX_REASON = 110
 
@@ -23,7 +25,6 @@ def _culprit_reason(r: dict[str, Any]) -> str:
 def check_line(r: dict[str, Any], width: int = 0) -> list[str]:
     """The line (and indented detail lines) of one check result dict."""
     verdict = "PASS" if r.get("passed") else "FAIL"
-    head = f"{verdict} {str(r.get('name', '')).ljust(width)} [{r.get('dtype', '')}]"
     parts = []
     if r.get("culprit"):
         block = r.get("culprit_block")
@@ -34,7 +35,8 @@ def check_line(r: dict[str, Any], width: int = 0) -> list[str]:
         parts.append("no culprit in isolation")
     if r.get("first_divergent") and not r.get("passed"):
         parts.append(f"first divergent {r['first_divergent']}")
-    out = [head + ("  " + "; ".join(parts) if parts else "")]
+    out = text_table([(verdict, r.get("name", ""), f"[{r.get('dtype', '')}]", " " + "; ".join(parts))],
+                     widths=(4, width, 0, None), sep=" ")
     extra = r.get("extra") or {}
     lm = extra.get("lm")
     if lm:
@@ -76,6 +78,9 @@ def summary_lines(session: Any) -> list[str]:
                          ("pruned", pruned)):
         if items:
             lines.append(f"goldens {label}: {_listed(list(items))}")
+    no_dir = session.store.missing_root() if g.missing and hasattr(session, "store") else ""
+    if no_dir:
+        lines.append(no_dir[0].upper() + no_dir[1:])
     report_dir = getattr(getattr(session, "options", None), "report_dir", None)
     if report_dir is not None and res:
         lines.append(f"report: {report_dir}/parity-report.html (tables: checks.csv, layers.csv)")

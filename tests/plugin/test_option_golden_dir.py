@@ -30,3 +30,24 @@ def test_named(parity, tag):
     assert len(dirs) == 3 and len(set(dirs)) == 3
     assert all(".." not in d and "/" not in d for d in dirs)
     project.runpytest("--rocm-parity", "test_ids.py").assert_outcomes(passed=3)
+
+
+def test_missing_directory_is_named_in_the_error_and_the_summary(project: pytest.Pytester) -> None:
+    rep = project.runpytest("--rocm-parity", "--parity-golden-dir=no/such/dir")
+    rep.assert_outcomes(failed=1)
+    out = rep.stdout.str()
+    where = project.path / "no" / "such" / "dir"
+    assert f"GoldenMissing: no golden for 'tiny': the golden directory {where} does not exist" in out
+    assert "point --parity-golden-dir (or the parity_golden_dir ini key)" in out and "--parity-mode=capture" in out
+    summary = out.split("rocm-parity summary")[1]
+    assert "goldens missing: tiny" in summary and f"The golden directory {where} does not exist" in summary
+    assert not where.exists()
+
+
+def test_a_missing_golden_in_an_existing_directory_says_how_to_capture(project: pytest.Pytester) -> None:
+    (project.path / "goldens").mkdir()
+    rep = project.runpytest("--rocm-parity")
+    rep.assert_outcomes(failed=1)
+    out = rep.stdout.str()
+    assert "no golden for 'tiny' in" in out and "--parity-mode=capture test_tiny.py::test_tiny" in out
+    assert "does not exist" not in out

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,7 +28,7 @@ def _model() -> nn.Module:
 
 @pytest.fixture
 def url(request: pytest.FixtureRequest) -> Iterator[str]:
-    u = f"memory://parity-{request.node.name}/goldens"
+    u = f"memory://parity-{re.sub(r'[^A-Za-z0-9_-]', '_', request.node.name)}/goldens"
     yield u
     fs = fsspec.filesystem("memory")
     top = "/" + u.split("://", 1)[1].split("/")[0]
@@ -95,3 +96,122 @@ def test_m(parity):
     manifest = json.loads(fsspec.filesystem("memory").cat_file("/plugin-url/goldens/url-model/manifest.json"))
     assert manifest["name"] == "url-model"
     fsspec.filesystem("memory").rm("/plugin-url", recursive=True)
+
+
+# -- remote manifests go through the local reader's bounds and checks --------------------------------
+
+def _captured(url: str, tmp_path: Path) -> torch.Tensor:
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(1))
+    capture(_model(), x, CheckSpec(name="mlp", dtypes=["float32"]), RemoteGoldenStore(url, cache_dir=tmp_path / "w"),
+            "cpu", env={})
+    return x
+
+
+def _replay(url: str, tmp_path: Path, x: torch.Tensor) -> None:
+    replay(_model(), x, CheckSpec(name="mlp", dtypes=["float32"]), RemoteGoldenStore(url, cache_dir=tmp_path / "r"),
+           "cpu", env={})
+
+
+@pytest.mark.parametrize("body", ["[" * 100_000 + "]" * 100_000, '{"format": 1, "rungs": {"float32": 3}}',
+                                  "not json", '{"format": 1, "rungs": {}, "fingerprint": ' + "[" * 5000 + "]" * 5000 + "}"],
+                         ids=["deep", "bad-rung", "not-json", "deep-field"])
+def test_damaged_remote_manifest_is_a_golden_corrupt_naming_the_url(url: str, tmp_path: Path, body: str) -> None:
+    x = _captured(url, tmp_path)
+    fsspec.filesystem("memory").pipe_file(url.split("://", 1)[1] + "/mlp/manifest.json", body.encode())
+    with pytest.raises(GoldenCorrupt) as exc:
+        _replay(url, tmp_path, x)
+    assert f"{url}/mlp/manifest.json" in str(exc.value) and "recapture" in str(exc.value)
+    assert not list((tmp_path / "r").rglob("manifest.json")), "a refused manifest reached the cache"
+
+
+def test_remote_manifest_over_the_bound_is_refused_before_it_is_read(url: str, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import pytest_rocm_parity.remote as remote
+
+    x = _captured(url, tmp_path)
+    monkeypatch.setattr(remote, "MAX_MANIFEST_BYTES", 64)
+    opened: list[str] = []
+    monkeypatch.setattr(fsspec.filesystem("memory"), "open", lambda *a, **k: opened.append(a[0]))
+    with pytest.raises(GoldenCorrupt, match="exceeds 64"):
+        _replay(url, tmp_path, x)
+    assert not opened
+
+
+def test_remote_tensor_file_of_another_size_is_refused_before_download(url: str, tmp_path: Path) -> None:
+    x = _captured(url, tmp_path)
+    fs = fsspec.filesystem("memory")
+    tensor = next(p for p in fs.ls(url.split("://", 1)[1] + "/mlp", detail=False) if p.endswith(".safetensors"))
+    fs.pipe_file(tensor, fs.cat_file(tensor)[:-8])
+    with pytest.raises(GoldenCorrupt, match="where its manifest records"):
+        _replay(url, tmp_path, x)
+
+
+@pytest.mark.parametrize("which", ["manifest", "tensor"])
+def test_fifo_in_a_file_url_store_is_refused_without_hanging(tmp_path: Path, which: str) -> None:
+    import os
+    import signal
+
+    url = f"file://{tmp_path / 'remote'}"
+    x = _captured(url, tmp_path)
+    d = tmp_path / "remote" / "mlp"
+    target = d / "manifest.json" if which == "manifest" else next(d.glob("*.safetensors"))
+    target.unlink()
+    os.mkfifo(target)
+    signal.signal(signal.SIGALRM, lambda *_: pytest.fail("reading a FIFO hung"))
+    signal.alarm(20)
+    try:
+        with pytest.raises(GoldenCorrupt, match="not a plain file") as exc:
+            _replay(url, tmp_path, x)
+    finally:
+        signal.alarm(0)
+    assert target.name in str(exc.value)
+
+
+def test_a_bad_unrelated_remote_manifest_is_listed_by_name_and_breaks_nothing(url: str, tmp_path: Path) -> None:
+    x = _captured(url, tmp_path)
+    fs = fsspec.filesystem("memory")
+    root = url.split("://", 1)[1]
+    fs.pipe_file(f"{root}/deep/manifest.json", ("[" * 100_000 + "]" * 100_000).encode())
+    fs.pipe_file(f"{root}/junk/manifest.json", b"\x80\x04pickle")
+    store = RemoteGoldenStore(url, cache_dir=tmp_path / "r")
+    assert sorted(n for n, _ in store.names_on_disk()) == ["deep", "junk", "mlp"]
+    (res,) = replay(_model(), x, CheckSpec(name="mlp", dtypes=["float32"]), store, "cpu", env={})
+    assert res.passed
+
+
+def test_plugin_run_with_a_bad_remote_manifest_passes_with_its_summary(pytester: pytest.Pytester, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PARITY_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("CI", raising=False)
+    pytester.makepyfile(test_url='''
+import torch
+from torch import nn
+
+def test_m(parity):
+    torch.manual_seed(0)
+    parity.check(nn.Sequential(nn.Linear(8, 8), nn.ReLU()), torch.ones(2, 8), name="ok", dtypes=["float32"])
+''')
+    u = "memory://plugin-bad/goldens"
+    try:
+        pytester.runpytest("--rocm-parity", "--parity-mode=capture", f"--parity-golden-dir={u}").assert_outcomes(passed=1)
+        fsspec.filesystem("memory").pipe_file("/plugin-bad/goldens/other/manifest.json", b"[" * 100_000)
+        rep = pytester.runpytest("--rocm-parity", f"--parity-golden-dir={u}", "--parity-prune-obsolete")
+        rep.assert_outcomes(passed=1)
+        assert "rocm-parity summary" in rep.stdout.str() and rep.ret == 0
+    finally:
+        fsspec.filesystem("memory").rm("/plugin-bad", recursive=True)
+
+
+def test_missing_remote_golden_directory_is_named(pytester: pytest.Pytester, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PARITY_CACHE_DIR", str(tmp_path / "cache"))
+    pytester.makepyfile(test_url='''
+import torch
+from torch import nn
+
+def test_m(parity):
+    parity.check(nn.Linear(4, 4), torch.ones(2, 4), name="m", dtypes=["float32"])
+''')
+    rep = pytester.runpytest("--rocm-parity", "--parity-golden-dir=memory://nowhere-at-all/goldens")
+    rep.assert_outcomes(failed=1)
+    rep.stdout.fnmatch_lines(["*golden directory memory://nowhere-at-all/goldens does not exist*--parity-golden-dir*"])

@@ -1,0 +1,55 @@
+"""The model argument: a model whose weights are on the meta device is our own error naming the
+argument and the fix, in the test's failure and without a traceback into the plugin."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from pytest_rocm_parity.api import _require_module
+from pytest_rocm_parity.errors import InvalidArgument
+
+META_TEST = '''
+import torch
+from conftest import Tiny, make_inputs
+
+def test_meta(parity):
+    with torch.device("meta"):
+        m = Tiny()
+    parity.check(m, make_inputs(), name="meta", dtypes=["float32"])
+
+def test_meta_lm(parity):
+    with torch.device("meta"):
+        m = Tiny()
+    parity.check_lm(m, make_inputs(), name="meta-lm", dtypes=["float32"])
+'''
+
+
+@pytest.mark.parametrize("mode", ["capture", "replay"])
+def test_meta_model_fails_with_the_fix(project: pytest.Pytester, mode: str) -> None:
+    project.makepyfile(test_meta=META_TEST)
+    rep = project.runpytest("--rocm-parity", f"--parity-mode={mode}", "test_meta.py")
+    rep.assert_outcomes(failed=2)
+    out = rep.stdout.str()
+    failures = out.split("= FAILURES =")[1].split("short test summary")[0]
+    assert failures.count("InvalidArgument: model: ") == 2, failures
+    assert "on the meta device (first: emb.weight)" in out and "model.to_empty(device='cpu')" in out
+    assert "load_state_dict" in out
+    assert "Traceback" not in out and "NotImplementedError" not in out and "api.py:" not in out
+    assert not (project.path / "goldens" / "meta").exists()
+
+
+def test_meta_buffers_are_named_too() -> None:
+    m = nn.BatchNorm1d(4)
+    m.register_buffer("running_mean", torch.empty(4, device="meta"))
+    with pytest.raises(InvalidArgument, match=r"1 parameter\(s\) or buffer\(s\) .*first: running_mean"):
+        _require_module(m)
+
+
+def test_materialized_model_is_accepted() -> None:
+    with torch.device("meta"):
+        m = nn.Linear(4, 4)
+    state = nn.Linear(4, 4).state_dict()
+    m = m.to_empty(device="cpu")
+    m.load_state_dict(state)
+    _require_module(m)
