@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytest_rocm_parity.records import CheckResult, LayerRecord
+from pytest_rocm_parity.tables import text_table
 
 MAX_ROWS = 24
 MAX_CHARS = 6000
@@ -39,12 +40,15 @@ def _verdict(l: LayerRecord) -> str:
     return "drift propagated" if not l.prop_passed else "ok"
 
 
-def _row(l: LayerRecord, culprit: str | None = None) -> str:
+def _cells(l: LayerRecord, culprit: str | None = None) -> tuple[str, ...]:
     iso, prop = l.iso, l.prop
     mark = "  <- culprit" if culprit and l.name == culprit else ""
-    return (f"  {l.name[:44]:<44} {_fmt(iso.ratio if iso else None):>9} {_fmt(l.budget):>6} "
-            f"{_fmt(iso.z if iso else None):>7} {_fmt(prop.ratio if prop else None):>9} "
-            f"{_fmt(prop.rel_to_ref if prop else None):>9}  {_verdict(l)}{mark}").rstrip()
+    return (l.name[:44], _fmt(iso.ratio if iso else None), _fmt(l.budget), _fmt(iso.z if iso else None),
+            _fmt(prop.ratio if prop else None), _fmt(prop.rel_to_ref if prop else None), " " + _verdict(l) + mark)
+
+
+_HEADERS = ("layer", "iso ratio", "budget", "z", "prop ratio", "rel->ref", " verdict")
+_WIDTHS = (44, 9, 6, 7, 10, 9, None)
 
 
 def table(result: CheckResult, max_rows: int = MAX_ROWS) -> list[str]:
@@ -58,8 +62,8 @@ def table(result: CheckResult, max_rows: int = MAX_ROWS) -> list[str]:
     important = [l for l in rows if not l.iso_passed or not l.prop_passed or l.name == result.culprit]
     ok = len(rows) - len(important)
     shown, hidden = important[:max_rows], important[max_rows:]
-    lines = [f"  {'layer':<44} {'iso ratio':>9} {'budget':>6} {'z':>7} {'prop ratio':>9} {'rel->ref':>9}  verdict"]
-    lines += [_row(l, result.culprit) for l in shown]
+    lines = text_table([_cells(l, result.culprit) for l in shown], _HEADERS, right=range(1, 6), widths=_WIDTHS,
+                       indent="  ", sep=" ")
     if hidden:
         n_iso = sum(1 for l in hidden if not l.iso_passed)
         n_prop = sum(1 for l in hidden if l.iso_passed and not l.prop_passed)

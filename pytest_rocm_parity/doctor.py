@@ -24,6 +24,7 @@ from packaging.utils import canonicalize_name
 from pytest_rocm_parity import compat
 from pytest_rocm_parity.backend import BackendInfo, backend_info, wheel_rocm_tag
 from pytest_rocm_parity.rocm_tools import ToolsReport, probe_tools
+from pytest_rocm_parity.tables import text_table
 
 Status = Literal["ok", "warn", "fail"]
 _RANK = {"ok": 0, "warn": 1, "fail": 2}
@@ -519,12 +520,12 @@ def worst(checks: list[Check]) -> Status:
 
 def format_table(checks: list[Check]) -> str:
     """Fixed-width text table; a ``fix:`` line under each non-ok row."""
-    width = max((len(c.name) for c in checks), default=5)
-    lines = [f"{'STATUS':<6}  {'CHECK':<{width}}  DETAIL"]
+    rows: list[tuple[str, str, str]] = []
     for c in checks:
-        lines.append(f"{c.status.upper():<6}  {c.name:<{width}}  {c.detail}")
+        rows.append((c.status.upper(), c.name, c.detail))
         if c.fix and c.status != "ok":
-            lines.append(f"{'':<6}  {'':<{width}}  fix: {c.fix}")
+            rows.append(("", "", f"fix: {c.fix}"))
+    lines = text_table(rows, ("STATUS", "CHECK", "DETAIL"), widths=(6, None, None))
     counts = {s: sum(c.status == s for c in checks) for s in _RANK}
     lines.append(f"{counts['ok']} ok, {counts['warn']} warn, {counts['fail']} fail")
     return "\n".join(lines)

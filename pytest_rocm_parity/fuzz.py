@@ -24,12 +24,10 @@ pickle); ``replay_golden`` re-runs exactly those inputs on the candidate.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
 import os
-import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -38,6 +36,7 @@ from typing import Any
 
 import torch
 
+from pytest_rocm_parity.atomic import atomic_write
 from pytest_rocm_parity.errors import (
     BackendUnavailable,
     GoldenCorrupt,
@@ -868,9 +867,9 @@ def record_golden(path: str | os.PathLike[str], candidate: Callable[..., Any], r
         "environment": _environment(dev),
     }
     tensor_file.parent.mkdir(parents=True, exist_ok=True)
-    _atomic(tensor_file, lambda p: save_file(packer.tensors, str(p), metadata={"format": str(GOLDEN_FORMAT)}))
+    atomic_write(tensor_file, lambda p: save_file(packer.tensors, str(p), metadata={"format": str(GOLDEN_FORMAT)}))
     manifest["sha256"] = hashlib.sha256(tensor_file.read_bytes()).hexdigest()
-    _atomic(manifest_file, lambda p: p.write_text(json.dumps(manifest, indent=1, sort_keys=True)))
+    atomic_write(manifest_file, json.dumps(manifest, indent=1, sort_keys=True))
     return manifest_file
 
 
@@ -880,17 +879,6 @@ def _environment(dev: torch.device) -> dict[str, Any]:
     if dev.type == "cuda":
         env["device_name"] = torch.cuda.get_device_name(dev)
     return env
-
-
-def _atomic(target: Path, write: Callable[[Path], Any]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, target)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
 
 
 def load_golden(path: str | os.PathLike[str]) -> Golden:

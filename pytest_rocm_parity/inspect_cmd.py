@@ -28,6 +28,7 @@ from pytest_rocm_parity.colour import enabled, paint
 from pytest_rocm_parity.errors import GoldenCorrupt, ParityError
 from pytest_rocm_parity.golden import MANIFEST, RungReader, check_safetensors, check_size, load_manifest, verify_sha
 from pytest_rocm_parity.selection import describe
+from pytest_rocm_parity.tables import text_table
 
 OUTPUT = "<output>"
 DEFAULT_THRESHOLD = 1e-3
@@ -210,11 +211,7 @@ def _fmt(x: Any, spec: str = ".3e") -> str:
 
 
 def _table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-    return [line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows]
+    return text_table(rows, headers, right=right, rule=True)
 
 
 def _bytes(n: Any) -> str:

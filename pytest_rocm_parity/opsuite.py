@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_rocm_parity.errors import GoldenCorrupt, InvalidArgument, ParityError
+from pytest_rocm_parity.tables import text_table
 
 DEFAULT_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -342,8 +343,9 @@ def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
 def _print_row(r: OpReport) -> None:
     ratio = "-" if not math.isfinite(r.worst_ratio) else f"{r.worst_ratio:.3f}"
     replay = f" replayed {r.replayed}" if r.replayed else ""
-    print(f"{r.op:<12} {r.dtype:<9} {r.status.upper():<5} examples {r.examples:>4}  worst err/tol {ratio:>6}  "
-          f"{r.seconds:6.1f}s{replay}", flush=True)
+    cells = (r.op, r.dtype, r.status.upper(), f"examples {r.examples:>4}", f" worst err/tol {ratio:>6}",
+             f" {r.seconds:6.1f}s{replay}")
+    print(text_table([cells], widths=(12, 9, 5, None, None, None), sep=" ")[0], flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

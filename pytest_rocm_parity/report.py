@@ -6,7 +6,7 @@
 * ``parity-report.html``: one file that opens offline: inline CSS and inline SVG
   plots drawn here in Python; no JavaScript, no CDN, no external resource;
 * ``layers.csv`` (one row per check x layer, every metric) and ``checks.csv``
-  (one row per check), through pandas when it is installed (stdlib csv otherwise).
+  (one row per check), through pandas (``tables.write_csv``).
 
 ``save_failing_tensors(result, tensors, out_dir)`` writes the obtained tensors of
 a failing check's failing layers to ``<out_dir>/tensors/<check>-<dtype>.safetensors``;
@@ -17,18 +17,18 @@ session: ``write_all`` reports a failed artifact as a warning and goes on.
 """
 from __future__ import annotations
 
-import csv
 import html
 import json
 import math
 import os
-import tempfile
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from pytest_rocm_parity.assertion import SUGGEST_WITHIN
+from pytest_rocm_parity.atomic import atomic_write
+from pytest_rocm_parity.tables import write_csv
 
 HTML_NAME = "parity-report.html"
 LAYERS_CSV = "layers.csv"
@@ -124,15 +124,7 @@ def save_failing_tensors(result: Any, tensors: Mapping[str, Any], out_dir: str |
     meta = {"check": str(d.get("name", "")), "dtype": str(d.get("dtype", "")), "test": str(d.get("test", "")),
             "culprit": str(d.get("culprit")), "first_divergent": str(d.get("first_divergent")),
             "failing_layers": json.dumps(failing), "skipped_over_budget": json.dumps(skipped)}
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".safetensors", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file(chosen, tmp, metadata=meta)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda tmp: save_file(chosen, tmp, metadata=meta))
     rel = path.relative_to(Path(out_dir)).as_posix()
     extra = result.get("extra") if isinstance(result, dict) else getattr(result, "extra", None)
     if isinstance(extra, dict):
@@ -196,21 +188,7 @@ def check_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def _write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        import pandas as pd
-    except ImportError:
-        cols: list[str] = []
-        for r in rows:
-            cols += [k for k in r if k not in cols]
-        with open(tmp, "w", newline="", encoding="utf-8") as f:
-            w = csv.DictWriter(f, fieldnames=cols)
-            w.writeheader()
-            w.writerows(rows)
-    else:
-        pd.DataFrame(rows).to_csv(tmp, index=False)
-    tmp.replace(path)
-    return path
+    return write_csv(rows, path)
 
 
 def _write_layers_csv(doc: Mapping[str, Any], out: Path) -> Path:
@@ -779,8 +757,4 @@ def render_html(doc: Mapping[str, Any], out_dir: str | os.PathLike[str] = ".") -
 
 
 def _write_html(doc: Mapping[str, Any], out: Path) -> Path:
-    path = out / HTML_NAME
-    tmp = out / f".{HTML_NAME}.tmp"
-    tmp.write_text(render_html(doc, out), encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return atomic_write(out / HTML_NAME, render_html(doc, out))

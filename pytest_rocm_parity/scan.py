@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from pytest_rocm_parity.colour import SEVERITY, enabled, paint
 from pytest_rocm_parity.errors import InvalidArgument
+from pytest_rocm_parity.tables import text_table
 
 Severity = Literal["error", "warning", "note"]
 SEVERITY_RANK: dict[str, int] = {"note": 0, "warning": 1, "error": 2}
@@ -521,13 +522,12 @@ def format_text(result: ScanResult, color: bool = False) -> str:
     rows = [(f.severity.upper(), f.rule, f"{f.path}:{f.line}", f.name, f.suggestion) for f in result.findings]
     lines = []
     if rows:
-        header = ("SEVERITY", "RULE", "LOCATION", "CONSTRUCT", "ROUTE")
-        widths = [max(len(r[i]) for r in rows + [header]) for i in range(5)]
-        lines.append(paint("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(), "bold", color))
-        for r in rows:
-            cells = [c.ljust(w) for c, w in zip(r, widths)]
-            cells[0] = paint(cells[0], SEVERITY[r[0].lower()], color)
-            lines.append("  ".join(cells).rstrip())
+        def style(i: int, c: int, cell: str) -> str:
+            if i < 0:
+                return paint(cell, "bold", color)
+            return paint(cell, SEVERITY[rows[i][0].lower()], color) if c == 0 else cell
+
+        lines += text_table(rows, ("SEVERITY", "RULE", "LOCATION", "CONSTRUCT", "ROUTE"), style=style)
         lines.append("")
         lines.append("Rules hit:")
         for rule_id, n in sorted(Counter(f.rule for f in result.findings).items()):
@@ -669,9 +669,10 @@ def exit_code(result: ScanResult, fail_on: str) -> int:
 def run_scan(args: argparse.Namespace) -> int:
     color = enabled(sys.stdout) and not args.output
     if args.list_rules:
-        for r in RULES_BY_ID.values():
-            sev = paint(f"{r.severity:<7}", SEVERITY[r.severity], color)
-            print(f"{r.id}  {sev}  {r.name:<24}  {r.message}  [route: {r.path}]", flush=True)
+        rules = list(RULES_BY_ID.values())
+        rows = [(r.id, r.severity, r.name, f"{r.message}  [route: {r.path}]") for r in rules]
+        print("\n".join(text_table(rows, widths=(None, 7, 24, None), style=lambda i, c, cell: (
+            paint(cell, SEVERITY[rules[i].severity], color) if c == 1 else cell))), flush=True)
         return 0
     if not args.path:
         raise InvalidArgument("PATH is missing; give the directory or file to scan (rocm-parity scan src/), "

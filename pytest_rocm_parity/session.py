@@ -402,9 +402,9 @@ class ParitySession:
         out.mkdir(parents=True, exist_ok=True)
         doc = {"schema": 1, "checks": sorted(self.results, key=lambda r: (r["test"], r["name"], r["dtype"])),
                "goldens": {**self.goldens.to_dict(), "obsolete": self.obsolete, "pruned": self.pruned}}
-        tmp = out / ".parity-report.json.tmp"
-        tmp.write_text(json.dumps(doc, indent=1, default=str), encoding="utf-8")
-        tmp.replace(out / "parity-report.json")
+        from pytest_rocm_parity.atomic import atomic_write
+
+        atomic_write(out / "parity-report.json", json.dumps(doc, indent=1, default=str))
         try:
             from pytest_rocm_parity import report
         except ImportError:

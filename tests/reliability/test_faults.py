@@ -118,7 +118,7 @@ def test_permission_denied(golden: Golden, monkeypatch: pytest.MonkeyPatch) -> N
     def mkstemp(*_: Any, **__: Any) -> Any:
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
 
-    monkeypatch.setattr(golden_mod.tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
     with pytest.raises(GoldenWriteError, match="Permission denied") as info:
         golden.capture(tiny(seed=1))
     monkeypatch.undo()
