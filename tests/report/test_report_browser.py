@@ -20,6 +20,8 @@ import pytest
 
 from pytest_rocm_parity import report
 
+pytestmark = pytest.mark.browser
+
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars"]

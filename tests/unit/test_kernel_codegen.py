@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.triton
+
 triton = pytest.importorskip("triton")
 
 TARGETS = [("cuda", 90, 32), ("hip", "gfx942", 64), ("hip", "gfx90a", 64)]

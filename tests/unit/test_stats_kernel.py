@@ -14,6 +14,8 @@ import torch
 from pytest_rocm_parity import compare, kernels
 from pytest_rocm_parity.compare import block_layout, block_stats, float_metrics, residual_metrics
 
+pytestmark = pytest.mark.triton
+
 RES_DTYPE = {torch.bfloat16: torch.bfloat16, torch.float16: torch.bfloat16, torch.float32: torch.float32,
              torch.float64: torch.float64}
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.triton
+
 torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
 if os.environ.get("TRITON_INTERPRET") == "1":
