@@ -156,7 +156,7 @@ class Parity:
             s.goldens.missing.append(spec.name)
             no_dir = s.store.missing_root()
             _fail(GoldenMissing(
-                f"no golden for {spec.name!r}: {no_dir}" if no_dir else
+                f"no golden for {spec.name!r}: {no_dir} {spec.test}".rstrip() if no_dir else
                 f"no golden for {spec.name!r} in {s.store.root}. Capture it on the reference machine (CUDA) and "
                 f"commit it: pytest --rocm-parity --parity-mode=capture {spec.test}".rstrip(),
                 s.store.manifest_path(spec.name)))

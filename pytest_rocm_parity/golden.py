@@ -174,7 +174,7 @@ class GoldenStore:
         what = "is not a directory" if self.root.exists() else "does not exist"
         return (f"the golden directory {self.root} {what}: point --parity-golden-dir (or the parity_golden_dir "
                 f"ini key) at the directory holding the goldens, or create it by capturing on the reference "
-                f"machine with --rocm-parity --parity-mode=capture")
+                f"machine: pytest --rocm-parity --parity-mode=capture")
 
     # -- pins: a replay racing a regeneration reads the old golden whole -------------------------
     def _pin(self, name: str, d: Path, manifest: dict[str, Any]) -> None:

@@ -134,7 +134,7 @@ class RemoteGoldenStore(GoldenStore):
             return f"the golden directory {self.url} cannot be read ({exc}); check the URL and credentials"
         return (f"the golden directory {self.url} does not exist: point --parity-golden-dir (or the "
                 f"parity_golden_dir ini key) at the URL holding the goldens, or create it by capturing on the "
-                f"reference machine with --rocm-parity --parity-mode=capture")
+                f"reference machine: pytest --rocm-parity --parity-mode=capture")
 
     def read_manifest(self, name: str) -> dict[str, Any]:
         self._fetch(name)
