@@ -16,6 +16,7 @@ _LAZY = {
     "CheckResult": "pytest_rocm_parity.records",
     "LayerRecord": "pytest_rocm_parity.records",
     "ParityError": "pytest_rocm_parity.errors",
+    "layer_frame": "pytest_rocm_parity.tables",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -1,27 +1,52 @@
 """The ``rocm-parity`` command: a thin argparse front over the core modules.
 
-Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
-``run(args) -> int``; the modules are imported only when their command runs so
-``rocm-parity --help`` stays instant.
+``COMMANDS`` is the whole command line: each entry names the function that adds the
+command's arguments and the function that runs it (``module:function``). Modules are
+imported only when their command is parsed or run, so ``rocm-parity --help`` stays instant.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from pytest_rocm_parity.errors import ParityError
 
-# command name -> (module, one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {
-    "doctor": ("pytest_rocm_parity.doctor", "check this machine's GPU stack for a CUDA-to-ROCm migration"),
-    "scan": ("pytest_rocm_parity.scan", "list custom CUDA kernels and CUDA-only constructs in a codebase"),
-    "show": ("pytest_rocm_parity.inspect_cmd", "print a golden's manifest and per-layer summary"),
-    "diff": ("pytest_rocm_parity.inspect_cmd", "compare two goldens layer by layer"),
-    "golden": ("pytest_rocm_parity.inspect_cmd", "manage a golden directory: prune [--dry-run] GOLDEN_DIR"),
-    "ops": ("pytest_rocm_parity.opsuite", "run the built-in operator fuzz suite on a backend"),
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: ``arguments`` adds its options to a parser, ``run`` returns the exit status."""
+
+    arguments: str   # "module:function" taking an argparse parser
+    run: str         # "module:function" taking the parsed namespace
+    help: str
+
+
+COMMANDS: dict[str, Command] = {
+    "doctor": Command("pytest_rocm_parity.doctor:add_doctor_arguments", "pytest_rocm_parity.doctor:run_doctor",
+                      "check this machine's GPU stack for a CUDA-to-ROCm migration"),
+    "scan": Command("pytest_rocm_parity.scan:add_scan_arguments", "pytest_rocm_parity.scan:run_scan",
+                    "list custom CUDA kernels and CUDA-only constructs in a codebase"),
+    "show": Command("pytest_rocm_parity.inspect_cmd:add_show_arguments", "pytest_rocm_parity.inspect_cmd:run_show",
+                    "print a golden's manifest and per-layer summary"),
+    "diff": Command("pytest_rocm_parity.inspect_cmd:add_diff_arguments", "pytest_rocm_parity.inspect_cmd:run_diff",
+                    "compare two goldens layer by layer"),
+    "golden": Command("pytest_rocm_parity.inspect_cmd:add_golden_arguments",
+                      "pytest_rocm_parity.inspect_cmd:run_golden",
+                      "manage a golden directory: prune [--dry-run] GOLDEN_DIR"),
+    "ops": Command("pytest_rocm_parity.opsuite:add_ops_arguments", "pytest_rocm_parity.opsuite:run_ops",
+                   "run the built-in operator fuzz suite on a backend"),
 }
+
+
+def resolve(target: str) -> Callable[..., Any]:
+    """The function a ``module:function`` string names."""
+    module, _, name = target.partition(":")
+    fn: Callable[..., Any] = getattr(importlib.import_module(module), name)
+    return fn
 
 
 def version_text() -> str:
@@ -34,11 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rocm-parity", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (module, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        mod = importlib.import_module(module)
-        adder = getattr(mod, f"add_{name}_arguments", None) or mod.add_arguments
-        adder(p)
+    for name, cmd in COMMANDS.items():
+        resolve(cmd.arguments)(sub.add_parser(name, help=cmd.help, description=cmd.help))
     return parser
 
 
@@ -48,10 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
-    mod = importlib.import_module(COMMANDS[args.command][0])
-    runner = getattr(mod, f"run_{args.command}", None) or mod.run
     try:
-        return int(runner(args))
+        return int(resolve(COMMANDS[args.command].run)(args))
     except ParityError as exc:
         from pytest_rocm_parity.colour import enabled, paint
 

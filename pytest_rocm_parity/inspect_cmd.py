@@ -508,15 +508,3 @@ def run_golden(args: argparse.Namespace) -> int:
     print("rocm-parity golden prune: running " + " ".join(cmd[1:]), flush=True)
     return subprocess.call(cmd)
 
-
-# the generic names the CLI falls back to
-def add_arguments(p: argparse.ArgumentParser) -> None:  # pragma: no cover - cli picks add_show/add_diff
-    add_show_arguments(p)
-
-
-def run(args: argparse.Namespace) -> int:  # pragma: no cover
-    return run_show(args)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(run_show(argparse.Namespace(golden=sys.argv[1], dtype=None, no_stats=False, json=False)))

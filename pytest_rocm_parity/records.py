@@ -3,7 +3,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+LAYER_COLUMNS = ("name", "kind", "level", "block", "passed", "iso_passed", "prop_passed", "iso_ratio",
+                 "ratio_lower_bound", "z", "budget", "prop_ratio", "prop_budget", "rel_to_ref", "culprit", "reason")
 
 
 @dataclass
@@ -83,6 +89,32 @@ class CheckResult:
     kind: str = "model"          # model | lm | op
     extra: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+
+    def layer_rows(self) -> list[dict[str, Any]]:
+        """One dict per judged module call (model outputs last, ``kind='output'``): the columns of
+        :meth:`to_frame`."""
+        rows = []
+        for kind, records in (("layer", self.layers), ("output", self.outputs)):
+            for l in records:
+                iso, prop = l.iso, l.prop
+                rows.append({
+                    "name": l.name, "kind": kind, "level": l.level, "block": l.primary, "passed": l.passed,
+                    "iso_passed": l.iso_passed, "prop_passed": l.prop_passed,
+                    "iso_ratio": iso.ratio if iso else None, "ratio_lower_bound": iso.ratio_lo if iso else None,
+                    "z": iso.z if iso else None, "budget": l.budget,
+                    "prop_ratio": prop.ratio if prop else None, "prop_budget": l.prop_budget,
+                    "rel_to_ref": prop.rel_to_ref if prop else None,
+                    "culprit": l.name == self.culprit, "reason": l.reason,
+                })
+        return rows
+
+    def to_frame(self) -> pd.DataFrame:
+        """A pandas DataFrame with one row per layer (then the model outputs): name, kind, level,
+        block, passed, the isolated ratio with its lower bound, z and budget, the propagated ratio
+        and budget, whether it is the culprit, and the reason."""
+        from pytest_rocm_parity.tables import frame
+
+        return frame(self.layer_rows(), columns=LAYER_COLUMNS)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pytest_rocm_parity.atomic import commit, temp_beside
 from pytest_rocm_parity.errors import BackendUnavailable, GoldenCorrupt, GoldenError, GoldenMissing, ParityError
 from pytest_rocm_parity.golden import MANIFEST, MAX_MANIFEST_BYTES, GoldenStore, load_manifest, safe_name, sha256_file
 
@@ -110,15 +111,15 @@ class RemoteGoldenStore(GoldenStore):
                 raise GoldenCorrupt(f"{self.url}/{safe_name(name)}/{fname}: holds {size} bytes where its manifest "
                                     f"records {r['bytes']} (truncated or replaced); recapture and upload this golden",
                                     rm)
-            tmp_file = d / f".tmp-{fname}"
+            tmp_file = temp_beside(d, Path(fname).suffix)
             try:
                 self.fs.get_file(self._remote(name, fname), str(tmp_file))
             except (OSError, FileNotFoundError) as exc:
                 tmp_file.unlink(missing_ok=True)
                 raise GoldenError(f"{self.url}/{safe_name(name)}/{fname}: named by the manifest but cannot be "
                                   f"fetched ({exc}); recapture and upload this golden", rm) from exc
-            os.replace(tmp_file, local)
-        os.replace(tmp, d / MANIFEST)
+            commit(tmp_file, local)
+        commit(tmp, d / MANIFEST)
 
     def exists(self, name: str) -> bool:
         try:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_rocm_parity import __version__, colour, scan
+from pytest_rocm_parity import __version__, cli, colour, scan
 from pytest_rocm_parity.cli import main
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -217,3 +217,20 @@ def test_ops_replay_refuses_special_and_malformed_goldens(kind: str, tmp_path: P
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr and str(manifest) in proc.stderr
+
+
+@pytest.mark.parametrize("name", list(cli.COMMANDS))
+def test_every_command_in_the_table_parses_its_own_help(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main([name, "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: rocm-parity {name}") and cli.COMMANDS[name].help in out
+    assert callable(cli.resolve(cli.COMMANDS[name].run))
+
+
+def test_top_level_help_lists_the_table() -> None:
+    out = subprocess.run([sys.executable, "-m", "pytest_rocm_parity.cli", "--help"], capture_output=True, text=True,
+                         check=True).stdout
+    for name, cmd in cli.COMMANDS.items():
+        assert name in out and cmd.help.split(":")[0] in " ".join(out.split())
