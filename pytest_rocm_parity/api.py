@@ -113,6 +113,26 @@ class Parity:
 
         return check_lm(self, model, input_ids, **kwargs)
 
+    def check_train(self, model: Any, inputs: Any, *, loss: Any = None, optimizer: Any = None, steps: int = 1,
+                    name: str | None = None, dtypes: Sequence[str] | str | None = None,
+                    layers: Sequence[str] | str | None = None, tolerance: Any = None,
+                    drill: int | None = None) -> list[CheckResult]:
+        """Training parity: the loss, each selected module's gradients (of its output and of its own
+        parameters) and, with ``optimizer``, every parameter's update after ``steps`` steps, judged
+        against a float64 truth; the culprit is the smallest module whose own backward is out of
+        bounds (docs/training.md). ``loss=None``: the model's own loss (labels in ``inputs``)."""
+        __tracebackhide__ = True
+        from pytest_rocm_parity.train import capture_train, replay_train
+
+        with _clean_errors():
+            _require_module(model)
+            spec = self._spec(model, name, dtypes, layers, tolerance, drill)
+        store, device, env = self._session.store, self.device, self._session.env
+        return self._run(spec,
+                         lambda: capture_train(model, inputs, spec, store, device, loss, optimizer, steps,
+                                               overwrite=store.exists(spec.name), env=env),
+                         lambda: replay_train(model, inputs, spec, store, device, loss, optimizer, steps, env=env))
+
     def compare_op(self, candidate: Any, reference: Any, *args: Any, **kwargs: Any) -> Any:
         """Fuzz-friendly operator check against a float64 CPU truth (see pytest_rocm_parity.fuzz)."""
         __tracebackhide__ = True

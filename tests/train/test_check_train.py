@@ -1,0 +1,125 @@
+"""Training parity: the loss, per-module gradients and the optimizer's update against a float64 truth."""
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+import pytest
+import torch
+
+from parity_models import bert, llama, tokens
+from pytest_rocm_parity.engine import CheckSpec
+from pytest_rocm_parity.golden import GoldenStore
+from pytest_rocm_parity.records import CheckResult
+from pytest_rocm_parity.train import capture_train, replay_train
+
+ADAMW = (torch.optim.AdamW, {"lr": 1e-3})
+
+
+def _inputs() -> dict[str, torch.Tensor]:
+    t = tokens("none")
+    return {"input_ids": t["input_ids"], "labels": t["input_ids"]}
+
+
+@pytest.fixture(scope="module")
+def golden() -> tuple[GoldenStore, CheckSpec]:
+    spec = CheckSpec(name="train", dtypes=["float32"], drill=2)
+    store = GoldenStore(tempfile.mkdtemp())
+    capture_train(llama("sdpa"), _inputs(), spec, store, "cpu", optimizer=ADAMW)
+    return store, spec
+
+
+def _replay(golden: tuple[GoldenStore, CheckSpec], model: torch.nn.Module, optimizer: Any = ADAMW) -> CheckResult:
+    store, spec = golden
+    return replay_train(model, _inputs(), spec, store, "cpu", optimizer=optimizer)[0]
+
+
+def test_the_same_model_passes_with_every_quantity_judged(golden) -> None:  # type: ignore[no-untyped-def]
+    r = _replay(golden, llama("sdpa"))
+    assert r.passed, [(l.name, l.reason) for l in r.layers if not l.passed]
+    judged = [l for l in r.layers if l.iso is not None and l.prop is not None]
+    assert len(judged) >= 10                          # blocks, attention, MLP, projections, norms
+    assert r.outputs[0].name == "<loss>" and r.outputs[0].prop is not None
+    assert any(o.name == "optimizer:model.layers.1.mlp.down_proj" for o in r.outputs)
+    assert not r.extra["nondeterministic"]           # the CPU's backward is deterministic
+
+
+def test_another_attention_implementation_passes(golden) -> None:  # type: ignore[no-untyped-def]
+    assert _replay(golden, llama("eager")).passed
+
+
+class _ScaledGrad(torch.autograd.Function):
+    """A backward kernel that scales its input gradient by 2%: the forward is exact."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * 1.02
+
+
+def test_a_backward_bug_with_an_exact_forward_is_named(golden) -> None:  # type: ignore[no-untyped-def]
+    model = llama("sdpa")
+    proj = model.model.layers[1].mlp.down_proj
+    forward = proj.forward
+    proj.forward = lambda x: forward(_ScaledGrad.apply(x))   # type: ignore[method-assign]
+    r = _replay(golden, model)
+    assert not r.passed and r.culprit == "model.layers.1.mlp.down_proj"
+    assert r.first_divergent is not None
+
+
+def test_an_optimizer_bug_is_named_apart_from_the_model(golden) -> None:  # type: ignore[no-untyped-def]
+    """AdamW with another epsilon: the model's backward passes, the update does not."""
+    r = _replay(golden, llama("sdpa"), optimizer=(torch.optim.AdamW, {"lr": 1e-3, "eps": 1e-4}))
+    assert not r.passed and r.culprit is None
+    assert all(l.passed for l in r.layers)
+    assert any("optimizer's update is out of bounds" in n for n in r.notes)
+    assert any(not ok for ok in r.extra["optimizer"].values())
+
+
+def test_a_loss_function_of_the_outputs_and_an_encoder(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    spec = CheckSpec(name="enc", dtypes=["float32"], drill=1)
+    store = GoldenStore(tmp_path)
+    t = tokens("right")
+    loss = lambda out: out.last_hidden_state.square().mean()  # noqa: E731
+    capture_train(bert("eager"), t, spec, store, "cpu", loss=loss)
+    assert replay_train(bert("sdpa"), t, spec, store, "cpu", loss=loss)[0].passed
+
+
+def test_a_model_without_its_own_loss_gets_a_clear_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from pytest_rocm_parity.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="labels"):
+        capture_train(llama("sdpa"), tokens("none"), CheckSpec(name="x", dtypes=["float32"]), GoldenStore(tmp_path),
+                      "cpu")
+
+
+def test_through_the_fixture(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest("""
+import sys
+sys.path.insert(0, %r)
+""" % str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    pytester.makepyfile(test_t="""
+import os, torch
+from parity_models import llama, tokens
+
+def test_train(parity):
+    model = llama("sdpa")
+    if os.environ.get("BUG"):
+        model.model.layers[0].mlp.act_fn.forward = lambda x: torch.nn.functional.silu(x) * 1.01
+    t = tokens("none")
+    parity.check_train(model, {"input_ids": t["input_ids"], "labels": t["input_ids"]}, name="train",
+                       dtypes=["float32"], optimizer=torch.optim.SGD if False else (torch.optim.SGD, {"lr": 0.1}))
+""")
+    pytester.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    pytester.runpytest("--rocm-parity").assert_outcomes(passed=1)
+    import os
+    os.environ["BUG"] = "1"
+    try:
+        result = pytester.runpytest("--rocm-parity")
+    finally:
+        del os.environ["BUG"]
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*culprit*model.layers.0.mlp.act_fn*"])
