@@ -394,6 +394,7 @@ def ladder_notes(results: list[CheckResult]) -> None:
             r.notes.append(f"less accurate at {r.dtype}, same function at float32: the float32 rung passed, so "
                            f"this is a precision difference (accumulation, rounding), not a changed computation")
         elif not r.passed and not f32.passed:
+            r.extra["changed_at_float32"] = True
             r.notes.append(f"the float32 rung fails too (culprit {f32.culprit or 'the outputs'}): the computation "
                            f"itself changed, not only its precision")
         elif r.passed and not f32.passed:

@@ -86,9 +86,14 @@ def default_dtypes(model: Any) -> list[str]:
     return [low[0], "float32"] if low else ["float32"]
 
 
-def fingerprint(model: Any) -> dict[str, str]:
-    """Structure hash (names, classes, shapes) and a sampled weight hash (fast at any size), of the
-    model as it is without adapters (wrappers.plain_view)."""
+def fingerprint(model: Any, classes: bool = False) -> dict[str, str]:
+    """Structure hash (module names, parameter names and shapes) and a sampled weight hash (fast at
+    any size), of the model as it is without adapters (wrappers.plain_view).
+
+    Module classes are left out: a port that swaps in its own class under the same name (a fused
+    LayerNorm, a Triton MLP) is judged by its numbers, not refused as another model. ``classes``:
+    the hash goldens recorded before that, which included them (same_structure accepts both).
+    """
     import torch
 
     from pytest_rocm_parity.wrappers import plain_view
@@ -96,7 +101,7 @@ def fingerprint(model: Any) -> dict[str, str]:
     mods, tensors = plain_view(model)
     s = hashlib.sha256()
     for name, cls in mods:
-        s.update(f"{name}:{cls};".encode())
+        s.update(f"{name}:{cls};".encode() if classes else f"{name};".encode())
     w = hashlib.sha256()
     # parameters, then buffers, as named_parameters() and named_buffers() list them (tied ones once)
     params = [(n, t) for n, t in tensors if isinstance(t, torch.nn.Parameter)]
@@ -116,6 +121,12 @@ def fingerprint(model: Any) -> dict[str, str]:
             w.update(name.encode())
             w.update(sample.numpy().tobytes())
     return {"structure": s.hexdigest()[:16], "weights": w.hexdigest()[:16]}
+
+
+def same_structure(model: Any, recorded: dict[str, Any]) -> bool:
+    """Whether ``model`` has the structure a golden's fingerprint recorded (either hash: see fingerprint)."""
+    want = recorded.get("structure")
+    return fingerprint(model)["structure"] == want or fingerprint(model, classes=True)["structure"] == want
 
 
 KEEP_PLACEMENT = "model"

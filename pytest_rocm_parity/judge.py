@@ -85,7 +85,10 @@ def judge_layer(rec: LayerRecord, iso: list[LeafMetrics], prop: list[LeafMetrics
     if prop:
         rec.prop = prop[0] if len(prop) == 1 else max(prop_reasons, key=lambda mr: (bool(mr[1]), mr[0].ratio))[0]
     if first_iso:
-        rec.reason = first_iso
+        # the reason of the leaf the record shows (its worst), named when the module has several outputs
+        shown = r.failure(rec.iso, True) if rec.iso is not None else ""
+        rec.reason = (shown or first_iso) + (f" (output {rec.iso.leaf})" if len(iso) > 1 and rec.iso is not None
+                                             else "")
         if rec.iso is not None and rec.iso.kind == "float" and not rec.iso.nonfinite and math.isfinite(rec.iso.ratio_lo):
             rec.would_pass_ratio = _round_up(rec.iso.ratio_lo)
     elif first_prop:

@@ -26,6 +26,7 @@ from pytest_rocm_parity.engine import (
     home_device,
     normalize_inputs,
     numerics,
+    same_structure,
     shell_quote,
     walk_model,
 )
@@ -136,8 +137,8 @@ def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, An
     fp = fingerprint(model)
     old = manifest.get("fingerprint", {})
     problems = []
-    if fp.get("structure") != old.get("structure"):
-        problems.append("the model's structure (modules or parameter shapes) changed")
+    if not same_structure(model, old):
+        problems.append("the model's structure (module names, parameter names or shapes) changed")
     elif fp.get("weights") != old.get("weights"):
         problems.append("the model's weights changed")
     selected = [s.name for s in select(model, spec.layers, spec.drill)]
@@ -156,6 +157,21 @@ def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, An
                           + f". Regenerate this model's golden on the reference machine: {regen}", golden_path)
 
 
+# Hugging Face call flags that change which optional outputs a model returns, not what it computes
+CONVENTION_FLAGS = frozenset({"use_cache", "output_attentions", "output_hidden_states", "return_dict"})
+
+
+def convention_changes(meta: dict[str, Any], inputs: Any) -> list[str]:
+    """The calling-convention flags the candidate's inputs set otherwise than the reference's, in words."""
+    import json as _json
+
+    now = _json.loads(_json.dumps(constant_leaves(inputs), default=str))
+    old = meta.get("inputs", {}).get("const", {})
+    return [f"{p.rsplit('.', 1)[-1]}={now.get(p)} (reference: {old.get(p)})"
+            for p in sorted(set(now) | set(old))
+            if p.rsplit(".", 1)[-1] in CONVENTION_FLAGS and now.get(p) != old.get(p)]
+
+
 def _inputs_changed(args0: Any, kwargs0: Any, reader: RungReader, rung: str, meta: dict[str, Any] | None = None) -> str:
     import json as _json
 
@@ -167,6 +183,8 @@ def _inputs_changed(args0: Any, kwargs0: Any, reader: RungReader, rung: str, met
         now = _json.loads(_json.dumps(constant_leaves({"args": args, "kwargs": kwargs}), default=str))
         old = meta.get("inputs", {}).get("const", {})
         for p in sorted(set(now) | set(old)):
+            if p.rsplit(".", 1)[-1] in CONVENTION_FLAGS:
+                continue   # the candidate's own calling convention (replay notes the change)
             a, b = old.get(p), now.get(p)
             same = a == b or (isinstance(a, float) and isinstance(b, float) and a != a and b != b)
             if not same:
@@ -544,6 +562,10 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
                          f"is produced by the reference only (another implementation's calling convention): not judged")
         if valid is not None:
             notes.append(f"{int((~valid).sum())} padded positions (attention_mask == 0) not judged")
+        flags = convention_changes(meta, inputs_template)
+        if flags:
+            notes.append(f"the candidate is called with {', '.join(flags)}: a calling convention; the outputs "
+                         f"it adds or drops are notes, what it computes is judged")
         if layers and not any("act" in e for e in layers.values()):
             notes.append("golden without recorded data flow: the isolated pass fed every module input from the "
                          "golden, masks and position tables included; recapture it so that a candidate with another "

@@ -669,10 +669,10 @@ def exit_code(result: ScanResult, fail_on: str) -> int:
 def run_scan(args: argparse.Namespace) -> int:
     color = enabled(sys.stdout) and not args.output
     if args.list_rules:
-        rules = list(RULES_BY_ID.values())
-        rows = [(r.id, r.severity, r.name, f"{r.message}  [route: {r.path}]") for r in rules]
+        listed = list(RULES_BY_ID.values())
+        rows = [(r.id, r.severity, r.name, f"{r.message}  [route: {r.path}]") for r in listed]
         print("\n".join(text_table(rows, widths=(None, 7, 24, None), style=lambda i, c, cell: (
-            paint(cell, SEVERITY[rules[i].severity], color) if c == 1 else cell))), flush=True)
+            paint(cell, SEVERITY[listed[i].severity], color) if c == 1 else cell))), flush=True)
         return 0
     if not args.path:
         raise InvalidArgument("PATH is missing; give the directory or file to scan (rocm-parity scan src/), "

@@ -115,12 +115,13 @@ def expected_culprit(model: nn.Module, planted: str, spec: CheckSpec) -> str:
 
 
 def capture_then_replay(reference: nn.Module | Callable[[], nn.Module], candidate: nn.Module, inputs: Any,
-                        spec: CheckSpec | None = None) -> list[CheckResult]:
-    """Capture on ``reference``, replay ``candidate`` against it, on the CPU (a fresh golden dir)."""
+                        spec: CheckSpec | None = None, reference_inputs: Any = None) -> list[CheckResult]:
+    """Capture on ``reference`` (with ``reference_inputs`` when they differ in call flags), replay
+    ``candidate`` against it, on the CPU (a fresh golden dir)."""
     spec = spec or CheckSpec(name="m", dtypes=["float32"])
     ref = reference() if callable(reference) and not isinstance(reference, nn.Module) else reference
     store = GoldenStore(tempfile.mkdtemp(prefix="parity-migration-"))
-    capture(ref, copy.deepcopy(inputs), spec, store, "cpu")
+    capture(ref, copy.deepcopy(inputs if reference_inputs is None else reference_inputs), spec, store, "cpu")
     return replay(candidate, inputs, spec, store, "cpu")
 
 

@@ -145,3 +145,34 @@ def test_a_planted_bug_fails_with_its_module_named(family, reference, candidate,
     res = capture_then_replay(reference, cand, inputs(), spec)
     assert not res[0].passed, verdicts(res)
     assert res[0].culprit == expected_culprit(cand, module, spec), verdicts(res)
+
+
+def test_call_flags_in_the_inputs_are_calling_conventions() -> None:
+    """use_cache and output_attentions passed in the candidate's inputs (not its config): judged, with a note."""
+    res = capture_then_replay(lambda: llama("sdpa"), llama("eager"),
+                              {**tokens("right"), "use_cache": True, "output_attentions": True},
+                              reference_inputs={**tokens("right"), "use_cache": False})
+    assert res[0].passed, verdicts(res)
+    assert any("use_cache=True" in n and "calling convention" in n for n in res[0].notes)
+
+
+def test_a_module_of_another_class_under_the_same_name_is_judged_not_refused() -> None:
+    """A port swaps in its own LayerNorm class (same name, same weights): judged by its numbers; a
+    subclass that computes the same passes, one with another epsilon is named."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    class PortedRMSNorm(LlamaRMSNorm):
+        pass
+
+    def ported(eps: float) -> torch.nn.Module:
+        m = llama("sdpa")
+        norm = m.model.layers[1].post_attention_layernorm
+        new = PortedRMSNorm(norm.weight.shape[0], eps=eps)
+        new.load_state_dict(norm.state_dict())
+        m.model.layers[1].post_attention_layernorm = new
+        return m
+
+    res = capture_then_replay(lambda: llama("sdpa"), ported(llama("sdpa").config.rms_norm_eps), tokens())
+    assert res[0].passed, verdicts(res)
+    res = capture_then_replay(lambda: llama("sdpa"), ported(1e-2), tokens())
+    assert not res[0].passed and res[0].culprit == "model.layers.1.post_attention_layernorm", verdicts(res)
