@@ -71,7 +71,7 @@ def test_layer_removed(tmp_path: Path) -> None:
 
 def test_parameter_shapes_changed(golden: Golden) -> None:
     torch.manual_seed(0)
-    stale(golden, "structure (modules or parameter shapes) changed", model=Wider())
+    stale(golden, "structure (module names, parameter names or shapes) changed", model=Wider())
 
 
 def test_dtype_not_captured(golden: Golden) -> None:
