@@ -7,6 +7,7 @@ returns LeafMetrics and leaves the verdict to judge.py.
 from __future__ import annotations
 
 import math
+from enum import IntEnum
 from typing import Any
 
 from pytest_rocm_parity.records import LeafMetrics
@@ -103,9 +104,44 @@ def float_metrics(leaf: str, cand: Any, ref: Any, truth: Any, unit_roundoff: flo
 
 
 # ---------------------------------------------------------------------------------------------
-# the fused statistics: one pass, per jackknife block, on the tensors' device
+# the judging rule: per-block sums on the tensors' device, then the formulas on the host
 
-STAT_COLS = ("sc", "sr", "tt", "rr", "dd", "plus", "minus", "dmax")
+
+class Stat(IntEnum):
+    """Columns of the per-block statistics (block_stats), with t = r + e the float64 truth.
+
+    The device computes only these (kernels.block_stats_torch, triton_stats.stats_many_kernel);
+    every judging formula runs on the host from them (metric_columns). All are sums over the
+    block except MAX_ABS_DIFF, a maximum, which is kept last so that ``st[..., :MAX_ABS_DIFF]``
+    are the summed columns.
+    """
+
+    CAND_ERR2 = 0       # sum (c - t)^2
+    REF_ERR2 = 1        # sum (r - t)^2 = sum e^2
+    TRUTH2 = 2          # sum t^2
+    REF2 = 3            # sum r^2
+    DIFF2 = 4           # sum (c - r)^2
+    CAND_FARTHER = 5    # count of |c - t| > |r - t|
+    CAND_CLOSER = 6     # count of |c - t| < |r - t|
+    MAX_ABS_DIFF = 7    # max |c - r|
+
+
+# the sums of squares: one that is not finite sends the leaf to float_metrics' masked path
+_SQUARES = slice(Stat.CAND_ERR2, Stat.DIFF2 + 1)
+
+
+class Metric(IntEnum):
+    """Columns of metric_columns, named and ordered as LeafMetrics' fields (metrics_from_columns
+    passes a row positionally)."""
+
+    ERR_CAND = 0
+    ERR_REF = 1
+    RMS_TRUTH = 2
+    RATIO = 3
+    RATIO_LO = 4
+    Z = 5
+    REL_TO_REF = 6
+    MAX_ABS_TO_REF = 7
 
 
 def block_layout(n: int) -> tuple[int, int]:
@@ -116,33 +152,30 @@ def block_layout(n: int) -> tuple[int, int]:
 
 
 def block_stats(c: Any, r: Any, e: Any) -> Any:
-    """Per-block sums (STAT_COLS) of candidate c, reference r and truth residual e, as (nb, 8) float64.
+    """Per-block sums (Stat columns) of candidate c, reference r and truth residual e, as an
+    (nb, len(Stat)) float64 tensor on their device.
 
-    Asynchronous on a GPU: nothing here waits for the device, so a replay can queue the statistics of
-    every module behind the forward and read them all with one synchronisation (host_stats).
+    Asynchronous on a GPU: nothing here waits for the device, so a caller can queue the statistics of
+    many leaves and read them with one synchronisation (host_stats).
     Arithmetic is float32 for inputs of 32 bits or fewer (differences of close floats are exact there)
     and float64 when any input is float64.
     """
     from pytest_rocm_parity import kernels
 
     c, r, e = (x.reshape(-1) for x in (c, r, e))
-    n = int(c.numel())
-    nb, size = block_layout(n)
-    if _on_gpu(c) and kernels.triton_usable():
+    layout = block_layout(int(c.numel()))
+    if c.is_cuda and kernels.triton_usable():
         c, r, e = (x.contiguous() for x in (c, r, e))
-        try:
-            return kernels.block_stats_triton(c, r, e, nb, size)
-        except Exception as exc:   # a Triton that cannot compile the kernel here: the torch path
-            kernels.disable_triton(exc)
-    return kernels.block_stats_torch(c, r, e, nb, size)
-
-
-def _on_gpu(t: Any) -> bool:
-    return bool(t.is_cuda)
+        if all(kernels.readable(x) for x in (c, r, e)):
+            try:
+                return kernels.block_stats_many([(c, r, e)], [layout])
+            except Exception as exc:   # a Triton that cannot compile the kernel here: the torch path
+                kernels.disable_triton(exc)
+    return kernels.block_stats_torch(c, r, e, *layout)
 
 
 def host_stats(stats: Any) -> Any:
-    """The (nb, 8) statistics as a float64 numpy array (this is where a GPU replay synchronises)."""
+    """The (nb, len(Stat)) statistics as a float64 numpy array (where a GPU caller synchronises)."""
     return stats.detach().to("cpu").numpy()
 
 
@@ -150,7 +183,7 @@ def stats_finite(st: Any) -> bool:
     """False when a sum overflowed or met a NaN/Inf: the caller then takes the masked float64 path."""
     import numpy as np
 
-    return bool(np.isfinite(st[:, :5]).all())
+    return bool(np.isfinite(st[:, _SQUARES]).all())
 
 
 def residual_metrics(leaf: str, cand: Any, ref: Any, res: Any, unit_roundoff: float,
@@ -178,146 +211,82 @@ def metrics_many(items: list[tuple[str, int, Any, float]], unit_roundoff: float,
     ``items``: (leaf, numel, host stats from block_stats, confidence). A leaf whose sums are not
     finite gives None (the caller takes the masked path) unless ``check_finite`` is off. A replay
     judges every module after one synchronisation, and numpy over the stacked statistics costs the
-    same for 25 leaves as for one. The formulas are metric_columns' (docs/judging.md), which a GPU
-    replay runs on the device instead (stats_graph.py).
+    same for 25 leaves as for one. Leaves of one block count are computed together.
     """
+    import numpy as np
+
     out: list[LeafMetrics | None] = [None] * len(items)
     live = [i for i, it in enumerate(items) if it[1] > 0]
     if not live:
         return out
-    cols = columns_many([items[i][2] for i in live], [items[i][1] for i in live], [items[i][3] for i in live],
-                        unit_roundoff)
-    done = metrics_from_columns([items[i][0] for i in live], [items[i][1] for i in live], cols[:, :8])
-    for i, m, finite in zip(live, done, cols[:, 8].tolist()):
-        if finite or not check_finite:
+    cols = np.zeros((len(live), len(Metric)))
+    finite = np.zeros(len(live), dtype=bool)
+    groups: dict[int, list[int]] = {}
+    for k, i in enumerate(live):
+        groups.setdefault(len(items[i][2]), []).append(k)
+    for idx in groups.values():
+        st = np.stack([items[live[k]][2] for k in idx])             # (L, nb, len(Stat))
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            cols[idx] = metric_columns(st, np.array([float(items[live[k]][1]) for k in idx]),
+                                       np.array([items[live[k]][3] for k in idx]), unit_roundoff)
+        finite[idx] = np.isfinite(st[:, :, _SQUARES]).all(axis=(1, 2))
+    done = metrics_from_columns([items[i][0] for i in live], [items[i][1] for i in live], cols)
+    for i, m, ok in zip(live, done, finite.tolist()):
+        if ok or not check_finite:
             out[i] = m
     return out
 
 
-def columns_many(stats: list[Any], numels: list[int], confs: list[float], unit_roundoff: float) -> Any:
-    """(L, 9) float64 on the host: metric_columns' eight per leaf, then 1.0 where the leaf's sums
-    are finite; ``stats``: each leaf's (nb, 8) block statistics (numpy). Leaves of one block count
-    are computed together."""
+def metrics_from_columns(leaves: list[str], numels: list[int], cols: Any) -> list[LeafMetrics]:
+    """LeafMetrics from metric_columns' (L, len(Metric)) result on the host, as plain Python floats
+    in bulk (tolist, not a float() per number). Positional (Metric is in LeafMetrics' field order):
+    keywords cost the interpreter more, on every leaf of a GPU replay's pass."""
+    return [LeafMetrics(leaf, n, "float", *row) for leaf, n, row in zip(leaves, numels, cols.tolist())]
+
+
+def metric_columns(st: Any, n: Any, conf: Any, unit_roundoff: float) -> Any:
+    """The judging formulas (docs/judging.md): (L, len(Metric)) float64 columns of L leaves from
+    their (L, nb, len(Stat)) block statistics (numpy); ``n``, ``conf``: (L,) element counts and
+    confidences. The only implementation of the rule: devices compute the block sums, not these."""
     import numpy as np
 
-    out = np.zeros((len(stats), 9))
-    groups: dict[int, list[int]] = {}
-    for i, st in enumerate(stats):
-        groups.setdefault(len(st), []).append(i)
-    for idx in groups.values():
-        st = np.stack([stats[i] for i in idx])                      # (L, nb, 8)
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            out[idx, :8] = metric_columns(st, np.array([float(numels[i]) for i in idx]),
-                                          np.array([confs[i] for i in idx]), unit_roundoff, NUMPY_OPS)
-        out[idx, 8] = np.isfinite(st[:, :, :5]).all(axis=(1, 2))
-    return out
-
-
-def metrics_from_columns(leaves: list[str], numels: list[int], cols: Any) -> list[LeafMetrics]:
-    """LeafMetrics from metric_columns' (L, 8) result on the host, as plain Python floats in bulk
-    (tolist, not a float() per number). Positional, in LeafMetrics' field order: keywords cost the
-    interpreter more, on every leaf of a GPU replay's pass (tests/unit/test_judging.py checks the
-    order)."""
-    return [LeafMetrics(leaf, n, "float", ec, er, rt, ra, rl, zz, re, dm)
-            for leaf, n, (rt, ec, er, ra, rl, re, dm, zz) in zip(leaves, numels, cols.tolist())]
-
-
-class ArrayOps:
-    """The few array operations metric_columns needs, for numpy (host) or torch (device).
-
-    Why not numpy alone: a GPU replay computes the columns on the device, inside the CUDA graph
-    that also computes the statistics (stats_graph.py), so one formula serves both. Scalars given
-    to ``where`` and ``maximum`` stay Python floats (no host-to-device copy inside a graph).
-    """
-
-    def __init__(self, xp: Any, torch: bool) -> None:
-        self.xp, self.torch = xp, torch
-        self.sqrt, self.log, self.exp, self.square, self.ceil = xp.sqrt, xp.log, xp.exp, xp.square, xp.ceil
-
-    def maximum(self, a: Any, b: Any) -> Any:
-        if self.torch and isinstance(b, float):
-            return a.clamp(min=b)
-        return self.xp.maximum(a, b)
-
-    def where(self, cond: Any, a: Any, b: Any) -> Any:
-        if self.torch:
-            a = a if not isinstance(a, float) else self.xp.full_like(cond, a, dtype=self.xp.float64)
-            b = b if not isinstance(b, float) else self.xp.full_like(cond, b, dtype=self.xp.float64)
-        return self.xp.where(cond, a, b)
-
-    def amax(self, a: Any, axis: int) -> Any:
-        return a.amax(axis) if self.torch else a.max(axis)
-
-    def mean_keep(self, a: Any, axis: int) -> Any:
-        return a.mean(axis, keepdim=True) if self.torch else a.mean(axis, keepdims=True)
-
-    def stack(self, cols: list[Any]) -> Any:
-        return self.xp.stack(cols, 1) if self.torch else self.xp.stack(cols, axis=1)
-
-
-class _NumpyOps(ArrayOps):
-    def __init__(self) -> None:
-        import numpy as np
-
-        super().__init__(np, torch=False)
-
-
-class _LazyNumpyOps:
-    """NUMPY_OPS without importing numpy at import time: loading the plugin imports no numpy
-    (its load cost is in docs/performance.md)."""
-
-    _ops: ArrayOps | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        if _LazyNumpyOps._ops is None:
-            _LazyNumpyOps._ops = _NumpyOps()
-        return getattr(_LazyNumpyOps._ops, name)
-
-
-NUMPY_OPS: Any = _LazyNumpyOps()
-
-
-def metric_columns(st: Any, n: Any, conf: Any, unit_roundoff: float, ops: Any) -> Any:
-    """(L, 8) columns rms_truth, err_cand, err_ref, ratio, ratio_lo, rel_to_ref, max_abs_to_ref, z
-    of L leaves from their (L, nb, 8) block statistics (STAT_COLS), float64; ``n``, ``conf``: (L,).
-
-    The judging formulas (docs/judging.md), on numpy or torch arrays. A GPU runs the same arithmetic
-    as one Triton launch (triton_stats.columns_kernel); tests/unit/test_stats_graph.py holds the two
-    equal to float64 rounding, so a change here is a change there.
-    """
     nb = int(st.shape[1])
-    tot = st[:, :, :7].sum(1)
-    sc, sr, tt, rr, dd, plus, minus = (tot[:, k] for k in range(7))
-    dmax = ops.amax(st[:, :, 7], 1)
-    rms_t = ops.sqrt(tt / n)
+    tot = st[:, :, :Stat.MAX_ABS_DIFF].sum(1)
+    sc, sr = tot[:, Stat.CAND_ERR2], tot[:, Stat.REF_ERR2]
+    plus, minus = tot[:, Stat.CAND_FARTHER], tot[:, Stat.CAND_CLOSER]
+    dmax = st[:, :, Stat.MAX_ABS_DIFF].max(1)
+    rms_t = np.sqrt(tot[:, Stat.TRUTH2] / n)
     floor = unit_roundoff * FLOOR_ULPS * rms_t
-    err_c, err_r = ops.sqrt(sc / n), ops.sqrt(sr / n)
-    denom = ops.maximum(err_r, floor)
+    err_c, err_r = np.sqrt(sc / n), np.sqrt(sr / n)
+    denom = np.maximum(err_r, floor)
     pos = denom > 0
-    ratio = ops.where(pos, err_c / ops.where(pos, denom, 1.0), ops.where(err_c == 0, 0.0, math.inf))
+    ratio = np.where(pos, err_c / np.where(pos, denom, 1.0), np.where(err_c == 0, 0.0, math.inf))
     f2 = floor * floor
-    den = ops.maximum(sr, f2 * n)
-    theta = 0.5 * (ops.log(sc) - ops.log(den))
+    theta = 0.5 * (np.log(sc) - np.log(np.maximum(sr, f2 * n)))
     if nb >= 2:
-        size = ops.ceil(n / nb)
+        size = np.ceil(n / nb)
         # n minus each block's count: n - size for the full blocks, size * (nb - 1) for the last
-        rest = (n - size)[:, None] + 0.0 * st[:, :, 0]
+        rest = np.repeat((n - size)[:, None], nb, 1)
         rest[:, -1] = size * (nb - 1)
-        loo_num = ops.maximum(sc[:, None] - st[:, :, 0], 1e-300)
-        loo_den = ops.maximum(ops.maximum(sr[:, None] - st[:, :, 1], 1e-300), f2[:, None] * rest)
-        thetas = 0.5 * (ops.log(loo_num) - ops.log(ops.maximum(loo_den, 1e-300)))
-        var = (nb - 1) / nb * ops.square(thetas - ops.mean_keep(thetas, 1)).sum(1)
-        lo = ops.exp(theta - conf * ops.sqrt(var))
+        loo_num = np.maximum(sc[:, None] - st[:, :, Stat.CAND_ERR2], 1e-300)
+        loo_den = np.maximum(np.maximum(sr[:, None] - st[:, :, Stat.REF_ERR2], 1e-300), f2[:, None] * rest)
+        thetas = 0.5 * (np.log(loo_num) - np.log(loo_den))
+        var = (nb - 1) / nb * np.square(thetas - thetas.mean(1, keepdims=True)).sum(1)
+        lo = np.exp(theta - conf * np.sqrt(var))
     else:
-        lo = ops.exp(theta)
-    lo = ops.where(sc == 0, 0.0, lo)
-    lo = ops.where(pos, lo, ratio)
-    rms_r = ops.sqrt(rr / n)
+        lo = np.exp(theta)
+    lo = np.where(pos, np.where(sc == 0, 0.0, lo), ratio)
+    rms_r = np.sqrt(tot[:, Stat.REF2] / n)
     rpos = rms_r > 0
-    rel = ops.where(rpos, ops.sqrt(dd / n) / ops.where(rpos, rms_r, 1.0), dmax)
+    rel = np.where(rpos, np.sqrt(tot[:, Stat.DIFF2] / n) / np.where(rpos, rms_r, 1.0), dmax)
     pm = plus + minus
-    z = ops.where(pm > 0, (plus - minus) / ops.sqrt(ops.maximum(pm, 1.0)), 0.0)
-    return ops.stack([rms_t, err_c, err_r, ratio, lo, rel, dmax, z])
+    z = np.where(pm > 0, (plus - minus) / np.sqrt(np.maximum(pm, 1.0)), 0.0)
+    out = np.empty((len(st), len(Metric)))
+    for col, v in ((Metric.ERR_CAND, err_c), (Metric.ERR_REF, err_r), (Metric.RMS_TRUTH, rms_t),
+                   (Metric.RATIO, ratio), (Metric.RATIO_LO, lo), (Metric.Z, z), (Metric.REL_TO_REF, rel),
+                   (Metric.MAX_ABS_TO_REF, dmax)):
+        out[:, col] = v
+    return out
 
 
 def _truth(ref: Any, res: Any) -> Any:
@@ -328,14 +297,12 @@ def _truth(ref: Any, res: Any) -> Any:
     return ref.to(torch.float64) + res.to(ref.device, torch.float64)
 
 
-_STAT_FIELDS = ("rms_truth", "err_cand", "err_ref", "ratio", "ratio_lo", "rel_to_ref", "max_abs_to_ref", "z")
-
-
 def _fill(m: LeafMetrics, st: Any, n: int, unit_roundoff: float, confidence: float) -> LeafMetrics:
     """The statistics of one leaf into ``m`` (which may carry notes already): metrics_many's formulas."""
     (got,) = metrics_many([(m.leaf, n, st, confidence)], unit_roundoff, check_finite=False)
     assert got is not None
-    for f in _STAT_FIELDS:
+    for col in Metric:
+        f = col.name.lower()
         setattr(m, f, getattr(got, f))
     return m
 

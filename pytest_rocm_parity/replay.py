@@ -330,7 +330,8 @@ class _Judge:
             self.keep_if_failing(sink[-1], c, tol, isolated, tag)
             return
         sink.append(None)
-        if c.is_cuda and kernels.triton_usable() and ref.is_contiguous() and res.is_contiguous():
+        if c.is_cuda and kernels.triton_usable() and kernels.readable(ref) and kernels.readable(res) \
+                and c.dtype in kernels.dtype_codes():
             import torch
 
             c = c.clone(memory_format=torch.contiguous_format)
@@ -340,11 +341,11 @@ class _Judge:
         self.items.append((sink, len(sink) - 1, leaf, st, c, ref, res, tol, isolated, tag))
 
     def _stats(self) -> list[Any]:
-        """Every item's (nb, 8) host statistics: the batched ones in one launch, then one wait."""
+        """Every item's (nb, len(Stat)) host statistics: the batched ones in one launch, then one wait."""
         import torch
 
         from pytest_rocm_parity import kernels
-        from pytest_rocm_parity.compare import block_layout
+        from pytest_rocm_parity.compare import Stat, block_layout
 
         batch = [i for i, it in enumerate(self.items) if it[3] is None]
         started = [it[3] for it in self.items if it[3] is not None]
@@ -355,7 +356,7 @@ class _Judge:
             except Exception as exc:   # a Triton that cannot compile the kernel here: the torch path
                 kernels.disable_triton(exc)
                 started.append(torch.cat([block_stats(*self.items[i][4:7]) for i in batch]))
-        host: Any = torch.cat([t.reshape(-1, 8).to(torch.float64) for t in started]).to("cpu").numpy()
+        host: Any = torch.cat([t.reshape(-1, len(Stat)).to(torch.float64) for t in started]).to("cpu").numpy()
         out: list[Any] = [None] * len(self.items)
         row = 0
         for i, it in enumerate(self.items):   # the started ones first, in order, then the batch

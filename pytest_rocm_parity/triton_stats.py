@@ -1,47 +1,17 @@
-"""The Triton statistics kernels (see kernels.py); imported only where Triton is installed.
+"""The Triton statistics kernel (see kernels.py); imported only where Triton is installed.
 
-The kernels are kept undecorated: kernels.py wraps them with triton.jit when first used, for a GPU
+It computes the per-block sums of compare.Stat and nothing else: the judging formulas run on the
+host (compare.metric_columns). Its output columns are compare.Stat's, in that order (_terms).
+
+The kernel is kept undecorated: kernels.py wraps it with triton.jit when first used, for a GPU
 or (TRITON_INTERPRET=1 set before Triton loads) for Triton's CPU interpreter, which needs ``tl``
-as a module global. The small device functions they call are decorated here, at import, which
-is as late: this module is imported only by those wrappers. Tests: the interpreter checks the
-arithmetic (tests/unit/test_stats_kernel.py, test_stats_graph.py); Triton's compilers for sm_90,
-gfx942 and gfx90a check what compiles and how it loads (tests/unit/test_kernel_codegen.py).
+as a module global. The small device functions it calls are decorated here, at import, which
+is as late: this module is imported only by that wrapper. Tests: the interpreter checks the
+arithmetic against kernels.block_stats_torch (tests/unit/test_stats_kernel.py); Triton's compilers
+for sm_90, gfx942 and gfx90a check what compiles and how it loads (tests/unit/test_kernel_codegen.py).
 """
 import triton
 import triton.language as tl
-
-
-def stats_kernel(C, R, E, OUT, n, size, tiles, F64: tl.constexpr, BLOCK: tl.constexpr):  # noqa: N803
-    """One tile of one jackknife block: eight partial sums into OUT[block, tile, :]."""
-    b = tl.program_id(0)
-    j = tl.program_id(1)
-    start = b * size + j * BLOCK
-    end = tl.minimum((b + 1) * size, n)
-    offs = start + tl.arange(0, BLOCK)
-    mask = offs < end
-    if F64:
-        c = tl.load(C + offs, mask=mask, other=0.0).to(tl.float64)
-        r = tl.load(R + offs, mask=mask, other=0.0).to(tl.float64)
-        e = tl.load(E + offs, mask=mask, other=0.0).to(tl.float64)
-    else:
-        c = tl.load(C + offs, mask=mask, other=0.0).to(tl.float32)
-        r = tl.load(R + offs, mask=mask, other=0.0).to(tl.float32)
-        e = tl.load(E + offs, mask=mask, other=0.0).to(tl.float32)
-    d = c - r            # candidate - reference
-    ec = d - e           # candidate - truth (truth = reference + residual)
-    t = r + e
-    o = OUT + (b * tiles + j) * 8
-    tl.store(o + 0, tl.sum(ec * ec, axis=0).to(tl.float64))
-    tl.store(o + 1, tl.sum(e * e, axis=0).to(tl.float64))
-    tl.store(o + 2, tl.sum(t * t, axis=0).to(tl.float64))
-    tl.store(o + 3, tl.sum(r * r, axis=0).to(tl.float64))
-    tl.store(o + 4, tl.sum(d * d, axis=0).to(tl.float64))
-    ac = tl.abs(ec)
-    ar = tl.abs(e)
-    tl.store(o + 5, tl.sum((ac > ar).to(tl.float32), axis=0).to(tl.float64))
-    tl.store(o + 6, tl.sum((ac < ar).to(tl.float32), axis=0).to(tl.float64))
-    tl.store(o + 7, tl.max(tl.abs(d), axis=0).to(tl.float64))
-
 
 
 @triton.jit
@@ -54,7 +24,8 @@ def _load3(pc, pr, pe, offs, mask, acc_t: tl.constexpr):  # noqa: ANN001, ANN202
 
 @triton.jit
 def _terms(c, r, e):  # noqa: ANN001, ANN202
-    """The eight per-element terms of compare.STAT_COLS (sums, except the last: a maximum)."""
+    """The per-element terms of compare.Stat, in its order: CAND_ERR2, REF_ERR2, TRUTH2, REF2,
+    DIFF2, CAND_FARTHER, CAND_CLOSER (summed) and MAX_ABS_DIFF (a maximum)."""
     d = c - r            # candidate - reference
     ec = d - e           # candidate - truth (truth = reference + residual)
     t = r + e
@@ -66,7 +37,7 @@ def _terms(c, r, e):  # noqa: ANN001, ANN202
 
 @triton.jit
 def _store8(o, v0, v1, v2, v3, v4, v5, v6, v7):  # noqa: ANN001, ANN202
-    """Eight values to o[0:8] (a row of block sums, or the first eight judging columns)."""
+    """One row of compare.Stat columns to o[0:8]."""
     tl.store(o + 0, v0)
     tl.store(o + 1, v1)
     tl.store(o + 2, v2)
@@ -98,7 +69,8 @@ def _pointer(P, leaf, code: tl.constexpr, ALIGNED: tl.constexpr):  # noqa: N803,
 
 def stats_many_kernel(PC, PR, PE, WORK, OUT, CC: tl.constexpr, CR: tl.constexpr,  # noqa: N803
                       CE: tl.constexpr, F64: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr = False):
-    """One chunk of one jackknife block of one of many leaves: its eight partial sums into a row of OUT.
+    """One chunk of one jackknife block of one of many leaves: its compare.Stat partial sums into
+    a row of OUT (8 float64 each).
 
     WORK holds (leaf, start, end, output row) per program; PC/PR/PE the leaves' data pointers as
     int64. Leaves of one launch share their dtypes (codes: 0 bfloat16, 1 float16, 2 float32,
@@ -171,76 +143,3 @@ def stats_many_kernel(PC, PR, PE, WORK, OUT, CC: tl.constexpr, CR: tl.constexpr,
         s6 += tl.sum(u6.to(tl.float64), axis=0)
         s7 = tl.maximum(s7, tl.max(u7.to(tl.float64), axis=0))
     _store8(OUT + tl.load(WORK + w * 4 + 3) * 8, s0, s1, s2, s3, s4, s5, s6, s7)
-
-
-def columns_kernel(ST, ROW0, NB, N, CONF, OUT, u_floor, NBMAX: tl.constexpr):  # noqa: N803
-    """The judging columns of one leaf from its block sums: compare.metric_columns, one program.
-
-    ST: (rows, 8) float64 block sums (compare.STAT_COLS) of many leaves; ROW0/NB: each leaf's first
-    row and block count (int64); N/CONF: its element count and confidence (float64); ``u_floor``:
-    the unit roundoff times tolerance.FLOOR_ULPS. OUT[leaf, :]: rms_truth, err_cand, err_ref, ratio,
-    ratio_lo, rel_to_ref, max_abs_to_ref, z, then 1.0 where the first five sums are finite.
-    Why a kernel: as torch ops the formulas are about 90 small kernels, 100 us of device time per
-    judgement on the H200 whatever the leaf count (session 6), all of it in the tail a replay waits for.
-    Kept equal to metric_columns by tests/unit/test_stats_graph.py: change both or neither.
-    """
-    leaf = tl.program_id(0)
-    row0 = tl.load(ROW0 + leaf)
-    nb = tl.load(NB + leaf)
-    n = tl.load(N + leaf)
-    conf = tl.load(CONF + leaf)
-    offs = tl.arange(0, NBMAX)
-    mask = offs < nb
-    base = ST + (row0 + offs) * 8
-    s0 = tl.load(base + 0, mask=mask, other=0.0)
-    s1 = tl.load(base + 1, mask=mask, other=0.0)
-    s2 = tl.load(base + 2, mask=mask, other=0.0)
-    s3 = tl.load(base + 3, mask=mask, other=0.0)
-    s4 = tl.load(base + 4, mask=mask, other=0.0)
-    s5 = tl.load(base + 5, mask=mask, other=0.0)
-    s6 = tl.load(base + 6, mask=mask, other=0.0)
-    s7 = tl.load(base + 7, mask=mask, other=float("-inf"))
-    inf = float("inf")
-    bad = ((tl.abs(s0) < inf) & (tl.abs(s1) < inf) & (tl.abs(s2) < inf) & (tl.abs(s3) < inf)
-           & (tl.abs(s4) < inf)) == 0
-    finite = tl.sum((bad & mask).to(tl.int32), axis=0) == 0
-    sc = tl.sum(s0, axis=0)
-    sr = tl.sum(s1, axis=0)
-    tt = tl.sum(s2, axis=0)
-    rr = tl.sum(s3, axis=0)
-    dd = tl.sum(s4, axis=0)
-    plus = tl.sum(s5, axis=0)
-    minus = tl.sum(s6, axis=0)
-    dmax = tl.max(s7, axis=0)
-    rms_t = tl.sqrt(tt / n)
-    floor = u_floor * rms_t
-    err_c = tl.sqrt(sc / n)
-    err_r = tl.sqrt(sr / n)
-    denom = tl.maximum(err_r, floor)
-    pos = denom > 0
-    ratio = tl.where(pos, err_c / tl.where(pos, denom, 1.0), tl.where(err_c == 0, 0.0, inf))
-    f2 = floor * floor
-    den = tl.maximum(sr, f2 * n)
-    theta = 0.5 * (tl.log(sc) - tl.log(den))
-    # the jackknife over blocks (leave one block out); one block: no spread, the bound is the ratio
-    nbf = nb.to(tl.float64)
-    size = tl.ceil(n / nbf)
-    rest = tl.where(offs == nb - 1, size * (nbf - 1.0), n - size)
-    loo_num = tl.maximum(sc - s0, 1e-300)
-    loo_den = tl.maximum(tl.maximum(sr - s1, 1e-300), f2 * rest)
-    thetas = 0.5 * (tl.log(loo_num) - tl.log(tl.maximum(loo_den, 1e-300)))
-    thetas = tl.where(mask, thetas, 0.0)
-    mean = tl.sum(thetas, axis=0) / nbf
-    dev = tl.where(mask, thetas - mean, 0.0)
-    var = tl.where(nb >= 2, (nbf - 1.0) / nbf * tl.sum(dev * dev, axis=0), 0.0)
-    lo = tl.exp(theta - conf * tl.sqrt(var))
-    lo = tl.where(sc == 0, 0.0, lo)
-    lo = tl.where(pos, lo, ratio)
-    rms_r = tl.sqrt(rr / n)
-    rpos = rms_r > 0
-    rel = tl.where(rpos, tl.sqrt(dd / n) / tl.where(rpos, rms_r, 1.0), dmax)
-    pm = plus + minus
-    z = tl.where(pm > 0, (plus - minus) / tl.sqrt(tl.maximum(pm, 1.0)), 0.0)
-    o = OUT + leaf * 9
-    _store8(o, rms_t, err_c, err_r, ratio, lo, rel, dmax, z)
-    tl.store(o + 8, finite.to(tl.float64))

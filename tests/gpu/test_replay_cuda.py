@@ -28,7 +28,7 @@ def test_triton_stats_match_cpu(dtype: torch.dtype) -> None:
     e = (t - r.double()).to(torch.bfloat16 if dtype in (torch.bfloat16, torch.float16) else dtype)
     nb, size = block_layout(n)
     cpu = kernels.block_stats_torch(c, r, e, nb, size)
-    gpu = kernels.block_stats_triton(c.cuda(), r.cuda(), e.cuda(), nb, size).cpu()
+    gpu = kernels.block_stats_many([(c.cuda(), r.cuda(), e.cuda())], [(nb, size)]).cpu()
     torch.testing.assert_close(gpu, cpu, rtol=1e-5, atol=1e-30)
     a = residual_metrics("x", c, r, e, 2.0**-8)
     b = residual_metrics("x", c.cuda(), r.cuda(), e.cuda(), 2.0**-8)

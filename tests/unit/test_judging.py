@@ -154,13 +154,13 @@ def test_coerce_number_is_ratio() -> None:
 
 
 def test_metrics_from_columns_fills_each_field_from_its_column() -> None:
-    """metrics_from_columns builds LeafMetrics positionally (host time): each column lands in its field."""
+    """metrics_from_columns builds LeafMetrics positionally (host time): each Metric column lands in
+    the field of its name."""
     import numpy as np
 
-    from pytest_rocm_parity.compare import metrics_from_columns
+    from pytest_rocm_parity.compare import Metric, metrics_from_columns
 
-    cols = np.arange(1.0, 9.0)[None, :]     # rms_truth, err_cand, err_ref, ratio, ratio_lo, rel_to_ref, max_abs_to_ref, z
+    cols = np.arange(1.0, len(Metric) + 1.0)[None, :]
     (m,) = metrics_from_columns(["0"], [7], cols)
     assert (m.leaf, m.numel, m.kind, m.nonfinite, m.note) == ("0", 7, "float", 0, "")
-    assert (m.rms_truth, m.err_cand, m.err_ref, m.ratio, m.ratio_lo, m.rel_to_ref, m.max_abs_to_ref, m.z) == \
-        (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0)
+    assert {c.name.lower(): getattr(m, c.name.lower()) for c in Metric} == {c.name.lower(): c + 1.0 for c in Metric}

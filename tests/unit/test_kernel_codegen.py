@@ -1,4 +1,4 @@
-"""The Triton kernels compiled here, without a GPU, for the GPUs the tool runs on: NVIDIA sm_90
+"""The Triton statistics kernel compiled here, without a GPU, for the GPUs the tool runs on: NVIDIA sm_90
 (H100/H200) and AMD gfx942 (MI300) and gfx90a (MI250), through Triton's own compilers.
 
 Why: the interpreter (test_stats_kernel.py) checks the arithmetic, not what the compiler accepts
@@ -82,17 +82,3 @@ def test_every_dtype_combination_compiles_for_sm90(codes: tuple[int, int, int], 
              "ALIGNED": aligned}
     asm = _compile(kernels.triton_many_kernel(), MANY_SIG, const, TARGETS[0], kernels.MANY_WARPS)
     assert (_loads(asm)["vector"] >= 3) == aligned
-
-
-@pytest.mark.parametrize("target", TARGETS, ids=lambda t: str(t[1]))
-def test_formulas_and_single_leaf_kernels_compile(target: tuple[Any, ...]) -> None:
-    from pytest_rocm_parity import kernels
-    from pytest_rocm_parity.compare import JACKKNIFE_BLOCKS
-
-    nbmax = 1 << max(0, (JACKKNIFE_BLOCKS - 1).bit_length())
-    _compile(kernels.triton_columns_kernel(),
-             {"ST": "*fp64", "ROW0": "*i64", "NB": "*i64", "N": "*fp64", "CONF": "*fp64", "OUT": "*fp64",
-              "u_floor": "fp64", "NBMAX": "constexpr"}, {"NBMAX": nbmax}, target, 4)
-    _compile(kernels.triton_kernel(),
-             {"C": "*bf16", "R": "*bf16", "E": "*bf16", "OUT": "*fp64", "n": "i64", "size": "i64", "tiles": "i64",
-              "F64": "constexpr", "BLOCK": "constexpr"}, {"F64": False, "BLOCK": kernels.TILE}, target, 4)

@@ -1,4 +1,4 @@
-"""The fused statistics (compare.block_stats): Triton kernel, torch fallback and the metrics built on them."""
+"""The per-block statistics (compare.block_stats): Triton kernel, torch fallback and the metrics built on them."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pytest_rocm_parity import compare, kernels
-from pytest_rocm_parity.compare import block_layout, block_stats, float_metrics, residual_metrics
+from pytest_rocm_parity.compare import Stat, block_layout, block_stats, float_metrics, residual_metrics
 
 pytestmark = pytest.mark.triton
 
@@ -32,15 +32,21 @@ def _case(dtype: torch.dtype, n: int, seed: int = 0, rel: float = 1e-3) -> tuple
 def _naive(c: torch.Tensor, r: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     """The definition, element by element in float64: what both implementations must compute."""
     nb, size = block_layout(c.numel())
-    rows = []
+    out = torch.zeros((nb, len(Stat)), dtype=torch.float64)
     for b in range(nb):
         cc, rr, ee = (x[b * size:(b + 1) * size].double() for x in (c, r, e))
         d = cc - rr
         ec = d - ee
-        rows.append([float((ec * ec).sum()), float((ee * ee).sum()), float(((rr + ee) ** 2).sum()),
-                     float((rr * rr).sum()), float((d * d).sum()), float((ec.abs() > ee.abs()).sum()),
-                     float((ec.abs() < ee.abs()).sum()), float(d.abs().max())])
-    return torch.tensor(rows, dtype=torch.float64)
+        row = out[b]
+        row[Stat.CAND_ERR2] = (ec * ec).sum()
+        row[Stat.REF_ERR2] = (ee * ee).sum()
+        row[Stat.TRUTH2] = ((rr + ee) ** 2).sum()
+        row[Stat.REF2] = (rr * rr).sum()
+        row[Stat.DIFF2] = (d * d).sum()
+        row[Stat.CAND_FARTHER] = (ec.abs() > ee.abs()).sum()
+        row[Stat.CAND_CLOSER] = (ec.abs() < ee.abs()).sum()
+        row[Stat.MAX_ABS_DIFF] = d.abs().max()
+    return out
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
@@ -49,7 +55,7 @@ def test_torch_fallback_matches_the_definition(dtype: torch.dtype, n: int) -> No
     c, r, e, _ = _case(dtype, n)
     got = kernels.block_stats_torch(c, r, e, *block_layout(n), chunk=1000)   # small chunks: many spans
     want = _naive(c, r, e)
-    assert got.shape == (block_layout(n)[0], len(compare.STAT_COLS))
+    assert got.shape == (block_layout(n)[0], len(Stat))
     torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-30)
 
 
@@ -66,7 +72,7 @@ KERNEL_SCRIPT = textwrap.dedent('''
         r = t.to(dtype); c = (t * (1 + 1e-3 * torch.randn(n, dtype=torch.float64, generator=g))).to(dtype)
         e = (t - r.double()).to(rdt)
         nb, size = block_layout(n)
-        a = kernels.block_stats_triton(c, r, e, nb, size)
+        a = kernels.block_stats_many([(c, r, e)], [(nb, size)])
         b = kernels.block_stats_torch(c, r, e, nb, size)
         out.append([str(dtype), n, float(((a - b).abs() / b.abs().clamp(min=1e-300)).max()), list(a.shape)])
         leaves.append((c, r, e)); lays.append((nb, size)); torch_rows.append(b)
@@ -75,16 +81,13 @@ KERNEL_SCRIPT = textwrap.dedent('''
         many = kernels.block_stats_many(leaves, lays, chunk=chunk)   # the replay's one launch per dtype combination
         out.append(["many", int(want.shape[0]), float(((many - want).abs() / want.abs().clamp(min=1e-300)).max()),
                     list(many.shape)])
-    # the vectorised loop (the leaves above are aligned) equals the plain loop, and misaligned views
-    # (one element into their storage) take the plain loop and give the same sums
+    # the leaves above are aligned (the vectorised loop); misaligned views (one element into their
+    # storage) take the plain loop and give the same sums
     rel = lambda a, b: float(((a - b).abs() / b.abs().clamp(min=1e-300)).max())
-    kernels.ALIGNED_LOADS = False
-    plain = kernels.block_stats_many(leaves, lays, chunk=1024)
-    kernels.ALIGNED_LOADS = True
     moved = [tuple(torch.cat([x.new_zeros(1), x])[1:] for x in leaf) for leaf in leaves]
     mis = kernels.block_stats_many(moved, lays, chunk=1024)
     ptrs = lambda ls: [x.data_ptr() for leaf in ls for x in leaf]
-    out.append(["aligned", kernels.aligned(ptrs(leaves)), kernels.aligned(ptrs(moved)), rel(plain, want), rel(mis, want)])
+    out.append(["aligned", kernels.aligned(ptrs(leaves)), kernels.aligned(ptrs(moved)), rel(mis, want)])
     # the launch tables are cached by the leaves' addresses: a repeat hits, other orders and new
     # values at the same addresses still give their own sums
     built = []
@@ -115,14 +118,14 @@ def test_triton_kernel_in_the_interpreter_matches_the_fallback() -> None:
     assert len(rows) == 9
     _, hit, rel_rev, rel_changed = rows.pop()
     assert hit and rel_rev < 1e-5 and rel_changed < 1e-5
-    _, leaves_aligned, moved_aligned, rel_plain, rel_misaligned = rows.pop()
+    _, leaves_aligned, moved_aligned, rel_misaligned = rows.pop()
     assert leaves_aligned and not moved_aligned
-    assert rel_plain < 1e-5 and rel_misaligned < 1e-5, (rel_plain, rel_misaligned)
+    assert rel_misaligned < 1e-5, rel_misaligned
     for dtype, n, rel, shape in rows[:5]:
-        assert shape == [block_layout(n)[0], 8]
+        assert shape == [block_layout(n)[0], len(Stat)]
         assert rel < 1e-5, (dtype, n, rel)
     for _, total, rel, shape in rows[5:]:
-        assert shape == [total, 8] and total == sum(block_layout(n)[0] for _, n, _, _ in rows[:5])
+        assert shape == [total, len(Stat)] and total == sum(block_layout(n)[0] for _, n, _, _ in rows[:5])
         assert rel < 1e-5, rel
 
 
@@ -157,7 +160,7 @@ def test_stats_are_precomputable_and_reused() -> None:
     c, r, e, _ = _case(torch.float32, 5000)
     host = compare.host_stats(block_stats(c, r, e))
     a = residual_metrics("x", c, r, e, 2.0**-24, stats=host)
-    host[:, 0] *= 4            # a tampered sum changes the verdict: the passed stats are what is used
+    host[:, Stat.CAND_ERR2] *= 4   # a tampered sum changes the verdict: the passed stats are what is used
     b = residual_metrics("x", c, r, e, 2.0**-24, stats=host)
     assert b.ratio == pytest.approx(2 * a.ratio, rel=1e-9)
 
