@@ -133,11 +133,10 @@ class _TableCache:
     """The last few launch tables on the device, by the exact leaves they describe.
 
     Why: building a table (numpy, a pinned buffer, a host-to-device copy) is most of the host time
-    of an eager launch, and the same leaves judged again (a repeated flush, the same tensors in
-    another check) reuse it. The key holds every address, size and layout the table encodes, so a
-    hit is the same table. A replay's candidate outputs mostly land at other addresses from pass to
-    pass (measured on the H200 in session 5), so replays rely on stats_graph's tables instead,
-    whose addresses are rewritten per pass (ManyLaunch). Also the LRU store of stats_graph.
+    of a launch, and in a steady replay every flush after the first two hits: the caching allocator
+    hands each pass's snapshots the blocks the pass before freed, and the goldens stay where they
+    were preloaded. The key holds every address, size and layout the table encodes, so a hit is the
+    same table.
     """
 
     def __init__(self, size: int = 8) -> None:
