@@ -149,11 +149,11 @@ def bench_one(name: str, device: str, batch: int, seq: int, reps: int, drill: in
               sketch: int = 0, profile_dir: str | None = None) -> dict[str, Any]:
     import torch
 
-    from pytest_rocm_parity.capture import capture, recording_pass
-    from pytest_rocm_parity.engine import CheckSpec, _run, numerics
-    from pytest_rocm_parity.golden import GoldenStore, RungReader
-    from pytest_rocm_parity.replay import _replay_rung, replay
-    from pytest_rocm_parity.selection import select
+    from pytest_rocm_parity.runner.capture import capture, recording_pass
+    from pytest_rocm_parity.runner.engine import CheckSpec, _run, numerics
+    from pytest_rocm_parity.golden.store import GoldenStore, RungReader
+    from pytest_rocm_parity.runner.replay import _replay_rung, replay
+    from pytest_rocm_parity.runner.selection import select
 
     model = build(name, device)
     vocab = model.config.vocab_size
@@ -352,7 +352,7 @@ def write_rows(path: str | None, device: str, rows: list[dict[str, Any]]) -> Non
     """The run's rows with its date and environment, as JSON at ``path``."""
     import torch
 
-    from pytest_rocm_parity.backend import collect_env
+    from pytest_rocm_parity.migration.backend import collect_env
 
     if path:
         doc = {"date": time.strftime("%Y-%m-%d"), "env": collect_env(device), "torch": torch.__version__, "rows": rows}

@@ -54,12 +54,12 @@ OURS = DATA + '''
 import json, os, resource, sys, time
 import torch
 from safetensors.torch import save_file
-from pytest_rocm_parity.golden import RungReader
-from pytest_rocm_parity.compare import residual_metrics
-from pytest_rocm_parity.judge import Rule, judge_layer, finish
-from pytest_rocm_parity.records import CheckResult, LayerRecord
-from pytest_rocm_parity.tolerance import Tolerance
-from pytest_rocm_parity.assertion import message
+from pytest_rocm_parity.golden.store import RungReader
+from pytest_rocm_parity.judging.compare import residual_metrics
+from pytest_rocm_parity.judging.judge import Rule, judge_layer, finish
+from pytest_rocm_parity.judging.records import CheckResult, LayerRecord
+from pytest_rocm_parity.judging.tolerance import Tolerance
+from pytest_rocm_parity.judging.assertion import message
 mode, path = sys.argv[1], sys.argv[2]
 if mode == "create":
     ref = {k: torch.from_numpy(v) for k, v in layers().items()}

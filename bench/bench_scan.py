@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pytest_rocm_parity.scan import scan_path
+from pytest_rocm_parity.migration.scan import scan_path
 
 CUDA_BLOCK = """\
 // Fused kernel {i}: layer norm followed by a residual add.
@@ -90,7 +90,7 @@ def long_lines(lengths: tuple[int, ...] = (32_768, 131_072, 524_288)) -> None:
     the rule's own anchors and tokens repeated. Linear rules grow 4x per row; the worst rule is printed."""
     import re
 
-    from pytest_rocm_parity import scan
+    from pytest_rocm_parity.migration import scan
 
     seps = (" ", " (", "(a", ", ")
     print(f"{'rule':<7}{'worst unit':<28}" + "".join(f"{n // 1024:>9} KiB" for n in lengths) + "   growth per 4x")

@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import triton
 
-    from pytest_rocm_parity import kernels
-    from pytest_rocm_parity.compare import block_layout
+    from pytest_rocm_parity.runner import kernels
+    from pytest_rocm_parity.judging.compare import block_layout
 
     leaves = leaves_of(a.model, a.batch, a.seq)
     lays = [block_layout(c.numel()) for c, _, _ in leaves]

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "tests" / "detection"))
 import torch  # noqa: E402
 
 import catalogue as C  # noqa: E402
-from pytest_rocm_parity.tolerance import Tolerance  # noqa: E402
+from pytest_rocm_parity.judging.tolerance import Tolerance  # noqa: E402
 
 LOW = ("bfloat16", "float16")
 STRICTER = (1.5, 1.25, 1.15)

@@ -24,9 +24,9 @@ def main() -> None:
     import torch
 
     import family_models as fm
-    from pytest_rocm_parity.capture import capture
-    from pytest_rocm_parity.engine import CheckSpec
-    from pytest_rocm_parity.golden import GoldenStore
+    from pytest_rocm_parity.runner.capture import capture
+    from pytest_rocm_parity.runner.engine import CheckSpec
+    from pytest_rocm_parity.golden.store import GoldenStore
 
     p = argparse.ArgumentParser()
     p.add_argument("--drill", type=int, default=None, help="a fixed depth (default: the plugin's default)")

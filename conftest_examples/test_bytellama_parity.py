@@ -16,7 +16,7 @@ def test_bytellama_lm(parity: Any, bytellama: Any, heldout_batch: Any) -> None:
 def test_bytellama_lm_fp32(parity: Any, bytellama: Any, heldout_batch: Any) -> None:
     """The float32 rung of the ladder, blocks only so the committed file stays under 10 MB.
 
-    Captured on the H200 at block depth; `python -m pytest_rocm_parity.derive` makes the same
+    Captured on the H200 at block depth; `python -m pytest_rocm_parity.golden.derive` makes the same
     golden from a deeper capture (docs/golden-format.md).
     """
     parity.check_lm(bytellama, heldout_batch, name="bytellama-lm-fp32", dtypes=["float32"], generate=12, drill=0)

@@ -20,8 +20,8 @@ import torch.nn.functional as F  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from pytest_rocm_parity import strategies as S  # noqa: E402
-from pytest_rocm_parity.fuzz import compare_op, default_device  # noqa: E402
+from pytest_rocm_parity.fuzz import strategies as S  # noqa: E402
+from pytest_rocm_parity.fuzz.harness import compare_op, default_device  # noqa: E402
 
 try:
     from conftest_examples.triton_kernels import _rms_norm_kernel, rms_norm  # noqa: E402
@@ -76,7 +76,7 @@ def test_rms_norm_kernel_compiles_for_amd_and_nvidia_gpus(dtype):
     """The port's other question, answered without an AMD GPU: Triton's own compilers build the
     kernel, as this launch specialises it, for MI300 (gfx942), MI250 (gfx90a) and H100/H200 (sm_90).
     Compiled, not run: the fuzz test above is what checks its numbers."""
-    from pytest_rocm_parity.triton_targets import assert_compiles_for
+    from pytest_rocm_parity.fuzz.triton_targets import assert_compiles_for
 
     x = torch.randn(4, 300).to(dtype)
     y = torch.empty_like(x)

@@ -10,22 +10,51 @@ from typing import Any
 
 __version__ = "0.1.0"
 
+# The public API: everything the README and docs/ tell users to import, from the package root.
+# Anything else is internal and may move.
 _LAZY = {
-    "Tolerance": "pytest_rocm_parity.tolerance",
-    "Parity": "pytest_rocm_parity.api",
-    "CheckResult": "pytest_rocm_parity.records",
-    "LayerRecord": "pytest_rocm_parity.records",
-    "ParityError": "pytest_rocm_parity.errors",
+    # results and the judging policy
+    "Tolerance": "pytest_rocm_parity.judging.tolerance",
+    "CheckResult": "pytest_rocm_parity.judging.records",
+    "LayerRecord": "pytest_rocm_parity.judging.records",
     "layer_frame": "pytest_rocm_parity.tables",
+    # the pytest fixture's object, and the plain core that works without pytest
+    "Parity": "pytest_rocm_parity.api",
+    "CheckSpec": "pytest_rocm_parity.runner.engine",
+    "GoldenStore": "pytest_rocm_parity.golden.store",
+    "capture": "pytest_rocm_parity.runner.capture",
+    "replay": "pytest_rocm_parity.runner.replay",
+    "capture_train": "pytest_rocm_parity.runner.train",
+    "replay_train": "pytest_rocm_parity.runner.train",
+    # operator fuzzing and Triton cross-compilation
+    "compare_op": "pytest_rocm_parity.fuzz.harness",
+    "record_golden": "pytest_rocm_parity.fuzz.harness",
+    "assert_compiles_for": "pytest_rocm_parity.fuzz.triton_targets",
+    # reports
+    "save_failing_tensors": "pytest_rocm_parity.reports.report",
+    "profile_shares": "pytest_rocm_parity.reports.profiling",
+    "compare_shares": "pytest_rocm_parity.reports.profiling",
+    # the shipped example model
+    "load_bytellama": "pytest_rocm_parity.models",
+    "eval_batch": "pytest_rocm_parity.models",
+    # errors
+    "ParityError": "pytest_rocm_parity.errors",
+    "GoldenStale": "pytest_rocm_parity.errors",
+    "GoldenMissing": "pytest_rocm_parity.errors",
+    "CaptureError": "pytest_rocm_parity.errors",
 }
+# modules users import whole (``from pytest_rocm_parity import strategies as S``)
+_MODULES = {"strategies": "pytest_rocm_parity.fuzz.strategies"}
 
-__all__ = ["__version__", *_LAZY]
+__all__ = ["__version__", *_LAZY, *_MODULES]
 
 
 def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name in _MODULES:
+        return importlib.import_module(_MODULES[name])
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'pytest_rocm_parity' has no attribute {name!r}")
-    import importlib
-
     return getattr(importlib.import_module(module), name)

@@ -7,16 +7,16 @@ from typing import Any
 
 import pytest
 
-from pytest_rocm_parity import dtypes as dt
-from pytest_rocm_parity.assertion import property_text, raise_if_failed
-from pytest_rocm_parity.capture import capture
-from pytest_rocm_parity.engine import CheckSpec, default_dtypes, shell_quote
-from pytest_rocm_parity.replay import replay as replay_golden
+from pytest_rocm_parity.judging import dtypes as dt
+from pytest_rocm_parity.judging.assertion import property_text, raise_if_failed
+from pytest_rocm_parity.runner.capture import capture
+from pytest_rocm_parity.runner.engine import CheckSpec, default_dtypes, shell_quote
+from pytest_rocm_parity.runner.replay import replay as replay_golden
 from pytest_rocm_parity.errors import GoldenExists, GoldenMissing, InvalidArgument, ParityError, WriteForbidden
 from pytest_rocm_parity.errors import ReferenceChange
 from pytest_rocm_parity.progress import checking, progress
-from pytest_rocm_parity.records import CheckResult
-from pytest_rocm_parity.tolerance import coerce
+from pytest_rocm_parity.judging.records import CheckResult
+from pytest_rocm_parity.judging.tolerance import coerce
 
 
 class Parity:
@@ -109,7 +109,7 @@ class Parity:
     def check_lm(self, model: Any, input_ids: Any, **kwargs: Any) -> list[CheckResult]:
         """Per-layer parity plus perplexity, token agreement, KL and generation for a causal LM."""
         __tracebackhide__ = True
-        from pytest_rocm_parity.lm import check_lm
+        from pytest_rocm_parity.llm.lm import check_lm
 
         return check_lm(self, model, input_ids, **kwargs)
 
@@ -122,7 +122,7 @@ class Parity:
         against a float64 truth; the culprit is the smallest module whose own backward is out of
         bounds (docs/training.md). ``loss=None``: the model's own loss (labels in ``inputs``)."""
         __tracebackhide__ = True
-        from pytest_rocm_parity.train import capture_train, replay_train
+        from pytest_rocm_parity.runner.train import capture_train, replay_train
 
         with _clean_errors():
             _require_module(model)
@@ -134,9 +134,9 @@ class Parity:
                          lambda: replay_train(model, inputs, spec, store, device, loss, optimizer, steps, env=env))
 
     def compare_op(self, candidate: Any, reference: Any, *args: Any, **kwargs: Any) -> Any:
-        """Fuzz-friendly operator check against a float64 CPU truth (see pytest_rocm_parity.fuzz)."""
+        """Fuzz-friendly operator check against a float64 CPU truth (see pytest_rocm_parity.fuzz.harness)."""
         __tracebackhide__ = True
-        from pytest_rocm_parity.fuzz import compare_op
+        from pytest_rocm_parity.fuzz.harness import compare_op
 
         kwargs.setdefault("device", self.device)
         return compare_op(candidate, reference, *args, **kwargs)
@@ -259,7 +259,7 @@ def _where_unjudged(model: Any, spec: CheckSpec, results: list[CheckResult]) -> 
     """Failing results say where a fault the selection did not judge lies: the region between the last
     agreeing and the first divergent selected module and the ``layers=`` globs that would judge it
     (extra["unselected_region"], shown by assertion.message), or the culprit's unselected sub-modules."""
-    from pytest_rocm_parity.selection import unselected_children, unselected_region
+    from pytest_rocm_parity.runner.selection import unselected_children, unselected_region
 
     for r in results:
         if r.passed:
@@ -293,7 +293,7 @@ def _explicit_drill(*choices: Any) -> int | None:
 def _drill(model: Any, *choices: Any) -> int:
     """The first explicit drill depth, else the deepest selection (as by default_drill without inputs:
     no activation sizes, so no budget; 0 above 1B parameters, where every module's golden gets huge)."""
-    from pytest_rocm_parity.selection import max_drill
+    from pytest_rocm_parity.runner.selection import max_drill
 
     c = _explicit_drill(*choices)
     if c is not None:
@@ -311,7 +311,7 @@ def default_drill(model: Any, inputs: Any, rungs: Sequence[str], limit: int | No
     below a T5 block); what bounds it is the golden's size, estimated from one shape-only pass
     (selection.activation_sizes, within about 15% of the file's bytes on the family matrix).
     """
-    from pytest_rocm_parity.selection import activation_sizes, deepest_drill
+    from pytest_rocm_parity.runner.selection import activation_sizes, deepest_drill
 
     acts = activation_sizes(model, inputs) if limit is not None else None
     return deepest_drill(model, acts, rungs, limit)
@@ -341,7 +341,7 @@ def _sketch_group(value: Any) -> int:
     if value is None or value is False or value == 0:
         return 0
     if value is True:
-        from pytest_rocm_parity.sketch import DEFAULT_GROUP
+        from pytest_rocm_parity.golden.sketch import DEFAULT_GROUP
 
         return DEFAULT_GROUP
     if isinstance(value, int) and value >= 2:
@@ -371,7 +371,7 @@ class OpChecker:
 
     def compare_op(self, candidate: Any, reference: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
-        from pytest_rocm_parity.fuzz import compare_op
+        from pytest_rocm_parity.fuzz.harness import compare_op
 
         kwargs.setdefault("device", self.device)
         return compare_op(candidate, reference, *args, **kwargs)

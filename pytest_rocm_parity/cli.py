@@ -26,18 +26,18 @@ class Command:
 
 
 COMMANDS: dict[str, Command] = {
-    "doctor": Command("pytest_rocm_parity.doctor:add_doctor_arguments", "pytest_rocm_parity.doctor:run_doctor",
+    "doctor": Command("pytest_rocm_parity.migration.doctor:add_doctor_arguments", "pytest_rocm_parity.migration.doctor:run_doctor",
                       "check this machine's GPU stack for a CUDA-to-ROCm migration"),
-    "scan": Command("pytest_rocm_parity.scan:add_scan_arguments", "pytest_rocm_parity.scan:run_scan",
+    "scan": Command("pytest_rocm_parity.migration.scan:add_scan_arguments", "pytest_rocm_parity.migration.scan:run_scan",
                     "list custom CUDA kernels and CUDA-only constructs in a codebase"),
-    "show": Command("pytest_rocm_parity.inspect_cmd:add_show_arguments", "pytest_rocm_parity.inspect_cmd:run_show",
+    "show": Command("pytest_rocm_parity.reports.inspect_cmd:add_show_arguments", "pytest_rocm_parity.reports.inspect_cmd:run_show",
                     "print a golden's manifest and per-layer summary"),
-    "diff": Command("pytest_rocm_parity.inspect_cmd:add_diff_arguments", "pytest_rocm_parity.inspect_cmd:run_diff",
+    "diff": Command("pytest_rocm_parity.reports.inspect_cmd:add_diff_arguments", "pytest_rocm_parity.reports.inspect_cmd:run_diff",
                     "compare two goldens layer by layer"),
-    "golden": Command("pytest_rocm_parity.inspect_cmd:add_golden_arguments",
-                      "pytest_rocm_parity.inspect_cmd:run_golden",
+    "golden": Command("pytest_rocm_parity.reports.inspect_cmd:add_golden_arguments",
+                      "pytest_rocm_parity.reports.inspect_cmd:run_golden",
                       "manage a golden directory: prune [--dry-run] GOLDEN_DIR"),
-    "ops": Command("pytest_rocm_parity.opsuite:add_ops_arguments", "pytest_rocm_parity.opsuite:run_ops",
+    "ops": Command("pytest_rocm_parity.fuzz.opsuite:add_ops_arguments", "pytest_rocm_parity.fuzz.opsuite:run_ops",
                    "run the built-in operator fuzz suite on a backend"),
 }
 

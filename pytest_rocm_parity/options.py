@@ -54,7 +54,7 @@ def parse_device(value: str) -> str:
 
 
 def parse_dtypes(value: str) -> list[str]:
-    from pytest_rocm_parity.dtypes import canonical_name
+    from pytest_rocm_parity.judging.dtypes import canonical_name
     from pytest_rocm_parity.errors import InvalidArgument
 
     try:

@@ -43,7 +43,7 @@ def pytest_configure(config: pytest.Config) -> None:
     session = ParitySession(config, options)
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(session, "rocm_parity_session")
-    from pytest_rocm_parity.html_extras import register as register_html_extras
+    from pytest_rocm_parity.reports.html_extras import register as register_html_extras
 
     register_html_extras(config, session)  # adds plots to pytest-html's page when it is installed
 
@@ -72,7 +72,7 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     lines = [f"rocm-parity: mode={o.mode.value} device={o.device} goldens={o.golden_dir}"
              + (f" regen={o.regen}" if o.regen else "")]
     try:
-        from pytest_rocm_parity.doctor import header_lines
+        from pytest_rocm_parity.migration.doctor import header_lines
 
         lines += header_lines()
     except Exception as exc:  # the header must never break a run

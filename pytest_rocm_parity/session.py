@@ -101,7 +101,7 @@ class ParitySession:
     def __init__(self, config: pytest.Config, options: ParityOptions) -> None:
         self.config = config
         self.options = options
-        from pytest_rocm_parity.remote import open_store
+        from pytest_rocm_parity.golden.remote import open_store
 
         self.store = open_store(options.golden_dir)
         self.results: list[dict[str, Any]] = []
@@ -126,7 +126,7 @@ class ParitySession:
     @property
     def env(self) -> dict[str, Any]:
         if self._env is None:
-            from pytest_rocm_parity.backend import collect_env
+            from pytest_rocm_parity.migration.backend import collect_env
 
             dev = self.device
             if dev == "model":  # a split model: describe the accelerator it is split over
@@ -345,7 +345,7 @@ class ParitySession:
         else:
             (self.goldens.updated if existed else self.goldens.created).append(name)
         try:
-            from pytest_rocm_parity.golden import load_manifest
+            from pytest_rocm_parity.golden.store import load_manifest
 
             d = self.store.dir_for(name)
             rungs = load_manifest(d / "manifest.json")["rungs"]
@@ -406,13 +406,13 @@ class ParitySession:
 
         atomic_write(out / "parity-report.json", json.dumps(doc, indent=1, default=str))
         try:
-            from pytest_rocm_parity import report
+            from pytest_rocm_parity.reports import report
         except ImportError:
             return
         report.write_all(doc, out)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        from pytest_rocm_parity.summary import summary_lines
+        from pytest_rocm_parity.reports.summary import summary_lines
 
         for line in summary_lines(self):
             terminalreporter.write_line(line)

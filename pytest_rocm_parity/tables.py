@@ -101,6 +101,6 @@ def layer_frame(report: Any) -> pd.DataFrame:
         import json
 
         report = json.loads(Path(report).read_text(encoding="utf-8"))
-    from pytest_rocm_parity.report import layer_rows
+    from pytest_rocm_parity.reports.report import layer_rows
 
     return frame(layer_rows(report))

@@ -31,13 +31,13 @@ timeout 150 python -m pytest conftest_examples/test_triton_fuzz.py -p no:rocm_pa
   -q -rxs -s > "$OUT/triton_fuzz.log" 2>&1 || status=1
 
 # 2. the op suite on cuda: all operators, fp32/fp16/bf16
-timeout 150 python -m pytest_rocm_parity.opsuite --device cuda --max-examples 20 --json \
+timeout 150 python -m pytest_rocm_parity.fuzz.opsuite --device cuda --max-examples 20 --json \
   > "$OUT/ops_cuda.json" 2> "$OUT/ops_cuda.stderr" || status=1
 
 # 3. record goldens here (the "reference machine"), replay them: same inputs, stored truth
-timeout 90 python -m pytest_rocm_parity.opsuite --device cuda --max-examples 8 --dtypes float16,bfloat16 \
+timeout 90 python -m pytest_rocm_parity.fuzz.opsuite --device cuda --max-examples 8 --dtypes float16,bfloat16 \
   --record "$OUT/goldens" > "$OUT/ops_record.log" 2>&1 || status=1
-timeout 90 python -m pytest_rocm_parity.opsuite --device cuda --max-examples 4 --dtypes float16,bfloat16 \
+timeout 90 python -m pytest_rocm_parity.fuzz.opsuite --device cuda --max-examples 4 --dtypes float16,bfloat16 \
   --replay "$OUT/goldens" > "$OUT/ops_replay.log" 2>&1 || status=1
 
 echo "exit status $status" >> "$OUT/env.txt"

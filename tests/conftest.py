@@ -13,16 +13,16 @@ import torch._dynamo  # noqa: F401  (imports triton when installed: C extensions
 import torch.profiler  # noqa: F401
 
 import pytest_rocm_parity.api  # noqa: F401
-import pytest_rocm_parity.backend  # noqa: F401
-import pytest_rocm_parity.engine  # noqa: F401
-import pytest_rocm_parity.lm  # noqa: F401
+import pytest_rocm_parity.migration.backend  # noqa: F401
+import pytest_rocm_parity.runner.engine  # noqa: F401
+import pytest_rocm_parity.llm.lm  # noqa: F401
 import pytest_rocm_parity.session  # noqa: F401
-import pytest_rocm_parity.profiling  # noqa: F401
-import pytest_rocm_parity.report  # noqa: F401
-import pytest_rocm_parity.summary  # noqa: F401
-import pytest_rocm_parity.assertion  # noqa: F401
-import pytest_rocm_parity.doctor  # noqa: F401
-import pytest_rocm_parity.html_extras  # noqa: F401
+import pytest_rocm_parity.reports.profiling  # noqa: F401
+import pytest_rocm_parity.reports.report  # noqa: F401
+import pytest_rocm_parity.reports.summary  # noqa: F401
+import pytest_rocm_parity.judging.assertion  # noqa: F401
+import pytest_rocm_parity.migration.doctor  # noqa: F401
+import pytest_rocm_parity.reports.html_extras  # noqa: F401
 
 try:  # each in-process pytester run would otherwise re-import hypothesis (~5 s)
     import hypothesis  # noqa: F401

@@ -13,12 +13,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from pytest_rocm_parity.capture import capture
-from pytest_rocm_parity.engine import CheckSpec
-from pytest_rocm_parity.golden import GoldenStore
-from pytest_rocm_parity.records import CheckResult
-from pytest_rocm_parity.replay import replay
-from pytest_rocm_parity.selection import select
+from pytest_rocm_parity.runner.capture import capture
+from pytest_rocm_parity.runner.engine import CheckSpec
+from pytest_rocm_parity.golden.store import GoldenStore
+from pytest_rocm_parity.judging.records import CheckResult
+from pytest_rocm_parity.runner.replay import replay
+from pytest_rocm_parity.runner.selection import select
 
 VOCAB = 96
 

@@ -10,7 +10,7 @@ import pytest
 
 from fake_torch import patch_torch  # noqa: E402
 
-from pytest_rocm_parity import backend
+from pytest_rocm_parity.migration import backend
 
 torch = pytest.importorskip("torch")
 
@@ -106,8 +106,8 @@ def test_tf32_setting_is_reported(set_torch_flag: Any) -> None:
 
 
 def test_importing_modules_does_not_import_torch() -> None:
-    code = ("import sys; import pytest_rocm_parity.backend, pytest_rocm_parity.doctor, "
-            "pytest_rocm_parity.scan, pytest_rocm_parity.compat, pytest_rocm_parity.rocm_tools; "
+    code = ("import sys; import pytest_rocm_parity.migration.backend, pytest_rocm_parity.migration.doctor, "
+            "pytest_rocm_parity.migration.scan, pytest_rocm_parity.migration.compat, pytest_rocm_parity.migration.rocm_tools; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

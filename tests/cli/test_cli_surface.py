@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_rocm_parity import __version__, cli, colour, scan
+from pytest_rocm_parity import __version__, cli, colour
+
+from pytest_rocm_parity.migration import scan
 from pytest_rocm_parity.cli import main
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -127,7 +129,7 @@ def test_colour_on_a_terminal_only_and_never_with_no_color(tmp_path: Path) -> No
 
 FUZZ = r'''
 import random, re, sys
-from pytest_rocm_parity import scan
+from pytest_rocm_parity.migration import scan
 
 def fragments(rule):
     words = set(re.findall(r"[A-Za-z_][A-Za-z_0-9]{2,}", rule.pattern.replace("(?i:", "(")))
@@ -155,7 +157,7 @@ print("ok", checked)
 # the shapes that made a rule backtrack over the whole line (RP104: 36 s for a 100 KiB line)
 PATHOLOGICAL = r'''
 import sys
-from pytest_rocm_parity import scan
+from pytest_rocm_parity.migration import scan
 L = 512 * 1024
 for rid, unit in [("RP104", "const ("), ("RP104", "const "), ("RP104", "#define warp_size"),
                   ("RP108", "static_assert(a"), ("RP108", "constexpr "), ("RP115", "cudaFuncSetAttribute("),

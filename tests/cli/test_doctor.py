@@ -12,8 +12,8 @@ import pytest
 
 from fake_torch import ROCM_ARCHS, patch_torch  # noqa: E402
 
-from pytest_rocm_parity import doctor, rocm_tools
-from pytest_rocm_parity.doctor import Check, Facts
+from pytest_rocm_parity.migration import doctor, rocm_tools
+from pytest_rocm_parity.migration.doctor import Check, Facts
 
 torch = pytest.importorskip("torch")
 REC = Path(__file__).resolve().parents[1] / "data" / "recorded"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_rocm_parity import rocm_tools as rt
+from pytest_rocm_parity.migration import rocm_tools as rt
 
 REC = Path(__file__).resolve().parents[1] / "data" / "recorded"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_rocm_parity import scan
+from pytest_rocm_parity.migration import scan
 from pytest_rocm_parity.errors import InvalidArgument
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "scan_corpus"

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from pytest_rocm_parity.tolerance import Tolerance
+from pytest_rocm_parity.judging.tolerance import Tolerance
 
 SEED = 20261202
 BATCH, SEQ, PAD = 2, 48, 8
@@ -514,7 +514,7 @@ REPLAY = "full"   # bench/detection.py --replay fast: one teacher-forced run of 
 
 
 def spec_for(family: str, tolerance: Tolerance | None = None) -> Any:
-    from pytest_rocm_parity.engine import CheckSpec
+    from pytest_rocm_parity.runner.engine import CheckSpec
 
     return CheckSpec(name=f"detect-{family}", dtypes=list(RUNGS), tolerance=tolerance or Tolerance(), sketch=SKETCH,
                      replay=REPLAY)
@@ -522,8 +522,8 @@ def spec_for(family: str, tolerance: Tolerance | None = None) -> Any:
 
 def capture_all(root: Any) -> dict[str, Any]:
     """Capture the clean model of every family under ``root``; returns {family: (model, inputs)}."""
-    from pytest_rocm_parity.capture import capture
-    from pytest_rocm_parity.golden import GoldenStore
+    from pytest_rocm_parity.runner.capture import capture
+    from pytest_rocm_parity.golden.store import GoldenStore
 
     store = GoldenStore(root)
     models = {}
@@ -536,8 +536,8 @@ def capture_all(root: Any) -> dict[str, Any]:
 
 def replay_case(case: Case, models: dict[str, Any], root: Any) -> dict[str, Any]:
     """Replay the patched candidate over all rungs: {rung: CheckResult}."""
-    from pytest_rocm_parity.replay import replay
-    from pytest_rocm_parity.golden import GoldenStore
+    from pytest_rocm_parity.runner.replay import replay
+    from pytest_rocm_parity.golden.store import GoldenStore
 
     clean, inputs = models[case.family]
     results = replay(case.candidate(clean), inputs, spec_for(case.family, case.tolerance), GoldenStore(root), "cpu")

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 
-from pytest_rocm_parity import strategies as S
+from pytest_rocm_parity.fuzz import strategies as S
 from pytest_rocm_parity.errors import BackendUnavailable, InvalidArgument
-from pytest_rocm_parity.fuzz import ErrorModel, OpResult, check_op, compare_op, place
+from pytest_rocm_parity.fuzz.harness import ErrorModel, OpResult, check_op, compare_op, place
 
 
 def test_correct_op_passes_and_returns_a_record():

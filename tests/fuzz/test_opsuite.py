@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pytest_rocm_parity import opsuite
+from pytest_rocm_parity.fuzz import opsuite
 from pytest_rocm_parity.errors import InvalidArgument
 
 

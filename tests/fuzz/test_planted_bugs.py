@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from pytest_rocm_parity import strategies as S
-from pytest_rocm_parity.fuzz import check_op
+from pytest_rocm_parity.fuzz import strategies as S
+from pytest_rocm_parity.fuzz.harness import check_op
 
 BLOCK = 32
 FIND_WITHIN = 150  # examples allowed before the first failure

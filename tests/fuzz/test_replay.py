@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from hypothesis import strategies as st
 
-from pytest_rocm_parity import strategies as S
+from pytest_rocm_parity.fuzz import strategies as S
 from pytest_rocm_parity.errors import GoldenCorrupt, GoldenExists, GoldenMissing, GoldenStale
-from pytest_rocm_parity.fuzz import load_golden, record_golden, replay_golden
+from pytest_rocm_parity.fuzz.harness import load_golden, record_golden, replay_golden
 
 STRATEGY = S.rms_norm_args(st.just(torch.float16), max_side=48)
 

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_rocm_parity import strategies as S
+from pytest_rocm_parity.fuzz import strategies as S
 from pytest_rocm_parity.errors import InvalidArgument
 
 FAST = settings(max_examples=40, derandomize=True, database=None, deadline=None)

@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from parity_models import expected_culprit, llama, plant, tokens, verdicts
-from pytest_rocm_parity.capture import capture
-from pytest_rocm_parity.engine import CheckSpec
-from pytest_rocm_parity.golden import GoldenStore
-from pytest_rocm_parity.records import CheckResult
-from pytest_rocm_parity.replay import replay
+from pytest_rocm_parity.runner.capture import capture
+from pytest_rocm_parity.runner.engine import CheckSpec
+from pytest_rocm_parity.golden.store import GoldenStore
+from pytest_rocm_parity.judging.records import CheckResult
+from pytest_rocm_parity.runner.replay import replay
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")]

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytest_rocm_parity import kernels
-from pytest_rocm_parity.capture import capture
-from pytest_rocm_parity.compare import block_layout, residual_metrics
-from pytest_rocm_parity.engine import CheckSpec
-from pytest_rocm_parity.golden import GoldenStore
-from pytest_rocm_parity.replay import replay
+from pytest_rocm_parity.runner import kernels
+from pytest_rocm_parity.runner.capture import capture
+from pytest_rocm_parity.judging.compare import block_layout, residual_metrics
+from pytest_rocm_parity.runner.engine import CheckSpec
+from pytest_rocm_parity.golden.store import GoldenStore
+from pytest_rocm_parity.runner.replay import replay
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")]

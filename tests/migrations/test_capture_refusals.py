@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from pytest_rocm_parity.capture import capture
-from pytest_rocm_parity.engine import CheckSpec
+from pytest_rocm_parity.runner.capture import capture
+from pytest_rocm_parity.runner.engine import CheckSpec
 from pytest_rocm_parity.errors import CaptureError
-from pytest_rocm_parity.golden import GoldenStore
+from pytest_rocm_parity.golden.store import GoldenStore
 
 
 class Float64Only(nn.Module):

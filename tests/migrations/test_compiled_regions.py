@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from parity_models import capture_then_replay, llama, tokens, verdicts
-from pytest_rocm_parity.engine import CheckSpec
+from pytest_rocm_parity.runner.engine import CheckSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "families"))
 import family_models as fm  # noqa: E402

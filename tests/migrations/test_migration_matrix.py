@@ -12,7 +12,7 @@ import torch
 
 from parity_models import (bert, capture_then_replay, convnet, expected_culprit, image, llama, mixtral, plant,
                               seq2seq_tokens, t5, tokens, verdicts)
-from pytest_rocm_parity.engine import CheckSpec
+from pytest_rocm_parity.runner.engine import CheckSpec
 
 ATTENTION = ["eager", "sdpa", "flex_attention"]
 SWAPS = [(a, b) for a in ATTENTION for b in ATTENTION if a != b]

@@ -102,7 +102,7 @@ def test_progress_names_the_failing_verdict(project: pytest.Pytester, monkeypatc
 
 def test_ops_output_is_line_buffered(monkeypatch: pytest.MonkeyPatch) -> None:
     """Piped, stdout is block-buffered: every line of the op suite must reach the pipe as it is printed."""
-    from pytest_rocm_parity.opsuite import main
+    from pytest_rocm_parity.fuzz.opsuite import main
 
     raw = io.BytesIO()
     out = io.TextIOWrapper(raw, encoding="utf-8", line_buffering=False)

@@ -7,12 +7,12 @@ import pytest
 import torch
 from torch import nn
 
-from pytest_rocm_parity.capture import capture
+from pytest_rocm_parity.runner.capture import capture
 
-from pytest_rocm_parity.engine import KEEP_PLACEMENT, CheckSpec, _substitute, prepare_model
+from pytest_rocm_parity.runner.engine import KEEP_PLACEMENT, CheckSpec, _substitute, prepare_model
 
-from pytest_rocm_parity.replay import replay
-from pytest_rocm_parity.golden import GoldenStore
+from pytest_rocm_parity.runner.replay import replay
+from pytest_rocm_parity.golden.store import GoldenStore
 from pytest_rocm_parity.options import parse_device
 
 

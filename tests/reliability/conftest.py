@@ -6,9 +6,9 @@ from pathlib import Path
 import hypothesis  # noqa: F401  (imported once here: pytester runs would re-import it each time)
 import pytest
 
-import pytest_rocm_parity.assertion  # noqa: F401
-import pytest_rocm_parity.doctor  # noqa: F401
-import pytest_rocm_parity.summary  # noqa: F401
+import pytest_rocm_parity.judging.assertion  # noqa: F401
+import pytest_rocm_parity.migration.doctor  # noqa: F401
+import pytest_rocm_parity.reports.summary  # noqa: F401
 from reliability_helpers import Golden, make_golden
 
 

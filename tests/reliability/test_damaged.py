@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pytest_rocm_parity.errors import GoldenCorrupt, GoldenMissing, GoldenStale, ParityError
-from pytest_rocm_parity.golden import MAX_HEADER_BYTES, FORMAT_VERSION, check_safetensors, load_manifest
+from pytest_rocm_parity.golden.store import MAX_HEADER_BYTES, FORMAT_VERSION, check_safetensors, load_manifest
 from reliability_helpers import Golden, message_names, read_header, write_with_header
 
 RECAPTURE = "recapture"

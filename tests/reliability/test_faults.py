@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from pytest_rocm_parity import golden as golden_mod
+from pytest_rocm_parity.golden import store as golden_mod
 from pytest_rocm_parity.errors import GoldenExists, GoldenMissing, GoldenWriteError
-from pytest_rocm_parity.golden import MANIFEST, GoldenStore
+from pytest_rocm_parity.golden.store import MANIFEST, GoldenStore
 from reliability_helpers import Golden, make_golden, tiny
 
 HERE = Path(__file__).parent
@@ -267,7 +267,7 @@ def _child(g: Golden, body: str) -> str:
 
 def _writer(root: str, seed: int, rounds: int, barrier: Any, errors: Any) -> None:
     from reliability_helpers import CheckSpec, inputs
-    from pytest_rocm_parity.capture import capture
+    from pytest_rocm_parity.runner.capture import capture
 
     spec = CheckSpec(name="shared", dtypes=["float32"])
     barrier.wait()
@@ -302,7 +302,7 @@ def test_concurrent_writers_of_one_golden(tmp_path: Path) -> None:
     d = store.dir_for("shared")
     assert {p.name for p in d.iterdir()} == {MANIFEST, m["rungs"]["float32"]["file"]}
     from reliability_helpers import CheckSpec, inputs
-    from pytest_rocm_parity.engine import fingerprint
+    from pytest_rocm_parity.runner.engine import fingerprint
 
     winner = next(s for s in seeds if fingerprint(tiny(seed=s)) == m["fingerprint"])
     g = Golden(store, CheckSpec(name="shared", dtypes=["float32"]), tiny(seed=winner), inputs())
@@ -345,7 +345,7 @@ def test_xdist_workers_refuse_one_name_in_six_tests(pytester: pytest.Pytester, m
 
 
 CREATE_RACE_CONFTEST = '''
-from pytest_rocm_parity import golden
+from pytest_rocm_parity.golden import store as golden
 
 _real = golden.GoldenStore.write
 

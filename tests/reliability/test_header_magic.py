@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from pytest_rocm_parity.errors import GoldenCorrupt
-from pytest_rocm_parity.golden import RungReader, check_safetensors
+from pytest_rocm_parity.golden.store import RungReader, check_safetensors
 
 
 def _file_with_header_length(path: Path, n: int) -> Path:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from pytest_rocm_parity.golden import MAX_NAME, GoldenStore, safe_name
+from pytest_rocm_parity.golden.store import MAX_NAME, GoldenStore, safe_name
 
 SAFE = re.compile(r"[A-Za-z0-9._-]+")
 WINDOWS_RESERVED = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)), *(f"lpt{i}" for i in range(10))}

@@ -10,12 +10,12 @@ import pytest
 import torch
 from torch import nn
 
-from pytest_rocm_parity.compare import exact_metrics, float_metrics
-from pytest_rocm_parity.engine import CheckSpec
+from pytest_rocm_parity.judging.compare import exact_metrics, float_metrics
+from pytest_rocm_parity.runner.engine import CheckSpec
 from pytest_rocm_parity.errors import InvalidArgument
-from pytest_rocm_parity.records import CheckResult
-from pytest_rocm_parity.tolerance import Tolerance
-from pytest_rocm_parity.tree import constant_leaves, iter_leaves, map_tensors, tensor_leaves
+from pytest_rocm_parity.judging.records import CheckResult
+from pytest_rocm_parity.judging.tolerance import Tolerance
+from pytest_rocm_parity.runner.tree import constant_leaves, iter_leaves, map_tensors, tensor_leaves
 from reliability_helpers import Golden, GoldenStore, inputs
 
 U32 = 2.0**-24
@@ -324,7 +324,7 @@ def test_split_leaves_fast_path_agrees_with_the_generic_walk() -> None:
     the same leaves, constants and container kinds as the generic walk, in the same order."""
     from collections import OrderedDict
 
-    from pytest_rocm_parity.tree import _walk, split_leaves
+    from pytest_rocm_parity.runner.tree import _walk, split_leaves
 
     x = torch.ones(2)
     objs = [{"args": (x, [1, 2.5, "s", None]), "kwargs": {"pe": (x, x), "e": {}, "t": (), "f": 1.5}},
@@ -347,7 +347,7 @@ def test_split_leaves_fast_path_agrees_with_the_generic_walk() -> None:
 @pytest.mark.parametrize("obj", [{"a.b": torch.ones(1), "a": {"b": torch.zeros(1)}},
                                  {0: torch.ones(1), "0": torch.zeros(1)}], ids=["dotted-key", "int-and-str-key"])
 def test_split_leaves_refuses_colliding_paths_too(obj: Any) -> None:
-    from pytest_rocm_parity.tree import split_leaves
+    from pytest_rocm_parity.runner.tree import split_leaves
 
     with pytest.raises(InvalidArgument, match="share the path"):
         split_leaves(obj)

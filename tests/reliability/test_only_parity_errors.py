@@ -17,7 +17,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from pytest_rocm_parity.errors import GoldenCorrupt, GoldenError, ParityError
-from pytest_rocm_parity.inspect_cmd import diff_goldens, show_golden
+from pytest_rocm_parity.reports.inspect_cmd import diff_goldens, show_golden
 from reliability_helpers import Golden, make_golden, read_header, write_with_header
 
 

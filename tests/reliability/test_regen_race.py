@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_rocm_parity.golden import MANIFEST, TOOL, TOOL_KEY, GoldenStore, RungReader
+from pytest_rocm_parity.golden.store import MANIFEST, TOOL, TOOL_KEY, GoldenStore, RungReader
 from reliability_helpers import ENV, Golden, make_golden, tiny
 
-from pytest_rocm_parity.capture import capture
-from pytest_rocm_parity.replay import replay
+from pytest_rocm_parity.runner.capture import capture
+from pytest_rocm_parity.runner.replay import replay
 
 
 def regen(g: Golden, seed: int) -> None:
@@ -88,7 +88,7 @@ def test_replays_and_regens_in_threads_never_error(tmp_path: Path) -> None:
 
 
 def _fingerprint(model: object) -> dict:
-    from pytest_rocm_parity.engine import fingerprint
+    from pytest_rocm_parity.runner.engine import fingerprint
 
     return fingerprint(model)
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from pytest_rocm_parity.engine import CheckSpec
+from pytest_rocm_parity.runner.engine import CheckSpec
 from pytest_rocm_parity.errors import GoldenStale
 from reliability_helpers import Golden, Tiny, inputs, make_golden, message_names, tiny
 

@@ -12,13 +12,13 @@ from torch import nn
 
 fsspec = pytest.importorskip("fsspec")
 
-from pytest_rocm_parity.capture import capture
+from pytest_rocm_parity.runner.capture import capture
 
-from pytest_rocm_parity.engine import CheckSpec
+from pytest_rocm_parity.runner.engine import CheckSpec
 
-from pytest_rocm_parity.replay import replay  # noqa: E402
+from pytest_rocm_parity.runner.replay import replay  # noqa: E402
 from pytest_rocm_parity.errors import GoldenCorrupt, GoldenMissing  # noqa: E402
-from pytest_rocm_parity.remote import RemoteGoldenStore, open_store  # noqa: E402
+from pytest_rocm_parity.golden.remote import RemoteGoldenStore, open_store  # noqa: E402
 
 
 def _model() -> nn.Module:
@@ -126,7 +126,7 @@ def test_damaged_remote_manifest_is_a_golden_corrupt_naming_the_url(url: str, tm
 
 def test_remote_manifest_over_the_bound_is_refused_before_it_is_read(url: str, tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    import pytest_rocm_parity.remote as remote
+    import pytest_rocm_parity.golden.remote as remote
 
     x = _captured(url, tmp_path)
     monkeypatch.setattr(remote, "MAX_MANIFEST_BYTES", 64)

@@ -16,17 +16,17 @@ import pandas  # noqa: E402,F401
 import safetensors.torch  # noqa: E402,F401
 import torch.profiler  # noqa: E402,F401
 
-import pytest_rocm_parity.inspect_cmd  # noqa: E402,F401
-import pytest_rocm_parity.profiling  # noqa: E402,F401
-import pytest_rocm_parity.report  # noqa: E402,F401
-import pytest_rocm_parity.summary  # noqa: E402,F401
+import pytest_rocm_parity.reports.inspect_cmd  # noqa: E402,F401
+import pytest_rocm_parity.reports.profiling  # noqa: E402,F401
+import pytest_rocm_parity.reports.report  # noqa: E402,F401
+import pytest_rocm_parity.reports.summary  # noqa: E402,F401
 
 
 def _capture_replay(root: Path, name: str, bug_block: int | None, golden_dir: str = "goldens") -> list[Any]:
-    from pytest_rocm_parity.capture import capture
-    from pytest_rocm_parity.engine import CheckSpec
-    from pytest_rocm_parity.replay import replay
-    from pytest_rocm_parity.golden import GoldenStore
+    from pytest_rocm_parity.runner.capture import capture
+    from pytest_rocm_parity.runner.engine import CheckSpec
+    from pytest_rocm_parity.runner.replay import replay
+    from pytest_rocm_parity.golden.store import GoldenStore
 
     store = GoldenStore(root / golden_dir)
     spec = CheckSpec(name=name, test=f"tests/test_{name}.py::test_{name}", dtypes=["float32"])

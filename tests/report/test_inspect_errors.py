@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from pytest_rocm_parity.cli import main
 from pytest_rocm_parity.errors import GoldenError
-from pytest_rocm_parity.inspect_cmd import diff_goldens, show_golden
+from pytest_rocm_parity.reports.inspect_cmd import diff_goldens, show_golden
 
 
 def _reshaped_truths(src: Path, dst: Path) -> Path:

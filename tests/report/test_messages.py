@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from pytest_rocm_parity.assertion import MAX_ROWS, message, property_text, steps_text, table
-from pytest_rocm_parity.records import CheckResult, LayerRecord, LeafMetrics
+from pytest_rocm_parity.judging.assertion import MAX_ROWS, message, property_text, steps_text, table
+from pytest_rocm_parity.judging.records import CheckResult, LayerRecord, LeafMetrics
 
 HERE = Path(__file__).parent
 CPU = {"device": "cpu", "device_name": "x86_64", "arch": "x86_64", "torch": "2.13.0+cpu"}

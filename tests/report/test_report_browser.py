@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from pytest_rocm_parity import report
+from pytest_rocm_parity.reports import report
 
 pytestmark = pytest.mark.browser
 

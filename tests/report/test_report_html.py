@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from pytest_rocm_parity import report
+from pytest_rocm_parity.reports import report
 
 
 def test_real_failing_result_names_the_planted_culprit(parity_results: dict[str, Any]) -> None:

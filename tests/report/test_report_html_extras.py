@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pytest_rocm_parity import html_extras
+from pytest_rocm_parity.reports import html_extras
 
 
 def test_extras_with_a_stand_in_pytest_html(report_doc: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 import report_models
 
-from pytest_rocm_parity import inspect_cmd
-from pytest_rocm_parity.capture import capture
-from pytest_rocm_parity.engine import CheckSpec
+from pytest_rocm_parity.reports import inspect_cmd
+from pytest_rocm_parity.runner.capture import capture
+from pytest_rocm_parity.runner.engine import CheckSpec
 from pytest_rocm_parity.errors import ParityError
-from pytest_rocm_parity.golden import GoldenStore
+from pytest_rocm_parity.golden.store import GoldenStore
 
 
 @pytest.fixture(scope="module")

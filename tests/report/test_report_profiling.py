@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from pytest_rocm_parity.profiling import compare_shares, format_flags, profile_shares
+from pytest_rocm_parity.reports.profiling import compare_shares, format_flags, profile_shares
 
 
 class Head(nn.Module):

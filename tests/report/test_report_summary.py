@@ -6,7 +6,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from pytest_rocm_parity.session import GoldenLog
-from pytest_rocm_parity.summary import summary_lines
+from pytest_rocm_parity.reports.summary import summary_lines
 
 
 def _session(results: list[dict[str, Any]], **goldens: Any) -> Any:

@@ -14,7 +14,7 @@ import pytest
 
 import pytest_rocm_parity
 from pytest_rocm_parity.atomic import atomic_write
-from pytest_rocm_parity.report import write_all
+from pytest_rocm_parity.reports.report import write_all
 from pytest_rocm_parity.tables import text_table
 
 

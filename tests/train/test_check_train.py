@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from parity_models import bert, llama, tokens
-from pytest_rocm_parity.engine import CheckSpec
-from pytest_rocm_parity.golden import GoldenStore
-from pytest_rocm_parity.records import CheckResult
-from pytest_rocm_parity.train import capture_train, replay_train
+from pytest_rocm_parity.runner.engine import CheckSpec
+from pytest_rocm_parity.golden.store import GoldenStore
+from pytest_rocm_parity.judging.records import CheckResult
+from pytest_rocm_parity.runner.train import capture_train, replay_train
 
 ADAMW = (torch.optim.AdamW, {"lr": 1e-3})
 

@@ -16,13 +16,13 @@ import pytest
 import torch
 from torch import nn
 
-from pytest_rocm_parity import capture as cap
-from pytest_rocm_parity import dtypes as dt
-from pytest_rocm_parity.capture import _Pool, _residual, _truth_model, capture, merge_repeats, recording_pass
-from pytest_rocm_parity.engine import OUTPUT, CheckSpec, cast_inputs, normalize_inputs, prepare_model
-from pytest_rocm_parity.golden import GoldenStore, RungReader
-from pytest_rocm_parity.selection import select
-from pytest_rocm_parity.tree import map_tensors, tensor_leaves
+from pytest_rocm_parity.runner import capture as cap
+from pytest_rocm_parity.judging import dtypes as dt
+from pytest_rocm_parity.runner.capture import _Pool, _residual, _truth_model, capture, merge_repeats, recording_pass
+from pytest_rocm_parity.runner.engine import OUTPUT, CheckSpec, cast_inputs, normalize_inputs, prepare_model
+from pytest_rocm_parity.golden.store import GoldenStore, RungReader
+from pytest_rocm_parity.runner.selection import select
+from pytest_rocm_parity.runner.tree import map_tensors, tensor_leaves
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm device")
 

@@ -7,12 +7,12 @@ import pytest
 import torch
 from torch import nn
 
-from pytest_rocm_parity.derive import derive
-from pytest_rocm_parity.capture import capture
-from pytest_rocm_parity.engine import CheckSpec
-from pytest_rocm_parity.replay import replay
+from pytest_rocm_parity.golden.derive import derive
+from pytest_rocm_parity.runner.capture import capture
+from pytest_rocm_parity.runner.engine import CheckSpec
+from pytest_rocm_parity.runner.replay import replay
 from pytest_rocm_parity.errors import InvalidArgument
-from pytest_rocm_parity.golden import GoldenStore, RungReader
+from pytest_rocm_parity.golden.store import GoldenStore, RungReader
 
 
 class Block(nn.Module):

@@ -5,10 +5,10 @@ import pytest
 import torch
 from torch import nn
 
-from pytest_rocm_parity.capture import capture
-from pytest_rocm_parity.engine import CheckSpec
-from pytest_rocm_parity.golden import GoldenStore, RungReader
-from pytest_rocm_parity.replay import replay
+from pytest_rocm_parity.runner.capture import capture
+from pytest_rocm_parity.runner.engine import CheckSpec
+from pytest_rocm_parity.golden.store import GoldenStore, RungReader
+from pytest_rocm_parity.runner.replay import replay
 
 
 class Net(nn.Module):
@@ -208,7 +208,7 @@ def test_the_forward_is_recorded_again_only_where_a_tensor_handed_on_was_written
     """A model that writes nothing it hands on is recorded in one forward; one that does (a `+=` on
     a child's output, an in-place ReLU, a reused buffer) in a second one that snapshots every
     tensor seen again (capture._Pool.add)."""
-    from pytest_rocm_parity import capture as cap
+    from pytest_rocm_parity.runner import capture as cap
 
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 16)) if model == "plain" else model()

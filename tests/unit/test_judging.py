@@ -6,11 +6,11 @@ import math
 import pytest
 import torch
 
-from pytest_rocm_parity.compare import exact_metrics, float_metrics
+from pytest_rocm_parity.judging.compare import exact_metrics, float_metrics
 from pytest_rocm_parity.errors import InvalidArgument
-from pytest_rocm_parity.judge import Rule, judge_layer, leaf_failure
-from pytest_rocm_parity.records import LayerRecord
-from pytest_rocm_parity.tolerance import Tolerance, coerce
+from pytest_rocm_parity.judging.judge import Rule, judge_layer, leaf_failure
+from pytest_rocm_parity.judging.records import LayerRecord
+from pytest_rocm_parity.judging.tolerance import Tolerance, coerce
 
 U_BF16 = 2.0**-8
 
@@ -158,7 +158,7 @@ def test_metrics_from_columns_fills_each_field_from_its_column() -> None:
     the field of its name."""
     import numpy as np
 
-    from pytest_rocm_parity.compare import Metric, metrics_from_columns
+    from pytest_rocm_parity.judging.compare import Metric, metrics_from_columns
 
     cols = np.arange(1.0, len(Metric) + 1.0)[None, :]
     (m,) = metrics_from_columns(["0"], [7], cols)

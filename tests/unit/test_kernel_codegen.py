@@ -47,7 +47,7 @@ def _loads(asm: str) -> Counter:
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: str(t[1]))
 def test_aligned_loop_loads_vectors_and_the_plain_loop_does_not(target: tuple[Any, ...]) -> None:
-    from pytest_rocm_parity import kernels
+    from pytest_rocm_parity.runner import kernels
 
     fn = kernels.triton_many_kernel()
     const = {"CC": 0, "CR": 0, "CE": 0, "F64": False, "BLOCK": kernels.MANY_BLOCK}
@@ -62,7 +62,7 @@ def test_aligned_loop_loads_vectors_and_the_plain_loop_does_not(target: tuple[An
 def test_the_statistics_kernel_keeps_its_registers_on_amd(target: tuple[Any, ...]) -> None:
     """No register spills on MI300/MI250 at the shipped shape, float32 and float64 accumulation
     (a spill to scratch memory would cost the bandwidth the vectorised loop buys)."""
-    from pytest_rocm_parity import kernels
+    from pytest_rocm_parity.runner import kernels
 
     for f64, codes in ((False, (0, 0, 0)), (True, (3, 3, 3))):
         const = {"CC": codes[0], "CR": codes[1], "CE": codes[2], "F64": f64,
@@ -75,7 +75,7 @@ def test_the_statistics_kernel_keeps_its_registers_on_amd(target: tuple[Any, ...
 @pytest.mark.parametrize("codes", [(1, 0, 2), (2, 2, 2), (3, 3, 3)], ids=["f16-bf16-f32", "f32", "f64"])
 @pytest.mark.parametrize("aligned", [True, False])
 def test_every_dtype_combination_compiles_for_sm90(codes: tuple[int, int, int], aligned: bool) -> None:
-    from pytest_rocm_parity import kernels
+    from pytest_rocm_parity.runner import kernels
 
     cc, cr, ce = codes
     const = {"CC": cc, "CR": cr, "CE": ce, "F64": 3 in codes, "BLOCK": kernels.MANY_BLOCK,

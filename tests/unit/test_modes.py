@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from pytest_rocm_parity.engine import eval_mode, numerics, walk_model
+from pytest_rocm_parity.runner.engine import eval_mode, numerics, walk_model
 
 
 def _net() -> nn.Module:

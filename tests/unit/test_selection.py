@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from pytest_rocm_parity.errors import LayerSelectionError
-from pytest_rocm_parity.selection import default_primary, select
+from pytest_rocm_parity.runner.selection import default_primary, select
 
 
 class Block(nn.Module):

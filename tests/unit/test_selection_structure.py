@@ -11,13 +11,13 @@ import torch
 from torch import nn
 
 from pytest_rocm_parity import api
-from pytest_rocm_parity.assertion import message
-from pytest_rocm_parity.capture import capture
-from pytest_rocm_parity.engine import CheckSpec
+from pytest_rocm_parity.judging.assertion import message
+from pytest_rocm_parity.runner.capture import capture
+from pytest_rocm_parity.runner.engine import CheckSpec
 from pytest_rocm_parity.errors import InvalidArgument
-from pytest_rocm_parity.golden import GoldenStore
-from pytest_rocm_parity.replay import replay
-from pytest_rocm_parity.selection import (activation_sizes, default_primary, golden_bytes, max_drill, select,
+from pytest_rocm_parity.golden.store import GoldenStore
+from pytest_rocm_parity.runner.replay import replay
+from pytest_rocm_parity.runner.selection import (activation_sizes, default_primary, golden_bytes, max_drill, select,
                                           stacks)
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "families"))
@@ -149,8 +149,8 @@ def test_a_culprit_with_unselected_children_says_how_to_narrow_it(tmp_path: Path
 
 
 def test_show_lists_what_a_golden_selects(tmp_path: Path) -> None:
-    from pytest_rocm_parity.inspect_cmd import format_show, show_golden
-    from pytest_rocm_parity.selection import describe
+    from pytest_rocm_parity.reports.inspect_cmd import format_show, show_golden
+    from pytest_rocm_parity.runner.selection import describe
 
     torch.set_num_threads(1)
     model, inputs = fm.build_t5()

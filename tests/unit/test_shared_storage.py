@@ -11,12 +11,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from pytest_rocm_parity.capture import capture
-from pytest_rocm_parity.engine import CheckSpec
-from pytest_rocm_parity.golden import GoldenStore, _storable
-from pytest_rocm_parity.replay import replay
-from pytest_rocm_parity.report import save_failing_tensors
-from pytest_rocm_parity.selection import select
+from pytest_rocm_parity.runner.capture import capture
+from pytest_rocm_parity.runner.engine import CheckSpec
+from pytest_rocm_parity.golden.store import GoldenStore, _storable
+from pytest_rocm_parity.runner.replay import replay
+from pytest_rocm_parity.reports.report import save_failing_tensors
+from pytest_rocm_parity.runner.selection import select
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "families"))
 

@@ -7,13 +7,13 @@ import pytest
 import torch
 from torch import nn
 
-from pytest_rocm_parity.capture import capture
+from pytest_rocm_parity.runner.capture import capture
 
-from pytest_rocm_parity.engine import CheckSpec
+from pytest_rocm_parity.runner.engine import CheckSpec
 
-from pytest_rocm_parity.replay import replay
-from pytest_rocm_parity.golden import GoldenStore
-from pytest_rocm_parity.sketch import sketch
+from pytest_rocm_parity.runner.replay import replay
+from pytest_rocm_parity.golden.store import GoldenStore
+from pytest_rocm_parity.golden.sketch import sketch
 
 
 def test_sketch_is_deterministic_linear_and_norm_preserving() -> None:

@@ -11,8 +11,10 @@ import textwrap
 import pytest
 import torch
 
-from pytest_rocm_parity import compare, kernels
-from pytest_rocm_parity.compare import Stat, block_layout, block_stats, float_metrics, residual_metrics
+from pytest_rocm_parity.judging import compare
+
+from pytest_rocm_parity.runner import kernels
+from pytest_rocm_parity.judging.compare import Stat, block_layout, block_stats, float_metrics, residual_metrics
 
 pytestmark = pytest.mark.triton
 
@@ -61,8 +63,8 @@ def test_torch_fallback_matches_the_definition(dtype: torch.dtype, n: int) -> No
 
 KERNEL_SCRIPT = textwrap.dedent('''
     import json, sys, torch
-    from pytest_rocm_parity import kernels
-    from pytest_rocm_parity.compare import block_layout
+    from pytest_rocm_parity.runner import kernels
+    from pytest_rocm_parity.judging.compare import block_layout
     out, leaves, lays, torch_rows = [], [], [], []
     for dtype, rdt, n in [(torch.bfloat16, torch.bfloat16, 70001), (torch.float16, torch.bfloat16, 65),
                           (torch.float32, torch.float32, 4097), (torch.float64, torch.float64, 3),

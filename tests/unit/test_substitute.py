@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_rocm_parity.engine import _substitute
-from pytest_rocm_parity.tree import map_tensors, tensor_leaves
+from pytest_rocm_parity.runner.engine import _substitute
+from pytest_rocm_parity.runner.tree import map_tensors, tensor_leaves
 
 Pair = namedtuple("Pair", "a b")
 

@@ -20,7 +20,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 import triton.language as tl  # noqa: E402
 
 from pytest_rocm_parity.errors import InvalidArgument  # noqa: E402
-from pytest_rocm_parity.triton_targets import (  # noqa: E402
+from pytest_rocm_parity.fuzz.triton_targets import (  # noqa: E402
     TritonTargetError, assert_compiles_for, compile_for, launch_signature)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,7 +58,7 @@ def test_an_autotuned_kernel_compiles_one_configuration_at_a_time() -> None:
 
 
 def test_any_gfx_or_sm_arch_is_a_target() -> None:
-    from pytest_rocm_parity.triton_targets import resolve_target
+    from pytest_rocm_parity.fuzz.triton_targets import resolve_target
 
     assert resolve_target("gfx1201") == ("hip", "gfx1201", 32, "AMD gfx1201")
     assert resolve_target("gfx908")[2] == 64 and resolve_target("sm_89") == ("cuda", 89, 32, "NVIDIA sm_89")
@@ -163,7 +163,7 @@ def test_kernels_decorated_in_interpreter_mode_compile_too(tmp_path: Path) -> No
         sys.path.insert(0, sys.argv[1])
         from conftest_examples.triton_kernels import _rms_norm_kernel
         from kern_with_helper import squares
-        from pytest_rocm_parity.triton_targets import compile_for
+        from pytest_rocm_parity.fuzz.triton_targets import compile_for
         assert type(_rms_norm_kernel).__name__ == type(squares).__name__ == "InterpretedFunction"
         x = torch.randn(2, 40); y = torch.empty_like(x)
         b = compile_for(_rms_norm_kernel, x, torch.ones(40), y, 40, 40, 40, 1e-6, BLOCK=32, targets=("gfx942",))

@@ -29,17 +29,17 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from pytest_rocm_parity import __version__
-from pytest_rocm_parity import dtypes as dt
-from pytest_rocm_parity.compare import residual_metrics
-from pytest_rocm_parity.engine import (CheckSpec, Hooks, cast_inputs, fingerprint, home_device, normalize_inputs,
+from pytest_rocm_parity.judging import dtypes as dt
+from pytest_rocm_parity.judging.compare import residual_metrics
+from pytest_rocm_parity.runner.engine import (CheckSpec, Hooks, cast_inputs, fingerprint, home_device, normalize_inputs,
                                        same_structure)
 from pytest_rocm_parity.errors import GoldenStale, InvalidArgument
-from pytest_rocm_parity.golden import FORMAT_VERSION, GoldenStore, RungReader
-from pytest_rocm_parity.judge import Rule, judge_layer
-from pytest_rocm_parity.records import CheckResult, LayerRecord, LeafMetrics
-from pytest_rocm_parity.selection import Selected, select
-from pytest_rocm_parity.tree import map_tensors, tensor_leaves
-from pytest_rocm_parity.wrappers import plain_copy, unwrap
+from pytest_rocm_parity.golden.store import FORMAT_VERSION, GoldenStore, RungReader
+from pytest_rocm_parity.judging.judge import Rule, judge_layer
+from pytest_rocm_parity.judging.records import CheckResult, LayerRecord, LeafMetrics
+from pytest_rocm_parity.runner.selection import Selected, select
+from pytest_rocm_parity.runner.tree import map_tensors, tensor_leaves
+from pytest_rocm_parity.runner.wrappers import plain_copy, unwrap
 
 LOSS = "<loss>"
 OPTIMIZER = "optimizer"
@@ -200,7 +200,7 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
     """Record the training golden of every rung of ``spec`` and write it; returns the manifest."""
     import torch
 
-    from pytest_rocm_parity.backend import collect_env
+    from pytest_rocm_parity.migration.backend import collect_env
 
     if steps < 1:
         raise InvalidArgument(f"steps={steps!r}: at least one optimizer step")
@@ -301,8 +301,8 @@ def replay_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, d
     """Judge the candidate's training step against the golden, one CheckResult per rung."""
     import torch
 
-    from pytest_rocm_parity.backend import collect_env
-    from pytest_rocm_parity.engine import shell_quote
+    from pytest_rocm_parity.migration.backend import collect_env
+    from pytest_rocm_parity.runner.engine import shell_quote
 
     inner = unwrap(model)
     manifest = store.read_manifest(spec.name)
@@ -344,8 +344,8 @@ def _candidate(inner: Any, device: Any, dtype: Any) -> Iterator[Any]:
     """The candidate's own model object (its patched or compiled modules as the user made them), cast
     in place to the rung, in eval mode, every parameter requiring its gradient; its parameters'
     ``requires_grad`` and ``.grad`` are put back afterwards."""
-    from pytest_rocm_parity.engine import eval_mode
-    from pytest_rocm_parity.wrappers import cast_in_place
+    from pytest_rocm_parity.runner.engine import eval_mode
+    from pytest_rocm_parity.runner.wrappers import cast_in_place
 
     params = list(inner.parameters())
     saved = [(p, p.requires_grad, p.grad) for p in params]

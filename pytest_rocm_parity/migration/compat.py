@@ -29,7 +29,7 @@ class Verdict:
 @lru_cache(maxsize=1)
 def load_matrix() -> dict[str, Any]:
     """The packaged matrix (cached: it never changes within a process)."""
-    text = resources.files("pytest_rocm_parity").joinpath("data/compat_matrix.json").read_text("utf-8")
+    text = resources.files("pytest_rocm_parity.migration").joinpath("data/compat_matrix.json").read_text("utf-8")
     data: dict[str, Any] = json.loads(text)
     return data
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from pytest_rocm_parity.atomic import commit, temp_beside
 from pytest_rocm_parity.errors import BackendUnavailable, GoldenCorrupt, GoldenError, GoldenMissing, ParityError
-from pytest_rocm_parity.golden import MANIFEST, MAX_MANIFEST_BYTES, GoldenStore, load_manifest, safe_name, sha256_file
+from pytest_rocm_parity.golden.store import MANIFEST, MAX_MANIFEST_BYTES, GoldenStore, load_manifest, safe_name, sha256_file
 
 
 def is_url(path: object) -> bool:

@@ -10,8 +10,8 @@ import math
 from enum import IntEnum
 from typing import Any
 
-from pytest_rocm_parity.records import LeafMetrics
-from pytest_rocm_parity.tolerance import FLOOR_ULPS
+from pytest_rocm_parity.judging.records import LeafMetrics
+from pytest_rocm_parity.judging.tolerance import FLOOR_ULPS
 
 JACKKNIFE_BLOCKS = 64
 
@@ -160,7 +160,7 @@ def block_stats(c: Any, r: Any, e: Any) -> Any:
     Arithmetic is float32 for inputs of 32 bits or fewer (differences of close floats are exact there)
     and float64 when any input is float64.
     """
-    from pytest_rocm_parity import kernels
+    from pytest_rocm_parity.runner import kernels
 
     c, r, e = (x.reshape(-1) for x in (c, r, e))
     layout = block_layout(int(c.numel()))

@@ -12,11 +12,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pytest_rocm_parity import dtypes as dt
-from pytest_rocm_parity.capture import capture
-from pytest_rocm_parity.engine import OUTPUT
-from pytest_rocm_parity.replay import load_truth, replay
-from pytest_rocm_parity.assertion import steps_text
+from pytest_rocm_parity.judging import dtypes as dt
+from pytest_rocm_parity.runner.capture import capture
+from pytest_rocm_parity.runner.engine import OUTPUT
+from pytest_rocm_parity.runner.replay import load_truth, replay
+from pytest_rocm_parity.judging.assertion import steps_text
 from pytest_rocm_parity.errors import InputError, InvalidArgument
 
 # A top-1 flip counts only where the reference's top-1/top-2 logit margin exceeds
@@ -161,7 +161,7 @@ def check_lm(parity: Any, model: Any, input_ids: Any, *, name: str | None = None
     def do_capture() -> Any:
         import torch
 
-        from pytest_rocm_parity.engine import home_device, numerics, prepare_model
+        from pytest_rocm_parity.runner.engine import home_device, numerics, prepare_model
 
         cont = None
         if generate:

@@ -14,11 +14,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_rocm_parity import dtypes as dt
+from pytest_rocm_parity.judging import dtypes as dt
 from pytest_rocm_parity.errors import InvalidArgument
-from pytest_rocm_parity.selection import Selected
-from pytest_rocm_parity.tolerance import Tolerance
-from pytest_rocm_parity.tree import map_tensors
+from pytest_rocm_parity.runner.selection import Selected
+from pytest_rocm_parity.judging.tolerance import Tolerance
+from pytest_rocm_parity.runner.tree import map_tensors
 
 OUTPUT = "<output>"
 
@@ -42,7 +42,7 @@ class CheckSpec:
     extra_judge: Callable[..., None] | None = None
     manifest_extra: dict[str, Any] = field(default_factory=dict)
     profile: bool = False            # profiler parity (--parity-profile)
-    sketch: int = 0                  # >0: sketch golden with this group size (pytest_rocm_parity/sketch.py)
+    sketch: int = 0                  # >0: sketch golden with this group size (pytest_rocm_parity/golden/sketch.py)
     replay: str = "full"             # "full": propagated + isolated passes; "fast": one teacher-forced forward plus deeper levels (--parity-replay)
     report_dir: Any = None           # where obtained tensors of failing layers are saved
     golden_size_limit: int | None = None   # bytes a golden should stay under (--parity-golden-size-limit); None: no limit
@@ -96,7 +96,7 @@ def fingerprint(model: Any, classes: bool = False) -> dict[str, str]:
     """
     import torch
 
-    from pytest_rocm_parity.wrappers import plain_view
+    from pytest_rocm_parity.runner.wrappers import plain_view
 
     mods, tensors = plain_view(model)
     s = hashlib.sha256()
@@ -283,7 +283,7 @@ class Hooks:
         self.on_input = on_input
         self.on_output = on_output
         self._current: dict[str, list[str]] = {}
-        from pytest_rocm_parity.wrappers import outside_dynamo, unwrap
+        from pytest_rocm_parity.runner.wrappers import outside_dynamo, unwrap
 
         model = unwrap(model)
         for sel in selected:

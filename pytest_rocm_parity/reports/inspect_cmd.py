@@ -26,8 +26,8 @@ from typing import Any
 
 from pytest_rocm_parity.colour import enabled, paint
 from pytest_rocm_parity.errors import GoldenCorrupt, ParityError
-from pytest_rocm_parity.golden import MANIFEST, RungReader, check_safetensors, check_size, load_manifest, verify_sha
-from pytest_rocm_parity.selection import describe
+from pytest_rocm_parity.golden.store import MANIFEST, RungReader, check_safetensors, check_size, load_manifest, verify_sha
+from pytest_rocm_parity.runner.selection import describe
 from pytest_rocm_parity.tables import text_table
 
 OUTPUT = "<output>"
@@ -363,7 +363,7 @@ def diff_goldens(path_a: str | Path, path_b: str | Path, dtypes: list[str] | Non
 
 def _diff_goldens(path_a: str | Path, path_b: str | Path, dtypes: list[str] | None,
                   threshold: float, error_ratio: float) -> dict[str, Any]:
-    from pytest_rocm_parity.dtypes import UNIT_ROUNDOFF, canonical_name
+    from pytest_rocm_parity.judging.dtypes import UNIT_ROUNDOFF, canonical_name
 
     da, ma = resolve_golden(path_a)
     db, mb = resolve_golden(path_b)

@@ -104,7 +104,7 @@ def default_primary(model: Any) -> list[str]:
 def _drill_children(model: Any, name: str, first: dict[int, str]) -> list[str]:
     """The children drill-down selects below ``name``: those with parameters, and parameter-free leaves
     (activations, pooling), each module once under its first name."""
-    from pytest_rocm_parity.wrappers import is_adapter_layer
+    from pytest_rocm_parity.runner.wrappers import is_adapter_layer
 
     mod = model.get_submodule(name) if name else model
     if is_adapter_layer(mod):
@@ -157,7 +157,7 @@ def select(model: Any, layers: Sequence[str] | None = None, drill: int = 2, walk
     if _CACHE is None:
         _CACHE = weakref.WeakKeyDictionary()
     if walk is None:
-        from pytest_rocm_parity.engine import walk_model
+        from pytest_rocm_parity.runner.engine import walk_model
 
         walk = walk_model(model)
     tree = walk.structure
@@ -234,7 +234,7 @@ class _Tokens:
         self._count = 0
 
     def leaves(self, obj: Any) -> list[Leaf]:
-        from pytest_rocm_parity.tree import tensor_leaves
+        from pytest_rocm_parity.runner.tree import tensor_leaves
 
         out = []
         for t in tensor_leaves(obj).values():
@@ -259,8 +259,8 @@ def activation_sizes(model: Any, inputs: Any) -> Activations:
     ``.item()``), from its own forward in eval mode without gradients."""
     import torch
 
-    from pytest_rocm_parity.engine import eval_mode, normalize_inputs
-    from pytest_rocm_parity.tree import map_tensors
+    from pytest_rocm_parity.runner.engine import eval_mode, normalize_inputs
+    from pytest_rocm_parity.runner.tree import map_tensors
 
     args, kwargs = normalize_inputs(inputs)
     try:
@@ -275,7 +275,7 @@ def activation_sizes(model: Any, inputs: Any) -> Activations:
 
 
 def _sizes_pass(model: Any, run: Any, args: Any, kwargs: Any, where: str) -> Activations:
-    from pytest_rocm_parity.engine import eval_mode
+    from pytest_rocm_parity.runner.engine import eval_mode
 
     tokens = _Tokens()
     acts = Activations(where=where)
@@ -311,7 +311,7 @@ def golden_bytes(acts: Activations, selected: Sequence[Selected], rungs: Sequenc
     (a selected call's inputs and outputs, the model's inputs and outputs) once, plus the float64
     truth's residual of every selected output (twice at level 0: local and global truth) and of the
     model's outputs, in the rung's residual dtype (capture._capture_rung)."""
-    from pytest_rocm_parity import dtypes as dt
+    from pytest_rocm_parity.judging import dtypes as dt
 
     total = 0
     for rung in rungs:

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_rocm_parity.assertion import SUGGEST_WITHIN
+from pytest_rocm_parity.judging.assertion import SUGGEST_WITHIN
 from pytest_rocm_parity.atomic import atomic_write
 from pytest_rocm_parity.tables import write_csv
 
@@ -66,7 +66,7 @@ def write_all(doc: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> dict[s
 
 def failing_tensors_path(out_dir: str | os.PathLike[str], name: str, dtype: str) -> Path:
     """Where ``save_failing_tensors`` puts (and the HTML looks for) one check's tensors."""
-    from pytest_rocm_parity.golden import safe_name
+    from pytest_rocm_parity.golden.store import safe_name
 
     return Path(out_dir) / TENSORS_DIR / f"{safe_name(f'{name}-{dtype}')}.safetensors"
 
@@ -466,7 +466,7 @@ def _page(title: str, body: str) -> str:
 
 
 def _anchor(c: Mapping[str, Any]) -> str:
-    from pytest_rocm_parity.golden import safe_name
+    from pytest_rocm_parity.golden.store import safe_name
 
     return "check-" + safe_name(f"{c.get('name', '')}-{c.get('dtype', '')}")
 
@@ -597,7 +597,7 @@ def _signed(v: Any) -> str:
 
 def _lm_table(lm: Mapping[str, Any]) -> str:
     """The LM metrics as a table: metric, candidate, reference, truth; then generation and first flip."""
-    from pytest_rocm_parity.assertion import steps_text
+    from pytest_rocm_parity.judging.assertion import steps_text
 
     e = html.escape
 

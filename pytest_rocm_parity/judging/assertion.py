@@ -5,7 +5,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_rocm_parity.records import CheckResult, LayerRecord
+from pytest_rocm_parity.judging.records import CheckResult, LayerRecord
 from pytest_rocm_parity.tables import text_table
 
 MAX_ROWS = 24
@@ -160,7 +160,7 @@ def message(result: CheckResult) -> str:
     elif any(not l.iso_passed for l in result.layers):
         lines.append("  culprit: none named (the failing layers are listed below)")
     elif result.extra.get("unselected_region"):
-        from pytest_rocm_parity.selection import region_text
+        from pytest_rocm_parity.runner.selection import region_text
 
         lines.append(f"  culprit: none among the selected modules; {region_text(result.extra['unselected_region'])}")
     else:

@@ -8,7 +8,7 @@ kernel for gfx942 (MI300) and find out, without an AMD GPU. Compiling is not run
 that compiles may still compute differently, which is what the parity checks and the operator
 fuzzing are for.
 
-    from pytest_rocm_parity.triton_targets import assert_compiles_for
+    from pytest_rocm_parity.fuzz.triton_targets import assert_compiles_for
     assert_compiles_for(my_kernel, x, y, n, BLOCK=128, targets=("gfx942", "gfx90a"))
 
 The arguments are those of a launch (``my_kernel[grid](x, y, n, BLOCK=128)``): tensors give the
@@ -48,7 +48,7 @@ DEFAULT_TARGETS = ("sm_90", "gfx942", "gfx90a")
 def resolve_target(name: str) -> tuple[str, Any, int, str]:
     """(backend, arch, warp size, GPU) of a target: a name of TARGETS, or any "gfxNNNN" (wave64 on
     gfx9, wave32 on gfx10-12) or "sm_NN" (the doctor asks for the visible GPUs' own archs)."""
-    from pytest_rocm_parity.backend import infer_warp_size
+    from pytest_rocm_parity.migration.backend import infer_warp_size
 
     if name in TARGETS:
         return TARGETS[name]
@@ -126,7 +126,7 @@ def compile_for(kernel: Any, *args: Any, targets: tuple[str, ...] | list[str] = 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     paths = [p for p in sys.path if p]
     env["PYTHONPATH"] = os.pathsep.join(paths + [env["PYTHONPATH"]] if env.get("PYTHONPATH") else paths)
-    proc = subprocess.run([sys.executable, "-m", "pytest_rocm_parity.triton_targets"], input=json.dumps(job),
+    proc = subprocess.run([sys.executable, "-m", "pytest_rocm_parity.fuzz.triton_targets"], input=json.dumps(job),
                           capture_output=True, text=True, env=env, timeout=timeout)
     last = proc.stdout.strip().splitlines()[-1:] if proc.stdout.strip() else []
     try:

@@ -9,9 +9,9 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from pytest_rocm_parity import dtypes as dt
-from pytest_rocm_parity.compare import block_stats, exact_metrics, float_metrics, metrics_many, residual_metrics
-from pytest_rocm_parity.engine import (
+from pytest_rocm_parity.judging import dtypes as dt
+from pytest_rocm_parity.judging.compare import block_stats, exact_metrics, float_metrics, metrics_many, residual_metrics
+from pytest_rocm_parity.runner.engine import (
     KEEP_PLACEMENT,
     OUTPUT,
     CheckSpec,
@@ -31,19 +31,19 @@ from pytest_rocm_parity.engine import (
     walk_model,
 )
 from pytest_rocm_parity.errors import GoldenStale
-from pytest_rocm_parity.golden import GoldenStore, RungReader
-from pytest_rocm_parity.judge import Rule, finish, judge_layer, leaf_failure
-from pytest_rocm_parity.records import CheckResult, LayerRecord, LeafMetrics
-from pytest_rocm_parity.selection import Selected, select
-from pytest_rocm_parity.tolerance import Tolerance
-from pytest_rocm_parity.tree import constant_leaves, map_tensors, tensor_leaves
-from pytest_rocm_parity.wrappers import cast_in_place, training_modules, unwrap
+from pytest_rocm_parity.golden.store import GoldenStore, RungReader
+from pytest_rocm_parity.judging.judge import Rule, finish, judge_layer, leaf_failure
+from pytest_rocm_parity.judging.records import CheckResult, LayerRecord, LeafMetrics
+from pytest_rocm_parity.runner.selection import Selected, select
+from pytest_rocm_parity.judging.tolerance import Tolerance
+from pytest_rocm_parity.runner.tree import constant_leaves, map_tensors, tensor_leaves
+from pytest_rocm_parity.runner.wrappers import cast_in_place, training_modules, unwrap
 
 
 def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: RungReader, rung: str,
                         args0: Any, kwargs0: Any, selected: list[Selected]) -> CheckResult:
     """Propagated replay against sketches: every module's output sketched on the device as it appears."""
-    from pytest_rocm_parity.sketch import sketch
+    from pytest_rocm_parity.golden.sketch import sketch
 
     group = int(meta["sketch"])
     tol = spec.tolerance
@@ -206,7 +206,7 @@ def _inputs_changed(args0: Any, kwargs0: Any, reader: RungReader, rung: str, met
 def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device: str,
            env: dict[str, Any] | None = None) -> list[CheckResult]:
     """Judge the candidate against the golden, one CheckResult per rung."""
-    from pytest_rocm_parity.backend import collect_env
+    from pytest_rocm_parity.migration.backend import collect_env
 
     inner = unwrap(model)
     manifest = store.read_manifest(spec.name)
@@ -310,7 +310,7 @@ class _Judge:
              isolated: bool, tag: str) -> None:
         """Judge one output leaf into ``sink``; ``res``: its stored truth residual, None for an exact
         (integer, bool) leaf, or "" when only its presence is checked."""
-        from pytest_rocm_parity import kernels
+        from pytest_rocm_parity.runner import kernels
 
         if c.requires_grad:
             c = c.detach()
@@ -344,8 +344,8 @@ class _Judge:
         """Every item's (nb, len(Stat)) host statistics: the batched ones in one launch, then one wait."""
         import torch
 
-        from pytest_rocm_parity import kernels
-        from pytest_rocm_parity.compare import Stat, block_layout
+        from pytest_rocm_parity.runner import kernels
+        from pytest_rocm_parity.judging.compare import Stat, block_layout
 
         batch = [i for i, it in enumerate(self.items) if it[3] is None]
         started = [it[3] for it in self.items if it[3] is not None]
@@ -578,13 +578,13 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
                                 "and the model outputs not judged")
         finish(result, tol)
         if spec.profile and isinstance(meta.get("extra", {}).get("profile"), dict):
-            from pytest_rocm_parity.profiling import compare_shares, profile_shares
+            from pytest_rocm_parity.reports.profiling import compare_shares, profile_shares
 
             cand_prof = profile_shares(model, *stored_inputs(), home)
             result.extra["profile"] = {"flags": compare_shares(meta["extra"]["profile"], cand_prof),
                                        "reference": meta["extra"]["profile"], "candidate": cand_prof}
         if spec.report_dir is not None and not result.passed and obtained:
-            from pytest_rocm_parity.report import save_failing_tensors
+            from pytest_rocm_parity.reports.report import save_failing_tensors
 
             save_failing_tensors(result, obtained, spec.report_dir)
         if spec.extra_judge is not None:

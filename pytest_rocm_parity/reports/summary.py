@@ -45,7 +45,7 @@ def check_line(r: dict[str, Any], width: int = 0) -> list[str]:
     if isinstance(prof, dict):
         prof = prof.get("flags")
     if prof:
-        from pytest_rocm_parity.profiling import format_flags
+        from pytest_rocm_parity.reports.profiling import format_flags
 
         out.append(f"     profile: share of time grew: {format_flags([p for p in prof if isinstance(p, dict)])}")
     if r.get("extra", {}).get("failing_tensors"):

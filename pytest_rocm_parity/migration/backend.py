@@ -75,14 +75,14 @@ def parse_hip_version(hip: str | None) -> str | None:
 
 def short_version(version: str | None) -> str | None:
     """``'6.3.42131-fa1d'`` or ``'2.7.1+rocm6.3'`` -> ``'6.3'`` / ``'2.7'`` (major.minor)."""
-    from pytest_rocm_parity.compat import major_minor
+    from pytest_rocm_parity.migration.compat import major_minor
 
     return major_minor(version)
 
 
 def wheel_rocm_tag(torch_version: str | None) -> str | None:
     """``'2.7.1+rocm6.3'`` -> ``'6.3'``: the ROCm the wheel was built for, from its local version label."""
-    from pytest_rocm_parity.compat import parse_version
+    from pytest_rocm_parity.migration.compat import parse_version
 
     v = parse_version(torch_version)
     local = v.local if v is not None else None

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_rocm_parity import __version__
-from pytest_rocm_parity import dtypes as dt
-from pytest_rocm_parity.engine import (
+from pytest_rocm_parity.judging import dtypes as dt
+from pytest_rocm_parity.runner.engine import (
     KEEP_PLACEMENT,
     OUTPUT,
     _dev,
@@ -36,9 +36,9 @@ from pytest_rocm_parity.engine import (
     numerics,
     prepare_model,
 )
-from pytest_rocm_parity.golden import FORMAT_VERSION, GoldenStore
-from pytest_rocm_parity.selection import Selected, select
-from pytest_rocm_parity.tree import constant_leaves, split_leaves, tensor_leaves
+from pytest_rocm_parity.golden.store import FORMAT_VERSION, GoldenStore
+from pytest_rocm_parity.runner.selection import Selected, select
+from pytest_rocm_parity.runner.tree import constant_leaves, split_leaves, tensor_leaves
 
 # Where the float64 truth model is built: None decides by the device's free memory; True builds it
 # on the capture device, False through the host (tests compare the two routes).
@@ -545,9 +545,9 @@ def capture(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device
     """Record the golden for every rung of ``spec`` and write it; returns the manifest."""
     import torch
 
-    from pytest_rocm_parity.backend import collect_env
+    from pytest_rocm_parity.migration.backend import collect_env
 
-    from pytest_rocm_parity.wrappers import plain_copy, unwrap
+    from pytest_rocm_parity.runner.wrappers import plain_copy, unwrap
 
     args0, kwargs0 = normalize_inputs(inputs)
     model = unwrap(model)
@@ -610,7 +610,7 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
                 extra_meta, extra_t = extra(rung, m, args, kwargs)
             tensors.update({f"extra/{k}": v.detach().to("cpu").contiguous() for k, v in extra_t.items()})
         if profile:
-            from pytest_rocm_parity.profiling import profile_shares
+            from pytest_rocm_parity.reports.profiling import profile_shares
 
             with numerics(rung, tf32):
                 extra_meta["profile"] = profile_shares(m, args, kwargs, home_device(m, device))
@@ -629,7 +629,7 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
         src = outputs["out"] if key == OUTPUT else entries[key]["out"]
         return pool.on(src[p], truth_dev)
 
-    from pytest_rocm_parity.replay import valid_positions
+    from pytest_rocm_parity.runner.replay import valid_positions
 
     valid = valid_positions(args, kwargs)
 
@@ -841,7 +841,7 @@ def _capture_rung_sketch(model: Any, args0: Any, kwargs0: Any, selected: list[Se
     """Reference and float64-truth sketches of every selected module's outputs (no inputs kept)."""
     import torch
 
-    from pytest_rocm_parity.sketch import sketch
+    from pytest_rocm_parity.golden.sketch import sketch
 
     dtype = dt.to_torch(rung)
     tensors: dict[str, Any] = {}

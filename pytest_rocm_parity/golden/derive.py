@@ -5,7 +5,7 @@ The derived golden holds exactly the tensors a capture with those settings would
 same substitutions), so a golden captured once on the reference GPU can be split or slimmed
 without the GPU. Used to keep every committed file of the example suite under 10 MB:
 
-    python -m pytest_rocm_parity.derive GOLDEN_DIR NAME --to NEW_NAME --dtypes float32 --drill 0
+    python -m pytest_rocm_parity.golden.derive GOLDEN_DIR NAME --to NEW_NAME --dtypes float32 --drill 0
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_rocm_parity.engine import OUTPUT
+from pytest_rocm_parity.runner.engine import OUTPUT
 from pytest_rocm_parity.errors import InvalidArgument
-from pytest_rocm_parity.golden import GoldenStore, RungReader
+from pytest_rocm_parity.golden.store import GoldenStore, RungReader
 
 
 def derive(src: GoldenStore, name: str, dst: GoldenStore, new_name: str, dtypes: Sequence[str],
@@ -61,7 +61,7 @@ def _rung(src: GoldenStore, name: str, m: dict[str, Any], dtype: str, drill: int
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pytest_rocm_parity.derive", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m pytest_rocm_parity.golden.derive", description=__doc__.splitlines()[0])
     p.add_argument("golden_dir")
     p.add_argument("name")
     p.add_argument("--to", required=True, help="name of the derived golden")

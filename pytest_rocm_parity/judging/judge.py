@@ -4,8 +4,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pytest_rocm_parity.records import CheckResult, LayerRecord, LeafMetrics
-from pytest_rocm_parity.tolerance import Tolerance
+from pytest_rocm_parity.judging.records import CheckResult, LayerRecord, LeafMetrics
+from pytest_rocm_parity.judging.tolerance import Tolerance
 
 
 def _round_up(x: float) -> float:

@@ -30,7 +30,7 @@ from pytest_rocm_parity.errors import (
     GoldenCorrupt, GoldenExists, GoldenMissing, GoldenStale, GoldenWriteError, InvalidArgument,
 )
 from pytest_rocm_parity.progress import megabytes, progress
-from pytest_rocm_parity.tree import CONTAINER_KINDS
+from pytest_rocm_parity.runner.tree import CONTAINER_KINDS
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"

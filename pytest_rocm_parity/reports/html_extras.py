@@ -20,7 +20,7 @@ def extras_for(results: list[dict[str, Any]]) -> list[Any]:
         from pytest_html import extras
     except ImportError:
         return []
-    from pytest_rocm_parity.report import svg_plot
+    from pytest_rocm_parity.reports.report import svg_plot
 
     out = []
     for r in results:

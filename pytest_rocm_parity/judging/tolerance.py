@@ -16,7 +16,7 @@ import fnmatch
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pytest_rocm_parity.dtypes import UNIT_ROUNDOFF, canonical_name
+from pytest_rocm_parity.judging.dtypes import UNIT_ROUNDOFF, canonical_name
 from pytest_rocm_parity.errors import InvalidArgument
 
 # Allowed isolated error ratio per rung (docs/detection.md has the measurements).  At bf16/fp16 a correct

@@ -65,7 +65,7 @@ def builtin_ops() -> dict[str, OpSpec]:
     import torch
     import torch.nn.functional as F
 
-    from pytest_rocm_parity import strategies as S
+    from pytest_rocm_parity.fuzz import strategies as S
 
     def with_magnitude(strategy: Any, magnitude: Callable[..., Any]) -> Any:
         from dataclasses import replace
@@ -148,7 +148,7 @@ def fuzz_one(spec: OpSpec, dtype_name: str, device: str, max_examples: int, seed
     from hypothesis import seed as hyp_seed
     from hypothesis.database import DirectoryBasedExampleDatabase
 
-    from pytest_rocm_parity import fuzz
+    from pytest_rocm_parity.fuzz import harness as fuzz
 
     dtype = getattr(torch, dtype_name)
     report = OpReport(spec.name, dtype_name, device, "pass")
@@ -230,7 +230,7 @@ def _regular_bounded(path: Path) -> None:
 
 def replay_one(spec: OpSpec, dtype_name: str, device: str, golden_dir: Path) -> tuple[int, str | None]:
     """Replay ``DIR/<op>-<dtype>`` exactly; returns (examples replayed, first failure message or None)."""
-    from pytest_rocm_parity import fuzz
+    from pytest_rocm_parity.fuzz import harness as fuzz
 
     path = golden_dir / f"{spec.name}-{dtype_name}"
     manifest = path.with_name(path.name + ".json")
@@ -294,7 +294,7 @@ def run_ops(args: argparse.Namespace) -> int:
     dtype_names = _split_names(args.dtypes, ("float32", "float16", "bfloat16", "float64"), "--dtypes")
     import torch
 
-    from pytest_rocm_parity import fuzz
+    from pytest_rocm_parity.fuzz import harness as fuzz
 
     device = str(fuzz._resolve_device(args.device))
     specs = builtin_ops()
@@ -349,7 +349,7 @@ def _print_row(r: OpReport) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m pytest_rocm_parity.opsuite`` works even where the console script is not installed."""
+    """``python -m pytest_rocm_parity.fuzz.opsuite`` works even where the console script is not installed."""
     parser = argparse.ArgumentParser(prog="rocm-parity ops", description=__doc__.splitlines()[0])
     add_ops_arguments(parser)
     try:

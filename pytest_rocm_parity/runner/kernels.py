@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from pytest_rocm_parity.compare import Stat
+from pytest_rocm_parity.judging.compare import Stat
 
 # The many-leaf kernel's shape, chosen on the H200 by bench/bench_stats_kernel.py (figures:
 # docs/performance.md). 1024 elements over 4 warps of 32 lanes: 8 bf16 (16 bytes) per lane per
@@ -39,7 +39,7 @@ def triton_many_kernel() -> Any:
     interpreter runs it instead, which is how CI tests it (tests/unit/test_stats_kernel.py)."""
     import triton
 
-    from pytest_rocm_parity import triton_stats
+    from pytest_rocm_parity.runner import triton_stats
 
     return triton.jit(triton_stats.stats_many_kernel)
 

@@ -261,7 +261,7 @@ def tensors(
 
     The view is built from a larger contiguous base exactly as user code makes one
     (``.t()``, ``[..., ::2]``, a slice of a flat buffer), so the kernel under test sees
-    real strides.  Use :func:`pytest_rocm_parity.fuzz.place` to move it to a device
+    real strides.  Use :func:`pytest_rocm_parity.fuzz.harness.place` to move it to a device
     without losing the layout (``Tensor.to`` densifies strided views).
     """
     unknown = sorted(set(layouts) - set(LAYOUTS))
@@ -324,7 +324,7 @@ class OpArgs:
     inter: float | None = None
 
     def __repr__(self) -> str:
-        from pytest_rocm_parity.fuzz import describe_value
+        from pytest_rocm_parity.fuzz.harness import describe_value
 
         names = self.names or tuple(f"arg{i}" for i in range(len(self.args)))
         parts = [f"{n}={describe_value(a)}" for n, a in zip(names, self.args)]

@@ -21,9 +21,9 @@ from typing import Any, Literal
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from pytest_rocm_parity import compat
-from pytest_rocm_parity.backend import BackendInfo, backend_info, wheel_rocm_tag
-from pytest_rocm_parity.rocm_tools import ToolsReport, probe_tools
+from pytest_rocm_parity.migration import compat
+from pytest_rocm_parity.migration.backend import BackendInfo, backend_info, wheel_rocm_tag
+from pytest_rocm_parity.migration.rocm_tools import ToolsReport, probe_tools
 from pytest_rocm_parity.tables import text_table
 
 Status = Literal["ok", "warn", "fail"]
@@ -475,7 +475,8 @@ def _build_stats_kernel(arch: str) -> tuple[Status, str, str]:
         import triton
     except ImportError:
         return "warn", "triton is not importable: the replay's statistics kernel cannot be built", fix
-    from pytest_rocm_parity import kernels, triton_stats, triton_targets
+    from pytest_rocm_parity.runner import kernels, triton_stats
+    from pytest_rocm_parity.fuzz import triton_targets
 
     table = torch.zeros(8, dtype=torch.int64)
     try:

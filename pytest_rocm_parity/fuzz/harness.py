@@ -44,7 +44,7 @@ from pytest_rocm_parity.errors import (
     GoldenStale,
     InvalidArgument,
 )
-from pytest_rocm_parity.strategies import OpArgs
+from pytest_rocm_parity.fuzz.strategies import OpArgs
 
 __all__ = [
     "ErrorModel",
@@ -784,7 +784,7 @@ class GoldenExample:
             _judge_outputs(ref, self.reference_output, self.truth, self.scale, model, in_dtypes, k, tf32, alt)
             result.reference_error = f"reference device worst err/tol {ref.max_ratio:.3g}"
         if not result.ok:
-            result.reproduction = (f"from pytest_rocm_parity.fuzz import load_golden\n"
+            result.reproduction = (f"from pytest_rocm_parity.fuzz.harness import load_golden\n"
                                    f"load_golden({self.source!r}).examples[{self.index}].check({_qualname(candidate)})")
         return result
 

@@ -1,0 +1,1 @@
+"""Operator fuzzing: the harness, Hypothesis strategies, the op suite and Triton cross-compilation."""

@@ -1,0 +1,1 @@
+"""Reports: HTML, CSV, the terminal summary, golden inspection (show/diff), profiler parity."""
