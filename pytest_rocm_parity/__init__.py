@@ -17,7 +17,7 @@ _LAZY = {
     "Tolerance": "pytest_rocm_parity.judging.tolerance",
     "CheckResult": "pytest_rocm_parity.judging.records",
     "LayerRecord": "pytest_rocm_parity.judging.records",
-    "layer_frame": "pytest_rocm_parity.tables",
+    "layer_frame": "pytest_rocm_parity.reports.report",
     # the pytest fixture's object, and the plain core that works without pytest
     "Parity": "pytest_rocm_parity.api",
     "CheckSpec": "pytest_rocm_parity.runner.engine",

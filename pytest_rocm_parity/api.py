@@ -15,6 +15,7 @@ from pytest_rocm_parity.runner.replay import replay as replay_golden
 from pytest_rocm_parity.errors import GoldenExists, GoldenMissing, InvalidArgument, ParityError, WriteForbidden
 from pytest_rocm_parity.errors import ReferenceChange
 from pytest_rocm_parity.progress import checking, progress
+from pytest_rocm_parity.guards import clean_errors, fail_once, require_model
 from pytest_rocm_parity.judging.records import CheckResult
 from pytest_rocm_parity.judging.tolerance import coerce
 
@@ -98,8 +99,8 @@ class Parity:
         bugs below the low-precision noise show (ini ``parity_ladder``).
         """
         __tracebackhide__ = True
-        with _clean_errors():
-            _require_module(model)
+        with clean_errors():
+            require_model(model)
             spec = self._spec(model, name, dtypes, layers, tolerance, drill, sketch, replay, ladder, inputs=inputs)
         return self._run(spec, lambda: capture(model, inputs, spec, self._session.store, self.device,
                                                overwrite=self._session.store.exists(spec.name), env=self._session.env),
@@ -124,8 +125,8 @@ class Parity:
         __tracebackhide__ = True
         from pytest_rocm_parity.runner.train import capture_train, replay_train
 
-        with _clean_errors():
-            _require_module(model)
+        with clean_errors():
+            require_model(model)
             spec = self._spec(model, name, dtypes, layers, tolerance, drill)
         store, device, env = self._session.store, self.device, self._session.env
         return self._run(spec,
@@ -145,7 +146,7 @@ class Parity:
     def _run(self, spec: CheckSpec, do_capture: Any, do_replay: Any) -> list[CheckResult]:
         __tracebackhide__ = True
         s = self._session
-        with _clean_errors():
+        with clean_errors():
             s.claim(spec.name, spec.test, self._claimed)
         s.goldens.used.add(spec.name)
         exists = s.store.exists(spec.name)
@@ -157,14 +158,14 @@ class Parity:
             if not exists and s.options.regen not in (None, "*") and not s.regen_matches(spec.name):
                 pytest.skip(f"{spec.name!r} does not match --parity-regen={s.options.regen!r}")
             if not s.options.may_write():
-                _fail(WriteForbidden(
+                fail_once(WriteForbidden(
                     f"refusing to write the golden for {spec.name!r} into {s.store.root} because CI=true; goldens "
                     f"are captured on the reference machine and committed. Pass --parity-allow-write to override."))
             change = s.reference_change(spec.name) if exists and not s.options.allow_reference_change else ""
             if change:
-                _fail(ReferenceChange(change, s.store.manifest_path(spec.name)))
+                fail_once(ReferenceChange(change, s.store.manifest_path(spec.name)))
             try:
-                with _clean_errors(), checking(spec.name):
+                with clean_errors(), checking(spec.name):
                     progress(f"capture {', '.join(spec.dtypes)} on {s.device} ...")
                     do_capture()
                     s.record_capture(spec, existed=exists)
@@ -175,12 +176,12 @@ class Parity:
         if not exists:
             s.goldens.missing.append(spec.name)
             no_dir = s.store.missing_root()
-            _fail(GoldenMissing(
+            fail_once(GoldenMissing(
                 f"no golden for {spec.name!r}: {no_dir} {spec.test}".rstrip() if no_dir else
                 f"no golden for {spec.name!r} in {s.store.root}. Capture it on the reference machine (CUDA) and "
                 f"commit it: pytest --rocm-parity --parity-mode=capture {spec.test}".rstrip(),
                 s.store.manifest_path(spec.name)))
-        with _clean_errors(), checking(spec.name):
+        with clean_errors(), checking(spec.name):
             progress(f"replay {', '.join(spec.dtypes)} on {s.device} against {s.store.dir_for(spec.name)} ...")
             results = do_replay()
             for r in results:
@@ -194,24 +195,6 @@ class Parity:
         ladder_notes(results)
         raise_if_failed(results)
         return results
-
-
-@contextlib.contextmanager
-def _clean_errors() -> Iterator[None]:
-    """Show the plugin's own errors as a clean failure message, not a traceback into the core."""
-    __tracebackhide__ = True
-    try:
-        yield
-    except GoldenExists:
-        raise
-    except ParityError as exc:
-        _fail(exc)
-
-
-def _fail(exc: BaseException) -> None:
-    """Fail the test with the error's message once: without the chained original printed above it."""
-    __tracebackhide__ = True
-    raise pytest.fail.Exception(f"{type(exc).__name__}: {exc}", pytrace=False) from None
 
 
 def _refuse_hypothesis(node: Any) -> None:
@@ -228,7 +211,7 @@ def _refuse_hypothesis(node: Any) -> None:
     suppressed = [getattr(h, "name", str(h)) for h in (getattr(settings, "suppress_health_check", ()) or ())]
     if "function_scoped_fixture" in suppressed:
         return
-    _fail(InvalidArgument(
+    fail_once(InvalidArgument(
         f"{node.nodeid} is a Hypothesis @given test that asks for the function-scoped 'parity' fixture, which "
         f"Hypothesis refuses (one fixture value would be shared by every generated example). For operator "
         f"fuzzing use the session-scoped 'parity_ops' fixture instead: def test_op(parity_ops, x): "
@@ -347,20 +330,6 @@ def _sketch_group(value: Any) -> int:
     if isinstance(value, int) and value >= 2:
         return value
     raise InvalidArgument(f"sketch={value!r}: use True (groups of 512) or a group size >= 2")
-
-
-def _require_module(model: Any) -> None:
-    import torch
-
-    if not isinstance(model, torch.nn.Module):
-        raise InvalidArgument(f"model: expected a torch.nn.Module, got {type(model).__name__}")
-    on_meta = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
-    if on_meta:
-        raise InvalidArgument(
-            f"model: {len(on_meta)} parameter(s) or buffer(s) are on the meta device (first: {on_meta[0]}), "
-            f"which holds shapes but no values, so there is nothing to run or compare. Materialize the "
-            f"weights first: model.to_empty(device='cpu') then model.load_state_dict(state_dict), or load "
-            f"the model without init_empty_weights / device_map='meta'")
 
 
 class OpChecker:

@@ -88,19 +88,3 @@ def write_csv(rows: Iterable[Mapping[str, Any]], path: str | os.PathLike[str],
 
     df = frame(rows, columns)
     return atomic_write(path, lambda tmp: df.to_csv(tmp, index=False))
-
-
-def layer_frame(report: Any) -> pd.DataFrame:
-    """A DataFrame of layers: of one ``CheckResult`` (its :meth:`~CheckResult.to_frame`), or of every
-    check in a ``parity-report.json`` (its path or loaded document; the columns of ``layers.csv``)."""
-    to_frame = getattr(report, "to_frame", None)
-    if callable(to_frame):
-        result: pd.DataFrame = to_frame()
-        return result
-    if isinstance(report, (str, os.PathLike)):
-        import json
-
-        report = json.loads(Path(report).read_text(encoding="utf-8"))
-    from pytest_rocm_parity.reports.report import layer_rows
-
-    return frame(layer_rows(report))

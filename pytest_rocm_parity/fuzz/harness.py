@@ -45,6 +45,7 @@ from pytest_rocm_parity.errors import (
     InvalidArgument,
 )
 from pytest_rocm_parity.fuzz.strategies import OpArgs
+from pytest_rocm_parity.fuzz.values import _dname, describe_value
 
 __all__ = [
     "ErrorModel",
@@ -165,8 +166,6 @@ def _tf32_enabled(device: torch.device) -> bool:
         return bool(getattr(torch.backends.cuda.matmul, "allow_tf32", False))
 
 
-def _dname(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 # --------------------------------------------------------------------------- records
@@ -268,41 +267,6 @@ def _raise(result: OpResult) -> None:
 
 
 # --------------------------------------------------------------------------- describing inputs
-
-
-def describe_value(value: Any) -> str:
-    """A short, reproduction-minded description: dtype, shape, strides, offset, value summary."""
-    if isinstance(value, torch.Tensor):
-        t = value.detach()
-        head = f"{_dname(t.dtype)}{list(t.shape)}"
-        if not t.is_contiguous() or t.storage_offset():
-            head += f" stride={tuple(t.stride())} offset={t.storage_offset()}"
-            head += " (non-contiguous)" if not t.is_contiguous() else ""
-        if t.device.type != "cpu":
-            head += f" on {t.device}"
-        if t.numel() == 0:
-            return head + " (empty)"
-        if t.dtype.is_floating_point:
-            f = t.to("cpu", torch.float64)
-            finite = f[torch.isfinite(f)]
-            stats = [f"absmax={finite.abs().max().item():.6g}" if finite.numel() else "absmax=n/a"]
-            zeros = int((f == 0).sum())
-            tiny = float(torch.finfo(t.dtype).tiny)
-            subn = int(((f != 0) & (f.abs() < tiny)).sum())
-            nan = int(torch.isnan(f).sum())
-            inf = int(torch.isinf(f).sum())
-            stats += [f"zeros={zeros}"] + [f"{n}={c}" for n, c in (("subnormal", subn), ("nan", nan),
-                                                                    ("inf", inf)) if c]
-            if t.numel() <= 8:
-                stats.append(f"values={[float(v) for v in f.flatten()]}")
-            return f"{head} [{', '.join(stats)}]"
-        if t.numel() <= 8:
-            return f"{head} values={t.flatten().tolist()}"
-        return f"{head} [min={t.min().item()}, max={t.max().item()}]"
-    if isinstance(value, (list, tuple)):
-        inner = ", ".join(describe_value(v) for v in value)
-        return f"({inner})" if isinstance(value, tuple) else f"[{inner}]"
-    return repr(value)
 
 
 def _storage_span(t: torch.Tensor) -> int:

@@ -324,7 +324,7 @@ class OpArgs:
     inter: float | None = None
 
     def __repr__(self) -> str:
-        from pytest_rocm_parity.fuzz.harness import describe_value
+        from pytest_rocm_parity.fuzz.values import describe_value
 
         names = self.names or tuple(f"arg{i}" for i in range(len(self.args)))
         parts = [f"{n}={describe_value(a)}" for n, a in zip(names, self.args)]

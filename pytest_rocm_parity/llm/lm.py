@@ -139,10 +139,10 @@ def check_lm(parity: Any, model: Any, input_ids: Any, *, name: str | None = None
              drill: int | None = None, top_k: int = 5, ladder: bool | None = None) -> list[Any]:
     """See Parity.check_lm."""
     __tracebackhide__ = True
-    from pytest_rocm_parity.api import _clean_errors, _require_module
+    from pytest_rocm_parity.guards import clean_errors, require_model
 
-    with _clean_errors():
-        _require_module(model)
+    with clean_errors():
+        require_model(model)
         input_ids, attention_mask = validate(model, input_ids, attention_mask, generate)
         spec = parity._spec(model, name, dtypes, layers, tolerance, drill, ladder=ladder,
                             inputs={"input_ids": input_ids, "attention_mask": attention_mask})

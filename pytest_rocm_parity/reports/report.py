@@ -28,7 +28,7 @@ from typing import Any
 
 from pytest_rocm_parity.judging.assertion import SUGGEST_WITHIN
 from pytest_rocm_parity.atomic import atomic_write
-from pytest_rocm_parity.tables import write_csv
+from pytest_rocm_parity.tables import frame, write_csv
 
 HTML_NAME = "parity-report.html"
 LAYERS_CSV = "layers.csv"
@@ -760,3 +760,17 @@ def render_html(doc: Mapping[str, Any], out_dir: str | os.PathLike[str] = ".") -
 
 def _write_html(doc: Mapping[str, Any], out: Path) -> Path:
     return atomic_write(out / HTML_NAME, render_html(doc, out))
+
+
+def layer_frame(report: Any) -> Any:
+    """A DataFrame of layers: of one ``CheckResult`` (its :meth:`~CheckResult.to_frame`), or of every
+    check in a ``parity-report.json`` (its path or loaded document; the columns of ``layers.csv``)."""
+    to_frame = getattr(report, "to_frame", None)
+    if callable(to_frame):
+        result: Any = to_frame()
+        return result
+    if isinstance(report, (str, os.PathLike)):
+        import json
+
+        report = json.loads(Path(report).read_text(encoding="utf-8"))
+    return frame(layer_rows(report))

@@ -12,13 +12,15 @@ import operator
 import shlex
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_rocm_parity.judging import dtypes as dt
 from pytest_rocm_parity.errors import InvalidArgument
-from pytest_rocm_parity.runner.selection import Selected
 from pytest_rocm_parity.judging.tolerance import Tolerance
 from pytest_rocm_parity.runner.tree import map_tensors
+
+if TYPE_CHECKING:   # selection imports the walk and the numerics from here at run time
+    from pytest_rocm_parity.runner.selection import Selected
 
 OUTPUT = "<output>"
 

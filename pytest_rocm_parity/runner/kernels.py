@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from pytest_rocm_parity.judging.compare import Stat
+from pytest_rocm_parity.judging.columns import Stat
 
 # The many-leaf kernel's shape, chosen on the H200 by bench/bench_stats_kernel.py (figures:
 # docs/performance.md). 1024 elements over 4 warps of 32 lanes: 8 bf16 (16 bytes) per lane per

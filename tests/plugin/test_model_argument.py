@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from pytest_rocm_parity.api import _require_module
+from pytest_rocm_parity.api import require_model
 from pytest_rocm_parity.errors import InvalidArgument
 
 META_TEST = '''
@@ -43,7 +43,7 @@ def test_meta_buffers_are_named_too() -> None:
     m = nn.BatchNorm1d(4)
     m.register_buffer("running_mean", torch.empty(4, device="meta"))
     with pytest.raises(InvalidArgument, match=r"1 parameter\(s\) or buffer\(s\) .*first: running_mean"):
-        _require_module(m)
+        require_model(m)
 
 
 def test_materialized_model_is_accepted() -> None:
@@ -52,4 +52,4 @@ def test_materialized_model_is_accepted() -> None:
     state = nn.Linear(4, 4).state_dict()
     m = m.to_empty(device="cpu")
     m.load_state_dict(state)
-    _require_module(m)
+    require_model(m)
