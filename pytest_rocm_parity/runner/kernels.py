@@ -20,7 +20,7 @@ from pytest_rocm_parity.judging.columns import Stat
 # The many-leaf kernel's shape, chosen on the H200 by bench/bench_stats_kernel.py (figures:
 # docs/performance.md). 1024 elements over 4 warps of 32 lanes: 8 bf16 (16 bytes) per lane per
 # load. On AMD's 64-lane wavefronts the same shape loads 8 bytes per lane
-# (tests/unit/test_kernel_codegen.py); not tuned there.
+# (tests/runner/test_kernel_codegen.py); not tuned there.
 CHUNK = 1 << 17        # elements per program (a 4M-element block: 32 programs)
 MANY_BLOCK = 1024      # elements per loop step; sums kept per lane
 MANY_WARPS = 4
@@ -36,7 +36,7 @@ def aligned(ptrs: Any) -> bool:
 @functools.lru_cache(maxsize=1)
 def triton_many_kernel() -> Any:
     """The jitted kernel; with TRITON_INTERPRET=1 set before Triton is imported, Triton's CPU
-    interpreter runs it instead, which is how CI tests it (tests/unit/test_stats_kernel.py)."""
+    interpreter runs it instead, which is how CI tests it (tests/runner/test_stats_kernel.py)."""
     import triton
 
     from pytest_rocm_parity.runner import triton_stats

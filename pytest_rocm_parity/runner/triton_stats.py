@@ -7,8 +7,8 @@ The kernel is kept undecorated: kernels.py wraps it with triton.jit when first u
 or (TRITON_INTERPRET=1 set before Triton loads) for Triton's CPU interpreter, which needs ``tl``
 as a module global. The small device functions it calls are decorated here, at import, which
 is as late: this module is imported only by that wrapper. Tests: the interpreter checks the
-arithmetic against kernels.block_stats_torch (tests/unit/test_stats_kernel.py); Triton's compilers
-for sm_90, gfx942 and gfx90a check what compiles and how it loads (tests/unit/test_kernel_codegen.py).
+arithmetic against kernels.block_stats_torch (tests/runner/test_stats_kernel.py); Triton's compilers
+for sm_90, gfx942 and gfx90a check what compiles and how it loads (tests/runner/test_kernel_codegen.py).
 """
 import triton
 import triton.language as tl
@@ -52,7 +52,7 @@ def _store8(o, v0, v1, v2, v3, v4, v5, v6, v7):  # noqa: ANN001, ANN202
 def _pointer(P, leaf, code: tl.constexpr, ALIGNED: tl.constexpr):  # noqa: N803, ANN001, ANN202
     """Leaf ``leaf``'s data pointer from the table P. ALIGNED: the host checked that it is 16-byte
     aligned, and the hint lets the compiler vectorise the loads (checked in the PTX for sm_90:
-    without it every lane loads 2 bytes at a time; tests/unit/test_kernel_codegen.py)."""
+    without it every lane loads 2 bytes at a time; tests/runner/test_kernel_codegen.py)."""
     a = tl.load(P + leaf)
     if code == 0:
         p = a.to(tl.pointer_type(tl.bfloat16))
