@@ -56,7 +56,7 @@ def version_text() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rocm-parity", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="rocm-parity", description="Cross-backend numerical parity of PyTorch models: check the migration environment (doctor), scan code for CUDA-only constructs (scan), inspect and compare goldens (show, diff, golden prune), fuzz operators (ops).")
     parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, cmd in COMMANDS.items():

@@ -52,6 +52,10 @@ def resolve_golden(path: str | Path) -> tuple[Path, dict[str, Any]]:
     m = p / MANIFEST if p.is_dir() else p
     if not m.is_file():
         hint = " (a golden directory holds manifest.json)" if p.is_dir() else ""
+        inside = sorted(d.name for d in p.iterdir() if (d / MANIFEST).is_file()) if p.is_dir() else []
+        if inside:   # the --parity-golden-dir folder, not one golden in it
+            listed = ", ".join(inside[:8]) + (f" and {len(inside) - 8} more" if len(inside) > 8 else "")
+            hint = f"; it is a folder of goldens: name one of them, e.g. {p / inside[0]} ({listed})"
         raise GoldenNotFound(f"{path}: no golden here{hint}")
     return m.parent, load_manifest(m)
 

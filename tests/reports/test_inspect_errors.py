@@ -43,3 +43,20 @@ def test_shape_inconsistent_golden_raises_golden_errors(parity_results: dict[str
     assert main(["show", str(bad)]) == 2 and main(["diff", str(good), str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.count("error:") == 2 and "Traceback" not in err
+
+
+def test_show_on_the_golden_folder_names_the_goldens_inside(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`rocm-parity show goldens` (the --parity-golden-dir folder) says which goldens it holds."""
+    import torch
+
+    from pytest_rocm_parity.errors import ParityError
+    from pytest_rocm_parity.golden.store import GoldenStore
+    from pytest_rocm_parity.reports.inspect_cmd import show_golden
+    from pytest_rocm_parity.runner.capture import capture
+    from pytest_rocm_parity.runner.engine import CheckSpec
+
+    torch.manual_seed(0)
+    capture(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)), torch.randn(2, 4),
+            CheckSpec(name="two-linears", dtypes=["float32"]), GoldenStore(tmp_path), "cpu")
+    with pytest.raises(ParityError, match="folder of goldens.*two-linears"):
+        show_golden(str(tmp_path), None, stats=False)
