@@ -54,14 +54,17 @@ def test_replay_racing_a_regen_judges_the_old_golden(golden: Golden, monkeypatch
 
 def test_replays_and_regens_in_threads_never_error(tmp_path: Path) -> None:
     g = make_golden(tmp_path, dtypes=("float32", "float64"))
+    # each thread its own model objects: the race under test is the golden store's (a regen and a
+    # replay run in separate processes in practice), not two threads hooking one module tree
     models = {0: tiny(0), 1: tiny(1)}
+    writers = {0: tiny(0), 1: tiny(1)}
     errors: list[BaseException] = []
     stop = threading.Event()
 
     def regens() -> None:
         try:
             for i in range(12):
-                capture(models[i % 2], g.x, g.spec, GoldenStore(g.store.root), "cpu", overwrite=True, env=ENV)
+                capture(writers[i % 2], g.x, g.spec, GoldenStore(g.store.root), "cpu", overwrite=True, env=ENV)
         except BaseException as exc:
             errors.append(exc)
         finally:
