@@ -1,0 +1,302 @@
+"""Seeded backward and optimizer bugs, and correct alternates, for training parity (check_train).
+
+Each bug is confined to one module's backward (its forward exact) or to the optimizer's step; the
+expected culprit is that module (the smallest selected module holding it), or, for an optimizer bug,
+no model culprit and an optimizer finding.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from parity_models import bert, llama, tokens
+
+ADAMW = (torch.optim.AdamW, {"lr": 1e-3, "weight_decay": 0.01})
+
+
+def decoder() -> nn.Module:
+    return llama("sdpa")
+
+
+def encoder() -> nn.Module:
+    return bert("sdpa")
+
+
+def decoder_inputs() -> dict[str, torch.Tensor]:
+    t = tokens("none")
+    return {"input_ids": t["input_ids"], "labels": t["input_ids"]}
+
+
+def encoder_inputs() -> dict[str, torch.Tensor]:
+    return tokens("right")
+
+
+_PROBE = torch.randn(64, generator=torch.Generator().manual_seed(3))
+
+
+def encoder_loss(out: Any) -> torch.Tensor:
+    """A regression head's squared error on a fixed random projection: its gradient has a nonzero
+    mean over the features, as a real task's has (a mean-of-squares loss would hide a LayerNorm
+    backward that drops its centering term)."""
+    h = out.last_hidden_state.float()
+    return (h @ _PROBE.to(h.device) - 1.0).square().mean()
+
+
+# -- backward kernels with an exact forward -------------------------------------------------------
+
+class _RMSNormDropsTerm(torch.autograd.Function):
+    """RMSNorm whose backward drops the term through the mean of squares."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+        xf = x.float()
+        inv = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(xf, w, inv)
+        return (w * (xf * inv).to(x.dtype)).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        xf, w, inv = ctx.saved_tensors
+        gw = (g.float() * (xf * inv)).sum(tuple(range(g.dim() - 1))).to(w.dtype)
+        gx = (g.float() * w.float() * inv).to(g.dtype)          # the -x * mean(g*w*x) * inv^3 term is gone
+        return gx, gw, None
+
+
+class _RMSNormExact(torch.autograd.Function):
+    """RMSNorm with a hand-written backward that is exact (a correct alternate)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+        xf = x.float()
+        inv = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(xf, w, inv)
+        return (w * (xf * inv).to(x.dtype)).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        xf, w, inv = ctx.saved_tensors
+        gf = g.float() * w.float()
+        gw = (g.float() * (xf * inv)).sum(tuple(range(g.dim() - 1))).to(w.dtype)
+        gx = inv * gf - xf * inv.pow(3) * (gf * xf).mean(-1, keepdim=True)
+        return gx.to(g.dtype), gw, None
+
+
+class _LayerNormDropsTerm(torch.autograd.Function):
+    """LayerNorm whose backward drops the mean-centering term of the input gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor:
+        xf = x.float()
+        mu = xf.mean(-1, keepdim=True)
+        inv = torch.rsqrt((xf - mu).pow(2).mean(-1, keepdim=True) + eps)
+        xh = (xf - mu) * inv
+        ctx.save_for_backward(xh, w, inv)
+        return (xh * w.float() + b.float()).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        xh, w, inv = ctx.saved_tensors
+        dims = tuple(range(g.dim() - 1))
+        gf = g.float()
+        gxh = gf * w.float()
+        gx = inv * (gxh - xh * (gxh * xh).mean(-1, keepdim=True))   # the - mean(gxh) term is gone
+        return gx.to(g.dtype), (gf * xh).sum(dims).to(w.dtype), gf.sum(dims).to(w.dtype), None
+
+
+class _ApproxSiLU(torch.autograd.Function):
+    """SiLU with the backward of an approximation (sigmoid of 1.702x, the GELU-as-SiLU shortcut)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return F.silu(x)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        s = torch.sigmoid(1.05 * x.float())
+        return (g.float() * (s * (1 + x.float() * (1 - s)))).to(g.dtype)
+
+
+class _TanhGELUBackward(torch.autograd.Function):
+    """Exact GELU forward, tanh-approximation backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return F.gelu(x)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        xf = x.detach().float().requires_grad_(True)
+        with torch.enable_grad():
+            y = F.gelu(xf, approximate="tanh")
+            (gx,) = torch.autograd.grad(y, xf, g.float())
+        return gx.to(g.dtype)
+
+
+class _ScaledInputGrad(torch.autograd.Function):
+    """Identity forward; the gradient it passes back is ``factor`` times too large."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, factor: float) -> torch.Tensor:
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        return g * ctx.factor, None
+
+
+class _FlushDenormals(torch.autograd.Function):
+    """Identity forward; the backward flushes gradients below fp16's smallest normal to zero (an
+    fp16 kernel compiled with flush-to-zero)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        tiny = torch.finfo(torch.float16).tiny
+        return torch.where(g.abs() < tiny * 64, torch.zeros_like(g), g)
+
+
+class _LinearDropsBiasGrad(torch.autograd.Function):
+    """A fused linear whose backward returns no bias gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, w, b)
+        return F.linear(x, w, b)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        x, w, b = ctx.saved_tensors
+        gw = g.reshape(-1, g.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
+        return g @ w, gw, torch.zeros_like(b)
+
+
+# -- patches ------------------------------------------------------------------------------------
+
+def _patch_rmsnorm(fn: Any) -> Callable[[nn.Module], None]:
+    def patch(norm: nn.Module) -> None:
+        norm.forward = lambda x: fn.apply(x, norm.weight, norm.variance_epsilon)   # type: ignore[method-assign]
+    return patch
+
+
+def _patch_layernorm(norm: nn.Module) -> None:
+    norm.forward = lambda x: _LayerNormDropsTerm.apply(x, norm.weight, norm.bias, norm.eps)   # type: ignore[method-assign]
+
+
+def _wrap_input(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[nn.Module], None]:
+    def patch(mod: nn.Module) -> None:
+        forward = mod.forward
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if args:
+                return forward(fn(args[0]), *args[1:], **kwargs)
+            key = next(iter(kwargs))
+            return forward(**{**kwargs, key: fn(kwargs[key])})
+        mod.forward = call   # type: ignore[method-assign]
+    return patch
+
+
+def _activation(fn: Any) -> Callable[[nn.Module], None]:
+    def patch(mod: nn.Module) -> None:
+        mod.forward = lambda x: fn.apply(x)   # type: ignore[method-assign]
+    return patch
+
+
+def _drop_bias_grad(lin: nn.Module) -> None:
+    lin.forward = lambda x: _LinearDropsBiasGrad.apply(x, lin.weight, lin.bias)   # type: ignore[method-assign]
+
+
+def _checkpointed(layer: nn.Module) -> None:
+    from torch.utils.checkpoint import checkpoint
+
+    forward = layer.forward
+    layer.forward = lambda *a, **k: checkpoint(forward, *a, use_reentrant=False, **k)   # type: ignore[method-assign]
+
+
+class AdamWNoBiasCorrection(torch.optim.Optimizer):
+    """AdamW whose step forgets the bias correction of both moments."""
+
+    def __init__(self, params: Any, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.01, eps_inside_sqrt: bool = False, correct: bool = False) -> None:
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        self.eps_inside_sqrt, self.correct = eps_inside_sqrt, correct
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:   # type: ignore[override]
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                if not st:
+                    st["t"], st["m"], st["v"] = 0, torch.zeros_like(p), torch.zeros_like(p)
+                st["t"] += 1
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                st["m"].mul_(b1).add_(p.grad, alpha=1 - b1)
+                st["v"].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                m, v = st["m"], st["v"]
+                if self.correct:
+                    m, v = m / (1 - b1 ** st["t"]), v / (1 - b2 ** st["t"])
+                denom = (v + group["eps"]).sqrt() if self.eps_inside_sqrt else v.sqrt() + group["eps"]
+                p.addcdiv_(m, denom, value=-group["lr"])
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    family: str                                   # decoder | encoder
+    module: str | None                            # the module patched (None: the optimizer)
+    patch: Callable[[nn.Module], None] | None
+    optimizer: Any = ADAMW
+    bug: bool = True
+
+
+CASES = [
+    Case("dec_rmsnorm_drops_term", "decoder", "model.layers.1.post_attention_layernorm", _patch_rmsnorm(_RMSNormDropsTerm)),
+    Case("dec_silu_approx_backward", "decoder", "model.layers.0.mlp.act_fn", _activation(_ApproxSiLU)),
+    Case("dec_attention_backward_scale", "decoder", "model.layers.1.self_attn",
+         _wrap_input(lambda x: _ScaledInputGrad.apply(x, 1.0 + 2 ** -6))),
+    Case("dec_fp16_denormal_flush", "decoder", "model.layers.0.mlp.down_proj", _wrap_input(_FlushDenormals.apply)),
+    Case("enc_layernorm_drops_term", "encoder", "encoder.layer.1.output.LayerNorm", _patch_layernorm),
+    Case("enc_gelu_tanh_backward", "encoder", "encoder.layer.0.intermediate.intermediate_act_fn",
+         _activation(_TanhGELUBackward)),
+    Case("enc_dense_drops_bias_grad", "encoder", "encoder.layer.1.intermediate.dense", _drop_bias_grad),
+    Case("dec_adamw_no_bias_correction", "decoder", None, None,
+         optimizer=(AdamWNoBiasCorrection, {"lr": 1e-3, "weight_decay": 0.01})),
+    Case("dec_adamw_eps_inside_sqrt", "decoder", None, None,
+         optimizer=(AdamWNoBiasCorrection, {"lr": 1e-3, "weight_decay": 0.01, "eps_inside_sqrt": True,
+                                            "correct": True, "eps": 1e-6})),
+    # correct alternates
+    Case("alt_dec_exact_rmsnorm_backward", "decoder", "model.layers.1.post_attention_layernorm",
+         _patch_rmsnorm(_RMSNormExact), bug=False),
+    Case("alt_dec_checkpointing", "decoder", "model.layers.0", _checkpointed, bug=False),
+    Case("alt_dec_adamw_foreach", "decoder", None, None, optimizer=(torch.optim.AdamW,
+         {"lr": 1e-3, "weight_decay": 0.01, "foreach": True}), bug=False),
+    Case("alt_dec_own_adamw", "decoder", None, None,
+         optimizer=(AdamWNoBiasCorrection, {"lr": 1e-3, "weight_decay": 0.01, "correct": True}), bug=False),
+    Case("alt_enc_eager_attention", "encoder", None, None, bug=False),
+]
+
+LADDERS = {"bf16": ["bfloat16", "float32"], "fp16": ["float16", "float32"]}
+
+
+def build(case: Case) -> nn.Module:
+    model = (decoder if case.family == "decoder" else encoder)()
+    if case.id == "alt_enc_eager_attention":
+        model = bert("eager")
+    if case.patch is not None and case.module is not None:
+        case.patch(model.get_submodule(case.module))
+    return model
