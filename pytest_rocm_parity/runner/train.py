@@ -11,7 +11,7 @@ Each rung of the golden holds (keys of the rung's safetensors file):
 
 * ``input/<path>``: the model inputs, cast to the rung; ``loss`` and ``gtruth/loss``;
 * per selected module call: ``x/<call>`` its golden input, ``g/<call>`` the golden gradient of its
-  output, ``go/<call>`` with ``gtruth/go/<call>`` (propagated), ``ix/<call>`` with
+  output (the propagated reference too) with ``gtruth/go/<call>``, ``ix/<call>`` with
   ``truth/ix/<call>`` (its isolated input gradient) and ``ip/<call>/<param>`` with
   ``truth/ip/<call>/<param>`` (its own parameters' isolated gradients);
 * per parameter: ``pg/<param>`` with ``gtruth/pg/<param>`` (the whole backward's gradient), and with
@@ -76,10 +76,12 @@ def _first_float(tree: dict[str, Any]) -> str | None:
 
 
 def _own_params(mod: Any, selected_names: set[str], name: str) -> dict[str, Any]:
-    """The parameters a selected module owns: its own and those of descendants no other selected
-    module holds, by full name."""
+    """The trainable parameters a selected module owns: its own and those of descendants no other
+    selected module holds, by full name."""
     out = {}
     for pname, p in mod.named_parameters():
+        if not p.requires_grad:
+            continue   # frozen (a LoRA fine-tune's base weights): no gradient to judge
         owner = name
         parts = pname.split(".")[:-1]
         for i in range(len(parts), 0, -1):
@@ -154,9 +156,10 @@ def isolated_backward(mod: Any, call: tuple[Any, Any, str, str], x: Any, g: Any,
 
 
 def _prepared(model: Any, device: Any, dtype: Any) -> Any:
+    """The reference's copy in the rung's dtype; frozen parameters stay frozen (a LoRA fine-tune
+    trains its adapters only), the model's own wrappers and compiled calls left out."""
     m = plain_copy(model).to(device=device, dtype=dtype).eval()
     for p in m.parameters():
-        p.requires_grad_(True)
         p.grad = None
     return m
 
@@ -245,7 +248,6 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
                 own, town = _own_params(mod, names, name), _own_params(tmod, names, name)
                 t[f"x/{key}"] = run.x[key].to("cpu").contiguous()
                 t[f"g/{key}"] = run.g[key].to("cpu").contiguous()
-                t[f"go/{key}"] = t[f"g/{key}"]
                 t[f"gtruth/go/{key}"] = _residual(truth.g[key], run.g[key], rdt)
                 dx, dps = isolated_backward(mod, run.calls[key], run.x[key], run.g[key], own)
                 tdx, tdps = isolated_backward(tmod, truth.calls[key], run.x[key].to(torch.float64),
@@ -342,8 +344,8 @@ def replay_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, d
 @contextlib.contextmanager
 def _candidate(inner: Any, device: Any, dtype: Any) -> Iterator[Any]:
     """The candidate's own model object (its patched or compiled modules as the user made them), cast
-    in place to the rung, in eval mode, every parameter requiring its gradient; its parameters'
-    ``requires_grad`` and ``.grad`` are put back afterwards."""
+    in place to the rung, in eval mode, its frozen parameters frozen; its parameters' ``.grad`` are
+    put back afterwards."""
     from pytest_rocm_parity.runner.engine import eval_mode
     from pytest_rocm_parity.runner.wrappers import cast_in_place
 
@@ -352,7 +354,6 @@ def _candidate(inner: Any, device: Any, dtype: Any) -> Iterator[Any]:
     try:
         with cast_in_place(inner, device, dtype), eval_mode(inner):
             for p in params:
-                p.requires_grad_(True)
                 p.grad = None
             yield inner
     finally:
@@ -396,7 +397,7 @@ def _replay_rung(cand: Any, meta: dict[str, Any], reader: RungReader, spec: Chec
         rule = Rule.of(tol.for_layer(name), rung)
         prop: list[LeafMetrics] = []
         if key in run.g:
-            prop.append(_metric("grad_output", run.g[key], reader, f"go/{key}", f"gtruth/go/{key}", u, tol.confidence))
+            prop.append(_metric("grad_output", run.g[key], reader, f"g/{key}", f"gtruth/go/{key}", u, tol.confidence))
         for pn in e["params"]:
             if pn in grads:
                 prop.append(_metric(f"grad {pn}", grads[pn], reader, f"pg/{pn}", f"gtruth/pg/{pn}", u, tol.confidence))
