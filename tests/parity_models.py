@@ -133,3 +133,30 @@ def verdicts(results: list[CheckResult]) -> str:
         bad += [f"{o.name}: {o.reason}" for o in r.outputs if not o.passed][:2]
         out.append(f"{r.dtype} {'PASS' if r.passed else 'FAIL'} culprit={r.culprit} {bad} notes={r.notes}")
     return "\n".join(out)
+
+
+class ScaledGrad(torch.autograd.Function):
+    """Identity forward; the gradient passed back is ``factor`` times too large (a backward kernel
+    bug with an exact forward)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, factor: float = 1.02) -> torch.Tensor:
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        return g * ctx.factor, None
+
+
+def wrap_input(module: nn.Module, fn: Callable[[torch.Tensor], torch.Tensor]) -> nn.Module:
+    """``module`` called on ``fn`` of its first input (positional or keyword), in place."""
+    forward = module.forward
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if args:
+            return forward(fn(args[0]), *args[1:], **kwargs)
+        key = next(iter(kwargs))
+        return forward(**{**kwargs, key: fn(kwargs[key])})
+    module.forward = call   # type: ignore[method-assign]
+    return module

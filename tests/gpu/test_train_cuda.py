@@ -3,28 +3,16 @@ backward bug with an exact forward is named."""
 from __future__ import annotations
 
 import tempfile
-from typing import Any
-
 import pytest
 import torch
 
-from parity_models import llama, tokens
+from parity_models import ScaledGrad, llama, tokens, wrap_input
 from pytest_rocm_parity.golden.store import GoldenStore
 from pytest_rocm_parity.runner.engine import CheckSpec
 from pytest_rocm_parity.runner.train import capture_train, replay_train
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")]
-
-
-class _ScaledGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
-        return g * 1.02
 
 
 def test_training_step_on_cuda_passes_and_a_backward_bug_is_named() -> None:
@@ -38,8 +26,6 @@ def test_training_step_on_cuda_passes_and_a_backward_bug_is_named() -> None:
     assert all(r.passed for r in same), [(r.dtype, [(l.name, l.reason) for l in r.layers if not l.passed], r.notes)
                                          for r in same]
     model = llama("sdpa").cuda()
-    proj = model.model.layers[1].mlp.down_proj
-    forward = proj.forward
-    proj.forward = lambda x: forward(_ScaledGrad.apply(x))   # type: ignore[method-assign]
+    wrap_input(model.model.layers[1].mlp.down_proj, ScaledGrad.apply)
     bug = replay_train(model, inputs, spec, store, "cuda", optimizer=opt)
     assert not bug[-1].passed and bug[-1].culprit == "model.layers.1.mlp.down_proj"

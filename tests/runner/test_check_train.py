@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from parity_models import bert, llama, tokens
+from parity_models import ScaledGrad, bert, llama, tokens, wrap_input
 from pytest_rocm_parity.runner.engine import CheckSpec
 from pytest_rocm_parity.golden.store import GoldenStore
 from pytest_rocm_parity.judging.records import CheckResult
@@ -48,23 +48,9 @@ def test_another_attention_implementation_passes(golden) -> None:  # type: ignor
     assert _replay(golden, llama("eager")).passed
 
 
-class _ScaledGrad(torch.autograd.Function):
-    """A backward kernel that scales its input gradient by 2%: the forward is exact."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
-        return g * 1.02
-
-
 def test_a_backward_bug_with_an_exact_forward_is_named(golden) -> None:  # type: ignore[no-untyped-def]
     model = llama("sdpa")
-    proj = model.model.layers[1].mlp.down_proj
-    forward = proj.forward
-    proj.forward = lambda x: forward(_ScaledGrad.apply(x))   # type: ignore[method-assign]
+    wrap_input(model.model.layers[1].mlp.down_proj, ScaledGrad.apply)
     r = _replay(golden, model)
     assert not r.passed and r.culprit == "model.layers.1.mlp.down_proj"
     assert r.first_divergent is not None
@@ -144,9 +130,7 @@ class _NoisyGrad(torch.autograd.Function):
 
 def test_a_nondeterministic_backward_is_reported_and_judged_against_its_spread(golden) -> None:  # type: ignore[no-untyped-def]
     model = llama("sdpa")
-    proj = model.model.layers[1].mlp.up_proj
-    forward = proj.forward
-    proj.forward = lambda x: forward(_NoisyGrad.apply(x))   # type: ignore[method-assign]
+    wrap_input(model.model.layers[1].mlp.up_proj, _NoisyGrad.apply)
     r = _replay(golden, model)
     assert r.extra["nondeterministic"]
     assert any("nondeterministic backward" in n for n in r.notes)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from parity_models import bert, llama, tokens
+from parity_models import ScaledGrad, bert, llama, tokens, wrap_input
 
 ADAMW = (torch.optim.AdamW, {"lr": 1e-3, "weight_decay": 0.01})
 
@@ -49,8 +49,11 @@ def encoder_loss(out: Any) -> torch.Tensor:
 
 # -- backward kernels with an exact forward -------------------------------------------------------
 
-class _RMSNormDropsTerm(torch.autograd.Function):
-    """RMSNorm whose backward drops the term through the mean of squares."""
+class _RMSNorm(torch.autograd.Function):
+    """RMSNorm with a hand-written backward; ``exact`` chooses the correct one or one that drops the
+    term through the mean of squares (subclasses)."""
+
+    exact = True
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -59,31 +62,25 @@ class _RMSNormDropsTerm(torch.autograd.Function):
         ctx.save_for_backward(xf, w, inv)
         return (w * (xf * inv).to(x.dtype)).to(x.dtype)
 
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
-        xf, w, inv = ctx.saved_tensors
-        gw = (g.float() * (xf * inv)).sum(tuple(range(g.dim() - 1))).to(w.dtype)
-        gx = (g.float() * w.float() * inv).to(g.dtype)          # the -x * mean(g*w*x) * inv^3 term is gone
-        return gx, gw, None
-
-
-class _RMSNormExact(torch.autograd.Function):
-    """RMSNorm with a hand-written backward that is exact (a correct alternate)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-        xf = x.float()
-        inv = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-        ctx.save_for_backward(xf, w, inv)
-        return (w * (xf * inv).to(x.dtype)).to(x.dtype)
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+    @classmethod
+    def backward(cls, ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:   # type: ignore[override]
         xf, w, inv = ctx.saved_tensors
         gf = g.float() * w.float()
         gw = (g.float() * (xf * inv)).sum(tuple(range(g.dim() - 1))).to(w.dtype)
-        gx = inv * gf - xf * inv.pow(3) * (gf * xf).mean(-1, keepdim=True)
+        gx = inv * gf
+        if cls.exact:
+            gx = gx - xf * inv.pow(3) * (gf * xf).mean(-1, keepdim=True)
         return gx.to(g.dtype), gw, None
+
+
+class _RMSNormExact(_RMSNorm):
+    """A correct alternate: RMSNorm's exact backward, written by hand."""
+
+
+class _RMSNormDropsTerm(_RMSNorm):
+    """The bug: the -x * mean(g*w*x) * inv^3 term of the input gradient is gone."""
+
+    exact = False
 
 
 class _LayerNormDropsTerm(torch.autograd.Function):
@@ -141,19 +138,6 @@ class _TanhGELUBackward(torch.autograd.Function):
         return gx.to(g.dtype)
 
 
-class _ScaledInputGrad(torch.autograd.Function):
-    """Identity forward; the gradient it passes back is ``factor`` times too large."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, factor: float) -> torch.Tensor:
-        ctx.factor = factor
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
-        return g * ctx.factor, None
-
-
 class _FlushDenormals(torch.autograd.Function):
     """Identity forward; the backward flushes gradients below fp16's smallest normal to zero (an
     fp16 kernel compiled with flush-to-zero)."""
@@ -196,16 +180,7 @@ def _patch_layernorm(norm: nn.Module) -> None:
 
 
 def _wrap_input(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[nn.Module], None]:
-    def patch(mod: nn.Module) -> None:
-        forward = mod.forward
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            if args:
-                return forward(fn(args[0]), *args[1:], **kwargs)
-            key = next(iter(kwargs))
-            return forward(**{**kwargs, key: fn(kwargs[key])})
-        mod.forward = call   # type: ignore[method-assign]
-    return patch
+    return lambda mod: wrap_input(mod, fn) and None
 
 
 def _activation(fn: Any) -> Callable[[nn.Module], None]:
@@ -268,7 +243,7 @@ CASES = [
     Case("dec_rmsnorm_drops_term", "decoder", "model.layers.1.post_attention_layernorm", _patch_rmsnorm(_RMSNormDropsTerm)),
     Case("dec_silu_approx_backward", "decoder", "model.layers.0.mlp.act_fn", _activation(_ApproxSiLU)),
     Case("dec_attention_backward_scale", "decoder", "model.layers.1.self_attn",
-         _wrap_input(lambda x: _ScaledInputGrad.apply(x, 1.0 + 2 ** -6))),
+         _wrap_input(lambda x: ScaledGrad.apply(x, 1.0 + 2 ** -6))),
     Case("dec_fp16_denormal_flush", "decoder", "model.layers.0.mlp.down_proj", _wrap_input(_FlushDenormals.apply)),
     Case("enc_layernorm_drops_term", "encoder", "encoder.layer.1.output.LayerNorm", _patch_layernorm),
     Case("enc_gelu_tanh_backward", "encoder", "encoder.layer.0.intermediate.intermediate_act_fn",
