@@ -117,17 +117,19 @@ class Parity:
     def check_train(self, model: Any, inputs: Any, *, loss: Any = None, optimizer: Any = None, steps: int = 1,
                     name: str | None = None, dtypes: Sequence[str] | str | None = None,
                     layers: Sequence[str] | str | None = None, tolerance: Any = None,
-                    drill: int | None = None) -> list[CheckResult]:
+                    drill: int | None = None, sketch: int | bool | None = None) -> list[CheckResult]:
         """Training parity: the loss, each selected module's gradients (of its output and of its own
         parameters) and, with ``optimizer``, every parameter's update after ``steps`` steps, judged
         against a float64 truth; the culprit is the smallest module whose own backward is out of
-        bounds (docs/training.md). ``loss=None``: the model's own loss (labels in ``inputs``)."""
+        bounds (docs/training.md). ``loss=None``: the model's own loss (labels in ``inputs``).
+        ``sketch=True`` (or a group size) keeps sketches of the gradients and updates, for models whose
+        full gradients are too large to keep; judged on the propagated step."""
         __tracebackhide__ = True
         from pytest_rocm_parity.runner.train import capture_train, replay_train
 
         with clean_errors():
             require_model(model)
-            spec = self._spec(model, name, dtypes, layers, tolerance, drill)
+            spec = self._spec(model, name, dtypes, layers, tolerance, drill, sketch)
         store, device, env = self._session.store, self.device, self._session.env
         return self._run(spec,
                          lambda: capture_train(model, inputs, spec, store, device, loss, optimizer, steps,

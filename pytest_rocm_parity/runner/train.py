@@ -200,7 +200,13 @@ def _residual(truth: Any, ref: Any, rdt: Any) -> Any:
 def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device: str,
                   loss: Callable[[Any], Any] | None = None, optimizer: Any = None, steps: int = 1,
                   overwrite: bool = False, env: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Record the training golden of every rung of ``spec`` and write it; returns the manifest."""
+    """Record the training golden of every rung of ``spec`` and write it; returns the manifest.
+
+    With ``spec.sketch`` (a group size) every gradient and update is kept as a CountSketch of it and
+    of its float64 truth (golden/sketch.py; tensors of up to 64 groups whole): a fraction of the size,
+    judged on the propagated step only (no module inputs, so no isolated backward; no weights, so no
+    optimizer step).
+    """
     import torch
 
     from pytest_rocm_parity.migration.backend import collect_env
@@ -216,8 +222,8 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "fingerprint": fingerprint(inner),
         "model_class": type(inner).__name__, "seed": int(torch.initial_seed()), "dtypes": list(spec.dtypes),
         "layers": [{"name": s.name, "level": s.level, "primary": s.primary} for s in selected],
-        "drill": spec.drill, "layer_patterns": list(spec.layers) if spec.layers else None, "sketch": 0,
-        "steps": steps, "optimizer": repr(optimizer) if optimizer is not None else None,
+        "drill": spec.drill, "layer_patterns": list(spec.layers) if spec.layers else None,
+        "sketch": int(spec.sketch or 0), "steps": steps, "optimizer": repr(optimizer) if optimizer is not None else None,
         "reference_env": env or collect_env(str(home_device(inner, device))), "rungs": {},
     }
     names = {s.name for s in selected}
@@ -238,6 +244,10 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
             targs, tkwargs = cast_inputs(args, kwargs, torch.float64, device)
             truth = _Run(tm, selected)
             t["gtruth/loss"] = _residual(truth.forward_backward(targs, tkwargs, loss).reshape(1), t["loss"], rdt)
+            if spec.sketch:
+                manifest["rungs"][rung] = _sketched(t, run, truth, ref, tm, selected, names, factory, args, kwargs,
+                                                    targs, tkwargs, loss, steps, int(spec.sketch))
+                return t
             layers = []
             for key in run.order:
                 if key not in run.g or key not in truth.g:
@@ -292,6 +302,127 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
     return manifest
 
 
+def _sketched(t: dict[str, Any], run: _Run, truth: _Run, ref: Any, tm: Any, selected: list[Selected],
+              names: set[str], factory: Any, args: Any, kwargs: Any, targs: Any, tkwargs: Any, loss: Any,
+              steps: int, group: int) -> dict[str, Any]:
+    """A sketch training golden's tensors into ``t`` (sketches of the reference, ``sk/``, and of the
+    float64 truth, ``skt/``); returns the rung's meta."""
+    from pytest_rocm_parity.golden.sketch import sketch
+
+    def put(kind: str, name: str, ref_t: Any, truth_t: Any) -> str:
+        g = sketch_group(ref_t.numel(), group)
+        t[f"sk/{kind}/{name}"] = sketch(ref_t, g, f"{kind}/{name}").to("cpu")
+        t[f"skt/{kind}/{name}"] = sketch(truth_t, g, f"{kind}/{name}").to("cpu")
+        return f"sk/{kind}/{name}"
+
+    layers = []
+    for key in run.order:
+        if key not in run.g or key not in truth.g:
+            continue
+        name = key.split("#")[0]
+        sel = next(s for s in selected if s.name == name)
+        mod = ref.get_submodule(name) if name else ref
+        own = _own_params(mod, names, name)
+        layers.append({"key": key, "name": name, "level": sel.level, "primary": sel.primary, "in": {},
+                       "out": {"grad_output": put("go", key, run.g[key], truth.g[key])}, "params": sorted(own)})
+    params, tparams = dict(ref.named_parameters()), dict(tm.named_parameters())
+    for pn, p in params.items():
+        if p.grad is not None and tparams[pn].grad is not None:
+            put("pg", pn, p.grad, tparams[pn].grad)
+    meta: dict[str, Any] = {"layers": layers, "order": [e["key"] for e in layers], "outputs": {"out": {"loss": "loss"}},
+                            "truth_encoding": "sketch", "inputs": {"const": {}}}
+    return meta
+
+
+# A tensor this many groups or smaller is kept whole (a sketch of groups of one): a bias of 128
+# elements in groups of 64 would leave two entries, too few for the jackknife bound and the sign test.
+WHOLE_BELOW_GROUPS = 64
+
+
+def sketch_group(numel: int, group: int) -> int:
+    return 1 if numel <= group * WHOLE_BELOW_GROUPS else group
+
+
+def _sketch_metric(leaf: str, c: Any, reader: RungReader, kind: str, name: str, group: int, u: float,
+                   conf: float) -> LeafMetrics:
+    from pytest_rocm_parity.golden.sketch import sketch
+    from pytest_rocm_parity.judging.compare import float_metrics
+
+    ref = reader.get(f"sk/{kind}/{name}")
+    group = sketch_group(int(c.numel()), group)
+    m = float_metrics(leaf, sketch(c, group, f"{kind}/{name}").to(ref.device), ref,
+                      reader.get(f"skt/{kind}/{name}").to(ref.device), u, conf)
+    m.numel = int(c.numel())
+    return m
+
+
+def _replay_sketch(cand: Any, meta: dict[str, Any], reader: RungReader, spec: CheckSpec, rung: str, args: Any,
+                   kwargs: Any, loss: Any, factory: Any, selected: list[Selected], group: int,
+                   steps: int) -> CheckResult:
+    """A sketch golden: the propagated step judged against sketches, each module by the rule of the
+    forward's sketch goldens; the culprit is the first module, in the backward's order, whose own
+    parameters' gradients drifted (else whose output gradient did)."""
+    from pytest_rocm_parity.runner.replay import _sketch_failure
+
+    tol = spec.tolerance
+    u = tol.unit_roundoff(rung)
+    run = _Run(cand, selected)
+    value = run.forward_backward(args, kwargs, loss)
+    grads = {n: p.grad.detach().clone() for n, p in cand.named_parameters() if p.grad is not None}
+    result = CheckResult(test=spec.test, name=spec.name, dtype=rung, passed=True, kind="train")
+    loss_rec = LayerRecord(name=LOSS)
+    judge_layer(loss_rec, [], [_metric("loss", value.reshape(1), reader, "loss", "gtruth/loss", u, tol.confidence)],
+                Rule.of(tol.for_layer(LOSS), rung))
+    loss_rec.passed = loss_rec.prop_passed
+    result.outputs.append(loss_rec)
+    drift: list[tuple[bool, bool]] = []   # per record: (its output gradient drifted, its parameters' did)
+    for e in meta["layers"]:
+        key, name = e["key"], e["name"]
+        t = tol.for_layer(name)
+        budget = max(t.ratio_for(rung), t.propagated_for(rung))
+        leaves = []
+        if key in run.g:
+            leaves.append(("go", _sketch_metric("grad_output", run.g[key], reader, "go", key, group, u, t.confidence)))
+        leaves += [("pg", _sketch_metric(f"grad {pn}", grads[pn], reader, "pg", pn, group, u, t.confidence))
+                   for pn in e["params"] if pn in grads]
+        rec = LayerRecord(name=key, level=e["level"], primary=e["primary"])
+        judge_layer(rec, [], [m for _, m in leaves], Rule.of(t, rung))
+        reasons = [(kind, _sketch_failure(m, t, rung, budget)) for kind, m in leaves]
+        rec.prop_passed = rec.iso_passed = rec.passed = not any(r for _, r in reasons)
+        rec.budget, rec.reason = budget, next((r for _, r in reasons if r), "")
+        drift.append((any(r for kind, r in reasons if kind == "go"), any(r for kind, r in reasons if kind == "pg")))
+        result.layers.append(rec)
+    first = _sketch_culprit(result.layers, drift)
+    result.culprit = first.name if first else None
+    result.culprit_block = first.primary if first else None
+    result.first_divergent = next((r.name for r in reversed(result.layers) if not r.passed), None)
+    result.passed = first is None and loss_rec.passed
+    if factory is not None:
+        result.notes.append("the optimizer's step is not judged against a sketch golden: Adam's normalised "
+                            "update turns gradient rounding into update noise that only a step from the golden "
+                            "weights and gradients (a full golden) separates from a bug")
+    result.notes.append(f"sketch golden (groups of {group}): the propagated step judged; the culprit is the first "
+                        f"module, in the backward's order, whose gradients drifted")
+    return result
+
+
+def _sketch_culprit(records: list[LayerRecord], drift: list[tuple[bool, bool]]) -> LayerRecord | None:
+    """Walking the backward's order (the last module first): a module whose own parameters' gradients
+    drifted while its output gradient held is the culprit; a module whose output gradient drifted
+    received it from the module that consumed its output, the next call after it (and after its
+    own sub-modules) in the forward's order."""
+    n = len(records)
+    for i in range(n - 1, -1, -1):
+        go_bad, pg_bad = drift[i]
+        if go_bad:
+            name = records[i].name
+            nxt = next((r for r in records[i + 1:] if not r.name.startswith(name + ".")), None)
+            return nxt or records[i]
+        if pg_bad:
+            return records[i]
+    return None
+
+
 def _metric(leaf: str, c: Any, reader: RungReader, ref_key: str, res_key: str, u: float, conf: float) -> LeafMetrics:
     ref = reader.get(ref_key)
     return residual_metrics(leaf, c.detach().to(ref.device, ref.dtype), ref, reader.get(res_key), u, conf)
@@ -300,7 +431,8 @@ def _metric(leaf: str, c: Any, reader: RungReader, ref_key: str, res_key: str, u
 def replay_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device: str,
                  loss: Callable[[Any], Any] | None = None, optimizer: Any = None, steps: int = 1,
                  env: dict[str, Any] | None = None) -> list[CheckResult]:
-    """Judge the candidate's training step against the golden, one CheckResult per rung."""
+    """Judge the candidate's training step against the golden, one CheckResult per rung (a sketch
+    golden: the propagated step only, _replay_sketch)."""
     import torch
 
     from pytest_rocm_parity.migration.backend import collect_env
@@ -314,7 +446,7 @@ def replay_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, d
         raise GoldenStale(f"{mpath}: the golden of {spec.name!r} is not a training golden; regenerate: {regen}", mpath)
     recorded = manifest.get("fingerprint", {})
     if (not same_structure(inner, recorded) or fingerprint(inner).get("weights") != recorded.get("weights")
-            or manifest.get("steps") != steps):
+            or manifest.get("steps") != steps or int(manifest.get("sketch") or 0) != int(spec.sketch or 0)):
         raise GoldenStale(f"stale golden {mpath} for {spec.name!r}: the model or the number of steps changed; "
                           f"regenerate it on the reference machine: {regen}", mpath)
     factory = optimizer_factory(optimizer)
@@ -331,8 +463,12 @@ def replay_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, d
                            lambda p, _t: reader.get(f"input/{p}").clone())
         args, kwargs = tuple(tmpl["args"]), tmpl["kwargs"]
         with _candidate(inner, device, dtype) as cand:
-            result = _replay_rung(cand, meta, reader, spec, rung, args, kwargs, loss, factory, selected, names,
-                                  device)
+            if manifest.get("sketch"):
+                result = _replay_sketch(cand, meta, reader, spec, rung, args, kwargs, loss, factory, selected,
+                                        int(manifest["sketch"]), steps)
+            else:
+                result = _replay_rung(cand, meta, reader, spec, rung, args, kwargs, loss, factory, selected, names,
+                                      device)
         reader.release()
         result.reference_env = manifest.get("reference_env", {})
         result.candidate_env = env or collect_env(str(device))

@@ -135,3 +135,19 @@ def test_a_nondeterministic_backward_is_reported_and_judged_against_its_spread(g
     assert r.extra["nondeterministic"]
     assert any("nondeterministic backward" in n for n in r.notes)
     assert r.passed, [(l.name, l.reason) for l in r.layers if not l.passed]
+
+
+def test_a_sketch_golden_is_small_and_still_names_a_backward_bug(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    spec = CheckSpec(name="sk", dtypes=["float32"], drill=2, sketch=64)
+    full = CheckSpec(name="full", dtypes=["float32"], drill=2)
+    store = GoldenStore(tmp_path)
+    capture_train(llama("sdpa"), _inputs(), spec, store, "cpu", optimizer=ADAMW)
+    capture_train(llama("sdpa"), _inputs(), full, store, "cpu", optimizer=ADAMW)
+    size = {n: sum(f.stat().st_size for f in (tmp_path / n).glob("*.safetensors")) for n in ("sk", "full")}
+    assert size["sk"] < size["full"] / 2   # this model's tensors are small: most are kept whole
+    assert replay_train(llama("sdpa"), _inputs(), spec, store, "cpu", optimizer=ADAMW)[0].passed
+    model = llama("sdpa")
+    wrap_input(model.model.layers[1].mlp.down_proj, ScaledGrad.apply)
+    r = replay_train(model, _inputs(), spec, store, "cpu", optimizer=ADAMW)[0]
+    assert not r.passed and r.culprit == "model.layers.1.mlp.down_proj", (r.culprit, r.notes)
+    assert any("optimizer's step is not judged against a sketch golden" in n for n in r.notes)
