@@ -270,7 +270,9 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
                 layers.append({"key": key, "name": name, "level": sel.level, "primary": sel.primary,
                                "in": {run.calls[key][2]: f"x/{key}"}, "out": {run.calls[key][3]: f"g/{key}"},
                                "params": sorted(own)})
-            params = dict(ref.named_parameters())
+            # gradients kept to the selected layers: the parameters the selected modules own
+            owned = {pn for e in layers for pn in e["params"]}
+            params = {pn: p for pn, p in ref.named_parameters() if pn in owned}
             tparams = dict(tm.named_parameters())
             for pn, p in params.items():
                 if p.grad is not None and tparams[pn].grad is not None:
@@ -325,7 +327,9 @@ def _sketched(t: dict[str, Any], run: _Run, truth: _Run, ref: Any, tm: Any, sele
         own = _own_params(mod, names, name)
         layers.append({"key": key, "name": name, "level": sel.level, "primary": sel.primary, "in": {},
                        "out": {"grad_output": put("go", key, run.g[key], truth.g[key])}, "params": sorted(own)})
-    params, tparams = dict(ref.named_parameters()), dict(tm.named_parameters())
+    owned = {pn for e in layers for pn in e["params"]}   # gradients kept to the selected layers
+    params = {pn: p for pn, p in ref.named_parameters() if pn in owned}
+    tparams = dict(tm.named_parameters())
     for pn, p in params.items():
         if p.grad is not None and tparams[pn].grad is not None:
             put("pg", pn, p.grad, tparams[pn].grad)
