@@ -248,7 +248,7 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
                 manifest["rungs"][rung] = _sketched(t, run, truth, ref, tm, selected, names, factory, args, kwargs,
                                                     targs, tkwargs, loss, steps, int(spec.sketch))
                 return t
-            layers = []
+            layers: list[dict[str, Any]] = []
             for key in run.order:
                 if key not in run.g or key not in truth.g:
                     continue
@@ -271,7 +271,7 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
                                "in": {run.calls[key][2]: f"x/{key}"}, "out": {run.calls[key][3]: f"g/{key}"},
                                "params": sorted(own)})
             # gradients kept to the selected layers: the parameters the selected modules own
-            owned = {pn for e in layers for pn in e["params"]}
+            owned: set[str] = {pn for e in layers for pn in e["params"]}
             params = {pn: p for pn, p in ref.named_parameters() if pn in owned}
             tparams = dict(tm.named_parameters())
             for pn, p in params.items():
@@ -317,7 +317,7 @@ def _sketched(t: dict[str, Any], run: _Run, truth: _Run, ref: Any, tm: Any, sele
         t[f"skt/{kind}/{name}"] = sketch(truth_t, g, f"{kind}/{name}").to("cpu")
         return f"sk/{kind}/{name}"
 
-    layers = []
+    layers: list[dict[str, Any]] = []
     for key in run.order:
         if key not in run.g or key not in truth.g:
             continue
@@ -327,7 +327,7 @@ def _sketched(t: dict[str, Any], run: _Run, truth: _Run, ref: Any, tm: Any, sele
         own = _own_params(mod, names, name)
         layers.append({"key": key, "name": name, "level": sel.level, "primary": sel.primary, "in": {},
                        "out": {"grad_output": put("go", key, run.g[key], truth.g[key])}, "params": sorted(own)})
-    owned = {pn for e in layers for pn in e["params"]}   # gradients kept to the selected layers
+    owned: set[str] = {pn for e in layers for pn in e["params"]}
     params = {pn: p for pn, p in ref.named_parameters() if pn in owned}
     tparams = dict(tm.named_parameters())
     for pn, p in params.items():
