@@ -235,16 +235,15 @@ class _Pool:
         Why: a tensor may be written after it was recorded, and recorded again: a parent's ``h +=
         x`` on its child's output before returning it (ResNet's ``out += identity``), a module that
         returns one buffer it rewrites on every call. Matched by object alone, the later record
-        named the earlier contents: the parent's golden was its child's output, silently (found in
-        session 13). A tensor with a version counter is matched by it. The forward's own tensors
+        named the earlier contents: the parent's golden would be its child's output, silently. A tensor with a version counter is matched by it. The forward's own tensors
         are inference tensors, which have none. Such a tensor seen again keeps its key, and
         check_repeats() compares it with its first record after the forward; where one differs,
         capture records again with ``resnap``: every such tensor seen again is snapshotted again,
         and resolve() merges the keys whose contents are equal. Why in two steps: run under
         no_grad to keep the counters, the recording forward cost 1.33x the plain one on the H200,
         and snapshotting every repeat 1.10-1.11x what it had cost (a Llama hands each block its
-        predecessor's output and the rotary tables); most models write nothing they pass on
-        (session 13). ``fresh``: a new key whatever (an in-place module's output, its own input
+        predecessor's output and the rotary tables); most models write nothing they pass on.
+        ``fresh``: a new key whatever (an in-place module's output, its own input
         changed).
         """
         inference = t.is_inference()
@@ -275,8 +274,7 @@ class _Pool:
         was not written between the two, so the key it kept is right; a tensor whose first record
         is not held on the device counts as changed. Outside the recording forward: inside it, the
         comparisons' launches (six each; 27 tensors are seen again in a 22-block Llama) cost it
-        5-6% on the H200 (session 13); capture runs them after it: 1.0 ms of a 2.85 s capture at
-        1.1B (run 8)."""
+        5-6% on the H200; capture runs them after it, about 1 ms of a 1.1B capture (docs/performance.md)."""
         import torch
 
         for t, k in self.repeats.values():

@@ -234,7 +234,7 @@ def eval_mode(model: Any, walk: ModelWalk | None = None) -> Iterator[None]:
 
     Module.train() walks and sets every submodule (milliseconds on a large model), so a model that
     is in eval mode already, the usual case, is left untouched. ``walk``: of this very model, taken
-    since its last change of mode (prepare_rung's, for the passes it prepares): its ``training``
+    since its last change of mode (the replay's, for its passes): its ``training``
     then decides, with no look at the modules.
     """
     mods = walk.modules if walk is not None else list(model.modules())

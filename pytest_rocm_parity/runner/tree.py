@@ -94,7 +94,7 @@ def split_leaves(obj: Any, kinds: dict[str, str] | None = None) -> tuple[dict[st
     """(tensor_leaves(obj), constant_leaves(obj)) in one walk: hooks call this on every module.
 
     ``kinds``: filled with the kind of every container below the root, by path (CONTAINER_KINDS),
-    so that a module's call can be rebuilt from its recorded leaves (direct.py).
+    so that a module's call can be rebuilt from its recorded leaves.
 
     Why a second walker: the recording hook runs this on every module call of a forward that is often
     bound by the host, and the generic walk (a generator per container, a frozenset per level) costs
