@@ -43,12 +43,12 @@ def _verdict(l: LayerRecord) -> str:
 def _cells(l: LayerRecord, culprit: str | None = None) -> tuple[str, ...]:
     iso, prop = l.iso, l.prop
     mark = "  <- culprit" if culprit and l.name == culprit else ""
-    return (l.name[:44], _fmt(iso.ratio if iso else None), _fmt(l.budget), _fmt(iso.z if iso else None),
+    return (l.name, _fmt(iso.ratio if iso else None), _fmt(l.budget), _fmt(iso.z if iso else None),
             _fmt(prop.ratio if prop else None), _fmt(prop.rel_to_ref if prop else None), " " + _verdict(l) + mark)
 
 
 _HEADERS = ("layer", "iso ratio", "budget", "z", "prop ratio", "rel->ref", " verdict")
-_WIDTHS = (44, 9, 6, 7, 10, 9, None)
+_WIDTHS = (None, 9, 6, 7, 10, 9, None)   # names whole: the tail is what tells modules apart
 
 
 def table(result: CheckResult, max_rows: int = MAX_ROWS) -> list[str]:

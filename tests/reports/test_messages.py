@@ -181,3 +181,11 @@ def test_hypothesis_test_with_the_parity_fixture_is_told_to_use_parity_ops(proje
     out = rep.stdout.str()
     assert "use the session-scoped 'parity_ops' fixture instead" in out
     assert "FailedHealthCheck" not in out and "function_scoped_fixture" not in out.split("parity_ops")[0]
+
+
+def test_long_module_names_are_shown_whole_in_the_table() -> None:
+    """Two sibling norms differ only in their names' tails; both tails must reach the table."""
+    a, b = "model.decoder.layers.1.encoder_attn_layer_norm", "model.decoder.layers.1.self_attn_layer_norm_x"
+    res = _result([_layer(a, iso_ok=False, ratio=30.0), _layer(b, prop_ok=False)], a, b)
+    text = "\n".join(table(res))
+    assert a in text and b in text
