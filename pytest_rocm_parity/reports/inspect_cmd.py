@@ -198,7 +198,7 @@ def _show_golden(path: str | Path, dtypes: list[str] | None, stats: bool) -> dic
                 row.update(_stats(ref, _truth(reader, meta, truth_key, ref)))
             rows.append(row)
         info["rungs"][rung] = {"file": fpath.name, "bytes": meta.get("bytes", fpath.stat().st_size),
-                               "sha256": meta.get("sha256"), "truth_dtype": meta.get("truth_dtype"),
+                               "sha256": meta.get("sha256"), "truth_dtype": meta.get("truth_dtype"), "truth_encoding": meta.get("truth_encoding"),
                                "tf32": meta.get("tf32"), "tensors": len([k for k in header if k != "__metadata__"]),
                                "layers": rows}
     return info
@@ -256,7 +256,7 @@ def format_show(info: dict[str, Any]) -> list[str]:
                for i, x in enumerate(info.get("selects") or [])],
              "reference " + "  ".join(f"{k}={_txt(env[k])}" for k in ENV_KEYS if env.get(k) not in (None, ""))]
     for rung, r in info["rungs"].items():
-        lines += ["", f"[{rung}] {r['file']}  {_bytes(r['bytes'])}  {r['tensors']} tensors  truth {_txt(r.get('truth_dtype'))}"
+        lines += ["", f"[{rung}] {r['file']}  {_bytes(r['bytes'])}  {r['tensors']} tensors  {_truth_text(r)}"
                   f"  tf32 {_txt(r.get('tf32'))}"]
         rows = [[x["layer"] + ("" if x["leaf"] in ("", "0") else f" [{x['leaf']}]"),
                  "x".join(map(str, x["shape"] or [])) or "()", str(x["dtype"]), _bytes(x["bytes"]),
@@ -512,3 +512,9 @@ def run_golden(args: argparse.Namespace) -> int:
     print("rocm-parity golden prune: running " + " ".join(cmd[1:]), flush=True)
     return subprocess.call(cmd)
 
+
+def _truth_text(rung: dict[str, Any]) -> str:
+    """How a rung stores its float64 truth, in words (the dtype alone read as the truth's own)."""
+    if rung.get("truth_encoding") == "sketch":
+        return "float64 truth kept as sketches"
+    return f"float64 truth stored as {_txt(rung.get('truth_dtype'))} residuals"
