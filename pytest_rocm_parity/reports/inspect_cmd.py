@@ -198,7 +198,8 @@ def _show_golden(path: str | Path, dtypes: list[str] | None, stats: bool) -> dic
                 row.update(_stats(ref, _truth(reader, meta, truth_key, ref)))
             rows.append(row)
         info["rungs"][rung] = {"file": fpath.name, "bytes": meta.get("bytes", fpath.stat().st_size),
-                               "sha256": meta.get("sha256"), "truth_dtype": meta.get("truth_dtype"), "truth_encoding": meta.get("truth_encoding"),
+                               "sha256": meta.get("sha256"), "truth_dtype": meta.get("truth_dtype"),
+                               "truth_encoding": meta.get("truth_encoding"),
                                "tf32": meta.get("tf32"), "tensors": len([k for k in header if k != "__metadata__"]),
                                "layers": rows}
     return info
