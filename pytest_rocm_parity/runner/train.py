@@ -249,11 +249,7 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
                                                     targs, tkwargs, loss, steps, int(spec.sketch))
                 return t
             layers: list[dict[str, Any]] = []
-            for key in run.order:
-                if key not in run.g or key not in truth.g:
-                    continue
-                name = key.split("#")[0]
-                sel = next(s for s in selected if s.name == name)
+            for key, name, sel in _judged_calls(run, truth, selected):
                 mod, tmod = (m.get_submodule(name) if name else m for m in (ref, tm))
                 own, town = _own_params(mod, names, name), _own_params(tmod, names, name)
                 t[f"x/{key}"] = run.x[key].to("cpu").contiguous()
@@ -304,6 +300,15 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
     return manifest
 
 
+def _judged_calls(run: _Run, truth: _Run, selected: list[Selected]) -> Iterator[tuple[str, str, Selected]]:
+    """(call key, module name, its selection) of every call whose output gradient both the reference
+    and the float64 truth recorded, in the forward's order."""
+    for key in run.order:
+        if key in run.g and key in truth.g:
+            name = key.split("#")[0]
+            yield key, name, next(s for s in selected if s.name == name)
+
+
 def _sketched(t: dict[str, Any], run: _Run, truth: _Run, ref: Any, tm: Any, selected: list[Selected],
               names: set[str], factory: Any, args: Any, kwargs: Any, targs: Any, tkwargs: Any, loss: Any,
               steps: int, group: int) -> dict[str, Any]:
@@ -318,11 +323,7 @@ def _sketched(t: dict[str, Any], run: _Run, truth: _Run, ref: Any, tm: Any, sele
         return f"sk/{kind}/{name}"
 
     layers: list[dict[str, Any]] = []
-    for key in run.order:
-        if key not in run.g or key not in truth.g:
-            continue
-        name = key.split("#")[0]
-        sel = next(s for s in selected if s.name == name)
+    for key, name, sel in _judged_calls(run, truth, selected):
         mod = ref.get_submodule(name) if name else ref
         own = _own_params(mod, names, name)
         layers.append({"key": key, "name": name, "level": sel.level, "primary": sel.primary, "in": {},
