@@ -145,7 +145,7 @@ def summarize(rows: list[dict[str, Any]], ladders: list[str]) -> dict[str, Any]:
 
 
 def markdown(res: dict[str, Any]) -> str:
-    lines = [f"Run {res['date']} on {res['machine']}; capture {res['capture_seconds']} s, "
+    lines = [f"Measured {res['date']} on {res['machine']}; capture {res['capture_seconds']} s, "
              f"total {res['total_seconds']} s.", ""]
     lines += ["| ladder | bugs caught, right culprit | caught on low-precision rung | only on fp32 rung | "
               "missed | false alarms / alternates |", "|---|---|---|---|---|---|"]
