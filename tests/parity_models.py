@@ -135,18 +135,23 @@ def verdicts(results: list[CheckResult]) -> str:
     return "\n".join(out)
 
 
-class ScaledGrad(torch.autograd.Function):
-    """Identity forward; the gradient passed back is ``factor`` times too large (a backward kernel
-    bug with an exact forward)."""
+def backward_only(grad: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """An identity whose backward passes ``grad(g)`` back instead of ``g``: a backward kernel's bug
+    (or nondeterminism) with an exact forward."""
+    class _Identity(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x.view_as(x)
 
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, factor: float = 1.02) -> torch.Tensor:
-        ctx.factor = factor
-        return x.view_as(x)
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            return grad(g)
+    return _Identity.apply
 
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
-        return g * ctx.factor, None
+
+def scaled_grad(factor: float = 1.02) -> Callable[[torch.Tensor], torch.Tensor]:
+    """backward_only, the gradient ``factor`` times too large."""
+    return backward_only(lambda g: g * factor)
 
 
 def wrap_input(module: nn.Module, fn: Callable[[torch.Tensor], torch.Tensor]) -> nn.Module:

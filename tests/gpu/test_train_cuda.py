@@ -6,7 +6,7 @@ import tempfile
 import pytest
 import torch
 
-from parity_models import ScaledGrad, llama, tokens, wrap_input
+from parity_models import llama, scaled_grad, tokens, wrap_input
 from pytest_rocm_parity.golden.store import GoldenStore
 from pytest_rocm_parity.runner.engine import CheckSpec
 from pytest_rocm_parity.runner.train import capture_train, replay_train
@@ -26,6 +26,6 @@ def test_training_step_on_cuda_passes_and_a_backward_bug_is_named() -> None:
     assert all(r.passed for r in same), [(r.dtype, [(l.name, l.reason) for l in r.layers if not l.passed], r.notes)
                                          for r in same]
     model = llama("sdpa").cuda()
-    wrap_input(model.model.layers[1].mlp.down_proj, ScaledGrad.apply)
+    wrap_input(model.model.layers[1].mlp.down_proj, scaled_grad())
     bug = replay_train(model, inputs, spec, store, "cuda", optimizer=opt)
     assert not bug[-1].passed and bug[-1].culprit == "model.layers.1.mlp.down_proj"

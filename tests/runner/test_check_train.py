@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from parity_models import ScaledGrad, bert, llama, tokens, wrap_input
+from parity_models import backward_only, bert, llama, scaled_grad, tokens, wrap_input
 from pytest_rocm_parity.runner.engine import CheckSpec
 from pytest_rocm_parity.golden.store import GoldenStore
 from pytest_rocm_parity.judging.records import CheckResult
@@ -50,7 +50,7 @@ def test_another_attention_implementation_passes(golden) -> None:  # type: ignor
 
 def test_a_backward_bug_with_an_exact_forward_is_named(golden) -> None:  # type: ignore[no-untyped-def]
     model = llama("sdpa")
-    wrap_input(model.model.layers[1].mlp.down_proj, ScaledGrad.apply)
+    wrap_input(model.model.layers[1].mlp.down_proj, scaled_grad())
     r = _replay(golden, model)
     assert not r.passed and r.culprit == "model.layers.1.mlp.down_proj"
     assert r.first_divergent is not None
@@ -111,26 +111,19 @@ def test_train(parity):
     result.stdout.fnmatch_lines(["*culprit*model.layers.0.mlp.act_fn*"])
 
 
-class _NoisyGrad(torch.autograd.Function):
-    """A backward whose result changes from run to run by about one rounding per element, as a
-    reduction through atomics does when its order changes."""
+_NOISE = torch.Generator().manual_seed(7)
 
-    gen = torch.Generator().manual_seed(7)
 
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
-        ulp = torch.finfo(g.dtype).eps
-        noise = (torch.rand(g.shape, generator=_NoisyGrad.gen) - 0.5) * 2 * ulp
-        return g * (1 + noise.to(g.dtype))
+def _noisy(g: torch.Tensor) -> torch.Tensor:
+    """About one rounding per element, different on every run, as a reduction through atomics
+    gives when its order changes."""
+    ulp = torch.finfo(g.dtype).eps
+    return g * (1 + ((torch.rand(g.shape, generator=_NOISE) - 0.5) * 2 * ulp).to(g.dtype))
 
 
 def test_a_nondeterministic_backward_is_reported_and_judged_against_its_spread(golden) -> None:  # type: ignore[no-untyped-def]
     model = llama("sdpa")
-    wrap_input(model.model.layers[1].mlp.up_proj, _NoisyGrad.apply)
+    wrap_input(model.model.layers[1].mlp.up_proj, backward_only(_noisy))
     r = _replay(golden, model)
     assert r.extra["nondeterministic"]
     assert any("nondeterministic backward" in n for n in r.notes)
@@ -147,7 +140,7 @@ def test_a_sketch_golden_is_small_and_still_names_a_backward_bug(tmp_path) -> No
     assert size["sk"] < size["full"] / 2   # this model's tensors are small: most are kept whole
     assert replay_train(llama("sdpa"), _inputs(), spec, store, "cpu", optimizer=ADAMW)[0].passed
     model = llama("sdpa")
-    wrap_input(model.model.layers[1].mlp.down_proj, ScaledGrad.apply)
+    wrap_input(model.model.layers[1].mlp.down_proj, scaled_grad())
     r = replay_train(model, _inputs(), spec, store, "cpu", optimizer=ADAMW)[0]
     assert not r.passed and r.culprit == "model.layers.1.mlp.down_proj", (r.culprit, r.notes)
     assert any("optimizer's step is not judged against a sketch golden" in n for n in r.notes)

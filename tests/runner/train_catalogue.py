@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from parity_models import ScaledGrad, bert, llama, tokens, wrap_input
+from parity_models import backward_only, bert, llama, scaled_grad, tokens, wrap_input
 
 ADAMW = (torch.optim.AdamW, {"lr": 1e-3, "weight_decay": 0.01})
 
@@ -105,51 +105,44 @@ class _LayerNormDropsTerm(torch.autograd.Function):
         return gx.to(g.dtype), (gf * xh).sum(dims).to(w.dtype), gf.sum(dims).to(w.dtype), None
 
 
-class _ApproxSiLU(torch.autograd.Function):
-    """SiLU with the backward of an approximation (sigmoid of 1.702x, the GELU-as-SiLU shortcut)."""
+def _exact_forward(forward: Callable[[torch.Tensor], torch.Tensor],
+                   wrong_grad: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Any:
+    """An activation with an exact forward and the backward ``wrong_grad(x, g)``."""
+    class _Activation(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            ctx.save_for_backward(x)
+            return forward(x)
 
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x)
-        return F.silu(x)
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
-        (x,) = ctx.saved_tensors
-        s = torch.sigmoid(1.05 * x.float())
-        return (g.float() * (s * (1 + x.float() * (1 - s)))).to(g.dtype)
-
-
-class _TanhGELUBackward(torch.autograd.Function):
-    """Exact GELU forward, tanh-approximation backward."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x)
-        return F.gelu(x)
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
-        (x,) = ctx.saved_tensors
-        xf = x.detach().float().requires_grad_(True)
-        with torch.enable_grad():
-            y = F.gelu(xf, approximate="tanh")
-            (gx,) = torch.autograd.grad(y, xf, g.float())
-        return gx.to(g.dtype)
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            (x,) = ctx.saved_tensors
+            return wrong_grad(x, g).to(g.dtype)
+    return _Activation
 
 
-class _FlushDenormals(torch.autograd.Function):
-    """Identity forward; the backward flushes gradients below fp16's smallest normal to zero (an
-    fp16 kernel compiled with flush-to-zero)."""
+def _silu_grad_shifted(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """SiLU's derivative taken at a sigmoid of 1.05x: an approximation's backward."""
+    s = torch.sigmoid(1.05 * x.float())
+    return g.float() * (s * (1 + x.float() * (1 - s)))
 
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        return x.view_as(x)
 
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
-        tiny = torch.finfo(torch.float16).tiny
-        return torch.where(g.abs() < tiny * 64, torch.zeros_like(g), g)
+def _gelu_tanh_grad(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """The tanh approximation's derivative, for an exact GELU forward."""
+    xf = x.detach().float().requires_grad_(True)
+    with torch.enable_grad():
+        (gx,) = torch.autograd.grad(F.gelu(xf, approximate="tanh"), xf, g.float())
+    return gx
+
+
+_ApproxSiLU = _exact_forward(F.silu, _silu_grad_shifted)
+_TanhGELUBackward = _exact_forward(F.gelu, _gelu_tanh_grad)
+
+
+def _flush_denormals(g: torch.Tensor) -> torch.Tensor:
+    """Gradients below 64x fp16's smallest normal flushed to zero (an fp16 kernel built with
+    flush-to-zero)."""
+    return torch.where(g.abs() < torch.finfo(torch.float16).tiny * 64, torch.zeros_like(g), g)
 
 
 class _LinearDropsBiasGrad(torch.autograd.Function):
@@ -243,8 +236,8 @@ CASES = [
     Case("dec_rmsnorm_drops_term", "decoder", "model.layers.1.post_attention_layernorm", _patch_rmsnorm(_RMSNormDropsTerm)),
     Case("dec_silu_approx_backward", "decoder", "model.layers.0.mlp.act_fn", _activation(_ApproxSiLU)),
     Case("dec_attention_backward_scale", "decoder", "model.layers.1.self_attn",
-         _wrap_input(lambda x: ScaledGrad.apply(x, 1.0 + 2 ** -6))),
-    Case("dec_fp16_denormal_flush", "decoder", "model.layers.0.mlp.down_proj", _wrap_input(_FlushDenormals.apply)),
+         _wrap_input(scaled_grad(1.0 + 2 ** -6))),
+    Case("dec_fp16_denormal_flush", "decoder", "model.layers.0.mlp.down_proj", _wrap_input(backward_only(_flush_denormals))),
     Case("enc_layernorm_drops_term", "encoder", "encoder.layer.1.output.LayerNorm", _patch_layernorm),
     Case("enc_gelu_tanh_backward", "encoder", "encoder.layer.0.intermediate.intermediate_act_fn",
          _activation(_TanhGELUBackward)),
