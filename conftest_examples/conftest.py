@@ -1,6 +1,6 @@
-"""Example suite: the shipped byte-level Llama, judged against goldens captured on an H200.
+"""Example suite: the byte-level Llama of examples/bytellama, judged against goldens captured on an H200.
 
-Copy this pattern for your own model: build it deterministically (shipped or seeded weights),
+Copy this pattern for your own model: build it deterministically (committed or seeded weights),
 build inputs on the CPU (backend RNG streams differ), and let `parity` do the rest.
     pytest --rocm-parity conftest_examples                       # replay (CI, candidate)
     pytest --rocm-parity --parity-regen='bytellama*' conftest_examples   # recapture (reference GPU)
@@ -16,13 +16,13 @@ import pytest
 def bytellama() -> Any:
     import torch
 
-    from pytest_rocm_parity.models import load_bytellama
+    from bytellama import load_bytellama
 
     return load_bytellama(dtype=torch.float32)
 
 
 @pytest.fixture(scope="session")
 def heldout_batch() -> Any:
-    from pytest_rocm_parity.models import eval_batch
+    from bytellama import eval_batch
 
     return eval_batch(batch=2, seq=96)

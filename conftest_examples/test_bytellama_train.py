@@ -1,4 +1,4 @@
-"""Training parity on the shipped model: one LoRA fine-tuning step (PEFT adapters on the attention's
+"""Training parity on the example model: one LoRA fine-tuning step (PEFT adapters on the attention's
 query and value projections, AdamW), captured on an H200 and judged on this machine."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ def test_bytellama_lora_step(parity: Any, heldout_batch: Any) -> None:
     peft = pytest.importorskip("peft")
     import torch
 
-    from pytest_rocm_parity import load_bytellama
+    from bytellama import load_bytellama
 
     torch.manual_seed(0)   # the adapters' initialisation is part of the golden
     model = peft.get_peft_model(load_bytellama(dtype=torch.float32),

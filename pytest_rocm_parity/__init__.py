@@ -34,9 +34,6 @@ _LAZY = {
     "save_failing_tensors": "pytest_rocm_parity.reports.report",
     "profile_shares": "pytest_rocm_parity.reports.profiling",
     "compare_shares": "pytest_rocm_parity.reports.profiling",
-    # the shipped example model
-    "load_bytellama": "pytest_rocm_parity.models",
-    "eval_batch": "pytest_rocm_parity.models",
     # errors
     "ParityError": "pytest_rocm_parity.errors",
     "GoldenStale": "pytest_rocm_parity.errors",

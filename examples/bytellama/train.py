@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Train the embedded default model ``bytellama`` (a byte-level Llama) on Python stdlib source.
+"""Train the example model ``bytellama`` (a byte-level Llama) on Python stdlib source.
 
 Three stages, all deterministic given the inputs:
 
@@ -16,17 +16,17 @@ Three stages, all deterministic given the inputs:
    token stream ``BOS file-bytes EOS BOS file-bytes EOS ...``.  ``--steps N`` fixes the step
    count; otherwise ``--time-budget S`` picks it after timing the first steps (the chosen N is
    recorded, and ``--steps N`` reproduces the schedule).
-3. Output (``--out``, default the package's model directory): ``config.json``,
+3. Output (``--out``, default this folder): ``config.json``,
    ``model.safetensors`` (fp32) and ``TRAINING.json``; the held-out perplexity is measured in
    fp32 (TF32 off) on the shipped ``heldout.txt`` in 512-byte windows and printed.
 
 Examples::
 
-    python scripts/train_bytellama.py --build-corpus --corpus .corpus       # here, once
-    python scripts/train_bytellama.py --corpus .corpus --device cuda --time-budget 270
-    python scripts/train_bytellama.py --corpus .corpus --device cpu --steps 20 --batch 4 \
+    python examples/bytellama/train.py --build-corpus --corpus .corpus       # here, once
+    python examples/bytellama/train.py --corpus .corpus --device cuda --time-budget 270
+    python examples/bytellama/train.py --corpus .corpus --device cpu --steps 20 --batch 4 \
         --out "$(mktemp -d)"                                           # CPU smoke test
-    python scripts/train_bytellama.py --eval-only --device cpu              # re-measure ppl
+    python examples/bytellama/train.py --eval-only --device cpu              # re-measure ppl
 """
 from __future__ import annotations
 
@@ -42,11 +42,13 @@ import time
 import zlib
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-MODEL_DIR = REPO / "pytest_rocm_parity" / "models" / "bytellama"
+MODEL_DIR = Path(__file__).resolve().parent
+REPO = MODEL_DIR.parents[1]
+# Runs from a checkout without installing: the loader is the package of this folder (importable from
+# the one above), and the plugin's package sits at the repository's root.
+for _root in (MODEL_DIR.parent, REPO):
+    if str(_root) not in sys.path:
+        sys.path.insert(0, str(_root))
 
 BOS, EOS, PAD, VOCAB = 256, 257, 258, 259
 
@@ -152,7 +154,7 @@ def build_corpus(stdlib: Path, corpus: Path, heldout_txt: Path) -> dict:
             "files": [[r, len(d)] for r, d in held],
         },
         "heldout_sample": {
-            "path": "pytest_rocm_parity/models/bytellama/heldout.txt",
+            "path": "examples/bytellama/heldout.txt",
             "bytes": len(sample),
             "sha256": _sha256(sample),
             "sources": sample_src,
@@ -217,7 +219,7 @@ def fp32_perplexity(model, windows, device) -> float:
     """Perplexity in fp32 with TF32 off (the recorded number)."""
     import torch
 
-    from pytest_rocm_parity.models import perplexity
+    from bytellama import perplexity
 
     prev = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -246,7 +248,7 @@ def write_config(out: Path) -> None:
     cfg = dict(CONFIG)
     cfg["_comment"] = (
         "bytellama: byte-level Llama; ids 0-255 = UTF-8 bytes, 256 BOS, 257 EOS, 258 PAD. "
-        "Trained by scripts/train_bytellama.py; see docs/model.md."
+        "Trained by examples/bytellama/train.py; see docs/model.md."
     )
     cfg["torch_dtype"] = "float32"
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
@@ -369,7 +371,7 @@ def train(args) -> None:
             if step % args.eval_every == 0 or step == total:
                 model.eval()
                 with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
-                    from pytest_rocm_parity.models import perplexity
+                    from bytellama import perplexity
 
                     rec["val_ppl_bf16" if cuda else "val_ppl_fp32"] = round(perplexity(model, val_sub, batch_size=64), 4)
                 model.train()
@@ -386,7 +388,7 @@ def train(args) -> None:
     out = Path(args.out)
     n_saved = save_model(model, out)
     # measure from the saved fp32 file, as users will load it
-    from pytest_rocm_parity.models import load_bytellama
+    from bytellama import load_bytellama
 
     reloaded = load_bytellama(device=device.type, path=out, attn_implementation="sdpa")
     ppl = fp32_perplexity(reloaded, heldout_win.cpu(), device)
@@ -459,7 +461,7 @@ def eval_only(args) -> None:
     """Re-measure the held-out perplexity of the model in --out; record it in TRAINING.json."""
     import torch
 
-    from pytest_rocm_parity.models import load_bytellama
+    from bytellama import load_bytellama
 
     out = Path(args.out)
     device = torch.device(args.device)

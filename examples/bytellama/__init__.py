@@ -1,17 +1,19 @@
-"""The embedded default model: ``bytellama``, a small byte-level Llama trained on Python source.
+"""The example suite's model: ``bytellama``, a small byte-level Llama trained on Python source.
 
-Shipped files (``pytest_rocm_parity/models/bytellama/``):
+It lives beside the repository's examples, not in the wheel: the plugin needs no model of its own,
+and the example suite and the tests import it from this folder (pytest's ``pythonpath`` names
+``examples``). Files (``examples/bytellama/``):
 
 * ``config.json``       - a ``LlamaConfig`` (4 layers, hidden 256, 8 query heads / 2 KV heads, GQA)
 * ``model.safetensors`` - fp32 weights (``LlamaForCausalLM`` state dict, untied ``lm_head``)
 * ``heldout.txt``       - ~64 KB of Python standard-library source from files never trained on
 * ``TRAINING.json``     - recipe, steps, device, versions, final loss and held-out perplexity
+* ``train.py``          - the training script that produced them
 
 Vocabulary (259 ids): ids 0-255 are the raw UTF-8 bytes, 256 is BOS, 257 is EOS, 258 is PAD.
 Training wrapped every source file as ``BOS + bytes + EOS``; PAD never occurs in training.
 
-This module is imported only on use (the pytest plugin never imports it at load time).
-``transformers`` is imported lazily inside :func:`load_bytellama`; a missing install raises
+``transformers`` is imported inside :func:`load_bytellama`; a missing install raises
 :class:`ModelDependencyMissing` naming the extra to install.  See ``docs/model.md``.
 """
 from __future__ import annotations
@@ -46,7 +48,7 @@ __all__ = [
     "heldout_perplexity",
 ]
 
-BYTELLAMA_DIR = Path(__file__).resolve().parent / "bytellama"
+BYTELLAMA_DIR = Path(__file__).resolve().parent
 
 BOS_ID = 256
 EOS_ID = 257
@@ -57,7 +59,7 @@ CONTEXT = 512
 
 
 class ModelDependencyMissing(ParityError, ImportError):
-    """An optional dependency of the embedded model (transformers) is not installed."""
+    """An optional dependency of the example model (transformers) is not installed."""
 
 
 def _require_transformers() -> Any:
@@ -66,20 +68,20 @@ def _require_transformers() -> Any:
         from transformers import LlamaConfig, LlamaForCausalLM
     except ImportError as exc:  # pragma: no cover - exercised only without transformers
         raise ModelDependencyMissing(
-            "the embedded model bytellama needs the 'transformers' package, which is not "
+            "the example model bytellama needs the 'transformers' package, which is not "
             f"installed ({exc}); install it with: pip install 'pytest-rocm-parity[lm]'"
         ) from exc
     return LlamaConfig, LlamaForCausalLM
 
 
 def bytellama_config(path: str | Path | None = None) -> dict:
-    """The shipped ``config.json`` as a dict."""
+    """The model's ``config.json`` as a dict."""
     p = Path(path) if path is not None else BYTELLAMA_DIR
     return json.loads((p / "config.json").read_text(encoding="utf-8"))
 
 
 def training_record(path: str | Path | None = None) -> dict:
-    """The shipped ``TRAINING.json`` (recipe, steps, device, held-out perplexity)."""
+    """The model's ``TRAINING.json`` (recipe, steps, device, held-out perplexity)."""
     p = Path(path) if path is not None else BYTELLAMA_DIR
     return json.loads((p / "TRAINING.json").read_text(encoding="utf-8"))
 
@@ -98,7 +100,7 @@ def load_bytellama(
     attn_implementation: str | None = None,
     path: str | Path | None = None,
 ) -> Any:
-    """Build ``transformers.LlamaForCausalLM`` and load the shipped fp32 weights, in eval mode.
+    """Build ``transformers.LlamaForCausalLM`` and load the committed fp32 weights, in eval mode.
 
     ``dtype`` (default ``torch.float32``) casts the parameters; the rotary ``inv_freq`` buffers
     stay in float32, as ``from_pretrained(dtype=...)`` leaves them.  ``attn_implementation``
@@ -112,8 +114,8 @@ def load_bytellama(
     weights = p / "model.safetensors"
     if not weights.is_file():
         raise ParityError(
-            f"bytellama weights not found at {weights}; the package data is incomplete "
-            "(reinstall pytest-rocm-parity, or run scripts/train_bytellama.py to produce them)"
+            f"bytellama weights not found at {weights}: pass path= a folder holding model.safetensors "
+            "and config.json, or run examples/bytellama/train.py to produce them"
         )
     kwargs = _config_kwargs(bytellama_config(p))
     if attn_implementation is not None:
@@ -168,7 +170,7 @@ def decode(ids: torch.Tensor | Iterable[int]) -> str:
 
 @lru_cache(maxsize=1)
 def heldout_text() -> str:
-    """The shipped held-out sample (Python stdlib source from files never trained on)."""
+    """The held-out sample (Python stdlib source from files never trained on)."""
     return (BYTELLAMA_DIR / "heldout.txt").read_text(encoding="utf-8")
 
 

@@ -1,4 +1,4 @@
-"""The embedded default model (bytellama): shipped files, loader, tokenizer, held-out perplexity."""
+"""The example model (examples/bytellama): its files, loader, tokenizer, held-out perplexity."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from pytest_rocm_parity import models  # noqa: E402
+import bytellama as models  # noqa: E402
 from pytest_rocm_parity.errors import InputError, ParityError  # noqa: E402
 
 MB = 1_000_000
@@ -121,3 +121,16 @@ def test_missing_transformers_message(monkeypatch):
         models.load_bytellama()
     with pytest.raises(ImportError):
         models.load_bytellama()
+
+
+def test_the_model_lives_outside_the_package():
+    """The wheel carries the plugin, not an example model: no weights inside the package, and the
+    package root does not offer the loader."""
+    import pytest_rocm_parity
+
+    pkg = models.BYTELLAMA_DIR.parents[1] / "pytest_rocm_parity"
+    assert pkg.is_dir() and pkg not in models.BYTELLAMA_DIR.parents
+    assert not list(pkg.rglob("*.safetensors"))
+    assert "load_bytellama" not in pytest_rocm_parity.__all__
+    with pytest.raises(AttributeError):
+        pytest_rocm_parity.load_bytellama
