@@ -65,9 +65,19 @@ class Rule:
     message: str
     path: str  # a key of PATHS
     unless_line: tuple[str, ...] = ()  # substrings that make a matching line fine (already guarded)
+    # Regexes over the whole file, searched once a match is found: the construct is a problem only
+    # in a file that matches ``only_in_file`` and none that matches ``unless_in_file`` (handled elsewhere).
+    only_in_file: str = ""
+    unless_in_file: str = ""
 
     def compiled(self) -> re.Pattern[str]:
         return _compile(self.pattern)
+
+    def applies_to(self, text: str) -> bool:
+        """Whether the file-level conditions let this rule report in ``text``."""
+        if self.only_in_file and _compile(self.only_in_file).search(text) is None:
+            return False
+        return not (self.unless_in_file and _compile(self.unless_in_file).search(text) is not None)
 
 
 _CACHE: dict[str, re.Pattern[str]] = {}
@@ -88,6 +98,18 @@ D, P, B = frozenset({"device"}), frozenset({"python"}), frozenset({"python", "bu
 _WARP_IDENT = r"(?=\w*?(?i:warp_?size|threads_per_warp))(?=(\w*))\{0}"
 _SYNC = r"\b__(?:shfl(?:_up|_down|_xor)?|ballot|all|any|match_any|match_all|reduce_(?:add|min|max|and|or|xor))_sync\s*\(\s*"
 _MASK32 = r"(?:0x[fF]{8}(?![0-9a-fA-F])[uUlL]*|\(\s*(?:uint32_t|unsigned(?:\s+int)?)\s*\)\s*-1|(?:uint32_t|unsigned)\s*\(\s*-1\s*\)|~0[uU]?\b|-1[uU]?\b)"
+
+# A file that names an FNUZ dtype or asks the platform for its FP8 dtype has a branch for MI300.
+_FNUZ_BRANCH = r"e(?:4m3|5m2)fnuz|\bfp8_dtype\s*\(|\bis_fp8_fnuz\b|\bfloat8e(?:4b8|5b16)\b"
+# A file that spells the FNUZ e4m3 maximum (240; 224 where a kernel keeps headroom) branches the maximum.
+_FNUZ_MAX = r"(?<![\w.])(?:240|224)(?:\.0*)?[fF]?(?![\w.])|finfo\s*\(\s*(?:torch\.)?float8_e4m3fnuz\b"
+# 448 as an FP8 maximum: divided by or into, negated (a clamp's lower bound), assigned to a *max* name,
+# a clamp bound, or torch.finfo(float8_e4m3fn).max itself. Image sizes (448, (448, 448)) match none.
+_448 = r"(?<![\w.])448(?:\.0*)?[fF]?(?![\w.])"
+_FP8_MAX_448 = (r"[/*][ \t]*" + _448 + r"|(?<![\w.])448(?:\.0*)?[fF]?[ \t]*/(?![/*])|-[ \t]*" + _448
+                + r"|\b(?=\w*?(?i:max))(?=(?P<name>\w*))(?P=name)[ \t]*(?::[^=\n]{0,64})?=[ \t]*" + _448
+                + r"|\b(?:clamp|clip|clamp_|minimum|fmin|fminf)[ \t]*\([^;\n]{0,256}?" + _448
+                + r"|\bfinfo\s*\(\s*(?:torch\.)?float8_e4m3fn\s*\)\s*\.\s*max\b")
 
 RULES: tuple[Rule, ...] = (
     # ---- device code (rocm.md 3.1)
@@ -220,8 +242,15 @@ RULES: tuple[Rule, ...] = (
          "torch.backends.cudnn.version() returns the MIOpen version on ROCm", "manual"),
     Rule("RP224", "fp32-precision-bfx9", "error", P, ("bfx9",), r"[\"']bfx9[\"']",
          "fp32_precision 'bfx9' is NVIDIA-only and raises on ROCm", "manual"),
-    Rule("RP225", "fp8-ocp-dtype", "warning", P, ("float8_e",), r"\bfloat8_(?:e4m3fn|e5m2)\b",
-         "OCP FP8 dtype: MI300 (gfx942) hardware uses float8_e4m3fnuz/e5m2fnuz; convert scales, do not reinterpret", "manual"),
+    Rule("RP225", "fp8-ocp-dtype", "warning", P, ("float8_e", "float8e"), r"\bfloat8_(?:e4m3fn|e5m2)\b|\btl\.float8e(?:4nv|5)\b",
+         "OCP FP8 dtype with no FNUZ branch in the file: MI300 (gfx942) computes in float8_e4m3fnuz/e5m2fnuz "
+         "(bias one higher, e4m3 max 240); pick the dtype per device (vLLM: current_platform.fp8_dtype()) and double "
+         "the scales of OCP weights (normalize_e4m3fn_to_e4m3fnuz), never reinterpret the bytes", "manual",
+         unless_in_file=_FNUZ_BRANCH),
+    Rule("RP227", "fp8-max-448", "warning", D | P, ("448",), _FP8_MAX_448,
+         "FP8 maximum hard-coded as 448 (float8_e4m3fn's): float8_e4m3fnuz on MI300 (gfx942) tops out at 240, so values "
+         "scaled to 448 saturate or turn NaN; take the maximum of the dtype in use, torch.finfo(dtype).max", "manual",
+         only_in_file=r"(?i:fp8|float8|e4m3)", unless_in_file=_FNUZ_MAX),
     Rule("RP226", "nvcc-flags", "warning", B, ("gencode", "arch=sm_", "gpu-architecture", "fast_math", "expt-", "Xptxas", "TORCH_CUDA_ARCH_LIST", "generate-code"),
          r"(?<![\w-])(?:-gencode\b|--generate-code\b|-arch=sm_\d+|--gpu-architecture\b|--use_fast_math\b|--expt-relaxed-constexpr\b|--expt-extended-lambda\b|-Xptxas\b)|\bTORCH_CUDA_ARCH_LIST\b",
          "nvcc-only build flag: give hipcc its own flags (--offload-arch via PYTORCH_ROCM_ARCH)", "hipify"),
@@ -391,6 +420,7 @@ def scan_text(text: str, rel: str, kinds: frozenset[str], rules: tuple[Rule, ...
                 break
         else:
             continue
+        file_ok: bool | None = None   # the file-level conditions, searched at the first match outside a comment
         for m in rule.compiled().finditer(text):
             if newlines is None:  # built only for files with a match
                 newlines = [mm.start() for mm in _NEWLINE.finditer(text)]
@@ -410,6 +440,10 @@ def scan_text(text: str, rel: str, kinds: frozenset[str], rules: tuple[Rule, ...
                 at = comment_from[(idx, hashes)] = _comment_from(line_text, hashes)
             if col >= at:
                 continue
+            if file_ok is None:
+                file_ok = rule.applies_to(text)
+            if not file_ok:
+                break
             if rule.unless_line and any(s in line_text for s in rule.unless_line):
                 seen.add(key)   # the whole line is guarded: every match on it is
                 continue

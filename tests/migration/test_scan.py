@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,7 @@ def test_every_rule_has_a_labelled_example() -> None:
 
 def test_clean_files_have_no_findings() -> None:
     result = scan.scan_path(CORPUS)
-    assert not [f for f in result.findings if f.path == "ops/clean.py"]
+    assert not [f for f in result.findings if f.path in ("ops/clean.py", "ops/fp8_portable.py")]
     assert {f.rule for f in result.findings if f.path == "csrc/rocm_ready.cu"} == {"RP104"}
 
 
@@ -129,7 +130,7 @@ def test_text_table(capsys: pytest.CaptureFixture[str]) -> None:
 def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
     _, out = _run(capsys, str(CORPUS), "--format", "json", "--no-hipify")
     data = json.loads(out)
-    assert data["version"] == 1 and data["stats"]["files"] == 12
+    assert data["version"] == 1 and data["stats"]["files"] == 15
     first = data["findings"][0]
     assert set(first) >= {"rule", "severity", "path", "line", "column", "message", "suggestion", "suggested_path"}
     assert sum(data["summary"].values()) == len(data["findings"])
@@ -183,3 +184,80 @@ def test_throughput_floor(tmp_path: Path) -> None:
     result = scan.scan_path(tmp_path)
     rate = result.lines / max(time.process_time() - t0, 1e-6)
     assert rate > 20_000, f"{rate:,.0f} lines/s"
+
+
+# FP8 code in the shapes serving stacks write it: hard-coded to the OCP format, or following the device.
+OCP_ONLY = """\
+import torch
+
+FP8_MAX = 448.0
+E4M3_MAX: float = 448
+
+
+def quant(x, scale):
+    q = (x / scale).clamp(min=-448.0, max=448.0)
+    return q.to(torch.float8_e4m3fn), x.abs().amax() / torch.finfo(torch.float8_e4m3fn).max
+
+
+def inverse(amax):
+    return 448.0 / amax
+"""
+
+
+def _fp8_findings(text: str, name: str = "quant.py") -> list[tuple[int, str]]:
+    return sorted((f.line, f.rule) for f in scan.scan_text(text, name, scan._kinds_for(name))
+                  if f.rule in ("RP225", "RP227"))
+
+
+def test_fp8_hard_coded_to_the_ocp_format() -> None:
+    assert _fp8_findings(OCP_ONLY) == [(3, "RP227"), (4, "RP227"), (8, "RP227"), (9, "RP225"), (9, "RP227"),
+                                       (13, "RP227")]
+    (f,) = [f for f in scan.scan_text(OCP_ONLY, "quant.py", scan.P) if f.line == 3]
+    assert "240" in f.message and "torch.finfo(dtype).max" in f.message
+    kernel = "constexpr float kMax = 448.0f;\n__device__ float sat(float v) { return fminf(fmaxf(v, -448.f), 448.f); }\n"
+    assert _fp8_findings("#include <cuda_fp8.h>\n" + kernel, "k.cu") == [(2, "RP227"), (3, "RP227")]
+
+
+@pytest.mark.parametrize("branch", [
+    "dtype = current_platform.fp8_dtype()\n",
+    "dtype = torch.float8_e4m3fnuz if is_fnuz else torch.float8_e4m3fn\n",
+    "if current_platform.is_fp8_fnuz():\n    w, s, _ = normalize_e4m3fn_to_e4m3fnuz(w, s)\n",
+])
+def test_an_fnuz_branch_in_the_file_clears_the_dtype(branch: str) -> None:
+    text = "import torch\n" + branch + "q = x.to(torch.float8_e4m3fn)\ng = y.to(torch.float8_e5m2)\n"
+    assert _fp8_findings(text) == []
+    assert _fp8_findings(text.replace(branch, "")) == [(2, "RP225"), (3, "RP225")]
+
+
+def test_a_platform_dtype_does_not_excuse_a_448_clamp() -> None:
+    """The platform's dtype with the OCP maximum is the MI300 bug itself: 448 saturates e4m3fnuz."""
+    text = "dtype = current_platform.fp8_dtype()\nq = x.clamp(-448.0, 448.0).to(dtype)\n"
+    assert _fp8_findings(text) == [(2, "RP227")]
+
+
+@pytest.mark.parametrize("text", [
+    "FP8_MAX = 240.0 if current_platform.is_fp8_fnuz() else 448.0\n",
+    "FP8_MAX = 448.0\nif is_fnuz:\n    FP8_MAX = torch.finfo(torch.float8_e4m3fnuz).max\n",
+    "fp8_max = torch.finfo(current_platform.fp8_dtype()).max\nq = x.clamp(-fp8_max, fp8_max)\n",
+])
+def test_a_maximum_per_format_is_not_flagged(text: str) -> None:
+    assert _fp8_findings(text) == []
+
+
+@pytest.mark.parametrize("text", [
+    "# fp8 vision tower\nimage_size = 448\nsize = (448, 448)\ngrid = 448 // 14\nx = F.interpolate(x, size=448)\n",
+    "FP8_MAX = 4480.0\nscale = x / 448.5\n",
+])
+def test_448_that_is_not_an_fp8_maximum(text: str) -> None:
+    assert _fp8_findings(text) == []
+
+
+def test_448_outside_fp8_code_is_not_flagged() -> None:
+    assert _fp8_findings("MAX_SIDE = 448\nx = img / 448.0\n") == []
+
+
+def test_fp8_rules_are_suppressible() -> None:
+    text = "import torch\nFP8_MAX = 448.0  # rocm-parity: ignore[fp8-max-448]\nq = x.to(torch.float8_e4m3fn)  # rocm-parity: ignore[RP225]\n"
+    counts: Counter[str] = Counter()
+    assert scan.scan_text(text, "quant.py", scan.P, suppressed=counts) == []
+    assert counts == {"RP225": 1, "RP227": 1}
