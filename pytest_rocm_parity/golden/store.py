@@ -44,6 +44,10 @@ SAFETENSORS_DTYPES = {
 # complex128 has no safetensors dtype: such tensors are stored as their float64 real view and
 # listed under this metadata key, and RungReader turns them back into complex128.
 COMPLEX128_KEY = "complex128"
+# Dtypes safetensors has no code for (MX scales in float8_e8m0fnu, packed float4) are stored as
+# their uint8 bytes; this metadata key maps each such tensor to its dtype, restored on read.
+BYTE_VIEWS_KEY = "byte_views"
+BYTE_VIEW_DTYPES = ("float8_e8m0fnu", "float4_e2m1fn_x2")
 _TORCH_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
                  "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool", "C64": "complex64"}
 PICKLE_MAGIC = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
@@ -419,8 +423,9 @@ def _referenced(mpath: Path) -> set[str]:
         return set()
 
 
-def _storable(tensors: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """Tensors safetensors can hold: complex128 becomes its float64 real view (listed), others refused."""
+def _storable(tensors: dict[str, Any]) -> tuple[dict[str, Any], list[str], dict[str, str]]:
+    """Tensors safetensors can hold: complex128 becomes its float64 real view (listed), a dtype in
+    BYTE_VIEW_DTYPES its uint8 bytes (mapped to the dtype's name), others refused."""
     import torch
 
     ok = {getattr(torch, n, None) for n in (
@@ -429,11 +434,16 @@ def _storable(tensors: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")} - {None}
     out: dict[str, Any] = {}
     complex128: list[str] = []
+    byte_views: dict[str, str] = {}
+    as_bytes = {getattr(torch, n): n for n in BYTE_VIEW_DTYPES if hasattr(torch, n)}
     storages: set[int] = set()
     for k, v in tensors.items():
         if v.dtype == torch.complex128:
             complex128.append(k)
             v = torch.view_as_real(v.resolve_conj())
+        elif v.dtype in as_bytes:
+            byte_views[k] = as_bytes[v.dtype]
+            v = v.contiguous().view(torch.uint8)
         elif v.dtype not in ok:
             raise InvalidArgument(
                 f"tensor {k!r} has dtype {v.dtype}, which a golden cannot store; return a supported dtype "
@@ -446,15 +456,17 @@ def _storable(tensors: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
             v = v.clone()
         storages.add(v.untyped_storage().data_ptr())
         out[k] = v
-    return out, complex128
+    return out, complex128, byte_views
 
 
 def _write_tensors_tmp(d: Path, tensors: dict[str, Any], metadata: dict[str, str]) -> Path:
     from safetensors.torch import save_file
 
-    tensors, complex128 = _storable(tensors)
+    tensors, complex128, byte_views = _storable(tensors)
     if complex128:
         metadata = {**metadata, COMPLEX128_KEY: json.dumps(sorted(complex128))}
+    if byte_views:
+        metadata = {**metadata, BYTE_VIEWS_KEY: json.dumps(byte_views, sort_keys=True)}
     tmp = temp_beside(d, ".safetensors")
     try:
         save_file(tensors, tmp, metadata=metadata)
@@ -808,6 +820,14 @@ class RungReader:
             raise GoldenCorrupt(f"{path}: bad {COMPLEX128_KEY!r} list in the header metadata; recapture "
                                 f"this golden", path)
         self.complex128 = set(listed)
+        try:
+            views = _json(self.header.get("__metadata__", {}).get(BYTE_VIEWS_KEY, "{}").encode())
+        except ValueError:
+            views = None
+        if not isinstance(views, dict) or not all(v in BYTE_VIEW_DTYPES for v in views.values()):
+            raise GoldenCorrupt(f"{path}: bad {BYTE_VIEWS_KEY!r} map in the header metadata (dtypes must be "
+                                f"among {', '.join(BYTE_VIEW_DTYPES)}); recapture this golden", path)
+        self.byte_views: dict[str, str] = views
         self._data_start = 0
         if self.device == "cpu":
             with open(path, "rb") as f:
@@ -876,6 +896,14 @@ class RungReader:
                 import torch
 
                 t = torch.view_as_complex(t)
+            elif key in self.byte_views:
+                import torch
+
+                dtype = getattr(torch, self.byte_views[key], None)
+                if dtype is None:
+                    raise GoldenCorrupt(f"{self.path}: tensor {key!r} is {self.byte_views[key]}, which this torch "
+                                        f"({torch.__version__}) lacks; upgrade torch to read this golden", self.path)
+                t = t.view(dtype)
             if t.device.type == "cpu" and t.data_ptr() % ALIGN:
                 # A tensor read from the file sits at its offset in it; CPU kernels pick their SIMD path
                 # by alignment, so an unaligned stored input would make a CPU replay differ from its

@@ -39,6 +39,7 @@ from pytest_rocm_parity.runner.engine import (
 from pytest_rocm_parity.golden.store import FORMAT_VERSION, GoldenStore
 from pytest_rocm_parity.runner.selection import Selected, select
 from pytest_rocm_parity.runner.tree import constant_leaves, split_leaves, tensor_leaves
+from pytest_rocm_parity.runner.wrappers import cast_module, quantized_tensor_ids
 
 # Where the float64 truth model is built: None decides by the device's free memory; True builds it
 # on the capture device, False through the host (tests compare the two routes).
@@ -615,6 +616,7 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
     finally:
         m.train(was_training)
     entries, outputs, order = rec.entries, rec.outputs, rec.order
+    quant = _quantized_storage(m, tensors)
     rung_model = [m]
     del m
     tm, truth_dev = _truth_model(model, device, dtype, rung_model)
@@ -637,35 +639,42 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
             _refuse_nonfinite(key, p, t, ref, valid)
             tensors[name] = _residual(t, ref, rdt, copies)
 
-    def store_gtruth(key: str, sel: Selected, out: Any) -> None:
-        if sel.level == 0:  # propagated truth for top-level modules only: it locates first divergence
-            for p, t in tensor_leaves(out).items():
-                put_truth(f"gtruth/{key}/{p}", key, p, t)
-        _finite_padding(out, valid)
-
     fetch, fdtype = _golden_input_fetch(pool, device, truth_dev)
-    with torch.no_grad(), _truth_errors(tm, selected):
-        with Hooks(tm, selected, None, store_gtruth):
-            tout = _run(tm, targs, tkwargs)
-        for p, t in tensor_leaves(tout).items():
-            put_truth(f"gtruth/{OUTPUT}/{p}", OUTPUT, p, t)
-        del tout
-        for level in sorted({s.level for s in selected}):
-            def sub(key: str, sel: Selected, a: Any, kw: Any, level: int = level) -> Any:
-                if sel.level != level or key not in entries:
-                    return None
-                keys = entries[key]["in"]
-                return _substitute(a, kw, keys, fetch, fdtype, KEEP_PLACEMENT)
 
-            def keep(key: str, sel: Selected, out: Any, level: int = level) -> None:
-                if sel.level == level and key in entries:
-                    for p, t in tensor_leaves(out).items():
-                        put_truth(f"truth/{key}/{p}", key, p, t)
+    def truth_passes(put: Callable[[str, str, str, Any], None]) -> None:
+        """The float64 truth, propagated (the whole model) and local (each level fed the golden
+        inputs), every floating leaf handed to ``put(tensor name, call key, leaf, truth)``."""
+        def store_gtruth(key: str, sel: Selected, out: Any) -> None:
+            if sel.level == 0:  # propagated truth for top-level modules only: it locates first divergence
+                for p, t in tensor_leaves(out).items():
+                    put(f"gtruth/{key}/{p}", key, p, t)
+            _finite_padding(out, valid)
 
-            with Hooks(tm, selected, sub, keep):
-                _run(tm, targs, tkwargs)
-    del tm
+        with torch.no_grad(), _truth_errors(tm, selected):
+            with Hooks(tm, selected, None, store_gtruth):
+                tout = _run(tm, targs, tkwargs)
+            for p, t in tensor_leaves(tout).items():
+                put(f"gtruth/{OUTPUT}/{p}", OUTPUT, p, t)
+            del tout
+            for level in sorted({s.level for s in selected}):
+                def sub(key: str, sel: Selected, a: Any, kw: Any, level: int = level) -> Any:
+                    if sel.level != level or key not in entries:
+                        return None
+                    keys = entries[key]["in"]
+                    return _substitute(a, kw, keys, fetch, fdtype, KEEP_PLACEMENT)
+
+                def keep(key: str, sel: Selected, out: Any, level: int = level) -> None:
+                    if sel.level == level and key in entries:
+                        for p, t in tensor_leaves(out).items():
+                            put(f"truth/{key}/{p}", key, p, t)
+
+                with Hooks(tm, selected, sub, keep):
+                    _run(tm, targs, tkwargs)
+
+    truth_passes(put_truth)
     copies.finish()
+    quant_noise = _quantization_noise(tm, truth_passes, ref_of, tensors)
+    del tm
     tensors.update(pool.tensors)
     merge_repeats(pool, entries, outputs, tensors)
     pool.drop_device()
@@ -675,7 +684,57 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
     meta = {"inputs": {"const": const_in}, "layers": layers, "outputs": outputs,
             "truth_encoding": "residual", "truth_dtype": dt.name_of(rdt), "tf32": tf32, "order": order,
             "selected": sorted(by_name), "extra": extra_meta}
+    if quant:
+        meta["quant"], meta["quant_noise"] = quant, quant_noise
     return meta, tensors
+
+
+def _quantization_noise(tm: Any, truth_passes: Callable[[Callable[[str, str, str, Any], None]], None],
+                        ref_of: Callable[[str, str], Any], tensors: dict[str, Any]) -> dict[str, float]:
+    """Per truth tensor, the RMS of what quantizing the activations changes in it (the truth run
+    again with activation quantization off, quant.fp8.activations_unquantized): the error a correct
+    candidate that quantizes its activations in another format may add (docs/fp8.md). Empty for a
+    model without activation quantization."""
+    import torch
+
+    from pytest_rocm_parity.quant.fp8 import activations_unquantized
+
+    noise: dict[str, float] = {}
+
+    def put(name: str, key: str, p: str, t: Any) -> None:
+        if name not in tensors or not t.is_floating_point():
+            return
+        ref = ref_of(key, p).to(t.device, torch.float64)
+        d = t.to(torch.float64) - ref - tensors[name].to(t.device, torch.float64)   # unquantized - truth
+        d = torch.where(torch.isfinite(d), d, torch.zeros_like(d))
+        noise[name] = float(d.square().mean().sqrt()) if d.numel() else 0.0
+
+    with activations_unquantized(tm) as any_quantized:
+        if any_quantized:
+            truth_passes(put)
+    return noise
+
+
+def _quantized_storage(m: Any, tensors: dict[str, Any]) -> dict[str, Any]:
+    """The reference's quantized weights and scales (wrappers.quantized_storage), stored dtype-exact
+    under quant/<module>/<tensor>: a replay tells from them whether the candidate's weights mean the
+    same values (docs/fp8.md). {module: {"tensors": {name: key}, "format", "activation"}}."""
+    from pytest_rocm_parity.runner.wrappers import quantized_storage
+
+    out: dict[str, Any] = {}
+    for mname, mod in m.named_modules():
+        names = quantized_storage(mod)
+        if not names:
+            continue
+        own = {**mod._parameters, **mod._buffers}
+        keys = {n: f"quant/{mname}/{n}" for n in names}
+        for n, k in keys.items():
+            tensors[k] = own[n].detach().to("cpu", copy=True).contiguous()
+        codes = next(n for n in names if own[n].element_size() == 1)
+        act = getattr(mod, "activation", None)
+        out[mname] = {"tensors": keys, "codes": codes, "format": str(own[codes].dtype).removeprefix("torch."),
+                      "activation": act if isinstance(act, str) else None}
+    return out
 
 
 def merge_repeats(pool: _Pool, entries: dict[str, dict[str, Any]], outputs: dict[str, Any],
@@ -744,18 +803,19 @@ def _truth_model(model: Any, device: str, dtype: Any, rung: list[Any]) -> tuple[
 
     if device == KEEP_PLACEMENT:   # a split model keeps its split in float64 too
         rung.clear()
-        tm = copy.deepcopy(prepare_model(model, device, dtype)).to(dtype=torch.float64).eval()
+        tm = cast_module(copy.deepcopy(prepare_model(model, device, dtype)), dtype=torch.float64).eval()
         _float64_kernels(tm)
         return tm, home_device(tm, device)
     truth_dev = device if _supports_f64(device) else "cpu"
     m = rung.pop()
     if _truth_on_device(m, truth_dev):
-        tm = _copy_tensors(m, lambda t: _widened(t.to(device=truth_dev)))
+        tm = _copy_tensors(m, lambda t, quantized: t.to(device=truth_dev, copy=True) if quantized
+                           else _widened(t.to(device=truth_dev)))
     else:
-        tm = _copy_tensors(m, lambda t: t.to("cpu", copy=True))
+        tm = _copy_tensors(m, lambda t, _quantized: t.to("cpu", copy=True))
     del m
     # catches what the copy left in the rung's dtype (parameter subclasses); a no-op otherwise
-    tm = tm.to(device=truth_dev, dtype=torch.float64).eval()
+    tm = cast_module(tm, truth_dev, torch.float64).eval()
     _float64_kernels(tm)
     return tm, truth_dev
 
@@ -815,7 +875,7 @@ def _widened(t: Any) -> Any:
     return t.clone()
 
 
-def _copy_tensors(m: Any, fn: Callable[[Any], Any]) -> Any:
+def _copy_tensors(m: Any, fn: Callable[[Any, bool], Any]) -> Any:
     """A deep copy of ``m`` whose parameters and buffers are ``fn(tensor)``, made one tensor at a time.
 
     ``copy.deepcopy(m).to(...)`` holds two full copies at its peak; handing deepcopy the converted
@@ -825,12 +885,13 @@ def _copy_tensors(m: Any, fn: Callable[[Any], Any]) -> Any:
     import torch
 
     memo: dict[int, Any] = {}
+    kept = quantized_tensor_ids(m.modules())   # fn's second argument: quantized storage, not cast
     for p in m.parameters():
         if type(p) is torch.nn.Parameter:
-            memo[id(p)] = torch.nn.Parameter(fn(p.detach()), requires_grad=p.requires_grad)
+            memo[id(p)] = torch.nn.Parameter(fn(p.detach(), id(p) in kept), requires_grad=p.requires_grad)
     for b in m.buffers():
         if type(b) is torch.Tensor:
-            memo[id(b)] = fn(b.detach())
+            memo[id(b)] = fn(b.detach(), id(b) in kept)
     return copy.deepcopy(m, memo)
 
 

@@ -18,6 +18,7 @@ from pytest_rocm_parity.judging import dtypes as dt
 from pytest_rocm_parity.errors import InvalidArgument
 from pytest_rocm_parity.judging.tolerance import Tolerance
 from pytest_rocm_parity.runner.tree import map_tensors
+from pytest_rocm_parity.runner.wrappers import cast_module, quantized_tensor_ids
 
 if TYPE_CHECKING:   # selection imports the walk and the numerics from here at run time
     from pytest_rocm_parity.runner.selection import Selected
@@ -101,6 +102,10 @@ def fingerprint(model: Any, classes: bool = False) -> dict[str, str]:
     from pytest_rocm_parity.runner.wrappers import plain_view
 
     mods, tensors = plain_view(model)
+    # Quantized storage (wrappers.quantized_storage) is judged by what it means, from the golden's
+    # copy of it (docs/fp8.md): its codes count in the structure, its scales' layout and all its
+    # values do not, so a correct conversion (OCP to FNUZ, per-tensor to per-channel scales) matches.
+    quantized = quantized_tensor_ids(model.modules()) if hasattr(model, "modules") else set()
     s = hashlib.sha256()
     for name, cls in mods:
         s.update(f"{name}:{cls};".encode() if classes else f"{name};".encode())
@@ -114,6 +119,10 @@ def fingerprint(model: Any, classes: bool = False) -> dict[str, str]:
             if id(p) in seen:
                 continue
             seen.add(id(p))
+            if id(p) in quantized:
+                if p.element_size() == 1:
+                    s.update(f"{name}:{tuple(p.shape)};".encode())
+                continue
             s.update(f"{name}:{tuple(p.shape)};".encode())
             flat = p.detach().reshape(-1)
             if flat.numel() == 0 or not (flat.is_floating_point() or flat.dtype in (torch.int64, torch.int32)):
@@ -195,25 +204,26 @@ def prepare_model(model: Any, device: Any, dtype: Any, walk: ModelWalk | None = 
     """
     # every parameter and buffer (a tied one twice): the module walk, without named_parameters'
     # de-duplication, which costs most of a millisecond on a 1B model
-    params = (walk or walk_model(model)).tensors
+    walk = walk or walk_model(model)
+    params = walk.tensors
     # The same storages as when this model was last found in place: nothing moved or was cast (a
     # move or a cast makes new storages). Saves a device/dtype check per tensor on every pass.
     stamp = (str(device), str(dtype), tuple(p.data_ptr() for p in params))
     if _PLACED.get(id(model)) == stamp:
         return model
-    fl = [p for p in params if p.is_floating_point()]
+    kept = quantized_tensor_ids(walk.modules)
+    fl = [p for p in params if p.is_floating_point() and id(p) not in kept]
     if device == KEEP_PLACEMENT:
         if all(p.dtype == dtype for p in fl):
             _PLACED[id(model)] = stamp
             return model
-        return copy.deepcopy(model).to(dtype=dtype)
+        return cast_module(copy.deepcopy(model), dtype=dtype)
     target = _dev(device)
     if all(p.device == target and p.dtype == dtype for p in fl):
         _PLACED[id(model)] = stamp
         return model
     # Copy on the host side when moving devices, so the source never holds two copies on a GPU.
-    m = copy.deepcopy(model)
-    return m.to(device=device, dtype=dtype)
+    return cast_module(copy.deepcopy(model), device, dtype)
 
 
 def _dev(device: Any) -> Any:

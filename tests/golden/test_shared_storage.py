@@ -92,7 +92,7 @@ def test_overlapping_globs_on_a_unet_name_the_deep_module_and_export(tmp_path: P
 def test_storable_copies_shared_storage(tmp_path: Path) -> None:
     y = torch.arange(12.0)
     tensors = {"a": y[:6], "b": y[6:], "c": y, "empty": torch.empty(0), "empty2": torch.empty(0)}
-    out, _ = _storable(tensors)
+    out, _, _ = _storable(tensors)
     save_file(out, tmp_path / "x.safetensors")
     back = load_file(tmp_path / "x.safetensors")
     assert all(torch.equal(back[k], tensors[k]) for k in tensors)

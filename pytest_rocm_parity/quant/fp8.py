@@ -1,0 +1,240 @@
+"""FP8 Linear layers as serving stacks run them, and the conversions between FP8 families.
+
+An ``Fp8Linear`` holds the checkpoint's FP8 weight codes and float32 scales and computes as the
+serving kernel does: weight-only (dequantize, then a matmul in the activation dtype) or weight and
+activation (the activation quantized with a dynamic per-token or per-tensor scale, or a static
+calibrated one, then an FP8 GEMM). The GEMM is ``torch._scaled_mm`` where the device multiplies FP8
+(CUDA sm_89+, ROCm gfx942/gfx950) and an exact emulation elsewhere: FP8 products are exact in float32,
+so the emulation differs from the hardware only in the accumulation order.
+
+The same module run in float64 is the truth of the quantized computation (docs/fp8.md): the codes and
+scales are the reference's, the activation is quantized from the float64 input as the module says,
+and all arithmetic is float64. ``activations_unquantized`` turns the activation quantization off; the
+difference it makes is the quantization noise a correct candidate in another format is allowed.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from pytest_rocm_parity.errors import InvalidArgument
+from pytest_rocm_parity.quant.formats import FORMATS, Fp8Format
+
+ACTIVATION_SCHEMES = (None, "token", "tensor", "static")
+WEIGHT_SCHEMES = ("channel", "tensor")
+# the smallest amax a dynamic scale is computed from: an all-zero row quantizes to zeros, not NaN
+_AMAX_FLOOR = 1e-12
+
+
+def fp8_format(dtype: Any) -> Fp8Format:
+    """The format of an FP8 torch dtype."""
+    for f in FORMATS.values():
+        if getattr(torch, f.dtype_name, None) == dtype:
+            return f
+    raise InvalidArgument(f"{dtype} is not an FP8 dtype: use one of "
+                          f"{', '.join('torch.' + f.dtype_name for f in FORMATS.values())}")
+
+
+def _format_of(fmt: str | Fp8Format) -> Fp8Format:
+    if isinstance(fmt, Fp8Format):
+        return fmt
+    if fmt not in FORMATS:
+        raise InvalidArgument(f"fmt={fmt!r}: not an FP8 format; use one of {', '.join(FORMATS)}")
+    return FORMATS[fmt]
+
+
+def quantize_weight(w: torch.Tensor, fmt: str | Fp8Format = "e4m3fn",
+                    scheme: str = "channel") -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, scale) of a float weight: scale = amax / the format's max, per output channel (shape
+    (out, 1)) or per tensor (shape ()), codes rounded to nearest and saturated."""
+    f = _format_of(fmt)
+    if scheme not in WEIGHT_SCHEMES:
+        raise InvalidArgument(f"weight={scheme!r}: use one of {', '.join(WEIGHT_SCHEMES)}")
+    wf = w.detach().to(torch.float32)
+    amax = wf.abs().amax(dim=1, keepdim=True) if scheme == "channel" else wf.abs().amax()
+    scale = amax.clamp(min=_AMAX_FLOOR) / f.max
+    codes = (wf / scale).clamp(-f.max, f.max).to(f.dtype())
+    return codes, scale
+
+
+class Fp8Linear(nn.Module):
+    """A Linear whose weight is FP8 codes times float32 scales, optionally with FP8 activations.
+
+    ``activation``: None (weight-only), "token" or "tensor" (dynamic scales from the activation's
+    absolute maximum) or "static" (a calibrated ``input_scale``). The activation is quantized in the
+    weight's format. The format is the weight's dtype, so a conversion swaps buffers and nothing else.
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, bias: bool = True, fmt: str | Fp8Format = "e4m3fn",
+                 weight: str = "channel", activation: str | None = "token") -> None:
+        super().__init__()
+        if activation not in ACTIVATION_SCHEMES:
+            raise InvalidArgument(f"activation={activation!r}: use one of {ACTIVATION_SCHEMES}")
+        if weight not in WEIGHT_SCHEMES:
+            raise InvalidArgument(f"weight={weight!r}: use one of {', '.join(WEIGHT_SCHEMES)}")
+        f = _format_of(fmt)
+        self.in_features, self.out_features = in_features, out_features
+        self.activation = activation
+        self.quantize_activations = True   # off only while the quantization noise is measured
+        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=f.dtype()))
+        self.register_buffer("weight_scale", torch.ones((out_features, 1) if weight == "channel" else (),
+                                                         dtype=torch.float32))
+        if activation == "static":
+            self.register_buffer("input_scale", torch.ones((), dtype=torch.float32))
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+
+    @classmethod
+    def from_linear(cls, lin: nn.Linear, fmt: str | Fp8Format = "e4m3fn", weight: str = "channel",
+                    activation: str | None = "token", input_scale: float | None = None) -> Fp8Linear:
+        """``lin`` quantized: its weight to codes and scales, its bias kept in its own dtype."""
+        m = cls(lin.in_features, lin.out_features, bias=lin.bias is not None, fmt=fmt, weight=weight,
+                activation=activation)
+        codes, scale = quantize_weight(lin.weight, fmt, weight)
+        m.weight, m.weight_scale = codes.to(lin.weight.device), scale.to(lin.weight.device)
+        if activation == "static":
+            if input_scale is None:
+                raise InvalidArgument("activation='static' needs input_scale= (the calibrated activation "
+                                      "amax divided by the format's max)")
+            m.input_scale = torch.tensor(float(input_scale), dtype=torch.float32, device=lin.weight.device)
+        if lin.bias is not None:
+            assert m.bias is not None
+            m.bias = nn.Parameter(lin.bias.detach().clone())
+        return m
+
+    @property
+    def format(self) -> Fp8Format:
+        return fp8_format(self.weight.dtype)
+
+    def extra_repr(self) -> str:
+        scheme = "channel" if self.weight_scale.dim() else "tensor"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, fmt={self.format.name}, "
+                f"weight={scheme}, activation={self.activation}")
+
+    def dequantized_weight(self, dtype: Any) -> torch.Tensor:
+        """codes x scale, computed in ``dtype`` (exact in float32 and float64)."""
+        return self.weight.to(dtype) * self.weight_scale.to(dtype)
+
+    def activation_scale(self, x: torch.Tensor) -> torch.Tensor:
+        """The scale the activation ``x`` (2-D, in the computing dtype) is divided by."""
+        fmax = self.format.max
+        if self.activation == "static":
+            return self.input_scale.to(x.dtype)
+        amax = x.abs().amax(dim=-1, keepdim=True) if self.activation == "token" else x.abs().amax()
+        return amax.clamp(min=_AMAX_FLOOR) / fmax
+
+    def quantize_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(codes, scale) of a 2-D activation, saturated to the format's range."""
+        fmax = self.format.max
+        s = self.activation_scale(x)
+        return (x / s).clamp(-fmax, fmax).to(self.weight.dtype), s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        wide = torch.float64 if x.dtype == torch.float64 else torch.float32
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1])
+        if self.activation is None or not self.quantize_activations:
+            y = nn.functional.linear(x2, self.dequantized_weight(wide).to(x.dtype))
+        else:
+            q, s = self.quantize_input(x2.to(wide))
+            y = self._gemm(q, s, x.dtype, wide)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*lead, self.out_features)
+
+    def _gemm(self, q: torch.Tensor, s: torch.Tensor, out_dtype: Any, wide: Any) -> torch.Tensor:
+        if _native_gemm(q, self.weight, out_dtype):
+            m, n = q.shape[0], self.weight.shape[0]
+            rowwise = s.dim() > 0 or self.weight_scale.dim() > 0
+            sa = s.to(torch.float32).expand(m, 1).contiguous() if rowwise else s.to(torch.float32)
+            sb = (self.weight_scale.reshape(1, -1).expand(1, n).contiguous() if rowwise
+                  else self.weight_scale.to(torch.float32))
+            return torch._scaled_mm(q, self.weight.t(), scale_a=sa, scale_b=sb, out_dtype=out_dtype)
+        acc = q.to(wide) @ self.weight.to(wide).t()
+        return (acc * s.to(wide) * self.weight_scale.to(wide).reshape(1, -1)).to(out_dtype)
+
+
+def _native_gemm(q: torch.Tensor, w: torch.Tensor, out_dtype: Any) -> bool:
+    """Whether the device's own FP8 GEMM runs this product: a GPU that multiplies this format,
+    dimensions in multiples of 16 and an output dtype the kernel writes (rowwise scales need bf16)."""
+    if not q.is_cuda or out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return False
+    from pytest_rocm_parity.quant.formats import device_fp8_formats
+
+    props = torch.cuda.get_device_properties(q.device)
+    arch = getattr(props, "gcnArchName", "") if torch.version.hip else f"{props.major}.{props.minor}"
+    if fp8_format(w.dtype).name not in device_fp8_formats(arch):
+        return False
+    return q.shape[1] % 16 == 0 and w.shape[0] % 16 == 0
+
+
+def fp8_modules(model: nn.Module) -> Iterator[tuple[str, Fp8Linear]]:
+    for name, mod in model.named_modules():
+        if isinstance(mod, Fp8Linear):
+            yield name, mod
+
+
+def quantize_model(model: nn.Module, fmt: str | Fp8Format = "e4m3fn", *, weight: str = "channel",
+                   activation: str | None = "token", skip: Iterable[str] = ("lm_head",),
+                   input_scales: dict[str, float] | None = None) -> nn.Module:
+    """Replace every nn.Linear of ``model`` (in place) by an Fp8Linear, except those whose name or
+    last name component is in ``skip`` (the lm_head, which FP8 checkpoints keep in bf16).
+    ``input_scales``: per-module static activation scales, for activation="static"."""
+    skip = set(skip)
+    targets = [(n, m) for n, m in model.named_modules()
+               if type(m) is nn.Linear and n not in skip and n.rsplit(".", 1)[-1] not in skip]
+    if not targets:
+        raise InvalidArgument(f"quantize_model: {type(model).__name__} has no nn.Linear outside skip={sorted(skip)}")
+    for name, lin in targets:
+        scale = (input_scales or {}).get(name)
+        if activation == "static" and scale is None:
+            raise InvalidArgument(f"quantize_model: activation='static' needs input_scales[{name!r}] (its "
+                                  f"calibrated activation amax divided by the format's max)")
+        q = Fp8Linear.from_linear(lin, fmt, weight, activation, scale)
+        parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
+        setattr(parent, name.rsplit(".", 1)[-1], q)
+    return model
+
+
+def ocp_to_fnuz(codes: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An OCP tensor (codes, scale) as the FNUZ tensor of the same values: the bytes kept, OCP's
+    negative zero (0x80, FNUZ's NaN) made zero, the scale doubled (FNUZ's exponent bias is one
+    higher, so each byte means half). What vLLM's normalize_e4m3fn_to_e4m3fnuz does."""
+    f = fp8_format(codes.dtype)
+    if f.family != "ocp":
+        raise InvalidArgument(f"ocp_to_fnuz: codes are {f.name}, already FNUZ")
+    bits = codes.view(torch.int8).clone()
+    bits[bits == -128] = 0
+    return bits.view(f.counterpart.dtype()), scale * 2
+
+
+def convert_to_fnuz(model: nn.Module) -> nn.Module:
+    """Every OCP Fp8Linear of ``model`` converted to FNUZ in place (the MI300 path): codes by
+    ocp_to_fnuz, weight and static input scales doubled."""
+    for _name, mod in fp8_modules(model):
+        if mod.format.family == "ocp":
+            mod.weight, mod.weight_scale = ocp_to_fnuz(mod.weight, mod.weight_scale)
+            if mod.activation == "static":
+                mod.input_scale = mod.input_scale * 2
+    return model
+
+
+@contextlib.contextmanager
+def activations_unquantized(model: nn.Module) -> Iterator[bool]:
+    """Every quantized module of ``model`` computing on its unquantized activation (its weight still
+    the codes times scales); yields whether the model has any activation quantization to turn off.
+
+    A module takes part by having a boolean ``quantize_activations`` attribute (Fp8Linear has one),
+    so a serving stack's own FP8 layer can expose the same switch."""
+    mods = [m for m in model.modules() if isinstance(getattr(m, "quantize_activations", None), bool)
+            and getattr(m, "activation", "") is not None]
+    for m in mods:
+        m.quantize_activations = False
+    try:
+        yield bool(mods)
+    finally:
+        for m in mods:
+            m.quantize_activations = True
