@@ -13,6 +13,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from pytest_rocm_parity.quant.formats import FORMATS
+
 # RDNA (gfx10/11/12) and CDNA5 gfx1250 run wave32; CDNA/GCN (gfx9xx) run wave64.
 _WAVE32_PREFIXES = ("gfx10", "gfx11", "gfx12")
 
@@ -45,6 +47,7 @@ class BackendInfo:
     arch_list: tuple[str, ...] = ()
     settings: dict[str, Any] = field(default_factory=dict)
     error: str | None = None  # why torch could not be queried, when it could not
+    fp8_dtypes: tuple[str, ...] = ()  # the float8 dtypes this torch defines ("float8_e4m3fnuz", ...)
 
     @property
     def archs(self) -> tuple[str, ...]:
@@ -218,6 +221,7 @@ def backend_info() -> BackendInfo:
         arch_list=arch_list,
         settings=numerics_settings(torch),
         error=error,
+        fp8_dtypes=tuple(f.dtype_name for f in FORMATS.values() if hasattr(torch, f.dtype_name)),
     )
 
 

@@ -21,9 +21,11 @@ from typing import Any, Literal
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from pytest_rocm_parity.errors import InvalidArgument
 from pytest_rocm_parity.migration import compat
 from pytest_rocm_parity.migration.backend import BackendInfo, backend_info, wheel_rocm_tag
 from pytest_rocm_parity.migration.rocm_tools import ToolsReport, probe_tools
+from pytest_rocm_parity.quant.formats import FAMILY_FORMATS, FORMATS, native_fp8_family
 from pytest_rocm_parity.tables import text_table
 
 Status = Literal["ok", "warn", "fail"]
@@ -180,6 +182,64 @@ def check_devices(f: Facts) -> list[Check]:
     if len(info.archs) > 1:
         out.append(Check("devices", "warn", f"mixed archs {', '.join(info.archs)}: BLAS defaults and numerics differ per device",
                          "set HIP_VISIBLE_DEVICES to devices of one arch for parity runs"))
+    return out
+
+
+def _fp8_archs(f: Facts) -> tuple[list[str], str]:
+    """The archs whose FP8 formats to report, and where they came from: torch's devices, else the tools'."""
+    if f.info.archs:
+        return list(f.info.archs), ""
+    gpus = [g for g in (f.tools.gpus if f.tools else []) if g.gfx]
+    archs = list(dict.fromkeys(g.gfx.split(":")[0] for g in gpus if g.gfx))
+    return archs, (f"arch from {gpus[0].source}; torch sees no GPU" if gpus else "")
+
+
+def _formats_text(family: str) -> str:
+    return ", ".join(f"{FORMATS[n].dtype_name} (max {FORMATS[n].max:g})" for n in FAMILY_FORMATS[family])
+
+
+def check_fp8(f: Facts) -> list[Check]:
+    """The FP8 format each GPU computes in: FNUZ on gfx94x (MI300), OCP on gfx950, gfx12 and sm_89+.
+
+    Why: an OCP checkpoint (float8_e4m3fn, max 448) served on MI300 must be converted; read as
+    FNUZ its bytes mean half the value (exponent bias 8, not 7). A missed conversion shifts the
+    model's numbers without crashing it, so the engineer should know the target's format first.
+    """
+    info = f.info
+    if info.torch_version is None:
+        return []
+    archs, source = _fp8_archs(f)
+    have = set(info.fp8_dtypes)
+    if not archs:
+        lacking = [fmt.dtype_name for fmt in FORMATS.values() if fmt.dtype_name not in have]
+        if lacking:
+            return [Check("fp8", "warn", f"no GPU visible; this torch lacks {', '.join(lacking)}: FP8 goldens in "
+                          "those formats cannot be replayed here", "upgrade torch (2.1 or later has all four float8 dtypes)")]
+        return [Check("fp8", "ok", "no GPU visible: the CPU has no FP8 matrix cores and emulates both families "
+                      "(torch has float8_e4m3fn, float8_e5m2, float8_e4m3fnuz, float8_e5m2fnuz)")]
+    out = []
+    for arch in archs:
+        name, where = f"fp8[{arch}]", f" ({source})" if source else ""
+        try:
+            family = native_fp8_family(arch)
+        except InvalidArgument:    # an arch string we cannot read ("unknown" when gcnArchName is empty)
+            out.append(Check(name, "ok", f"{arch}: FP8 format unknown (not a gfx name or sm_XY capability){where}"))
+            continue
+        if family is None:
+            out.append(Check(name, "ok", f"{arch}: no FP8 matrix cores; FP8 models run emulated (upcast before "
+                             f"the matmul), so their numbers are not an FP8 GEMM's{where}"))
+            continue
+        other = "OCP" if family == "fnuz" else "FNUZ"
+        conversion = ("same bytes mean half the value here, so double the scales (vLLM: normalize_e4m3fn_to_e4m3fnuz)"
+                      if family == "fnuz" else "same bytes mean twice the value here, so halve the scales")
+        detail = (f"{arch}: FP8 matrix cores in {family.upper()}: {_formats_text(family)}; "
+                  f"{other} checkpoints need converting: {conversion}{where}")
+        lacking = [FORMATS[n].dtype_name for n in FAMILY_FORMATS[family] if FORMATS[n].dtype_name not in have]
+        if lacking:
+            out.append(Check(name, "warn", f"{detail}; this torch lacks {', '.join(lacking)}",
+                             "upgrade torch (2.1 or later has all four float8 dtypes)"))
+        else:
+            out.append(Check(name, "ok", detail))
     return out
 
 
@@ -495,7 +555,7 @@ def _build_stats_kernel(arch: str) -> tuple[Status, str, str]:
 
 
 CHECKS: tuple[Callable[[Facts], list[Check]], ...] = (
-    check_backend, check_devices, check_visible_devices, check_rocm_arch,
+    check_backend, check_devices, check_fp8, check_visible_devices, check_rocm_arch,
     check_versions, check_triton_kernels, check_tools, check_memory, check_numerics,
 )
 
@@ -562,8 +622,6 @@ def add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_doctor(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
-        from pytest_rocm_parity.errors import InvalidArgument  # noqa: PLC0415
-
         raise InvalidArgument(f"--timeout must be positive, got {args.timeout!r}")
     facts = gather_facts(run_tools=not args.no_tools, timeout=args.timeout)
     checks = run_checks(facts)

@@ -37,6 +37,12 @@ def test_rocm_detected_from_version_hip_and_arch_stripped(monkeypatch: pytest.Mo
     assert (dev.arch, dev.arch_full, dev.warp_size, dev.warp_size_source) == ("gfx942", "gfx942:sramecc+:xnack-", 64, "props")
 
 
+def test_fp8_dtypes_are_the_ones_this_torch_defines(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert backend.backend_info().fp8_dtypes == ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+    monkeypatch.delattr(torch, "float8_e5m2fnuz")
+    assert backend.backend_info().fp8_dtypes == ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz")
+
+
 def test_cuda_build_with_gcnarchname_is_not_rocm(monkeypatch: pytest.MonkeyPatch) -> None:
     """CUDA builds expose gcnArchName (the device name): presence must not mean ROCm."""
     fake_gpus(monkeypatch, H100, hip=None, cuda="12.4", version="2.6.0+cu124")

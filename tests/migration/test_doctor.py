@@ -66,6 +66,64 @@ def test_triton_builds_the_statistics_kernel_for_each_visible_arch(monkeypatch: 
     assert c.status == "warn" and "unsupported target: 'gfx1999'" in c.detail and "torch ops" in c.fix, c
 
 
+@pytest.mark.parametrize(("props", "cuda", "name", "phrases"), [
+    (MI300X, None, "fp8[gfx942]", ("FNUZ: float8_e4m3fnuz (max 240), float8_e5m2fnuz (max 57344)",
+                                   "OCP checkpoints need converting", "double the scales")),
+    (MI350X, None, "fp8[gfx950]", ("OCP: float8_e4m3fn (max 448), float8_e5m2 (max 57344)", "halve the scales")),
+    (H100, "12.4", "fp8[sm_90]", ("OCP: float8_e4m3fn (max 448)",)),
+    (dict(H100, name="NVIDIA L40S", major=8, minor=9), "12.4", "fp8[sm_89]", ("OCP",)),
+    (MI250X, None, "fp8[gfx90a]", ("no FP8 matrix cores", "emulated")),
+    (dict(H100, name="NVIDIA A100-SXM4-80GB", major=8, minor=0), "12.4", "fp8[sm_80]", ("no FP8 matrix cores",)),
+])
+def test_fp8_formats_of_the_device(monkeypatch: pytest.MonkeyPatch, props: dict[str, Any], cuda: str | None,
+                                   name: str, phrases: tuple[str, ...]) -> None:
+    if cuda:
+        patch_torch(monkeypatch, props, hip=None, cuda=cuda, version="2.6.0+cu124")
+    else:
+        patch_torch(monkeypatch, props)
+    c = by_name(doctor.check_fp8(facts()), name)
+    assert c.status == "ok" and all(p in c.detail for p in phrases), c
+    assert doctor.CHECKS.index(doctor.check_fp8) == doctor.CHECKS.index(doctor.check_devices) + 1   # under the devices
+
+
+def test_fp8_warns_when_torch_lacks_the_devices_dtypes(monkeypatch: pytest.MonkeyPatch) -> None:
+    patch_torch(monkeypatch, MI300X)
+    monkeypatch.delattr(torch, "float8_e4m3fnuz")
+    c = by_name(doctor.check_fp8(facts()), "fp8[gfx942]")
+    assert c.status == "warn" and "lacks float8_e4m3fnuz" in c.detail and "upgrade torch" in c.fix, c
+    # an OCP device does not need the FNUZ dtype
+    patch_torch(monkeypatch, H100, hip=None, cuda="12.4", version="2.6.0+cu124")
+    assert by_name(doctor.check_fp8(facts()), "fp8[sm_90]").status == "ok"
+
+
+def test_fp8_of_a_cpu_candidate() -> None:
+    (c,) = [c for c in doctor.check_fp8(facts()) if c.name.startswith("fp8")]
+    assert c.name == "fp8" and c.status == "ok" and "emulates both families" in c.detail, c
+
+
+@pytest.mark.parametrize(("recording", "parse", "name", "family"), [
+    ("rocminfo_mi300x.txt", rocm_tools.rocminfo_gpus, "fp8[gfx942]", "FNUZ"),
+    ("rocminfo_mi250x.txt", rocm_tools.rocminfo_gpus, "fp8[gfx90a]", "no FP8 matrix cores"),
+    ("amd_smi_static_asic_mi350x.json", rocm_tools.amd_smi_gpus, "fp8[gfx950]", "OCP"),
+])
+def test_fp8_from_the_system_tools_when_torch_sees_no_gpu(monkeypatch: pytest.MonkeyPatch, recording: str,
+                                                          parse: Any, name: str, family: str) -> None:
+    """A CPU torch on an AMD machine: the formats come from the tools' recorded output."""
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    report = rocm_tools.ToolsReport(gpus=parse((REC / recording).read_text()))
+    (c,) = doctor.check_fp8(facts(tools=report))
+    source = "amd-smi" if "amd_smi" in recording else "rocminfo"
+    assert c.name == name and family in c.detail and f"arch from {source}; torch sees no GPU" in c.detail, c
+
+
+def test_fp8_of_an_unreadable_arch(monkeypatch: pytest.MonkeyPatch) -> None:
+    patch_torch(monkeypatch, dict(MI300X, gcnArchName=""))
+    c = by_name(doctor.check_fp8(facts()), "fp8[unknown]")
+    assert c.status == "ok" and "FP8 format unknown" in c.detail
+
+
 def test_cuda_build_is_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     patch_torch(monkeypatch, H100, hip=None, cuda="12.4", version="2.6.0+cu124")
     checks = doctor.run_checks(facts({"HIP_VISIBLE_DEVICES": "0"}))
