@@ -32,11 +32,13 @@ class Rule:
     confidence: float    # the z of the ratio's lower bound, as reported
     k: float             # propagated: Dynamo's multiplier
     floor: float         # propagated: the rung's unit roundoff, the additive floor per unit of RMS
+    quant_noise: float = 3.0   # both: allowed error in units of a leaf's activation-quantization noise
 
     @classmethod
     def of(cls, tol: Tolerance, rung: str) -> Rule:
         """``tol`` as resolved for the layer already (Tolerance.for_layer)."""
-        return cls(tol.ratio_for(rung), tol.z, tol.confidence, tol.propagated_for(rung), tol.unit_roundoff(rung))
+        return cls(tol.ratio_for(rung), tol.z, tol.confidence, tol.propagated_for(rung), tol.unit_roundoff(rung),
+                   tol.quant_noise)
 
     def failure(self, m: LeafMetrics, isolated: bool) -> str:
         """'' if the leaf passes, else the reason."""
@@ -46,6 +48,14 @@ class Rule:
             return m.note if m.mismatches else ""
         if m.nonfinite:
             return m.note
+        if m.noise > m.err_ref:
+            # the candidate quantizes its activations on another grid: its own quantization noise is
+            # allowed, neither the sign test (it is always farther) nor the reference's rounding applies
+            ratio = m.err_cand / m.noise
+            if ratio > self.quant_noise:
+                return (f"{'isolated' if isolated else 'propagated'} error {ratio:.3g}x the activation-quantization "
+                        f"noise (budget {self.quant_noise:g}x)")
+            return ""
         if isolated:
             if m.ratio_lo > self.budget and m.z > self.z:
                 return (f"isolated error {m.ratio:.3g}x the reference's (>= {m.ratio_lo:.3g}x at "

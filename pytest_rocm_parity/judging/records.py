@@ -31,6 +31,7 @@ class LeafMetrics:
     first_nonfinite: list[int] | None = None
     mismatches: int = 0          # exact kinds: differing elements
     note: str = ""
+    noise: float = 0.0           # activation-quantization noise RMS the candidate may add (quant/allowance.py)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

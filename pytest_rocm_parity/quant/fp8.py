@@ -47,6 +47,11 @@ def _format_of(fmt: str | Fp8Format) -> Fp8Format:
     return FORMATS[fmt]
 
 
+def frozen(t: torch.Tensor) -> nn.Parameter:
+    """A parameter that takes no gradient: quantized codes and scales are not trained."""
+    return nn.Parameter(t, requires_grad=False)
+
+
 def quantize_weight(w: torch.Tensor, fmt: str | Fp8Format = "e4m3fn",
                     scheme: str = "channel") -> tuple[torch.Tensor, torch.Tensor]:
     """(codes, scale) of a float weight: scale = amax / the format's max, per output channel (shape
@@ -80,9 +85,10 @@ class Fp8Linear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.activation = activation
         self.quantize_activations = True   # off only while the quantization noise is measured
-        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=f.dtype()))
-        self.register_buffer("weight_scale", torch.ones((out_features, 1) if weight == "channel" else (),
-                                                         dtype=torch.float32))
+        # parameters that take no gradient, as checkpoints hold them (and as Hugging Face's FP8
+        # layers register them): the model's weights, in the order and place an nn.Linear's were
+        self.weight = frozen(torch.zeros(out_features, in_features, dtype=f.dtype()))
+        self.weight_scale = frozen(torch.ones((out_features, 1) if weight == "channel" else (), dtype=torch.float32))
         if activation == "static":
             self.register_buffer("input_scale", torch.ones((), dtype=torch.float32))
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
@@ -94,7 +100,7 @@ class Fp8Linear(nn.Module):
         m = cls(lin.in_features, lin.out_features, bias=lin.bias is not None, fmt=fmt, weight=weight,
                 activation=activation)
         codes, scale = quantize_weight(lin.weight, fmt, weight)
-        m.weight, m.weight_scale = codes.to(lin.weight.device), scale.to(lin.weight.device)
+        m.weight, m.weight_scale = frozen(codes.to(lin.weight.device)), frozen(scale.to(lin.weight.device))
         if activation == "static":
             if input_scale is None:
                 raise InvalidArgument("activation='static' needs input_scale= (the calibrated activation "
@@ -216,7 +222,8 @@ def convert_to_fnuz(model: nn.Module) -> nn.Module:
     ocp_to_fnuz, weight and static input scales doubled."""
     for _name, mod in fp8_modules(model):
         if mod.format.family == "ocp":
-            mod.weight, mod.weight_scale = ocp_to_fnuz(mod.weight, mod.weight_scale)
+            codes, scale = ocp_to_fnuz(mod.weight.detach(), mod.weight_scale.detach())
+            mod.weight, mod.weight_scale = frozen(codes), frozen(scale)
             if mod.activation == "static":
                 mod.input_scale = mod.input_scale * 2
     return model

@@ -39,7 +39,7 @@ from pytest_rocm_parity.runner.engine import (
 from pytest_rocm_parity.golden.store import FORMAT_VERSION, GoldenStore
 from pytest_rocm_parity.runner.selection import Selected, select
 from pytest_rocm_parity.runner.tree import constant_leaves, split_leaves, tensor_leaves
-from pytest_rocm_parity.runner.wrappers import cast_module, quantized_tensor_ids
+from pytest_rocm_parity.quant.storage import cast_module, quantized_tensor_ids
 
 # Where the float64 truth model is built: None decides by the device's free memory; True builds it
 # on the capture device, False through the host (tests compare the two routes).
@@ -719,7 +719,7 @@ def _quantized_storage(m: Any, tensors: dict[str, Any]) -> dict[str, Any]:
     """The reference's quantized weights and scales (wrappers.quantized_storage), stored dtype-exact
     under quant/<module>/<tensor>: a replay tells from them whether the candidate's weights mean the
     same values (docs/fp8.md). {module: {"tensors": {name: key}, "format", "activation"}}."""
-    from pytest_rocm_parity.runner.wrappers import quantized_storage
+    from pytest_rocm_parity.quant.storage import scheme, quantized_storage
 
     out: dict[str, Any] = {}
     for mname, mod in m.named_modules():
@@ -730,10 +730,9 @@ def _quantized_storage(m: Any, tensors: dict[str, Any]) -> dict[str, Any]:
         keys = {n: f"quant/{mname}/{n}" for n in names}
         for n, k in keys.items():
             tensors[k] = own[n].detach().to("cpu", copy=True).contiguous()
-        codes = next(n for n in names if own[n].element_size() == 1)
-        act = getattr(mod, "activation", None)
-        out[mname] = {"tensors": keys, "codes": codes, "format": str(own[codes].dtype).removeprefix("torch."),
-                      "activation": act if isinstance(act, str) else None}
+        fmt, act = scheme(mod) or ("", None)
+        out[mname] = {"tensors": keys, "codes": next(n for n in names if own[n].element_size() == 1),
+                      "format": fmt, "activation": act}
     return out
 
 

@@ -18,7 +18,7 @@ from pytest_rocm_parity.judging import dtypes as dt
 from pytest_rocm_parity.errors import InvalidArgument
 from pytest_rocm_parity.judging.tolerance import Tolerance
 from pytest_rocm_parity.runner.tree import map_tensors
-from pytest_rocm_parity.runner.wrappers import cast_module, quantized_tensor_ids
+from pytest_rocm_parity.quant.storage import cast_module, quantized_tensor_ids
 
 if TYPE_CHECKING:   # selection imports the walk and the numerics from here at run time
     from pytest_rocm_parity.runner.selection import Selected

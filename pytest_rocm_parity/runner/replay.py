@@ -37,6 +37,8 @@ from pytest_rocm_parity.judging.records import CheckResult, LayerRecord, LeafMet
 from pytest_rocm_parity.runner.selection import Selected, select
 from pytest_rocm_parity.judging.tolerance import Tolerance
 from pytest_rocm_parity.runner.tree import constant_leaves, map_tensors, tensor_leaves
+from pytest_rocm_parity.quant.allowance import noise_allowance
+from pytest_rocm_parity.quant.storage import quantized_tensor_ids
 from pytest_rocm_parity.runner.wrappers import cast_in_place, training_modules, unwrap
 
 
@@ -139,7 +141,9 @@ def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, An
     problems = []
     if not same_structure(model, old):
         problems.append("the model's structure (module names, parameter names or shapes) changed")
-    elif fp.get("weights") != old.get("weights"):
+    elif fp.get("weights") != old.get("weights") and not _quantized(model, manifest):
+        # a quantized model's weights are its codes times scales in a format of the candidate's
+        # choosing: judged by what they mean (quant/diagnosis.py), not matched by value
         problems.append("the model's weights changed")
     selected = [s.name for s in select(model, spec.layers, spec.drill)]
     old_layers = [l["name"] for l in manifest.get("layers", [])]
@@ -155,6 +159,11 @@ def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, An
     if problems:
         raise GoldenStale(f"stale golden {golden_path} for {spec.name!r}: " + "; ".join(problems)
                           + f". Regenerate this model's golden on the reference machine: {regen}", golden_path)
+
+
+def _quantized(model: Any, manifest: dict[str, Any]) -> bool:
+    return (any(r.get("quant") for r in manifest.get("rungs", {}).values() if isinstance(r, dict))
+            or bool(quantized_tensor_ids(model.modules())))
 
 
 # Hugging Face call flags that change which optional outputs a model returns, not what it computes
@@ -293,8 +302,10 @@ class _Judge:
     before any later write.
     """
 
-    def __init__(self, rung: str, u: float, valid: Any, obtained: dict[str, Any] | None) -> None:
+    def __init__(self, rung: str, u: float, valid: Any, obtained: dict[str, Any] | None,
+                 noise: dict[str, float] | None = None) -> None:
         self.rung, self.u, self.valid, self.obtained = rung, u, valid, obtained
+        self.noise = noise or {}   # tag -> activation-quantization noise allowed (quant/allowance.py)
         # (sink, index, leaf, stats or None for the batched launch, c, ref, res, tolerance, isolated, tag)
         self.items: list[tuple[list[Any], int, str, Any, Any, Any, Any, Tolerance, bool, str]] = []
 
@@ -327,6 +338,7 @@ class _Judge:
                  and not (c.is_complex() or ref.is_complex() or res.is_complex()))
         if not quick:
             sink.append(residual_metrics(leaf, c, ref, res, self.u, tol.confidence, tol.nan))
+            sink[-1].noise = self.noise.get(tag, 0.0)
             self.keep_if_failing(sink[-1], c, tol, isolated, tag)
             return
         sink.append(None)
@@ -380,6 +392,7 @@ class _Judge:
         for (sink, i, leaf, _st, c, ref, res, tol, isolated, tag), m in zip(self.items, done):
             if m is None:   # a sum met a NaN/Inf: the masked float64 path
                 m = residual_metrics(leaf, c, ref, res, self.u, tol.confidence, tol.nan)
+            m.noise = self.noise.get(tag, 0.0)
             sink[i] = m
             self.keep_if_failing(m, c, tol, isolated, tag)
         self.items.clear()
@@ -466,22 +479,40 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
     args, kwargs = stored_inputs()
     valid = valid_positions(args, kwargs)
     obtained: dict[str, Any] | None = {} if spec.report_dir is not None else None
-    judge = _Judge(rung, tol.unit_roundoff(rung), valid, obtained)
+    judge = _Judge(rung, tol.unit_roundoff(rung), valid, obtained, noise_allowance(meta, inner))
     prop: dict[str, list[LeafMetrics]] = {}
     iso: dict[str, list[LeafMetrics]] = {}
     notes: list[str] = []
     optional: dict[str, list[str]] = {}
     pos_err: dict[str, tuple[Any, Any]] = {}
 
+    # per (call key, truth prefix): (leaf, reference, truth residual or None/"" as judge.leaf takes it,
+    # truth key, tag), looked up once per pass rather than once per module call
+    out_plans: dict[tuple[str, str], list[tuple[str, Any, Any, str, str]]] = {}
+
+    def out_plan(key: str, prefix: str) -> list[tuple[str, Any, Any, str, str]]:
+        plan = out_plans.get((key, prefix))
+        if plan is None:
+            kind = "isolated" if prefix == "truth" else "propagated"
+            plan = []
+            for p, gk in layers[key]["out"].items():
+                ref = reader.get(gk)
+                tname = f"{prefix}/{key}/{p}"
+                truth: Any = None
+                if ref.is_floating_point() or ref.is_complex():
+                    truth = reader.get(tname) if tname in reader.keys else ""
+                plan.append((p, ref, truth, tname, f"{key}/{p}/{kind}"))
+            out_plans[(key, prefix)] = plan
+        return plan
+
     def compare(key: str, out: Any, prefix: str, sink: dict[str, list[LeafMetrics]]) -> None:
-        e = layers.get(key)
-        if e is None:
+        if key not in layers:
             return
+        plan = out_plan(key, prefix)
         got = {"0": out} if isinstance(out, torch.Tensor) else tensor_leaves(out)
         res: list[Any] = []
         isolated = prefix == "truth"
-        for p, gk in e["out"].items():
-            ref = reader.get(gk)
+        for p, ref, truth, tname, tag in plan:
             c = got.get(p)
             if c is None:
                 if not optional_leaf(p):
@@ -490,12 +521,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
                 else:
                     optional.setdefault(p, []).append(key)
                 continue
-            tname = f"{prefix}/{key}/{p}"
-            truth: Any = None
-            if ref.is_floating_point() or ref.is_complex():
-                truth = reader.get(tname) if tname in reader.keys else ""
-            judge.leaf(res, p, c, ref, truth, tols[key], isolated,
-                       f"{key}/{p}/{'isolated' if isolated else 'propagated'}")
+            judge.leaf(res, p, c, ref, truth, tols[key], isolated, tag)
             if (spec.positions is not None and not isolated and not isinstance(truth, str) and truth is not None
                     and ref.dim() >= 2 and tuple(ref.shape[:2]) == spec.positions
                     and tuple(c.shape) == tuple(ref.shape) and not ref.is_complex() and key not in pos_err):
@@ -529,7 +555,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
             # one teacher-forced forward: the outermost level judged in isolation, in the candidate's
             # own (compiled) forward, and every call kept for the deeper levels
             _hooked_level(model, inner, selected, levels[0], layers, acts, golden, compare, iso, judge, notes,
-                          lambda: (args, kwargs), keep_call)
+                          lambda: (args, kwargs), keep_call if len(levels) > 1 else None)
             deeper = levels[1:]
         else:
             with Hooks(inner, selected, keep_call, on_prop):
