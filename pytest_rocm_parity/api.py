@@ -117,13 +117,20 @@ class Parity:
     def check_train(self, model: Any, inputs: Any, *, loss: Any = None, optimizer: Any = None, steps: int = 1,
                     name: str | None = None, dtypes: Sequence[str] | str | None = None,
                     layers: Sequence[str] | str | None = None, tolerance: Any = None,
-                    drill: int | None = None, sketch: int | bool | None = None) -> list[CheckResult]:
+                    drill: int | None = None, sketch: int | bool | None = None, clip_grad_norm: Any = None,
+                    accumulate: int = 1) -> list[CheckResult]:
         """Training parity: the loss, each selected module's gradients (of its output and of its own
         parameters) and, with ``optimizer``, every parameter's update after ``steps`` steps, judged
         against a float64 truth; the culprit is the smallest module whose own backward is out of
         bounds (docs/training.md). ``loss=None``: the model's own loss (labels in ``inputs``).
-        ``sketch=True`` (or a group size) keeps sketches of the gradients and updates, for models whose
-        full gradients are too large to keep; judged on the propagated step."""
+        ``optimizer``: a torch.optim class, a (class, kwargs) pair, or a factory given the
+        (name, parameter) pairs (parameter groups by name: no weight decay on norms and biases).
+        ``clip_grad_norm``: a maximum total norm, or the script's own clipping function of the
+        parameters, run before each optimizer step and judged with it. ``accumulate=k``: the inputs
+        split into k micro-batches along dim 0, one forward and backward each; ``loss`` returns each
+        micro-batch's share (the model's own loss is divided by k). ``sketch=True`` (or a group size)
+        keeps sketches of the gradients and updates, for models whose full gradients are too large to
+        keep; judged on the propagated step."""
         __tracebackhide__ = True
         from pytest_rocm_parity.runner.train import capture_train, replay_train
 
@@ -133,8 +140,10 @@ class Parity:
         store, device, env = self._session.store, self.device, self._session.env
         return self._run(spec,
                          lambda: capture_train(model, inputs, spec, store, device, loss, optimizer, steps,
-                                               overwrite=store.exists(spec.name), env=env),
-                         lambda: replay_train(model, inputs, spec, store, device, loss, optimizer, steps, env=env))
+                                               overwrite=store.exists(spec.name), env=env,
+                                               clip_grad_norm=clip_grad_norm, accumulate=accumulate),
+                         lambda: replay_train(model, inputs, spec, store, device, loss, optimizer, steps, env=env,
+                                              clip_grad_norm=clip_grad_norm, accumulate=accumulate))
 
     def compare_op(self, candidate: Any, reference: Any, *args: Any, **kwargs: Any) -> Any:
         """Fuzz-friendly operator check against a float64 CPU truth (see pytest_rocm_parity.fuzz.harness)."""

@@ -45,21 +45,85 @@ LOSS = "<loss>"
 OPTIMIZER = "optimizer"
 
 
-def optimizer_factory(optimizer: Any) -> Callable[[Any], Any] | None:
-    """``optimizer`` as a function of the parameters: a torch.optim class, a (class, kwargs) pair, or a
-    factory already."""
+def optimizer_factory(optimizer: Any) -> Callable[[list[tuple[str, Any]]], Any] | None:
+    """``optimizer`` as a function of the (name, parameter) pairs it trains: a torch.optim class or a
+    (class, kwargs) pair gets the parameters alone (any optimizer class takes them); a factory gets the
+    pairs, so that it can build parameter groups by name (no weight decay on norms and biases) as a
+    training script does with ``model.named_parameters()``."""
     if optimizer is None:
         return None
     if isinstance(optimizer, tuple) and len(optimizer) == 2 and isinstance(optimizer[1], dict):
         cls, kw = optimizer
-        return lambda params: cls(params, **kw)
-    if isinstance(optimizer, type) or callable(optimizer):
-        return lambda params: optimizer(params)
+        return lambda named: cls([p for _, p in named], **kw)
+    if isinstance(optimizer, type):
+        return lambda named: optimizer([p for _, p in named])
+    if callable(optimizer):
+        return lambda named: optimizer(list(named))
     raise InvalidArgument(f"optimizer={optimizer!r}: give a torch.optim class (torch.optim.AdamW), a pair "
-                          f"(torch.optim.AdamW, {{'lr': 1e-3}}) or a function of the parameters")
+                          f"(torch.optim.AdamW, {{'lr': 1e-3}}) or a function of the (name, parameter) pairs")
 
 
-def _loss_of(out: Any, loss: Callable[[Any], Any] | None) -> Any:
+def describe(obj: Any) -> str | None:
+    """The manifest's words for an optimizer or a clipping function: a function by its qualified name
+    (its repr holds an address, which would change the golden's bytes on every capture)."""
+    if obj is None:
+        return None
+    if callable(obj) and not isinstance(obj, type) and hasattr(obj, "__qualname__"):
+        return f"{getattr(obj, '__module__', '?')}.{obj.__qualname__}"
+    return repr(obj)
+
+
+def gradient_clipper(clip_grad_norm: Any, optimizer: Any) -> Callable[[list[Any]], Any] | None:
+    """``clip_grad_norm`` as a function of the parameters, run on their gradients before each optimizer
+    step: a maximum norm (torch.nn.utils.clip_grad_norm_, the total 2-norm) or the training script's
+    own clipping function."""
+    if clip_grad_norm is None:
+        return None
+    if optimizer is None:
+        raise InvalidArgument(f"clip_grad_norm={clip_grad_norm!r}: clipping is judged through the optimizer's "
+                              f"update; give optimizer= too (torch.optim.SGD, {{'lr': 0.1}})")
+    if isinstance(clip_grad_norm, bool) or not (isinstance(clip_grad_norm, (int, float)) or callable(clip_grad_norm)):
+        raise InvalidArgument(f"clip_grad_norm={clip_grad_norm!r}: give the maximum total norm (1.0) or a "
+                              f"function that clips the gradients of the parameters it is given, in place")
+    if callable(clip_grad_norm):
+        return clip_grad_norm   # type: ignore[no-any-return]
+    if not clip_grad_norm > 0:
+        raise InvalidArgument(f"clip_grad_norm={clip_grad_norm!r}: the maximum norm must be positive")
+
+    def clip(params: list[Any]) -> Any:
+        import torch
+
+        return torch.nn.utils.clip_grad_norm_(params, float(clip_grad_norm))
+    return clip
+
+
+def micro_batches(args: Any, kwargs: Any, accumulate: int) -> list[tuple[Any, Any]]:
+    """The inputs split into ``accumulate`` micro-batches along dim 0 (every tensor input; other values
+    passed to each), as a gradient-accumulation loop feeds them."""
+    if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
+        raise InvalidArgument(f"accumulate={accumulate!r}: the number of micro-batches, an integer of at least 1")
+    if accumulate == 1:
+        return [(args, kwargs)]
+    leaves = tensor_leaves({"args": args, "kwargs": kwargs})
+    sizes = {p: (int(t.shape[0]) if t.dim() else None) for p, t in leaves.items()}
+    batch = {n for n in sizes.values() if n is not None}
+    if len(batch) != 1 or next(iter(batch)) % accumulate or any(n is None for n in sizes.values()):
+        raise InvalidArgument(f"accumulate={accumulate}: every tensor input is split along its first dimension "
+                              f"into {accumulate} micro-batches, so all need one batch size divisible by "
+                              f"{accumulate}; got first dimensions {sizes}")
+    n = next(iter(batch)) // accumulate
+    out = []
+    for i in range(accumulate):
+        def rows(_path: str, t: Any, lo: int = i * n) -> Any:
+            return t[lo:lo + n]
+        part = map_tensors({"args": args, "kwargs": kwargs}, rows)
+        out.append((tuple(part["args"]), part["kwargs"]))
+    return out
+
+
+def _loss_of(out: Any, loss: Callable[[Any], Any] | None, accumulate: int = 1) -> Any:
+    """The loss to backpropagate: ``loss(out)`` (with accumulation, the micro-batch's share, as the
+    training loop returns it), else the model's own loss divided by the number of micro-batches."""
     if loss is not None:
         return loss(out)
     value = getattr(out, "loss", None)
@@ -68,7 +132,21 @@ def _loss_of(out: Any, loss: Callable[[Any], Any] | None) -> Any:
     if value is None:
         raise InvalidArgument("loss=None uses the model's own loss (a Hugging Face model given labels in its "
                               "inputs); this model returned none: pass labels, or loss=a function of the outputs")
-    return value
+    return value / accumulate if accumulate > 1 else value
+
+
+def _backward(model: Any, micro: list[tuple[Any, Any]], loss: Callable[[Any], Any] | None) -> Any:
+    """Forward and backward of every micro-batch, the gradients accumulating in ``.grad``; the summed
+    loss (the full batch's, for a loss that divides as it should)."""
+    import torch
+
+    total = None
+    with torch.enable_grad():
+        for a, kw in micro:
+            value = _loss_of(model(*a, **kw), loss, len(micro))
+            value.backward()
+            total = value.detach() if total is None else total + value.detach()
+    return total
 
 
 def _first_float(tree: dict[str, Any]) -> str | None:
@@ -95,8 +173,9 @@ def _own_params(mod: Any, selected_names: set[str], name: str) -> dict[str, Any]
 
 
 class _Run:
-    """One forward and backward of a model with hooks: each selected call's golden input and call,
-    and the gradient flowing into its primary output."""
+    """One forward and backward of a model with hooks (one per micro-batch with accumulation): each
+    selected call's golden input and call, and the gradient flowing into its primary output. A module
+    called again (the next micro-batch) gets the next call key (Hooks.key: ``name#1``)."""
 
     def __init__(self, model: Any, selected: list[Selected]) -> None:
         self.model, self.selected = model, selected
@@ -106,7 +185,7 @@ class _Run:
         self.order: list[str] = []
 
     def forward_backward(self, args: Any, kwargs: Any, loss: Callable[[Any], Any] | None,
-                         swap: dict[str, Any] | None = None) -> Any:
+                         accumulate: int = 1) -> Any:
         import torch
 
         def pre(key: str, sel: Selected, a: Any, kw: Any) -> Any:
@@ -128,11 +207,8 @@ class _Run:
             self.calls[key] = (a, kw, xp, yp)
             leaves[yp].register_hook(lambda g, k=key: self.g.__setitem__(k, g.detach().clone()))
 
-        with torch.enable_grad(), Hooks(self.model, self.selected, pre, post):
-            out = self.model(*args, **kwargs)
-            value = _loss_of(out, loss)
-            value.backward()
-        return value.detach()
+        with Hooks(self.model, self.selected, pre, post):
+            return _backward(self.model, micro_batches(args, kwargs, accumulate), loss)
 
 
 def isolated_backward(mod: Any, call: tuple[Any, Any, str, str], x: Any, g: Any,
@@ -165,29 +241,34 @@ def _prepared(model: Any, device: Any, dtype: Any) -> Any:
 
 
 def _steps(m: Any, args: Any, kwargs: Any, loss: Any, factory: Callable[[Any], Any], steps: int,
-           first: Any) -> dict[str, Any]:
-    """Parameter updates after ``steps`` optimizer steps (the first on the gradients already there)."""
-    import torch
-
+           clip: Callable[[list[Any]], Any] | None = None, accumulate: int = 1) -> dict[str, Any]:
+    """Parameter updates after ``steps`` optimizer steps (the first on the gradients already there),
+    each after the clipping, each later one on a fresh accumulation over the micro-batches."""
     before = {n: p.detach().clone() for n, p in m.named_parameters()}
-    opt = factory(list(m.parameters()))
+    opt = factory([(n, p) for n, p in m.named_parameters() if p.requires_grad])
+    micro = micro_batches(args, kwargs, accumulate)
     for i in range(steps):
         if i:
             opt.zero_grad(set_to_none=True)
-            with torch.enable_grad():
-                _loss_of(m(*args, **kwargs), loss).backward()
+            _backward(m, micro, loss)
+        if clip is not None:
+            clip([p for p in m.parameters() if p.grad is not None])
         opt.step()
     return {n: (p.detach() - before[n]) for n, p in m.named_parameters()}
 
 
-def _one_step(params: dict[str, Any], grads: dict[str, Any], factory: Callable[[Any], Any]) -> dict[str, Any]:
-    """The update one optimizer step makes from ``params`` with gradients ``grads`` (copies)."""
+def _one_step(params: dict[str, Any], grads: dict[str, Any], factory: Callable[[Any], Any],
+              clip: Callable[[list[Any]], Any] | None = None) -> dict[str, Any]:
+    """The update one optimizer step (after the clipping) makes from ``params`` with gradients ``grads``
+    (copies; the factory gets their full names)."""
     import torch
 
     ps = {n: torch.nn.Parameter(p.detach().clone()) for n, p in params.items()}
     for n, p in ps.items():
         p.grad = grads[n].detach().clone().to(p.dtype)
-    factory(list(ps.values())).step()
+    if clip is not None:
+        clip(list(ps.values()))
+    factory(list(ps.items())).step()
     return {n: (ps[n].detach() - params[n].detach()) for n in ps}
 
 
@@ -199,8 +280,13 @@ def _residual(truth: Any, ref: Any, rdt: Any) -> Any:
 
 def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device: str,
                   loss: Callable[[Any], Any] | None = None, optimizer: Any = None, steps: int = 1,
-                  overwrite: bool = False, env: dict[str, Any] | None = None) -> dict[str, Any]:
+                  overwrite: bool = False, env: dict[str, Any] | None = None, clip_grad_norm: Any = None,
+                  accumulate: int = 1) -> dict[str, Any]:
     """Record the training golden of every rung of ``spec`` and write it; returns the manifest.
+
+    With ``accumulate`` the step runs over that many micro-batches (the golden: the full batch's
+    gradients of a correct accumulation, every module call of every micro-batch); with
+    ``clip_grad_norm`` the gradients are clipped before each optimizer step.
 
     With ``spec.sketch`` (a group size) every gradient and update is kept as a CountSketch of it and
     of its float64 truth (golden/sketch.py; tensors of up to 64 groups whole): a fraction of the size,
@@ -215,7 +301,9 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
         raise InvalidArgument(f"steps={steps!r}: at least one optimizer step")
     inner = unwrap(model)
     factory = optimizer_factory(optimizer)
+    clip = gradient_clipper(clip_grad_norm, optimizer)
     args0, kwargs0 = normalize_inputs(inputs)
+    micro_batches(args0, kwargs0, accumulate)   # refuse inputs that do not split before any work
     selected = select(inner, spec.layers, spec.drill)
     manifest: dict[str, Any] = {
         "format": FORMAT_VERSION, "kind": "train", "name": spec.name, "test": spec.test, "tool_version": __version__,
@@ -223,7 +311,8 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
         "model_class": type(inner).__name__, "seed": int(torch.initial_seed()), "dtypes": list(spec.dtypes),
         "layers": [{"name": s.name, "level": s.level, "primary": s.primary} for s in selected],
         "drill": spec.drill, "layer_patterns": list(spec.layers) if spec.layers else None,
-        "sketch": int(spec.sketch or 0), "steps": steps, "optimizer": repr(optimizer) if optimizer is not None else None,
+        "sketch": int(spec.sketch or 0), "steps": steps, "accumulate": accumulate,
+        "optimizer": describe(optimizer), "clip_grad_norm": describe(clip_grad_norm),
         "reference_env": env or collect_env(str(home_device(inner, device))), "rungs": {},
     }
     names = {s.name for s in selected}
@@ -238,12 +327,12 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
                 t[f"input/{p}"] = v.detach().to("cpu", copy=True).contiguous()
             ref = _prepared(inner, device, dtype)
             run = _Run(ref, selected)
-            t["loss"] = run.forward_backward(args, kwargs, loss).to("cpu").reshape(1)
+            t["loss"] = run.forward_backward(args, kwargs, loss, accumulate).to("cpu").reshape(1)
             # the float64 truth: the same weights (rounded to the rung), in float64 arithmetic
             tm = copy.deepcopy(ref).to(torch.float64)
             targs, tkwargs = cast_inputs(args, kwargs, torch.float64, device)
             truth = _Run(tm, selected)
-            t["gtruth/loss"] = _residual(truth.forward_backward(targs, tkwargs, loss).reshape(1), t["loss"], rdt)
+            t["gtruth/loss"] = _residual(truth.forward_backward(targs, tkwargs, loss, accumulate).reshape(1), t["loss"], rdt)
             if spec.sketch:
                 manifest["rungs"][rung] = _sketched(t, run, truth, ref, tm, selected, names, factory, args, kwargs,
                                                     targs, tkwargs, loss, steps, int(spec.sketch))
@@ -272,7 +361,8 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
             tparams = dict(tm.named_parameters())
             for pn, p in params.items():
                 if p.grad is not None and tparams[pn].grad is not None:
-                    t[f"pg/{pn}"] = p.grad.detach().to("cpu").contiguous()
+                    # a copy: the optimizer's steps below clip .grad in place (to("cpu") of a CPU tensor is itself)
+                    t[f"pg/{pn}"] = p.grad.detach().to("cpu", copy=True).contiguous()
                     t[f"gtruth/pg/{pn}"] = _residual(tparams[pn].grad, p.grad, rdt)
             meta: dict[str, Any] = {"layers": layers, "order": [e["key"] for e in layers],
                                     "outputs": {"out": {"loss": "loss"}}, "truth_encoding": "residual",
@@ -280,11 +370,11 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
             if factory is not None:
                 grads = {pn: p.grad.detach().clone() for pn, p in params.items() if p.grad is not None}
                 w = {pn: params[pn].detach().clone() for pn in grads}
-                iupd = _one_step(w, grads, factory)
+                iupd = _one_step(w, grads, factory, clip)
                 tiupd = _one_step({pn: v.to(torch.float64) for pn, v in w.items()},
-                                  {pn: v.to(torch.float64) for pn, v in grads.items()}, factory)
-                upd = _steps(ref, args, kwargs, loss, factory, steps, None)
-                tupd = _steps(tm, targs, tkwargs, loss, factory, steps, None)
+                                  {pn: v.to(torch.float64) for pn, v in grads.items()}, factory, clip)
+                upd = _steps(ref, args, kwargs, loss, factory, steps, clip, accumulate)
+                tupd = _steps(tm, targs, tkwargs, loss, factory, steps, clip, accumulate)
                 for pn in grads:
                     t[f"w/{pn}"] = w[pn].to("cpu").contiguous()
                     t[f"iupd/{pn}"] = iupd[pn].to("cpu").contiguous()
@@ -349,59 +439,83 @@ def sketch_group(numel: int, group: int) -> int:
 
 
 def _sketch_metric(leaf: str, c: Any, reader: RungReader, kind: str, name: str, group: int, u: float,
-                   conf: float) -> LeafMetrics:
+                   conf: float, scales: list[Any] | None = None) -> LeafMetrics:
     from pytest_rocm_parity.golden.sketch import sketch
     from pytest_rocm_parity.judging.compare import float_metrics
 
     ref = reader.get(f"sk/{kind}/{name}")
     group = sketch_group(int(c.numel()), group)
-    m = float_metrics(leaf, sketch(c, group, f"{kind}/{name}").to(ref.device), ref,
-                      reader.get(f"skt/{kind}/{name}").to(ref.device), u, conf)
+    sk = sketch(c, group, f"{kind}/{name}").to(ref.device)
+    if scales is not None:   # a sketch is linear: a factor on the tensor is the same factor on its sketch
+        scales.append(_scale_sums(sk, ref))
+    m = float_metrics(leaf, sk, ref, reader.get(f"skt/{kind}/{name}").to(ref.device), u, conf)
     m.numel = int(c.numel())
     return m
 
 
+def _by_module(layers: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The golden's call entries grouped by module, in the order of each module's first call: a module
+    called once per micro-batch is one record, each call's quantities its leaves."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for e in layers:
+        groups.setdefault(e["name"], []).append(e)
+    return list(groups.items())
+
+
+def _tag(leaf: str, key: str, name: str, calls: int) -> str:
+    """A leaf's name, with the call (``#1``: the second micro-batch) when its module has several."""
+    return leaf + key[len(name):] if calls > 1 else leaf
+
+
 def _replay_sketch(cand: Any, meta: dict[str, Any], reader: RungReader, spec: CheckSpec, rung: str, args: Any,
                    kwargs: Any, loss: Any, factory: Any, selected: list[Selected], group: int,
-                   steps: int) -> CheckResult:
+                   accumulate: int = 1) -> CheckResult:
     """A sketch golden: the propagated step judged against sketches, each module by the rule of the
     forward's sketch goldens; the culprit is the first module, in the backward's order, whose own
-    parameters' gradients drifted (else whose output gradient did)."""
+    parameters' gradients drifted (else whose output gradient did), unless every gradient is off by
+    one factor (the loss's scaling, _loss_factor_note)."""
     from pytest_rocm_parity.runner.replay import _sketch_failure
 
     tol = spec.tolerance
     u = tol.unit_roundoff(rung)
     run = _Run(cand, selected)
-    value = run.forward_backward(args, kwargs, loss)
+    value = run.forward_backward(args, kwargs, loss, accumulate)
     grads = {n: p.grad.detach().clone() for n, p in cand.named_parameters() if p.grad is not None}
     result = CheckResult(test=spec.test, name=spec.name, dtype=rung, passed=True, kind="train")
+    loss_scale: list[Any] = []
+    scales: list[Any] = []
     loss_rec = LayerRecord(name=LOSS)
-    judge_layer(loss_rec, [], [_metric("loss", value.reshape(1), reader, "loss", "gtruth/loss", u, tol.confidence)],
-                Rule.of(tol.for_layer(LOSS), rung))
+    judge_layer(loss_rec, [], [_metric("loss", value.reshape(1), reader, "loss", "gtruth/loss", u, tol.confidence,
+                                       loss_scale)], Rule.of(tol.for_layer(LOSS), rung))
     loss_rec.passed = loss_rec.prop_passed
     result.outputs.append(loss_rec)
     drift: list[tuple[bool, bool]] = []   # per record: (its output gradient drifted, its parameters' did)
-    for e in meta["layers"]:
-        key, name = e["key"], e["name"]
+    for name, entries in _by_module(meta["layers"]):
         t = tol.for_layer(name)
         budget = max(t.ratio_for(rung), t.propagated_for(rung))
-        leaves = []
-        if key in run.g:
-            leaves.append(("go", _sketch_metric("grad_output", run.g[key], reader, "go", key, group, u, t.confidence)))
-        leaves += [("pg", _sketch_metric(f"grad {pn}", grads[pn], reader, "pg", pn, group, u, t.confidence))
-                   for pn in e["params"] if pn in grads]
-        rec = LayerRecord(name=key, level=e["level"], primary=e["primary"])
+        leaves = [("go", _sketch_metric(_tag("grad_output", e["key"], name, len(entries)), run.g[e["key"]], reader,
+                                        "go", e["key"], group, u, t.confidence, scales))
+                  for e in entries if e["key"] in run.g]
+        params = sorted({pn for e in entries for pn in e["params"]})
+        leaves += [("pg", _sketch_metric(f"grad {pn}", grads[pn], reader, "pg", pn, group, u, t.confidence, scales))
+                   for pn in params if pn in grads]
+        rec = LayerRecord(name=name, level=entries[0]["level"], primary=entries[0]["primary"])
         judge_layer(rec, [], [m for _, m in leaves], Rule.of(t, rung))
         reasons = [(kind, _sketch_failure(m, t, rung, budget)) for kind, m in leaves]
         rec.prop_passed = rec.iso_passed = rec.passed = not any(r for _, r in reasons)
         rec.budget, rec.reason = budget, next((r for _, r in reasons if r), "")
         drift.append((any(r for kind, r in reasons if kind == "go"), any(r for kind, r in reasons if kind == "pg")))
         result.layers.append(rec)
-    first = _sketch_culprit(result.layers, drift)
+    drifted = any(go or pg for go, pg in drift) or not loss_rec.passed
+    found = _loss_factor_note(scales, loss_scale, accumulate) if drifted else None
+    first = None if found else _sketch_culprit(result.layers, drift)
     result.culprit = first.name if first else None
     result.culprit_block = first.primary if first else None
     result.first_divergent = next((r.name for r in reversed(result.layers) if not r.passed), None)
-    result.passed = first is None and loss_rec.passed
+    result.passed = not found and first is None and loss_rec.passed
+    if found:
+        result.extra["loss_factor"] = found[0]
+        result.notes.append(found[1])
     if factory is not None:
         result.notes.append("the optimizer's step is not judged against a sketch golden: Adam's normalised "
                             "update turns gradient rounding into update noise that only a step from the golden "
@@ -428,22 +542,78 @@ def _sketch_culprit(records: list[LayerRecord], drift: list[tuple[bool, bool]]) 
     return None
 
 
-def _metric(leaf: str, c: Any, reader: RungReader, ref_key: str, res_key: str, u: float, conf: float) -> LeafMetrics:
+def _scale_sums(c: Any, ref: Any) -> Any:
+    """(sum c*ref, sum ref*ref) in float64, on the device: the least-squares factor of ``c`` over
+    ``ref`` once divided; read back with all the others at once."""
+    import torch
+
+    c64, r64 = c.detach().to(ref.device, torch.float64).reshape(-1), ref.to(torch.float64).reshape(-1)
+    return torch.stack([(c64 * r64).sum(), (r64 * r64).sum()])
+
+
+# A loss scaled by a constant (an accumulation that does not divide, a loss scale not undone) scales
+# every gradient by it exactly; rounding moves each gradient's least-squares factor by far less than
+# this, and a module's bug moves the gradients upstream of it only, by different amounts.
+FACTOR_AGREEMENT = 0.02
+
+
+def common_factor(sums: list[Any]) -> float | None:
+    """The factor every candidate gradient is of the golden's, when one factor (other than 1) fits
+    them all; else None. ``sums``: _scale_sums of each gradient."""
+    import torch
+
+    if not sums:
+        return None
+    fs = [cr / rr for cr, rr in torch.stack(sums).cpu().tolist() if rr > 0]
+    if len(fs) < 2:
+        return None
+    mid = sorted(fs)[len(fs) // 2]
+    if abs(mid - 1) <= 2 * FACTOR_AGREEMENT or any(abs(f - mid) > FACTOR_AGREEMENT * abs(mid) for f in fs):
+        return None
+    return mid
+
+
+def _loss_factor_note(scales: list[Any], loss_scale: list[Any], accumulate: int) -> tuple[float, str] | None:
+    """(the factor, plain words) for a step whose every gradient is off by one factor while each
+    module's own backward is right: the loss's scaling, not a module; None when no one factor fits."""
+    factor = common_factor(scales)
+    if factor is None:
+        return None
+    cr, rr = (float(v) for v in loss_scale[0].cpu()) if loss_scale else (0.0, 0.0)
+    lf = cr / rr if rr > 0 else float("nan")
+    both = abs(lf - factor) <= FACTOR_AGREEMENT * abs(factor)
+    text = (f"{'the loss and ' if both else ''}every gradient {'are' if both else 'is'} {factor:.4g}x the "
+            f"golden's{'' if both else f' (the loss {lf:.4g}x)'}, one constant factor, while no module's own "
+            f"backward is out of bounds: the loss or its scaling (gradient accumulation that does not divide "
+            f"by the number of micro-batches, or a loss scale not undone), not a module")
+    if accumulate > 1 and abs(factor - accumulate) <= FACTOR_AGREEMENT * accumulate:
+        text += (f"; the factor is accumulate={accumulate}: the loss function should return each micro-batch's "
+                 f"share (its loss / {accumulate})")
+    return factor, text
+
+
+def _metric(leaf: str, c: Any, reader: RungReader, ref_key: str, res_key: str, u: float, conf: float,
+            scales: list[Any] | None = None) -> LeafMetrics:
     ref = reader.get(ref_key)
+    if scales is not None:
+        scales.append(_scale_sums(c, ref))
     return residual_metrics(leaf, c.detach().to(ref.device, ref.dtype), ref, reader.get(res_key), u, conf)
 
 
 def replay_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device: str,
                  loss: Callable[[Any], Any] | None = None, optimizer: Any = None, steps: int = 1,
-                 env: dict[str, Any] | None = None) -> list[CheckResult]:
+                 env: dict[str, Any] | None = None, clip_grad_norm: Any = None,
+                 accumulate: int = 1) -> list[CheckResult]:
     """Judge the candidate's training step against the golden, one CheckResult per rung (a sketch
-    golden: the propagated step only, _replay_sketch)."""
+    golden: the propagated step only, _replay_sketch). ``loss``, ``optimizer`` and ``clip_grad_norm``
+    are the candidate's own (what is judged); ``steps`` and ``accumulate`` must be the golden's."""
     import torch
 
     from pytest_rocm_parity.migration.backend import collect_env
     from pytest_rocm_parity.runner.engine import shell_quote
 
     inner = unwrap(model)
+    micro_batches(*normalize_inputs(inputs), accumulate)   # refuse inputs that do not split before any work
     manifest = store.read_manifest(spec.name)
     mpath = str(store.manifest_path(spec.name))
     regen = spec.regen_command or f"pytest --rocm-parity --parity-regen={shell_quote(spec.name)}"
@@ -451,10 +621,14 @@ def replay_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, d
         raise GoldenStale(f"{mpath}: the golden of {spec.name!r} is not a training golden; regenerate: {regen}", mpath)
     recorded = manifest.get("fingerprint", {})
     if (not same_structure(inner, recorded) or fingerprint(inner).get("weights") != recorded.get("weights")
-            or manifest.get("steps") != steps or int(manifest.get("sketch") or 0) != int(spec.sketch or 0)):
-        raise GoldenStale(f"stale golden {mpath} for {spec.name!r}: the model or the number of steps changed; "
-                          f"regenerate it on the reference machine: {regen}", mpath)
+            or manifest.get("steps") != steps or int(manifest.get("sketch") or 0) != int(spec.sketch or 0)
+            or int(manifest.get("accumulate") or 1) != accumulate):
+        raise GoldenStale(f"stale golden {mpath} for {spec.name!r}: the model, the number of steps (golden "
+                          f"{manifest.get('steps')}, now {steps}) or of micro-batches (golden "
+                          f"{int(manifest.get('accumulate') or 1)}, now {accumulate}) changed; regenerate it on the "
+                          f"reference machine: {regen}", mpath)
     factory = optimizer_factory(optimizer)
+    clip = gradient_clipper(clip_grad_norm, optimizer)
     selected = select(inner, spec.layers, spec.drill)
     names = {s.name for s in selected}
     results = []
@@ -470,10 +644,10 @@ def replay_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, d
         with _candidate(inner, device, dtype) as cand:
             if manifest.get("sketch"):
                 result = _replay_sketch(cand, meta, reader, spec, rung, args, kwargs, loss, factory, selected,
-                                        int(manifest["sketch"]), steps)
+                                        int(manifest["sketch"]), accumulate)
             else:
-                result = _replay_rung(cand, meta, reader, spec, rung, args, kwargs, loss, factory, selected, names,
-                                      device)
+                result = _replay_rung(cand, meta, reader, spec, rung, args, kwargs, loss, (factory, clip), selected,
+                                      names, device, accumulate)
         reader.release()
         result.reference_env = manifest.get("reference_env", {})
         result.candidate_env = env or collect_env(str(device))
@@ -504,10 +678,11 @@ def _candidate(inner: Any, device: Any, dtype: Any) -> Iterator[Any]:
 
 
 def _replay_rung(cand: Any, meta: dict[str, Any], reader: RungReader, spec: CheckSpec, rung: str, args: Any,
-                 kwargs: Any, loss: Any, factory: Any, selected: list[Selected], names: set[str],
-                 device: str) -> CheckResult:
+                 kwargs: Any, loss: Any, step: tuple[Any, Any], selected: list[Selected], names: set[str],
+                 device: str, accumulate: int = 1) -> CheckResult:
     """One rung: the candidate's backward twice (propagated, and its repeatability), each module's
-    own backward in isolation, the optimizer's step."""
+    own backward in isolation (every call of it), the optimizer's step (``step``: the optimizer
+    factory and the clipping)."""
     import torch
 
     tol = spec.tolerance
@@ -517,7 +692,7 @@ def _replay_rung(cand: Any, meta: dict[str, Any], reader: RungReader, spec: Chec
         for p in cand.parameters():
             p.grad = None
         run = _Run(cand, selected)
-        value = run.forward_backward(args, kwargs, loss)
+        value = run.forward_backward(args, kwargs, loss, accumulate)
         runs.append((run, value, {n: p.grad.detach().clone() for n, p in cand.named_parameters()
                                   if p.grad is not None}))
     run, value, grads = runs[0]
@@ -528,77 +703,99 @@ def _replay_rung(cand: Any, meta: dict[str, Any], reader: RungReader, spec: Chec
             b = second.get(k)
             if b is not None and not torch.equal(a, b):
                 spread[what + k] = float((b.double() - a.double()).norm()) / max(a.numel(), 1) ** 0.5
+
+    def judged(m: LeafMetrics, spread_key: str) -> LeafMetrics:
+        s_ = spread.get(spread_key)   # a nondeterministic quantity is judged against its own run-to-run spread
+        if s_ is not None:
+            m.err_ref = max(m.err_ref, s_)
+        return m
+
+    loss_scale: list[Any] = []
+    scales: list[Any] = []
     loss_rec = LayerRecord(name=LOSS)
-    judge_layer(loss_rec, [], [_metric("loss", value.reshape(1), reader, "loss", "gtruth/loss", u, tol.confidence)],
-                Rule.of(tol.for_layer(LOSS), rung))
+    judge_layer(loss_rec, [], [_metric("loss", value.reshape(1), reader, "loss", "gtruth/loss", u, tol.confidence,
+                                       loss_scale)], Rule.of(tol.for_layer(LOSS), rung))
     loss_rec.passed = loss_rec.prop_passed
     result.outputs.append(loss_rec)
-    for e in meta["layers"]:
-        key, name = e["key"], e["name"]
+    for name, entries in _by_module(meta["layers"]):
         rule = Rule.of(tol.for_layer(name), rung)
+        mod = cand.get_submodule(name) if name else cand
+        own = _own_params(mod, names, name)
         prop: list[LeafMetrics] = []
-        if key in run.g:
-            prop.append(_metric("grad_output", run.g[key], reader, f"g/{key}", f"gtruth/go/{key}", u, tol.confidence))
-        for pn in e["params"]:
-            if pn in grads:
-                prop.append(_metric(f"grad {pn}", grads[pn], reader, f"pg/{pn}", f"gtruth/pg/{pn}", u, tol.confidence))
         iso: list[LeafMetrics] = []
-        call = run.calls.get(key)
-        if call is not None and call[3]:
-            mod = cand.get_submodule(name) if name else cand
-            own = _own_params(mod, names, name)
+        for e in entries:
+            key = e["key"]
+
+            def tag(leaf: str, key: str = key) -> str:
+                return _tag(leaf, key, name, len(entries))
+            if key in run.g:
+                prop.append(judged(_metric(tag("grad_output"), run.g[key], reader, f"g/{key}", f"gtruth/go/{key}", u,
+                                           tol.confidence, scales), key))
+            call = run.calls.get(key)
+            if call is None or not call[3]:
+                continue
             x = reader.get(f"x/{key}").to(device)
             g = reader.get(f"g/{key}").to(device)
             dx, dps = isolated_backward(mod, call, x, g, own)
-            iso.append(_metric("grad_input", dx, reader, f"ix/{key}", f"truth/ix/{key}", u, tol.confidence))
-            for pn in e["params"]:
-                if pn in dps:
-                    iso.append(_metric(f"grad {pn}", dps[pn], reader, f"ip/{key}/{pn}", f"truth/ip/{key}/{pn}",
-                                       u, tol.confidence))
-        for m in prop:   # a nondeterministic quantity is judged against its own run-to-run spread
-            s_ = spread.get(key if m.leaf == "grad_output" else m.leaf)
-            if s_ is not None:
-                m.err_ref = max(m.err_ref, s_)
-        rec = LayerRecord(name=key, level=e["level"], primary=e["primary"])
+            iso.append(_metric(tag("grad_input"), dx, reader, f"ix/{key}", f"truth/ix/{key}", u, tol.confidence))
+            iso += [_metric(tag(f"grad {pn}"), dps[pn], reader, f"ip/{key}/{pn}", f"truth/ip/{key}/{pn}", u,
+                            tol.confidence) for pn in e["params"] if pn in dps]
+        for pn in sorted({pn for e in entries for pn in e["params"]}):
+            if pn in grads:
+                prop.append(judged(_metric(f"grad {pn}", grads[pn], reader, f"pg/{pn}", f"gtruth/pg/{pn}", u,
+                                           tol.confidence, scales), f"grad {pn}"))
+        rec = LayerRecord(name=name, level=entries[0]["level"], primary=entries[0]["primary"])
         judge_layer(rec, iso, prop, rule)
         if not iso:
             rec.reason = rec.reason or "its backward was not run in isolation (no call recorded on the candidate)"
         result.layers.append(rec)
-    _finish_train(result)
+    _finish_train(result, lambda: _loss_factor_note(scales, loss_scale, accumulate))
     if spread:
         result.notes.append("nondeterministic backward (two runs on the candidate differ) in: "
                             + ", ".join(sorted(spread)[:8]) + (" ..." if len(spread) > 8 else "")
                             + "; each is judged against the larger of the reference's error and that spread")
     result.extra["nondeterministic"] = spread
+    factory, clip = step
     if factory is not None and meta.get("optimizer_params"):
-        _judge_optimizer(result, cand, meta, reader, factory, selected, names, u, tol, rung, device)
+        _judge_optimizer(result, meta, reader, (factory, clip), selected, u, tol, rung, device)
     return result
 
 
-def _finish_train(result: CheckResult) -> None:
+def _finish_train(result: CheckResult, factor_note: Callable[[], tuple[float, str] | None]) -> None:
     """Culprit: the smallest module whose own backward is out of bounds; first divergent: the first
-    layer, in the backward's order (last module first), whose gradients drifted."""
+    layer, in the backward's order (last module first), whose gradients drifted. With no module out
+    of bounds and the step off, ``factor_note`` tells a loss off by one factor from accumulated drift."""
     failing = [l for l in result.layers if not l.iso_passed]
     minimal = [l for l in failing if not any(o is not l and o.name.startswith(l.name + ".") for o in failing)]
     result.culprit = minimal[-1].name if minimal else None
     result.culprit_block = minimal[-1].primary if minimal else None
     div = next((l for l in reversed(result.layers) if not l.prop_passed), None)
     result.first_divergent = div.name if div else None
+    drifted = div is not None or not all(o.passed for o in result.outputs)
     result.passed = not failing and all(o.passed for o in result.outputs)
-    if not failing and not result.passed:
+    if failing or not drifted:
+        return
+    found = factor_note()
+    if found:
+        result.passed = False
+        result.extra["loss_factor"] = found[0]
+        result.notes.append(found[1])
+    elif not result.passed:
         result.notes.append("the loss drifted beyond budget although no module's backward is out of bounds in "
                             "isolation: accumulated drift")
 
 
-def _judge_optimizer(result: CheckResult, cand: Any, meta: dict[str, Any], reader: RungReader,
-                     factory: Callable[[Any], Any], selected: list[Selected], names: set[str], u: float,
-                     tol: Any, rung: str, device: str) -> None:
-    """The candidate's optimizer on the golden weights and gradients, one step, judged per module (its
-    parameter group) against the float64 step; named apart from the model's own layers."""
+def _judge_optimizer(result: CheckResult, meta: dict[str, Any], reader: RungReader,
+                     step: tuple[Callable[[Any], Any], Callable[[list[Any]], Any] | None], selected: list[Selected],
+                     u: float, tol: Any, rung: str, device: str) -> None:
+    """The candidate's optimizer (after its gradient clipping) on the golden weights and gradients, one
+    step, judged per module (its parameter group) against the float64 step; named apart from the
+    model's own layers."""
+    factory, clip = step
     pnames = meta["optimizer_params"]
     w = {pn: reader.get(f"w/{pn}").to(device) for pn in pnames}
     grads = {pn: reader.get(f"pg/{pn}").to(device) for pn in pnames}
-    upd = _one_step(w, grads, factory)
+    upd = _one_step(w, grads, factory, clip)
     owner = {}
     for s in sorted(selected, key=lambda s: -len(s.name)):
         for pn in pnames:
@@ -622,6 +819,7 @@ def _judge_optimizer(result: CheckResult, cand: Any, meta: dict[str, Any], reade
         worst = sorted(failing, key=lambda r: -(r.iso.ratio if r.iso is not None else 0.0))
         named = "; ".join(f"{r.name.split(':', 1)[1]} {r.iso.ratio:.3g}x" for r in worst[:3] if r.iso is not None)
         more = f" and {len(failing) - 3} more" if len(failing) > 3 else ""
-        result.notes.append(f"the optimizer's update is out of bounds for {len(failing)} of {len(groups)} parameter "
+        clipped = " (gradient clipping included)" if clip is not None else ""
+        result.notes.append(f"the optimizer's update{clipped} is out of bounds for {len(failing)} of {len(groups)} parameter "
                             f"groups (one step from the golden weights and gradients, against the float64 step): "
                             f"{named}{more} times the reference's error; the model's own backward is judged apart")
