@@ -1,8 +1,10 @@
-"""Seeded backward and optimizer bugs, and correct alternates, for training parity (check_train).
+"""Seeded backward, optimizer and loss-scaling bugs, and correct alternates, for training parity
+(check_train).
 
-Each bug is confined to one module's backward (its forward exact) or to the optimizer's step; the
-expected culprit is that module (the smallest selected module holding it), or, for an optimizer bug,
-no model culprit and an optimizer finding.
+Each bug is confined to one module's backward (its forward exact), to the optimizer's step (clipping
+included) or to the loss's scaling. The expected verdict: the module (the smallest selected module
+holding it) as the culprit; for an optimizer bug no model culprit and an optimizer finding; for a
+loss off by a constant factor no culprit and that factor named.
 """
 from __future__ import annotations
 
@@ -16,7 +18,23 @@ from torch import nn
 
 from parity_models import backward_only, bert, llama, scaled_grad, tokens, wrap_input
 
-ADAMW = (torch.optim.AdamW, {"lr": 1e-3, "weight_decay": 0.01})
+
+def no_decay(cls: type[torch.optim.Optimizer], **kw: Any) -> Callable[[list[tuple[str, nn.Parameter]]], Any]:
+    """The optimizer a training script builds: weight decay on the matrices, none on norms and biases,
+    chosen by parameter name."""
+    def factory(named: list[tuple[str, nn.Parameter]]) -> torch.optim.Optimizer:
+        flat = [n.endswith("bias") or "norm" in n.lower() for n, _ in named]
+        groups = [{"params": [np_ for np_, f in zip(named, flat) if not f]},
+                  {"params": [np_ for np_, f in zip(named, flat) if f], "weight_decay": 0.0}]
+        return cls([g for g in groups if g["params"]], **kw)
+    factory.__qualname__ = f"no_decay.{cls.__name__}"
+    return factory
+
+
+ADAMW = no_decay(torch.optim.AdamW, lr=1e-3, weight_decay=0.1)
+SGD = (torch.optim.SGD, {"lr": 0.1})
+MAX_NORM = 1.0        # below the decoder's total gradient norm (about 3.2): the clipping is active
+ACCUMULATE = 2
 
 
 def decoder() -> nn.Module:
@@ -160,6 +178,56 @@ class _LinearDropsBiasGrad(torch.autograd.Function):
         return g @ w, gw, torch.zeros_like(b)
 
 
+def _linear_split_k(lin: nn.Module) -> None:
+    """A correct alternate: the weight gradient summed over the tokens in 4 chunks, each partial
+    product rounded to the rung and the partials added last chunk first in float32 (a split-K
+    reduction in another order): exact up to rounding."""
+    class _SplitK(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            ctx.save_for_backward(x, w)
+            return F.linear(x, w)
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            x, w = ctx.saved_tensors
+            g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
+            parts = [gc.t() @ xc for gc, xc in zip(g2.tensor_split(4), x2.tensor_split(4))]
+            gw = torch.stack([p_.float() for p_ in reversed(parts)]).sum(0)
+            return g @ w, gw.to(w.dtype)
+    lin.forward = lambda x: _SplitK.apply(x, lin.weight)   # type: ignore[method-assign]
+
+
+def _clip(total_norm: Callable[[list[torch.Tensor]], torch.Tensor]) -> Callable[[list[nn.Parameter]], None]:
+    """A training script's own clipping to MAX_NORM, by ``total_norm`` of the gradients."""
+    @torch.no_grad()
+    def clip(params: list[nn.Parameter]) -> None:
+        grads = [p.grad for p in params if p.grad is not None]
+        coef = (MAX_NORM / (total_norm(grads).float() + 1e-6)).clamp(max=1.0)
+        for g in grads:
+            g.mul_(coef.to(g.dtype))
+    return clip
+
+
+def _sum_of_norms(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The bug: the total norm as the sum of the per-tensor norms, not the root of their squares' sum."""
+    return torch.stack([g.float().norm() for g in grads]).sum()
+
+
+def _root_sum_of_squares(grads: list[torch.Tensor]) -> torch.Tensor:
+    return torch.stack([g.float().norm() for g in grads]).norm()
+
+
+def micro_batch_share(out: Any) -> torch.Tensor:
+    """An accumulating loop's loss: the micro-batch's mean loss divided by the number of micro-batches."""
+    return out.loss / ACCUMULATE
+
+
+def micro_batch_loss_undivided(out: Any) -> torch.Tensor:
+    """The bug: the micro-batch's loss, not divided (every gradient ACCUMULATE times too large)."""
+    return out.loss
+
+
 # -- patches ------------------------------------------------------------------------------------
 
 def _patch_rmsnorm(fn: Any) -> Callable[[nn.Module], None]:
@@ -223,13 +291,41 @@ class AdamWNoBiasCorrection(torch.optim.Optimizer):
 
 
 @dataclass(frozen=True)
+class Reference:
+    """How a golden is captured: the reference training step a case is replayed against."""
+    optimizer: Any = ADAMW
+    clip_grad_norm: Any = None
+    accumulate: int = 1
+    loss: Callable[[Any], Any] | None = None     # None: the family's loss
+
+
+REFERENCES = {
+    "adamw": Reference(),
+    "sgd_clip": Reference(optimizer=SGD, clip_grad_norm=MAX_NORM),   # Adam's first step hides a gradient scale
+    "accumulate": Reference(accumulate=ACCUMULATE, loss=micro_batch_share),
+}
+
+
+@dataclass(frozen=True)
 class Case:
     id: str
     family: str                                   # decoder | encoder
-    module: str | None                            # the module patched (None: the optimizer)
+    module: str | None                            # the module patched (None: the optimizer or the loss)
     patch: Callable[[nn.Module], None] | None
     optimizer: Any = ADAMW
-    bug: bool = True
+    expect: str = "culprit"                       # culprit | optimizer | loss_factor | pass
+    reference: str = "adamw"                      # the golden (REFERENCES)
+    clip_grad_norm: Any = None                    # the candidate's own clipping
+    loss: Callable[[Any], Any] | None = None      # the candidate's own loss (None: the reference's)
+
+    @property
+    def bug(self) -> bool:
+        return self.expect != "pass"
+
+    @property
+    def optimizer_only(self) -> bool:
+        """Judged through the optimizer's step only, which a sketch golden does not hold."""
+        return self.expect == "optimizer" or self.reference == "sgd_clip"
 
 
 CASES = [
@@ -242,20 +338,29 @@ CASES = [
     Case("enc_gelu_tanh_backward", "encoder", "encoder.layer.0.intermediate.intermediate_act_fn",
          _activation(_TanhGELUBackward)),
     Case("enc_dense_drops_bias_grad", "encoder", "encoder.layer.1.intermediate.dense", _drop_bias_grad),
-    Case("dec_adamw_no_bias_correction", "decoder", None, None,
-         optimizer=(AdamWNoBiasCorrection, {"lr": 1e-3, "weight_decay": 0.01})),
-    Case("dec_adamw_eps_inside_sqrt", "decoder", None, None,
-         optimizer=(AdamWNoBiasCorrection, {"lr": 1e-3, "weight_decay": 0.01, "eps_inside_sqrt": True,
-                                            "correct": True, "eps": 1e-6})),
+    Case("dec_adamw_no_bias_correction", "decoder", None, None, expect="optimizer",
+         optimizer=no_decay(AdamWNoBiasCorrection, lr=1e-3, weight_decay=0.1)),
+    Case("dec_adamw_eps_inside_sqrt", "decoder", None, None, expect="optimizer",
+         optimizer=no_decay(AdamWNoBiasCorrection, lr=1e-3, weight_decay=0.1, eps_inside_sqrt=True, correct=True,
+                            eps=1e-6)),
+    Case("dec_weight_decay_on_norms", "decoder", None, None, expect="optimizer",
+         optimizer=(torch.optim.AdamW, {"lr": 1e-3, "weight_decay": 0.1})),
+    Case("dec_clip_by_sum_of_norms", "decoder", None, None, expect="optimizer", optimizer=SGD, reference="sgd_clip",
+         clip_grad_norm=_clip(_sum_of_norms)),
+    Case("dec_accumulation_does_not_divide", "decoder", None, None, expect="loss_factor", reference="accumulate",
+         loss=micro_batch_loss_undivided),
     # correct alternates
     Case("alt_dec_exact_rmsnorm_backward", "decoder", "model.layers.1.post_attention_layernorm",
-         _patch_rmsnorm(_RMSNormExact), bug=False),
-    Case("alt_dec_checkpointing", "decoder", "model.layers.0", _checkpointed, bug=False),
-    Case("alt_dec_adamw_foreach", "decoder", None, None, optimizer=(torch.optim.AdamW,
-         {"lr": 1e-3, "weight_decay": 0.01, "foreach": True}), bug=False),
-    Case("alt_dec_own_adamw", "decoder", None, None,
-         optimizer=(AdamWNoBiasCorrection, {"lr": 1e-3, "weight_decay": 0.01, "correct": True}), bug=False),
-    Case("alt_enc_eager_attention", "encoder", None, None, bug=False),
+         _patch_rmsnorm(_RMSNormExact), expect="pass"),
+    Case("alt_dec_checkpointing", "decoder", "model.layers.0", _checkpointed, expect="pass"),
+    Case("alt_dec_adamw_foreach", "decoder", None, None, expect="pass",
+         optimizer=no_decay(torch.optim.AdamW, lr=1e-3, weight_decay=0.1, foreach=True)),
+    Case("alt_dec_own_adamw", "decoder", None, None, expect="pass",
+         optimizer=no_decay(AdamWNoBiasCorrection, lr=1e-3, weight_decay=0.1, correct=True)),
+    Case("alt_enc_eager_attention", "encoder", None, None, expect="pass"),
+    Case("alt_dec_split_k_weight_grad", "decoder", "model.layers.1.mlp.up_proj", _linear_split_k, expect="pass"),
+    Case("alt_dec_own_clipping", "decoder", None, None, expect="pass", optimizer=SGD, reference="sgd_clip",
+         clip_grad_norm=_clip(_root_sum_of_squares)),
 ]
 
 LADDERS = {"bf16": ["bfloat16", "float32"], "fp16": ["float16", "float32"]}
