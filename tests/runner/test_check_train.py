@@ -93,22 +93,26 @@ from parity_models import llama, tokens
 
 def test_train(parity):
     model = llama("sdpa")
-    if os.environ.get("BUG"):
+    if os.environ.get("BUG") == "forward":
         model.model.layers[0].mlp.act_fn.forward = lambda x: torch.nn.functional.silu(x) * 1.01
+    share = (lambda out: out.loss) if os.environ.get("BUG") == "undivided" else (lambda out: out.loss / 2)
     t = tokens("none")
     parity.check_train(model, {"input_ids": t["input_ids"], "labels": t["input_ids"]}, name="train",
-                       dtypes=["float32"], optimizer=(torch.optim.SGD, {"lr": 0.1}))
+                       dtypes=["float32"], optimizer=(torch.optim.SGD, {"lr": 0.1}), loss=share,
+                       accumulate=2, clip_grad_norm=1.0)
 """)
     pytester.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
     pytester.runpytest("--rocm-parity").assert_outcomes(passed=1)
     import os
-    os.environ["BUG"] = "1"
-    try:
-        result = pytester.runpytest("--rocm-parity")
-    finally:
-        del os.environ["BUG"]
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*culprit*model.layers.0.mlp.act_fn*"])
+    for bug, line in (("forward", "*culprit*model.layers.0.mlp.act_fn*"),
+                      ("undivided", "*note: the loss and every gradient are 2x*the loss or its scaling*")):
+        os.environ["BUG"] = bug
+        try:
+            result = pytester.runpytest("--rocm-parity")
+        finally:
+            del os.environ["BUG"]
+        result.assert_outcomes(failed=1)
+        result.stdout.fnmatch_lines([line])
 
 
 _NOISE = torch.Generator().manual_seed(7)
@@ -144,3 +148,76 @@ def test_a_sketch_golden_is_small_and_still_names_a_backward_bug(tmp_path) -> No
     r = replay_train(model, _inputs(), spec, store, "cpu", optimizer=ADAMW)[0]
     assert not r.passed and r.culprit == "model.layers.1.mlp.down_proj", (r.culprit, r.notes)
     assert any("optimizer's step is not judged against a sketch golden" in n for n in r.notes)
+
+
+def test_an_optimizer_factory_gets_the_parameter_names(golden) -> None:  # type: ignore[no-untyped-def]
+    """Groups by name (no weight decay on norms) at capture and replay; a class or pair still works."""
+    seen: list[list[str]] = []
+
+    def factory(named: list[tuple[str, torch.nn.Parameter]]) -> torch.optim.Optimizer:
+        seen.append([n for n, _ in named])
+        norms = [(n, p) for n, p in named if "norm" in n]
+        return torch.optim.AdamW([{"params": [np_ for np_ in named if "norm" not in np_[0]]},
+                                  {"params": norms, "weight_decay": 0.0}], lr=1e-3)
+    store = GoldenStore(tempfile.mkdtemp())
+    spec = CheckSpec(name="groups", dtypes=["float32"], drill=2)
+    capture_train(llama("sdpa"), _inputs(), spec, store, "cpu", optimizer=factory)
+    r = replay_train(llama("sdpa"), _inputs(), spec, store, "cpu", optimizer=factory)[0]
+    assert r.passed, r.notes
+    model_names = {n for n, _ in llama("sdpa").named_parameters()}
+    assert seen and all(set(s) <= model_names for s in seen) and "model.layers.1.input_layernorm.weight" in seen[-1]
+    decays_norms = replay_train(llama("sdpa"), _inputs(), spec, store, "cpu",
+                                optimizer=(torch.optim.AdamW, {"lr": 1e-3}))[0]
+    assert not decays_norms.passed and decays_norms.culprit is None
+    failing = {k for k, ok in decays_norms.extra["optimizer"].items() if not ok}
+    assert failing and all("norm" in k for k in failing), failing
+
+
+def test_clipping_is_judged_with_the_optimizer_step(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from pytest_rocm_parity.errors import InvalidArgument
+
+    sgd = (torch.optim.SGD, {"lr": 0.1})
+    spec = CheckSpec(name="clip", dtypes=["float32"], drill=1)
+    store = GoldenStore(tmp_path)
+    capture_train(llama("sdpa"), _inputs(), spec, store, "cpu", optimizer=sgd, clip_grad_norm=0.5)
+    assert replay_train(llama("sdpa"), _inputs(), spec, store, "cpu", optimizer=sgd, clip_grad_norm=0.5)[0].passed
+    unclipped = replay_train(llama("sdpa"), _inputs(), spec, store, "cpu", optimizer=sgd)[0]
+    assert not unclipped.passed and unclipped.culprit is None and all(l.passed for l in unclipped.layers)
+    assert any("optimizer's update is out of bounds" in n for n in unclipped.notes)
+    for bad, words in ((0.0, "positive"), ("1", "maximum total norm"), (True, "maximum total norm")):
+        with pytest.raises(InvalidArgument, match=f"clip_grad_norm=.*{words}"):
+            capture_train(llama("sdpa"), _inputs(), spec, GoldenStore(tmp_path / "x"), "cpu", optimizer=sgd,
+                          clip_grad_norm=bad)
+    with pytest.raises(InvalidArgument, match="give optimizer= too"):
+        capture_train(llama("sdpa"), _inputs(), spec, GoldenStore(tmp_path / "x"), "cpu", clip_grad_norm=1.0)
+
+
+def test_accumulation_holds_the_full_batch_gradients_and_names_a_loss_that_does_not_divide(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from safetensors.torch import load_file
+
+    from pytest_rocm_parity.errors import GoldenStale, InvalidArgument
+
+    store = GoldenStore(tmp_path)
+    acc, whole = CheckSpec(name="acc", dtypes=["float32"], drill=2), CheckSpec(name="whole", dtypes=["float32"], drill=2)
+    capture_train(llama("sdpa"), _inputs(), acc, store, "cpu", optimizer=ADAMW, accumulate=2)   # the model's loss / 2
+    capture_train(llama("sdpa"), _inputs(), whole, store, "cpu", optimizer=ADAMW)
+    a, w = (load_file(next((tmp_path / n).glob("float32*.safetensors"))) for n in ("acc", "whole"))
+    pg = [k for k in w if k.startswith("pg/")]
+    assert pg and all(torch.allclose(a[k], w[k], rtol=1e-4, atol=1e-7) for k in pg)
+    assert "x/model.layers.0#1" in a and "x/model.layers.0#1" not in w   # the second micro-batch's call
+
+    ok = replay_train(llama("sdpa"), _inputs(), acc, store, "cpu", optimizer=ADAMW, accumulate=2,
+                      loss=lambda out: out.loss / 2)[0]
+    assert ok.passed, [(l.name, l.reason) for l in ok.layers if not l.passed]
+    assert len({l.name for l in ok.layers}) == len(ok.layers)   # one record per module over both micro-batches
+    undivided = replay_train(llama("sdpa"), _inputs(), acc, store, "cpu", optimizer=ADAMW, accumulate=2,
+                             loss=lambda out: out.loss)[0]
+    assert not undivided.passed and undivided.culprit is None
+    assert abs(undivided.extra["loss_factor"] - 2) < 1e-3 and all(undivided.extra["optimizer"].values())
+    assert any("the loss or its scaling" in n and "accumulate=2" in n for n in undivided.notes)
+    with pytest.raises(GoldenStale, match="micro-batches"):
+        replay_train(llama("sdpa"), _inputs(), acc, store, "cpu", optimizer=ADAMW)
+    with pytest.raises(InvalidArgument, match="accumulate=3"):
+        replay_train(llama("sdpa"), _inputs(), acc, store, "cpu", optimizer=ADAMW, accumulate=3)
+    with pytest.raises(InvalidArgument, match="accumulate=0"):
+        capture_train(llama("sdpa"), _inputs(), acc, GoldenStore(tmp_path / "x"), "cpu", accumulate=0)
