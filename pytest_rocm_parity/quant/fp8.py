@@ -109,7 +109,7 @@ class Fp8Linear(nn.Module):
         if lin.bias is not None:
             assert m.bias is not None
             m.bias = nn.Parameter(lin.bias.detach().clone())
-        return m
+        return m.train(lin.training)
 
     @property
     def format(self) -> Fp8Format:

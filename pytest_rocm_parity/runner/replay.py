@@ -38,6 +38,7 @@ from pytest_rocm_parity.runner.selection import Selected, select
 from pytest_rocm_parity.judging.tolerance import Tolerance
 from pytest_rocm_parity.runner.tree import constant_leaves, map_tensors, tensor_leaves
 from pytest_rocm_parity.quant.allowance import noise_allowance
+from pytest_rocm_parity.quant.diagnosis import quant_notes
 from pytest_rocm_parity.quant.storage import quantized_tensor_ids
 from pytest_rocm_parity.runner.wrappers import cast_in_place, training_modules, unwrap
 
@@ -308,6 +309,9 @@ class _Judge:
         self.noise = noise or {}   # tag -> activation-quantization noise allowed (quant/allowance.py)
         # (sink, index, leaf, stats or None for the batched launch, c, ref, res, tolerance, isolated, tag)
         self.items: list[tuple[list[Any], int, str, Any, Any, Any, Any, Tolerance, bool, str]] = []
+        from pytest_rocm_parity.runner import kernels
+
+        self.codes = kernels.dtype_codes() if kernels.triton_usable() else {}   # dtypes of the batched launch
 
     def _unpadded(self, *ts: Any) -> tuple[Any, ...]:
         v = self.valid
@@ -321,8 +325,6 @@ class _Judge:
              isolated: bool, tag: str) -> None:
         """Judge one output leaf into ``sink``; ``res``: its stored truth residual, None for an exact
         (integer, bool) leaf, or "" when only its presence is checked."""
-        from pytest_rocm_parity.runner import kernels
-
         if c.requires_grad:
             c = c.detach()
         if res is None:
@@ -332,8 +334,10 @@ class _Judge:
             return
         if isinstance(res, str):
             return
-        res = res.to(ref.device)
-        c, ref, res = self._unpadded(c, ref, res)
+        if res.device != ref.device:
+            res = res.to(ref.device)
+        if self.valid is not None:
+            c, ref, res = self._unpadded(c, ref, res)
         quick = (c.shape == ref.shape == res.shape and ref.numel() > 0 and c.device == ref.device
                  and not (c.is_complex() or ref.is_complex() or res.is_complex()))
         if not quick:
@@ -342,8 +346,9 @@ class _Judge:
             self.keep_if_failing(sink[-1], c, tol, isolated, tag)
             return
         sink.append(None)
-        if c.is_cuda and kernels.triton_usable() and kernels.readable(ref) and kernels.readable(res) \
-                and c.dtype in kernels.dtype_codes():
+        codes = self.codes
+        if c.is_cuda and c.dtype in codes and ref.dtype in codes and res.dtype in codes \
+                and ref.is_contiguous() and res.is_contiguous():
             import torch
 
             c = c.clone(memory_format=torch.contiguous_format)
@@ -367,6 +372,7 @@ class _Judge:
                 started.append(kernels.block_stats_many([self.items[i][4:7] for i in batch], layouts))
             except Exception as exc:   # a Triton that cannot compile the kernel here: the torch path
                 kernels.disable_triton(exc)
+                self.codes = {}
                 started.append(torch.cat([block_stats(*self.items[i][4:7]) for i in batch]))
         host: Any = torch.cat([t.reshape(-1, len(Stat)).to(torch.float64) for t in started]).to("cpu").numpy()
         out: list[Any] = [None] * len(self.items)
@@ -603,6 +609,9 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
                                 "ones inside one teacher-forced run of the candidate's forward; propagated drift "
                                 "and the model outputs not judged")
         finish(result, tol)
+        if meta.get("quant") and not result.passed:
+            result.notes.extend(quant_notes(result, meta, reader.get, inner,
+                                            lambda key: golden(key, next(iter(acts[key]))) if acts.get(key) else None))
         if spec.profile and isinstance(meta.get("extra", {}).get("profile"), dict):
             from pytest_rocm_parity.reports.profiling import compare_shares, profile_shares
 
@@ -662,11 +671,20 @@ def _swap(key: str, a: Any, kw: Any, paths: dict[str, str], golden: Callable[[st
             return t
         found.add(p)
         g = golden(key, p)
-        if tuple(g.shape) != tuple(t.shape):
+        if g.shape != t.shape:
             notes.append(f"{key}: input {p} is {tuple(t.shape)} on the candidate, {tuple(g.shape)} in the golden; "
                          f"the candidate's value was used")
             return t
         return g.to(t.device) if g.device != t.device else g
+    top = _top_level(paths, a, kw)
+    if top is not None:   # the usual call: activations passed as positional or keyword tensors
+        args, kwargs = list(a), dict(kw)
+        for p, (where, at) in top.items():
+            if where == "args":
+                args[at] = fn(p, args[at])
+            else:
+                kwargs[at] = fn(p, kwargs[at])
+        return tuple(args), kwargs
     root: Any = {"args": a, "kwargs": kw}
     try:   # the usual calls (tensors in plain tuples, lists and dicts), rebuilding only the swapped paths
         root = _patch(root, _plan(paths), fn)
@@ -678,6 +696,23 @@ def _swap(key: str, a: Any, kw: Any, paths: dict[str, str], golden: Callable[[st
         notes.append(f"{key}: activation input {', '.join(missing)} is not where the golden recorded it on the "
                      f"candidate's call; the candidate's own inputs were used there")
     return tuple(root["args"]), root["kwargs"]
+
+
+def _top_level(paths: dict[str, str], a: Any, kw: Any) -> dict[str, tuple[str, Any]] | None:
+    """{path: ("args", index) or ("kwargs", name)} when every path names a tensor passed directly to the
+    call; None otherwise (a tensor inside a container: _swap's general route)."""
+    import torch
+
+    out: dict[str, tuple[str, Any]] = {}
+    for p in paths:
+        where, _, at = p.partition(".")
+        if where == "args" and at.isdigit() and int(at) < len(a) and type(a[int(at)]) is torch.Tensor:
+            out[p] = ("args", int(at))
+        elif where == "kwargs" and "." not in at and type(kw.get(at)) is torch.Tensor:
+            out[p] = ("kwargs", at)
+        else:
+            return None
+    return out
 
 
 def _hooked_level(model: Any, inner: Any, selected: list[Selected], level: int, layers: dict[str, dict[str, Any]],

@@ -1,0 +1,165 @@
+"""The likely cause of an FP8 layer's failure, in the words of the conversion that went wrong.
+
+Why: a broken OCP-to-FNUZ port does not crash; its numbers are off by a pattern. The golden holds
+the reference's codes and scales (quant/<module>/<tensor>), so a replay can compare what the
+candidate's weights mean with what the reference's meant, and quantize the module's golden input
+both ways, and say which pattern it sees: a factor of 2 or 1/2 (scales not adjusted), NaN where the
+reference was finite (bytes reinterpreted, or a cast without saturation), saturation at 240 where the
+reference reached 448, or the reciprocal of the scale (docs/fp8.md).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from pytest_rocm_parity.judging.records import CheckResult
+from pytest_rocm_parity.quant.storage import scheme
+
+# A ratio of dequantized weights this close to a power of two is that power of two.
+_FACTOR_TOL = 1e-3
+# Saturated codes in the candidate's activation beyond this multiple of the reference's (plus one
+# percent of the elements) are a saturation change, not rounding at the edge of the range.
+_SATURATION_EXCESS = 0.01
+
+
+def _dequantize(codes: Any, scale: Any) -> Any:
+    import torch
+
+    c = codes.to(torch.float64)
+    s = scale.to(torch.float64)
+    if s.dim() and s.shape != c.shape and s.dim() == c.dim():   # block scales: one per tile
+        for d in range(c.dim()):
+            if s.shape[d] != c.shape[d] and s.shape[d] != 1:
+                s = s.repeat_interleave(-(-c.shape[d] // s.shape[d]), dim=d).narrow(d, 0, c.shape[d])
+    return c * s
+
+
+def _reference_twin(entry: dict[str, Any], get: Callable[[str], Any]) -> Any:
+    """An Fp8Linear holding the reference's codes and scales (None when the golden's module is not
+    one quant.fp8 can stand for)."""
+    import torch
+
+    from pytest_rocm_parity.quant.fp8 import Fp8Linear, fp8_format, frozen
+
+    t = {n: get(k) for n, k in entry["tensors"].items()}
+    if set(t) - {"weight", "weight_scale", "input_scale"} or "weight" not in t or "weight_scale" not in t:
+        return None
+    w = t["weight"]
+    twin = Fp8Linear(w.shape[1], w.shape[0], bias=False, fmt=fp8_format(w.dtype),
+                     activation=entry.get("activation"))
+    twin.weight, twin.weight_scale = frozen(w), frozen(t["weight_scale"].to(torch.float32))
+    if "input_scale" in t:
+        twin.input_scale = t["input_scale"].to(torch.float32)
+    return twin
+
+
+def _scale_key(entry: dict[str, Any]) -> str:
+    """The golden key of the codes' scale: <codes>_scale or <codes>_scale_inv by the usual naming."""
+    codes, keys = entry["codes"], entry["tensors"]
+    for name in (f"{codes}_scale", f"{codes}_scale_inv", "scale"):
+        if name in keys:
+            return str(keys[name])
+    return str(next(k for n, k in sorted(keys.items()) if n != codes and "input" not in n))
+
+
+def weight_finding(cand: Any, entry: dict[str, Any], get: Callable[[str], Any]) -> str:
+    """What the candidate module's weight means against the reference's, in words ('' if the same)."""
+    import torch
+
+    codes, scale = get(entry["tensors"][entry["codes"]]), get(_scale_key(entry)).to(torch.float64)
+    ref = _dequantize(codes, scale)
+    if callable(getattr(cand, "dequantized_weight", None)):
+        got = cand.dequantized_weight(torch.float64).detach().to(ref.device)
+    elif isinstance(getattr(cand, "weight", None), torch.Tensor) and cand.weight.element_size() > 1:
+        got = cand.weight.detach().to(ref.device, torch.float64)   # served unquantized
+    else:
+        return ""
+    if got.shape != ref.shape or torch.equal(got, ref):
+        return ""
+    bad = ~torch.isfinite(got) & torch.isfinite(ref)
+    if bad.any():
+        return (f"its weight holds {int(bad.sum())} NaN where the reference's is finite: OCP bytes read as FNUZ "
+                f"(0x80, OCP's negative zero, is FNUZ's NaN); convert with quant.fp8.ocp_to_fnuz (0x80 to 0, "
+                f"scales doubled)")
+    nz = (ref != 0) & (got != 0)
+    if not nz.any():
+        return ""
+    # divided by the scale instead of multiplied: got / ref = 2^k / scale^2 (2^k: a format conversion)
+    per_scale = (got / ref * _dequantize(torch.ones_like(codes, dtype=torch.float64), scale) ** 2)[nz]
+    k = math.log2(per_scale.median().item()) if per_scale.median().item() > 0 else 0.5
+    if abs(k - round(k)) < _FACTOR_TOL and ((per_scale / 2.0 ** round(k)) - 1).abs().max().item() < _FACTOR_TOL \
+            and not torch.allclose(scale, torch.ones_like(scale)):
+        return ("its dequantized weight is the codes divided by the scale: the reciprocal of the scale is used "
+                "(a weight_scale_inv read as weight_scale, or the reverse)")
+    ratio = (got[nz] / ref[nz]).median().item()
+    spread = ((got[nz] / ref[nz]) / ratio - 1).abs().max().item()
+    if spread < _FACTOR_TOL:
+        for factor, cause in ((0.5, "FNUZ codes with the OCP scale: the weight scale was not doubled after the "
+                                    "OCP-to-FNUZ conversion"),
+                              (2.0, "OCP codes with a doubled scale, or FNUZ bytes read as OCP")):
+            if abs(ratio / factor - 1) < _FACTOR_TOL:
+                return f"its dequantized weight is {factor:g}x the reference's: {cause}"
+        return f"its dequantized weight is {ratio:.4g}x the reference's (one factor throughout: a scale)"
+    return ""
+
+
+def activation_finding(cand: Any, twin: Any, x: Any) -> str:
+    """How the candidate quantizes the module's golden input ``x`` against the reference, in words."""
+    import torch
+
+    if not callable(getattr(cand, "quantize_input", None)) or twin is None or twin.activation is None:
+        return ""
+    x2 = x.detach().reshape(-1, x.shape[-1]).to(torch.float32)
+    cq, cs = cand.quantize_input(x2.to(cand.weight.device))
+    rq, rs = twin.quantize_input(x2)
+    got = cq.to(torch.float64).cpu() * cs.to(torch.float64).cpu()
+    ref = rq.to(torch.float64) * rs.to(torch.float64)
+    bad = ~torch.isfinite(got) & torch.isfinite(ref)
+    if bad.any():
+        return (f"its activation quantization gives {int(bad.sum())} NaN where the reference saturated: a cast "
+                f"without saturation (a cast to FNUZ makes NaN past 240); clamp to the format's max "
+                f"(torch.finfo(dtype).max) before the cast")
+    cmax, rmax = float(torch.finfo(cq.dtype).max), float(torch.finfo(rq.dtype).max)
+    c_sat = (cq.to(torch.float32).abs() >= cmax).float().mean().item()
+    r_sat = (rq.to(torch.float32).abs() >= rmax).float().mean().item()
+    if c_sat > 2 * r_sat + _SATURATION_EXCESS:
+        seen = f"{c_sat:.1%} of its activation codes saturate at {cmax:g} where {r_sat:.1%} of the reference's reach {rmax:g}"
+        same_scale = torch.allclose(cs.to(torch.float64).cpu(), rs.to(torch.float64), rtol=1e-3)
+        if cmax != rmax and same_scale:
+            return (f"{seen}: its scales are computed for {rmax:g}, the reference format's maximum, while its codes "
+                    f"are {str(cq.dtype).removeprefix('torch.')} (max {cmax:g}); take the max of the dtype in use, "
+                    f"torch.finfo(dtype).max")
+        return (f"{seen}: its activation scale is too small for its input (computed from another tensor, or a "
+                f"stale calibration)")
+    return ""
+
+
+def quant_notes(result: CheckResult, meta: dict[str, Any], get: Callable[[str], Any], model: Any,
+                golden_input: Callable[[str], Any | None]) -> list[str]:
+    """Notes naming the likely FP8 cause at each failing module that holds quantized storage (or is
+    the culprit): one per module, weights first."""
+    quant = meta.get("quant") or {}
+    failing = [l.name for l in result.layers if not l.passed]
+    if result.culprit:
+        failing.insert(0, result.culprit)
+    mods = dict(model.named_modules())
+    notes, seen = [], set()
+    for key in failing:
+        name = key.split("#")[0]
+        if name in seen or name not in mods:
+            continue
+        seen.add(name)
+        if name not in quant:
+            fmt = scheme(mods[name])
+            if fmt is not None:
+                notes.append(f"{name}: the candidate quantizes it ({fmt[0]}); the reference computes it unquantized "
+                             f"(FP8 checkpoints keep layers such as the lm_head in bf16): serve it as the checkpoint has it")
+            continue
+        why = weight_finding(mods[name], quant[name], get)
+        if not why:
+            x = golden_input(key)
+            why = activation_finding(mods[name], _reference_twin(quant[name], get), x) if x is not None else ""
+        if why:
+            notes.append(f"{name}: {why}")
+    return notes

@@ -1,0 +1,82 @@
+"""Fp8Linear computes what serving kernels compute; conversions keep every value; a rung cast leaves
+quantized storage alone."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from pytest_rocm_parity.errors import InvalidArgument
+from pytest_rocm_parity.quant.fp8 import (Fp8Linear, activations_unquantized, convert_to_fnuz, ocp_to_fnuz,
+                                          quantize_model, quantize_weight)
+from pytest_rocm_parity.quant.storage import cast_module, quantized_storage
+
+
+def _linear(seed: int = 0) -> nn.Linear:
+    torch.manual_seed(seed)
+    return nn.Linear(64, 32)
+
+
+@pytest.mark.parametrize("act", ["token", "tensor"])
+def test_emulated_gemm_matches_torch_scaled_mm(act: str) -> None:
+    """The emulation differs from torch's own FP8 GEMM (here its CPU kernel) only by accumulation order."""
+    q = Fp8Linear.from_linear(_linear(), "e4m3fn", "channel", act)
+    x = torch.randn(16, 64)
+    codes, s = q.quantize_input(x)
+    want = torch._scaled_mm(codes, q.weight.t(), scale_a=s.expand(16, 1).contiguous(),
+                            scale_b=q.weight_scale.reshape(1, -1).contiguous(), out_dtype=torch.float32)
+    got = q._gemm(codes, s, torch.float32, torch.float32)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_ocp_to_fnuz_keeps_every_value() -> None:
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
+    fnuz, scale = ocp_to_fnuz(codes, torch.tensor(0.5))
+    before, after = codes.to(torch.float64) * 0.5, fnuz.to(torch.float64) * scale.double()
+    finite = torch.isfinite(before)
+    assert torch.equal(after[finite], before[finite])          # -0 becomes +0, which compares equal
+    assert fnuz.dtype == torch.float8_e4m3fnuz and scale.item() == 1.0
+
+
+def test_fnuz_model_means_the_same_weights() -> None:
+    def mlp() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 16))
+
+    ocp = quantize_model(mlp(), activation=None, skip=())
+    fnuz = convert_to_fnuz(quantize_model(mlp(), activation=None, skip=()))
+    for a, b in zip(ocp.modules(), fnuz.modules()):
+        if isinstance(a, Fp8Linear):
+            assert b.weight.dtype == torch.float8_e4m3fnuz
+            assert torch.equal(a.dequantized_weight(torch.float64), b.dequantized_weight(torch.float64))
+    x = torch.randn(4, 64)
+    assert torch.equal(ocp(x), fnuz(x))
+
+
+def test_a_rung_cast_keeps_codes_and_scales() -> None:
+    m = quantize_model(nn.Sequential(_linear()), skip=())
+    lin = m[0]
+    assert quantized_storage(lin) == ["weight", "weight_scale"]
+    cast_module(m, dtype=torch.float64)
+    assert lin.weight.dtype == torch.float8_e4m3fn and lin.weight_scale.dtype == torch.float32
+    assert lin.bias.dtype == torch.float64
+
+
+def test_activations_unquantized_switches_only_inside() -> None:
+    m = quantize_model(nn.Sequential(_linear()), skip=())
+    x = torch.randn(8, 64, dtype=torch.float64)
+    quantized = m(x)
+    with activations_unquantized(m) as any_quantized:
+        assert any_quantized
+        plain = m(x)
+    assert torch.equal(m(x), quantized) and not torch.equal(plain, quantized)
+    assert torch.allclose(plain, x @ m[0].dequantized_weight(torch.float64).t() + m[0].bias.double())
+
+
+def test_bad_arguments_name_the_fix() -> None:
+    with pytest.raises(InvalidArgument, match="fmt='e4m3'"):
+        quantize_weight(torch.ones(2, 2), "e4m3")
+    with pytest.raises(InvalidArgument, match="input_scales"):
+        quantize_model(nn.Sequential(_linear()), activation="static", skip=())
+    with pytest.raises(InvalidArgument, match="already FNUZ"):
+        ocp_to_fnuz(torch.zeros(2).to(torch.float8_e4m3fnuz), torch.tensor(1.0))

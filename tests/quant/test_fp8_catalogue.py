@@ -1,0 +1,46 @@
+"""The FP8 catalogue (fp8_catalogue.py): an OCP (e4m3fn) decoder captured here, replayed as each
+candidate. Correct ports (FNUZ with the scales adjusted, equivalent per-channel scales, another
+accumulation order, the same format, weight-only dequantized in bf16) pass; every bug fails with its
+module named and, where the bug has a format pattern, the note naming its cause. docs/fp8.md has
+the table."""
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+import pytest
+
+import fp8_catalogue as C
+from parity_models import tokens, verdicts
+from pytest_rocm_parity.golden.store import GoldenStore
+from pytest_rocm_parity.runner.capture import capture
+from pytest_rocm_parity.runner.engine import CheckSpec
+from pytest_rocm_parity.runner.replay import replay
+
+LADDER = ["bfloat16", "float32"]
+
+
+@pytest.fixture(scope="module")
+def goldens() -> dict[bool, tuple[GoldenStore, CheckSpec]]:
+    out = {}
+    for weight_only in (False, True):
+        spec = CheckSpec(name=f"fp8-{'w8a16' if weight_only else 'w8a8'}", dtypes=LADDER, drill=2)
+        store = GoldenStore(tempfile.mkdtemp(prefix="parity-fp8-"))
+        capture(C.reference(weight_only), tokens("none"), spec, store, "cpu")
+        out[weight_only] = (store, spec)
+    return out
+
+
+@pytest.mark.parametrize("case", C.CASES, ids=lambda c: c.id)
+def test_case(case: C.Case, goldens: dict[bool, Any]) -> None:
+    store, spec = goldens[case.weight_only]
+    results = replay(C.candidate(case), tokens("none"), spec, store, "cpu")
+    if not case.bug:
+        assert all(r.passed for r in results), verdicts(results)
+        return
+    failing = [r for r in results if not r.passed]
+    assert failing, verdicts(results)
+    assert all(r.culprit == case.module for r in failing), verdicts(results)
+    if case.cause:
+        notes = [n for r in failing for n in r.notes if n.startswith(f"{case.module}:")]
+        assert notes and all(case.cause in n for n in notes), notes
