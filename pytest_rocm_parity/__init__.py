@@ -30,6 +30,12 @@ _LAZY = {
     "compare_op": "pytest_rocm_parity.fuzz.harness",
     "record_golden": "pytest_rocm_parity.fuzz.harness",
     "assert_compiles_for": "pytest_rocm_parity.fuzz.triton_targets",
+    # FP8 quantization (docs/fp8.md)
+    "Fp8Linear": "pytest_rocm_parity.quant.fp8",
+    "quantize_model": "pytest_rocm_parity.quant.fp8",
+    "convert_to_fnuz": "pytest_rocm_parity.quant.fp8",
+    "ocp_to_fnuz": "pytest_rocm_parity.quant.fp8",
+    "native_fp8_family": "pytest_rocm_parity.quant.formats",
     # reports
     "save_failing_tensors": "pytest_rocm_parity.reports.report",
     "profile_shares": "pytest_rocm_parity.reports.profiling",

@@ -152,9 +152,10 @@ class Fp8Linear(nn.Module):
         return y.reshape(*lead, self.out_features)
 
     def _gemm(self, q: torch.Tensor, s: torch.Tensor, out_dtype: Any, wide: Any) -> torch.Tensor:
-        if _native_gemm(q, self.weight, out_dtype):
+        rowwise = s.dim() > 0 or self.weight_scale.dim() > 0
+        # the device kernel takes per-row scales with a bf16 output only; other cases are emulated
+        if _native_gemm(q, self.weight, out_dtype) and (not rowwise or out_dtype == torch.bfloat16):
             m, n = q.shape[0], self.weight.shape[0]
-            rowwise = s.dim() > 0 or self.weight_scale.dim() > 0
             sa = s.to(torch.float32).expand(m, 1).contiguous() if rowwise else s.to(torch.float32)
             sb = (self.weight_scale.reshape(1, -1).expand(1, n).contiguous() if rowwise
                   else self.weight_scale.to(torch.float32))

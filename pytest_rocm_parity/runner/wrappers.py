@@ -71,8 +71,8 @@ def cast_in_place(model: Any, device: Any, dtype: Any, modules: list[Any] | None
     params: dict[int, tuple[Any, Any]] = {}
     buffers: list[tuple[Any, str, Any]] = []
 
-    def moved(t: Any) -> Any:
-        cast = t.is_floating_point() and id(t) not in kept
+    def moved(t: Any, quantized: bool) -> Any:
+        cast = t.is_floating_point() and not quantized
         return t.to(device=target if target is not None else t.device, dtype=dtype if cast else t.dtype)
 
     try:
@@ -82,11 +82,11 @@ def cast_in_place(model: Any, device: Any, dtype: Any, modules: list[Any] | None
                     if p is None or id(p) in params or not off(p):
                         continue
                     params[id(p)] = (p, p.data)
-                    p.data = moved(p.data)
+                    p.data = moved(p.data, id(p) in kept)
                 for name, b in list(mod._buffers.items()):
                     if b is not None and off(b):
                         buffers.append((mod, name, b))
-                        mod._buffers[name] = moved(b)
+                        mod._buffers[name] = moved(b, id(b) in kept)
         yield
     finally:
         for p, old in params.values():

@@ -80,3 +80,19 @@ def test_bad_arguments_name_the_fix() -> None:
         quantize_model(nn.Sequential(_linear()), activation="static", skip=())
     with pytest.raises(InvalidArgument, match="already FNUZ"):
         ocp_to_fnuz(torch.zeros(2).to(torch.float8_e4m3fnuz), torch.tensor(1.0))
+
+
+@pytest.mark.gpu
+def test_a_replay_cast_in_place_keeps_codes_and_scales_when_it_moves_them() -> None:
+    """cast_in_place swaps each parameter's data: the quantized ones move to the device but keep
+    their dtype (a CPU-held FP8 model replayed on a GPU)."""
+    from pytest_rocm_parity.runner.wrappers import cast_in_place
+
+    m = quantize_model(nn.Sequential(_linear()), skip=())
+    lin = m[0]
+    with cast_in_place(m, "cuda", torch.bfloat16):
+        assert lin.weight.is_cuda and lin.weight.dtype == torch.float8_e4m3fn
+        assert lin.weight_scale.dtype == torch.float32 and lin.bias.dtype == torch.bfloat16
+        y = m(torch.randn(4, 64, device="cuda", dtype=torch.bfloat16))
+        assert y.dtype == torch.bfloat16 and torch.isfinite(y).all()
+    assert lin.weight.device.type == "cpu"
