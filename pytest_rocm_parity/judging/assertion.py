@@ -157,6 +157,10 @@ def message(result: CheckResult) -> str:
     if culprit is not None:
         inside = f" (inside block {result.culprit_block})" if result.culprit_block and result.culprit_block != result.culprit else ""
         lines.append(f"  culprit: {result.culprit}{inside}: {culprit.reason}")
+        # a note about the culprit itself (an FP8 layer's likely cause: quant/diagnosis.py) goes beside it
+        cause = next((n[len(result.culprit) + 2:] for n in result.notes if n.startswith(f"{result.culprit}: ")), "")
+        if cause:
+            lines.append(f"    likely cause: {cause}")
     elif any(not l.iso_passed for l in result.layers):
         lines.append("  culprit: none named (the failing layers are listed below)")
     elif result.extra.get("unselected_region"):
@@ -184,7 +188,8 @@ def message(result: CheckResult) -> str:
     if hint:
         lines.append(hint)
     for n in result.notes:
-        lines.append(f"  note: {n}")
+        if not (result.culprit and n.startswith(f"{result.culprit}: ")):
+            lines.append(f"  note: {n}")
     regen = regen_hint(result)
     if regen:
         lines.append(regen)

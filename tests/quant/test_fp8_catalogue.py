@@ -44,3 +44,15 @@ def test_case(case: C.Case, goldens: dict[bool, Any]) -> None:
     if case.cause:
         notes = [n for r in failing for n in r.notes if n.startswith(f"{case.module}:")]
         assert notes and all(case.cause in n for n in notes), notes
+
+
+def test_the_failure_message_puts_the_cause_beside_the_culprit(goldens: dict[bool, Any]) -> None:
+    from pytest_rocm_parity.judging.assertion import message
+
+    store, spec = goldens[False]
+    case = next(c for c in C.CASES if c.id == "bug_fnuz_scale_not_doubled")
+    failing = [r for r in replay(C.candidate(case), tokens("none"), spec, store, "cpu") if not r.passed]
+    lines = message(failing[0]).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith(f"  culprit: {case.module}"))
+    assert lines[at + 1].startswith("    likely cause: its dequantized weight is 0.5x the reference's")
+    assert sum("was not doubled" in line for line in lines) == 1
