@@ -1,0 +1,188 @@
+"""The replay's fast path against the plain forward, each optimisation it keeps against the path it
+replaced, and a cold replay in a new process (docs/performance.md).
+
+    python bench/bench_replay.py --device cuda --model 1b --out replay.json
+
+One golden of a Llama shape (random init, bf16, batch x seq tokens, drill 0) is captured, then:
+
+* ``pass_x``: one rung's replay with the goldens on the device (replay._replay_rung: model walk,
+  selection, the fast pass, the verdict) over a plain forward run alongside it. ``pass_again_x`` is
+  the same arm measured a second time in the same loop: their difference is this run's noise, the
+  yardstick for the gains below.
+* ``preload_s`` / ``lazy_s``: a replay of one rung from a fresh reader, the goldens loaded onto the
+  device before the pass (replay's preload) or read from the file when a hook needs them.
+* ``cold_s``: ``replay()`` in a new process (the hash check, the load, the pass, the verdict): first
+  with an empty Triton cache folder (the statistics kernel compiled), then with that folder filled
+  (``cold_cached_s``); ``warm_s`` is a second replay() in that process. ``read_s`` is reading the
+  golden's bytes (the page cache holds them: the file was just written), ``hash_s`` hashing them.
+
+Every timed arm runs in turn with a plain forward (a, b, a, b, ...) and reports the median of --reps.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_parity import SHAPES, _profile, build, sync   # noqa: E402
+
+COLD = """
+import json, sys, time
+sys.path.insert(0, {bench!r})
+import torch
+from bench_parity import build, sync
+from pytest_rocm_parity.golden.store import GoldenStore
+from pytest_rocm_parity.runner.engine import CheckSpec
+from pytest_rocm_parity.runner.replay import replay
+model = build({name!r}, {device!r})
+ids = torch.randint(0, model.config.vocab_size, ({batch}, {seq}), generator=torch.Generator().manual_seed(0))
+spec = CheckSpec(name={name!r}, dtypes=["bfloat16"], drill=0, replay="fast")
+store = GoldenStore({root!r})
+out = {{}}
+for k in ("cold_s", "warm_s"):
+    sync({device!r}); t = time.perf_counter()
+    (res,) = replay(model, {{"input_ids": ids, "use_cache": False}}, spec, store, {device!r})
+    sync({device!r}); out[k] = time.perf_counter() - t
+    out["passed"] = res.passed
+print(json.dumps(out))
+"""
+
+
+def interleaved(fns: dict[str, Any], device: str, reps: int) -> dict[str, float]:
+    """Median seconds of each function, all run in turn in every repetition."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(reps):
+        for k, fn in fns.items():
+            sync(device)
+            t = time.perf_counter()
+            fn()
+            sync(device)
+            times[k].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def cold_replays(name: str, device: str, batch: int, seq: int, root: str) -> dict[str, Any]:
+    """replay() in two new processes sharing one Triton cache folder, empty before the first."""
+    script = COLD.format(bench=str(Path(__file__).resolve().parent), name=name, device=device, batch=batch,
+                         seq=seq, root=root)
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="triton-cache-") as cache:
+        env = {**os.environ, "TRITON_CACHE_DIR": cache}
+        for label in ("cold", "cold_cached"):
+            p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+            if p.returncode:
+                out[f"{label}_error"] = p.stderr[-800:]
+                continue
+            got = json.loads(p.stdout.strip().splitlines()[-1])
+            out[f"{label}_s"] = got["cold_s"]
+            out[f"{label}_passed"] = got["passed"]
+            if label == "cold_cached":
+                out["warm_s"] = got["warm_s"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--model", default="1b", choices=sorted(SHAPES))
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--reps", type=int, default=21)
+    ap.add_argument("--lazy-reps", type=int, default=5)
+    ap.add_argument("--no-cold", action="store_true", help="leave out the new-process replays")
+    ap.add_argument("--profile-dir", default=None, help="write a cProfile of one pass here (profiles.txt)")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+
+    import torch
+
+    from pytest_rocm_parity.golden.store import GoldenStore, RungReader, sha256_file
+    from pytest_rocm_parity.runner.capture import capture
+    from pytest_rocm_parity.runner.engine import CheckSpec, _run
+    from pytest_rocm_parity.runner.replay import _preload, _replay_rung
+
+    dev = a.device
+    model = build(a.model, dev)
+    ids = torch.randint(0, model.config.vocab_size, (a.batch, a.seq), generator=torch.Generator().manual_seed(0))
+    inputs = {"input_ids": ids.to(dev), "use_cache": False}
+    work = tempfile.mkdtemp(prefix="parity-replay-bench-")
+    store = GoldenStore(work)
+    spec = CheckSpec(name=a.model, dtypes=["bfloat16"], drill=0, replay="fast")
+    capture(model, {"input_ids": ids, "use_cache": False}, spec, store, dev, overwrite=True)
+    manifest = store.read_manifest(a.model)
+    meta = manifest["rungs"]["bfloat16"]
+    path = store.rung_file(a.model, manifest, "bfloat16")
+    tmpl = {"args": (), "kwargs": {"input_ids": ids, "use_cache": False}}
+    row: dict[str, Any] = {"model": a.model, "batch": a.batch, "seq": a.seq, "device": dev,
+                           "golden_gb": path.stat().st_size / 1e9}
+
+    def forward() -> None:
+        _run(model, (), inputs)
+
+    reader = RungReader(path, dev)
+    _preload(reader, spec)
+
+    def one_pass() -> Any:
+        return _replay_rung(model, spec, meta, reader, "bfloat16", dev, tmpl)
+
+    for _ in range(3):
+        forward()
+        row["passed"] = one_pass().passed
+    got = interleaved({"forward": forward, "pass": one_pass, "pass_again": one_pass}, dev, a.reps)
+    row["forward_s"] = got["forward"]
+    for k in ("pass", "pass_again"):
+        row[f"{k}_s"] = got[k]
+        row[f"{k}_x"] = got[k] / got["forward"]
+    if a.profile_dir:
+        os.makedirs(a.profile_dir, exist_ok=True)
+        _profile(one_pass, dev, a.profile_dir, f"{a.model} fast pass (replay._replay_rung, goldens loaded)")
+    reader.release()
+
+    def fresh(preload: bool) -> Any:
+        def run() -> None:
+            r = RungReader(path, dev)
+            if preload:
+                _preload(r, spec)
+            _replay_rung(model, spec, meta, r, "bfloat16", dev, tmpl)
+            r.release()
+        return run
+
+    got = interleaved({"preload": fresh(True), "lazy": fresh(False)}, dev, a.lazy_reps)
+    row["preload_s"], row["lazy_s"] = got["preload"], got["lazy"]
+
+    t = time.perf_counter()
+    with open(path, "rb") as f:
+        while f.read(1 << 24):
+            pass
+    row["read_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    sha256_file(path)
+    row["hash_s"] = time.perf_counter() - t
+    if not a.no_cold:
+        del model
+        if dev.startswith("cuda"):
+            torch.cuda.empty_cache()
+        row.update(cold_replays(a.model, dev, a.batch, a.seq, work))
+        row["floor_s"] = row["read_s"] + row["forward_s"]
+        if "cold_cached_s" in row:
+            row["cold_cached_over_floor_forwards"] = (row["cold_cached_s"] - row["floor_s"]) / row["forward_s"]
+    print(json.dumps(row), flush=True)
+    if a.out:
+        from pytest_rocm_parity.migration.backend import collect_env
+
+        with open(a.out, "w") as f:
+            json.dump({"date": time.strftime("%Y-%m-%d"), "env": collect_env(dev), "torch": torch.__version__,
+                       "rows": [row]}, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
