@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from pytest_rocm_parity.judging import dtypes as dt
+from pytest_rocm_parity.quant.allowance import differing_modules
 from pytest_rocm_parity.runner.capture import capture
 from pytest_rocm_parity.runner.engine import OUTPUT
 from pytest_rocm_parity.runner.replay import load_truth, replay
@@ -226,6 +227,11 @@ def _judge(prompt_len: int, generate: int, top_k: int, ids_cpu: Any, mask_cpu: A
         # perplexity over the prompt (real text), next-token targets
         tgt = ids[:, 1:prompt_len]
         pv = valid[:, 1:prompt_len] & valid[:, : prompt_len - 1]
+        # a candidate quantizing its activations in another FP8 format carries that format's noise:
+        # the truth with activation quantization off (lq) measures it (docs/fp8.md)
+        qkey = f"qnoise/{OUTPUT}/{_logits_leaf(meta)}"
+        lq = (lt + reader.get(qkey).to(dev, torch.float64)
+              if qkey in reader.keys and differing_modules(meta, m) else None)
         nll = {k: _nll(l[:, : prompt_len - 1], tgt, pv) for k, l in (("cand", lc), ("ref", lr), ("truth", lt))}
         ppl = {k: math.exp(float(v.mean())) for k, v in nll.items()}
         metrics.update({"ppl": ppl["cand"], "ppl_ref": ppl["ref"], "ppl_truth": ppl["truth"],
@@ -239,6 +245,9 @@ def _judge(prompt_len: int, generate: int, top_k: int, ids_cpu: Any, mask_cpu: A
         ec = float((nll["cand"] - nll["truth"]).mean())
         se = float(er.std()) / math.sqrt(max(int(er.numel()), 1)) if er.numel() > 1 else 0.0
         budget = PPL_K * abs(float(er.mean())) + PPL_SE * se + PPL_FLOOR_ULPS * u
+        if lq is not None:
+            dq = _nll(lq[:, : prompt_len - 1], tgt, pv) - nll["truth"]
+            budget += tol.quant_noise * (abs(float(dq.mean())) + float(dq.std()) / math.sqrt(max(int(dq.numel()), 1)))
         metrics.update({"log_ppl_err": ec, "log_ppl_err_ref": float(er.mean()), "log_ppl_budget": budget})
         if abs(ec) > budget:
             fails.append(f"perplexity {ppl['cand']:.6g} vs reference {ppl['ref']:.6g} (truth {ppl['truth']:.6g}): "
@@ -248,6 +257,9 @@ def _judge(prompt_len: int, generate: int, top_k: int, ids_cpu: Any, mask_cpu: A
         # token agreement, near-tie aware
         noise = float((lr - lt)[valid].square().mean().sqrt()) if bool(valid.any()) else 0.0
         delta = NOISE_K * noise
+        if lq is not None and bool(valid.any()):
+            # a top-2 margin moves by the difference of two logits' quantization noise (2x its RMS)
+            delta = max(delta, tol.quant_noise * 2 * float((lq - lt)[valid].square().mean().sqrt()))
         top2 = lr.topk(2, dim=-1)
         margin = top2.values[..., 0] - top2.values[..., 1]
         a_c, a_r = lc.argmax(-1), top2.indices[..., 0]
@@ -270,6 +282,9 @@ def _judge(prompt_len: int, generate: int, top_k: int, ids_cpu: Any, mask_cpu: A
         metrics.update({"kl_mean": float(kl_rc.mean()), "kl_max": float(kl_rc.max()),
                         "kl_truth_cand_mean": float(kl_tc.mean()), "kl_truth_ref_mean": float(kl_tr.mean())})
         kl_budget = tol.propagated_for(rung) ** 2 * float(kl_tr.mean()) + (u * u)
+        if lq is not None:
+            lpq = torch.log_softmax(lq, -1)
+            kl_budget += tol.quant_noise ** 2 * float((lpt.exp() * (lpt - lpq)).sum(-1)[valid].mean())
         if float(kl_tc.mean()) > kl_budget:
             fails.append(f"KL(truth||cand) mean {float(kl_tc.mean()):.3g} > budget {kl_budget:.3g} "
                          f"(reference's own: {float(kl_tr.mean()):.3g})")

@@ -708,6 +708,8 @@ def _quantization_noise(tm: Any, truth_passes: Callable[[Callable[[str, str, str
         d = t.to(torch.float64) - ref - tensors[name].to(t.device, torch.float64)   # unquantized - truth
         d = torch.where(torch.isfinite(d), d, torch.zeros_like(d))
         noise[name] = float(d.square().mean().sqrt()) if d.numel() else 0.0
+        if key == OUTPUT:   # the model outputs' whole difference: what check_lm's metrics allow (llm/lm.py)
+            tensors[f"qnoise/{OUTPUT}/{p}"] = d.to("cpu", tensors[name].dtype).contiguous()
 
     with activations_unquantized(tm) as any_quantized:
         if any_quantized:
