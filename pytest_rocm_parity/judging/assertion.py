@@ -158,7 +158,8 @@ def message(result: CheckResult) -> str:
         inside = f" (inside block {result.culprit_block})" if result.culprit_block and result.culprit_block != result.culprit else ""
         lines.append(f"  culprit: {result.culprit}{inside}: {culprit.reason}")
         # a note about the culprit itself (an FP8 layer's likely cause: quant/diagnosis.py) goes beside it
-        cause = next((n[len(result.culprit) + 2:] for n in result.notes if n.startswith(f"{result.culprit}: ")), "")
+        prefix = f"{result.culprit}: "
+        cause = next((n[len(prefix):] for n in result.notes if n.startswith(prefix)), "")
         if cause:
             lines.append(f"    likely cause: {cause}")
     elif any(not l.iso_passed for l in result.layers):

@@ -83,6 +83,7 @@ def test_bad_arguments_name_the_fix() -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_replay_cast_in_place_keeps_codes_and_scales_when_it_moves_them() -> None:
     """cast_in_place swaps each parameter's data: the quantized ones move to the device but keep
     their dtype (a CPU-held FP8 model replayed on a GPU)."""
