@@ -9,6 +9,10 @@ One golden of a Llama shape (random init, bf16, batch x seq tokens, drill 0) is 
   selection, the fast pass, the verdict) over a plain forward run alongside it. ``pass_again_x`` is
   the same arm measured a second time in the same loop: their difference is this run's noise, the
   yardstick for the gains below.
+* ``full_x`` / ``full_hooked_x``: the full replay (the propagated pass, then the isolated level) with
+  each isolated module called directly on its recorded call, and with the isolated level run
+  through the teacher-forced forward instead (the model handed in wrapped, as DataParallel, which
+  is judged through its own forward).
 * ``preload_s`` / ``lazy_s``: a replay of one rung from a fresh reader, the goldens loaded onto the
   device before the pass (replay's preload) or read from the file when a hook needs them.
 * ``cold_s``: ``replay()`` in a new process (the hash check, the load, the pass, the verdict): first
@@ -133,12 +137,23 @@ def main(argv: list[str] | None = None) -> int:
     def one_pass() -> Any:
         return _replay_rung(model, spec, meta, reader, "bfloat16", dev, tmpl)
 
+    full = CheckSpec(name=a.model, dtypes=["bfloat16"], drill=0, replay="full")
+    wrapped = torch.nn.DataParallel(model, device_ids=[torch.device(dev).index or 0]) if dev.startswith("cuda") \
+        else torch.nn.DataParallel(model)
+
+    def full_pass() -> Any:
+        return _replay_rung(model, full, meta, reader, "bfloat16", dev, tmpl)
+
+    def full_hooked() -> Any:
+        return _replay_rung(wrapped, full, meta, reader, "bfloat16", dev, tmpl)
+
     for _ in range(3):
         forward()
-        row["passed"] = one_pass().passed
-    got = interleaved({"forward": forward, "pass": one_pass, "pass_again": one_pass}, dev, a.reps)
+        row["passed"] = one_pass().passed and full_pass().passed and full_hooked().passed
+    got = interleaved({"forward": forward, "pass": one_pass, "pass_again": one_pass, "full": full_pass,
+                       "full_hooked": full_hooked}, dev, a.reps)
     row["forward_s"] = got["forward"]
-    for k in ("pass", "pass_again"):
+    for k in ("pass", "pass_again", "full", "full_hooked"):
         row[f"{k}_s"] = got[k]
         row[f"{k}_x"] = got[k] / got["forward"]
     if a.profile_dir:

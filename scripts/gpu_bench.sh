@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The GPU figures of docs/performance.md, on a CUDA or ROCm machine: the environment, the tests marked
-# `gpu`, the capture/replay benchmark (tiny and the 1.1B Llama shape, bf16, 4 x 512) and the
-# statistics kernel's launch shapes. Needs torch (CUDA or ROCm build), triton, transformers; no network.
+# `gpu`, the capture/replay benchmark (tiny and the 1.1B Llama shape, bf16, 4 x 512), the replay's fast
+# path with each optimisation it keeps against the path it replaced and a cold replay in a new process,
+# and the statistics kernel's routes. Needs torch (CUDA or ROCm build), triton, transformers; no network.
 # Usage: OUT=/some/dir bash scripts/gpu_bench.sh [--8b]     (under 10 minutes on an H200; --8b adds
-# the 8B Llama shape's row, about 3 more)
+# the 8B Llama shape's capture/replay row, about 3 more)
+# Writes to OUT: env.txt, gpu_tests.log, bench.log, bench_parity.json, replay.json, stats_kernel.json,
+# profiles.txt (a cProfile of one 1.1B fast pass).
 set -uo pipefail
 : "${OUT:?set OUT to an output folder}"
 mkdir -p "$OUT"
@@ -23,22 +26,33 @@ status=0
 } > "$OUT/env.txt" 2>&1
 
 PARITY_GPU_RECORD="$OUT/migrations.jsonl" timeout 400 python -m pytest -q -p no:cacheprovider -m gpu tests > "$OUT/gpu_tests.log" 2>&1 || status=1
-timeout 600 python bench/bench_parity.py --device cuda --models "$models" --reps 15 --out "$OUT/bench_parity.json" \
-  > "$OUT/bench_parity.log" 2>&1 || status=1
-timeout 200 python bench/bench_stats_kernel.py --model 1b --out "$OUT/stats_kernel.json" > "$OUT/stats_kernel.log" 2>&1 || status=1
+{
+  timeout 600 python bench/bench_parity.py --device cuda --models "$models" --reps 15 --out "$OUT/bench_parity.json" || status=1
+  timeout 300 python bench/bench_replay.py --device cuda --model 1b --reps 21 --profile-dir "$OUT" --out "$OUT/replay.json" || status=1
+  timeout 200 python bench/bench_stats_kernel.py --model 1b --no-sweep --out "$OUT/stats_kernel.json" || status=1
+  timeout 60 python bench/bench_stats_kernel.py --model 1b --table-cost || status=1
+} > "$OUT/bench.log" 2>&1
 
 cat "$OUT/env.txt"
 tail -n 3 "$OUT/gpu_tests.log"
-python - "$OUT/bench_parity.json" <<'PY'
-import json, sys
+python - "$OUT" <<'PY'
+import json, os, sys
 keys = ("model", "forward_s", "record_x", "capture_s", "capture_host_growth_gib", "golden_gb", "replay_cold_s",
-        "replay_warm_s", "load_s", "pass_fast_x", "pass_full_x", "replay_passed", "error")
+        "replay_warm_s", "load_s", "pass_fast_x", "pass_full_x", "replay_passed", "error",
+        "pass_x", "pass_again_x", "preload_s", "lazy_s", "read_s", "hash_s", "floor_s", "cold_s", "cold_cached_s",
+        "warm_s", "cold_cached_over_floor_forwards")
+for name in ("bench_parity.json", "replay.json"):
+    try:
+        rows = json.load(open(os.path.join(sys.argv[1], name)))["rows"]
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"{name}: no rows ({exc})")
+        continue
+    for r in rows:
+        print({k: (round(r[k], 4) if isinstance(r[k], float) else r[k]) for k in keys if k in r})
 try:
-    rows = json.load(open(sys.argv[1]))["rows"]
+    print("statistics routes (ms):", json.load(open(os.path.join(sys.argv[1], "stats_kernel.json")))["paths_ms"])
 except (OSError, ValueError, KeyError) as exc:
-    sys.exit(f"no benchmark rows: {exc}")
-for r in rows:
-    print({k: (round(r[k], 4) if isinstance(r[k], float) else r[k]) for k in keys if k in r})
+    print(f"stats_kernel.json: {exc}")
 PY
 echo "exit status $status"
 exit $status
