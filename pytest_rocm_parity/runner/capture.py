@@ -717,7 +717,7 @@ def _quantization_noise(tm: Any, truth_passes: Callable[[Callable[[str, str, str
     return noise
 
 
-def _quantized_storage(m: Any, tensors: dict[str, Any]) -> dict[str, Any]:
+def _quantized_storage(m: Any, tensors: dict[str, Any] | None) -> dict[str, Any]:
     """The reference's quantized weights and scales (wrappers.quantized_storage), stored dtype-exact
     under quant/<module>/<tensor>: a replay tells from them whether the candidate's weights mean the
     same values (docs/fp8.md). {module: {"tensors": {name: key}, "format", "activation"}}."""
@@ -729,9 +729,9 @@ def _quantized_storage(m: Any, tensors: dict[str, Any]) -> dict[str, Any]:
         if not names:
             continue
         own = {**mod._parameters, **mod._buffers}
-        keys = {n: f"quant/{mname}/{n}" for n in names}
+        keys = {n: f"quant/{mname}/{n}" for n in names} if tensors is not None else {}
         for n, k in keys.items():
-            tensors[k] = own[n].detach().to("cpu", copy=True).contiguous()
+            tensors[k] = own[n].detach().to("cpu", copy=True).contiguous()   # type: ignore[index]
         fmt, act = scheme(mod) or ("", None)
         out[mname] = {"tensors": keys, "codes": next(n for n in names if own[n].element_size() == 1),
                       "format": fmt, "activation": act}
@@ -932,6 +932,7 @@ def _capture_rung_sketch(model: Any, args0: Any, kwargs0: Any, selected: list[Se
         del out
     finally:
         m.train(was_training)
+    quant = _quantized_storage(m, None)   # what each module is, not its tensors: a sketch stays small
     rung_model = [m]
     del m
     tm, truth_dev = _truth_model(model, device, dtype, rung_model)
@@ -940,12 +941,43 @@ def _capture_rung_sketch(model: Any, args0: Any, kwargs0: Any, selected: list[Se
     with torch.no_grad(), Hooks(tm, selected, None, lambda k, s, o: keep("skt", k, o, truth_names)):
         tout = _run(tm, targs, tkwargs)
         keep("skt", OUTPUT, tout, truth_names)
-    del tm, tout
+    del tout
+    noise = _sketch_quantization_noise(tm, selected, targs, tkwargs, tensors, group)
+    del tm
     layers = [entries[k] for k in order if k in entries]
     meta = {"inputs": {"const": constant_leaves({"args": args, "kwargs": kwargs})}, "layers": layers,
             "outputs": outputs, "truth_encoding": "sketch", "sketch": group, "tf32": tf32, "order": order,
             "selected": sorted(s.name for s in selected), "extra": {}}
+    if quant:
+        meta["quant"], meta["quant_noise"] = quant, noise
     return meta, tensors
+
+
+def _sketch_quantization_noise(tm: Any, selected: list[Selected], targs: Any, tkwargs: Any,
+                               tensors: dict[str, Any], group: int) -> dict[str, float]:
+    """_quantization_noise for a sketch golden: per output, the RMS over its sketch of what turning
+    activation quantization off changes (keyed gtruth/<call>/<leaf>, as the propagated truth is)."""
+    import torch
+
+    from pytest_rocm_parity.golden.sketch import sketch
+    from pytest_rocm_parity.quant.fp8 import activations_unquantized
+
+    noise: dict[str, float] = {}
+
+    def put(key: str, out: Any) -> None:
+        for p, t in tensor_leaves(out).items():
+            stored = tensors.get(f"skt/{key}/{p}")
+            if stored is None or not t.is_floating_point():
+                continue
+            d = sketch(t, group, f"{key}/{p}").cpu().to(torch.float64) - stored.to(torch.float64)
+            d = torch.where(torch.isfinite(d), d, torch.zeros_like(d))
+            noise[f"gtruth/{key}/{p}"] = float(d.square().mean().sqrt()) if d.numel() else 0.0
+
+    with activations_unquantized(tm) as any_quantized:
+        if any_quantized:
+            with torch.no_grad(), Hooks(tm, selected, None, lambda k, s, o: put(k, o)):
+                put(OUTPUT, _run(tm, targs, tkwargs))
+    return noise
 
 
 def _residual(truth: Any, ref: Any, rdt: Any, copies: _HostCopies | None = None) -> Any:

@@ -52,6 +52,7 @@ def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: R
     tol = spec.tolerance
     u = tol.unit_roundoff(rung)
     layers = {e["key"]: e for e in meta["layers"]}
+    noise = noise_allowance(meta, m)
 
     def judge_leaves(key: str, out: Any, names: dict[str, str]) -> list[LeafMetrics]:
         got = tensor_leaves(out)
@@ -69,6 +70,7 @@ def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: R
                 c_s = sketch(c, group, f"{key}/{p}").to(ref_s.device)
                 mm = float_metrics(p, c_s, ref_s, t_s, u, tol.confidence, tol.nan)
                 mm.numel = int(c.numel())
+                mm.noise = noise.get(f"{key}/{p}/propagated", 0.0)
                 res.append(mm)
         return res
 
@@ -117,6 +119,8 @@ def _record(key: str, e: dict[str, Any]) -> LayerRecord:
 def _sketch_failure(m: LeafMetrics, tol: Tolerance, rung: str, budget: float) -> str:
     if m.note.startswith("shape") or m.kind == "exact" or m.nonfinite:
         return leaf_failure(m, tol, rung, isolated=True)
+    if m.noise > m.err_ref:   # the candidate quantizes its activations otherwise: the noise rule
+        return leaf_failure(m, tol, rung, isolated=False)
     if m.ratio_lo > budget and m.z > tol.z:
         return (f"drift {m.ratio:.3g}x the reference's error (>= {m.ratio_lo:.3g}x at {tol.confidence:g} sigma over "
                 f"the sketch; budget {budget:g}x; sign test z={m.z:+.1f})")

@@ -56,3 +56,16 @@ def test_the_failure_message_puts_the_cause_beside_the_culprit(goldens: dict[boo
     at = next(i for i, line in enumerate(lines) if line.startswith(f"  culprit: {case.module}"))
     assert lines[at + 1].startswith("    likely cause: its dequantized weight is 0.5x the reference's")
     assert sum("was not doubled" in line for line in lines) == 1
+
+
+def test_a_sketch_golden_judges_an_fnuz_port_by_its_noise_too() -> None:
+    """A sketch golden keeps what each module is and the noise over its sketches: the FNUZ port
+    passes, a scale left undoubled is named (the lm_head case is out of a propagated-only reach)."""
+    spec = CheckSpec(name="fp8-sketch", dtypes=LADDER, drill=2, sketch=16)
+    store = GoldenStore(tempfile.mkdtemp(prefix="parity-fp8-"))
+    capture(C.reference(), tokens("none"), spec, store, "cpu")
+    by_id = {c.id: c for c in C.CASES}
+    ok = replay(C.candidate(by_id["alt_fnuz_converted"]), tokens("none"), spec, store, "cpu")
+    assert all(r.passed for r in ok), verdicts(ok)
+    bad = replay(C.candidate(by_id["bug_fnuz_scale_not_doubled"]), tokens("none"), spec, store, "cpu")
+    assert all(not r.passed and r.culprit == C.TARGET for r in bad), verdicts(bad)
