@@ -69,3 +69,17 @@ def test_a_sketch_golden_judges_an_fnuz_port_by_its_noise_too() -> None:
     assert all(r.passed for r in ok), verdicts(ok)
     bad = replay(C.candidate(by_id["bug_fnuz_scale_not_doubled"]), tokens("none"), spec, store, "cpu")
     assert all(not r.passed and r.culprit == C.TARGET for r in bad), verdicts(bad)
+
+
+@pytest.mark.parametrize("weight,activation", [("channel", "tensor"), ("tensor", "tensor"), ("channel", None)])
+def test_the_fnuz_port_passes_for_each_scale_scheme_with_padding(weight: str, activation: str | None) -> None:
+    """Per-tensor dynamic activation scales and weight-only too, on a right-padded batch."""
+    from parity_models import llama
+    from pytest_rocm_parity.quant.fp8 import convert_to_fnuz, quantize_model
+
+    spec = CheckSpec(name="fp8-scheme", dtypes=LADDER, drill=2)
+    store = GoldenStore(tempfile.mkdtemp(prefix="parity-fp8-"))
+    capture(quantize_model(llama(), weight=weight, activation=activation), tokens("right"), spec, store, "cpu")
+    cand = convert_to_fnuz(quantize_model(llama(), weight=weight, activation=activation))
+    results = replay(cand, tokens("right"), spec, store, "cpu")
+    assert all(r.passed for r in results), verdicts(results)
