@@ -496,33 +496,15 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
     optional: dict[str, list[str]] = {}
     pos_err: dict[str, tuple[Any, Any]] = {}
 
-    # per (call key, truth prefix): (leaf, reference, truth residual or None/"" as judge.leaf takes it,
-    # truth key, tag), looked up once per pass rather than once per module call
-    out_plans: dict[tuple[str, str], list[tuple[str, Any, Any, str, str]]] = {}
-
-    def out_plan(key: str, prefix: str) -> list[tuple[str, Any, Any, str, str]]:
-        plan = out_plans.get((key, prefix))
-        if plan is None:
-            kind = "isolated" if prefix == "truth" else "propagated"
-            plan = []
-            for p, gk in layers[key]["out"].items():
-                ref = reader.get(gk)
-                tname = f"{prefix}/{key}/{p}"
-                truth: Any = None
-                if ref.is_floating_point() or ref.is_complex():
-                    truth = reader.get(tname) if tname in reader.keys else ""
-                plan.append((p, ref, truth, tname, f"{key}/{p}/{kind}"))
-            out_plans[(key, prefix)] = plan
-        return plan
-
     def compare(key: str, out: Any, prefix: str, sink: dict[str, list[LeafMetrics]]) -> None:
-        if key not in layers:
+        e = layers.get(key)
+        if e is None:
             return
-        plan = out_plan(key, prefix)
         got = {"0": out} if isinstance(out, torch.Tensor) else tensor_leaves(out)
         res: list[Any] = []
         isolated = prefix == "truth"
-        for p, ref, truth, tname, tag in plan:
+        for p, gk in e["out"].items():
+            ref = reader.get(gk)
             c = got.get(p)
             if c is None:
                 if not optional_leaf(p):
@@ -531,7 +513,12 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
                 else:
                     optional.setdefault(p, []).append(key)
                 continue
-            judge.leaf(res, p, c, ref, truth, tols[key], isolated, tag)
+            tname = f"{prefix}/{key}/{p}"
+            truth: Any = None
+            if ref.is_floating_point() or ref.is_complex():
+                truth = reader.get(tname) if tname in reader.keys else ""
+            judge.leaf(res, p, c, ref, truth, tols[key], isolated,
+                       f"{key}/{p}/{'isolated' if isolated else 'propagated'}")
             if (spec.positions is not None and not isolated and not isinstance(truth, str) and truth is not None
                     and ref.dim() >= 2 and tuple(ref.shape[:2]) == spec.positions
                     and tuple(c.shape) == tuple(ref.shape) and not ref.is_complex() and key not in pos_err):
@@ -680,15 +667,6 @@ def _swap(key: str, a: Any, kw: Any, paths: dict[str, str], golden: Callable[[st
                          f"the candidate's value was used")
             return t
         return g.to(t.device) if g.device != t.device else g
-    top = _top_level(paths, a, kw)
-    if top is not None:   # the usual call: activations passed as positional or keyword tensors
-        args, kwargs = list(a), dict(kw)
-        for p, (where, at) in top.items():
-            if where == "args":
-                args[at] = fn(p, args[at])
-            else:
-                kwargs[at] = fn(p, kwargs[at])
-        return tuple(args), kwargs
     root: Any = {"args": a, "kwargs": kw}
     try:   # the usual calls (tensors in plain tuples, lists and dicts), rebuilding only the swapped paths
         root = _patch(root, _plan(paths), fn)
@@ -700,23 +678,6 @@ def _swap(key: str, a: Any, kw: Any, paths: dict[str, str], golden: Callable[[st
         notes.append(f"{key}: activation input {', '.join(missing)} is not where the golden recorded it on the "
                      f"candidate's call; the candidate's own inputs were used there")
     return tuple(root["args"]), root["kwargs"]
-
-
-def _top_level(paths: dict[str, str], a: Any, kw: Any) -> dict[str, tuple[str, Any]] | None:
-    """{path: ("args", index) or ("kwargs", name)} when every path names a tensor passed directly to the
-    call; None otherwise (a tensor inside a container: _swap's general route)."""
-    import torch
-
-    out: dict[str, tuple[str, Any]] = {}
-    for p in paths:
-        where, _, at = p.partition(".")
-        if where == "args" and at.isdigit() and int(at) < len(a) and type(a[int(at)]) is torch.Tensor:
-            out[p] = ("args", int(at))
-        elif where == "kwargs" and "." not in at and type(kw.get(at)) is torch.Tensor:
-            out[p] = ("kwargs", at)
-        else:
-            return None
-    return out
 
 
 def _hooked_level(model: Any, inner: Any, selected: list[Selected], level: int, layers: dict[str, dict[str, Any]],
