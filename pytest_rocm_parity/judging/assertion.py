@@ -162,6 +162,9 @@ def message(result: CheckResult) -> str:
         cause = next((n[len(prefix):] for n in result.notes if n.startswith(prefix)), "")
         if cause:
             lines.append(f"    likely cause: {cause}")
+    elif result.extra.get("loss_factor") is not None:
+        lines.append(f"  culprit: none among the modules: every gradient is {result.extra['loss_factor']:.4g}x the "
+                     f"golden's, one factor: the loss or its scaling (see the note)")
     elif any(not l.iso_passed for l in result.layers):
         lines.append("  culprit: none named (the failing layers are listed below)")
     elif result.extra.get("unselected_region"):
