@@ -15,11 +15,28 @@ def quantized_storage(mod: Any) -> list[str]:
     float codes (FP8 weights, e8m0 scales) and, in a module holding such codes, its other float
     tensors but the bias (the scales: float32 in the checkpoint and in the kernel). They are the
     quantized model itself; the rung's dtype is that of its activations (docs/fp8.md)."""
-    own = [(n, t) for n, t in (*mod._parameters.items(), *mod._buffers.items()) if t is not None]
-    narrow = [n for n, t in own if t.is_floating_point() and t.element_size() == 1]
-    if not narrow:
+    narrow_dtypes = _narrow()
+    # runs for every module on every replay pass: the common case (no 8-bit float) in one sweep
+    if not any(t is not None and t.dtype in narrow_dtypes
+               for d in (mod._parameters, mod._buffers) for t in d.values()):
         return []
+    own = [(n, t) for n, t in (*mod._parameters.items(), *mod._buffers.items()) if t is not None]
+    narrow = [n for n, t in own if t.dtype in narrow_dtypes]
     return narrow + [n for n, t in own if n not in narrow and n != "bias" and t.is_floating_point()]
+
+
+_NARROW: frozenset[Any] | None = None
+
+
+def _narrow() -> frozenset[Any]:
+    """The 8-bit float dtypes this torch has (FP8, e8m0 scales)."""
+    global _NARROW
+    if _NARROW is None:
+        import torch
+
+        _NARROW = frozenset(dt for dt in (getattr(torch, n, None) for n in dir(torch) if n.startswith("float8_"))
+                            if isinstance(dt, torch.dtype) and dt.itemsize == 1)
+    return _NARROW
 
 
 def quantized_tensor_ids(modules: Any) -> set[int]:

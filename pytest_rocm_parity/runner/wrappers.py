@@ -58,10 +58,17 @@ def cast_in_place(model: Any, device: Any, dtype: Any, modules: list[Any] | None
     mods = modules if modules is not None else list(model.modules())
     from pytest_rocm_parity.quant.storage import quantized_tensor_ids
 
-    kept = quantized_tensor_ids(mods)
+    found: list[set[int]] = []
+
+    def kept() -> set[int]:
+        # quantized storage keeps its dtype; looked for only once a tensor's dtype differs from the
+        # rung's, so a model already in place costs no extra walk
+        if not found:
+            found.append(quantized_tensor_ids(mods))
+        return found[0]
 
     def off(t: Any) -> bool:
-        return (t.is_floating_point() and t.dtype != dtype and id(t) not in kept
+        return (t.is_floating_point() and t.dtype != dtype and id(t) not in kept()
                 or target is not None and not _on(t, target))
 
     # the usual case, a model already in the rung's dtype on the device: nothing to swap
@@ -82,11 +89,11 @@ def cast_in_place(model: Any, device: Any, dtype: Any, modules: list[Any] | None
                     if p is None or id(p) in params or not off(p):
                         continue
                     params[id(p)] = (p, p.data)
-                    p.data = moved(p.data, id(p) in kept)
+                    p.data = moved(p.data, id(p) in kept())
                 for name, b in list(mod._buffers.items()):
                     if b is not None and off(b):
                         buffers.append((mod, name, b))
-                        mod._buffers[name] = moved(b, id(b) in kept)
+                        mod._buffers[name] = moved(b, id(b) in kept())
         yield
     finally:
         for p, old in params.values():
