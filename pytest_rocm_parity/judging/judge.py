@@ -51,9 +51,8 @@ class Rule:
         if m.noise > m.err_ref:
             # the candidate quantizes its activations on another grid: its own quantization noise is
             # allowed, neither the sign test (it is always farther) nor the reference's rounding applies
-            ratio = m.err_cand / m.noise
-            if ratio > self.quant_noise:
-                return (f"{'isolated' if isolated else 'propagated'} error {ratio:.3g}x the activation-quantization "
+            if m.ratio > self.quant_noise:   # the ratio is against the noise (LeafMetrics.allow_noise)
+                return (f"{'isolated' if isolated else 'propagated'} error {m.ratio:.3g}x the activation-quantization "
                         f"noise (budget {self.quant_noise:g}x)")
             return ""
         if isolated:
@@ -92,14 +91,19 @@ def judge_layer(rec: LayerRecord, iso: list[LeafMetrics], prop: list[LeafMetrics
     rec.passed = rec.iso_passed
     if iso:   # the worst leaf: a failing one first, then the largest bound
         rec.iso = iso[0] if len(iso) == 1 else max(iso_reasons, key=lambda mr: (bool(mr[1]), mr[0].ratio_lo))[0]
+        if rec.iso.noise > rec.iso.err_ref:
+            rec.budget = r.quant_noise   # judged against the activation-quantization noise
     if prop:
         rec.prop = prop[0] if len(prop) == 1 else max(prop_reasons, key=lambda mr: (bool(mr[1]), mr[0].ratio))[0]
+        if rec.prop.noise > rec.prop.err_ref:
+            rec.prop_budget = r.quant_noise
     if first_iso:
         # the reason of the leaf the record shows (its worst), named when the module has several outputs
         shown = r.failure(rec.iso, True) if rec.iso is not None else ""
         rec.reason = (shown or first_iso) + (f" (output {rec.iso.leaf})" if len(iso) > 1 and rec.iso is not None
                                              else "")
-        if rec.iso is not None and rec.iso.kind == "float" and not rec.iso.nonfinite and math.isfinite(rec.iso.ratio_lo):
+        if rec.iso is not None and rec.iso.kind == "float" and not rec.iso.nonfinite and math.isfinite(rec.iso.ratio_lo) \
+                and not rec.iso.noise > rec.iso.err_ref:   # a noise-judged leaf: no ratio= would pass it
             rec.would_pass_ratio = _round_up(rec.iso.ratio_lo)
     elif first_prop:
         rec.reason = first_prop

@@ -36,6 +36,13 @@ class LeafMetrics:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def allow_noise(self, noise: float) -> None:
+        """Judge this leaf against ``noise`` (an FP8 candidate's activation-quantization noise,
+        quant/allowance.py) where it exceeds the reference's error: the ratio becomes err_cand / noise."""
+        self.noise = noise
+        if noise > self.err_ref:
+            self.ratio = self.ratio_lo = self.err_cand / noise
+
 
 @dataclass
 class LayerRecord:

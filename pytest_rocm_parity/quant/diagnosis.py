@@ -35,6 +35,19 @@ def _dequantize(codes: Any, scale: Any) -> Any:
     return c * s
 
 
+def _family(codes: Any) -> str:
+    from pytest_rocm_parity.quant.fp8 import fp8_format
+
+    return fp8_format(codes.dtype).family
+
+
+def _fnuz_max(codes: Any) -> float:
+    from pytest_rocm_parity.quant.fp8 import fp8_format
+
+    f = fp8_format(codes.dtype)
+    return (f if f.family == "fnuz" else f.counterpart).max
+
+
 def _reference_twin(entry: dict[str, Any], get: Callable[[str], Any]) -> Any:
     """An Fp8Linear holding the reference's codes and scales (None when the golden's module is not
     one quant.fp8 can stand for)."""
@@ -79,9 +92,17 @@ def weight_finding(cand: Any, entry: dict[str, Any], get: Callable[[str], Any]) 
         return ""
     bad = ~torch.isfinite(got) & torch.isfinite(ref)
     if bad.any():
-        return (f"its weight holds {int(bad.sum())} NaN where the reference's is finite: OCP bytes read as FNUZ "
-                f"(0x80, OCP's negative zero, is FNUZ's NaN); convert with quant.fp8.ocp_to_fnuz (0x80 to 0, "
-                f"scales doubled)")
+        neg_zero = (codes.view(torch.uint8) == 0x80).to(bad.device)
+        if _family(codes) == "ocp" and bool(neg_zero.any()) and bool((bad <= neg_zero).all()):
+            return (f"its weight holds {int(bad.sum())} NaN exactly where the reference's bytes are 0x80 (OCP's "
+                    f"negative zero, FNUZ's NaN): OCP bytes read as FNUZ; convert with quant.fp8.ocp_to_fnuz "
+                    f"(0x80 to 0, scales doubled)")
+        big = (ref.abs() > _fnuz_max(codes) * scale.abs()).to(bad.device)
+        if bool((bad <= big).all()):
+            return (f"its weight holds {int(bad.sum())} NaN where the reference's codes exceed FNUZ's maximum (240): "
+                    f"the codes were cast by value without saturation (a cast to FNUZ makes NaN past 240); convert "
+                    f"the bytes with quant.fp8.ocp_to_fnuz (each byte means half, the scale doubles) instead")
+        return f"its weight holds {int(bad.sum())} NaN where the reference's is finite"
     nz = (ref != 0) & (got != 0)
     if not nz.any():
         return ""
@@ -127,9 +148,11 @@ def activation_finding(cand: Any, twin: Any, x: Any) -> str:
         seen = f"{c_sat:.1%} of its activation codes saturate at {cmax:g} where {r_sat:.1%} of the reference's reach {rmax:g}"
         same_scale = torch.allclose(cs.to(torch.float64).cpu(), rs.to(torch.float64), rtol=1e-3)
         if cmax != rmax and same_scale:
-            return (f"{seen}: its scales are computed for {rmax:g}, the reference format's maximum, while its codes "
-                    f"are {str(cq.dtype).removeprefix('torch.')} (max {cmax:g}); take the max of the dtype in use, "
-                    f"torch.finfo(dtype).max")
+            fix = ("double its input_scale in the conversion, as the weight scales are (convert_to_fnuz does)"
+                   if getattr(cand, "activation", None) == "static" else
+                   "take the max of the dtype in use, torch.finfo(dtype).max")
+            return (f"{seen}: its scales are the reference's, made for {rmax:g}, while its codes are "
+                    f"{str(cq.dtype).removeprefix('torch.')} (max {cmax:g}); {fix}")
         return (f"{seen}: its activation scale is too small for its input (computed from another tensor, or a "
                 f"stale calibration)")
     return ""

@@ -70,6 +70,13 @@ _SM = re.compile(r"(?:sm_?|compute_)?(\d{2,3})[af]?")        # sm_90, sm90a, sm_
 _CAPABILITY = re.compile(r"(\d+)\.(\d+)")                   # torch.cuda.get_device_capability as "9.0"
 
 
+# Product names a user may pass instead of the architecture (matched as a word, case-insensitive).
+PRODUCTS = {"mi300x": "gfx942", "mi300a": "gfx942", "mi308x": "gfx942", "mi325x": "gfx942",
+            "mi350x": "gfx950", "mi355x": "gfx950", "mi250x": "gfx90a", "mi250": "gfx90a", "mi210": "gfx90a",
+            "mi100": "gfx908", "a100": "8.0", "a10": "8.6", "l4": "8.9", "l40s": "8.9", "h100": "9.0",
+            "h200": "9.0", "h800": "9.0", "gh200": "9.0", "b200": "10.0", "gb200": "10.0"}
+
+
 def native_fp8_family(arch: str) -> Family | None:
     """The FP8 family the device's matrix cores compute in; None where FP8 is only emulated.
 
@@ -77,6 +84,8 @@ def native_fp8_family(arch: str) -> Family | None:
     ``:sramecc+:xnack-``) or a CUDA capability (``sm_89``, ``sm_90a``, ``"9.0"``).
     """
     key = str(arch).strip().lower()
+    product = next((a for p, a in PRODUCTS.items() if re.search(rf"(^|[^a-z0-9]){p}($|[^a-z0-9])", key)), None)
+    key = product or key
     if (m := _GFX.fullmatch(key)) is not None:
         digits = m.group(1) + m.group(2)
         if digits.startswith("94"):      # MI300A/X, MI308, MI325: FNUZ in hardware
@@ -90,8 +99,8 @@ def native_fp8_family(arch: str) -> Family | None:
         major, minor = divmod(int(m.group(1)), 10)
     else:
         raise InvalidArgument(f"native_fp8_family: arch={arch!r} is neither a gfx name (gfx942, gfx950, "
-                              "gfx90a) nor a CUDA capability (sm_90, '9.0'); pass the device's gcnArchName "
-                              "or its major.minor capability")
+                              "gfx90a), a CUDA capability (sm_90, '9.0') nor a known product (MI300X, H100); pass "
+                              "the device's gcnArchName or its major.minor capability")
     return "ocp" if (major, minor) >= (8, 9) else None    # Ada (sm_89) and Hopper (sm_90) onward
 
 

@@ -15,6 +15,7 @@ difference it makes is the quantization noise a correct candidate in another for
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -39,9 +40,11 @@ def fp8_format(dtype: Any) -> Fp8Format:
                           f"{', '.join('torch.' + f.dtype_name for f in FORMATS.values())}")
 
 
-def _format_of(fmt: str | Fp8Format) -> Fp8Format:
+def _format_of(fmt: Any) -> Fp8Format:
     if isinstance(fmt, Fp8Format):
         return fmt
+    if isinstance(fmt, torch.dtype):
+        return fp8_format(fmt)
     if fmt not in FORMATS:
         raise InvalidArgument(f"fmt={fmt!r}: not an FP8 format; use one of {', '.join(FORMATS)}")
     return FORMATS[fmt]
@@ -105,6 +108,12 @@ class Fp8Linear(nn.Module):
             if input_scale is None:
                 raise InvalidArgument("activation='static' needs input_scale= (the calibrated activation "
                                       "amax divided by the format's max)")
+            if not (math.isfinite(float(input_scale)) and float(input_scale) > 0):
+                raise InvalidArgument(f"input_scale={input_scale!r}: a static activation scale must be a positive "
+                                      f"finite number (the calibrated amax divided by the format's max)")
+        elif input_scale is not None:
+            raise InvalidArgument(f"input_scale={input_scale!r} with activation={activation!r}: a static scale is "
+                                  f"used only with activation='static'")
             m.input_scale = torch.tensor(float(input_scale), dtype=torch.float32, device=lin.weight.device)
         if lin.bias is not None:
             assert m.bias is not None
@@ -194,7 +203,16 @@ def quantize_model(model: nn.Module, fmt: str | Fp8Format = "e4m3fn", *, weight:
     targets = [(n, m) for n, m in model.named_modules()
                if type(m) is nn.Linear and n not in skip and n.rsplit(".", 1)[-1] not in skip]
     if not targets:
-        raise InvalidArgument(f"quantize_model: {type(model).__name__} has no nn.Linear outside skip={sorted(skip)}")
+        already = " (it is quantized already)" if any(True for _ in fp8_modules(model)) else ""
+        raise InvalidArgument(f"quantize_model: {type(model).__name__} has no nn.Linear outside "
+                              f"skip={sorted(skip)}{already}")
+    if input_scales and activation != "static":
+        raise InvalidArgument(f"quantize_model: input_scales are used only with activation='static' "
+                              f"(activation={activation!r})")
+    unknown = sorted(set(input_scales or {}) - {n for n, _ in targets})
+    if unknown:
+        raise InvalidArgument(f"quantize_model: input_scales names {unknown}, which are not quantized Linear "
+                              f"layers of the model; use their full names, e.g. {targets[0][0]!r}")
     for name, lin in targets:
         scale = (input_scales or {}).get(name)
         if activation == "static" and scale is None:
@@ -221,7 +239,11 @@ def ocp_to_fnuz(codes: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor,
 def convert_to_fnuz(model: nn.Module) -> nn.Module:
     """Every OCP Fp8Linear of ``model`` converted to FNUZ in place (the MI300 path): codes by
     ocp_to_fnuz, weight and static input scales doubled."""
-    for _name, mod in fp8_modules(model):
+    mods = list(fp8_modules(model))
+    if not mods:
+        raise InvalidArgument(f"convert_to_fnuz: {type(model).__name__} has no Fp8Linear; quantize it first "
+                              f"(quantize_model) or load the FP8 checkpoint into Fp8Linear layers")
+    for _name, mod in mods:
         if mod.format.family == "ocp":
             codes, scale = ocp_to_fnuz(mod.weight.detach(), mod.weight_scale.detach())
             mod.weight, mod.weight_scale = frozen(codes), frozen(scale)

@@ -562,7 +562,7 @@ LM_ROWS: tuple[tuple[str, tuple[str, str, str], str], ...] = (
     ("perplexity, relative change", ("ppl_rel_delta_truth", "ppl_ref_rel_delta_truth", ""), "signed"),
     ("log-perplexity error against the truth", ("log_ppl_err", "log_ppl_err_ref", ""), "signed"),
     ("top-1 agreement with the reference", ("top1_agreement", "", ""), "num"),
-    ("top-1 flips (confident)", ("flips", "", ""), "int"),
+    ("top-1 flips (near ties included)", ("flips", "", ""), "int"),
     ("confident flips", ("confident_flips", "", ""), "int"),
     ("near-tie margin (logits)", ("near_tie_margin", "", ""), "num"),
     ("KL(reference || candidate) mean", ("kl_mean", "", ""), "num"),

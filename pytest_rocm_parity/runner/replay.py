@@ -70,7 +70,7 @@ def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: R
                 c_s = sketch(c, group, f"{key}/{p}").to(ref_s.device)
                 mm = float_metrics(p, c_s, ref_s, t_s, u, tol.confidence, tol.nan)
                 mm.numel = int(c.numel())
-                mm.noise = noise.get(f"{key}/{p}/propagated", 0.0)
+                mm.allow_noise(noise.get(f"{key}/{p}/propagated", 0.0))
                 res.append(mm)
         return res
 
@@ -346,7 +346,7 @@ class _Judge:
                  and not (c.is_complex() or ref.is_complex() or res.is_complex()))
         if not quick:
             sink.append(residual_metrics(leaf, c, ref, res, self.u, tol.confidence, tol.nan))
-            sink[-1].noise = self.noise.get(tag, 0.0)
+            sink[-1].allow_noise(self.noise.get(tag, 0.0))
             self.keep_if_failing(sink[-1], c, tol, isolated, tag)
             return
         sink.append(None)
@@ -402,7 +402,7 @@ class _Judge:
         for (sink, i, leaf, _st, c, ref, res, tol, isolated, tag), m in zip(self.items, done):
             if m is None:   # a sum met a NaN/Inf: the masked float64 path
                 m = residual_metrics(leaf, c, ref, res, self.u, tol.confidence, tol.nan)
-            m.noise = self.noise.get(tag, 0.0)
+            m.allow_noise(self.noise.get(tag, 0.0))
             sink[i] = m
             self.keep_if_failing(m, c, tol, isolated, tag)
         self.items.clear()

@@ -137,6 +137,15 @@ def _fnuz_reinterpreted(m: nn.Module) -> None:
     lin.weight_scale = frozen(ocp.weight_scale.detach().clone())
 
 
+def _fnuz_value_cast(m: nn.Module) -> None:
+    """The OCP codes cast by value to FNUZ (scale kept): right up to 240, NaN above."""
+    convert_to_fnuz(m)
+    lin = m.get_submodule(TARGET)
+    ocp = reference().get_submodule(TARGET)
+    lin.weight = frozen(ocp.weight.detach().to(torch.float32).to(torch.float8_e4m3fnuz))
+    lin.weight_scale = frozen(ocp.weight_scale.detach().clone())
+
+
 def _patch(name: str, cls: type, fnuz: bool = True) -> Callable[[nn.Module], None]:
     def apply(m: nn.Module) -> None:
         if fnuz:
@@ -199,7 +208,8 @@ CASES = [
                                                             for mod in m.modules() if isinstance(mod, Fp8Linear)],
          weight_only=True),
     Case("bug_fnuz_scale_not_doubled", TARGET, _fnuz_scale_not_doubled, cause="scale"),
-    Case("bug_ocp_bytes_read_as_fnuz", TARGET, _fnuz_reinterpreted, cause="NaN"),
+    Case("bug_ocp_bytes_read_as_fnuz", TARGET, _fnuz_reinterpreted, cause="0x80"),
+    Case("bug_ocp_codes_cast_by_value", TARGET, _fnuz_value_cast, cause="cast by value"),
     Case("bug_cast_without_saturation", STATIC, _patch(STATIC, _NoClampCast), cause="NaN"),
     Case("bug_ocp_max_on_fnuz", TARGET, _patch(TARGET, _OcpMaxOnFnuz), cause="saturat"),
     Case("bug_per_token_scale_wrong_axis", SQUARE, _patch(SQUARE, _WrongAxis)),

@@ -56,3 +56,12 @@ def test_device_families(arch: str, family: str | None) -> None:
 def test_unknown_arch_names_the_accepted_forms(arch: str) -> None:
     with pytest.raises(InvalidArgument, match=r"arch=.*gfx942.*sm_90"):
         native_fp8_family(arch)
+
+
+def test_product_names_map_to_their_family() -> None:
+    from pytest_rocm_parity.quant.formats import native_fp8_family
+
+    assert native_fp8_family("MI300X") == "fnuz"
+    assert native_fp8_family("AMD Instinct MI355X") == "ocp"
+    assert native_fp8_family("NVIDIA H200") == "ocp"
+    assert native_fp8_family("NVIDIA A100-SXM4-80GB") is None

@@ -97,3 +97,17 @@ def test_a_replay_cast_in_place_keeps_codes_and_scales_when_it_moves_them() -> N
         y = m(torch.randn(4, 64, device="cuda", dtype=torch.bfloat16))
         assert y.dtype == torch.bfloat16 and torch.isfinite(y).all()
     assert lin.weight.device.type == "cpu"
+
+
+def test_scales_and_names_are_checked() -> None:
+    with pytest.raises(InvalidArgument, match="positive finite"):
+        Fp8Linear.from_linear(_linear(), activation="static", input_scale=0.0)
+    with pytest.raises(InvalidArgument, match="only with activation='static'"):
+        quantize_model(nn.Sequential(_linear()), activation="token", skip=(), input_scales={"0": 0.1})
+    with pytest.raises(InvalidArgument, match=r"\['1'\].*'0'"):
+        quantize_model(nn.Sequential(_linear()), activation="static", skip=(), input_scales={"1": 0.1})
+    m = quantize_model(nn.Sequential(_linear()), fmt=torch.float8_e4m3fn, skip=())
+    with pytest.raises(InvalidArgument, match="quantized already"):
+        quantize_model(m, skip=())
+    with pytest.raises(InvalidArgument, match="no Fp8Linear"):
+        convert_to_fnuz(nn.Sequential(_linear()))

@@ -56,6 +56,10 @@ def test_the_failure_message_puts_the_cause_beside_the_culprit(goldens: dict[boo
     at = next(i for i, line in enumerate(lines) if line.startswith(f"  culprit: {case.module}"))
     assert lines[at + 1].startswith("    likely cause: its dequantized weight is 0.5x the reference's")
     assert sum("was not doubled" in line for line in lines) == 1
+    # the table shows the same judgement: the ratio against the noise, the noise budget
+    culprit = next(l for l in failing[0].layers if l.name == case.module)
+    assert culprit.budget == 3.0 and culprit.iso is not None and culprit.iso.ratio > 3.0
+    assert culprit.would_pass_ratio is None
 
 
 def test_a_sketch_golden_judges_an_fnuz_port_by_its_noise_too() -> None:
