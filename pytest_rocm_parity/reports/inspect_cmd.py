@@ -201,8 +201,23 @@ def _show_golden(path: str | Path, dtypes: list[str] | None, stats: bool) -> dic
                                "sha256": meta.get("sha256"), "truth_dtype": meta.get("truth_dtype"),
                                "truth_encoding": meta.get("truth_encoding"),
                                "tf32": meta.get("tf32"), "tensors": len([k for k in header if k != "__metadata__"]),
-                               "layers": rows}
+                               "layers": rows, "quant": _quant_summary(meta)}
     return info
+
+
+def _quant_summary(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """A quantized model's modules by (format, activation scheme), and the largest activation-
+    quantization noise recorded (docs/fp8.md); None for a model without quantized storage."""
+    quant = meta.get("quant") or {}
+    if not quant:
+        return None
+    schemes: dict[str, int] = {}
+    for q in quant.values():
+        k = f"{q.get('format')} activation={q.get('activation') or 'none (weight-only)'}"
+        schemes[k] = schemes.get(k, 0) + 1
+    noise = meta.get("quant_noise") or {}
+    return {"modules": len(quant), "schemes": schemes, "stored": any(q.get("tensors") for q in quant.values()),
+            "noise_max": max(noise.values()) if noise else None, "noise_tensors": len(noise)}
 
 
 def _fmt(x: Any, spec: str = ".3e") -> str:
@@ -259,6 +274,13 @@ def format_show(info: dict[str, Any]) -> list[str]:
     for rung, r in info["rungs"].items():
         lines += ["", f"[{rung}] {r['file']}  {_bytes(r['bytes'])}  {r['tensors']} tensors  {_truth_text(r)}"
                   f"  tf32 {_txt(r.get('tf32'))}"]
+        q = r.get("quant")
+        if q:
+            lines.append(f"  quantized: {q['modules']} modules ("
+                         + "; ".join(f"{n} x {k}" for k, n in q["schemes"].items())
+                         + f"), codes and scales {'stored' if q['stored'] else 'not stored (a sketch)'}; "
+                         + (f"activation-quantization noise recorded for {q['noise_tensors']} tensors "
+                            f"(largest RMS {_fmt(q['noise_max'])})" if q["noise_tensors"] else "no activation quantization"))
         rows = [[x["layer"] + ("" if x["leaf"] in ("", "0") else f" [{x['leaf']}]"),
                  "x".join(map(str, x["shape"] or [])) or "()", str(x["dtype"]), _bytes(x["bytes"]),
                  _fmt(x.get("rms")), _fmt(x.get("max_rel_err"))] for x in r["layers"]]

@@ -113,3 +113,16 @@ def test_cli_dispatch(goldens: dict[str, Path], tmp_path: Path, capsys: pytest.C
     assert cli.main(["show", str(tmp_path)]) == 2
     assert "no golden here" in capsys.readouterr().err
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_show_says_what_a_quantized_golden_holds() -> None:
+    """The example suite's FP8 golden (captured on the H200): its modules' format and activation
+    scheme, whether codes and scales are stored, and the recorded activation-quantization noise."""
+    from pathlib import Path
+
+    from pytest_rocm_parity.reports.inspect_cmd import format_show, show_golden
+
+    golden = Path(__file__).resolve().parents[2] / "conftest_examples" / "goldens" / "bytellama-fp8"
+    text = "\n".join(format_show(show_golden(golden, ["bfloat16"], stats=False)))
+    assert "quantized: 28 modules (28 x float8_e4m3fn activation=token), codes and scales stored" in text
+    assert "activation-quantization noise recorded for" in text
