@@ -174,17 +174,26 @@ class Fp8Linear(nn.Module):
 
 
 def _native_gemm(q: torch.Tensor, w: torch.Tensor, out_dtype: Any) -> bool:
-    """Whether the device's own FP8 GEMM runs this product: a GPU that multiplies this format,
-    dimensions in multiples of 16 and an output dtype the kernel writes (rowwise scales need bf16)."""
-    if not q.is_cuda or out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+    """Whether the device's own FP8 GEMM runs this product (native_gemm on the device's arch)."""
+    if not q.is_cuda:
         return False
-    from pytest_rocm_parity.quant.formats import device_fp8_formats
-
     props = torch.cuda.get_device_properties(q.device)
     arch = getattr(props, "gcnArchName", "") if torch.version.hip else f"{props.major}.{props.minor}"
-    if fp8_format(w.dtype).name not in device_fp8_formats(arch):
+    return native_gemm(arch, w.dtype, q.shape[1], w.shape[0], out_dtype)
+
+
+def native_gemm(arch: str, codes: Any, k: int, n: int, out_dtype: Any) -> bool:
+    """Whether a GPU of ``arch`` (a gfx name or a CUDA capability) multiplies FP8 ``codes`` itself:
+    it computes in that format's family (MI300 in FNUZ; Hopper, Ada and MI350 in OCP), the inner and
+    output dimensions are multiples of 16, and the output dtype is one the kernel writes. Elsewhere
+    the exact emulation runs: an OCP checkpoint on MI300 is converted first (convert_to_fnuz)."""
+    from pytest_rocm_parity.quant.formats import device_fp8_formats
+
+    if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
         return False
-    return q.shape[1] % 16 == 0 and w.shape[0] % 16 == 0
+    if fp8_format(codes).name not in device_fp8_formats(arch):
+        return False
+    return k % 16 == 0 and n % 16 == 0
 
 
 def fp8_modules(model: nn.Module) -> Iterator[tuple[str, Fp8Linear]]:

@@ -111,3 +111,21 @@ def test_scales_and_names_are_checked() -> None:
         quantize_model(m, skip=())
     with pytest.raises(InvalidArgument, match="no Fp8Linear"):
         convert_to_fnuz(nn.Sequential(_linear()))
+
+
+@pytest.mark.parametrize("arch,codes,native", [
+    ("gfx942:sramecc+:xnack-", torch.float8_e4m3fnuz, True),   # MI300: FNUZ in hardware
+    ("gfx942", torch.float8_e4m3fn, False),                    # an unconverted OCP checkpoint: emulated
+    ("gfx950", torch.float8_e4m3fn, True),                     # MI350: OCP
+    ("9.0", torch.float8_e4m3fn, True),                        # Hopper
+    ("9.0", torch.float8_e4m3fnuz, False),
+    ("gfx90a", torch.float8_e4m3fnuz, False),                  # MI200: no FP8 matrix cores
+    ("8.0", torch.float8_e4m3fn, False),                       # A100
+])
+def test_the_device_gemm_runs_where_the_device_multiplies_the_format(arch: str, codes: torch.dtype,
+                                                                     native: bool) -> None:
+    from pytest_rocm_parity.quant.fp8 import native_gemm
+
+    assert native_gemm(arch, codes, 256, 384, torch.bfloat16) is native
+    assert native_gemm(arch, codes, 250, 384, torch.bfloat16) is False    # not a multiple of 16
+    assert native_gemm(arch, codes, 256, 384, torch.float64) is False     # the truth: always emulated
