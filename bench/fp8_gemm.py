@@ -5,7 +5,7 @@ GPU with FP8 matrix cores; docs/fp8.md records the result.
 """
 import torch, json, sys
 from torch import nn
-from pytest_rocm_parity.quant.fp8 import Fp8Linear, _native_gemm  # noqa: the device query itself
+from pytest_rocm_parity.quant.fp8 import Fp8Linear, _native_gemm
 torch.manual_seed(0)
 lin = nn.Linear(256, 384).cuda()
 out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda}
