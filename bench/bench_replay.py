@@ -18,7 +18,8 @@ One golden of a Llama shape (random init, bf16, batch x seq tokens, drill 0) is 
 * ``cold_s``: ``replay()`` in a new process (the hash check, the load, the pass, the verdict): first
   with an empty Triton cache folder (the statistics kernel compiled), then with that folder filled
   (``cold_cached_s``); ``warm_s`` is a second replay() in that process. ``read_s`` is reading the
-  golden's bytes (the page cache holds them: the file was just written), ``hash_s`` hashing them.
+  golden's bytes (the page cache holds them: the file was just written), ``hash_s`` the replay's
+  check of them (XXH3-128 with xxhash installed), ``hash_sha256_s`` SHA-256's.
 
 Every timed arm runs in turn with a plain forward (a, b, a, b, ...) and reports the median of --reps.
 """
@@ -108,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from pytest_rocm_parity.golden.store import GoldenStore, RungReader, sha256_file
+    from pytest_rocm_parity.golden.store import (GoldenStore, RungReader, digest_matches, expected_digest,
+                                                  file_digests, sha256_file)
     from pytest_rocm_parity.runner.capture import capture
     from pytest_rocm_parity.runner.engine import CheckSpec, _run
     from pytest_rocm_parity.runner.replay import _preload, _replay_rung
@@ -180,6 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     row["read_s"] = time.perf_counter() - t
     t = time.perf_counter()
     sha256_file(path)
+    row["hash_sha256_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    file_digests(path)   # SHA-256 and XXH3-128 in one read, as a capture writes them
+    row["digests_at_capture_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    digest_matches(path, expected_digest(meta))   # what a replay checks (XXH3-128 with xxhash installed)
     row["hash_s"] = time.perf_counter() - t
     if not a.no_cold:
         del model

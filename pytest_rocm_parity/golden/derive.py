@@ -17,7 +17,7 @@ from typing import Any
 
 from pytest_rocm_parity.runner.engine import OUTPUT
 from pytest_rocm_parity.errors import InvalidArgument
-from pytest_rocm_parity.golden.store import GoldenStore, RungReader
+from pytest_rocm_parity.golden.store import GoldenStore, RungReader, expected_digest
 
 
 def derive(src: GoldenStore, name: str, dst: GoldenStore, new_name: str, dtypes: Sequence[str],
@@ -44,7 +44,7 @@ def derive(src: GoldenStore, name: str, dst: GoldenStore, new_name: str, dtypes:
 def _rung(src: GoldenStore, name: str, m: dict[str, Any], dtype: str, drill: int, new: dict[str, Any]) -> Any:
     def produce() -> dict[str, Any]:
         meta = copy.deepcopy(m["rungs"][dtype])
-        reader = RungReader(src.rung_file(name, m, dtype), "cpu", meta.get("sha256"))
+        reader = RungReader(src.rung_file(name, m, dtype), "cpu", expected_digest(meta))
         layers = [e for e in meta["layers"] if int(e["level"]) <= drill]
         keys = {e["key"] for e in layers}
         meta["layers"] = layers

@@ -97,6 +97,53 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+# The digest a replay checks every read against: XXH3-128 where the xxhash package is installed (a
+# dependency; about 12x SHA-256's speed, so the check of a 1 GB golden costs about what reading it
+# does: docs/performance.md), SHA-256 otherwise and for goldens written before it was recorded.
+# Corruption, not an adversary, is what it guards against; the file names stay SHA-256's.
+FAST_DIGEST = "xxh3_128"
+
+
+def _fast_hasher() -> Any:
+    try:
+        import xxhash
+    except ImportError:
+        return None
+    return xxhash.xxh3_128()
+
+
+def file_digests(path: Path) -> tuple[str, str | None]:
+    """(SHA-256, XXH3-128 or None without xxhash) of the file, in one read."""
+    sha, fast = hashlib.sha256(), _fast_hasher()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            sha.update(chunk)
+            if fast is not None:
+                fast.update(chunk)
+    return sha.hexdigest(), (fast.hexdigest() if fast is not None else None)
+
+
+def expected_digest(rung: dict[str, Any]) -> str | None:
+    """What a rung's file is checked against: "xxh3_128:<hex>" when the manifest records it and xxhash
+    is installed, else its SHA-256 (verify_sha reads either)."""
+    fast = rung.get(FAST_DIGEST)
+    if isinstance(fast, str) and _fast_hasher() is not None:
+        return f"{FAST_DIGEST}:{fast}"
+    sha = rung.get("sha256")
+    return sha if isinstance(sha, str) else None
+
+
+def digest_matches(path: Path, expected: str) -> bool:
+    """Whether the file has the digest ``expected`` (as expected_digest gives it), read now."""
+    if expected.startswith(FAST_DIGEST + ":"):
+        h = _fast_hasher()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                h.update(chunk)
+        return bool(h.hexdigest() == expected.split(":", 1)[1])
+    return sha256_file(path) == expected
+
+
 class GoldenStore:
     """Goldens under one root directory; every path it hands out stays inside the root."""
 
@@ -300,7 +347,7 @@ class GoldenStore:
                     tmp = _write_tensors_tmp(d, tensors, {"format": str(FORMAT_VERSION), "name": name, "dtype": dtype})
                     del tensors
                     written.append(tmp)
-                    digest = sha256_file(tmp)
+                    digest, fast = file_digests(tmp)
                     final = d / f"{dtype}-{digest[:12]}.safetensors"
                     if _same_file(final, digest):
                         # the bytes are there already: replacing them would only touch the file
@@ -312,6 +359,8 @@ class GoldenStore:
                     size = final.stat().st_size
                     manifest["rungs"][dtype]["file"] = final.name
                     manifest["rungs"][dtype]["sha256"] = digest
+                    if fast is not None:
+                        manifest["rungs"][dtype][FAST_DIGEST] = fast
                     manifest["rungs"][dtype]["bytes"] = size
                     progress(f"{dtype}: reference forward, float64 truth, wrote {megabytes(size)} "
                              f"in {time.monotonic() - started:.1f} s")
@@ -613,8 +662,9 @@ def _manifest_problem(m: dict[str, Any]) -> str:
             return f"{where} is not a mapping"
         if not isinstance(r.get("file"), str):
             return f"{where} names no tensor file"
-        if not isinstance(r.get("sha256"), (str, type(None))) or not _is_int(r.get("bytes", 0)):
-            return f"{where} has a bad 'sha256' or 'bytes'"
+        if not isinstance(r.get("sha256"), (str, type(None))) or not _is_int(r.get("bytes", 0)) \
+                or not isinstance(r.get(FAST_DIGEST), (str, type(None))):
+            return f"{where} has a bad 'sha256', '{FAST_DIGEST}' or 'bytes'"
         outs = r.get("outputs")
         if not isinstance(outs, dict) or not _str_map(outs.get("out")):
             return f"{where} has no 'outputs.out' mapping of leaf -> tensor key"
@@ -737,12 +787,13 @@ def _stamp(path: Path, expected_sha: str) -> tuple[str, int, int, int, str]:
 
 
 def verify_sha(path: Path, expected_sha: str) -> None:
-    """Raise GoldenCorrupt unless the file's SHA-256 is the manifest's (skipped if already verified)."""
+    """Raise GoldenCorrupt unless the file's digest is the manifest's (expected_digest: XXH3-128 or
+    SHA-256; skipped if this process verified the same file already)."""
     try:
         stamp = _stamp(path, expected_sha)
         if stamp in _VERIFIED:
             return
-        ok = sha256_file(path) == expected_sha
+        ok = digest_matches(path, expected_sha)
     except OSError as exc:
         raise GoldenCorrupt(f"{path}: cannot read ({exc.strerror or exc})", path) from exc
     if not ok:

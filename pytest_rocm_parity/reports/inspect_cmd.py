@@ -26,7 +26,8 @@ from typing import Any
 
 from pytest_rocm_parity.colour import enabled, paint
 from pytest_rocm_parity.errors import GoldenCorrupt, ParityError
-from pytest_rocm_parity.golden.store import MANIFEST, RungReader, check_safetensors, check_size, load_manifest, verify_sha
+from pytest_rocm_parity.golden.store import (MANIFEST, RungReader, check_safetensors, check_size, expected_digest,
+                                              load_manifest, verify_sha)
 from pytest_rocm_parity.runner.selection import describe
 from pytest_rocm_parity.tables import text_table
 
@@ -69,8 +70,9 @@ def _rung_path(d: Path, manifest: dict[str, Any], rung: str) -> Path:
         raise GoldenNotFound(f"{p}: tensor file of the {rung} rung is missing")
     meta = manifest["rungs"][rung]
     check_size(p, meta)
-    if isinstance(meta.get("sha256"), str):
-        verify_sha(p, meta["sha256"])
+    expected = expected_digest(meta)
+    if expected is not None:
+        verify_sha(p, expected)
     return p
 
 

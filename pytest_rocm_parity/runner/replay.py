@@ -31,7 +31,7 @@ from pytest_rocm_parity.runner.engine import (
     walk_model,
 )
 from pytest_rocm_parity.errors import GoldenStale
-from pytest_rocm_parity.golden.store import GoldenStore, RungReader
+from pytest_rocm_parity.golden.store import GoldenStore, RungReader, expected_digest
 from pytest_rocm_parity.judging.judge import Rule, finish, judge_layer, leaf_failure
 from pytest_rocm_parity.judging.records import CheckResult, LayerRecord, LeafMetrics
 from pytest_rocm_parity.runner.selection import Selected, select
@@ -232,7 +232,7 @@ def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device:
     for rung in spec.dtypes:
         meta = manifest["rungs"][rung]
         path = store.rung_file(spec.name, manifest, rung)
-        reader = RungReader(path, str(home_device(inner, device)), meta.get("sha256"), background_verify=True)
+        reader = RungReader(path, str(home_device(inner, device)), expected_digest(meta), background_verify=True)
         try:
             _preload(reader, spec)
             why = _inputs_changed(args0, kwargs0, reader, rung, meta)

@@ -34,7 +34,7 @@ from pytest_rocm_parity.judging.compare import residual_metrics
 from pytest_rocm_parity.runner.engine import (CheckSpec, Hooks, cast_inputs, fingerprint, home_device, normalize_inputs,
                                        same_structure)
 from pytest_rocm_parity.errors import GoldenStale, InvalidArgument
-from pytest_rocm_parity.golden.store import FORMAT_VERSION, GoldenStore, RungReader
+from pytest_rocm_parity.golden.store import FORMAT_VERSION, GoldenStore, RungReader, expected_digest
 from pytest_rocm_parity.judging.judge import Rule, judge_layer
 from pytest_rocm_parity.judging.records import CheckResult, LayerRecord, LeafMetrics
 from pytest_rocm_parity.runner.selection import Selected, select
@@ -637,7 +637,7 @@ def replay_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, d
             raise GoldenStale(f"stale golden {mpath}: dtype {rung} was not captured; regenerate: {regen}", mpath)
         meta = manifest["rungs"][rung]
         dtype = dt.to_torch(rung)
-        reader = RungReader(store.rung_file(spec.name, manifest, rung), str(device), meta.get("sha256"))
+        reader = RungReader(store.rung_file(spec.name, manifest, rung), str(device), expected_digest(meta))
         tmpl = map_tensors({"args": normalize_inputs(inputs)[0], "kwargs": normalize_inputs(inputs)[1]},
                            lambda p, _t: reader.get(f"input/{p}").clone())
         args, kwargs = tuple(tmpl["args"]), tmpl["kwargs"]

@@ -376,3 +376,29 @@ def test_load_manifest_rejects_bool_format(tmp_path: Path) -> None:
     p.write_text(json.dumps({"format": True, "rungs": {}}))
     with pytest.raises(GoldenCorrupt, match="not an integer"):
         load_manifest(p)
+
+
+@pytest.mark.parametrize("digest", ["xxh3_128", "sha256 only"])
+def test_a_flipped_byte_is_found_by_either_digest(golden: Golden, digest: str) -> None:
+    """Goldens record XXH3-128 beside SHA-256 and a replay checks the fast one; a golden written
+    before (SHA-256 only) is checked by SHA-256. Either finds one flipped byte in the data."""
+    m = golden.manifest_json()
+    rung = m["rungs"]["float32"]
+    assert isinstance(rung.get("xxh3_128"), str)
+    if digest == "sha256 only":
+        del rung["xxh3_128"]
+        golden.write_manifest(m)
+    p = golden.tensor_file()
+    raw = bytearray(p.read_bytes())
+    raw[-3] ^= 0x01
+    p.write_bytes(bytes(raw))
+    message_names(corrupt(golden, "content hash differs"), p, RECAPTURE)
+
+
+def test_the_fast_digest_is_the_one_checked(golden: Golden) -> None:
+    """An intact file whose manifest records another XXH3-128: the replay checks that digest, not
+    only SHA-256 (which still matches)."""
+    m = golden.manifest_json()
+    m["rungs"]["float32"]["xxh3_128"] = "0" * 32
+    golden.write_manifest(m)
+    message_names(corrupt(golden, "content hash differs"), golden.tensor_file(), RECAPTURE)

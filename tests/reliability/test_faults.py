@@ -149,7 +149,7 @@ def test_failed_first_capture_leaves_no_golden(tmp_path: Path, monkeypatch: pyte
 
 # -- KeyboardInterrupt -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("where", ["_atomic_write_text", "sha256_file"])
+@pytest.mark.parametrize("where", ["_atomic_write_text", "file_digests"])
 def test_keyboard_interrupt_is_not_swallowed(golden: Golden, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
     before = golden.snapshot()
 
