@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_parity import SHAPES, _profile, build, sync   # noqa: E402
+from bench_parity import SHAPES, _profile, build, interleaved, sync   # noqa: E402
 
 COLD = """
 import json, sys, time
@@ -59,19 +59,6 @@ for k in ("cold_s", "warm_s"):
     out["passed"] = res.passed
 print(json.dumps(out))
 """
-
-
-def interleaved(fns: dict[str, Any], device: str, reps: int) -> dict[str, float]:
-    """Median seconds of each function, all run in turn in every repetition."""
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(reps):
-        for k, fn in fns.items():
-            sync(device)
-            t = time.perf_counter()
-            fn()
-            sync(device)
-            times[k].append(time.perf_counter() - t)
-    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def cold_replays(name: str, device: str, batch: int, seq: int, root: str) -> dict[str, Any]:

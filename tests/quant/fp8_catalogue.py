@@ -128,22 +128,21 @@ def _fnuz_scale_not_doubled(m: nn.Module) -> None:
     lin.weight_scale = frozen(lin.weight_scale / 2)
 
 
-def _fnuz_reinterpreted(m: nn.Module) -> None:
-    convert_to_fnuz(m)
-    lin = m.get_submodule(TARGET)
-    # the OCP bytes as they were, read as FNUZ: no scale doubling, 0x80 left as it is (FNUZ's NaN)
-    ocp = reference().get_submodule(TARGET)
-    lin.weight = frozen(ocp.weight.detach().view(torch.uint8).view(torch.float8_e4m3fnuz))
-    lin.weight_scale = frozen(ocp.weight_scale.detach().clone())
+def _fnuz_target_codes(convert: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[nn.Module], None]:
+    """The model converted to FNUZ, but TARGET's codes made from the OCP ones by ``convert`` and its
+    OCP scale kept."""
+    def apply(m: nn.Module) -> None:
+        convert_to_fnuz(m)
+        lin, ocp = m.get_submodule(TARGET), reference().get_submodule(TARGET)
+        lin.weight = frozen(convert(ocp.weight.detach()))
+        lin.weight_scale = frozen(ocp.weight_scale.detach().clone())
+    return apply
 
 
-def _fnuz_value_cast(m: nn.Module) -> None:
-    """The OCP codes cast by value to FNUZ (scale kept): right up to 240, NaN above."""
-    convert_to_fnuz(m)
-    lin = m.get_submodule(TARGET)
-    ocp = reference().get_submodule(TARGET)
-    lin.weight = frozen(ocp.weight.detach().to(torch.float32).to(torch.float8_e4m3fnuz))
-    lin.weight_scale = frozen(ocp.weight_scale.detach().clone())
+# the OCP bytes as they were, read as FNUZ: no scale doubling, 0x80 left as it is (FNUZ's NaN)
+_fnuz_reinterpreted = _fnuz_target_codes(lambda w: w.view(torch.uint8).view(torch.float8_e4m3fnuz))
+# the OCP codes cast by value to FNUZ: right up to 240, NaN above
+_fnuz_value_cast = _fnuz_target_codes(lambda w: w.to(torch.float32).to(torch.float8_e4m3fnuz))
 
 
 def _patch(name: str, cls: type, fnuz: bool = True) -> Callable[[nn.Module], None]:
