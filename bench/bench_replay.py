@@ -5,8 +5,8 @@ replaced, and a cold replay in a new process (docs/performance.md).
 
 One golden of a Llama shape (random init, bf16, batch x seq tokens, drill 0) is captured, then:
 
-* ``pass_x``: one rung's replay with the goldens on the device (replay._replay_rung: model walk,
-  selection, the fast pass, the verdict) over a plain forward run alongside it. ``pass_again_x`` is
+* ``pass_x``: one rung's replay with the goldens on the device, or in memory on a CPU
+  (replay._replay_rung: model walk, selection, the fast pass, the verdict) over a plain forward run alongside it. ``pass_again_x`` is
   the same arm measured a second time in the same loop: their difference is this run's noise, the
   yardstick for the gains below.
 * ``full_x`` / ``full_hooked_x``: the full replay (the propagated pass, then the isolated level) with
@@ -120,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         _run(model, (), inputs)
 
     reader = RungReader(path, dev)
-    _preload(reader, spec)
+    # every golden the pass reads held in memory, on the CPU too (replay's preload skips a CPU
+    # reader): the pass arms measure the pass with its goldens resident, as on a GPU
+    reader.preload(sorted(reader.keys), 1 << 62)
 
     def one_pass() -> Any:
         return _replay_rung(model, spec, meta, reader, "bfloat16", dev, tmpl)
