@@ -283,8 +283,25 @@ def numerics(rung: str, tf32: bool = False) -> Iterator[None]:
 # ---------------------------------------------------------------------------------------------
 # hooks
 
+def submodule(model: Any, name: str) -> Any:
+    """``model.get_submodule(name)`` read from the ``_modules`` dicts: get_submodule's checks cost
+    more than the lookup, for each selected module on every pass."""
+    mod = model
+    for part in name.split(".") if name else ():
+        nxt = mod._modules.get(part)
+        if nxt is None:
+            return model.get_submodule(name)   # its error names what is missing
+        mod = nxt
+    return mod
+
+
 class Hooks:
-    """Forward (pre-)hooks on the selected modules, keyed by module name and call index."""
+    """Forward (pre-)hooks on the selected modules, keyed by module name and call index.
+
+    One pre-hook and one post-hook function serve every selected module, finding its selection
+    entry by the module's identity: each function passed through outside_dynamo is a wrapper
+    built by torch._dynamo.disable, which costs more than registering the hook.
+    """
 
     def __init__(self, model: Any, selected: list[Selected],
                  on_input: Callable[[str, Selected, Any, Any], tuple[Any, Any] | None] | None = None,
@@ -295,37 +312,38 @@ class Hooks:
         self.on_input = on_input
         self.on_output = on_output
         self._current: dict[str, list[str]] = {}
+        self._selected: dict[int, Selected] = {}   # id(module) -> its entry (a module is selected once)
         from pytest_rocm_parity.runner.wrappers import outside_dynamo, unwrap
 
         model = unwrap(model)
+        pre, post = outside_dynamo(self._pre), outside_dynamo(self._post)
         for sel in selected:
-            mod = model.get_submodule(sel.name) if sel.name else model
-            self.handles.append(mod.register_forward_pre_hook(outside_dynamo(self._pre(sel)), with_kwargs=True))
-            self.handles.append(mod.register_forward_hook(outside_dynamo(self._post(sel)), with_kwargs=True))
+            mod = submodule(model, sel.name)
+            self._selected[id(mod)] = sel
+            self.handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
+            self.handles.append(mod.register_forward_hook(post, with_kwargs=True))
 
     @staticmethod
     def key(name: str, call: int) -> str:
         return name if call == 0 else f"{name}#{call}"
 
-    def _pre(self, sel: Selected) -> Callable[..., Any]:
-        def hook(_mod: Any, args: Any, kwargs: Any) -> Any:
-            call = self.calls.get(sel.name, 0)
-            self.calls[sel.name] = call + 1
-            key = self.key(sel.name, call)
-            self._current.setdefault(sel.name, []).append(key)
-            self.order.append(key)
-            if self.on_input is not None:
-                return self.on_input(key, sel, args, kwargs)
-            return None
-        return hook
+    def _pre(self, mod: Any, args: Any, kwargs: Any) -> Any:
+        sel = self._selected[id(mod)]
+        call = self.calls.get(sel.name, 0)
+        self.calls[sel.name] = call + 1
+        key = self.key(sel.name, call)
+        self._current.setdefault(sel.name, []).append(key)
+        self.order.append(key)
+        if self.on_input is not None:
+            return self.on_input(key, sel, args, kwargs)
+        return None
 
-    def _post(self, sel: Selected) -> Callable[..., Any]:
-        def hook(_mod: Any, _args: Any, _kwargs: Any, output: Any) -> Any:
-            key = self._current[sel.name].pop()
-            if self.on_output is not None:
-                return self.on_output(key, sel, output)   # not None: replaces the module's output
-            return None
-        return hook
+    def _post(self, mod: Any, _args: Any, _kwargs: Any, output: Any) -> Any:
+        sel = self._selected[id(mod)]
+        key = self._current[sel.name].pop()
+        if self.on_output is not None:
+            return self.on_output(key, sel, output)   # not None: replaces the module's output
+        return None
 
     def remove(self) -> None:
         for h in self.handles:

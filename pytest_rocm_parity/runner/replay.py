@@ -28,6 +28,7 @@ from pytest_rocm_parity.runner.engine import (
     numerics,
     same_structure,
     shell_quote,
+    submodule,
     walk_model,
 )
 from pytest_rocm_parity.errors import GoldenStale
@@ -639,7 +640,7 @@ def _direct_level(inner: Any, keys: list[str], layers: dict[str, dict[str, Any]]
             for key in todo:
                 a, kw = calls[key]
                 a, kw = _swap(key, a, kw, acts[key], golden, notes)
-                mod = inner.get_submodule(layers[key]["name"]) if layers[key]["name"] else inner
+                mod = submodule(inner, layers[key]["name"])
                 compare(key, mod(*a, **kw), "truth", iso)
         judge.flush()
     except Exception as exc:   # a module that needs its caller's context
