@@ -168,6 +168,16 @@ class ModelWalk:
     # modules from the host's caches, it cost 50-61 us at 293 modules: bench/bench_pass_contexts.py)
     training: bool = False
 
+    def stamp(self) -> tuple[Any, ...] | None:
+        """The tree's signature with the data pointer and dtype of every tensor: equal only while no
+        module was swapped and no tensor moved or cast (either makes new storages). None where a
+        tensor has no storage of its own (a wrapper subclass)."""
+        try:
+            ptrs = tuple(map(_DATA_PTR, self.tensors))
+        except (RuntimeError, NotImplementedError):
+            return None
+        return self.structure, ptrs, tuple(map(_DTYPE, self.tensors))
+
 
 def walk_model(model: Any) -> ModelWalk:
     mods: list[Any] = []
@@ -193,6 +203,8 @@ def walk_model(model: Any) -> ModelWalk:
     return ModelWalk(mods, tensors, (tuple(names), tuple(map(id, mods)), tuple(map(type, mods))), training)
 
 
+_DATA_PTR = operator.methodcaller("data_ptr")
+_DTYPE = operator.attrgetter("dtype")
 _PLACED: dict[int, tuple[Any, ...]] = {}   # id(model) -> stamp of a model found in place (see prepare_model)
 
 

@@ -483,7 +483,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         return reader.get(layers[key]["in"][path]).clone()
 
     if meta.get("sketch"):
-        with cast_in_place(inner, place, dtype, walk.modules), eval_mode(inner, walk), numerics(rung, tol.tf32):
+        with cast_in_place(inner, place, dtype, walk.modules, walk.stamp()), eval_mode(inner, walk), numerics(rung, tol.tf32):
             return _replay_rung_sketch(model, spec, meta, reader, rung, *stored_inputs(), selected)
 
     fast = spec.replay == "fast" and spec.extra_judge is None
@@ -546,7 +546,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
     if training:
         notes.append(f"the model was in training mode ({', '.join(training[:3])}"
                      f"{'...' if len(training) > 3 else ''}); judged in eval mode, as it was captured")
-    with cast_in_place(inner, place, dtype, walk.modules), eval_mode(inner, walk), numerics(rung, tol.tf32):
+    with cast_in_place(inner, place, dtype, walk.modules, walk.stamp()), eval_mode(inner, walk), numerics(rung, tol.tf32):
         outs: list[LayerRecord] = []
         pending = None
         if fast:

@@ -43,11 +43,17 @@ def plain_copy(model: Any) -> Any:
     return m
 
 
+_IN_PLACE: dict[int, tuple[Any, ...]] = {}   # id(model) -> its stamp when last found with nothing to cast
+
+
 @contextlib.contextmanager
-def cast_in_place(model: Any, device: Any, dtype: Any, modules: list[Any] | None = None) -> Iterator[None]:
+def cast_in_place(model: Any, device: Any, dtype: Any, modules: list[Any] | None = None,
+                  stamp: tuple[Any, ...] | None = None) -> Iterator[None]:
     """Every floating parameter and buffer of ``model`` in ``dtype`` (and on ``device`` unless it is
     None), the original tensors put back afterwards. ``modules``: the model's modules, when the
-    caller has walked them already.
+    caller has walked them already. ``stamp``: the model's module tree and the storages and dtypes
+    of its tensors (engine.ModelWalk.stamp); a model found with nothing to cast under the same stamp
+    is not scanned again (a move or a cast makes new storages, so it changes the stamp).
 
     The same module objects keep running, so compiled code, hooks and wrappers stay as the user made
     them; Dynamo's guards see the new dtype and recompile.
@@ -55,6 +61,10 @@ def cast_in_place(model: Any, device: Any, dtype: Any, modules: list[Any] | None
     import torch
 
     target = None if device is None else torch.device(device)
+    key = None if stamp is None else (str(target), dtype, stamp)
+    if key is not None and _IN_PLACE.get(id(model)) == key:
+        yield
+        return
     mods = modules if modules is not None else list(model.modules())
     from pytest_rocm_parity.quant.storage import quantized_tensor_ids
 
@@ -73,6 +83,10 @@ def cast_in_place(model: Any, device: Any, dtype: Any, modules: list[Any] | None
 
     # the usual case, a model already in the rung's dtype on the device: nothing to swap
     if not any(off(t) for mod in mods for t in (*mod._parameters.values(), *mod._buffers.values()) if t is not None):
+        if key is not None:
+            if len(_IN_PLACE) > 64:
+                _IN_PLACE.clear()
+            _IN_PLACE[id(model)] = key
         yield
         return
     params: dict[int, tuple[Any, Any]] = {}
