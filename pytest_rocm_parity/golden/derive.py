@@ -29,6 +29,10 @@ def derive(src: GoldenStore, name: str, dst: GoldenStore, new_name: str, dtypes:
         raise InvalidArgument(f"dtypes: {missing} not in golden {name!r} (it holds {list(m['rungs'])})")
     if int(m.get("sketch") or 0):
         raise InvalidArgument(f"{name!r} is a sketch golden; only full goldens can be derived")
+    missing = [d for d in dtypes if d not in m.get("rungs", {})]
+    if missing:
+        raise InvalidArgument(f"dtypes {missing}: golden {name!r} holds {', '.join(m.get('rungs', {}))}; derive from "
+                              f"those, or capture the missing precisions on the reference machine")
     if drill > int(m.get("drill", 2)):
         raise InvalidArgument(f"drill={drill}: golden {name!r} was captured with drill={m.get('drill')}")
     new = copy.deepcopy(m)
@@ -50,7 +54,7 @@ def _rung(src: GoldenStore, name: str, m: dict[str, Any], dtype: str, drill: int
         meta["layers"] = layers
         meta["order"] = [k for k in meta.get("order", []) if k in keys]
         meta["selected"] = sorted({e["name"] for e in layers})
-        wanted = {k for k in reader.keys if k.startswith(("input/", "extra/", f"gtruth/{OUTPUT}/"))}
+        wanted = {k for k in reader.keys if k.startswith(("input/", "extra/", f"gtruth/{OUTPUT}/", "quant/", "qnoise/"))}
         wanted |= set(meta["outputs"]["out"].values())
         for e in layers:
             wanted |= set(e["in"].values()) | set(e["out"].values())

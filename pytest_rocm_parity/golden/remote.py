@@ -18,7 +18,8 @@ from typing import Any
 
 from pytest_rocm_parity.atomic import commit, temp_beside
 from pytest_rocm_parity.errors import BackendUnavailable, GoldenCorrupt, GoldenError, GoldenMissing, ParityError
-from pytest_rocm_parity.golden.store import MANIFEST, MAX_MANIFEST_BYTES, GoldenStore, load_manifest, safe_name, sha256_file
+from pytest_rocm_parity.golden.store import (MANIFEST, MAX_MANIFEST_BYTES, GoldenStore, digest_matches, expected_digest,
+                                             load_manifest, safe_name)
 
 
 def is_url(path: object) -> bool:
@@ -102,9 +103,9 @@ class RemoteGoldenStore(GoldenStore):
         tmp = d / f".tmp-{MANIFEST}"
         manifest = self._validated(raw, tmp, where)
         for r in manifest["rungs"].values():
-            fname, sha = Path(str(r["file"])).name, r.get("sha256")
+            fname, expected = Path(str(r["file"])).name, expected_digest(r)
             local = d / fname
-            if local.exists() and sha and sha256_file(local) == sha:
+            if local.exists() and expected and digest_matches(local, expected):
                 continue  # cached and verified
             size = self._plain_file(self._remote(name, fname), f"{self.url}/{safe_name(name)}/{fname}")
             if isinstance(r.get("bytes"), int) and size != r["bytes"]:

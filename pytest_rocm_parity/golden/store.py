@@ -98,7 +98,7 @@ def sha256_file(path: Path) -> str:
 
 
 # The digest a replay checks every read against: XXH3-128 where the xxhash package is installed (a
-# dependency; about 12x SHA-256's speed, so the check of a 1 GB golden costs about what reading it
+# dependency; about 10x SHA-256's speed, so the check of a 1 GB golden costs about what reading it
 # does: docs/performance.md), SHA-256 otherwise and for goldens written before it was recorded.
 # Corruption, not an adversary, is what it guards against; the file names stay SHA-256's.
 FAST_DIGEST = "xxh3_128"

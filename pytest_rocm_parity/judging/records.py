@@ -94,7 +94,7 @@ class CheckResult:
     reference_env: dict[str, Any] = field(default_factory=dict)
     candidate_env: dict[str, Any] = field(default_factory=dict)
     golden: str = ""
-    kind: str = "model"          # model | lm | op
+    kind: str = "model"          # model | lm | train
     extra: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 

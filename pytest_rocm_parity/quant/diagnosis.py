@@ -173,18 +173,34 @@ def quant_notes(result: CheckResult, meta: dict[str, Any], get: Callable[[str], 
         if name in seen or name not in mods:
             continue
         seen.add(name)
-        if name not in quant:
-            fmt = scheme(mods[name])
-            if fmt is not None:
-                notes.append(f"{name}: the candidate quantizes it ({fmt[0]}); the reference computes it unquantized "
-                             f"(FP8 checkpoints keep layers such as the lm_head in bf16): serve it as the checkpoint has it")
+        if name in quant or scheme(mods[name]) is not None:
+            why = _module_finding(name, key, mods[name], quant, get, golden_input)
+            if why:
+                notes.append(f"{name}: {why}")
             continue
-        if not quant[name].get("tensors"):
-            continue   # a sketch golden keeps what the module is, not its codes
-        why = weight_finding(mods[name], quant[name], get)
-        if not why:
-            x = golden_input(key)
-            why = activation_finding(mods[name], _reference_twin(quant[name], get), x) if x is not None else ""
-        if why:
-            notes.append(f"{name}: {why}")
+        # a failing module that is not itself quantized (a block, at a shallow drill): the weights of
+        # the quantized modules inside it, from the golden's codes (no golden input for them here)
+        inner = [n for n in quant if n.startswith(name + ".") and n in mods and n not in seen] if name else \
+            [n for n in quant if n in mods and n not in seen]
+        for n in inner:
+            why = weight_finding(mods[n], quant[n], get) if quant[n].get("tensors") else ""
+            if why:
+                seen.add(n)
+                notes.append(f"{name}: inside it, {n}: {why}")
     return notes
+
+
+def _module_finding(name: str, key: str, mod: Any, quant: dict[str, Any], get: Callable[[str], Any],
+                    golden_input: Callable[[str], Any | None]) -> str:
+    """The likely cause at one quantized (or newly quantized) module, '' when no pattern fits."""
+    if name not in quant:
+        fmt = scheme(mod)
+        return (f"the candidate quantizes it ({fmt[0] if fmt else 'FP8'}); the reference computes it unquantized "
+                f"(FP8 checkpoints keep layers such as the lm_head in bf16): serve it as the checkpoint has it")
+    if not quant[name].get("tensors"):
+        return ""   # a sketch golden keeps what the module is, not its codes
+    why = weight_finding(mod, quant[name], get)
+    if not why:
+        x = golden_input(key)
+        why = activation_finding(mod, _reference_twin(quant[name], get), x) if x is not None else ""
+    return why

@@ -111,10 +111,10 @@ class Fp8Linear(nn.Module):
             if not (math.isfinite(float(input_scale)) and float(input_scale) > 0):
                 raise InvalidArgument(f"input_scale={input_scale!r}: a static activation scale must be a positive "
                                       f"finite number (the calibrated amax divided by the format's max)")
+            m.input_scale = torch.tensor(float(input_scale), dtype=torch.float32, device=lin.weight.device)
         elif input_scale is not None:
             raise InvalidArgument(f"input_scale={input_scale!r} with activation={activation!r}: a static scale is "
                                   f"used only with activation='static'")
-            m.input_scale = torch.tensor(float(input_scale), dtype=torch.float32, device=lin.weight.device)
         if lin.bias is not None:
             assert m.bias is not None
             m.bias = nn.Parameter(lin.bias.detach().clone())

@@ -718,7 +718,7 @@ def _quantization_noise(tm: Any, truth_passes: Callable[[Callable[[str, str, str
 
 
 def _quantized_storage(m: Any, tensors: dict[str, Any] | None) -> dict[str, Any]:
-    """The reference's quantized weights and scales (wrappers.quantized_storage), stored dtype-exact
+    """The reference's quantized weights and scales (quant/storage.py), stored dtype-exact
     under quant/<module>/<tensor>: a replay tells from them whether the candidate's weights mean the
     same values (docs/fp8.md). {module: {"tensors": {name: key}, "format", "activation"}}."""
     from pytest_rocm_parity.quant.storage import scheme, quantized_storage

@@ -102,7 +102,7 @@ def fingerprint(model: Any, classes: bool = False) -> dict[str, str]:
     from pytest_rocm_parity.runner.wrappers import plain_view
 
     mods, tensors = plain_view(model)
-    # Quantized storage (wrappers.quantized_storage) is judged by what it means, from the golden's
+    # Quantized storage (quant/storage.py) is judged by what it means, from the golden's
     # copy of it (docs/fp8.md): its codes count in the structure, its scales' layout and all its
     # values do not, so a correct conversion (OCP to FNUZ, per-tensor to per-channel scales) matches.
     quantized = quantized_tensor_ids(model.modules()) if hasattr(model, "modules") else set()

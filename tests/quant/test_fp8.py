@@ -129,3 +129,13 @@ def test_the_device_gemm_runs_where_the_device_multiplies_the_format(arch: str, 
     assert native_gemm(arch, codes, 256, 384, torch.bfloat16) is native
     assert native_gemm(arch, codes, 250, 384, torch.bfloat16) is False    # not a multiple of 16
     assert native_gemm(arch, codes, 256, 384, torch.float64) is False     # the truth: always emulated
+
+
+def test_a_static_scale_is_the_one_given_and_saturates() -> None:
+    q = Fp8Linear.from_linear(_linear(), "e4m3fn", "channel", "static", input_scale=0.001)
+    assert q.input_scale.item() == pytest.approx(0.001)
+    x = torch.randn(8, 64)
+    codes, s = q.quantize_input(x)
+    assert s.item() == pytest.approx(0.001)
+    # |x| / 0.001 runs far past 448: the codes saturate at the format's max, no NaN
+    assert codes.to(torch.float32).abs().max().item() == 448.0 and not torch.isnan(codes.to(torch.float32)).any()

@@ -87,3 +87,21 @@ def test_the_fnuz_port_passes_for_each_scale_scheme_with_padding(weight: str, ac
     cand = convert_to_fnuz(quantize_model(llama(), weight=weight, activation=activation))
     results = replay(cand, tokens("right"), spec, store, "cpu")
     assert all(r.passed for r in results), verdicts(results)
+
+
+def test_a_derived_golden_keeps_the_codes_and_the_noise(goldens: dict[bool, Any]) -> None:
+    """golden.derive (a shallower, single-precision golden from a full one) carries the quantized
+    storage and the noise: the FNUZ port passes against it and a bug still gets its cause."""
+    from pytest_rocm_parity.golden.derive import derive
+
+    store, spec = goldens[False]
+    derive(store, spec.name, store, "fp8-derived", ["float32"], 1)
+    shallow = CheckSpec(name="fp8-derived", dtypes=["float32"], drill=1)
+    by_id = {c.id: c for c in C.CASES}
+    (ok,) = replay(C.candidate(by_id["alt_fnuz_converted"]), tokens("none"), shallow, store, "cpu")
+    assert ok.passed, verdicts([ok])
+    (bad,) = replay(C.candidate(by_id["bug_fnuz_scale_not_doubled"]), tokens("none"), shallow, store, "cpu")
+    assert not bad.passed and bad.culprit == "model.layers.1.mlp", verdicts([bad])
+    # the culprit at drill 1 is the MLP; the codes inside it, kept by the derived golden, give the cause
+    assert any(n.startswith(f"model.layers.1.mlp: inside it, {C.TARGET}: its dequantized weight is 0.5x")
+               for n in bad.notes), bad.notes
