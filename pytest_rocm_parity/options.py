@@ -106,8 +106,8 @@ def addoption(parser: pytest.Parser) -> None:
     group.addoption(REGEN, dest="parity_regen", nargs="?", const=REGEN_ALL, default=None, metavar="GLOB",
                     help="rewrite the goldens of models whose name matches GLOB (all without GLOB)")
     add(GOLDEN_DIR, "parity_golden_dir", "golden directory (default: <rootdir>/goldens)", metavar="DIR")
-    add(DEVICE, "parity_device", "candidate device: auto (cuda when available, else cpu), cpu, cuda[:N], or model (keep the model's own placement)",
-        type=parse_device, metavar="DEVICE")
+    add(DEVICE, "parity_device", "candidate device: auto (cuda when available, else cpu), cpu, cuda[:N], or "
+        "model (keep the model's own placement)", type=parse_device, metavar="DEVICE")
     add(REPORT, "parity_report", "write parity-report.json (and the HTML/CSV reports) into DIR", metavar="DIR")
     add(ALLOW_WRITE, "parity_allow_write", "allow writing goldens when CI=true", ini_type="bool",
         default=False, action="store_true")
