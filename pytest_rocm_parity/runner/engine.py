@@ -390,62 +390,70 @@ def _substitute(args: Any, kwargs: Any, keys: dict[str, str], fetch: Callable[[s
         # onto the device of the tensor it replaces: for a split model that is the module's own GPU
         want = t.device if device is None or device == KEEP_PLACEMENT else device
         return g if g.device == want else g.to(want)
+    import torch
+
     root: Any = {"args": args, "kwargs": kwargs}
     try:   # the common shapes (tensors in plain tuples, lists and dicts), without walking every leaf
-        root = _patch(root, _plan(keys), fn)
+        root = _patch(root, _plan(keys), fn, torch.Tensor)
     except _NotPlain:
         root = map_tensors({"args": args, "kwargs": kwargs}, fn)
     return tuple(root["args"]), root["kwargs"]
 
 
-_PLANS: dict[int, tuple[dict[str, str], dict[str, Any]]] = {}
+# A plan node: (part, its position in a tuple or list or -1, the node below it or the leaf's full path)
+_Plan = tuple[tuple[str, int, Any], ...]
+_PLANS: dict[tuple[str, ...], _Plan] = {}
 
 
-def _plan(keys: dict[str, str]) -> dict[str, Any]:
-    """The leaf paths of ``keys`` as a tree ({part: subtree, or the full path at a leaf}), made once
-    per keys dict (a golden's layer entries live as long as its replay)."""
-    hit = _PLANS.get(id(keys))
-    if hit is not None and hit[0] is keys:
-        return hit[1]
+def _plan(keys: dict[str, str]) -> _Plan:
+    """The leaf paths of ``keys`` as a tree, each part's position parsed once. Made once per set of
+    paths: a model's calls share a few, and every pass swaps the inputs of every selected call."""
+    paths = tuple(keys)
+    hit = _PLANS.get(paths)
+    if hit is not None:
+        return hit
     tree: dict[str, Any] = {}
-    for path in keys:
+    for path in paths:
         node = tree
         parts = path.split(".")
         for part in parts[:-1]:
             node = node.setdefault(part, {})
         node[parts[-1]] = path
+
+    def freeze(node: dict[str, Any]) -> _Plan:
+        return tuple((part, int(part) if part.isdigit() else -1, sub if isinstance(sub, str) else freeze(sub))
+                     for part, sub in node.items())
     if len(_PLANS) > 4096:
         _PLANS.clear()
-    _PLANS[id(keys)] = (keys, tree)
-    return tree
+    _PLANS[paths] = hit = freeze(tree)
+    return hit
 
 
-def _patch(obj: Any, plan: dict[str, Any] | str, fn: Callable[[str, Any], Any]) -> Any:
+def _patch(obj: Any, plan: _Plan | str, fn: Callable[[str, Any], Any], tensor: type) -> Any:
     """``obj`` with each planned leaf replaced by fn(path, tensor); each container on the way copied once.
 
-    ``plan``: a subtree of _plan, or at a leaf the leaf's full path.
+    ``plan``: a node of _plan, or at a leaf the leaf's full path. ``tensor``: torch.Tensor.
     """
-    import torch
-
     if isinstance(plan, str):
-        if not isinstance(obj, torch.Tensor):
+        if not isinstance(obj, tensor):
             raise _NotPlain(plan)
         return fn(plan, obj)
-    if type(obj) in (tuple, list):
+    kind = type(obj)
+    if kind is tuple or kind is list:
         items = list(obj)
-        for head, sub in plan.items():
-            if not head.isdigit() or int(head) >= len(items):
-                raise _NotPlain(head)
-            items[int(head)] = _patch(items[int(head)], sub, fn)
-        return type(obj)(items)
-    if type(obj) is dict and all(type(k) is str for k in obj):
+        for part, i, sub in plan:
+            if not 0 <= i < len(items):
+                raise _NotPlain(part)
+            items[i] = _patch(items[i], sub, fn, tensor)
+        return items if kind is list else tuple(items)
+    if kind is dict and all(type(k) is str for k in obj):
         out = dict(obj)
-        for head, sub in plan.items():
-            if head not in obj:
-                raise _NotPlain(head)
-            out[head] = _patch(obj[head], sub, fn)
+        for part, _i, sub in plan:
+            if part not in obj:
+                raise _NotPlain(part)
+            out[part] = _patch(obj[part], sub, fn, tensor)
         return out
-    raise _NotPlain(str(type(obj)))
+    raise _NotPlain(str(kind))
 
 
 class _NotPlain(Exception):

@@ -656,28 +656,30 @@ def _direct_level(inner: Any, keys: list[str], layers: dict[str, dict[str, Any]]
 def _swap(key: str, a: Any, kw: Any, paths: dict[str, str], golden: Callable[[str, str], Any],
           notes: list[str]) -> tuple[Any, Any]:
     """The call ``(a, kw)`` with each activation leaf (``paths``: path -> path) replaced by its golden value."""
-    found: set[str] = set()
+    import torch
 
     def fn(p: str, t: Any) -> Any:
-        if p not in paths:
-            return t
-        found.add(p)
         g = golden(key, p)
         if g.shape != t.shape:
             notes.append(f"{key}: input {p} is {tuple(t.shape)} on the candidate, {tuple(g.shape)} in the golden; "
                          f"the candidate's value was used")
             return t
-        return g.to(t.device) if g.device != t.device else g
-    root: Any = {"args": a, "kwargs": kw}
-    try:   # the usual calls (tensors in plain tuples, lists and dicts), rebuilding only the swapped paths
-        root = _patch(root, _plan(paths), fn)
+        return g if g.device == t.device else g.to(t.device)
+    try:   # the usual calls (tensors in plain tuples, lists and dicts): every planned path is found
+        root = _patch({"args": a, "kwargs": kw}, _plan(paths), fn, torch.Tensor)
     except _NotPlain:
-        found.clear()
-        root = map_tensors({"args": a, "kwargs": kw}, fn)
-    missing = sorted(set(paths) - found)
-    if missing:
-        notes.append(f"{key}: activation input {', '.join(missing)} is not where the golden recorded it on the "
-                     f"candidate's call; the candidate's own inputs were used there")
+        found: set[str] = set()
+
+        def walked(p: str, t: Any) -> Any:
+            if p not in paths:
+                return t
+            found.add(p)
+            return fn(p, t)
+        root = map_tensors({"args": a, "kwargs": kw}, walked)
+        missing = sorted(set(paths) - found)
+        if missing:
+            notes.append(f"{key}: activation input {', '.join(missing)} is not where the golden recorded it on "
+                         f"the candidate's call; the candidate's own inputs were used there")
     return tuple(root["args"]), root["kwargs"]
 
 
