@@ -89,13 +89,14 @@ def default_dtypes(model: Any) -> list[str]:
     return [low[0], "float32"] if low else ["float32"]
 
 
-def fingerprint(model: Any, classes: bool = False) -> dict[str, str]:
+def fingerprint(model: Any, classes: bool = False, weights: bool = True) -> dict[str, str]:
     """Structure hash (module names, parameter names and shapes) and a sampled weight hash (fast at
     any size), of the model as it is without adapters (wrappers.plain_view).
 
     Module classes are left out: a port that swaps in its own class under the same name (a fused
     LayerNorm, a Triton MLP) is judged by its numbers, not refused as another model. ``classes``:
     the hash goldens recorded before that, which included them (same_structure accepts both).
+    ``weights=False``: the structure hash alone (the weight hash ""), without reading a weight.
     """
     import torch
 
@@ -124,6 +125,8 @@ def fingerprint(model: Any, classes: bool = False) -> dict[str, str]:
                     s.update(f"{name}:{tuple(p.shape)};".encode())
                 continue
             s.update(f"{name}:{tuple(p.shape)};".encode())
+            if not weights:
+                continue
             flat = p.detach().reshape(-1)
             if flat.numel() == 0 or not (flat.is_floating_point() or flat.dtype in (torch.int64, torch.int32)):
                 continue
@@ -131,13 +134,13 @@ def fingerprint(model: Any, classes: bool = False) -> dict[str, str]:
             sample = flat[::step][:1024].to("cpu", torch.float64)
             w.update(name.encode())
             w.update(sample.numpy().tobytes())
-    return {"structure": s.hexdigest()[:16], "weights": w.hexdigest()[:16]}
+    return {"structure": s.hexdigest()[:16], "weights": w.hexdigest()[:16] if weights else ""}
 
 
 def same_structure(model: Any, recorded: dict[str, Any]) -> bool:
     """Whether ``model`` has the structure a golden's fingerprint recorded (either hash: see fingerprint)."""
     want = recorded.get("structure")
-    return fingerprint(model)["structure"] == want or fingerprint(model, classes=True)["structure"] == want
+    return any(fingerprint(model, classes, weights=False)["structure"] == want for classes in (False, True))
 
 
 KEEP_PLACEMENT = "model"
