@@ -115,6 +115,7 @@ def fingerprint(model: Any, classes: bool = False, weights: bool = True) -> dict
     params = [(n, t) for n, t in tensors if isinstance(t, torch.nn.Parameter)]
     buffers = [(n, t) for n, t in tensors if not isinstance(t, torch.nn.Parameter)]
     seen: set[int] = set()
+    samples: list[tuple[str, Any]] = []
     with torch.no_grad():
         for name, p in params + buffers:
             if id(p) in seen:
@@ -131,9 +132,21 @@ def fingerprint(model: Any, classes: bool = False, weights: bool = True) -> dict
             if flat.numel() == 0 or not (flat.is_floating_point() or flat.dtype in (torch.int64, torch.int32)):
                 continue
             step = max(1, flat.numel() // 1024)
-            sample = flat[::step][:1024].to("cpu", torch.float64)
+            samples.append((name, flat[::step][:1024].to(torch.float64)))
+        # one copy to the host per device, not one per tensor (each a wait for a GPU); the bytes
+        # hashed are the same as tensor by tensor
+        on_host: dict[int, Any] = {}
+        for dev in {str(t.device) for _, t in samples}:
+            idx = [i for i, (_, t) in enumerate(samples) if str(t.device) == dev]
+            flat_all = torch.cat([samples[i][1] for i in idx]).to("cpu").numpy()
+            at = 0
+            for i in idx:
+                n = samples[i][1].numel()
+                on_host[i] = flat_all[at:at + n]
+                at += n
+        for i, (name, _t) in enumerate(samples):
             w.update(name.encode())
-            w.update(sample.numpy().tobytes())
+            w.update(on_host[i].tobytes())
     return {"structure": s.hexdigest()[:16], "weights": w.hexdigest()[:16] if weights else ""}
 
 
