@@ -178,8 +178,11 @@ def quant_notes(result: CheckResult, meta: dict[str, Any], get: Callable[[str], 
             if why:
                 notes.append(f"{name}: {why}")
             continue
-        # a failing module that is not itself quantized (a block, at a shallow drill): the weights of
-        # the quantized modules inside it, from the golden's codes (no golden input for them here)
+        # the culprit is not itself quantized (a block, at a shallow drill): the weights of the
+        # quantized modules inside it, from the golden's codes (no golden input for them here); only
+        # for the culprit, since each check holds a float64 copy of one weight
+        if name != result.culprit:
+            continue
         inner = [n for n in quant if n.startswith(name + ".") and n in mods and n not in seen] if name else \
             [n for n in quant if n in mods and n not in seen]
         for n in inner:
