@@ -115,17 +115,19 @@ def fingerprint(model: Any, classes: bool = False, weights: bool = True) -> dict
     params = [(n, t) for n, t in tensors if isinstance(t, torch.nn.Parameter)]
     buffers = [(n, t) for n, t in tensors if not isinstance(t, torch.nn.Parameter)]
     seen: set[int] = set()
+    entries: list[str] = []   # the hashed "name:shape" of each tensor, kept so a mismatch can be named
     samples: list[tuple[str, Any]] = []
     with torch.no_grad():
         for name, p in params + buffers:
             if id(p) in seen:
                 continue
             seen.add(id(p))
-            if id(p) in quantized:
-                if p.element_size() == 1:
-                    s.update(f"{name}:{tuple(p.shape)};".encode())
+            if id(p) in quantized and p.element_size() != 1:
                 continue
-            s.update(f"{name}:{tuple(p.shape)};".encode())
+            entries.append(f"{name}:{tuple(p.shape)}")
+            s.update(f"{entries[-1]};".encode())
+            if id(p) in quantized:
+                continue
             if not weights:
                 continue
             flat = p.detach().reshape(-1)
@@ -147,7 +149,24 @@ def fingerprint(model: Any, classes: bool = False, weights: bool = True) -> dict
         for i, (name, _t) in enumerate(samples):
             w.update(name.encode())
             w.update(on_host[i].tobytes())
-    return {"structure": s.hexdigest()[:16], "weights": w.hexdigest()[:16] if weights else ""}
+    return {"structure": s.hexdigest()[:16], "weights": w.hexdigest()[:16] if weights else "",
+            "tensors": ";".join(entries)}
+
+
+def structure_changes(model: Any, recorded: dict[str, Any]) -> str:
+    """In words, which parameters and buffers a model added, removed or reshaped against a golden's
+    fingerprint ('' when the golden did not record them, or when only module names differ)."""
+    old = recorded.get("tensors")
+    if not isinstance(old, str) or not old:
+        return ""
+
+    def shapes(entries: str) -> dict[str, str]:
+        return dict(e.rsplit(":", 1) for e in entries.split(";") if ":" in e)
+    a, b = shapes(old), shapes(fingerprint(model, weights=False)["tensors"])
+    parts = [f"{what} {names[:5]}{' ...' if len(names) > 5 else ''}" for what, names in (
+        ("added", [n for n in b if n not in a]), ("removed", [n for n in a if n not in b]),
+        ("reshaped", [f"{n} {a[n]} -> {b[n]}" for n in a if n in b and a[n] != b[n]])) if names]
+    return ", ".join(parts)
 
 
 def same_structure(model: Any, recorded: dict[str, Any]) -> bool:

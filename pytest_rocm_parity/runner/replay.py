@@ -27,6 +27,7 @@ from pytest_rocm_parity.runner.engine import (
     normalize_inputs,
     numerics,
     same_structure,
+    structure_changes,
     shell_quote,
     submodule,
     walk_model,
@@ -146,7 +147,9 @@ def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, An
     old = manifest.get("fingerprint", {})
     problems = []
     if not same_structure(model, old):
-        problems.append("the model's structure (module names, parameter names or shapes) changed")
+        changes = structure_changes(model, old)
+        problems.append(f"the model's structure changed: parameters or buffers {changes}" if changes else
+                        "the model's structure (module names, parameter names or shapes) changed")
     elif fp.get("weights") != old.get("weights") and not _quantized(model, manifest):
         # a quantized model's weights are its codes times scales in a format of the candidate's
         # choosing: judged by what they mean (quant/diagnosis.py), not matched by value

@@ -70,6 +70,23 @@ def test_layer_removed(tmp_path: Path) -> None:
 
 
 def test_parameter_shapes_changed(golden: Golden) -> None:
+    """The golden records each tensor's name and shape, so the message names what changed."""
+    torch.manual_seed(0)
+    stale(golden, "structure changed: parameters or buffers reshaped ['fc1.weight (4, 4) -> (8, 4)'",
+          model=Wider())
+
+
+def test_a_dropped_bias_is_named(golden: Golden) -> None:
+    m = tiny()
+    m.fc2.bias = None
+    stale(golden, "structure changed: parameters or buffers removed ['fc2.bias']", model=m)
+
+
+def test_a_golden_without_recorded_shapes_says_the_structure_changed(golden: Golden) -> None:
+    """Goldens written before the shapes were recorded: the general words."""
+    m = golden.manifest_json()
+    del m["fingerprint"]["tensors"]
+    golden.write_manifest(m)
     torch.manual_seed(0)
     stale(golden, "structure (module names, parameter names or shapes) changed", model=Wider())
 
