@@ -32,7 +32,7 @@ from pytest_rocm_parity import __version__
 from pytest_rocm_parity.judging import dtypes as dt
 from pytest_rocm_parity.judging.compare import residual_metrics
 from pytest_rocm_parity.runner.engine import (CheckSpec, Hooks, cast_inputs, fingerprint, home_device, normalize_inputs,
-                                       same_structure)
+                                       same_structure, structure_changes)
 from pytest_rocm_parity.errors import GoldenStale, InvalidArgument
 from pytest_rocm_parity.golden.store import FORMAT_VERSION, GoldenStore, RungReader, expected_digest
 from pytest_rocm_parity.judging.judge import Rule, judge_layer
@@ -620,13 +620,23 @@ def replay_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, d
     if manifest.get("kind") != "train":
         raise GoldenStale(f"{mpath}: the golden of {spec.name!r} is not a training golden; regenerate: {regen}", mpath)
     recorded = manifest.get("fingerprint", {})
-    if (not same_structure(inner, recorded) or fingerprint(inner).get("weights") != recorded.get("weights")
-            or manifest.get("steps") != steps or int(manifest.get("sketch") or 0) != int(spec.sketch or 0)
-            or int(manifest.get("accumulate") or 1) != accumulate):
-        raise GoldenStale(f"stale golden {mpath} for {spec.name!r}: the model, the number of steps (golden "
-                          f"{manifest.get('steps')}, now {steps}) or of micro-batches (golden "
-                          f"{int(manifest.get('accumulate') or 1)}, now {accumulate}) changed; regenerate it on the "
-                          f"reference machine: {regen}", mpath)
+    problems = []
+    if not same_structure(inner, recorded):
+        changes = structure_changes(inner, recorded)
+        problems.append(f"the model's structure changed: parameters or buffers {changes}" if changes
+                        else "the model's structure changed")
+    elif fingerprint(inner).get("weights") != recorded.get("weights"):
+        problems.append("the model's weights changed")
+    if manifest.get("steps") != steps:
+        problems.append(f"the number of steps changed (golden {manifest.get('steps')}, now {steps})")
+    if int(manifest.get("accumulate") or 1) != accumulate:
+        problems.append(f"the number of micro-batches changed (golden {int(manifest.get('accumulate') or 1)}, "
+                        f"now {accumulate})")
+    if int(manifest.get("sketch") or 0) != int(spec.sketch or 0):
+        problems.append(f"captured with sketch={manifest.get('sketch') or 0}, asked sketch={spec.sketch or 0}")
+    if problems:
+        raise GoldenStale(f"stale golden {mpath} for {spec.name!r}: " + "; ".join(problems)
+                          + f". Regenerate it on the reference machine: {regen}", mpath)
     factory = optimizer_factory(optimizer)
     clip = gradient_clipper(clip_grad_norm, optimizer)
     selected = select(inner, spec.layers, spec.drill)

@@ -223,3 +223,15 @@ def test_accumulation_holds_the_full_batch_gradients_and_names_a_loss_that_does_
         replay_train(llama("sdpa"), _inputs(), acc, store, "cpu", optimizer=ADAMW, accumulate=3)
     with pytest.raises(InvalidArgument, match="accumulate=0"):
         capture_train(llama("sdpa"), _inputs(), acc, GoldenStore(tmp_path / "x"), "cpu", accumulate=0)
+
+
+def test_a_stale_training_golden_names_what_changed(tmp_path: Any) -> None:
+    from pytest_rocm_parity.errors import GoldenStale
+
+    spec = CheckSpec(name="stale", dtypes=["float32"])
+    store = GoldenStore(str(tmp_path))
+    capture_train(llama("sdpa"), _inputs(), spec, store, "cpu", optimizer=ADAMW)
+    other = llama("sdpa")
+    other.lm_head.bias = torch.nn.Parameter(torch.zeros(other.lm_head.out_features))
+    with pytest.raises(GoldenStale, match=r"added \['lm_head.bias'\].*number of steps changed \(golden 1, now 2\)"):
+        replay_train(other, _inputs(), spec, store, "cpu", optimizer=ADAMW, steps=2)
