@@ -82,8 +82,13 @@ def weight_finding(cand: Any, entry: dict[str, Any], get: Callable[[str], Any]) 
 
     codes, scale = get(entry["tensors"][entry["codes"]]), get(_scale_key(entry)).to(torch.float64)
     ref = _dequantize(codes, scale)
+    own = {**cand._parameters, **cand._buffers}
+    cand_scale = own.get(_scale_key(entry).rsplit("/", 1)[-1])
     if callable(getattr(cand, "dequantized_weight", None)):
         got = cand.dequantized_weight(torch.float64).detach().to(ref.device)
+    elif isinstance(own.get(entry["codes"]), torch.Tensor) and isinstance(cand_scale, torch.Tensor):
+        # another stack's FP8 layer holding codes and a scale under the reference's names
+        got = _dequantize(own[entry["codes"]].detach().cpu(), cand_scale.detach().cpu()).to(ref.device)
     elif isinstance(getattr(cand, "weight", None), torch.Tensor) and cand.weight.element_size() > 1:
         got = cand.weight.detach().to(ref.device, torch.float64)   # served unquantized
     else:

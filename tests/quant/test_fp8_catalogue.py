@@ -9,6 +9,8 @@ import tempfile
 from typing import Any
 
 import pytest
+import torch
+from torch import nn
 
 import fp8_catalogue as C
 from parity_models import tokens, verdicts
@@ -105,3 +107,20 @@ def test_a_derived_golden_keeps_the_codes_and_the_noise(goldens: dict[bool, Any]
     # the culprit at drill 1 is the MLP; the codes inside it, kept by the derived golden, give the cause
     assert any(n.startswith(f"model.layers.1.mlp: inside it, {C.TARGET}: its dequantized weight is 0.5x")
                for n in bad.notes), bad.notes
+
+
+class _OtherStacksFp8(nn.Module):
+    """Another serving stack's FP8 layer: codes and scale under the usual names, no Fp8Linear API."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = (self.weight.to(torch.float32) * self.weight_scale).to(x.dtype)
+        return torch.nn.functional.linear(x, w)
+
+
+def test_another_stacks_fp8_layer_gets_its_weight_diagnosed(goldens: dict[bool, Any]) -> None:
+    store, spec = goldens[False]
+    model = C.candidate(next(c for c in C.CASES if c.id == "bug_fnuz_scale_not_doubled"))
+    model.get_submodule(C.TARGET).__class__ = _OtherStacksFp8
+    failing = [r for r in replay(model, tokens("none"), spec, store, "cpu") if not r.passed]
+    assert failing and all(r.culprit == C.TARGET for r in failing), verdicts(failing)
+    assert any(n.startswith(f"{C.TARGET}: its dequantized weight is 0.5x") for r in failing for n in r.notes)
