@@ -139,3 +139,24 @@ def test_a_static_scale_is_the_one_given_and_saturates() -> None:
     assert s.item() == pytest.approx(0.001)
     # |x| / 0.001 runs far past 448: the codes saturate at the format's max, no NaN
     assert codes.to(torch.float32).abs().max().item() == 448.0 and not torch.isnan(codes.to(torch.float32)).any()
+
+
+def test_block_scaled_weights_are_compared_tile_by_tile() -> None:
+    """A DeepSeek/Hugging Face style layer: weight_scale_inv with one scale per 128 x 128 tile."""
+    from pytest_rocm_parity.quant.diagnosis import weight_finding
+
+    g = torch.Generator().manual_seed(0)
+    codes = (torch.randn(200, 300, generator=g) * 50).clamp(-448, 448).to(torch.float8_e4m3fn)
+    scale = torch.rand(2, 3, generator=g) + 0.5
+    stored = {"quant/l/weight": codes, "quant/l/weight_scale_inv": scale}
+    entry = {"tensors": {"weight": "quant/l/weight", "weight_scale_inv": "quant/l/weight_scale_inv"},
+             "codes": "weight"}
+    cand = nn.Module()
+    cand.weight = nn.Parameter(codes.clone(), requires_grad=False)
+    cand.weight_scale_inv = nn.Parameter(scale.clone(), requires_grad=False)
+    assert weight_finding(cand, entry, stored.__getitem__) == ""
+    fnuz, doubled = ocp_to_fnuz(codes, scale)
+    cand.weight = nn.Parameter(fnuz, requires_grad=False)      # converted, the scale left as it was
+    assert "0.5x the reference's" in weight_finding(cand, entry, stored.__getitem__)
+    cand.weight_scale_inv = nn.Parameter(doubled, requires_grad=False)
+    assert weight_finding(cand, entry, stored.__getitem__) == ""
