@@ -6,7 +6,8 @@
 # Usage: OUT=/some/dir bash scripts/gpu_bench.sh [--8b]     (under 10 minutes on an H200; --8b adds
 # the 8B Llama shape's capture/replay row, about 3 more)
 # Writes to OUT: env.txt, gpu_tests.log, bench.log, bench_parity.json, replay.json, stats_kernel.json,
-# profiles.txt (a cProfile of one 1.1B fast pass).
+# fp8_gemm.json (the FP8 emulation against the device's GEMM), profiles.txt (a cProfile of one 1.1B
+# fast pass); bench.log also holds the FP8 example's replay on the device.
 set -uo pipefail
 : "${OUT:?set OUT to an output folder}"
 mkdir -p "$OUT"
@@ -31,6 +32,10 @@ PARITY_GPU_RECORD="$OUT/migrations.jsonl" timeout 400 python -m pytest -q -p no:
   timeout 300 python bench/bench_replay.py --device cuda --model 1b --reps 21 --profile-dir "$OUT" --out "$OUT/replay.json" || status=1
   timeout 200 python bench/bench_stats_kernel.py --model 1b --no-sweep --out "$OUT/stats_kernel.json" || status=1
   timeout 60 python bench/bench_stats_kernel.py --model 1b --table-cost || status=1
+  timeout 60 python bench/fp8_gemm.py > "$OUT/fp8_gemm.json" || status=1
+  # the FP8 example golden replayed on the device that captured it (its OCP checkpoint as it is)
+  timeout 200 python -m pytest -q -p no:cacheprovider -p pytest_rocm_parity.plugin --rocm-parity \
+    conftest_examples/test_bytellama_fp8.py || status=1
 } > "$OUT/bench.log" 2>&1
 
 cat "$OUT/env.txt"
