@@ -484,11 +484,7 @@ def _replay_sketch(cand: Any, meta: dict[str, Any], reader: RungReader, spec: Ch
     result = CheckResult(test=spec.test, name=spec.name, dtype=rung, passed=True, kind="train")
     loss_scale: list[Any] = []
     scales: list[Any] = []
-    loss_rec = LayerRecord(name=LOSS)
-    judge_layer(loss_rec, [], [_metric("loss", value.reshape(1), reader, "loss", "gtruth/loss", u, tol.confidence,
-                                       loss_scale)], Rule.of(tol.for_layer(LOSS), rung))
-    loss_rec.passed = loss_rec.prop_passed
-    result.outputs.append(loss_rec)
+    loss_rec = _judge_loss(result, value, reader, tol, rung, u, loss_scale)
     drift: list[tuple[bool, bool]] = []   # per record: (its output gradient drifted, its parameters' did)
     for name, entries in _by_module(meta["layers"]):
         t = tol.for_layer(name)
@@ -523,6 +519,18 @@ def _replay_sketch(cand: Any, meta: dict[str, Any], reader: RungReader, spec: Ch
     result.notes.append(f"sketch golden (groups of {group}): the propagated step judged; the culprit is the first "
                         f"module, in the backward's order, whose gradients drifted")
     return result
+
+
+def _judge_loss(result: CheckResult, value: Any, reader: RungReader, tol: Any, rung: str, u: float,
+                loss_scale: list[Any]) -> LayerRecord:
+    """The loss judged like a model output (its scale against the golden's kept in ``loss_scale``),
+    appended to the result's outputs."""
+    rec = LayerRecord(name=LOSS)
+    judge_layer(rec, [], [_metric("loss", value.reshape(1), reader, "loss", "gtruth/loss", u, tol.confidence,
+                                  loss_scale)], Rule.of(tol.for_layer(LOSS), rung))
+    rec.passed = rec.prop_passed
+    result.outputs.append(rec)
+    return rec
 
 
 def _sketch_culprit(records: list[LayerRecord], drift: list[tuple[bool, bool]]) -> LayerRecord | None:
@@ -722,11 +730,7 @@ def _replay_rung(cand: Any, meta: dict[str, Any], reader: RungReader, spec: Chec
 
     loss_scale: list[Any] = []
     scales: list[Any] = []
-    loss_rec = LayerRecord(name=LOSS)
-    judge_layer(loss_rec, [], [_metric("loss", value.reshape(1), reader, "loss", "gtruth/loss", u, tol.confidence,
-                                       loss_scale)], Rule.of(tol.for_layer(LOSS), rung))
-    loss_rec.passed = loss_rec.prop_passed
-    result.outputs.append(loss_rec)
+    _judge_loss(result, value, reader, tol, rung, u, loss_scale)
     for name, entries in _by_module(meta["layers"]):
         rule = Rule.of(tol.for_layer(name), rung)
         mod = cand.get_submodule(name) if name else cand
