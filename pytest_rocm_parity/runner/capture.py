@@ -729,9 +729,10 @@ def _quantized_storage(m: Any, tensors: dict[str, Any] | None) -> dict[str, Any]
         if not names:
             continue
         own = {**mod._parameters, **mod._buffers}
-        keys = {n: f"quant/{mname}/{n}" for n in names} if tensors is not None else {}
-        for n, k in keys.items():
-            tensors[k] = own[n].detach().to("cpu", copy=True).contiguous()   # type: ignore[index]
+        keys: dict[str, str] = {}
+        if tensors is not None:
+            keys = {n: f"quant/{mname}/{n}" for n in names}
+            tensors.update({k: own[n].detach().to("cpu", copy=True).contiguous() for n, k in keys.items()})
         fmt, act = scheme(mod) or ("", None)
         out[mname] = {"tensors": keys, "codes": next(n for n in names if own[n].element_size() == 1),
                       "format": fmt, "activation": act}
