@@ -73,13 +73,15 @@ def _scale_key(entry: dict[str, Any]) -> str:
     for name in (f"{codes}_scale", f"{codes}_scale_inv", "scale"):
         if name in keys:
             return str(keys[name])
-    return str(next(k for n, k in sorted(keys.items()) if n != codes and "input" not in n))
+    return str(next((k for n, k in sorted(keys.items()) if n != codes and "input" not in n), ""))
 
 
 def weight_finding(cand: Any, entry: dict[str, Any], get: Callable[[str], Any]) -> str:
     """What the candidate module's weight means against the reference's, in words ('' if the same)."""
     import torch
 
+    if not _scale_key(entry):
+        return ""   # codes without a scale: nothing to tell their meaning by
     codes, scale = get(entry["tensors"][entry["codes"]]), get(_scale_key(entry)).to(torch.float64)
     ref = _dequantize(codes, scale)
     own = {**cand._parameters, **cand._buffers}

@@ -160,3 +160,13 @@ def test_block_scaled_weights_are_compared_tile_by_tile() -> None:
     assert "0.5x the reference's" in weight_finding(cand, entry, stored.__getitem__)
     cand.weight_scale_inv = nn.Parameter(doubled, requires_grad=False)
     assert weight_finding(cand, entry, stored.__getitem__) == ""
+
+
+def test_codes_without_a_scale_get_no_diagnosis_and_no_error() -> None:
+    from pytest_rocm_parity.quant.diagnosis import weight_finding
+
+    codes = torch.ones(4, 4).to(torch.float8_e4m3fn)
+    cand = nn.Module()
+    cand.weight = nn.Parameter(codes.to(torch.float32).to(torch.float8_e4m3fnuz), requires_grad=False)
+    entry = {"tensors": {"weight": "quant/l/weight"}, "codes": "weight"}
+    assert weight_finding(cand, entry, {"quant/l/weight": codes}.__getitem__) == ""
