@@ -24,13 +24,13 @@ VOCAB = 96
 
 
 def llama(attn: str = "sdpa", **config: Any) -> nn.Module:
+    """A 2-layer Llama with GQA; ``config`` overrides any field (sizes included)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      attn_implementation=attn, use_cache=False, **config)
-    return LlamaForCausalLM(cfg).eval()
+    fields = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, attn_implementation=attn, use_cache=False)
+    return LlamaForCausalLM(LlamaConfig(**{**fields, **config})).eval()
 
 
 def bert(attn: str = "sdpa") -> nn.Module:
@@ -61,6 +61,41 @@ def t5() -> nn.Module:
     torch.manual_seed(0)
     cfg = T5Config(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, use_cache=False)
     return T5Model(cfg).eval()
+
+
+class MlpBlock(nn.Module):
+    """A pre-norm residual MLP: the smallest block with a norm, two projections and an activation."""
+
+    def __init__(self, d: int, width: int = 2) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, width * d)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(width * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(self.act(self.fc1(self.norm(x))))
+
+
+class MlpLM(nn.Module):
+    """Embedding, ``n`` MlpBlocks and a head: a token model without attention, fast on any CPU."""
+
+    def __init__(self, d: int, n: int, vocab: int, width: int) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(MlpBlock(d, width) for _ in range(n))
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.emb(ids)
+        for b in self.blocks:
+            h = b(h)
+        return self.head(h)
+
+
+def mlp_lm(d: int = 16, n: int = 3, vocab: int = 40, width: int = 2) -> MlpLM:
+    torch.manual_seed(0)
+    return MlpLM(d, n, vocab, width).eval()
 
 
 def convnet(channels_last: bool = False) -> nn.Module:

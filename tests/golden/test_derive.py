@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from parity_models import MlpBlock
 from pytest_rocm_parity.golden.derive import derive
 from pytest_rocm_parity.runner.capture import capture
 from pytest_rocm_parity.runner.engine import CheckSpec
@@ -15,19 +16,9 @@ from pytest_rocm_parity.errors import InvalidArgument
 from pytest_rocm_parity.golden.store import GoldenStore, RungReader
 
 
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(16)
-        self.mlp = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.mlp(self.norm(x))
-
-
 def _model() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, 16), *[Block() for _ in range(3)], nn.Linear(16, 4))
+    return nn.Sequential(nn.Linear(8, 16), *[MlpBlock(16) for _ in range(3)], nn.Linear(16, 4))
 
 
 def _by_layer(store: GoldenStore, name: str, dtype: str) -> dict[str, torch.Tensor]:

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
+from parity_models import mlp_lm
 from pytest_rocm_parity.runner.capture import capture
 
 from pytest_rocm_parity.runner.engine import CheckSpec
@@ -34,39 +34,12 @@ def test_sketch_of_low_precision_and_complex_inputs() -> None:
     assert sketch(z, 10, "k").numel() == 10
 
 
-class Block(nn.Module):
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(d)
-        self.fc1 = nn.Linear(d, 4 * d)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(4 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.fc2(self.act(self.fc1(self.norm(x))))
-
-
-class Net(nn.Module):
-    def __init__(self, d: int = 128, n: int = 3) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(64, d)
-        self.blocks = nn.ModuleList(Block(d) for _ in range(n))
-        self.head = nn.Linear(d, 64)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        h = self.emb(ids)
-        for b in self.blocks:
-            h = b(h)
-        return self.head(h)
-
-
 def _size(p: Path) -> int:
     return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
 
 
 def test_sketch_golden_is_small_and_still_blames_the_layer(tmp_path: Path) -> None:
-    torch.manual_seed(0)
-    model = Net()
+    model = mlp_lm(d=128, vocab=64, width=4)
     ids = torch.randint(0, 64, (4, 128), generator=torch.Generator().manual_seed(1))
     full, small = GoldenStore(tmp_path / "full"), GoldenStore(tmp_path / "sketch")
     capture(model, ids, CheckSpec(name="n", dtypes=["bfloat16", "float32"]), full, "cpu", env={})
@@ -83,7 +56,7 @@ def test_sketch_golden_is_small_and_still_blames_the_layer(tmp_path: Path) -> No
 def test_sketch_mismatch_is_stale(tmp_path: Path) -> None:
     from pytest_rocm_parity.errors import GoldenStale
 
-    model = Net(d=32, n=2)
+    model = mlp_lm(d=32, n=2, vocab=64, width=4)
     ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
     store = GoldenStore(tmp_path)
     capture(model, ids, CheckSpec(name="n", dtypes=["float32"], sketch=64), store, "cpu", env={})

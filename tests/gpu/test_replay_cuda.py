@@ -129,12 +129,11 @@ def test_gpu_replay_of_an_inplace_model_equals_the_cpu_arithmetic(tmp_path, kind
 def test_a_llama_on_the_gpu_passes_and_an_activation_bug_is_named(tmp_path, monkeypatch, replay_kind: str) -> None:
     """A HF Llama in bf16 replayed on the GPU it was captured on passes with ratios near 1; an
     activation bug is blamed on the activation."""
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
+    from parity_models import llama
 
-    cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                                   num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=256)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+    model = llama(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8,
+                  max_position_embeddings=256).to("cuda", torch.bfloat16)
     ids = torch.randint(0, 512, (2, 128), generator=torch.Generator().manual_seed(1))
     inputs = {"input_ids": ids, "use_cache": False}
     spec = CheckSpec(name="llama", dtypes=["bfloat16"], drill=2, replay=replay_kind)

@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch import nn
 
+from parity_models import llama
 from pytest_rocm_parity.runner import capture as cap
 from pytest_rocm_parity.judging import dtypes as dt
 from pytest_rocm_parity.runner.capture import _Pool, _residual, _truth_model, capture, merge_repeats, recording_pass
@@ -69,12 +70,9 @@ def _net_inputs() -> dict[str, Any]:
 
 
 def _llama() -> tuple[nn.Module, dict[str, Any]]:
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, vocab_size=61, max_position_embeddings=32)
+    pytest.importorskip("transformers")
     with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = transformers.LlamaForCausalLM(cfg).eval()
+        model = llama(hidden_size=32, intermediate_size=64, vocab_size=61, max_position_embeddings=32)
     ids = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(0))
     return model, {"input_ids": ids, "use_cache": False}
 

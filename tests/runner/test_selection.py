@@ -51,13 +51,12 @@ def test_unmatched_pattern_is_error_with_hint() -> None:
 
 
 def test_hf_llama_default_selection() -> None:
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                                   num_attention_heads=2, num_key_value_heads=1)
-    names = default_primary(transformers.LlamaForCausalLM(cfg))
+    pytest.importorskip("transformers")
+    from parity_models import llama
+
+    names = default_primary(llama())
     assert names[0] == "model.embed_tokens" and "model.layers.1" in names
     assert names[-2:] == ["model.norm", "lm_head"] or names[-1] == "lm_head"
-    torch.manual_seed(0)
 
 
 def test_auto_drill_depends_on_size() -> None:
