@@ -80,10 +80,11 @@ class MlpBlock(nn.Module):
 class MlpLM(nn.Module):
     """Embedding, ``n`` MlpBlocks and a head: a token model without attention, fast on any CPU."""
 
-    def __init__(self, d: int, n: int, vocab: int, width: int) -> None:
+    def __init__(self, d: int, n: int, vocab: int, width: int = 2,
+                 block: Callable[[int], nn.Module] | None = None) -> None:
         super().__init__()
         self.emb = nn.Embedding(vocab, d)
-        self.blocks = nn.ModuleList(MlpBlock(d, width) for _ in range(n))
+        self.blocks = nn.ModuleList(block(d) if block else MlpBlock(d, width) for _ in range(n))
         self.head = nn.Linear(d, vocab)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -96,6 +97,44 @@ class MlpLM(nn.Module):
 def mlp_lm(d: int = 16, n: int = 3, vocab: int = 40, width: int = 2) -> MlpLM:
     torch.manual_seed(0)
     return MlpLM(d, n, vocab, width).eval()
+
+
+class TopKMoE(nn.Module):
+    """A router and a ModuleList of experts, each called on the tokens routed to it: which tokens,
+    and so the shape of each expert's call, depends on near-ties of the router's scores."""
+
+    def __init__(self, d: int, experts: int = 8, k: int = 2) -> None:
+        super().__init__()
+        self.k = k
+        self.gate = nn.Linear(d, experts, bias=False)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+                                     for _ in range(experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.reshape(-1, x.shape[-1])
+        weights, chosen = torch.topk(self.gate(h).softmax(-1), self.k, dim=-1)
+        out = torch.zeros_like(h)
+        for i, expert in enumerate(self.experts):
+            token, slot = torch.where(chosen == i)
+            if token.numel():
+                out.index_add_(0, token, expert(h[token]) * weights[token, slot, None])
+        return out.reshape(x.shape)
+
+
+class MoEBlock(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.moe = TopKMoE(d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.moe(self.norm(x))
+
+
+def moe_lm(d: int = 32, n: int = 3, vocab: int = VOCAB) -> nn.Module:
+    """A token model of MoEBlocks (a hand-written MoE, as ports of older checkpoints have)."""
+    torch.manual_seed(0)
+    return MlpLM(d, n, vocab, block=MoEBlock).eval()
 
 
 def convnet(channels_last: bool = False) -> nn.Module:

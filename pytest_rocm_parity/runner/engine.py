@@ -89,13 +89,18 @@ def default_dtypes(model: Any) -> list[str]:
     return [low[0], "float32"] if low else ["float32"]
 
 
-def fingerprint(model: Any, classes: bool = False, weights: bool = True) -> dict[str, str]:
+def fingerprint(model: Any, classes: bool = False, weights: bool = True,
+                computed_buffers: bool = False) -> dict[str, str]:
     """Structure hash (module names, parameter names and shapes) and a sampled weight hash (fast at
     any size), of the model as it is without adapters (wrappers.plain_view).
 
     Module classes are left out: a port that swaps in its own class under the same name (a fused
     LayerNorm, a Triton MLP) is judged by its numbers, not refused as another model. ``classes``:
     the hash goldens recorded before that, which included them (same_structure accepts both).
+    The weight hash covers what a checkpoint holds: parameters and persistent buffers. A
+    non-persistent buffer (a rotary table built from the config) is computed by the code under
+    test, so a candidate that computes it otherwise is judged, not refused as another model;
+    ``computed_buffers``: the hash goldens recorded before that, which included them (same_weights).
     ``weights=False``: the structure hash alone (the weight hash ""), without reading a weight.
     """
     import torch
@@ -114,6 +119,8 @@ def fingerprint(model: Any, classes: bool = False, weights: bool = True) -> dict
     # parameters, then buffers, as named_parameters() and named_buffers() list them (tied ones once)
     params = [(n, t) for n, t in tensors if isinstance(t, torch.nn.Parameter)]
     buffers = [(n, t) for n, t in tensors if not isinstance(t, torch.nn.Parameter)]
+    computed = set() if computed_buffers or not hasattr(model, "modules") else {
+        id(b) for m in model.modules() for n in m._non_persistent_buffers_set if (b := m._buffers.get(n)) is not None}
     seen: set[int] = set()
     entries: list[str] = []   # the hashed "name:shape" of each tensor, kept so a mismatch can be named
     samples: list[tuple[str, Any]] = []
@@ -126,9 +133,7 @@ def fingerprint(model: Any, classes: bool = False, weights: bool = True) -> dict
                 continue
             entries.append(f"{name}:{tuple(p.shape)}")
             s.update(f"{entries[-1]};".encode())
-            if id(p) in quantized:
-                continue
-            if not weights:
+            if id(p) in quantized or id(p) in computed or not weights:
                 continue
             flat = p.detach().reshape(-1)
             if flat.numel() == 0 or not (flat.is_floating_point() or flat.dtype in (torch.int64, torch.int32)):
@@ -149,8 +154,21 @@ def fingerprint(model: Any, classes: bool = False, weights: bool = True) -> dict
         for i, (name, _t) in enumerate(samples):
             w.update(name.encode())
             w.update(on_host[i].tobytes())
-    return {"structure": s.hexdigest()[:16], "weights": w.hexdigest()[:16] if weights else "",
-            "tensors": ";".join(entries)}
+    out = {"structure": s.hexdigest()[:16], "weights": w.hexdigest()[:16] if weights else "",
+           "tensors": ";".join(entries)}
+    if not computed_buffers:
+        out["weights_of"] = WEIGHTS_OF
+    return out
+
+
+# what a golden's weight hash covers (fingerprint); goldens without the key hashed computed buffers too
+WEIGHTS_OF = "checkpoint"
+
+
+def same_weights(model: Any, recorded: dict[str, Any]) -> bool:
+    """Whether ``model`` has the weights a golden's fingerprint recorded, hashed as that golden hashed them."""
+    old = recorded.get("weights_of") != WEIGHTS_OF
+    return fingerprint(model, computed_buffers=old)["weights"] == recorded.get("weights")
 
 
 def structure_changes(model: Any, recorded: dict[str, Any]) -> str:
@@ -391,6 +409,20 @@ class Hooks:
         if self.on_output is not None:
             return self.on_output(key, sel, output)   # not None: replaces the module's output
         return None
+
+    def standalone(self, mod: Any, args: Any, kwargs: Any) -> Any:
+        """``mod.forward(*args, **kwargs)`` called from inside one of these hooks, on its own: the
+        modules it calls are neither seen nor counted, so the forward's own calls keep their keys."""
+        calls, order = dict(self.calls), len(self.order)
+        on_input, on_output = self.on_input, self.on_output
+        self.on_input = self.on_output = None
+        try:
+            return mod.forward(*args, **kwargs)
+        finally:
+            self.calls.clear()
+            self.calls.update(calls)
+            del self.order[order:]
+            self.on_input, self.on_output = on_input, on_output
 
     def remove(self) -> None:
         for h in self.handles:

@@ -104,11 +104,13 @@ def default_primary(model: Any) -> list[str]:
 def _drill_children(model: Any, name: str, first: dict[int, str]) -> list[str]:
     """The children drill-down selects below ``name``: those with parameters, and parameter-free leaves
     (activations, pooling), each module once under its first name."""
-    from pytest_rocm_parity.runner.wrappers import is_adapter_layer
+    from pytest_rocm_parity.runner.wrappers import is_adapter_layer, is_dispatched_experts
 
     mod = model.get_submodule(name) if name else model
     if is_adapter_layer(mod):
         return []     # a PEFT layer is judged as the module it replaced, adapter included
+    if is_dispatched_experts(mod):
+        return []     # what it calls below depends on the experts implementation, not on the model
     out = []
     for k, c in mod._modules.items():
         full = f"{name}.{k}" if name else k

@@ -32,7 +32,7 @@ from pytest_rocm_parity import __version__
 from pytest_rocm_parity.judging import dtypes as dt
 from pytest_rocm_parity.judging.compare import residual_metrics
 from pytest_rocm_parity.runner.engine import (CheckSpec, Hooks, cast_inputs, fingerprint, home_device, normalize_inputs,
-                                       same_structure, structure_changes)
+                                              same_structure, same_weights, structure_changes)
 from pytest_rocm_parity.errors import GoldenStale, InvalidArgument
 from pytest_rocm_parity.golden.store import FORMAT_VERSION, GoldenStore, RungReader, expected_digest
 from pytest_rocm_parity.judging.judge import Rule, judge_layer
@@ -633,7 +633,7 @@ def replay_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, d
         changes = structure_changes(inner, recorded)
         problems.append(f"the model's structure changed: parameters or buffers {changes}" if changes
                         else "the model's structure changed")
-    elif fingerprint(inner).get("weights") != recorded.get("weights"):
+    elif not same_weights(inner, recorded):
         problems.append("the model's weights changed")
     if manifest.get("steps") != steps:
         problems.append(f"the number of steps changed (golden {manifest.get('steps')}, now {steps})")

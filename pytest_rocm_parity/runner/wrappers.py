@@ -146,6 +146,12 @@ def is_adapter_layer(mod: Any) -> bool:
     return hasattr(mod, "base_layer") and type(mod).__module__.startswith("peft.")
 
 
+def is_dispatched_experts(mod: Any) -> bool:
+    """A Hugging Face MoE experts module, whose forward is chosen by ``experts_implementation``: the
+    modules below it are called once for all experts or once per expert, as that choice says."""
+    return hasattr(type(mod), "_apply_gate") and hasattr(getattr(mod, "config", None), "_experts_implementation")
+
+
 def plain_view(model: Any) -> tuple[list[tuple[str, str]], list[tuple[str, Any]]]:
     """(module name, class name) and (tensor name, tensor) of ``model`` as the model without its
     adapters: an adapter layer stands for its base layer, under the base layer's class and with the

@@ -98,6 +98,27 @@ def test_exact_kinds_must_match() -> None:
     assert m.mismatches == 1 and "differ" in m.note
 
 
+@pytest.mark.parametrize("flips, scores_ok, passes", [(1, True, True), (5, True, True), (6, True, False),
+                                                      (1, False, False)])
+def test_a_routers_indices_may_flip_at_near_ties_only(truth: torch.Tensor, flips: int, scores_ok: bool,
+                                                      passes: bool) -> None:
+    """Integer outputs beside floating ones (a router's top-k indices beside its scores) pass with at
+    most 1% of them flipped while every floating output passes; alone they must match exactly."""
+    chosen = torch.arange(512) % 8
+    moved = chosen.clone()
+    moved[:flips] += 1
+    indices = exact_metrics("2", moved, chosen)
+    ref = _rounded(truth, torch.bfloat16)
+    scores = float_metrics("1", ref if scores_ok else _rounded(truth * 1.01, torch.bfloat16), ref, truth, U_BF16)
+    rule = Rule.of(Tolerance(), "bfloat16")
+    rec = LayerRecord(name="gate")
+    judge_layer(rec, [scores, indices], [], rule)
+    assert rec.iso_passed is passes, rec.reason
+    alone = LayerRecord(name="argmax")
+    judge_layer(alone, [indices], [], rule)
+    assert not alone.iso_passed and "differ" in alone.reason
+
+
 def test_shape_change_fails() -> None:
     m = float_metrics("0", torch.zeros(3), torch.zeros(4), torch.zeros(4), U_BF16)
     assert leaf_failure(m, Tolerance(), "float32", isolated=True).startswith("shape")

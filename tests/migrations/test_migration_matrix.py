@@ -7,11 +7,15 @@ module the verdict must name.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
+from torch import nn
 
-from parity_models import (bert, capture_then_replay, convnet, expected_culprit, image, llama, mixtral, plant,
+from parity_models import (bert, capture_then_replay, convnet, expected_culprit, image, llama, mixtral, moe_lm, plant,
                               seq2seq_tokens, t5, tokens, verdicts)
+from pytest_rocm_parity.errors import GoldenStale
 from pytest_rocm_parity.runner.engine import CheckSpec
 
 ATTENTION = ["eager", "sdpa", "flex_attention"]
@@ -111,6 +115,73 @@ def test_moe_with_any_experts_kernel_passes(experts: str | None) -> None:
     float64 truth runs the same function through the eager experts."""
     res = capture_then_replay(lambda: mixtral(), mixtral(experts), tokens())
     assert res[0].passed, verdicts(res)
+
+
+@pytest.mark.parametrize("experts", [None, "eager"])
+def test_moe_at_every_depth_and_the_bf16_ladder_passes(experts: str | None) -> None:
+    """No drill depth reaches below the experts (what they call depends on their kernel), and the
+    bf16 rung captures although its router sends some tokens elsewhere than the float64 truth's."""
+    spec = CheckSpec(name="m", dtypes=["bfloat16", "float32"], drill=4)
+    res = capture_then_replay(lambda: mixtral(), mixtral(experts), tokens(), spec)
+    assert all(r.passed for r in res), verdicts(res)
+    names = [l.name for l in res[0].layers]
+    assert "model.layers.0.mlp.experts" in names and not any(".experts." in n for n in names)
+
+
+def _router_noise(model: nn.Module, relative: float) -> nn.Module:
+    """Router scores perturbed at ``relative`` size: a GEMM that rounds otherwise flips near-ties."""
+    g = torch.Generator().manual_seed(5)
+    for block in model.blocks:
+        block.moe.gate.register_forward_hook(
+            lambda _m, _a, out: out * (1 + relative * torch.randn(out.shape, generator=g).to(out.dtype)))
+    return model
+
+
+def test_experts_that_a_router_sends_other_tokens_are_judged_on_the_golden_tokens() -> None:
+    """Router noise at bf16's rounding sends a few tokens to other experts: each expert is judged on
+    the tokens the reference sent it, so the bf16 rung passes; at float32 the same noise is a bug
+    in the router, and the router is named."""
+    spec = CheckSpec(name="m", dtypes=["bfloat16", "float32"])
+    for replay_kind in ("full", "fast"):
+        bf16, fp32 = capture_then_replay(moe_lm, _router_noise(moe_lm(), 2 ** -9), tokens(batch=4, seq=64)["input_ids"],
+                                         replace(spec, replay=replay_kind))
+        assert bf16.passed, verdicts([bf16])
+        assert any("a router that sent them other tokens" in n for n in bf16.notes), bf16.notes
+        assert not fp32.passed and fp32.culprit.endswith("moe.gate"), verdicts([fp32])
+
+
+@pytest.mark.parametrize("relative, passes", [(2 ** -9, True), (2 ** -7, False)])
+def test_a_router_that_flips_near_ties_passes_and_a_noisier_one_is_named(relative: float, passes: bool) -> None:
+    """The router's input perturbed at bf16's rounding (a GEMM that accumulates otherwise) flips a few
+    near-tie top-2 choices: bf16 passes. Four times that is beyond the rounding, and the router fails."""
+    cand = mixtral()
+    g = torch.Generator().manual_seed(5)
+    for layer in cand.model.layers:
+        layer.mlp.gate.register_forward_pre_hook(
+            lambda _m, a: (a[0] * (1 + relative * torch.randn(a[0].shape, generator=g).to(a[0].dtype)),))
+    bf16, _fp32 = capture_then_replay(mixtral, cand, tokens(batch=4, seq=64),
+                                      CheckSpec(name="m", dtypes=["bfloat16", "float32"]))
+    assert bf16.passed is passes, verdicts([bf16])
+    if not passes:
+        assert bf16.culprit == "model.layers.0.mlp.gate", verdicts([bf16])
+
+
+def test_a_rotary_table_computed_otherwise_is_judged_not_refused() -> None:
+    """The rotary table is a non-persistent buffer, built by the code from the config: a candidate
+    that builds it otherwise (another rope_theta) is the same checkpoint, and the rotary module is
+    named; a persistent buffer (a norm's running statistics) changed is another model."""
+    cand = llama()
+    rotary = cand.model.rotary_emb
+    with torch.no_grad():
+        rotary.inv_freq.mul_(0.5 ** (torch.arange(rotary.inv_freq.numel()) / rotary.inv_freq.numel()))
+    (res,) = capture_then_replay(llama, cand, tokens())
+    assert not res.passed and res.culprit == "model.rotary_emb", verdicts([res])
+
+    net = convnet()
+    with torch.no_grad():
+        net[1].running_mean.add_(0.1)
+    with pytest.raises(GoldenStale, match="weights changed"):
+        capture_then_replay(convnet, net, image())
 
 
 def test_t5_passes() -> None:
