@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 from bisect import bisect_right
@@ -22,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import quote
 
 from pytest_rocm_parity.colour import SEVERITY, enabled, paint
 from pytest_rocm_parity.errors import InvalidArgument
@@ -616,13 +618,45 @@ def to_json(result: ScanResult) -> dict[str, Any]:
 _SARIF_LEVEL = {"error": "error", "warning": "warning", "note": "note"}
 
 
-def to_sarif(result: ScanResult) -> dict[str, Any]:
-    """SARIF 2.1.0 log, one run; rules carry the suggested path as help text."""
+def source_root(start: str | os.PathLike[str]) -> Path:
+    """The root that SARIF locations are relative to: the top level of the git work tree holding
+    ``start``, else the current directory (where a CI job runs, the checkout)."""
+    directory = Path(start) if Path(start).is_dir() else Path(start).parent
+    try:
+        top = subprocess.run(["git", "-C", str(directory), "rev-parse", "--show-toplevel"],
+                             capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):  # no git: not a work tree as far as we can tell
+        top = None
+    if top is not None and top.returncode == 0 and top.stdout.strip():
+        return Path(top.stdout.strip()).resolve()
+    return Path.cwd().resolve()
+
+
+def _artifact_location(result: ScanResult, finding: Finding, srcroot: Path) -> dict[str, str]:
+    """``{"uri", "uriBaseId": "SRCROOT"}`` relative to ``srcroot`` (GitHub code scanning maps an alert to
+    a file by its path from the repository root); an absolute file URI for a file outside it."""
+    scanned = Path(result.root)
+    absolute = (scanned.parent if scanned.is_file() else scanned) / finding.path
+    try:
+        rel = absolute.relative_to(srcroot)
+    except ValueError:
+        return {"uri": absolute.as_uri()}
+    return {"uri": quote(rel.as_posix()), "uriBaseId": "SRCROOT"}
+
+
+def to_sarif(result: ScanResult, srcroot: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """SARIF 2.1.0 log, one run; rules carry the suggested path as help text.
+
+    Locations are relative to ``srcroot`` (default: ``source_root`` of the scanned path), named by
+    ``originalUriBaseIds.SRCROOT``, so a scan of ``src/`` reports ``src/pkg/k.cu``.
+    """
     from pytest_rocm_parity import __version__  # noqa: PLC0415
 
     rules = list(RULES_BY_ID.values())
     index = {r.id: i for i, r in enumerate(rules)}
-    root_uri = Path(result.root if Path(result.root).is_dir() else os.path.dirname(result.root)).as_uri() + "/"
+    root = Path(srcroot).resolve() if srcroot is not None else source_root(result.root)
+    locations = [_artifact_location(result, f, root) for f in result.findings]
+    root_uri = root.as_uri().rstrip("/") + "/"
     return {
         "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
         "version": "2.1.0",
@@ -649,11 +683,11 @@ def to_sarif(result: ScanResult) -> dict[str, Any]:
                 "level": _SARIF_LEVEL[f.severity],
                 "message": {"text": f"{f.message}. Suggested route: {PATHS[f.suggestion]}"},
                 "locations": [{"physicalLocation": {
-                    "artifactLocation": {"uri": f.path, "uriBaseId": "SRCROOT"},
+                    "artifactLocation": loc,
                     "region": {"startLine": f.line, "startColumn": f.column, "snippet": {"text": f.snippet}},
                 }}],
-                "partialFingerprints": {"primaryLocationLineHash": f"{f.rule}:{f.path}:{f.snippet}"},
-            } for f in result.findings],
+                "partialFingerprints": {"primaryLocationLineHash": f"{f.rule}:{loc['uri']}:{f.snippet}"},
+            } for f, loc in zip(result.findings, locations)],
         }],
     }
 

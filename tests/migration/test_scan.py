@@ -5,6 +5,8 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -157,6 +159,56 @@ def test_sarif_2_1_0_structure(capsys: pytest.CaptureFixture[str], tmp_path: Pat
         loc = res["locations"][0]["physicalLocation"]
         assert not loc["artifactLocation"]["uri"].startswith("/") and loc["artifactLocation"]["uriBaseId"] == "SRCROOT"
         assert loc["region"]["startLine"] >= 1 and loc["region"]["startColumn"] >= 1
+
+
+def _sarif_cli(path: Path, cwd: Path, env: dict[str, str] | None = None) -> dict:
+    """The SARIF log of `rocm-parity scan PATH` run as a command from ``cwd``."""
+    proc = subprocess.run([sys.executable, "-m", "pytest_rocm_parity.cli", "scan", str(path), "--no-hipify",
+                           "--format", "sarif", "--fail-on", "never"], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _sub_folder_project(base: Path) -> Path:
+    kernel = base / "src" / "my ext" / "csrc" / "reduce.cu"
+    kernel.parent.mkdir(parents=True)
+    kernel.write_text("__global__ void k(float* v) {\n  v[0] += __shfl_xor_sync(0xffffffff, v[0], 16);\n}\n")
+    return kernel
+
+
+def test_sarif_of_a_sub_folder_is_relative_to_the_git_repository_root(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    _sub_folder_project(repo)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    # Run from outside the repository: the git top level of the scanned folder is the root, not the cwd.
+    (run,) = _sarif_cli(repo / "src", cwd=elsewhere)["runs"]
+    assert run["originalUriBaseIds"]["SRCROOT"]["uri"] == repo.resolve().as_uri() + "/"
+    assert run["results"]
+    for res in run["results"]:
+        loc = res["locations"][0]["physicalLocation"]["artifactLocation"]
+        assert loc == {"uri": "src/my%20ext/csrc/reduce.cu", "uriBaseId": "SRCROOT"}
+    # One file scanned: the same repository-relative location.
+    (run,) = _sarif_cli(repo / "src" / "my ext" / "csrc" / "reduce.cu", cwd=repo / "src")["runs"]
+    assert {r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for r in run["results"]} == {
+        "src/my%20ext/csrc/reduce.cu"}
+
+
+def test_sarif_outside_a_git_work_tree_is_relative_to_the_current_directory(tmp_path: Path) -> None:
+    _sub_folder_project(tmp_path)
+    env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(tmp_path.parent))   # no enclosing repository counts
+    (run,) = _sarif_cli(Path("src"), cwd=tmp_path, env=env)["runs"]
+    assert run["originalUriBaseIds"]["SRCROOT"]["uri"] == tmp_path.resolve().as_uri() + "/"
+    assert {r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for r in run["results"]} == {
+        "src/my%20ext/csrc/reduce.cu"}
+    # A folder outside the current directory: absolute file URIs, no base id.
+    (tmp_path / "other").mkdir()
+    (run,) = _sarif_cli(tmp_path / "src", cwd=tmp_path / "other", env=env)["runs"]
+    locs = [r["locations"][0]["physicalLocation"]["artifactLocation"] for r in run["results"]]
+    assert locs and all(loc == {"uri": (tmp_path / "src" / "my ext" / "csrc" / "reduce.cu").resolve().as_uri()}
+                        for loc in locs)
 
 
 def test_hipify_report(capsys: pytest.CaptureFixture[str]) -> None:
