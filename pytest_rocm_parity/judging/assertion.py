@@ -63,7 +63,7 @@ def table(result: CheckResult, max_rows: int = MAX_ROWS) -> list[str]:
     ok = len(rows) - len(important)
     shown, hidden = important[:max_rows], important[max_rows:]
     lines = text_table([_cells(l, result.culprit) for l in shown], _HEADERS, right=range(1, 6), widths=_WIDTHS,
-                       indent="  ", sep=" ")
+                       indent="  ", sep=" ") if shown else []
     if hidden:
         n_iso = sum(1 for l in hidden if not l.iso_passed)
         n_prop = sum(1 for l in hidden if l.iso_passed and not l.prop_passed)
@@ -171,12 +171,15 @@ def message(result: CheckResult) -> str:
         from pytest_rocm_parity.runner.selection import region_text
 
         lines.append(f"  culprit: none among the selected modules; {region_text(result.extra['unselected_region'])}")
-    else:
+    elif result.first_divergent:
         lines.append("  culprit: none in isolation; the model outputs drifted (accumulated error)")
+    else:
+        lines.append("  culprit: none among the selected modules (each passed, isolated and propagated): the "
+                     "outputs differ after the last of them")
     if result.first_divergent:
         lines.append(f"  first divergent layer (propagated): {result.first_divergent}")
-    else:
-        lines.append("  first divergent layer (propagated): none, every layer within its propagated budget")
+    elif result.layers:
+        lines.append("  first divergent layer (propagated): none, every selected layer within its propagated budget")
     bad_out = [o for o in result.outputs if not o.passed or not o.prop_passed]
     for o in bad_out[:3]:
         lines.append(f"  output {o.name}: {o.reason}")

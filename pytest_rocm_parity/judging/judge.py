@@ -139,6 +139,9 @@ def finish(result: CheckResult, tol: Tolerance) -> CheckResult:
     outputs_ok = all(o.prop_passed for o in result.outputs)
     result.passed = not failing and outputs_ok
     if not outputs_ok and not failing:
-        result.notes.append("model outputs drifted beyond budget although no single layer is out of bounds in "
-                            "isolation: accumulated drift (see first divergent layer)")
+        result.notes.append(
+            "model outputs drifted beyond budget although no single layer is out of bounds in isolation: "
+            "accumulated drift (see first divergent layer)" if div is not None else
+            "model outputs beyond budget although every selected layer passed, isolated and propagated: the "
+            "difference arises after the last selected module, in the code that makes the outputs from it")
     return result

@@ -1080,14 +1080,32 @@ def _truth_errors(tm: Any, selected: list[Selected]) -> Iterator[None]:
             raise
         where = stack[-1] if stack else type(tm).__name__
         raise CaptureError(
-            f"the float64 truth run failed in {where}: {type(exc).__name__}: {str(exc)[:300]}. The plugin "
-            f"runs every selected module in float64 on {_device_of(tm)} for its truth; this module's kernel "
-            f"has no float64 version there. Fix: capture with an implementation that has one (Hugging Face: "
+            f"the float64 truth run failed in {where}: {type(exc).__name__}: {str(exc)[:300]}{_model_frame(exc)}. "
+            f"The plugin runs every selected module in float64 on {_device_of(tm)} for its truth. Usual causes: "
+            f"a kernel without a float64 version there, or code that assumes the reference's dtype (a cast to "
+            f"it, a dtype check). Fix: capture with an implementation that runs in float64 (Hugging Face: "
             f"attn_implementation=\"sdpa\" instead of flex_attention; experts_implementation=\"eager\" for "
-            f"MoE experts); the candidate may still use the fast kernel. docs/migrations.md lists them.") from exc
+            f"MoE experts; the candidate may still use the fast kernel), or select fewer layers around it with "
+            f"layers=[...]; docs/migrations.md lists the known cases.") from exc
     finally:
         for h in handles:
             h.remove()
+
+
+def _model_frame(exc: BaseException) -> str:
+    """' (at file:line: code)' of the innermost frame outside torch and this plugin: where the model's
+    own code was when it failed (the traceback itself is chained, but pytest shows it last)."""
+    import os
+    import traceback
+
+    import torch
+
+    skip = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(skip)]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f" (at {f.filename}:{f.lineno}: {(f.line or '').strip()[:120]})"
 
 
 def _device_of(m: Any) -> str:

@@ -67,6 +67,20 @@ def test_more_failing_rows_than_fit_are_counted_as_failing_not_as_passed() -> No
     assert lines[-1].strip() == "2 more ok (passed isolated and propagated)"
 
 
+def test_outputs_that_differ_after_every_layer_passed_say_so_once() -> None:
+    """No layer fails either check, the outputs do: no table header without rows, and no line that
+    points at a first divergent layer there is none of."""
+    from pytest_rocm_parity.judging.judge import finish
+    from pytest_rocm_parity.judging.tolerance import Tolerance
+
+    out = LayerRecord("<output>.logits", passed=False, prop_passed=False, reason="propagated error 40x")
+    r = finish(_result([_layer("blocks.0"), _layer("blocks.1")], None, None, outputs=[out]), Tolerance())
+    text = message(r)
+    assert "iso ratio" not in text and "2 more ok" in text
+    assert "culprit: none among the selected modules" in text and "accumulated" not in text
+    assert "see first divergent layer" not in text and "after the last selected module" in text
+
+
 def test_suggested_tolerance_only_within_ten_times_the_budget() -> None:
     modest = _deep()   # would pass at ratio 28 with a budget of 10: 2.8x the budget
     assert "would have passed with tolerance=Tolerance(ratio=28)" in message(modest)
