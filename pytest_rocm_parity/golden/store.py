@@ -708,6 +708,11 @@ def check_safetensors(path: Path, expected_sha: str | None = None) -> dict[str, 
             head = f.read(9)
             if size == 0:
                 raise GoldenCorrupt(f"{path}: empty tensor file; recapture this golden", path)
+            if head.startswith(b"version ") and b"git-lfs" in head + f.read(120):
+                raise GoldenCorrupt(
+                    f"{path}: a git-lfs pointer ({size} bytes of text), not the golden's tensors: the checkout "
+                    f"did not fetch the git-lfs files. Run `git lfs pull` (in CI: actions/checkout with "
+                    f"`lfs: true`, docs/ci.md)", path)
             if _is_pickle_not_safetensors(head, size):
                 raise GoldenCorrupt(f"{path}: pickle/torch.save data where a safetensors file belongs; "
                                     f"it was not loaded (pickles can run code). Recapture the golden.", path)

@@ -175,6 +175,18 @@ def test_size_is_checked_against_the_manifest(golden: Golden) -> None:
         show_golden(golden.dir)
 
 
+def test_a_git_lfs_pointer_says_to_pull_not_to_recapture(golden: Golden) -> None:
+    """A checkout without git-lfs leaves pointer text where the tensors belong: recapturing would need
+    the reference GPU, pulling is the fix."""
+    golden.tensor_file().write_text("version https://git-lfs.github.com/spec/v1\noid sha256:"
+                                    "4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393\nsize 35240\n")
+    for read in (golden.replay, lambda: show_golden(golden.dir)):
+        with pytest.raises(GoldenCorrupt, match="git-lfs pointer") as exc:
+            read()
+        assert "git lfs pull" in str(exc.value) and "recapture" not in str(exc.value)
+        assert str(golden.tensor_file()) in str(exc.value)
+
+
 def test_hash_is_checked_whatever_size_the_manifest_claims(golden: Golden) -> None:
     """A claim too large to hash no longer skips the hash: the size gives it away, and with the real
     size the hash does."""
