@@ -247,46 +247,71 @@ def _tokens(value: str) -> list[str]:
     return [t.strip() for t in value.split(",") if t.strip()]
 
 
-def check_visible_devices(f: Facts) -> list[Check]:
-    env, backend = f.env, f.info.backend
-    present = {k: env[k] for k in VISIBLE_VARS if k in env}
-    if not present:
-        return [Check("visible-devices", "ok", "no visible-devices variable set: all GPUs visible")]
-    shown = ", ".join(f"{k}={v!r}" for k, v in present.items())
-    for k, v in present.items():
-        if v.strip() in ("", "-1", "none", "NoDevFiles") or not _tokens(v):
-            return [Check("visible-devices", "fail", f"{k}={v!r} hides every GPU", f"unset {k} or list device indices, e.g. {k}=0")]
-        bad = [t for t in _tokens(v) if not (t.isdigit() or re.fullmatch(r"GPU-[0-9A-Za-z-]+", t))]
-        if bad:
-            return [Check("visible-devices", "fail", f"{k}={v!r}: {bad[0]!r} is neither an index nor a GPU-UUID; later entries are dropped",
-                          f"use comma-separated indices or GPU-UUIDs in {k}")]
-        if len(set(_tokens(v))) != len(_tokens(v)):
-            return [Check("visible-devices", "warn", f"{k}={v!r} lists a device twice", f"remove the duplicate from {k}")]
-    if backend != "rocm":
-        ignored = [k for k in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES") if k in present]
-        if ignored and backend == "cuda":
-            return [Check("visible-devices", "warn", f"{shown}: {', '.join(ignored)} are ignored by a CUDA build",
-                          "use CUDA_VISIBLE_DEVICES on NVIDIA machines")]
-        return [Check("visible-devices", "ok", shown)]
+def _variable_problem(k: str, v: str) -> Check | None:
+    """What is wrong with one visible-devices variable on its own, or None."""
+    if v.strip() in ("", "-1", "none", "NoDevFiles") or not _tokens(v):
+        return Check("visible-devices", "fail", f"{k}={v!r} hides every GPU", f"unset {k} or list device indices, e.g. {k}=0")
+    bad = [t for t in _tokens(v) if not (t.isdigit() or re.fullmatch(r"GPU-[0-9A-Za-z-]+", t))]
+    if bad:
+        return Check("visible-devices", "fail", f"{k}={v!r}: {bad[0]!r} is neither an index nor a GPU-UUID; later entries are dropped",
+                     f"use comma-separated indices or GPU-UUIDs in {k}")
+    if len(set(_tokens(v))) != len(_tokens(v)):
+        return Check("visible-devices", "warn", f"{k}={v!r} lists a device twice", f"remove the duplicate from {k}")
+    return None
+
+
+def _rocm_combination_problems(present: dict[str, str], shown: str) -> list[Check]:
+    """What the variables that are readable on their own do together on a ROCm build."""
+    out: list[Check] = []
     hip, cuda, rocr = present.get("HIP_VISIBLE_DEVICES"), present.get("CUDA_VISIBLE_DEVICES"), present.get("ROCR_VISIBLE_DEVICES")
     effective = hip if hip is not None else cuda
     if rocr is not None and effective is not None:
         r, h = _tokens(rocr), _tokens(effective)
         if any(t.startswith("GPU-") for t in r) and any(t.startswith("GPU-") for t in h):
-            return [Check("visible-devices", "fail", f"{shown}: torch rejects UUIDs in both ROCR_VISIBLE_DEVICES and HIP_VISIBLE_DEVICES",
-                          "select by UUID in ROCR_VISIBLE_DEVICES only and use indices (relative to it) in HIP_VISIBLE_DEVICES")]
+            out.append(Check("visible-devices", "fail", f"{shown}: torch rejects UUIDs in both ROCR_VISIBLE_DEVICES and HIP_VISIBLE_DEVICES",
+                             "select by UUID in ROCR_VISIBLE_DEVICES only and use indices (relative to it) in HIP_VISIBLE_DEVICES"))
         out_of_range = [t for t in h if t.isdigit() and int(t) >= len(r)]
         if out_of_range:
             what = "leaves no device" if len(out_of_range) == len(h) else "drops some devices"
-            return [Check("visible-devices", "fail",
-                          f"{shown}: HIP indices are relative to ROCR's {len(r)} device(s); index {out_of_range[0]} is out of range, {what}",
-                          f"use HIP_VISIBLE_DEVICES={','.join(str(i) for i in range(min(len(r), len(h))))} or unset one of the two")]
+            out.append(Check("visible-devices", "fail",
+                             f"{shown}: HIP indices are relative to ROCR's {len(r)} device(s); index {out_of_range[0]} is out of range, {what}",
+                             f"use HIP_VISIBLE_DEVICES={','.join(str(i) for i in range(min(len(r), len(h))))} or unset one of the two"))
     if hip is not None and cuda is not None and _tokens(hip) != _tokens(cuda):
-        return [Check("visible-devices", "warn", f"{shown}: HIP_VISIBLE_DEVICES wins on ROCm, CUDA_VISIBLE_DEVICES is ignored",
-                      "set both to the same list or unset CUDA_VISIBLE_DEVICES")]
+        out.append(Check("visible-devices", "warn", f"{shown}: HIP_VISIBLE_DEVICES wins on ROCm, CUDA_VISIBLE_DEVICES is ignored",
+                         "set both to the same list or unset CUDA_VISIBLE_DEVICES"))
     if "GPU_DEVICE_ORDINAL" in present and effective is not None:
-        return [Check("visible-devices", "warn", f"{shown}: GPU_DEVICE_ORDINAL filters again on top of HIP's list",
-                      "keep one visible-devices variable")]
+        out.append(Check("visible-devices", "warn", f"{shown}: GPU_DEVICE_ORDINAL filters again on top of HIP's list",
+                         "keep one visible-devices variable"))
+    return out
+
+
+def check_visible_devices(f: Facts) -> list[Check]:
+    """Every visible-devices problem, each with its fix: each variable on its own, then (among the
+    variables readable on their own) what they do together on this build. One ok row when none."""
+    env, backend = f.env, f.info.backend
+    present = {k: env[k] for k in VISIBLE_VARS if k in env}
+    if not present:
+        return [Check("visible-devices", "ok", "no visible-devices variable set: all GPUs visible")]
+    shown = ", ".join(f"{k}={v!r}" for k, v in present.items())
+    out: list[Check] = []
+    readable: dict[str, str] = {}
+    for k, v in present.items():
+        problem = _variable_problem(k, v)
+        if problem is not None:
+            out.append(problem)
+        if problem is None or problem.status != "fail":
+            readable[k] = v
+    if backend == "rocm":
+        out += _rocm_combination_problems(readable, shown)
+    elif backend == "cuda":
+        ignored = [k for k in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES") if k in present]
+        if ignored:
+            out.append(Check("visible-devices", "warn", f"{shown}: {', '.join(ignored)} are ignored by a CUDA build",
+                             "use CUDA_VISIBLE_DEVICES on NVIDIA machines"))
+    if out:
+        return out
+    if backend != "rocm":
+        return [Check("visible-devices", "ok", shown)]
     return [Check("visible-devices", "ok", f"{shown}; torch sees {len(f.info.devices)} device(s)")]
 
 

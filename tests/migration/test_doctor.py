@@ -5,6 +5,8 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +155,38 @@ def test_visible_devices(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], s
     c = by_name(doctor.check_visible_devices(facts(env)), "visible-devices")
     assert c.status == status and phrase in c.detail, c
     assert c.status == "ok" or c.fix
+
+
+@pytest.mark.parametrize(
+    ("env", "want"),
+    [
+        ({"HIP_VISIBLE_DEVICES": "-1", "CUDA_VISIBLE_DEVICES": "0,0"},
+         [("fail", "HIP_VISIBLE_DEVICES='-1' hides every GPU"), ("warn", "CUDA_VISIBLE_DEVICES='0,0' lists a device twice")]),
+        ({"ROCR_VISIBLE_DEVICES": "1", "HIP_VISIBLE_DEVICES": "1,1", "CUDA_VISIBLE_DEVICES": "0", "GPU_DEVICE_ORDINAL": "x"},
+         [("warn", "lists a device twice"), ("fail", "'x' is neither an index"), ("fail", "leaves no device"),
+          ("warn", "HIP_VISIBLE_DEVICES wins")]),
+    ],
+)
+def test_visible_devices_lists_every_problem(monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
+                                             want: list[tuple[str, str]]) -> None:
+    patch_torch(monkeypatch, MI300X)
+    checks = doctor.check_visible_devices(facts(env))
+    assert len(checks) == len(want), checks
+    for c, (status, phrase) in zip(checks, want):
+        assert c.name == "visible-devices" and c.status == status and phrase in c.detail and c.fix, c
+
+
+def test_doctor_command_lists_every_visible_devices_problem() -> None:
+    """The installed torch, as `rocm-parity doctor --json` sees it: both variables' problems, each with its fix."""
+    env = {k: v for k, v in os.environ.items() if k not in doctor.VISIBLE_VARS}
+    env |= {"HIP_VISIBLE_DEVICES": "-1", "CUDA_VISIBLE_DEVICES": "0,0"}
+    proc = subprocess.run([sys.executable, "-m", "pytest_rocm_parity.cli", "doctor", "--json", "--no-tools"],
+                          capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert proc.returncode == 1, proc.stderr
+    rows = [c for c in json.loads(proc.stdout)["checks"] if c["name"] == "visible-devices"]
+    assert [(c["status"], c["detail"]) for c in rows][:2] == [
+        ("fail", "HIP_VISIBLE_DEVICES='-1' hides every GPU"), ("warn", "CUDA_VISIBLE_DEVICES='0,0' lists a device twice")]
+    assert rows[0]["fix"].startswith("unset HIP_VISIBLE_DEVICES") and rows[1]["fix"] == "remove the duplicate from CUDA_VISIBLE_DEVICES"
 
 
 def test_rocm_arch_missing_from_env_var(monkeypatch: pytest.MonkeyPatch) -> None:
