@@ -116,13 +116,34 @@ def sizes(min_size: int = 1, max_size: int = 64, blocks: Sequence[int] = DEFAULT
     """One dimension: any size in range, with half the draws at ``block - 1``, ``block``, ``block + 1``.
 
     Uniform sizes almost never land on ``N % BLOCK == 1``; the boundary branch makes
-    tail blocks and exact multiples common.  Shrinks towards ``min_size``.
+    tail blocks and exact multiples common.  Shrinks towards the smallest failing size,
+    whichever branch found the failure (``_sized``).
     """
     if min_size < 0 or max_size < min_size:
         raise InvalidArgument(f"sizes(min_size={min_size!r}, max_size={max_size!r}) needs 0 <= min_size <= max_size")
-    plain = st.integers(min_size, max_size)
-    boundary = sorted({b + d for b in blocks for d in (-1, 0, 1) if min_size <= b + d <= max_size})
-    return st.one_of(plain, st.sampled_from(boundary)) if boundary else plain
+    near = tuple(sorted({b for b in blocks if min_size <= b + 1 and b - 1 <= max_size}))
+    return _sized(min_size, max_size, near) if near else st.integers(min_size, max_size)
+
+
+_OFFSETS = (-1, 0, 1)
+
+
+@st.composite
+def _sized(draw: st.DrawFn, min_size: int, max_size: int, near: tuple[int, ...]) -> int:
+    """A size drawn as (on a boundary?, block, offset, plain size), the same four choices either way.
+
+    A ``one_of(integers, sampled_from(boundaries))`` cannot shrink across its branches: a failure found
+    at a boundary (15) stays there although 3 fails too, because the plain branch reads the boundary's
+    list index as its size.  Here the plain size is always the fourth choice, and on a boundary it is
+    drawn at or above the boundary value and ignored; Hypothesis shrinks it to the boundary value, so
+    switching the first choice to "plain" keeps the same size, which then shrinks freely.  Block and
+    offset are separate choices, so a tail-block failure at 33 shrinks to 17 by lowering the block alone.
+    """
+    on_boundary = draw(st.booleans())
+    block = near[draw(st.integers(0, len(near) - 1))]
+    value = min(max(block + _OFFSETS[draw(st.integers(0, len(_OFFSETS) - 1))], min_size), max_size)
+    plain = draw(st.integers(value if on_boundary else min_size, max_size))
+    return value if on_boundary else plain
 
 
 @st.composite

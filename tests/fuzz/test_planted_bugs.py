@@ -75,6 +75,16 @@ def softmax_stride_aware(x, dim=-1):
     return torch.softmax(x.contiguous().float(), dim=dim).to(x.dtype)
 
 
+def softmax_pads_with_zero(x, dim=-1):
+    """Pads each row to a power-of-two block with 0 instead of -inf, so exp(0 - max) joins the sum."""
+    xf = x.float().movedim(dim, -1)
+    n = xf.shape[-1]
+    block = 1 << (n - 1).bit_length()
+    padded = torch.cat([xf, xf.new_zeros(*xf.shape[:-1], block - n)], dim=-1)
+    e = torch.exp(padded - padded.amax(-1, keepdim=True))
+    return (e[..., :n] / e.sum(-1, keepdim=True)).movedim(-1, dim).to(x.dtype)
+
+
 # --------------------------------------------------------------------------- search harness
 
 
@@ -142,6 +152,16 @@ def test_max_subtracted_softmax_passes_with_large_inputs():
     _, case = hunt(S.softmax_args(st.just(torch.float16), max_side=40), softmax_max_subtracted, torch.softmax,
                    max_examples=60)
     assert case is None, case
+
+
+def test_padding_bug_is_shrunk_to_the_smallest_padded_size():
+    """3 is the smallest row a power-of-two block pads; the search may first fail at a block boundary (15)."""
+    found_after, case = hunt(S.softmax_args(st.just(torch.float32), max_side=80), softmax_pads_with_zero,
+                             torch.softmax)
+    assert case is not None, "the padding bug was not found"
+    assert found_after <= FIND_WITHIN
+    x = case.args[0]
+    assert x.numel() == 3 and x.shape[case.kwargs["dim"]] == 3, x.shape
 
 
 # --------------------------------------------------------------------------- non-contiguous

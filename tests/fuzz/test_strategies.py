@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
 from pytest_rocm_parity.fuzz import strategies as S
@@ -45,7 +46,7 @@ def test_offset_views(t):
 def test_layouts_and_regimes_all_occur():
     seen: dict[str, set] = {"layout": set(), "regime": set()}
 
-    @settings(max_examples=100, derandomize=True, database=None, deadline=None)
+    @settings(max_examples=150, derandomize=True, database=None, deadline=None)
     @given(S.tensors(torch.float16, S.shapes(min_dims=2, max_dims=2, max_side=20)))
     def collect(t):
         if not t.is_contiguous():
@@ -76,6 +77,18 @@ def test_sizes_hit_block_boundaries():
     collect()
     assert {31, 33, 63, 65, 127, 129} & found, sorted(found)
     assert 1 in found
+
+
+@pytest.mark.parametrize(("fails", "smallest"), [
+    pytest.param(lambda n: n >= 3 and n & (n - 1) != 0, 3, id="padded-to-power-of-two"),  # found at 15 or 63
+    pytest.param(lambda n: n > 40, 41, id="above-40"),            # found at 63 or 65, smallest off every boundary
+    pytest.param(lambda n: n > 1 and n % 16 == 1, 17, id="tail-block"),  # found at 33 or 65
+])
+@pytest.mark.parametrize("seed", range(6))
+def test_sizes_shrink_to_the_smallest_failing_size_from_either_branch(fails, smallest, seed):
+    """Half the draws sit on a block boundary; a failure found there still shrinks past it."""
+    n = find(S.sizes(1, 80), fails, settings=settings(max_examples=40, database=None), random=random.Random(seed))
+    assert n == smallest
 
 
 def test_nan_and_inf_only_when_asked():
