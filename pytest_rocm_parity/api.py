@@ -143,7 +143,7 @@ class Parity:
                                                overwrite=store.exists(spec.name), env=env,
                                                clip_grad_norm=clip_grad_norm, accumulate=accumulate),
                          lambda: replay_train(model, inputs, spec, store, device, loss, optimizer, steps, env=env,
-                                              clip_grad_norm=clip_grad_norm, accumulate=accumulate))
+                                              clip_grad_norm=clip_grad_norm, accumulate=accumulate), kind="train")
 
     def compare_op(self, candidate: Any, reference: Any, *args: Any, **kwargs: Any) -> Any:
         """Fuzz-friendly operator check against a float64 CPU truth (see pytest_rocm_parity.fuzz.harness)."""
@@ -154,7 +154,15 @@ class Parity:
         return compare_op(candidate, reference, *args, **kwargs)
 
     # -- shared by check and check_lm -------------------------------------------------------
-    def _run(self, spec: CheckSpec, do_capture: Any, do_replay: Any) -> list[CheckResult]:
+    def _error(self, spec: CheckSpec, exc: BaseException, kind: str) -> None:
+        """A check without a verdict: an error entry in the session's results and its JUnit property."""
+        from pytest_rocm_parity.reports.summary import error_text
+
+        entry = self._session.add_error(spec, exc, kind)
+        if self._node is not None:
+            self._node.user_properties.append((f"parity[{spec.name}][{entry['dtype']}]", f"ERROR; {error_text(entry)}"))
+
+    def _run(self, spec: CheckSpec, do_capture: Any, do_replay: Any, kind: str = "model") -> list[CheckResult]:
         __tracebackhide__ = True
         s = self._session
         with clean_errors():
@@ -187,14 +195,20 @@ class Parity:
         if not exists:
             s.goldens.missing.append(spec.name)
             no_dir = s.store.missing_root()
-            fail_once(GoldenMissing(
+            missing = GoldenMissing(
                 f"no golden for {spec.name!r}: {no_dir} {spec.test}".rstrip() if no_dir else
                 f"no golden for {spec.name!r} in {s.store.root}. Capture it on the reference machine (CUDA) and "
                 f"commit it: pytest --rocm-parity --parity-mode=capture {spec.test}".rstrip(),
-                s.store.manifest_path(spec.name)))
+                s.store.manifest_path(spec.name))
+            self._error(spec, missing, kind)
+            fail_once(missing)
         with clean_errors(), checking(spec.name):
             progress(f"replay {', '.join(spec.dtypes)} on {s.device} against {s.store.dir_for(spec.name)} ...")
-            results = do_replay()
+            try:
+                results = do_replay()
+            except Exception as exc:   # no verdict: listed as an error, so no report looks all-green
+                self._error(spec, exc, kind)
+                raise
             for r in results:
                 progress(f"{r.dtype}: verdict {'PASS' if r.passed else 'FAIL'}"
                          + (f" (culprit {r.culprit})" if not r.passed and r.culprit else ""))
@@ -322,7 +336,10 @@ def _resolve_drill(model: Any, inputs: Any, spec: CheckSpec, explicit: int | Non
         return 0
     if not capturing:
         if store is not None and store.exists(spec.name):
-            drill = store.read_manifest(spec.name).get("drill")
+            try:
+                drill = store.read_manifest(spec.name).get("drill")
+            except ParityError:   # unreadable: the replay reads it again, and reports the check as an error
+                drill = None
             if isinstance(drill, int) and not isinstance(drill, bool) and drill >= 0:
                 return drill
         return _drill(model)

@@ -29,6 +29,15 @@ DEFAULT_GOLDEN_SIZE_LIMIT_MB = 50.0
 REGEN_ALL = "*"
 
 
+# flag -> its dest, which is also its ini key (--parity-regen has no ini key)
+FLAG_DESTS = {ENABLE: "rocm_parity", MODE: "parity_mode", REGEN: "parity_regen", GOLDEN_DIR: "parity_golden_dir",
+              DEVICE: "parity_device", REPORT: "parity_report", ALLOW_WRITE: "parity_allow_write",
+              DTYPES: "parity_dtypes", DRILL: "parity_drill", REPLAY: "parity_replay", PROFILE: "parity_profile",
+              PRUNE: "parity_prune_obsolete", PRUNE_DRY_RUN: "parity_prune_dry_run",
+              ALLOW_REFERENCE_CHANGE: "parity_allow_reference_change",
+              GOLDEN_SIZE_LIMIT: "parity_golden_size_limit"}
+
+
 class Mode(str, enum.Enum):
     REPLAY = "replay"
     CAPTURE = "capture"
@@ -104,7 +113,8 @@ def addoption(parser: pytest.Parser) -> None:
     add(MODE, "parity_mode", "replay (default): judge against goldens; capture: record goldens on the reference machine",
         type=parse_mode, metavar="replay|capture")
     group.addoption(REGEN, dest="parity_regen", nargs="?", const=REGEN_ALL, default=None, metavar="GLOB",
-                    help="rewrite the goldens of models whose name matches GLOB (all without GLOB)")
+                    help="rewrite the goldens of models whose name matches GLOB (all without GLOB); a golden is "
+                         "written only when its test passes")
     add(GOLDEN_DIR, "parity_golden_dir", "golden directory (default: <rootdir>/goldens)", metavar="DIR")
     add(DEVICE, "parity_device", "candidate device: auto (cuda when available, else cpu), cpu, cuda[:N], or "
         "model (keep the model's own placement)", type=parse_device, metavar="DEVICE")
@@ -125,8 +135,9 @@ def addoption(parser: pytest.Parser) -> None:
                        "list (default true; a check's ladder=False or @pytest.mark.parity(ladder=False) drops it)")
     add(PROFILE, "parity_profile", "profiler parity: record per-operator time shares at capture, flag "
         "operators whose share grew at replay", ini_type="bool", default=False, action="store_true")
-    add(PRUNE, "parity_prune_obsolete", "delete obsolete goldens: those of test files that ran to completion in "
-        "this run without using them (never after a failed, stopped, --lf or deselected run)", ini_type="bool",
+    add(PRUNE, "parity_prune_obsolete", "delete obsolete goldens: those no check of this run used whose test file "
+        "ran to completion in this run or, after an unfiltered run of the whole suite, no longer exists (never "
+        "after a failed, stopped, --lf or deselected run)", ini_type="bool",
         default=False, action="store_true")
     add(PRUNE_DRY_RUN, "parity_prune_dry_run", f"with {PRUNE}: list what it would delete, delete nothing",
         ini_type="bool", default=False, action="store_true")
@@ -164,10 +175,31 @@ class ParityOptions:
         return self.allow_write or not self.ci
 
 
+BOOL_VALUES = "true or false (also yes/no, on/off, 1/0, y/n, t/f, any case)"
+
+
+def getini(config: pytest.Config, name: str) -> Any:
+    """``config.getini``, with a value pytest cannot convert (``rocm_parity = maybe``) as a UsageError
+    naming the key, the value and the accepted values, not pytest's internal error."""
+    try:
+        return config.getini(name)
+    except (ValueError, TypeError) as exc:
+        try:
+            value: Any = config.inicfg.get(name)
+        except Exception:   # the raw value is only for the message
+            value = None
+        where = f" in {config.inipath}" if config.inipath else ""
+        flag = {dest: flag for flag, dest in FLAG_DESTS.items()}.get(name)
+        raise pytest.UsageError(
+            f"ini key {name} = {value!r}{where} is not a boolean" + (f" ({exc})" if value is None else "")
+            + f"; accepted values: {BOOL_VALUES}. "
+            f"Fix or remove the line" + (f", or pass {flag} on the command line" if flag else "")) from None
+
+
 def _get(config: pytest.Config, dest: str, parse: Any = None) -> Any:
     v = config.getoption(dest)
     if v is None:
-        raw = config.getini(dest)
+        raw = getini(config, dest)
         if raw in (None, "", []):
             return None
         v = parse(str(raw)) if parse is not None and isinstance(raw, str) else raw
@@ -194,7 +226,7 @@ def from_config(config: pytest.Config) -> ParityOptions:
         prune=bool(_get(config, "parity_prune_obsolete")),
         profile=bool(_get(config, "parity_profile")),
         replay=_get(config, "parity_replay", parse_replay) or "auto",
-        ladder=bool(config.getini("parity_ladder")),
+        ladder=bool(getini(config, "parity_ladder")),
         prune_dry_run=bool(_get(config, "parity_prune_dry_run")),
         allow_reference_change=bool(_get(config, "parity_allow_reference_change")),
         golden_size_limit=_size_limit(_get(config, "parity_golden_size_limit", parse_size_limit)),
@@ -215,11 +247,7 @@ def given_without_enable(config: pytest.Config) -> list[str]:
 
     --parity-device is left out: the parity_ops fixture honours it without --rocm-parity.
     """
-    flags = {MODE: "parity_mode", REGEN: "parity_regen", GOLDEN_DIR: "parity_golden_dir",
-             REPORT: "parity_report", ALLOW_WRITE: "parity_allow_write", DTYPES: "parity_dtypes",
-             DRILL: "parity_drill", REPLAY: "parity_replay", PROFILE: "parity_profile",
-             PRUNE: "parity_prune_obsolete", PRUNE_DRY_RUN: "parity_prune_dry_run",
-             ALLOW_REFERENCE_CHANGE: "parity_allow_reference_change", GOLDEN_SIZE_LIMIT: "parity_golden_size_limit"}
+    flags = {f: d for f, d in FLAG_DESTS.items() if f not in (ENABLE, DEVICE)}
     return [flag for flag, dest in flags.items() if config.getoption(dest, None) not in (None, False)]
 
 

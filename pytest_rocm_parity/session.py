@@ -5,6 +5,7 @@ import contextlib
 import fnmatch
 import json
 import os
+import shutil
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,23 +24,30 @@ WORKER_KEY = "rocm_parity_results"
 GITHUB_FILE_LIMIT = 100 * 1000 * 1000
 
 
+NAME_LISTS = ("created", "updated", "missing", "corrupt", "stale", "kept", "unchanged")
+
+
 @dataclass
 class GoldenLog:
     created: list[str] = field(default_factory=list)
     updated: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
+    corrupt: list[str] = field(default_factory=list)     # a replay could not read the golden
+    stale: list[str] = field(default_factory=list)       # a replay found the golden describes another model
     kept: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)   # regenerated, identical: left untouched
     used: set[str] = field(default_factory=set)
+    # captured, then not written because the test failed: {name, test, existed, reason}
+    withheld: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"created": self.created, "updated": self.updated, "missing": self.missing,
-                "kept": self.kept, "unchanged": self.unchanged, "used": sorted(self.used)}
+        return {**{k: getattr(self, k) for k in NAME_LISTS}, "used": sorted(self.used), "withheld": self.withheld}
 
     def merge(self, other: dict[str, Any]) -> None:
-        for k in ("created", "updated", "missing", "kept", "unchanged"):
+        for k in NAME_LISTS:
             getattr(self, k).extend(x for x in other.get(k, []) if x not in getattr(self, k))
         self.used.update(other.get("used", []))
+        self.withheld.extend(other.get("withheld", []))
 
 
 def uses_parity(item: Any) -> bool:
@@ -95,6 +103,80 @@ def duplicate_message(name: str, first: str, second: str) -> str:
             f"the default is the test's id)")
 
 
+class StagingStore:
+    """The session's golden store in a capture run: every golden is written to a staging directory
+    first and reaches the real store only through ``commit``, once the test that captured it has
+    passed. A test that fails after its check, or a run stopped in the middle of a test, so never
+    replaces a golden (nor creates one). Everything but writing is the real store's.
+    """
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+        self._root: Path | None = None
+        self._overwrite: dict[str, bool] = {}
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.target, attr)
+
+    def _staging(self) -> Any:
+        from pytest_rocm_parity.golden.store import GoldenStore
+
+        if self._root is None:
+            import tempfile
+
+            self._root = Path(tempfile.mkdtemp(prefix="rocm-parity-staged-"))
+        return GoldenStore(self._root)
+
+    def write(self, name: str, manifest: dict[str, Any], rungs: dict[str, Any], overwrite: bool) -> Path:
+        """Stage the golden whole (the real store's format and checks); ``commit`` writes it for real."""
+        self._overwrite[name] = overwrite
+        path: Path = self._staging().write(name, manifest, rungs, overwrite=True)
+        return path
+
+    def commit(self, name: str) -> None:
+        """Write the staged golden into the real store, as a capture writes it (lock, content-addressed
+        files, the manifest last, an unchanged golden left as it was), then drop the staged copy."""
+        from pytest_rocm_parity.golden.store import MANIFEST, RungReader, load_manifest
+
+        overwrite = self._overwrite.pop(name)
+        staging = self._staging()
+        d = staging.dir_for(name)
+        manifest = load_manifest(d / MANIFEST)
+
+        def rung(path: Path) -> Any:
+            def read() -> dict[str, Any]:
+                reader = RungReader(path, "cpu")
+                return {k: reader.get(k) for k in sorted(reader.keys)}
+            return read
+
+        try:
+            self.target.write(name, manifest, {dtype: rung(staging.rung_file(name, manifest, dtype))
+                                               for dtype in manifest["rungs"]}, overwrite=overwrite)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+    def discard(self, name: str) -> None:
+        if self._overwrite.pop(name, None) is not None and self._root is not None:
+            shutil.rmtree(self._staging().dir_for(name), ignore_errors=True)
+
+    def close(self) -> None:
+        """Remove the staging directory and whatever it still holds."""
+        self._overwrite.clear()
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+            self._root = None
+
+
+@dataclass
+class Pending:
+    """A golden captured by the test in progress, written when the test's outcome is known."""
+
+    name: str
+    test: str
+    existed: bool
+    size_limit: int | None
+
+
 class ParitySession:
     """Registered as a plugin only when --rocm-parity is on; reached through config.stash."""
 
@@ -103,7 +185,13 @@ class ParitySession:
         self.options = options
         from pytest_rocm_parity.golden.remote import open_store
 
-        self.store = open_store(options.golden_dir)
+        # Any: the real store, or in a capture run the StagingStore in front of it
+        self.store: Any = open_store(options.golden_dir)
+        if options.mode is Mode.CAPTURE:
+            self.store = StagingStore(self.store)
+        self.pending: list[Pending] = []      # goldens captured by the test in progress, not yet written
+        self.regen_matched_nothing = False
+        self._shows_progress = False
         self.results: list[dict[str, Any]] = []
         self.result_objects: list[Any] = []
         self.goldens = GoldenLog()
@@ -148,9 +236,38 @@ class ParitySession:
         self.result_objects.append(result)
         self.results.append(result.to_dict())
 
+    def add_error(self, spec: Any, exc: BaseException, kind: str = "model") -> dict[str, Any]:
+        """Record a check that reached no verdict (its golden missing, corrupt or stale, or the replay
+        raised) as an error entry of the results, so that the summary and every report list it;
+        returns the entry."""
+        from pytest_rocm_parity.errors import GoldenCorrupt, GoldenError, GoldenMissing, GoldenStale
+
+        why = next((w for t, w in ((GoldenMissing, "missing"), (GoldenCorrupt, "corrupt"), (GoldenStale, "stale"))
+                    if isinstance(exc, t)), "error")
+        if why in ("corrupt", "stale") and spec.name not in getattr(self.goldens, why):
+            getattr(self.goldens, why).append(spec.name)
+        path = getattr(exc, "path", None) if isinstance(exc, GoldenError) else None
+        try:
+            env = self.env
+        except Exception:   # an error entry must be written even where the environment cannot be read
+            env = {}
+        entry = {"test": spec.test, "name": spec.name, "dtype": ",".join(spec.dtypes), "passed": False,
+                 "error": {"kind": why, "type": type(exc).__name__, "message": str(exc),
+                           "path": None if path is None else str(path)},
+                 "culprit": None, "culprit_block": None, "first_divergent": None, "reference_env": {},
+                 "candidate_env": env, "golden": str(path or self.store.dir_for(spec.name)), "kind": kind,
+                 "layers": [], "outputs": [], "extra": {}, "notes": []}
+        self.results.append(entry)
+        return entry
+
     # -- xdist: workers ship results to the controller ---------------------------------------
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int | pytest.ExitCode) -> None:
         self.store_unpin()
+        for p in self.pending:   # the run stopped inside the test that captured them
+            self._withhold(p, f"the run stopped before {p.test} finished")
+        self.pending.clear()
+        if isinstance(self.store, StagingStore):
+            self.store.close()
         workeroutput = getattr(session.config, "workeroutput", None)
         if workeroutput is not None:
             workeroutput[WORKER_KEY] = json.dumps({"results": self.results, "goldens": self.goldens.to_dict(),
@@ -217,19 +334,24 @@ class ParitySession:
     def find_obsolete(self, session: pytest.Session | None = None, exitstatus: int = 0) -> None:
         """Name the goldens this run proves obsolete, and prune them when asked and safe.
 
-        Obsolete: the golden's test file (its manifest's ``test``) was collected and every parity
-        test in it passed, yet no check used the golden. A golden whose test is gone from that file
-        counts only when the whole suite ran: its check may have moved, name and all, to another file.
+        Obsolete: no check of this run used the golden, and either its test file (its manifest's
+        ``test``) was collected and every parity test in it passed, or the whole suite ran unfiltered
+        and that file no longer exists. A golden whose test is gone from an existing file counts only
+        when the whole suite ran too: its check may have moved, name and all, to another file.
         """
         if hasattr(self.store, "url"):
             return   # remote goldens are never listed obsolete nor pruned: their manifests are not local
         complete = self.run.complete_files()
         collected = set().union(*self.run.relevant.values()) if self.run.relevant else set()
         whole = self._whole_suite() and not self.run.narrowed
+        root = Path(self.config.rootpath)
         found = []
         for name, d, manifest in self.store.goldens_on_disk():
             test = manifest.get("test") if manifest is not None else None
-            if name in self.goldens.used or not isinstance(test, str) or test_file(test) not in complete:
+            if name in self.goldens.used or not isinstance(test, str):
+                continue
+            deleted = whole and test_file(test) not in self.run.relevant and not (root / test_file(test)).exists()
+            if test_file(test) not in complete and not deleted:
                 continue
             if test not in collected and not whole:
                 continue
@@ -302,6 +424,7 @@ class ParitySession:
                 or session.shouldstop or session.shouldfail):
             return result
         if not any(self.regen_matches(n) for n in self.goldens.used):
+            self.regen_matched_nothing = True   # the error says it all: no summary of the goldens kept
             reached = sorted(self.goldens.used)
             listed = ", ".join(reached[:10]) + (" ..." if len(reached) > 10 else "")
             raise pytest.UsageError(
@@ -337,13 +460,67 @@ class ParitySession:
                 f"change the reference on purpose")
 
     def record_capture(self, spec: Any, existed: bool) -> None:
-        """Log the capture (created, updated, or unchanged and left alone), print its size, warn when large."""
-        name = spec.name
+        """Hold the staged capture until its test's outcome is known (``pytest_runtest_makereport``)."""
+        self.pending.append(Pending(spec.name, spec.test, existed, spec.golden_size_limit))
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+        """Write the goldens a test captured once it passed (or skipped at a kept golden); withhold them
+        when it failed. A test still in setup keeps them pending until its call phase."""
+        report = yield
+        if not self.pending:
+            return report
+        failed = report.failed or (report.skipped and hasattr(report, "wasxfail"))
+        if failed:
+            lines = [self._withhold(p, f"{p.test} failed after the capture") for p in self.pending]
+            report.sections.append(("rocm-parity: goldens not written", "\n".join(lines)))
+        elif report.when != "setup" or report.skipped:
+            errors = [e for e in (self._commit(p) for p in self.pending) if e]
+            if errors:   # the test passed, but its golden is not on disk: that fails it
+                report.outcome = "failed"
+                report.longrepr = "\n".join(errors)
+        else:
+            return report
+        self.pending.clear()
+        return report
+
+    def _withhold(self, p: Pending, why: str) -> str:
+        """Drop a staged capture; the golden on disk, if any, stays as it was. Returns the line said."""
+        assert isinstance(self.store, StagingStore)
+        self.store.discard(p.name)
+        self.goldens.withheld.append({"name": p.name, "test": p.test, "existed": p.existed, "reason": why})
+        return (f"golden for {p.name!r} not {'updated' if p.existed else 'created'}: {why}; "
+                + (f"the golden at {self.store.dir_for(p.name)} is as it was" if p.existed else "nothing was written")
+                + "; capture again once the test passes")
+
+    def _commit(self, p: Pending) -> str:
+        """Write one staged golden; '' when written (or another worker's was kept), else the error."""
+        from pytest_rocm_parity.errors import GoldenExists, ParityError
+
+        assert isinstance(self.store, StagingStore)
+        progress_lines.set_sink(None)   # the store's per-rung lines were said when the capture ran
+        try:
+            self.store.commit(p.name)
+        except GoldenExists:
+            self.goldens.kept.append(p.name)
+            return ""
+        except (ParityError, OSError) as exc:
+            return (f"{type(exc).__name__}: the golden for {p.name!r} was captured but could not be written "
+                    f"to {self.store.dir_for(p.name)}: {exc}")
+        finally:
+            progress_lines.set_sink(self._progress_line if self._shows_progress else None)
+        with progress_lines.checking(p.name):
+            self._log_written(p)
+        return ""
+
+    def _log_written(self, p: Pending) -> None:
+        """Log the write (created, updated, or unchanged and left alone), print its size, warn when large."""
+        name = p.name
         if name in getattr(self.store, "unchanged", ()):
             self.goldens.unchanged.append(name)
             progress_lines.progress("golden unchanged (same tensors and description): left as it was")
         else:
-            (self.goldens.updated if existed else self.goldens.created).append(name)
+            (self.goldens.updated if p.existed else self.goldens.created).append(name)
         try:
             from pytest_rocm_parity.golden.store import load_manifest
 
@@ -354,7 +531,7 @@ class ParitySession:
             return
         size = sum(files.values())
         progress_lines.progress(f"golden {progress_lines.megabytes(size)} in {len(files)} file(s) at {d}")
-        limit = spec.golden_size_limit
+        limit = p.size_limit
         if limit is None or size <= limit:
             return
         largest, largest_bytes = max(files.items(), key=lambda kv: kv[1])
@@ -379,11 +556,14 @@ class ParitySession:
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         if hasattr(session.config, "workerinput"):
             return   # an xdist worker's terminal is not shown
+        self._shows_progress = True
         progress_lines.set_sink(self._progress_line)
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         progress_lines.set_sink(None)
         self.store_unpin()
+        if isinstance(self.store, StagingStore):
+            self.store.close()   # a session that ended before sessionfinish leaves nothing staged behind
 
     def _progress_line(self, line: str, verbose: int) -> None:
         # level 0 shows unless -qq; level 1 with -v
@@ -413,6 +593,9 @@ class ParitySession:
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         from pytest_rocm_parity.reports.summary import summary_lines
+
+        if self.regen_matched_nothing:
+            return
 
         for line in summary_lines(self):
             terminalreporter.write_line(line)

@@ -21,9 +21,15 @@ def extras_for(results: list[dict[str, Any]]) -> list[Any]:
     except ImportError:
         return []
     from pytest_rocm_parity.reports.report import svg_plot
+    from pytest_rocm_parity.reports.summary import error_text
 
     out = []
     for r in results:
+        if r.get("error"):   # no verdict, so no plots: what kept the check from one
+            out.append(extras.html(f'<div class="rocm-parity"><p><b style="color:#6a1b9a">ERROR</b> '
+                                   f'{html.escape(str(r.get("name")))} [{html.escape(str(r.get("dtype")))}]: '
+                                   f'{html.escape(error_text(r))}</p></div>'))
+            continue
         verdict = "PASS" if r.get("passed") else "FAIL"
         color = "#2e7d32" if r.get("passed") else "#c62828"
         layers = list(r.get("layers") or [])

@@ -28,6 +28,7 @@ from typing import Any
 
 from pytest_rocm_parity.judging.assertion import SUGGEST_WITHIN
 from pytest_rocm_parity.atomic import atomic_write
+from pytest_rocm_parity.reports.summary import error_text, verdict
 from pytest_rocm_parity.tables import frame, write_csv
 
 HTML_NAME = "parity-report.html"
@@ -183,6 +184,7 @@ def check_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
             "candidate": _env_brief(c.get("candidate_env") or {}),
             "profile_flags": ";".join(f"{p.get('op')}x{_fmt_num(p.get('growth'))}" for p in _profile_flags(prof)),
             "golden": c.get("golden", ""), "notes": " | ".join(c.get("notes", [])),
+            "error": (c.get("error") or {}).get("kind", ""), "error_message": error_text(c) if c.get("error") else "",
         })
     return rows
 
@@ -442,9 +444,10 @@ header h1{margin:0;font-size:20px} header p{margin:4px 0 0;color:#c9d3de;font-si
 main{padding:16px 24px;max-width:1240px}
 section.check{background:#fff;border:1px solid #dde1e6;border-radius:6px;margin:16px 0;padding:12px 18px}
 section.check.fail{border-left:6px solid #c62828} section.check.pass{border-left:6px solid #2e7d32}
+section.check.error{border-left:6px solid #6a1b9a}
 h2{font-size:17px;margin:4px 0 8px} h3{font-size:14px;margin:14px 0 6px;color:#333}
 .badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:700;color:#fff;vertical-align:2px}
-.badge.pass{background:#2e7d32} .badge.fail{background:#c62828}
+.badge.pass{background:#2e7d32} .badge.fail{background:#c62828} .badge.error{background:#6a1b9a}
 .culprit{color:#c62828;font-weight:700}
 table{border-collapse:collapse;font-size:12.5px;margin:4px 0}
 th,td{border:1px solid #e1e4e8;padding:3px 7px;text-align:left;vertical-align:top}
@@ -471,8 +474,9 @@ def _anchor(c: Mapping[str, Any]) -> str:
     return "check-" + safe_name(f"{c.get('name', '')}-{c.get('dtype', '')}")
 
 
-def _badge(passed: Any) -> str:
-    return '<span class="badge pass">PASS</span>' if passed else '<span class="badge fail">FAIL</span>'
+def _badge(c: Mapping[str, Any]) -> str:
+    v = verdict(c)
+    return f'<span class="badge {v.lower()}">{v}</span>'
 
 
 def _env_table(ref: Mapping[str, Any], cand: Mapping[str, Any]) -> str:
@@ -676,14 +680,27 @@ def _tensor_link(c: Mapping[str, Any], out: Path) -> str:
             f'<code>safetensors.torch.load_file(path)</code>)</span></p>')
 
 
+def _error_section(c: Mapping[str, Any]) -> str:
+    """A check that reached no verdict: what kept it from one, and which golden."""
+    e = html.escape
+    err = c.get("error") or {}
+    kv = [("test", f'<code>{e(str(c.get("test", "")))}</code>'), ("error", e(str(err.get("kind", "")))),
+          ("why", e(error_text(c))), ("golden", f'<code>{e(str(c.get("golden", "")))}</code>')]
+    return (f'<section class="check error" id="{_anchor(c)}"><h2>{_badge(c)} {e(str(c.get("name", "")))} '
+            f'<span class="muted">[{e(str(c.get("dtype", "")))}]</span></h2><table class="kv">'
+            + "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in kv) + "</table></section>")
+
+
 def _check_section(c: Mapping[str, Any], out: Path) -> str:
+    if c.get("error"):
+        return _error_section(c)
     e = html.escape
     passed = bool(c.get("passed"))
     culprit, first = c.get("culprit"), c.get("first_divergent")
     layers = list((c.get("layers") or []))
     by_name = {l.get("name"): l for l in layers}
     parts = [f'<section class="check {"pass" if passed else "fail"}" id="{_anchor(c)}">',
-             f'<h2>{_badge(passed)} {e(str(c.get("name", "")))} <span class="muted">[{e(str(c.get("dtype", "")))}]'
+             f'<h2>{_badge(c)} {e(str(c.get("name", "")))} <span class="muted">[{e(str(c.get("dtype", "")))}]'
              f'</span></h2>']
     kv = [("test", f'<code>{e(str(c.get("test", "")))}</code>'), ("kind", e(str(c.get("kind", ""))))]
     if culprit:
@@ -724,23 +741,31 @@ def render_html(doc: Mapping[str, Any], out_dir: str | os.PathLike[str] = ".") -
     e = html.escape
     out = Path(out_dir)
     checks = list(doc.get("checks", []))
-    n_fail = sum(1 for c in checks if not c.get("passed"))
+    n_err = sum(1 for c in checks if c.get("error"))
+    n_fail = sum(1 for c in checks if not c.get("passed")) - n_err
     summary_rows = []
     for c in checks:
         prof = _profile_flags((c.get("extra") or {}).get("profile"))
+        culprit_cell = (f'<td colspan="2">{e(error_text(c))}</td>' if c.get("error") else
+                        f'<td class="culprit">{e(str(c.get("culprit") or ""))}</td>'
+                        f'<td>{e(str(c.get("first_divergent") or ""))}</td>')
         summary_rows.append(
-            f'<tr class="{"" if c.get("passed") else "fail"}"><td>{_badge(c.get("passed"))}</td>'
+            f'<tr class="{"" if c.get("passed") else "fail"}"><td>{_badge(c)}</td>'
             f'<td><a href="#{_anchor(c)}">{e(str(c.get("name", "")))}</a></td><td>{e(str(c.get("dtype", "")))}</td>'
-            f'<td class="culprit">{e(str(c.get("culprit") or ""))}</td><td>{e(str(c.get("first_divergent") or ""))}</td>'
+            + culprit_cell +
             f'<td>{e(", ".join(str(p.get("op")) for p in prof))}</td>'
             f'<td>{e(_env_brief(c.get("reference_env") or {}))}</td><td>{e(_env_brief(c.get("candidate_env") or {}))}</td></tr>')
     g = doc.get("goldens") or {}
     glines = []
-    for label in ("created", "updated", "missing", "kept", "obsolete", "pruned"):
+    for label in ("created", "updated", "missing", "corrupt", "stale", "kept", "obsolete", "pruned"):
         items = g.get(label) or []
         if items:
             glines.append(f"<tr><td>{label}</td><td>{e(', '.join(map(str, items)))}</td></tr>")
-    body = [f'<header><h1>rocm-parity report</h1><p>{len(checks)} checks, {n_fail} failing · '
+    for w in g.get("withheld") or []:
+        glines.append(f"<tr><td>not {'updated' if w.get('existed') else 'created'}</td>"
+                      f"<td>{e(str(w.get('name')))}: {e(str(w.get('reason')))}</td></tr>")
+    errors = f", {n_err} error{'' if n_err == 1 else 's'}" if n_err else ""
+    body = [f'<header><h1>rocm-parity report</h1><p>{len(checks)} checks, {n_fail} failing{errors} · '
             f'schema {e(str(doc.get("schema", "")))} · tables: <a style="color:#9cd" href="{CHECKS_CSV}">{CHECKS_CSV}</a>, '
             f'<a style="color:#9cd" href="{LAYERS_CSV}">{LAYERS_CSV}</a>, '
             f'<a style="color:#9cd" href="parity-report.json">parity-report.json</a></p></header><main>']
@@ -752,10 +777,12 @@ def render_html(doc: Mapping[str, Any], out_dir: str | os.PathLike[str] = ".") -
         body.append('<p class="muted">No parity check ran in this session.</p>')
     if glines:
         body.append('<h3>Goldens</h3><table class="kv">' + "".join(glines) + "</table>")
-    order = sorted(checks, key=lambda c: (bool(c.get("passed")), str(c.get("name")), str(c.get("dtype"))))
+    rank = {"ERROR": 0, "FAIL": 1, "PASS": 2}
+    order = sorted(checks, key=lambda c: (rank[verdict(c)], str(c.get("name")), str(c.get("dtype"))))
     body += [_check_section(c, out) for c in order]
     body.append("</main>")
-    return _page("rocm-parity report" + (f" — {n_fail} failing" if n_fail else ""), "".join(body))
+    counts = ", ".join(x for x in (f"{n_fail} failing" if n_fail else "", errors.lstrip(", ")) if x)
+    return _page("rocm-parity report" + (f" — {counts}" if counts else ""), "".join(body))
 
 
 def _write_html(doc: Mapping[str, Any], out: Path) -> Path:

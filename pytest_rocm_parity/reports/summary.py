@@ -1,11 +1,13 @@
 """Terminal summary: one line per check, then the goldens created, updated, missing, obsolete.
 
 One line per check (verdict, model/check name, dtype, culprit and why, first
-divergent layer), an indented line for profiler-parity flags or LM metrics when
-present, then one line per golden list, then where the reports were written.
+divergent layer; for a check that reached no verdict, ERROR and why on the next
+line), an indented line for profiler-parity flags or LM metrics when present,
+then one line per golden list, then where the reports were written.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pytest_rocm_parity.tables import text_table
@@ -22,8 +24,24 @@ def _culprit_reason(r: dict[str, Any]) -> str:
     return ""
 
 
-def check_line(r: dict[str, Any], width: int = 0) -> list[str]:
+def verdict(r: Mapping[str, Any]) -> str:
+    """PASS, FAIL, or ERROR for a check that reached no verdict (its golden unreadable, the replay raised)."""
+    return "ERROR" if r.get("error") else "PASS" if r.get("passed") else "FAIL"
+
+
+def error_text(r: Mapping[str, Any]) -> str:
+    """What kept an error entry from a verdict, in one line: ``golden corrupt: <the exception's message>``."""
+    err = r.get("error") or {}
+    kind = str(err.get("kind", "error"))
+    what = f"golden {kind}" if kind in ("missing", "corrupt", "stale") else str(err.get("type") or "error")
+    return f"{what}: " + " ".join(str(err.get("message", "")).split())
+
+
+def check_line(r: dict[str, Any], width: int = 0, verdict_width: int = 4) -> list[str]:
     """The line (and indented detail lines) of one check result dict."""
+    if r.get("error"):
+        return text_table([("ERROR", r.get("name", ""), f"[{r.get('dtype', '')}]", "")], widths=(5, width, 0, None),
+                          sep=" ") + [f"      {error_text(r)}"]
     verdict = "PASS" if r.get("passed") else "FAIL"
     parts = []
     if r.get("culprit"):
@@ -36,7 +54,7 @@ def check_line(r: dict[str, Any], width: int = 0) -> list[str]:
     if r.get("first_divergent") and not r.get("passed"):
         parts.append(f"first divergent {r['first_divergent']}")
     out = text_table([(verdict, r.get("name", ""), f"[{r.get('dtype', '')}]", " " + "; ".join(parts))],
-                     widths=(4, width, 0, None), sep=" ")
+                     widths=(verdict_width, width, 0, None), sep=" ")
     extra = r.get("extra") or {}
     lm = extra.get("lm")
     if lm:
@@ -53,6 +71,21 @@ def check_line(r: dict[str, Any], width: int = 0) -> list[str]:
     return out
 
 
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def withheld_lines(withheld: list[dict[str, Any]]) -> list[str]:
+    """One line per test and outcome: the goldens it captured but did not write, and why."""
+    groups: dict[tuple[bool, str], list[str]] = {}
+    for w in withheld:
+        groups.setdefault((bool(w.get("existed")), str(w.get("reason", ""))), []).append(str(w.get("name")))
+    return [f"goldens not {'updated' if existed else 'created'} ({why}; "
+            + ("the goldens on disk are as they were" if existed else "nothing was written")
+            + f"; capture again once the test passes): {_listed(names)}"
+            for (existed, why), names in groups.items()]
+
+
 def _listed(items: list[str]) -> str:
     return ", ".join(items[:MAX_LISTED]) + (f" ... (+{len(items) - MAX_LISTED})" if len(items) > MAX_LISTED else "")
 
@@ -62,22 +95,32 @@ def summary_lines(session: Any) -> list[str]:
     g = session.goldens
     obsolete = list(getattr(session, "obsolete", []) or [])
     pruned = list(getattr(session, "pruned", []) or [])
-    if not res and not (g.created or g.updated or g.missing or g.kept or obsolete or pruned):
+    withheld = list(getattr(g, "withheld", []) or [])
+    if not res and not (g.created or g.updated or g.missing or g.kept or obsolete or pruned or withheld):
         return []
     lines = ["", "=" * 20 + " rocm-parity summary " + "=" * 20]
-    ordered = sorted(res, key=lambda r: (bool(r.get("passed")), str(r.get("name")), str(r.get("dtype"))))
+    order = {"ERROR": 0, "FAIL": 1, "PASS": 2}
+    ordered = sorted(res, key=lambda r: (order[verdict(r)], str(r.get("name")), str(r.get("dtype"))))
     width = min(max((len(str(r.get("name", ""))) for r in ordered), default=0), 40)
+    verdict_width = 5 if any(r.get("error") for r in res) else 4
     for r in ordered:
-        lines += check_line(r, width)
+        lines += check_line(r, width, verdict_width)
     if res:
-        n_fail = sum(1 for r in res if not r.get("passed"))
-        lines.append(f"{len(res)} checks: {len(res) - n_fail} passed, {n_fail} failed")
+        n_err = sum(1 for r in res if r.get("error"))
+        n_fail = sum(1 for r in res if not r.get("passed")) - n_err
+        lines.append(f"{len(res)} checks: {len(res) - n_fail - n_err} passed, {n_fail} failed"
+                     + (f", {plural(n_err, 'error')}" if n_err else ""))
     for label, items in (("created", g.created), ("updated", g.updated), ("missing", g.missing),
+                         ("corrupt (unreadable: restore them, e.g. git lfs pull, or recapture)",
+                          getattr(g, "corrupt", [])),
+                         ("stale (they describe another model or inputs: recapture with --parity-regen)",
+                          getattr(g, "stale", [])),
                          ("kept (exists; use --parity-regen)", g.kept),
                          ("obsolete (no collected test uses them; --parity-prune-obsolete deletes)", obsolete),
                          ("pruned", pruned)):
         if items:
             lines.append(f"goldens {label}: {_listed(list(items))}")
+    lines += withheld_lines(withheld)
     no_dir = session.store.missing_root() if g.missing and hasattr(session, "store") else ""
     if no_dir:
         lines.append(no_dir[0].upper() + no_dir[1:])

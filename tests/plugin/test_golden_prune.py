@@ -191,3 +191,25 @@ def test_cli_golden_prune_dry_run(renamed: pytest.Pytester) -> None:
     assert f"rocm-parity: would delete {d / 'manifest.json'}" in proc.stdout
     assert "alpha" in goldens(renamed)
     assert "beta" not in proc.stdout.split("would delete", 1)[1]
+
+
+def test_goldens_of_a_deleted_test_file_are_obsolete(renamed: pytest.Pytester) -> None:
+    """A whole-suite run proves a golden of a test file that no longer exists obsolete; a run of named files does not."""
+    (renamed.path / "test_b.py").unlink()
+    result = renamed.runpytest("--rocm-parity", PRUNE, PRUNE_DRY_RUN, "test_a.py")
+    result.assert_outcomes(passed=2)
+    assert "beta" not in result.stdout.str().split("rocm-parity summary", 1)[1]   # only test_a.py was collected
+    result = renamed.runpytest("--rocm-parity", PRUNE)
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["goldens obsolete (*): alpha, beta",
+                                 f"rocm-parity: deleted {renamed.path / 'goldens' / 'beta' / 'manifest.json'}"])
+    assert goldens(renamed) == {"alpha2", "other"}
+
+
+def test_a_deleted_file_does_not_make_an_existing_incomplete_file_obsolete(renamed: pytest.Pytester,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    (renamed.path / "test_b.py").unlink()
+    monkeypatch.setenv("BUG", "1")   # test_a.py's parity tests fail: its goldens prove nothing
+    result = renamed.runpytest("--rocm-parity")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(["goldens obsolete (*): beta"])

@@ -33,6 +33,18 @@ def test_ini_key_enables(project: pytest.Pytester) -> None:
     assert (project.path / "goldens" / "tiny" / "manifest.json").exists()
 
 
+@pytest.mark.parametrize("key, flag", [("rocm_parity", ENABLE), ("parity_ladder", None)])
+def test_bad_ini_boolean_is_a_usage_error(project: pytest.Pytester, key: str, flag: str | None) -> None:
+    enable = "" if key == "rocm_parity" else "rocm_parity = true\n"
+    ini = project.makeini(f"[pytest]\n{enable}{key} = maybe\n")
+    result = project.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: ini key {key} = 'maybe' in {ini} is not a boolean; accepted values: true or "
+                                 f"false (also yes/no, on/off, 1/0*" + (f"or pass {flag} on the command line" if flag
+                                                                        else "Fix or remove the line")])
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+
+
 def test_plain_run_does_not_import_torch(pytester: pytest.Pytester) -> None:
     """Loading the plugin in a project that never uses it stays cheap and silent."""
     pytester.makepyfile("def test_ok():\n    import sys\n    assert 'torch' not in sys.modules\n")

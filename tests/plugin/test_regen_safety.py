@@ -60,6 +60,7 @@ def test_regen_glob_matching_nothing_is_a_usage_error(project: pytest.Pytester) 
     result = project.runpytest("--rocm-parity", f"{REGEN}=tyni")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: {REGEN}='tyni' matched none of the 1 checks this run reached (tiny)*"])
+    assert "rocm-parity summary" not in result.stdout.str() and "goldens kept" not in result.stdout.str()
 
 
 def test_regen_given_a_path_is_a_usage_error(project: pytest.Pytester) -> None:

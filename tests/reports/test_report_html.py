@@ -174,3 +174,26 @@ def test_lm_metrics_render_as_a_table_without_python_values() -> None:
     assert '<table class="lm">' in text and "<td>perplexity</td>" in text and "top5 containment" in text
     assert "none (all 2 sequences match)" in text
     assert "None" not in text and "{" not in text and "[" not in text and "ppl=" not in text
+
+
+def test_a_check_without_verdict_is_an_error_in_html_and_csv(report_doc: dict[str, Any], tmp_path: Path) -> None:
+    entry = {"test": "tests/test_m.py::test_m", "name": "m", "dtype": "float32", "passed": False, "kind": "model",
+             "error": {"kind": "stale", "type": "GoldenStale", "path": "goldens/m/manifest.json",
+                       "message": "stale golden goldens/m/manifest.json for 'm': the model's weights changed"},
+             "golden": "goldens/m/manifest.json", "layers": [], "outputs": [], "extra": {}, "notes": []}
+    doc = {**report_doc, "checks": report_doc["checks"] + [entry],
+           "goldens": {**report_doc["goldens"], "stale": ["m"],
+                       "withheld": [{"name": "n", "test": "t.py::t", "existed": True, "reason": "t.py::t failed"}]}}
+    report.write_all(doc, tmp_path)
+    text = (tmp_path / "parity-report.html").read_text("utf-8")
+    assert "<title>rocm-parity report — 1 failing, 1 error</title>" in text
+    assert "3 checks, 1 failing, 1 error" in text
+    section = text.split('id="check-m-float32"', 1)[1].split("</section>", 1)[0]
+    assert 'class="badge error">ERROR' in section and "the model&#x27;s weights changed" in section
+    assert text.index('id="check-m-float32"') < text.index('id="check-tiny-float32"')   # errors first
+    assert "<td>stale</td><td>m</td>" in text and "<td>not updated</td><td>n: t.py::t failed</td>" in text
+    checks = pd.read_csv(tmp_path / "checks.csv").set_index("check")
+    assert checks.loc["m", "error"] == "stale" and not checks.loc["m", "passed"]
+    assert pd.isna(checks.loc["tiny", "error"])
+    assert len(pd.read_csv(tmp_path / "layers.csv")) == sum(len(c["layers"]) + len(c["outputs"])
+                                                            for c in report_doc["checks"])

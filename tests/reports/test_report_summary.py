@@ -10,7 +10,8 @@ from pytest_rocm_parity.reports.summary import summary_lines
 
 
 def _session(results: list[dict[str, Any]], **goldens: Any) -> Any:
-    log = GoldenLog(**{k: v for k, v in goldens.items() if k in ("created", "updated", "missing", "kept")})
+    log = GoldenLog(**{k: v for k, v in goldens.items()
+                       if k in ("created", "updated", "missing", "corrupt", "stale", "kept", "withheld")})
     return SimpleNamespace(results=results, goldens=log, obsolete=goldens.get("obsolete", []),
                            pruned=goldens.get("pruned", []), options=SimpleNamespace(report_dir=Path("rep")))
 
@@ -43,3 +44,33 @@ def test_summary_obsolete_only_and_long_lists() -> None:
     names = [f"m{i}" for i in range(25)]
     text = "\n".join(summary_lines(_session([], obsolete=names)))
     assert "goldens obsolete" in text and "m19" in text and "m20" not in text and "(+5)" in text
+
+
+ERROR_ENTRY = {"test": "tests/test_m.py::test_m", "name": "m", "dtype": "bfloat16,float32", "passed": False,
+               "error": {"kind": "corrupt", "type": "GoldenCorrupt", "path": "goldens/m/float32-0.safetensors",
+                         "message": "goldens/m/float32-0.safetensors: a git-lfs pointer,\nnot the tensors; git lfs pull"},
+               "layers": [], "outputs": [], "extra": {}, "notes": []}
+
+
+def test_an_error_is_listed_first_and_counted(report_doc: dict[str, Any]) -> None:
+    lines = summary_lines(_session(report_doc["checks"] + [ERROR_ENTRY], corrupt=["m"]))
+    checks = [l for l in lines[2:] if l.split(" ", 1)[0] in ("ERROR", "FAIL", "PASS")]
+    assert [l.split()[:2] for l in checks] == [["ERROR", "m"], ["FAIL", "tiny"], ["PASS", "tiny_ok"]]
+    at = lines.index(checks[0])
+    assert lines[at + 1] == ("      golden corrupt: goldens/m/float32-0.safetensors: a git-lfs pointer, not the "
+                             "tensors; git lfs pull")
+    assert "[bfloat16,float32]" in checks[0]
+    assert "3 checks: 1 passed, 1 failed, 1 error" in lines
+    assert any(l.startswith("goldens corrupt (") and l.endswith("): m") for l in lines)
+
+
+def test_goldens_not_written_say_which_test_failed() -> None:
+    withheld = [{"name": "a", "test": "t.py::test_x", "existed": True, "reason": "t.py::test_x failed after the capture"},
+                {"name": "b", "test": "t.py::test_x", "existed": True, "reason": "t.py::test_x failed after the capture"},
+                {"name": "c", "test": "t.py::test_y", "existed": False,
+                 "reason": "the run stopped before t.py::test_y finished"}]
+    text = "\n".join(summary_lines(_session([], withheld=withheld)))
+    assert ("goldens not updated (t.py::test_x failed after the capture; the goldens on disk are as they were; "
+            "capture again once the test passes): a, b") in text
+    assert ("goldens not created (the run stopped before t.py::test_y finished; nothing was written; capture again "
+            "once the test passes): c") in text
