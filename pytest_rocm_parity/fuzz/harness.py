@@ -24,13 +24,15 @@ pickle); ``replay_golden`` re-runs exactly those inputs on the candidate.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
 import os
+import sys
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -176,7 +178,7 @@ class OutputRecord:
     """The verdict for one output tensor (``out``, ``out[0]``, ``out['k']``)."""
 
     path: str
-    ok: bool
+    passed: bool
     shape: tuple[int, ...]
     dtype: str
     judged_as: str
@@ -190,12 +192,21 @@ class OutputRecord:
     worst_tol: float | None = None
     reason: str = ""
 
+    @property
+    def ok(self) -> bool:
+        """The same as ``passed``."""
+        return self.passed
+
+    @ok.setter
+    def ok(self, value: bool) -> None:
+        self.passed = value
+
 
 @dataclass
 class OpResult:
     """One candidate-versus-truth comparison; ``message()`` is the only place failure text is built."""
 
-    ok: bool
+    passed: bool
     candidate: str
     reference: str
     device: str
@@ -208,6 +219,15 @@ class OpResult:
     reference_error: str | None = None
 
     @property
+    def ok(self) -> bool:
+        """The same as ``passed``."""
+        return self.passed
+
+    @ok.setter
+    def ok(self, value: bool) -> None:
+        self.passed = value
+
+    @property
     def max_ratio(self) -> float:
         """Worst error/tolerance over all outputs (>1 fails); the 'minimum tolerance needed' factor."""
         return max((o.max_ratio for o in self.outputs), default=0.0)
@@ -215,7 +235,7 @@ class OpResult:
     def summary(self) -> str:
         if self.error:
             return f"{self.candidate} on {self.device}: raised {self.error.splitlines()[0]}"
-        verdict = "ok" if self.ok else "MISMATCH"
+        verdict = "ok" if self.passed else "MISMATCH"
         return f"{self.candidate} on {self.device}: {verdict}, worst err/tol {self.max_ratio:.3g}"
 
     def message(self) -> str:
@@ -223,6 +243,7 @@ class OpResult:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        data["ok"] = self.passed
         data["max_ratio"] = self.max_ratio
         return data
 
@@ -233,11 +254,11 @@ def _build_message(result: OpResult) -> str:
     if result.error:
         lines.append(f"Candidate {result.candidate} raised on {result.device}: {result.error}")
     else:
-        bad = [o for o in result.outputs if not o.ok]
+        bad = [o for o in result.outputs if not o.passed]
         lines.append(f"Operator outputs are not close to the float64 truth! "
                      f"({len(bad)} of {len(result.outputs)} output(s) off)")
         for o in result.outputs:
-            if o.ok:
+            if o.passed:
                 continue
             lines.append(f"  {o.path}: shape {list(o.shape)}, {o.dtype} judged as {o.judged_as}")
             if o.reason:
@@ -290,36 +311,141 @@ def _tensor_literal(t: torch.Tensor) -> str:
     return text + f".as_strided({tuple(t.shape)}, {tuple(t.stride())}, {t.storage_offset()})"
 
 
+# public namespaces where torch's builtins are reached by name (their __module__/__qualname__ name a private class)
+_TORCH_NAMESPACES = ("torch", "torch.nn.functional", "torch.special", "torch.linalg", "torch.fft")
+_PLAIN = (int, float, bool, str, type(None))
+
+
+def _resolve(module: str, path: str) -> Any:
+    """``module.path`` from a module already imported (never imports: formatting a message must not run
+    a module's import-time code); raises LookupError when it does not resolve."""
+    obj: Any = sys.modules.get(module)
+    if obj is None:
+        raise LookupError(module)
+    for part in path.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise LookupError(path) from None
+    return obj
+
+
+def _callable_expr(fn: Any) -> tuple[set[str], str] | None:
+    """(modules to import, an expression naming ``fn``) that a fresh interpreter can run, or None for a
+    lambda, a local function, a bound method, a module instance or a function defined in ``__main__``."""
+    if isinstance(fn, functools.partial):
+        inner = _callable_expr(fn.func)
+        values = [*fn.args, *fn.keywords.values()]
+        if inner is None or not all(isinstance(v, _PLAIN) and not (isinstance(v, float) and not math.isfinite(v))
+                                    for v in values):
+            return None
+        parts = [inner[1], *map(repr, fn.args), *(f"{k}={v!r}" for k, v in fn.keywords.items())]
+        return inner[0] | {"functools"}, f"functools.partial({', '.join(parts)})"
+    if isinstance(fn, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return {"torch"}, f"torch.ops.{fn}"
+    module, qual = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    name = getattr(fn, "__name__", None)
+    tries: list[tuple[str, str]] = []
+    if isinstance(module, str) and isinstance(qual, str) and module != "__main__" and "<" not in qual:
+        tries.append((module, qual))
+    if isinstance(name, str):
+        tries += [(ns, name) for ns in _TORCH_NAMESPACES] + [("torch", f"Tensor.{name}")]
+    for mod, path in tries:
+        try:
+            if _resolve(mod, path) is fn:
+                return {mod}, f"{mod}.{path}"
+        except LookupError:
+            continue
+    return None
+
+
+def _assignment(name: str, fn: Any, imports: set[str]) -> str:
+    """``name = <expression>``, adding the modules it needs to ``imports``; a placeholder the user fills
+    where ``fn`` cannot be named from a fresh interpreter."""
+    found = _callable_expr(fn)
+    if found is None:
+        return (f"{name} = ...  # {_qualname(fn)} is not importable (a lambda, local function, bound method or "
+                f"object, or defined in __main__): assign it here")
+    imports |= found[0]
+    return f"{name} = {found[1]}"
+
+
+def _model_expr(model: ErrorModel, imports: set[str], notes: list[str]) -> str:
+    """``ErrorModel(...)`` with the fields that differ from the defaults (the case's K and magnitude)."""
+    default = ErrorModel()
+    parts: list[str] = []
+    for f in fields(ErrorModel):
+        value = getattr(model, f.name)
+        if value == getattr(default, f.name):
+            continue
+        if f.name == "magnitude":
+            found = _callable_expr(value)
+            if found is None:
+                notes.append(f"# the error model's magnitude {_qualname(value)} is not importable: pass "
+                             f"dtype_policy=ErrorModel(magnitude=...) with it to judge with the same tolerance")
+                continue
+            imports |= found[0]
+            parts.append(f"magnitude={found[1]}")
+        else:
+            parts.append(f"{f.name}={value!r}")
+    return f"ErrorModel({', '.join(parts)})"
+
+
 def _reproduction(candidate: Callable[..., Any], reference: Callable[..., Any], args: Sequence[Any],
-                  kwargs: Mapping[str, Any], device: torch.device) -> str:
-    lines = [f"# torch {torch.__version__}, candidate device {device}", "import torch"]
-    names: list[str] = []
+                  kwargs: Mapping[str, Any], device: torch.device, model: ErrorModel) -> str:
+    """A script that runs as pasted: the imports of the modules defining the candidate and the reference,
+    the inputs as literals, the two calls, and the ``compare_op`` call that raises this failure again."""
+    imports: set[str] = {"torch"}
+    lines: list[str] = []
     too_big: list[str] = []
 
-    def literal(value: Any) -> str:
+    head = [_assignment("candidate", candidate, imports), _assignment("reference", reference, imports)]
+
+    tensor_names: dict[int, str] = {}
+
+    def literal(value: Any, wrap: Callable[[str, torch.Tensor], str]) -> str:
+        """``value`` as source text, each tensor as its variable (printed once, on first sight) through ``wrap``."""
         if isinstance(value, torch.Tensor):
-            name = f"t{len(names)}"
-            names.append(name)
-            if _storage_span(value) <= _INLINE_LIMIT:
-                lines.append(f"{name} = {_tensor_literal(value)}")
-            else:
-                too_big.append(name)
-                lines.append(f"{name} = ...  # {describe_value(value)}")
-            return name
+            name = tensor_names.get(id(value))
+            if name is None:
+                name = tensor_names[id(value)] = f"t{len(tensor_names)}"
+                if _storage_span(value) <= _INLINE_LIMIT:
+                    lines.append(f"{name} = {_tensor_literal(value)}")
+                else:
+                    too_big.append(name)
+                    lines.append(f"{name} = ...  # {describe_value(value)}")
+            return wrap(name, value)
         if isinstance(value, (list, tuple)):
-            inner = ", ".join(literal(v) for v in value)
+            inner = ", ".join(literal(v, wrap) for v in value)
             return f"({inner}{',' if len(value) == 1 else ''})" if isinstance(value, tuple) else f"[{inner}]"
         if isinstance(value, torch.dtype):
             return f"torch.{_dname(value)}"
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"float({str(value)!r})"
         return repr(value)
 
-    call_args = [literal(a) for a in args] + [f"{k}={literal(v)}" for k, v in kwargs.items()]
-    joined = ", ".join(call_args)
-    lines.append(f"out = {_qualname(candidate)}({joined})  # move tensors with fuzz.place(t, {str(device)!r})")
-    lines.append(f"truth = {_qualname(reference)}({joined})  # floating tensors as .double() on cpu")
+    def call(wrap: Callable[[str, torch.Tensor], str]) -> str:
+        return ", ".join([literal(a, wrap) for a in args] + [f"{k}={literal(v, wrap)}" for k, v in kwargs.items()])
+
+    dev = str(device)
+    joined = call(lambda name, t: name)
+    out_args = call(lambda name, t: f"place({name}, {dev!r})")
+    truth_args = call(lambda name, t: f"{name}.double()" if t.dtype.is_floating_point else name)
+    notes: list[str] = []
+    model_text = _model_expr(model, imports, notes)
+    policy = "" if model_text == "ErrorModel()" else f", dtype_policy={model_text}"
+    script = [f"# torch {torch.__version__}, candidate device {dev}",
+              *(f"import {m}" for m in sorted(imports)),
+              "from pytest_rocm_parity.fuzz.harness import ErrorModel, compare_op, place",
+              *head, *lines,
+              f"out = candidate({out_args})",
+              f"truth = reference({truth_args})  # the float64 truth, on the CPU",
+              *notes,
+              f"compare_op(candidate, reference, {joined}{', ' if joined else ''}device={dev!r}{policy})"
+              "  # raises this failure"]
     if too_big:
-        lines.append(f"# {', '.join(too_big)} too large to print: replay the Hypothesis example or record a golden")
-    return "\n".join(lines)
+        script.append(f"# {', '.join(too_big)} too large to print: replay the Hypothesis example or record a golden")
+    return "\n".join(script)
 
 
 def _qualname(fn: Callable[..., Any]) -> str:
@@ -452,7 +578,7 @@ def _judge(path: str, cand: Any, truth: Any, scale: Any, model: ErrorModel, judg
     shape = tuple(cand.shape)
     rec = OutputRecord(path, True, shape, _dname(cand.dtype), "exact", numel=cand.numel())
     if tuple(truth.shape) != shape:
-        rec.ok = False
+        rec.passed = False
         rec.reason = f"shape {list(shape)} but the truth has shape {list(truth.shape)}"
         return rec
     c = cand.detach().to("cpu", torch.float64)
@@ -460,8 +586,8 @@ def _judge(path: str, cand: Any, truth: Any, scale: Any, model: ErrorModel, judg
     if judged is None:
         diff = ~((c == t) | (torch.isnan(c) & torch.isnan(t)))
         rec.mismatches = int(diff.sum())
-        rec.ok = rec.mismatches == 0
-        if not rec.ok:
+        rec.passed = rec.mismatches == 0
+        if not rec.passed:
             idx = tuple(int(i) for i in diff.nonzero()[0])
             rec.worst_index, rec.worst_candidate, rec.worst_truth = idx, float(c[idx]), float(t[idx])
             rec.worst_tol, rec.max_ratio = 0.0, math.inf
@@ -477,7 +603,7 @@ def _judge(path: str, cand: Any, truth: Any, scale: Any, model: ErrorModel, judg
         ok2, ratio2, _ = _verdict(c, t2, alternative[1], model, judged, k, tf32)
         ok, ratio = ok | ok2, torch.minimum(ratio, ratio2)
     rec.mismatches = int((~ok).sum())
-    rec.ok = rec.mismatches == 0
+    rec.passed = rec.mismatches == 0
     flat_idx = int(torch.argmax(ratio.flatten()))
     idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat_idx), t.shape))
     rec.max_ratio = float(ratio.flatten()[flat_idx])
@@ -488,7 +614,7 @@ def _judge(path: str, cand: Any, truth: Any, scale: Any, model: ErrorModel, judg
     err = (c - t).abs()
     finite_err = err[torch.isfinite(err)]
     rec.max_abs_err = float(finite_err.max()) if finite_err.numel() else math.inf
-    if not rec.ok and not bool(torch.isfinite(c).all()) and bool(torch.isfinite(t).all()):
+    if not rec.passed and not bool(torch.isfinite(c).all()) and bool(torch.isfinite(t).all()):
         rec.reason = "candidate produced NaN/inf where the truth is finite (overflow or 0/0 in the kernel?)"
     return rec
 
@@ -502,7 +628,7 @@ def _judge_outputs(result: OpResult, cand_out: Any, truth_out: Any, scale_out: A
         result.outputs.append(OutputRecord(
             "out", False, (), "", "structure",
             reason=f"candidate returned {[p for p, _ in cand_leaves]} but the truth {[p for p, _ in truth_leaves]}"))
-        result.ok = False
+        result.passed = False
         return
     scales = _leaves_like(truth_leaves, scale_out)
     alt_truths = _leaves_like(truth_leaves, alternative[0]) if alternative else {}
@@ -513,7 +639,7 @@ def _judge_outputs(result: OpResult, cand_out: Any, truth_out: Any, scale_out: A
             judged = _lowest([c.dtype, *in_dtypes])
         alt = (alt_truths[path], alt_scales.get(path)) if path in alt_truths else None
         result.outputs.append(_judge(path, c, t, scales.get(path), model, judged, k, tf32, alt))
-    result.ok = all(o.ok for o in result.outputs)
+    result.passed = all(o.passed for o in result.outputs)
 
 
 def _leaves_like(truth_leaves: list[tuple[str, Any]], value: Any) -> dict[str, Any]:
@@ -594,7 +720,7 @@ def check_op(candidate: Callable[..., Any], reference: Callable[..., Any], *args
     tf32 = model.tf32 if model.tf32 is not None else _tf32_enabled(dev)
     in_dtypes = _input_dtypes(args, kwargs)
     judged = _lowest(in_dtypes)
-    result = OpResult(ok=False, candidate=_qualname(candidate), reference=_qualname(reference), device=str(dev),
+    result = OpResult(passed=False, candidate=_qualname(candidate), reference=_qualname(reference), device=str(dev),
                       inputs=[f"{n}: {describe_value(v)}" for n, v in _named(args, kwargs)],
                       reduction_length=k, model=model.describe(judged, k, tf32))
     truth, scale, alternative = _truth(reference, model, args, kwargs)
@@ -604,11 +730,11 @@ def check_op(candidate: Callable[..., Any], reference: Callable[..., Any], *args
             _synchronize(dev)
         except Exception as exc:  # the op itself failing on the backend is a parity failure
             result.error = f"{type(exc).__name__}: {exc}"
-            result.reproduction = _reproduction(candidate, reference, args, kwargs, dev)
+            result.reproduction = _reproduction(candidate, reference, args, kwargs, dev, model)
             return result
     _judge_outputs(result, cand_out, truth, scale, model, in_dtypes, k, tf32, alternative)
-    if not result.ok:
-        result.reproduction = _reproduction(candidate, reference, args, kwargs, dev)
+    if not result.passed:
+        result.reproduction = _reproduction(candidate, reference, args, kwargs, dev, model)
     return result
 
 
@@ -623,7 +749,7 @@ def compare_op(candidate: Callable[..., Any], reference: Callable[..., Any], *ar
     """
     __tracebackhide__ = True
     result = check_op(candidate, reference, *args, device=device, dtype_policy=dtype_policy, **kwargs)
-    if not result.ok:
+    if not result.passed:
         _raise(result)
     return result
 
@@ -729,7 +855,7 @@ class GoldenExample:
         k = model.reduction_length or self.reduction_length
         tf32 = model.tf32 if model.tf32 is not None else _tf32_enabled(dev)
         in_dtypes = _input_dtypes(self.args, self.kwargs)
-        result = OpResult(ok=False, candidate=_qualname(candidate), reference=f"golden {self.source}#{self.index}",
+        result = OpResult(passed=False, candidate=_qualname(candidate), reference=f"golden {self.source}#{self.index}",
                           device=str(dev), inputs=[f"{n}: {describe_value(v)}" for n, v in _named(self.args,
                                                                                                    self.kwargs)],
                           reduction_length=k, model=model.describe(_lowest(in_dtypes), k, tf32))
@@ -744,20 +870,32 @@ class GoldenExample:
         alt = tuple(self.flushed) if self.flushed is not None and model.allow_flush_to_zero else None
         _judge_outputs(result, out, self.truth, self.scale, model, in_dtypes, k, tf32, alt)
         if self.reference_output is not None:
-            ref = OpResult(ok=False, candidate="reference device", reference="truth", device="recorded")
+            ref = OpResult(passed=False, candidate="reference device", reference="truth", device="recorded")
             _judge_outputs(ref, self.reference_output, self.truth, self.scale, model, in_dtypes, k, tf32, alt)
             result.reference_error = f"reference device worst err/tol {ref.max_ratio:.3g}"
-        if not result.ok:
-            result.reproduction = (f"from pytest_rocm_parity.fuzz.harness import load_golden\n"
-                                   f"load_golden({self.source!r}).examples[{self.index}].check({_qualname(candidate)})")
+        if not result.passed:
+            result.reproduction = self._reproduction(candidate, dev, model)
         return result
+
+    def _reproduction(self, candidate: Callable[..., Any], device: torch.device, model: ErrorModel) -> str:
+        """A script that runs as pasted and raises this failure again: the example replayed from its golden."""
+        imports: set[str] = set()
+        notes: list[str] = []
+        assign = _assignment("candidate", candidate, imports)
+        model_text = _model_expr(model, imports, notes)
+        policy = "" if model_text == "ErrorModel()" else f", dtype_policy={model_text}"
+        return "\n".join([*(f"import {m}" for m in sorted(imports)),
+                          "from pytest_rocm_parity.fuzz.harness import ErrorModel, load_golden",
+                          assign, *notes,
+                          f"load_golden({self.source!r}).examples[{self.index}].compare(candidate, "
+                          f"device={str(device)!r}{policy})  # raises this failure"])
 
     def compare(self, candidate: Callable[..., Any], *, device: str | torch.device | None = None,
                 dtype_policy: ErrorModel | None = None) -> OpResult:
         """Raising form of :meth:`check`."""
         __tracebackhide__ = True
         result = self.check(candidate, device=device, dtype_policy=dtype_policy)
-        if not result.ok:
+        if not result.passed:
             _raise(result)
         return result
 

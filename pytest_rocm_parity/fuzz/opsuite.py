@@ -162,7 +162,7 @@ def fuzz_one(spec: OpSpec, dtype_name: str, device: str, max_examples: int, seed
             return
         report.examples += 1
         result = fuzz.check_op(spec.candidate, spec.reference, case, device=device)
-        if result.ok:
+        if result.passed:
             report.worst_ratio = max(report.worst_ratio, result.max_ratio)
         else:
             if result.error and _sticky_device_error(result.error):
@@ -247,7 +247,7 @@ def replay_one(spec: OpSpec, dtype_name: str, device: str, golden_dir: Path) -> 
         raise GoldenCorrupt(
             f"{manifest}: the operator golden is malformed ({type(exc).__name__}: {str(exc)[:300]}); re-record it on "
             f"the reference machine with rocm-parity ops --record DIR", manifest) from None
-    bad = [r for r in results if not r.ok]
+    bad = [r for r in results if not r.passed]
     return len(results), (bad[0].message() if bad else None)
 
 

@@ -16,9 +16,20 @@ from pytest_rocm_parity.fuzz.harness import ErrorModel, OpResult, check_op, comp
 def test_correct_op_passes_and_returns_a_record():
     x = torch.randn(4, 33, dtype=torch.float16)
     result = compare_op(torch.softmax, torch.softmax, x, dim=-1, device="cpu")
-    assert isinstance(result, OpResult) and result.ok
+    assert isinstance(result, OpResult) and result.passed
     assert 0 <= result.max_ratio <= 1
     assert result.outputs[0].judged_as == "float16"
+
+
+def test_result_fields_passed_and_its_alias_ok():
+    x = torch.linspace(-2, 2, 12, dtype=torch.float32).reshape(3, 4)
+    good = check_op(torch.softmax, torch.softmax, x, -1, device="cpu")
+    bad = check_op(lambda t, d: torch.softmax(t, d) * 1.01, torch.softmax, x, -1, device="cpu")
+    assert good.passed is True and good.ok is True and bad.passed is False and bad.ok is False
+    assert [o.passed for o in bad.outputs] == [o.ok for o in bad.outputs] == [False]
+    assert bad.to_dict()["passed"] is False and bad.to_dict()["ok"] is False
+    assert bad.reproduction and not good.reproduction and bad.max_ratio > 1 >= good.max_ratio
+    assert bad.outputs[0].mismatches == 12 and bad.outputs[0].worst_index is not None and bad.error is None
 
 
 def test_one_ulp_error_passes_and_ten_ulps_fail():
@@ -28,16 +39,16 @@ def test_one_ulp_error_passes_and_ten_ulps_fail():
         return lambda t: torch.nextafter(t * 1.0, torch.tensor(math.inf)) if n == 1 else t * (1 + n * 2.0**-23)
 
     assert check_op(off_by(1), lambda t: t * 1.0, x, device="cpu", dtype_policy=ErrorModel(ulps=2, inter=0,
-                                                                                          acc=0)).ok
+                                                                                          acc=0)).passed
     bad = check_op(off_by(10), lambda t: t * 1.0, x, device="cpu", dtype_policy=ErrorModel(ulps=2, inter=0, acc=0))
-    assert not bad.ok and bad.max_ratio > 2
+    assert not bad.passed and bad.max_ratio > 2
 
 
 def test_reduction_length_widens_the_bound():
     x = torch.ones(1024, dtype=torch.float32)
     sloppy = lambda t: t.sum() * (1 + 2e-6)  # noqa: E731
-    assert not check_op(sloppy, torch.sum, x, device="cpu", dtype_policy=ErrorModel(reduction_length=1)).ok
-    assert check_op(sloppy, torch.sum, x, device="cpu", dtype_policy=ErrorModel(reduction_length=1024)).ok
+    assert not check_op(sloppy, torch.sum, x, device="cpu", dtype_policy=ErrorModel(reduction_length=1)).passed
+    assert check_op(sloppy, torch.sum, x, device="cpu", dtype_policy=ErrorModel(reduction_length=1024)).passed
 
 
 def test_cancellation_is_judged_against_the_terms_not_the_result():
@@ -45,29 +56,29 @@ def test_cancellation_is_judged_against_the_terms_not_the_result():
     b = torch.ones(3, 1, dtype=torch.float32)
     noisy = lambda x, y: x @ y + 1e-3  # noqa: E731  (rounding-sized error on terms of 1e4)
     case = S.OpArgs((a, b), reduction_length=3, magnitude=lambda x, y: x.abs() @ y.abs())
-    assert check_op(noisy, torch.matmul, case, device="cpu").ok
-    assert not check_op(noisy, torch.matmul, a, b, device="cpu", dtype_policy=ErrorModel(reduction_length=3)).ok
+    assert check_op(noisy, torch.matmul, case, device="cpu").passed
+    assert not check_op(noisy, torch.matmul, a, b, device="cpu", dtype_policy=ErrorModel(reduction_length=3)).passed
 
 
 def test_overflowing_truth_accepts_inf_but_finite_truth_does_not():
     x = torch.tensor([60000.0, 2.0], dtype=torch.float16)
-    assert compare_op(lambda t: t * 2, lambda t: t * 2, x, device="cpu").ok  # 120000 -> inf is right
+    assert compare_op(lambda t: t * 2, lambda t: t * 2, x, device="cpu").passed  # 120000 -> inf is right
     bad = check_op(lambda t: (t * t) / t, lambda t: t, x, device="cpu")  # t*t overflows: inf, truth 60000
-    assert not bad.ok and "NaN/inf where the truth is finite" in bad.message()
+    assert not bad.passed and "NaN/inf where the truth is finite" in bad.message()
 
 
 def test_nan_matches_nan_only():
     x = torch.tensor([math.nan, 1.0])
-    assert compare_op(torch.exp, torch.exp, x, device="cpu").ok
-    assert not check_op(lambda t: torch.nan_to_num(t), lambda t: t, x, device="cpu").ok
+    assert compare_op(torch.exp, torch.exp, x, device="cpu").passed
+    assert not check_op(lambda t: torch.nan_to_num(t), lambda t: t, x, device="cpu").passed
 
 
 def test_flush_to_zero_of_subnormal_inputs_is_allowed_only_by_policy():
     x = torch.tensor([1e-40], dtype=torch.float32)
     daz = lambda t: torch.where(t.abs() < 1e-38, torch.zeros_like(t), t) * 1e30  # noqa: E731
     ref = lambda t: t * 1e30  # noqa: E731
-    assert check_op(daz, ref, x, device="cpu").ok
-    assert not check_op(daz, ref, x, device="cpu", dtype_policy=ErrorModel(allow_flush_to_zero=False)).ok
+    assert check_op(daz, ref, x, device="cpu").passed
+    assert not check_op(daz, ref, x, device="cpu", dtype_policy=ErrorModel(allow_flush_to_zero=False)).passed
 
 
 def test_failure_message_describes_inputs_for_reproduction():
@@ -88,21 +99,21 @@ def test_candidate_exceptions_become_parity_failures():
         raise RuntimeError("HIP error: invalid device function")
 
     result = check_op(broken, torch.neg, torch.ones(2), device="cpu")
-    assert not result.ok and "invalid device function" in result.message()
+    assert not result.passed and "invalid device function" in result.message()
     with pytest.raises(AssertionError, match="raised on cpu"):
         compare_op(broken, torch.neg, torch.ones(2), device="cpu")
 
 
 def test_shape_mismatch_is_reported():
     result = check_op(lambda t: t.sum(0), lambda t: t, torch.ones(2, 3), device="cpu")
-    assert not result.ok and "shape [3] but the truth has shape [2, 3]" in result.message()
+    assert not result.passed and "shape [3] but the truth has shape [2, 3]" in result.message()
 
 
 def test_tuple_outputs_are_judged_leaf_by_leaf():
     x = torch.randn(5, 7)
     result = check_op(lambda t: (t.amax(0), t.sum(0) + 1), lambda t: (t.amax(0), t.sum(0)), x, device="cpu")
     assert [o.path for o in result.outputs] == ["out[0]", "out[1]"]
-    assert [o.ok for o in result.outputs] == [True, False]
+    assert [o.passed for o in result.outputs] == [True, False]
 
 
 def test_inputs_are_not_mutated_and_views_survive_place():

@@ -99,7 +99,7 @@ def hunt(strategy, candidate, reference, *, max_examples=FIND_WITHIN):
     def search(case):
         calls["n"] += 1
         result = check_op(candidate, reference, case, device="cpu")
-        if not result.ok:
+        if not result.passed:
             if calls["first"] is None:
                 calls["first"] = calls["n"]
             failures.append(case)

@@ -36,7 +36,7 @@ def test_replay_uses_exactly_the_recorded_inputs_including_views(golden):
     layouts = {(ex.args[0].is_contiguous(), ex.args[0].storage_offset() > 0) for ex in first.examples}
     assert len(layouts) >= 2  # views are stored as storage + strides, not densified
     results = replay_golden(golden, F.rms_norm, device="cpu")
-    assert len(results) == 8 and all(r.ok for r in results)
+    assert len(results) == 8 and all(r.passed for r in results)
     assert results[0].reference_error.startswith("reference device worst err/tol")
 
 
@@ -45,10 +45,10 @@ def test_replay_catches_a_buggy_candidate(golden):
         return F.rms_norm(x, shape, w, eps) * 1.01
 
     results = replay_golden(golden, bad, device="cpu")
-    assert not all(r.ok for r in results)
-    failing = next(i for i, r in enumerate(results) if not r.ok)
+    assert not all(r.passed for r in results)
+    failing = next(i for i, r in enumerate(results) if not r.passed)
     msg = results[failing].message()
-    assert "golden" in msg and f".examples[{failing}].check(" in msg
+    assert "golden" in msg and f".examples[{failing}].compare(candidate" in msg
     with pytest.raises(AssertionError):
         load_golden(golden).examples[failing].compare(bad, device="cpu")
 

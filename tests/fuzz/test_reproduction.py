@@ -1,0 +1,131 @@
+"""The failure message's "Reproduce:" script runs as pasted in a fresh interpreter and raises the same failure."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+
+from pytest_rocm_parity.fuzz import strategies as S
+from pytest_rocm_parity.fuzz.harness import check_op, compare_op, record_golden, replay_golden
+from pytest_rocm_parity.fuzz.strategies import OpArgs
+
+KERNELS = '''
+import torch
+
+
+def softmax(x, dim=-1):
+    """Pads each row to a power-of-two block with 0 instead of -inf."""
+    xf = x.float().movedim(dim, -1)
+    n = xf.shape[-1]
+    block = 1 << (n - 1).bit_length()
+    padded = torch.cat([xf, xf.new_zeros(*xf.shape[:-1], block - n)], dim=-1)
+    e = torch.exp(padded - padded.amax(-1, keepdim=True))
+    return (e[..., :n] / e.sum(-1, keepdim=True)).movedim(-1, dim).to(x.dtype)
+
+
+def matmul(a, b):
+    """Drops the last term of each dot product (a tail block never loaded)."""
+    return (a[:, :-1].float() @ b[:-1, :].float()).to(a.dtype)
+'''
+
+
+@pytest.fixture
+def kernels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A user's kernel module, ``fuzzkern.ops``, importable from ``tmp_path`` (the project root)."""
+    package = tmp_path / "fuzzkern"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "ops.py").write_text(KERNELS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import fuzzkern.ops  # noqa: PLC0415
+
+    yield fuzzkern.ops
+    for name in ("fuzzkern.ops", "fuzzkern"):
+        sys.modules.pop(name, None)
+
+
+def _script(message: str) -> str:
+    """The lines under "Reproduce:", as a user copies them out of the message."""
+    block = message.split("\nReproduce:\n", 1)[1].split("\nHypothesis keeps", 1)[0]
+    return textwrap.dedent(block)
+
+
+def _run_pasted(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``python -`` in the project root: the way a snippet pasted into a shell or REPL runs."""
+    return subprocess.run([sys.executable, "-"], input=script, cwd=cwd, capture_output=True, text=True, timeout=300,
+                          check=False)
+
+
+def _shrunk_failure(strategy: st.SearchStrategy[OpArgs], candidate, reference) -> str:
+    """The failure message of the example Hypothesis shrank to (the one it replays last)."""
+    messages: list[str] = []
+
+    @settings(max_examples=100, derandomize=True, database=None, deadline=None, phases=[Phase.generate, Phase.shrink])
+    @given(strategy)
+    def search(case: OpArgs) -> None:
+        result = check_op(candidate, reference, case, device="cpu")
+        if not result.passed:
+            messages.append(result.message())
+            raise AssertionError(messages[-1])
+
+    with pytest.raises(AssertionError):
+        search()
+    return messages[-1]
+
+
+def test_reproduction_of_a_fuzzed_module_function_runs_as_pasted(kernels, tmp_path: Path) -> None:
+    message = _shrunk_failure(S.softmax_args(st.just(torch.float32), max_side=40), kernels.softmax, F.softmax)
+    script = _script(message)
+    assert "import fuzzkern.ops" in script and "candidate = fuzzkern.ops.softmax" in script
+    proc = _run_pasted(script, tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert "AssertionError: Operator outputs are not close to the float64 truth!" in proc.stderr
+    # the same failure: the same element counts and the same worst element and tolerance
+    for line in message.splitlines():
+        if "Mismatched elements" in line or "Greatest error/tolerance" in line:
+            assert line.strip() in proc.stderr, (line, proc.stderr)
+
+
+def test_reproduction_keeps_the_cases_error_model(kernels, tmp_path: Path) -> None:
+    """K and the magnitude function of an ``OpArgs`` reach the pasted ``compare_op``, so it judges alike."""
+    a = torch.linspace(-1, 1, 40, dtype=torch.float16).reshape(2, 20)
+    b = torch.linspace(1, -1, 60, dtype=torch.float16).reshape(20, 3)
+    case = OpArgs((a, b), reduction_length=20, magnitude=S._matmul_magnitude, names=("a", "b"))
+    with pytest.raises(AssertionError) as info:
+        compare_op(kernels.matmul, torch.matmul, case, device="cpu")
+    script = _script(str(info.value))
+    assert ("dtype_policy=ErrorModel(reduction_length=20, "
+            "magnitude=pytest_rocm_parity.fuzz.strategies._matmul_magnitude)") in script
+    proc = _run_pasted(script, tmp_path)
+    assert proc.returncode == 1 and "Operator outputs are not close" in proc.stderr, proc.stderr
+    expected = [line.strip() for line in str(info.value).splitlines() if "Greatest error/tolerance" in line]
+    assert expected and all(line in proc.stderr for line in expected), proc.stderr
+
+
+def test_reproduction_names_torch_builtins_by_their_public_path() -> None:
+    result = check_op(lambda t: torch.softmax(t, -1) + 1, torch.softmax, torch.ones(3), -1, device="cpu")
+    script = result.reproduction
+    assert "reference = torch.softmax" in script
+    assert "candidate = ...  # " in script and "is not importable" in script   # a lambda: the user assigns it
+    ops = check_op(torch.ops.aten.exp.default, lambda t: t.exp() * 2, torch.ones(2), device="cpu").reproduction
+    assert "candidate = torch.ops.aten.exp.default" in ops
+
+
+def test_reproduction_of_a_golden_replay_runs_as_pasted(kernels, tmp_path: Path) -> None:
+    golden = record_golden(tmp_path / "goldens" / "softmax", F.softmax, F.softmax,
+                           S.softmax_args(st.just(torch.float32), max_side=40), max_examples=6, seed=1, device="cpu")
+    failing = [r for r in replay_golden(golden, kernels.softmax, device="cpu") if not r.passed]
+    assert failing, "no recorded example pads a row"
+    script = _script(failing[0].message())
+    assert "import fuzzkern.ops" in script and ".compare(candidate, device='cpu')" in script
+    proc = _run_pasted(script, tmp_path)
+    assert proc.returncode == 1 and "Operator outputs are not close" in proc.stderr, proc.stderr
+    worst = [line.strip() for line in failing[0].message().splitlines() if "Greatest error/tolerance" in line]
+    assert worst and all(line in proc.stderr for line in worst), proc.stderr
