@@ -5,7 +5,6 @@ import contextlib
 import fnmatch
 import json
 import os
-import shutil
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,67 +103,41 @@ def duplicate_message(name: str, first: str, second: str) -> str:
 
 
 class StagingStore:
-    """The session's golden store in a capture run: every golden is written to a staging directory
-    first and reaches the real store only through ``commit``, once the test that captured it has
-    passed. A test that fails after its check, or a run stopped in the middle of a test, so never
-    replaces a golden (nor creates one). Everything but writing is the real store's.
+    """The session's golden store in a capture run: a golden's tensor files are written beside the
+    golden they replace (GoldenStore.stage), and its manifest only through ``commit``, once the test
+    that captured it has passed. A test that fails after its check, or a run stopped in the middle of
+    a test, so never replaces a golden (nor creates one), and nothing is written twice.
+    Everything but writing is the real store's.
     """
 
     def __init__(self, target: Any) -> None:
         self.target = target
-        self._root: Path | None = None
-        self._overwrite: dict[str, bool] = {}
+        self._staged: dict[str, Any] = {}
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self.target, attr)
 
-    def _staging(self) -> Any:
-        from pytest_rocm_parity.golden.store import GoldenStore
-
-        if self._root is None:
-            import tempfile
-
-            self._root = Path(tempfile.mkdtemp(prefix="rocm-parity-staged-"))
-        return GoldenStore(self._root)
-
     def write(self, name: str, manifest: dict[str, Any], rungs: dict[str, Any], overwrite: bool) -> Path:
-        """Stage the golden whole (the real store's format and checks); ``commit`` writes it for real."""
-        self._overwrite[name] = overwrite
-        path: Path = self._staging().write(name, manifest, rungs, overwrite=True)
+        """Stage the golden (its tensor files written, its manifest held); ``commit`` makes it the golden."""
+        self.discard(name)
+        self._staged[name] = self.target.stage(name, manifest, rungs, overwrite)
+        path: Path = self.target.dir_for(name) / "manifest.json"
         return path
 
     def commit(self, name: str) -> None:
-        """Write the staged golden into the real store, as a capture writes it (lock, content-addressed
-        files, the manifest last, an unchanged golden left as it was), then drop the staged copy."""
-        from pytest_rocm_parity.golden.store import MANIFEST, RungReader, load_manifest
-
-        overwrite = self._overwrite.pop(name)
-        staging = self._staging()
-        d = staging.dir_for(name)
-        manifest = load_manifest(d / MANIFEST)
-
-        def rung(path: Path) -> Any:
-            def read() -> dict[str, Any]:
-                reader = RungReader(path, "cpu")
-                return {k: reader.get(k) for k in sorted(reader.keys)}
-            return read
-
-        try:
-            self.target.write(name, manifest, {dtype: rung(staging.rung_file(name, manifest, dtype))
-                                               for dtype in manifest["rungs"]}, overwrite=overwrite)
-        finally:
-            shutil.rmtree(d, ignore_errors=True)
+        """Replace the golden's manifest by the staged one (the store's lock, an unchanged golden left
+        as it was); GoldenExists where another writer's golden is there and this one may not replace it."""
+        self.target.commit(self._staged.pop(name))
 
     def discard(self, name: str) -> None:
-        if self._overwrite.pop(name, None) is not None and self._root is not None:
-            shutil.rmtree(self._staging().dir_for(name), ignore_errors=True)
+        staged = self._staged.pop(name, None)
+        if staged is not None:
+            self.target.abandon(staged)
 
     def close(self) -> None:
-        """Remove the staging directory and whatever it still holds."""
-        self._overwrite.clear()
-        if self._root is not None:
-            shutil.rmtree(self._root, ignore_errors=True)
-            self._root = None
+        """Remove the files of whatever is still staged."""
+        for name in list(self._staged):
+            self.discard(name)
 
 
 @dataclass

@@ -18,8 +18,8 @@ from typing import Any
 
 from pytest_rocm_parity.atomic import commit, temp_beside
 from pytest_rocm_parity.errors import BackendUnavailable, GoldenCorrupt, GoldenError, GoldenMissing, ParityError
-from pytest_rocm_parity.golden.store import (MANIFEST, MAX_MANIFEST_BYTES, GoldenStore, digest_matches, expected_digest,
-                                             load_manifest, safe_name)
+from pytest_rocm_parity.golden.store import (MANIFEST, MAX_MANIFEST_BYTES, GoldenStore, Staged, digest_matches,
+                                             expected_digest, load_manifest, safe_name)
 
 
 def is_url(path: object) -> bool:
@@ -145,9 +145,10 @@ class RemoteGoldenStore(GoldenStore):
                                 self._remote(name, MANIFEST))
         return super().read_manifest(name)
 
-    def write(self, name: str, manifest: dict[str, Any], rungs: dict[str, dict[str, Any]],
-              overwrite: bool) -> Path:
-        mpath = super().write(name, manifest, rungs, overwrite)
+    def commit(self, staged: Staged) -> Path:
+        """Commit in the local cache, then upload: the tensor files first, the manifest last."""
+        mpath = super().commit(staged)
+        name = staged.name
         d = self.dir_for(name)
         m = json.loads(mpath.read_text("utf-8"))
         self.fs.makedirs(self._remote(name), exist_ok=True)   # a file:// store does not create parents itself

@@ -22,8 +22,9 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from pytest_rocm_parity.atomic import atomic_write, commit, sync, temp_beside
 from pytest_rocm_parity.errors import (
@@ -102,6 +103,16 @@ def sha256_file(path: Path) -> str:
 # does: docs/performance.md), SHA-256 otherwise and for goldens written before it was recorded.
 # Corruption, not an adversary, is what it guards against; the file names stay SHA-256's.
 FAST_DIGEST = "xxh3_128"
+
+
+@dataclass
+class Staged:
+    """A golden whose tensor files are written and whose manifest is not (GoldenStore.stage)."""
+
+    name: str
+    manifest: dict[str, Any]
+    overwrite: bool
+    written: list[Path] = field(default_factory=list)
 
 
 def _fast_hasher() -> Any:
@@ -321,22 +332,22 @@ class GoldenStore:
 
         ``rungs`` maps dtype -> tensors, or dtype -> a callable producing them (called in turn).
         """
-        from safetensors import SafetensorError
+        return self.commit(self.stage(name, manifest, rungs, overwrite))
 
+    def stage(self, name: str, manifest: dict[str, Any], rungs: dict[str, Any], overwrite: bool) -> Staged:
+        """Write a golden's tensor files beside the golden it replaces, not its manifest: until
+        ``commit``, readers see the old golden (its manifest names its own files), and ``abandon``
+        removes what this wrote. A capture stages while its test runs and commits once it passed."""
         d = self.dir_for(name)
         mpath = d / MANIFEST
         if d.is_symlink() or d.exists():
             self._inside(d)   # never write (or collect garbage) through a link that leaves the root
-        written: list[Path] = []
-        self.unpin(name)   # this store's own reads must not keep the files it replaces
-        self.unchanged.discard(name)
+        staged = Staged(name, manifest, overwrite)
         manifest[TOOL_KEY] = TOOL
         try:
             d.mkdir(parents=True, exist_ok=True)
             with _locked(d):   # concurrent writers of one golden (xdist workers) take turns
-                if mpath.exists() and not overwrite:
-                    raise GoldenExists(f"{mpath}: golden for {name!r} exists; capture never overwrites it "
-                                       f"(rerun with --parity-regen='{name}' to rewrite it)", mpath)
+                self._refuse_existing(name, mpath, overwrite)
                 for dtype, tensors in rungs.items():
                     # A rung may be produced lazily: the capture streams one rung at a time to disk
                     # instead of holding every rung's tensors in host memory at once.
@@ -346,16 +357,16 @@ class GoldenStore:
                         tensors = tensors()
                     tmp = _write_tensors_tmp(d, tensors, {"format": str(FORMAT_VERSION), "name": name, "dtype": dtype})
                     del tensors
-                    written.append(tmp)
+                    staged.written.append(tmp)
                     digest, fast = file_digests(tmp)
                     final = d / f"{dtype}-{digest[:12]}.safetensors"
                     if _same_file(final, digest):
                         # the bytes are there already: replacing them would only touch the file
                         tmp.unlink()
-                        written.pop()
+                        staged.written.pop()
                     else:
                         commit(tmp, final)
-                        written[-1] = final
+                        staged.written[-1] = final
                     size = final.stat().st_size
                     manifest["rungs"][dtype]["file"] = final.name
                     manifest["rungs"][dtype]["sha256"] = digest
@@ -364,28 +375,70 @@ class GoldenStore:
                     manifest["rungs"][dtype]["bytes"] = size
                     progress(f"{dtype}: reference forward, float64 truth, wrote {megabytes(size)} "
                              f"in {time.monotonic() - started:.1f} s")
-                text = json.dumps(manifest, indent=1, sort_keys=True, default=str) + "\n"
+        except BaseException as exc:
+            self._abandon_files(staged)
+            self._raise_write_error(name, d, exc)
+        return staged
+
+    def commit(self, staged: Staged) -> Path:
+        """Make a staged golden the golden: its manifest replaces the old one (an unchanged golden is
+        left as it was), then files no manifest names go."""
+        name = staged.name
+        d = self.dir_for(name)
+        mpath = d / MANIFEST
+        self.unpin(name)   # this store's own reads must not keep the files it replaces
+        self.unchanged.discard(name)
+        try:
+            with _locked(d):
+                self._refuse_existing(name, mpath, staged.overwrite)
+                text = json.dumps(staged.manifest, indent=1, sort_keys=True, default=str) + "\n"
                 if _meaningful(_old_manifest(mpath)) == _meaningful(json.loads(text)):
                     self.unchanged.add(name)   # same tensors, same description: keep the file and its time
                 else:
                     _atomic_write_text(mpath, text)
+                staged.written.clear()
                 with contextlib.suppress(OSError):   # committed: leftovers are only disk space
                     self.collect_garbage(d)
         except BaseException as exc:
-            # Whatever stopped us (disk full, permission, KeyboardInterrupt), the manifest still names
-            # the previous tensor files, so only the files this attempt wrote may go.
-            keep = _referenced(mpath)
-            for p in written:
-                if p.name not in keep:
-                    with contextlib.suppress(OSError):
-                        p.unlink(missing_ok=True)
-            if isinstance(exc, (OSError, SafetensorError)):
-                why = getattr(exc, "strerror", None) or exc
-                raise GoldenWriteError(
-                    f"{d}: writing the golden for {name!r} failed ({why}); the previous golden, if any, is "
-                    f"intact. Free disk space or fix permissions on {d} and capture again.", d) from exc
-            raise
+            self._abandon_files(staged)
+            self._raise_write_error(name, d, exc)
         return mpath
+
+    def abandon(self, staged: Staged) -> None:
+        """Remove a staged golden's files; the golden on disk, if any, stays as it was (a first
+        capture's directory goes too, once empty)."""
+        d = self.dir_for(staged.name)
+        with contextlib.suppress(OSError):
+            with _locked(d):
+                self._abandon_files(staged)
+            d.rmdir()
+
+    def _abandon_files(self, staged: Staged) -> None:
+        # the manifest on disk names the previous golden's files: only the files this stage wrote go
+        keep = _referenced(self.dir_for(staged.name) / MANIFEST)
+        for p in staged.written:
+            if p.name not in keep:
+                with contextlib.suppress(OSError):
+                    p.unlink(missing_ok=True)
+        staged.written.clear()
+
+    @staticmethod
+    def _refuse_existing(name: str, mpath: Path, overwrite: bool) -> None:
+        if mpath.exists() and not overwrite:
+            raise GoldenExists(f"{mpath}: golden for {name!r} exists; capture never overwrites it "
+                               f"(rerun with --parity-regen='{name}' to rewrite it)", mpath)
+
+    @staticmethod
+    def _raise_write_error(name: str, d: Path, exc: BaseException) -> NoReturn:
+        """Disk and permission errors as GoldenWriteError; anything else (KeyboardInterrupt) as it is."""
+        from safetensors import SafetensorError
+
+        if isinstance(exc, (OSError, SafetensorError)):
+            why = getattr(exc, "strerror", None) or exc
+            raise GoldenWriteError(
+                f"{d}: writing the golden for {name!r} failed ({why}); the previous golden, if any, is "
+                f"intact. Free disk space or fix permissions on {d} and capture again.", d) from exc
+        raise exc
 
     def collect_garbage(self, d: Path) -> None:
         """Remove tensor files no manifest names and temp files of dead writers (call under _locked)."""

@@ -347,17 +347,17 @@ def test_xdist_workers_refuse_one_name_in_six_tests(pytester: pytest.Pytester, m
 CREATE_RACE_CONFTEST = '''
 from pytest_rocm_parity.golden import store as golden
 
-_real = golden.GoldenStore.write
+_real = golden.GoldenStore.stage
 
-def write(self, name, manifest, rungs, overwrite):
+def stage(self, name, manifest, rungs, overwrite):
     # Another xdist worker commits the same new golden between this worker's exists() check and its
     # write: replay that interleaving deterministically by writing it first.
     import copy
     rungs = {k: (v() if callable(v) else v) for k, v in rungs.items()}  # capture streams rungs lazily
-    _real(self, name, copy.deepcopy(manifest), rungs, True)
+    self.commit(_real(self, name, copy.deepcopy(manifest), rungs, True))
     return _real(self, name, manifest, rungs, overwrite)
 
-golden.GoldenStore.write = write
+golden.GoldenStore.stage = stage
 '''
 
 
@@ -368,11 +368,11 @@ def test_new_golden_created_by_two_workers_at_once(pytester: pytest.Pytester, mo
     try:
         result = pytester.runpytest("--rocm-parity", "--parity-mode=capture")
     finally:
-        golden_mod.GoldenStore.write = _REAL_WRITE  # type: ignore[method-assign]
+        golden_mod.GoldenStore.stage = _REAL_STAGE  # type: ignore[method-assign]
     result.assert_outcomes(skipped=1)
 
 
-_REAL_WRITE = GoldenStore.write
+_REAL_STAGE = GoldenStore.stage
 
 
 def test_capture_refuses_to_overwrite_under_the_lock(golden: Golden) -> None:
