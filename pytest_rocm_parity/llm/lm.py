@@ -206,7 +206,7 @@ def check_lm(parity: Any, model: Any, input_ids: Any, *, name: str | None = None
         spec.extra_judge = _judge(prompt_len, generate, top_k, ids, mask, spec.tolerance)
         return replay(model, _inputs(model, ids, mask), spec, session.store, parity.device, env=session.env)
 
-    results = parity._run(spec, do_capture, do_replay)
+    results = parity._run(spec, do_capture, do_replay, kind="lm")
     return results
 
 
