@@ -37,8 +37,9 @@ def error_text(r: Mapping[str, Any]) -> str:
     return f"{what}: " + " ".join(str(err.get("message", "")).split())
 
 
-def check_line(r: dict[str, Any], width: int = 0, verdict_width: int = 4) -> list[str]:
-    """The line (and indented detail lines) of one check result dict."""
+def check_line(r: dict[str, Any], width: int = 0, verdict_width: int = 4, notes: bool = False) -> list[str]:
+    """The line (and indented detail lines) of one check result dict; ``notes``: a passing check's
+    notes too (a failing one's are in its failure message)."""
     if r.get("error"):
         return text_table([("ERROR", r.get("name", ""), f"[{r.get('dtype', '')}]", "")], widths=(5, width, 0, None),
                           sep=" ") + [f"      {error_text(r)}"]
@@ -68,6 +69,8 @@ def check_line(r: dict[str, Any], width: int = 0, verdict_width: int = 4) -> lis
         out.append(f"     profile: share of time grew: {format_flags([p for p in prof if isinstance(p, dict)])}")
     if r.get("extra", {}).get("failing_tensors"):
         out.append(f"     failing tensors: {extra['failing_tensors']}")
+    if notes and r.get("passed"):
+        out += [f"     note: {n}" for n in r.get("notes") or ()]
     return out
 
 
@@ -103,8 +106,9 @@ def summary_lines(session: Any) -> list[str]:
     ordered = sorted(res, key=lambda r: (order[verdict(r)], str(r.get("name")), str(r.get("dtype"))))
     width = min(max((len(str(r.get("name", ""))) for r in ordered), default=0), 40)
     verdict_width = 5 if any(r.get("error") for r in res) else 4
+    verbose = session.config.get_verbosity() > 0 if hasattr(session, "config") else False
     for r in ordered:
-        lines += check_line(r, width, verdict_width)
+        lines += check_line(r, width, verdict_width, notes=verbose)
     if res:
         n_err = sum(1 for r in res if r.get("error"))
         n_fail = sum(1 for r in res if not r.get("passed")) - n_err
