@@ -206,6 +206,11 @@ def _get(config: pytest.Config, dest: str, parse: Any = None) -> Any:
     return v
 
 
+def golden_dir_given(config: pytest.Config) -> bool:
+    """Whether the golden directory was set (flag or ini key), not defaulted to <rootdir>/goldens."""
+    return bool(_get(config, "parity_golden_dir"))
+
+
 def from_config(config: pytest.Config) -> ParityOptions:
     """Parse and cross-check options; a bad value is a UsageError naming the flag."""
     root = Path(str(config.rootpath))

@@ -71,6 +71,10 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     o = session.options
     lines = [f"rocm-parity: mode={o.mode.value} device={o.device} goldens={o.golden_dir}"
              + (f" regen={o.regen}" if o.regen else "")]
+    if config.inipath is None and not opt.golden_dir_given(config):
+        lines.append(f"rocm-parity: no pytest configuration file, so the goldens' place follows pytest's rootdir, which "
+                     f"the arguments and the working directory decide; pin it: a pytest.ini (or "
+                     f"[tool.pytest.ini_options] in pyproject.toml) at the repository root, or parity_golden_dir")
     try:
         from pytest_rocm_parity.migration.doctor import header_lines
 

@@ -51,3 +51,15 @@ def test_a_missing_golden_in_an_existing_directory_says_how_to_capture(project: 
     out = rep.stdout.str()
     assert "no golden for 'tiny' in" in out and "--parity-mode=capture test_tiny.py::test_tiny" in out
     assert "does not exist" not in out
+
+
+def test_without_a_config_file_the_header_says_to_pin_the_golden_dir(project: pytest.Pytester) -> None:
+    """Without an ini file pytest's rootdir, and so <rootdir>/goldens, follows the arguments."""
+    pin = "*no pytest configuration file, so the goldens' place follows pytest's rootdir*"
+    bare = project.runpytest("--rocm-parity", "--parity-mode=capture")
+    bare.stdout.fnmatch_lines([pin])
+    project.makeini("[pytest]\n")
+    assert "no pytest configuration file" not in project.runpytest("--rocm-parity").stdout.str()
+    (project.path / "tox.ini").unlink()   # what makeini wrote
+    assert "no pytest configuration file" not in project.runpytest(
+        "--rocm-parity", "--parity-golden-dir=goldens").stdout.str()
