@@ -173,8 +173,22 @@ def _tf32_enabled(device: torch.device) -> bool:
 # --------------------------------------------------------------------------- records
 
 
+class _OkAlias:
+    """``ok``: the name the pass flag had before ``passed``, which every other result uses."""
+
+    passed: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.passed
+
+    @ok.setter
+    def ok(self, value: bool) -> None:
+        self.passed = value
+
+
 @dataclass
-class OutputRecord:
+class OutputRecord(_OkAlias):
     """The verdict for one output tensor (``out``, ``out[0]``, ``out['k']``)."""
 
     path: str
@@ -192,18 +206,9 @@ class OutputRecord:
     worst_tol: float | None = None
     reason: str = ""
 
-    @property
-    def ok(self) -> bool:
-        """The same as ``passed``."""
-        return self.passed
-
-    @ok.setter
-    def ok(self, value: bool) -> None:
-        self.passed = value
-
 
 @dataclass
-class OpResult:
+class OpResult(_OkAlias):
     """One candidate-versus-truth comparison; ``message()`` is the only place failure text is built."""
 
     passed: bool
@@ -217,15 +222,6 @@ class OpResult:
     error: str | None = None
     reproduction: str = ""
     reference_error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        """The same as ``passed``."""
-        return self.passed
-
-    @ok.setter
-    def ok(self, value: bool) -> None:
-        self.passed = value
 
     @property
     def max_ratio(self) -> float:
