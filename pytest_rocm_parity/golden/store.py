@@ -113,6 +113,15 @@ class Staged:
     manifest: dict[str, Any]
     overwrite: bool
     written: list[Path] = field(default_factory=list)
+    # shared locks on its tensor files until it is committed or abandoned: another writer's
+    # commit of the same golden collects unreferenced files, and must leave these alone
+    pins: list[int] = field(default_factory=list)
+
+    def unpin(self) -> None:
+        for fd in self.pins:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.pins.clear()
 
 
 def _fast_hasher() -> Any:
@@ -255,20 +264,10 @@ class GoldenStore:
         fds: list[int] = []
         for rung in manifest.get("rungs", {}).values():
             fname = str(rung.get("file", "")) if isinstance(rung, dict) else ""
-            if not _TENSOR_FILE.match(fname):
-                continue
-            try:
-                fd = os.open(d / fname, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-            except OSError:
-                continue   # missing: rung_file names it when the replay gets there
-            try:
-                if stat.S_ISREG(os.fstat(fd).st_mode):
-                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            if _TENSOR_FILE.match(fname):
+                fd = _pin_file(d / fname)   # missing: rung_file names it when the replay gets there
+                if fd is not None:
                     fds.append(fd)
-                    continue
-            except OSError:
-                pass
-            os.close(fd)
         self._pins[name] = fds
         while len(self._pins) > PINNED_GOLDENS:
             self.unpin(next(iter(self._pins)))
@@ -367,6 +366,9 @@ class GoldenStore:
                     else:
                         commit(tmp, final)
                         staged.written[-1] = final
+                    fd = _pin_file(final)
+                    if fd is not None:
+                        staged.pins.append(fd)
                     size = final.stat().st_size
                     manifest["rungs"][dtype]["file"] = final.name
                     manifest["rungs"][dtype]["sha256"] = digest
@@ -397,6 +399,7 @@ class GoldenStore:
                 else:
                     _atomic_write_text(mpath, text)
                 staged.written.clear()
+                staged.unpin()
                 with contextlib.suppress(OSError):   # committed: leftovers are only disk space
                     self.collect_garbage(d)
         except BaseException as exc:
@@ -415,6 +418,7 @@ class GoldenStore:
 
     def _abandon_files(self, staged: Staged) -> None:
         # the manifest on disk names the previous golden's files: only the files this stage wrote go
+        staged.unpin()
         keep = _referenced(self.dir_for(staged.name) / MANIFEST)
         for p in staged.written:
             if p.name not in keep:
@@ -494,6 +498,27 @@ def _meaningful(manifest: dict[str, Any] | None) -> dict[str, Any] | None:
     if manifest is None:
         return None
     return {k: v for k, v in manifest.items() if k not in VOLATILE_KEYS}
+
+
+def _pin_file(path: Path) -> int | None:
+    """An open descriptor holding a shared lock on ``path`` (None where it cannot be had): while it is
+    open, collect_garbage leaves the file alone (_in_use)."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
 
 
 def _in_use(path: Path) -> bool:

@@ -21,6 +21,7 @@ from pytest_rocm_parity.golden import store as golden_mod
 from pytest_rocm_parity.errors import GoldenExists, GoldenMissing, GoldenWriteError
 from pytest_rocm_parity.golden.store import MANIFEST, GoldenStore
 from reliability_helpers import Golden, make_golden, tiny
+from pytest_rocm_parity.runner.replay import replay
 
 HERE = Path(__file__).parent
 
@@ -276,6 +277,30 @@ def _writer(root: str, seed: int, rounds: int, barrier: Any, errors: Any) -> Non
             capture(tiny(seed=seed), inputs(), spec, GoldenStore(root), "cpu", overwrite=True, env={})
         except BaseException as exc:  # noqa: BLE001 - reported to the parent
             errors.put(f"{seed}: {type(exc).__name__}: {exc}")
+
+
+def test_a_staged_golden_survives_another_writers_commit(tmp_path: Path) -> None:
+    """A capture holds its tensor files staged while its test runs; another writer of the same golden
+    commits meanwhile and collects the files no manifest names: the staged ones are left alone, so
+    the later commit names files that are there, and its golden replays its own model."""
+    from reliability_helpers import CheckSpec, inputs
+    from pytest_rocm_parity.runner.capture import capture
+
+    class Staging(GoldenStore):   # capture's write, held at the stage
+        def write(self, name: str, manifest: dict[str, Any], rungs: dict[str, Any], overwrite: bool) -> Path:
+            self.held = self.stage(name, manifest, rungs, overwrite)
+            return self.dir_for(name) / MANIFEST
+
+    root = tmp_path / "goldens"
+    spec = CheckSpec(name="shared", dtypes=["float32"])
+    staging = Staging(root)
+    capture(tiny(seed=1), inputs(), spec, staging, "cpu", overwrite=True, env={})
+    capture(tiny(seed=2), inputs(), spec, GoldenStore(root), "cpu", overwrite=True, env={})
+    staging.commit(staging.held)
+    store = GoldenStore(root)
+    m = store.read_manifest("shared")
+    assert {p.name for p in store.dir_for("shared").iterdir()} == {MANIFEST, m["rungs"]["float32"]["file"]}
+    assert all(r.passed for r in replay(tiny(seed=1), inputs(), spec, store, "cpu", env={}))
 
 
 def test_concurrent_writers_of_one_golden(tmp_path: Path) -> None:
