@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_rocm_parity.judging.records import CheckResult, LayerRecord
@@ -137,13 +137,33 @@ def steps_text(steps: Any) -> str:
     return ", ".join(hit) + (f"; {len(steps) - len(hit)} of {len(steps)} sequences match" if len(hit) < len(steps) else "")
 
 
+def optimizer_groups(extra: Mapping[str, Any]) -> list[str]:
+    """The parameter groups (by module) whose optimizer update failed in a training check."""
+    failed = extra.get("optimizer") or {}
+    return [str(name).split(":", 1)[1] for name, ok in failed.items() if not ok] if isinstance(failed, dict) else []
+
+
+def headline(extra: Mapping[str, Any]) -> str:
+    """What failed, in a few words, where no module is the culprit: the loss's scaling, the optimizer."""
+    if extra.get("loss_factor") is not None:
+        return f"loss off by one factor ({extra['loss_factor']:.4g}x)"
+    if optimizer_groups(extra):
+        return f"optimizer update out of bounds ({optimizer_share(extra)})"
+    return "no culprit in isolation"
+
+
+def optimizer_share(extra: Mapping[str, Any]) -> str:
+    """'3 of 20 parameter groups': how many groups' optimizer update failed."""
+    return f"{len(optimizer_groups(extra))} of {len(extra.get('optimizer') or {})} parameter groups"
+
+
 def property_text(result: CheckResult) -> str:
     """The JUnit XML property value of one check: verdict, culprit and first divergent layer, in words."""
     parts = ["pass" if result.passed else "FAIL"]
     if result.culprit:
         parts.append(f"culprit={result.culprit}")
     elif not result.passed:
-        parts.append("no culprit in isolation")
+        parts.append(headline(result.extra))
     if result.first_divergent:
         parts.append(f"first_divergent={result.first_divergent}")
     return "; ".join(parts)
@@ -165,6 +185,9 @@ def message(result: CheckResult) -> str:
     elif result.extra.get("loss_factor") is not None:
         lines.append(f"  culprit: none among the modules: every gradient is {result.extra['loss_factor']:.4g}x the "
                      f"golden's, one factor: the loss or its scaling (see the note)")
+    elif optimizer_groups(result.extra):
+        lines.append(f"  culprit: the optimizer: its update is out of bounds for {optimizer_share(result.extra)} "
+                     f"(the note names the worst); every module's backward is within bounds")
     elif any(not l.iso_passed for l in result.layers):
         lines.append("  culprit: none named (the failing layers are listed below)")
     elif result.extra.get("unselected_region"):

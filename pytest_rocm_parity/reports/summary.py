@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pytest_rocm_parity.judging.assertion import headline
 from pytest_rocm_parity.tables import text_table
 
 MAX_LISTED = 20
@@ -51,7 +52,7 @@ def check_line(r: dict[str, Any], width: int = 0, verdict_width: int = 4, notes:
         why = _culprit_reason(r)
         parts.append(c + (f": {why}" if why else ""))
     elif not r.get("passed"):
-        parts.append("no culprit in isolation")
+        parts.append(headline(r.get("extra") or {}))
     if r.get("first_divergent") and not r.get("passed"):
         parts.append(f"first divergent {r['first_divergent']}")
     out = text_table([(verdict, r.get("name", ""), f"[{r.get('dtype', '')}]", " " + "; ".join(parts))],

@@ -177,8 +177,10 @@ class _Run:
     selected call's golden input and call, and the gradient flowing into its primary output. A module
     called again (the next micro-batch) gets the next call key (Hooks.key: ``name#1``)."""
 
-    def __init__(self, model: Any, selected: list[Selected]) -> None:
-        self.model, self.selected = model, selected
+    def __init__(self, model: Any, selected: list[Selected], call: Any = None) -> None:
+        # call: what the forward runs through (the candidate's torch.compile or DataParallel wrapper
+        # of ``model``), so that the code the candidate runs is the code judged
+        self.model, self.selected, self.call = model, selected, model if call is None else call
         self.calls: dict[str, tuple[Any, Any, str, str]] = {}   # key -> (args, kwargs, x path, y path)
         self.x: dict[str, Any] = {}
         self.g: dict[str, Any] = {}
@@ -208,7 +210,7 @@ class _Run:
             leaves[yp].register_hook(lambda g, k=key: self.g.__setitem__(k, g.detach().clone()))
 
         with Hooks(self.model, self.selected, pre, post):
-            return _backward(self.model, micro_batches(args, kwargs, accumulate), loss)
+            return _backward(self.call, micro_batches(args, kwargs, accumulate), loss)
 
 
 def isolated_backward(mod: Any, call: tuple[Any, Any, str, str], x: Any, g: Any,
@@ -469,7 +471,7 @@ def _tag(leaf: str, key: str, name: str, calls: int) -> str:
 
 def _replay_sketch(cand: Any, meta: dict[str, Any], reader: RungReader, spec: CheckSpec, rung: str, args: Any,
                    kwargs: Any, loss: Any, factory: Any, selected: list[Selected], group: int,
-                   accumulate: int = 1) -> CheckResult:
+                   accumulate: int = 1, call: Any = None) -> CheckResult:
     """A sketch golden: the propagated step judged against sketches, each module by the rule of the
     forward's sketch goldens; the culprit is the first module, in the backward's order, whose own
     parameters' gradients drifted (else whose output gradient did), unless every gradient is off by
@@ -478,7 +480,7 @@ def _replay_sketch(cand: Any, meta: dict[str, Any], reader: RungReader, spec: Ch
 
     tol = spec.tolerance
     u = tol.unit_roundoff(rung)
-    run = _Run(cand, selected)
+    run = _Run(cand, selected, call)
     value = run.forward_backward(args, kwargs, loss, accumulate)
     grads = {n: p.grad.detach().clone() for n, p in cand.named_parameters() if p.grad is not None}
     result = CheckResult(test=spec.test, name=spec.name, dtype=rung, passed=True, kind="train")
@@ -660,12 +662,13 @@ def replay_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, d
                            lambda p, _t: reader.get(f"input/{p}").clone())
         args, kwargs = tuple(tmpl["args"]), tmpl["kwargs"]
         with _candidate(inner, device, dtype) as cand:
+            call = model if model is not inner else cand   # a wrapper runs its own (compiled) forward
             if manifest.get("sketch"):
                 result = _replay_sketch(cand, meta, reader, spec, rung, args, kwargs, loss, factory, selected,
-                                        int(manifest["sketch"]), accumulate)
+                                        int(manifest["sketch"]), accumulate, call)
             else:
                 result = _replay_rung(cand, meta, reader, spec, rung, args, kwargs, loss, (factory, clip), selected,
-                                      names, device, accumulate)
+                                      names, device, accumulate, call)
         reader.release()
         result.reference_env = manifest.get("reference_env", {})
         result.candidate_env = env or collect_env(str(device))
@@ -697,7 +700,7 @@ def _candidate(inner: Any, device: Any, dtype: Any) -> Iterator[Any]:
 
 def _replay_rung(cand: Any, meta: dict[str, Any], reader: RungReader, spec: CheckSpec, rung: str, args: Any,
                  kwargs: Any, loss: Any, step: tuple[Any, Any], selected: list[Selected], names: set[str],
-                 device: str, accumulate: int = 1) -> CheckResult:
+                 device: str, accumulate: int = 1, call: Any = None) -> CheckResult:
     """One rung: the candidate's backward twice (propagated, and its repeatability), each module's
     own backward in isolation (every call of it), the optimizer's step (``step``: the optimizer
     factory and the clipping)."""
@@ -709,7 +712,7 @@ def _replay_rung(cand: Any, meta: dict[str, Any], reader: RungReader, spec: Chec
     for _ in range(2):   # twice: a backward whose result changes between runs is nondeterministic
         for p in cand.parameters():
             p.grad = None
-        run = _Run(cand, selected)
+        run = _Run(cand, selected, call)
         value = run.forward_backward(args, kwargs, loss, accumulate)
         runs.append((run, value, {n: p.grad.detach().clone() for n, p in cand.named_parameters()
                                   if p.grad is not None}))
