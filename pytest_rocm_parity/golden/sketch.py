@@ -14,6 +14,14 @@ from typing import Any
 
 DEFAULT_GROUP = 512
 _CHUNK_GROUPS = 1 << 14
+# A tensor of at most this many groups is kept whole (a group of 1): a sketch of a few entries has too
+# little power for the jackknife bound and the sign test, and the whole tensor is still small.
+WHOLE_BELOW_GROUPS = 64
+
+
+def leaf_group(numel: int, group: int, whole_below: int = WHOLE_BELOW_GROUPS) -> int:
+    """The group a leaf of ``numel`` elements is sketched with (1: every element its own entry)."""
+    return 1 if numel <= group * whole_below else group
 
 
 def _seed(salt: str) -> int:

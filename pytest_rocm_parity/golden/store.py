@@ -768,6 +768,8 @@ def _manifest_problem(m: dict[str, Any]) -> str:
             return f"{where} has an 'extra' that is not a mapping"
         if r.get("sketch") is not None and (not _is_int(r["sketch"]) or r["sketch"] < 1):
             return f"{where} has a 'sketch' that is not a positive integer"
+        if r.get("whole_below") is not None and (not _is_int(r["whole_below"]) or r["whole_below"] < 0):
+            return f"{where} has a 'whole_below' that is not a non-negative integer"
         inputs = r.get("inputs", {})
         if not isinstance(inputs, dict) or not isinstance(inputs.get("const", {}), dict):
             return f"{where} has an 'inputs' that is not a mapping with a 'const' mapping"

@@ -918,7 +918,7 @@ def _capture_rung_sketch(model: Any, args0: Any, kwargs0: Any, selected: list[Se
     """Reference and float64-truth sketches of every selected module's outputs (no inputs kept)."""
     import torch
 
-    from pytest_rocm_parity.golden.sketch import sketch
+    from pytest_rocm_parity.golden.sketch import WHOLE_BELOW_GROUPS, leaf_group, sketch
 
     dtype = dt.to_torch(rung)
     tensors: dict[str, Any] = {}
@@ -928,7 +928,7 @@ def _capture_rung_sketch(model: Any, args0: Any, kwargs0: Any, selected: list[Se
         for p, t in tensor_leaves(out).items():
             if t.is_floating_point() or t.is_complex():
                 name = f"{prefix}/{key}/{p}"
-                tensors[name] = sketch(t, group, f"{key}/{p}").cpu()
+                tensors[name] = sketch(t, leaf_group(t.numel(), group), f"{key}/{p}").cpu()
             else:
                 name = f"x/{key}/{p}"
                 tensors[name] = t.detach().to("cpu", copy=True).contiguous()
@@ -963,7 +963,8 @@ def _capture_rung_sketch(model: Any, args0: Any, kwargs0: Any, selected: list[Se
     del tm
     layers = [entries[k] for k in order if k in entries]
     meta = {"inputs": {"const": constant_leaves({"args": args, "kwargs": kwargs})}, "layers": layers,
-            "outputs": outputs, "truth_encoding": "sketch", "sketch": group, "tf32": tf32, "order": order,
+            "outputs": outputs, "truth_encoding": "sketch", "sketch": group, "whole_below": WHOLE_BELOW_GROUPS,
+            "tf32": tf32, "order": order,
             "selected": sorted(s.name for s in selected), "extra": {}}
     if quant:
         meta["quant"], meta["quant_noise"] = quant, noise
@@ -976,7 +977,7 @@ def _sketch_quantization_noise(tm: Any, selected: list[Selected], targs: Any, tk
     activation quantization off changes (keyed gtruth/<call>/<leaf>, as the propagated truth is)."""
     import torch
 
-    from pytest_rocm_parity.golden.sketch import sketch
+    from pytest_rocm_parity.golden.sketch import leaf_group, sketch
     from pytest_rocm_parity.quant.fp8 import activations_unquantized
 
     noise: dict[str, float] = {}
@@ -986,7 +987,7 @@ def _sketch_quantization_noise(tm: Any, selected: list[Selected], targs: Any, tk
             stored = tensors.get(f"skt/{key}/{p}")
             if stored is None or not t.is_floating_point():
                 continue
-            d = sketch(t, group, f"{key}/{p}").cpu().to(torch.float64) - stored.to(torch.float64)
+            d = sketch(t, leaf_group(t.numel(), group), f"{key}/{p}").cpu().to(torch.float64) - stored.to(torch.float64)
             d = torch.where(torch.isfinite(d), d, torch.zeros_like(d))
             noise[f"gtruth/{key}/{p}"] = float(d.square().mean().sqrt()) if d.numel() else 0.0
 

@@ -48,9 +48,10 @@ from pytest_rocm_parity.runner.wrappers import cast_in_place, training_modules, 
 def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: RungReader, rung: str,
                         args0: Any, kwargs0: Any, selected: list[Selected]) -> CheckResult:
     """Propagated replay against sketches: every module's output sketched on the device as it appears."""
-    from pytest_rocm_parity.golden.sketch import sketch
+    from pytest_rocm_parity.golden.sketch import leaf_group, sketch
 
     group = int(meta["sketch"])
+    whole_below = int(meta.get("whole_below") or 0)   # 0: a golden that sketched every leaf
     tol = spec.tolerance
     u = tol.unit_roundoff(rung)
     layers = {e["key"]: e for e in meta["layers"]}
@@ -69,7 +70,7 @@ def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: R
             else:
                 ref_s = reader.get(gk)
                 t_s = reader.get(f"skt/{key}/{p}").to(ref_s.device)
-                c_s = sketch(c, group, f"{key}/{p}").to(ref_s.device)
+                c_s = sketch(c, leaf_group(c.numel(), group, whole_below), f"{key}/{p}").to(ref_s.device)
                 mm = float_metrics(p, c_s, ref_s, t_s, u, tol.confidence, tol.nan)
                 mm.numel = int(c.numel())
                 mm.allow_noise(noise.get(f"{key}/{p}/propagated", 0.0))

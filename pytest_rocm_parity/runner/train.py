@@ -34,6 +34,7 @@ from pytest_rocm_parity.judging.compare import residual_metrics
 from pytest_rocm_parity.runner.engine import (CheckSpec, Hooks, cast_inputs, fingerprint, home_device, normalize_inputs,
                                               same_structure, same_weights, structure_changes)
 from pytest_rocm_parity.errors import GoldenStale, InvalidArgument
+from pytest_rocm_parity.golden.sketch import leaf_group
 from pytest_rocm_parity.golden.store import FORMAT_VERSION, GoldenStore, RungReader, expected_digest
 from pytest_rocm_parity.judging.judge import Rule, judge_layer
 from pytest_rocm_parity.judging.records import CheckResult, LayerRecord, LeafMetrics
@@ -409,7 +410,7 @@ def _sketched(t: dict[str, Any], run: _Run, truth: _Run, ref: Any, tm: Any, sele
     from pytest_rocm_parity.golden.sketch import sketch
 
     def put(kind: str, name: str, ref_t: Any, truth_t: Any) -> str:
-        g = sketch_group(ref_t.numel(), group)
+        g = leaf_group(ref_t.numel(), group)
         t[f"sk/{kind}/{name}"] = sketch(ref_t, g, f"{kind}/{name}").to("cpu")
         t[f"skt/{kind}/{name}"] = sketch(truth_t, g, f"{kind}/{name}").to("cpu")
         return f"sk/{kind}/{name}"
@@ -431,22 +432,13 @@ def _sketched(t: dict[str, Any], run: _Run, truth: _Run, ref: Any, tm: Any, sele
     return meta
 
 
-# A tensor this many groups or smaller is kept whole (a sketch of groups of one): a bias of 128
-# elements in groups of 64 would leave two entries, too few for the jackknife bound and the sign test.
-WHOLE_BELOW_GROUPS = 64
-
-
-def sketch_group(numel: int, group: int) -> int:
-    return 1 if numel <= group * WHOLE_BELOW_GROUPS else group
-
-
 def _sketch_metric(leaf: str, c: Any, reader: RungReader, kind: str, name: str, group: int, u: float,
                    conf: float, scales: list[Any] | None = None) -> LeafMetrics:
     from pytest_rocm_parity.golden.sketch import sketch
     from pytest_rocm_parity.judging.compare import float_metrics
 
     ref = reader.get(f"sk/{kind}/{name}")
-    group = sketch_group(int(c.numel()), group)
+    group = leaf_group(int(c.numel()), group)
     sk = sketch(c, group, f"{kind}/{name}").to(ref.device)
     if scales is not None:   # a sketch is linear: a factor on the tensor is the same factor on its sketch
         scales.append(_scale_sums(sk, ref))

@@ -39,7 +39,7 @@ def _size(p: Path) -> int:
 
 
 def test_sketch_golden_is_small_and_still_blames_the_layer(tmp_path: Path) -> None:
-    model = mlp_lm(d=128, vocab=64, width=4)
+    model = mlp_lm(d=128, vocab=96, width=4)   # every leaf over 64 groups: sketched, none kept whole
     ids = torch.randint(0, 64, (4, 128), generator=torch.Generator().manual_seed(1))
     full, small = GoldenStore(tmp_path / "full"), GoldenStore(tmp_path / "sketch")
     capture(model, ids, CheckSpec(name="n", dtypes=["bfloat16", "float32"]), full, "cpu", env={})
@@ -62,3 +62,18 @@ def test_sketch_mismatch_is_stale(tmp_path: Path) -> None:
     capture(model, ids, CheckSpec(name="n", dtypes=["float32"], sketch=64), store, "cpu", env={})
     with pytest.raises(GoldenStale, match="sketch=64"):
         replay(model, ids, CheckSpec(name="n", dtypes=["float32"]), store, "cpu", env={})
+
+
+def test_a_small_output_is_kept_whole_and_its_bug_named(tmp_path: Path) -> None:
+    """Outputs of at most 64 groups are kept whole: a sketch of one or two entries could not tell a
+    1% bug in a small projection from rounding, nor name it."""
+    model = mlp_lm()   # 2 x 8 tokens of width 16: every output under one group of 512
+    ids = torch.randint(0, 40, (2, 8), generator=torch.Generator().manual_seed(1))
+    spec = CheckSpec(name="n", dtypes=["float32"], sketch=512)
+    store = GoldenStore(tmp_path)
+    capture(model, ids, spec, store, "cpu", env={})
+    assert store.read_manifest("n")["rungs"]["float32"]["whole_below"] == 64
+    assert all(r.passed for r in replay(model, ids, spec, store, "cpu", env={}))
+    model.blocks[1].fc2.register_forward_hook(lambda _m, _a, out: out * 1.01)
+    (bad,) = replay(model, ids, spec, store, "cpu", env={})
+    assert not bad.passed and bad.culprit == "blocks.1.fc2", (bad.culprit, [l.reason for l in bad.layers if l.reason])
