@@ -77,6 +77,14 @@ class MlpBlock(nn.Module):
         return x + self.fc2(self.act(self.fc1(self.norm(x))))
 
 
+class SharedActBlock(MlpBlock):
+    """MlpBlock whose one activation module is called twice, as torchvision's ResNet blocks call
+    their ReLU: its second call consumes fc2's output."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.act(self.fc2(self.act(self.fc1(self.norm(x)))))
+
+
 class MlpLM(nn.Module):
     """Embedding, ``n`` MlpBlocks and a head: a token model without attention, fast on any CPU."""
 

@@ -479,26 +479,31 @@ def _replay_sketch(cand: Any, meta: dict[str, Any], reader: RungReader, spec: Ch
     loss_scale: list[Any] = []
     scales: list[Any] = []
     loss_rec = _judge_loss(result, value, reader, tol, rung, u, loss_scale)
-    drift: list[tuple[bool, bool]] = []   # per record: (its output gradient drifted, its parameters' did)
+    go_bad: dict[str, str] = {}    # call key -> why its output gradient drifted
+    pg_bad: set[str] = set()       # modules whose own parameters' gradients drifted
+    records: dict[str, LayerRecord] = {}
     for name, entries in _by_module(meta["layers"]):
         t = tol.for_layer(name)
         budget = max(t.ratio_for(rung), t.propagated_for(rung))
-        leaves = [("go", _sketch_metric(_tag("grad_output", e["key"], name, len(entries)), run.g[e["key"]], reader,
-                                        "go", e["key"], group, u, t.confidence, scales))
+        leaves = [(e["key"], _sketch_metric(_tag("grad_output", e["key"], name, len(entries)), run.g[e["key"]],
+                                            reader, "go", e["key"], group, u, t.confidence, scales))
                   for e in entries if e["key"] in run.g]
         params = sorted({pn for e in entries for pn in e["params"]})
-        leaves += [("pg", _sketch_metric(f"grad {pn}", grads[pn], reader, "pg", pn, group, u, t.confidence, scales))
+        leaves += [("", _sketch_metric(f"grad {pn}", grads[pn], reader, "pg", pn, group, u, t.confidence, scales))
                    for pn in params if pn in grads]
         rec = LayerRecord(name=name, level=entries[0]["level"], primary=entries[0]["primary"])
         judge_layer(rec, [], [m for _, m in leaves], Rule.of(t, rung))
-        reasons = [(kind, _sketch_failure(m, t, rung, budget)) for kind, m in leaves]
+        reasons = [(key, _sketch_failure(m, t, rung, budget)) for key, m in leaves]
         rec.prop_passed = rec.iso_passed = rec.passed = not any(r for _, r in reasons)
         rec.budget, rec.reason = budget, next((r for _, r in reasons if r), "")
-        drift.append((any(r for kind, r in reasons if kind == "go"), any(r for kind, r in reasons if kind == "pg")))
+        go_bad.update((key, why) for key, why in reasons if key and why)
+        if any(why for key, why in reasons if not key):
+            pg_bad.add(name)
+        records[name] = rec
         result.layers.append(rec)
-    drifted = any(go or pg for go, pg in drift) or not loss_rec.passed
+    drifted = bool(go_bad or pg_bad) or not loss_rec.passed
     found = _loss_factor_note(scales, loss_scale, accumulate) if drifted else None
-    first = None if found else _sketch_culprit(result.layers, drift)
+    first = None if found else _sketch_culprit(meta["layers"], go_bad, pg_bad, records)
     result.culprit = first.name if first else None
     result.culprit_block = first.primary if first else None
     result.first_divergent = next((r.name for r in reversed(result.layers) if not r.passed), None)
@@ -527,20 +532,31 @@ def _judge_loss(result: CheckResult, value: Any, reader: RungReader, tol: Any, r
     return rec
 
 
-def _sketch_culprit(records: list[LayerRecord], drift: list[tuple[bool, bool]]) -> LayerRecord | None:
-    """Walking the backward's order (the last module first): a module whose own parameters' gradients
-    drifted while its output gradient held is the culprit; a module whose output gradient drifted
-    received it from the module that consumed its output, the next call after it (and after its
-    own sub-modules) in the forward's order."""
-    n = len(records)
-    for i in range(n - 1, -1, -1):
-        go_bad, pg_bad = drift[i]
-        if go_bad:
-            name = records[i].name
-            nxt = next((r for r in records[i + 1:] if not r.name.startswith(name + ".")), None)
-            return nxt or records[i]
-        if pg_bad:
-            return records[i]
+def _sketch_culprit(calls: list[dict[str, Any]], go_bad: dict[str, str], pg_bad: set[str],
+                    records: dict[str, LayerRecord]) -> LayerRecord | None:
+    """Walking the backward's order (the last call first): a module whose own parameters' gradients
+    drifted while the gradients it received held is the culprit; a call whose output gradient
+    drifted received it from the call that consumed its output, the next call after it (and after
+    its own sub-modules) in the forward's order: that call's module is the culprit, its record says
+    so. By calls, not modules: a module called twice in a block (a shared activation) consumes what
+    the call before its second call produced."""
+    seen: set[str] = set()
+    for i in range(len(calls) - 1, -1, -1):
+        key, name = calls[i]["key"], calls[i]["name"]
+        if key in go_bad:
+            nxt = next((c for c in calls[i + 1:] if c["name"] != name and not c["name"].startswith(name + ".")), None)
+            if nxt is None:
+                return records[name]
+            rec = records[nxt["name"]]
+            if rec.passed:
+                rec.passed = rec.iso_passed = rec.prop_passed = False
+                rec.reason = (f"the gradient it passes back to {key}, which it consumes, drifted ({go_bad[key]}), "
+                              f"while the gradient it received held")
+            return rec
+        if name not in seen:
+            seen.add(name)
+            if name in pg_bad:
+                return records[name]
     return None
 
 

@@ -257,3 +257,26 @@ def test_a_compiled_candidate_trains_through_its_compiled_forward(golden) -> Non
     torch._dynamo.reset()
     miscompiled = _replay(golden, torch.compile(llama("sdpa"), backend=_scaled_backend))
     assert not miscompiled.passed, [(l.name, l.reason) for l in miscompiled.layers if not l.passed]
+
+
+def test_a_sketch_golden_blames_a_module_called_twice_for_the_gradient_it_passes_back(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The block calls one activation twice: fc2's output gradient drifts because the activation's
+    second call passes it back wrong. The culprit is the activation (the call that consumed fc2's
+    output), with a reason, not the next block."""
+    from parity_models import MlpLM, SharedActBlock
+
+    def model() -> MlpLM:
+        torch.manual_seed(0)
+        return MlpLM(16, 3, 40, block=SharedActBlock)
+
+    ids = torch.randint(0, 40, (4, 8), generator=torch.Generator().manual_seed(1))
+    loss = lambda out: out.float().square().mean()   # noqa: E731
+    spec = CheckSpec(name="shared", dtypes=["float32"], sketch=64)
+    store = GoldenStore(tmp_path)
+    capture_train(model(), ids, spec, store, "cpu", loss=loss)
+    cand = model()
+    wrap_input(cand.blocks[1].act, scaled_grad(1.02))
+    (r,) = replay_train(cand, ids, spec, store, "cpu", loss=loss)
+    assert not r.passed and r.culprit == "blocks.1.act", [(l.name, l.reason) for l in r.layers if not l.passed]
+    culprit = next(l for l in r.layers if l.name == r.culprit)
+    assert culprit.reason and not culprit.passed
