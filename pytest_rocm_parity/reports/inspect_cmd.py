@@ -178,6 +178,7 @@ def _show_golden(path: str | Path, dtypes: list[str] | None, stats: bool) -> dic
         "fingerprint": m.get("fingerprint", {}), "dtypes": m.get("dtypes", list(m.get("rungs", {}))),
         "seed": m.get("seed"), "drill": m.get("drill"), "layer_patterns": m.get("layer_patterns"),
         "n_layers": len(m.get("layers", [])), "reference_env": m.get("reference_env", {}), "rungs": {},
+        "kind": m.get("kind", "forward"), "steps": m.get("steps"), "optimizer": m.get("optimizer"),
         # what the golden selects, per nesting level, a stack's members folded (selection.describe)
         "selects": [{"level": lv, "modules": n, "names": names} for lv, n, names in describe(m.get("layers", []))],
     }
@@ -203,6 +204,7 @@ def _show_golden(path: str | Path, dtypes: list[str] | None, stats: bool) -> dic
                                "sha256": meta.get("sha256"), "truth_dtype": meta.get("truth_dtype"),
                                "truth_encoding": meta.get("truth_encoding"),
                                "tf32": meta.get("tf32"), "tensors": len([k for k in header if k != "__metadata__"]),
+                               "updates": sum(1 for k in header if k.startswith("upd/")),
                                "layers": rows, "quant": _quant_summary(meta)}
     return info
 
@@ -268,6 +270,9 @@ def format_show(info: dict[str, Any]) -> list[str]:
              f"model     {_txt(info.get('model_class'))}  fingerprint structure={_txt(fp.get('structure'))} "
              f"weights={_txt(fp.get('weights'))}",
              f"dtypes    {', '.join(info.get('dtypes') or [])}",
+             *([f"kind      training step ({_txt(info.get('steps'))} step(s), optimizer "
+                f"{_txt(info.get('optimizer'))}): each row is a module call's output gradient"]
+               if info.get("kind") == "train" else []),
              f"layers    {info['n_layers']} selected (drill {_txt(info.get('drill'))}"
              + (f", patterns {_txt(info['layer_patterns'])}" if info.get("layer_patterns") else "") + ")",
              *[f"{'selects' if i == 0 else '':<9} level {x['level']} ({x['modules']}): {', '.join(x['names'])}"
@@ -276,6 +281,9 @@ def format_show(info: dict[str, Any]) -> list[str]:
     for rung, r in info["rungs"].items():
         lines += ["", f"[{rung}] {r['file']}  {_bytes(r['bytes'])}  {r['tensors']} tensors  {_truth_text(r)}"
                   f"  tf32 {_txt(r.get('tf32'))}"]
+        if r.get("updates"):
+            lines.append(f"  parameter updates after {_txt(info.get('steps'))} step(s): {r['updates']} tensors "
+                         f"(upd/<parameter>), kept for inspection, not judged (docs/training.md)")
         q = r.get("quant")
         if q:
             lines.append(f"  quantized: {q['modules']} modules ("

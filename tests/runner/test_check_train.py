@@ -280,3 +280,15 @@ def test_a_sketch_golden_blames_a_module_called_twice_for_the_gradient_it_passes
     assert not r.passed and r.culprit == "blocks.1.act", [(l.name, l.reason) for l in r.layers if not l.passed]
     culprit = next(l for l in r.layers if l.name == r.culprit)
     assert culprit.reason and not culprit.passed
+
+
+def test_show_describes_a_training_golden(golden) -> None:  # type: ignore[no-untyped-def]
+    """rocm-parity show says the golden is a training step, what its rows are, and counts the kept
+    updates (upd/), which are not judged."""
+    from pytest_rocm_parity.reports.inspect_cmd import format_show, show_golden
+
+    store, spec = golden
+    text = "\n".join(format_show(show_golden(store.dir_for(spec.name))))
+    assert "kind      training step (1 step(s), optimizer" in text and "output gradient" in text
+    n_params = len(store.read_manifest(spec.name)["rungs"]["float32"]["optimizer_params"])
+    assert f"parameter updates after 1 step(s): {n_params} tensors (upd/<parameter>)" in text
