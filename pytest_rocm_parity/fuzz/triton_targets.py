@@ -105,10 +105,20 @@ def launch_signature(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
     return signature, constexprs
 
 
+# set in the compile worker's environment: a compile_for reached from there is a script's top level
+WORKER_MARK = "PYTEST_ROCM_PARITY_COMPILE_WORKER"
+
+
 def compile_for(kernel: Any, *args: Any, targets: tuple[str, ...] | list[str] = DEFAULT_TARGETS,
                 num_warps: int = 4, num_stages: int | None = None, timeout: float = 600.0,
                 **kwargs: Any) -> list[TargetBuild]:
     """Compile ``kernel`` as launched with ``args``/``kwargs`` for each of ``targets`` (TARGETS' names)."""
+    if os.environ.get(WORKER_MARK):
+        # the worker is running a script to find its kernel, and the script compiles at its top level:
+        # going on would start a worker per level, each waiting for the next
+        raise InvalidArgument(f"compile_for was called while the compile worker loaded {os.environ[WORKER_MARK]}: "
+                              f"that file calls it at its top level. Put the call under "
+                              f"`if __name__ == \"__main__\":`, or define the kernel in a module of its own")
     if not targets:
         raise InvalidArgument(f"targets=(): name at least one of {sorted(TARGETS)}")
     for t in targets:
@@ -124,6 +134,7 @@ def compile_for(kernel: Any, *args: Any, targets: tuple[str, ...] | list[str] = 
     job = {"module": fn.__module__, "file": inspect.getsourcefile(fn), "qualname": fn.__qualname__,
            "signature": signature, "constexprs": constexprs, "options": options, "targets": list(targets)}
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env[WORKER_MARK] = str(job["file"])
     paths = [p for p in sys.path if p]
     env["PYTHONPATH"] = os.pathsep.join(paths + [env["PYTHONPATH"]] if env.get("PYTHONPATH") else paths)
     proc = subprocess.run([sys.executable, "-m", "pytest_rocm_parity.fuzz.triton_targets"], input=json.dumps(job),

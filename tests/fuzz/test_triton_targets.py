@@ -176,3 +176,28 @@ def test_kernels_decorated_in_interpreter_mode_compile_too(tmp_path: Path) -> No
     assert p.returncode == 0, p.stderr[-3000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert [ok for ok, _ in got] == [True, True, True], got
+
+
+def test_a_script_that_compiles_at_its_top_level_is_told_to_guard_it(tmp_path: Path) -> None:
+    """The worker runs a script to find its kernel; a script whose top level compiles would start a
+    worker per level. The first worker refuses, and the error says how to guard the script."""
+    script = tmp_path / "compile_me.py"
+    script.write_text(textwrap.dedent('''
+        import torch
+        import triton
+        import triton.language as tl
+        from pytest_rocm_parity.fuzz.triton_targets import compile_for
+
+        @triton.jit
+        def double(X, Y, N, BLOCK: tl.constexpr):
+            offs = tl.arange(0, BLOCK)
+            tl.store(Y + offs, tl.load(X + offs, mask=offs < N) * 2, mask=offs < N)
+
+        x = torch.randn(8)
+        compile_for(double, x, torch.empty_like(x), 8, BLOCK=8, targets=("gfx942",))
+    '''))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    p = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode != 0
+    assert "TritonTargetError" in p.stderr and 'if __name__ == "__main__":' in p.stderr, p.stderr[-2000:]
