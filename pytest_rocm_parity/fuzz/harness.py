@@ -430,7 +430,7 @@ def _reproduction(candidate: Callable[..., Any], reference: Callable[..., Any], 
     notes: list[str] = []
     model_text = _model_expr(model, imports, notes)
     policy = "" if model_text == "ErrorModel()" else f", dtype_policy={model_text}"
-    script = [f"# torch {torch.__version__}, candidate device {dev}",
+    script = [f"# torch {torch.__version__}, candidate device {dev}", *_variables(),
               *(f"import {m}" for m in sorted(imports)),
               "from pytest_rocm_parity.fuzz.harness import ErrorModel, compare_op, place",
               *head, *lines,
@@ -442,6 +442,17 @@ def _reproduction(candidate: Callable[..., Any], reference: Callable[..., Any], 
     if too_big:
         script.append(f"# {', '.join(too_big)} too large to print: replay the Hypothesis example or record a golden")
     return "\n".join(script)
+
+
+# variables read when a kernel library is imported, which the failing process had: a pasted script
+# without them runs other code (Triton without its interpreter finds no GPU on a CPU machine)
+_REPRO_ENV = ("TRITON_INTERPRET",)
+
+
+def _variables() -> list[str]:
+    """The lines that set, before any import, the variables of _REPRO_ENV this process has."""
+    found = [(k, os.environ[k]) for k in _REPRO_ENV if os.environ.get(k)]
+    return ["import os", *(f"os.environ[{k!r}] = {v!r}" for k, v in found)] if found else []
 
 
 def _qualname(fn: Callable[..., Any]) -> str:
@@ -880,7 +891,7 @@ class GoldenExample:
         assign = _assignment("candidate", candidate, imports)
         model_text = _model_expr(model, imports, notes)
         policy = "" if model_text == "ErrorModel()" else f", dtype_policy={model_text}"
-        return "\n".join([*(f"import {m}" for m in sorted(imports)),
+        return "\n".join([*_variables(), *(f"import {m}" for m in sorted(imports)),
                           "from pytest_rocm_parity.fuzz.harness import ErrorModel, load_golden",
                           assign, *notes,
                           f"load_golden({self.source!r}).examples[{self.index}].compare(candidate, "

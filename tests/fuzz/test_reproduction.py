@@ -129,3 +129,16 @@ def test_reproduction_of_a_golden_replay_runs_as_pasted(kernels, tmp_path: Path)
     assert proc.returncode == 1 and "Operator outputs are not close" in proc.stderr, proc.stderr
     worst = [line.strip() for line in failing[0].message().splitlines() if "Greatest error/tolerance" in line]
     assert worst and all(line in proc.stderr for line in worst), proc.stderr
+
+
+def test_reproduction_sets_the_triton_interpreter_the_failing_process_ran(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel fuzzed under TRITON_INTERPRET=1 runs elsewhere without it (no GPU on the CPU machine):
+    the script sets it before any import."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    script = check_op(lambda t: torch.softmax(t, -1) + 1, torch.softmax, torch.ones(3), -1, device="cpu").reproduction
+    lines = script.splitlines()
+    at = lines.index("os.environ['TRITON_INTERPRET'] = '1'")
+    assert lines[at - 1] == "import os" and at < min(i for i, l in enumerate(lines) if l.startswith("import torch"))
+    monkeypatch.delenv("TRITON_INTERPRET")
+    script = check_op(lambda t: torch.softmax(t, -1) + 1, torch.softmax, torch.ones(3), -1, device="cpu").reproduction
+    assert "TRITON_INTERPRET" not in script
