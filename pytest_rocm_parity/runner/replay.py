@@ -142,24 +142,43 @@ def load_truth(reader: RungReader, name: str, ref: Any) -> Any:
 # ---------------------------------------------------------------------------------------------
 # replay
 
-def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, Any], golden_path: str) -> None:
+def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, Any], golden_path: str) -> list[str]:
+    """Raise GoldenStale where the golden describes another model, selection or setting; returns notes
+    on what differs and is judged all the same (modules without parameters fused away or added)."""
     regen = spec.regen_command or f"pytest --rocm-parity --parity-regen={shell_quote(spec.name)}"
     old = manifest.get("fingerprint", {})
     problems = []
+    notes: list[str] = []
+    same_tensors = False
     if not same_structure(model, old):
         changes = structure_changes(model, old)
-        problems.append(f"the model's structure changed: parameters or buffers {changes}" if changes else
-                        "the model's structure (module names, parameter names or shapes) changed")
-    elif not _quantized(model, manifest) and not same_weights(model, old):
+        # the same parameters and buffers under another module tree: a port that fused a module
+        # without parameters (an MLP's activation into its kernel) or added one is the same model
+        same_tensors = not changes and bool(old.get("tensors"))
+        if not same_tensors:
+            problems.append(f"the model's structure changed: parameters or buffers {changes}" if changes else
+                            "the model's structure (module names, parameter names or shapes) changed")
+    if not problems and not _quantized(model, manifest) and not same_weights(model, old):
         # a quantized model's weights are its codes times scales in a format of the candidate's
         # choosing: judged by what they mean (quant/diagnosis.py), not matched by value
         problems.append("the model's weights changed")
     selected = [s.name for s in select(model, spec.layers, spec.drill)]
     old_layers = [l["name"] for l in manifest.get("layers", [])]
     if selected != old_layers:
+        names = {n for n, _ in model.named_modules()}
         added = [n for n in selected if n not in old_layers]
         removed = [n for n in old_layers if n not in selected]
-        problems.append(f"the layer list changed (added {added[:5]}, removed {removed[:5]})")
+        if same_tensors and not any(n in names for n in removed):
+            if removed:
+                notes.append(f"module{'s' if len(removed) > 1 else ''} without parameters {removed[:5]}"
+                             f"{' ...' if len(removed) > 5 else ''} of the golden {'are' if len(removed) > 1 else 'is'} "
+                             f"not in the candidate (fused into its parent): judged through the parent")
+            if added:
+                notes.append(f"module{'s' if len(added) > 1 else ''} without parameters {added[:5]}"
+                             f"{' ...' if len(added) > 5 else ''} of the candidate {'are' if len(added) > 1 else 'is'} "
+                             f"not in the golden: not judged on {'their' if len(added) > 1 else 'its'} own")
+        else:
+            problems.append(f"the layer list changed (added {added[:5]}, removed {removed[:5]})")
     if int(manifest.get("sketch") or 0) != int(spec.sketch or 0):
         problems.append(f"captured with sketch={manifest.get('sketch') or 0}, asked sketch={spec.sketch or 0}")
     missing = [d for d in spec.dtypes if d not in manifest.get("rungs", {})]
@@ -168,6 +187,7 @@ def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, An
     if problems:
         raise GoldenStale(f"stale golden {golden_path} for {spec.name!r}: " + "; ".join(problems)
                           + f". Regenerate this model's golden on the reference machine: {regen}", golden_path)
+    return notes
 
 
 def _quantized(model: Any, manifest: dict[str, Any]) -> bool:
@@ -229,7 +249,7 @@ def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device:
     inner = unwrap(model)
     manifest = store.read_manifest(spec.name)
     mpath = str(store.manifest_path(spec.name))
-    check_stale(inner, inputs, spec, manifest, mpath)
+    tree_notes = check_stale(inner, inputs, spec, manifest, mpath)
     args0, kwargs0 = normalize_inputs(inputs)
     cand_env = env or collect_env(str(home_device(inner, device)))
     results = []
@@ -252,6 +272,7 @@ def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device:
         finally:
             reader.release()
         reader.verification.result()
+        result.notes.extend(tree_notes)
         result.reference_env = manifest.get("reference_env", {})
         result.candidate_env = cand_env
         result.golden = str(path)

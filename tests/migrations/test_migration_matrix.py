@@ -8,6 +8,7 @@ module the verdict must name.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
@@ -182,6 +183,29 @@ def test_a_rotary_table_computed_otherwise_is_judged_not_refused() -> None:
         net[1].running_mean.add_(0.1)
     with pytest.raises(GoldenStale, match="weights changed"):
         capture_then_replay(convnet, net, image())
+
+
+def _fused_activation(model: nn.Module, act: Any = torch.nn.functional.silu) -> nn.Module:
+    """Each MLP computes its activation inside its own forward, its parameter-free act_fn module gone:
+    what a port with a fused gate-activation kernel looks like."""
+    for layer in model.model.layers:
+        mlp = layer.mlp
+        del mlp.act_fn
+        mlp.forward = lambda x, m=mlp: m.down_proj(act(m.gate_proj(x)) * m.up_proj(x))
+    return model
+
+
+@pytest.mark.parametrize("replay_kind", ["full", "fast"])
+def test_a_fused_activation_is_judged_through_its_mlp(replay_kind: str) -> None:
+    """The golden selected each act_fn; the candidate has none (same parameters): not a stale golden, the
+    MLP judges the fused code, and an approximate activation inside it is blamed on the MLP."""
+    spec = CheckSpec(name="m", dtypes=["float32"], drill=2, replay=replay_kind)
+    (ok,) = capture_then_replay(llama, _fused_activation(llama()), tokens(), spec)
+    assert ok.passed, verdicts([ok])
+    assert any("not in the candidate (fused into its parent)" in n for n in ok.notes), ok.notes
+    approx = lambda x: x * torch.sigmoid(1.02 * x)   # noqa: E731
+    (bad,) = capture_then_replay(llama, _fused_activation(llama(), approx), tokens(), spec)
+    assert not bad.passed and bad.culprit == "model.layers.0.mlp", verdicts([bad])
 
 
 def test_t5_passes() -> None:
