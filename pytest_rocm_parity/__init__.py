@@ -30,6 +30,7 @@ _LAZY = {
     "compare_op": "pytest_rocm_parity.fuzz.harness",
     "record_golden": "pytest_rocm_parity.fuzz.harness",
     "assert_compiles_for": "pytest_rocm_parity.fuzz.triton_targets",
+    "compile_for": "pytest_rocm_parity.fuzz.triton_targets",
     # FP8 quantization (docs/fp8.md)
     "Fp8Linear": "pytest_rocm_parity.quant.fp8",
     "quantize_model": "pytest_rocm_parity.quant.fp8",
