@@ -562,7 +562,7 @@ def _layer_table(c: Mapping[str, Any]) -> str:
 
 # one row per LM metric: (label, key or keys of the candidate / reference / truth columns, how to format)
 LM_ROWS: tuple[tuple[str, tuple[str, str, str], str], ...] = (
-    ("perplexity", ("ppl", "ppl_ref", "ppl_truth"), "num"),
+    ("perplexity", ("ppl", "ppl_ref", "ppl_truth"), "ppl"),
     ("perplexity, relative change", ("ppl_rel_delta_truth", "ppl_ref_rel_delta_truth", ""), "signed"),
     ("log-perplexity error against the truth", ("log_ppl_err", "log_ppl_err_ref", ""), "signed"),
     ("top-1 agreement with the reference", ("top1_agreement", "", ""), "num"),
@@ -609,8 +609,15 @@ def _lm_table(lm: Mapping[str, Any]) -> str:
         if not key or key not in lm:
             return '<td class="num muted">–</td>' if key else "<td></td>"
         v = lm[key]
-        text = _signed(v) if how == "signed" else (str(int(v)) if how == "int" and _num(v) is not None
-                                                  else _value_text(v))
+        x = _num(v)
+        if how == "signed":
+            text = _signed(v)
+        elif how == "int" and x is not None:
+            text = str(int(v))
+        elif how == "ppl" and x is not None:
+            text = f"{x:.8g}"   # perplexities that differ in the fifth digit must not print alike
+        else:
+            text = _value_text(v)
         return f'<td class="num">{e(text)}</td>'
 
     rows = []

@@ -174,6 +174,8 @@ def test_lm_metrics_render_as_a_table_without_python_values() -> None:
     assert '<table class="lm">' in text and "<td>perplexity</td>" in text and "top5 containment" in text
     assert "none (all 2 sequences match)" in text
     assert "None" not in text and "{" not in text and "[" not in text and "ppl=" not in text
+    close = report._extra_table({"lm": {**lm, "ppl": 249.0271, "ppl_ref": 248.9598, "ppl_truth": 248.9601}})
+    assert all(v in close for v in ("249.0271", "248.9598", "248.9601"))   # the digits that differ show
 
 
 def test_a_check_without_verdict_is_an_error_in_html_and_csv(report_doc: dict[str, Any], tmp_path: Path) -> None:
