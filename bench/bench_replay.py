@@ -19,7 +19,9 @@ One golden of a Llama shape (random init, bf16, batch x seq tokens, drill 0) is 
   with an empty Triton cache folder (the statistics kernel compiled), then with that folder filled
   (``cold_cached_s``); ``warm_s`` is a second replay() in that process. ``read_s`` is reading the
   golden's bytes (the page cache holds them: the file was just written), ``hash_s`` the replay's
-  check of them (XXH3-128 with xxhash installed), ``hash_sha256_s`` SHA-256's.
+  check of them (XXH3-128 with xxhash installed), ``hash_sha256_s`` SHA-256's. ``cold_forward_s`` is
+  the first plain forward of another new process, and ``cold_floor_s`` that plus ``read_s``: the
+  floor of any run that starts a process.
 
 Every timed arm runs in turn with a plain forward (a, b, a, b, ...) and reports the median of --reps.
 """
@@ -58,6 +60,32 @@ for k in ("cold_s", "warm_s"):
     out["passed"] = res.passed
 print(json.dumps(out))
 """
+
+
+COLD_FORWARD = """
+import json, sys, time
+sys.path.insert(0, {bench!r})
+import torch
+from bench_parity import build, sync
+model = build({name!r}, {device!r})
+ids = torch.randint(0, model.config.vocab_size, ({batch}, {seq}), generator=torch.Generator().manual_seed(0))
+sync({device!r}); t = time.perf_counter()
+with torch.inference_mode():
+    model(input_ids=ids.to({device!r}), use_cache=False)
+sync({device!r})
+print(json.dumps({{"cold_forward_s": time.perf_counter() - t}}))
+"""
+
+
+def cold_forward(name: str, device: str, batch: int, seq: int) -> dict[str, Any]:
+    """The first plain forward of a new process: what any cold run pays before its forwards are warm
+    (the device's lazy loading of kernels and libraries), the replay's or not."""
+    script = COLD_FORWARD.format(bench=str(Path(__file__).resolve().parent), name=name, device=device, batch=batch,
+                                 seq=seq)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    if p.returncode:
+        return {"cold_forward_error": p.stderr[-800:]}
+    return dict(json.loads(p.stdout.strip().splitlines()[-1]))
 
 
 def cold_replays(name: str, device: str, batch: int, seq: int, root: str) -> dict[str, Any]:
@@ -183,8 +211,12 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.empty_cache()
         row.update(cold_replays(a.model, dev, a.batch, a.seq, work))
         row["floor_s"] = row["read_s"] + row["forward_s"]
+        row.update(cold_forward(a.model, dev, a.batch, a.seq))
         if "cold_cached_s" in row:
             row["cold_cached_over_floor_forwards"] = (row["cold_cached_s"] - row["floor_s"]) / row["forward_s"]
+            if "cold_forward_s" in row:   # the floor of a new process: the bytes read and its first forward
+                row["cold_floor_s"] = row["read_s"] + row["cold_forward_s"]
+                row["cold_cached_over_cold_floor_forwards"] = (row["cold_cached_s"] - row["cold_floor_s"]) / row["forward_s"]
     print(json.dumps(row), flush=True)
     if a.out:
         from pytest_rocm_parity.migration.backend import collect_env
