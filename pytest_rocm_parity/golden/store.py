@@ -500,6 +500,14 @@ def _meaningful(manifest: dict[str, Any] | None) -> dict[str, Any] | None:
     return {k: v for k, v in manifest.items() if k not in VOLATILE_KEYS}
 
 
+def _open_plain(path: Path) -> int | None:
+    """A read-only descriptor of ``path`` that follows no link and never blocks (a FIFO); None if it cannot be had."""
+    try:
+        return os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+
+
 def _pin_file(path: Path) -> int | None:
     """An open descriptor holding a shared lock on ``path`` (None where it cannot be had): while it is
     open, collect_garbage leaves the file alone (_in_use)."""
@@ -507,9 +515,8 @@ def _pin_file(path: Path) -> int | None:
         import fcntl
     except ImportError:
         return None
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-    except OSError:
+    fd = _open_plain(path)
+    if fd is None:
         return None
     try:
         if stat.S_ISREG(os.fstat(fd).st_mode):
@@ -527,9 +534,8 @@ def _in_use(path: Path) -> bool:
         import fcntl
     except ImportError:
         return False
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-    except OSError:
+    fd = _open_plain(path)
+    if fd is None:
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
