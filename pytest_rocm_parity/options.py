@@ -183,7 +183,7 @@ def getini(config: pytest.Config, name: str) -> Any:
     naming the key, the value and the accepted values, not pytest's internal error."""
     try:
         return config.getini(name)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, pytest.UsageError) as exc:   # pytest >= 9.2 raises its own UsageError
         try:
             value: Any = config.inicfg.get(name)
         except Exception:   # the raw value is only for the message
