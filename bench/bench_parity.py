@@ -294,8 +294,9 @@ def bench_one(name: str, device: str, batch: int, seq: int, reps: int, drill: in
     return row
 
 
-def _profile(fn: Any, device: str, profile_dir: str, title: str) -> None:
-    """cProfile of one call, appended to profile_dir/profiles.txt (tottime order: host time by function)."""
+def _profile(fn: Any, device: str, profile_dir: str, title: str, sort: str = "tottime") -> None:
+    """cProfile of one call, appended to profile_dir/profiles.txt (tottime order: host time by
+    function; cumulative: by caller, which shows the phases of a cold run)."""
     import cProfile
     import io
     import pstats
@@ -306,7 +307,7 @@ def _profile(fn: Any, device: str, profile_dir: str, title: str) -> None:
     sync(device)
     pr.disable()
     buf = io.StringIO()
-    pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(30)
+    pstats.Stats(pr, stream=buf).sort_stats(sort).print_stats(30 if sort == "tottime" else 60)
     with open(os.path.join(profile_dir, "profiles.txt"), "a") as f:
         f.write(f"===== {title} =====\n{_portable(buf.getvalue())}")
 

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from pytest_rocm_parity.judging import dtypes as dt
+from pytest_rocm_parity.runner import kernels
 from pytest_rocm_parity.judging.compare import block_stats, exact_metrics, float_metrics, metrics_many, residual_metrics
 from pytest_rocm_parity.runner.engine import (
     KEEP_PLACEMENT,
@@ -257,6 +258,7 @@ def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device:
         meta = manifest["rungs"][rung]
         path = store.rung_file(spec.name, manifest, rung)
         reader = RungReader(path, str(home_device(inner, device)), expected_digest(meta), background_verify=True)
+        kernels.warm_up(reader.device, _stat_dtypes(reader, meta))
         try:
             _preload(reader, spec)
             why = _inputs_changed(args0, kwargs0, reader, rung, meta)
@@ -279,6 +281,18 @@ def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device:
         results.append(result)
         del reader
     return results
+
+
+def _stat_dtypes(reader: RungReader, meta: dict[str, Any]) -> set[tuple[str, str, str]]:
+    """The (candidate, reference, truth residual) dtypes the statistics of a rung will read; the
+    candidate's output taken to be of its reference's dtype."""
+    out = set()
+    for e in meta["layers"]:
+        for p, gk in e["out"].items():
+            ref, res = reader.dtype_name(gk), reader.dtype_name(f"truth/{e['key']}/{p}")
+            if ref and res:
+                out.add((ref, ref, res))
+    return out
 
 
 PRELOAD_FRACTION = 0.5
@@ -338,8 +352,6 @@ class _Judge:
         self.noise = noise or {}   # tag -> activation-quantization noise allowed (quant/allowance.py)
         # (sink, index, leaf, stats or None for the batched launch, c, ref, res, tolerance, isolated, tag)
         self.items: list[tuple[list[Any], int, str, Any, Any, Any, Any, Tolerance, bool, str]] = []
-        from pytest_rocm_parity.runner import kernels
-
         self.codes = kernels.dtype_codes() if kernels.triton_usable() else {}   # dtypes of the batched launch
 
     def _unpadded(self, *ts: Any) -> tuple[Any, ...]:
@@ -390,7 +402,6 @@ class _Judge:
         """Every item's (nb, len(Stat)) host statistics: the batched ones in one launch, then one wait."""
         import torch
 
-        from pytest_rocm_parity.runner import kernels
         from pytest_rocm_parity.judging.compare import Stat, block_layout
 
         batch = [i for i, it in enumerate(self.items) if it[3] is None]
