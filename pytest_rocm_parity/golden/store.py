@@ -943,6 +943,9 @@ class RungReader:
         self.path = path
         self.device = str(device)
         self._cache: dict[str, Any] = {}
+        self._pending: dict[str, threading.Event] = {}   # keys a background preload is bringing
+        self._loader: threading.Thread | None = None
+        self._stop_loading = False
         self.header = check_safetensors(path, None if background_verify else expected_sha)
         progress(f"loading {path.name} ({megabytes(path.stat().st_size)})", verbose=1)
         # the content hash, checked while the replay runs: verification.result() before any verdict
@@ -1008,30 +1011,86 @@ class RungReader:
         start, end = self.header[key]["data_offsets"]
         return int(end) - int(start)
 
-    def preload(self, keys: Any, max_bytes: int) -> int:
-        """Load ``keys`` onto the device now, up to ``max_bytes``; get() then costs nothing.
+    def preload(self, keys: Any, max_bytes: int, background: bool = False) -> int:
+        """Load ``keys`` onto the device, in their order, up to ``max_bytes``; get() then costs nothing.
 
         Why: a lazy load inside a forward hook is a blocking host-to-device copy per module, which
         stalls the GPU's queue; loaded up front, comparisons run at the device's own pace.
+        ``background``: a thread loads them while the caller goes on (a new process's first forward
+        waits mostly on the device's start-up, which the load then overlaps); get() of a key still
+        on its way waits for it. The copies go to the caller's current stream, so work the caller
+        queues after get() returned runs after the copy.
         """
+        chosen: list[str] = []
         total = 0
         for k in keys:
-            if k in self._cache or k not in self.keys:
+            if k in self._cache or k not in self.keys or k in chosen:
                 continue
             size = self.nbytes(k)
             if total + size > max_bytes:
                 break
-            self._cache[k] = self.get(k)
+            chosen.append(k)
             total += size
+        if not background:
+            for k in chosen:
+                self._cache[k] = self.get(k)
+            return total
+        import torch
+
+        if self._loader is not None:   # one loader at a time: the one before finishes first
+            self._loader.join()
+        self._pending = {k: threading.Event() for k in chosen}
+        dev = torch.device(self.device)
+        stream = torch.cuda.current_stream(dev) if dev.type == "cuda" else None
+        self._loader = threading.Thread(target=self._load_all, args=(chosen, stream), daemon=True,
+                                        name="parity-golden-load")
+        self._loader.start()
         return total
 
+    def _load_all(self, keys: list[str], stream: Any) -> None:
+        import contextlib
+
+        import torch
+
+        try:
+            with (torch.cuda.device(stream.device) if stream is not None else contextlib.nullcontext()), \
+                    (torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()):
+                for k in keys:
+                    if self._stop_loading:
+                        break
+                    try:
+                        self._cache[k] = self._read(k)
+                    except BaseException:   # noqa: BLE001 - get() of this key reads it again and names the error
+                        break
+                    finally:
+                        self._pending[k].set()
+        finally:
+            for ev in self._pending.values():   # whatever is left is read by get() itself
+                ev.set()
+
     def release(self) -> None:
+        """Drop the loaded tensors (after stopping a background load)."""
+        if self._loader is not None:
+            self._stop_loading = True
+            self._loader.join()
+            self._loader = None
+            self._stop_loading = False
+        self._pending = {}
         self._cache.clear()
 
     def get(self, key: str) -> Any:
         hit = self._cache.get(key) if isinstance(key, str) else None
         if hit is not None:
             return hit
+        pending = self._pending.get(key) if isinstance(key, str) else None
+        if pending is not None:
+            pending.wait()
+            hit = self._cache.get(key)
+            if hit is not None:
+                return hit
+        return self._read(key)
+
+    def _read(self, key: str) -> Any:
         if not isinstance(key, str) or key not in self.keys:
             raise GoldenCorrupt(f"{self.path}: manifest names tensor {key!r} that the file lacks "
                                 f"(manifest and tensors do not match); recapture this golden", self.path)

@@ -260,7 +260,7 @@ def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device:
         reader = RungReader(path, str(home_device(inner, device)), expected_digest(meta), background_verify=True)
         kernels.warm_up(reader.device, _stat_dtypes(reader, meta))
         try:
-            _preload(reader, spec)
+            _preload(reader, spec, meta)
             why = _inputs_changed(args0, kwargs0, reader, rung, meta)
             if why:
                 raise GoldenStale(
@@ -298,11 +298,14 @@ def _stat_dtypes(reader: RungReader, meta: dict[str, Any]) -> set[tuple[str, str
 PRELOAD_FRACTION = 0.5
 
 
-def _preload(reader: RungReader, spec: CheckSpec) -> None:
-    """The goldens the passes read, loaded onto a GPU before the forward, up to half its free memory.
+def _preload(reader: RungReader, spec: CheckSpec, meta: dict[str, Any]) -> None:
+    """The goldens the passes read, loaded onto a GPU up to half its free memory, by a thread while
+    the forward runs, in the order the forward asks for them.
 
     Why: a lazy load inside a hook is a blocking host-to-device copy per module, which stalls the
-    device's queue; a CPU reader maps the file and needs nothing.
+    device's queue; loading everything before the forward adds the load to it, where in a new
+    process the first forward's own start-up could hide it. A CPU reader maps the file and needs
+    nothing.
     """
     import torch
 
@@ -310,9 +313,16 @@ def _preload(reader: RungReader, spec: CheckSpec) -> None:
     if dev.type != "cuda":
         return
     skip = "gtruth/" if spec.replay == "fast" else None
-    keys = sorted(k for k in reader.keys if not (skip and k.startswith(skip) and not k.startswith(f"gtruth/{OUTPUT}")))
+    order = sorted(k for k in reader.keys if k.startswith("input/"))
+    layers = {e["key"]: e for e in meta["layers"]}
+    for key in [k for k in meta.get("order", list(layers)) if k in layers]:
+        e = layers[key]
+        order += list(e.get("in", {}).values()) + list(e["out"].values())
+        order += [f"{pre}/{key}/{p}" for pre in ("truth", "gtruth") for p in e["out"]]
+    order += sorted(reader.keys)
+    keys = [k for k in order if not (skip and k.startswith(skip) and not k.startswith(f"gtruth/{OUTPUT}"))]
     free, _ = torch.cuda.mem_get_info(dev)
-    reader.preload(keys, int(free * PRELOAD_FRACTION))
+    reader.preload(keys, int(free * PRELOAD_FRACTION), background=True)
 
 
 def activation_paths(layers: dict[str, dict[str, Any]]) -> dict[str, dict[str, str]]:
