@@ -1002,11 +1002,6 @@ class RungReader:
                                         f"this golden", self.path)
         return t
 
-    def dtype_name(self, key: str) -> str | None:
-        """The torch dtype name of tensor ``key`` as stored (before a complex or byte view), from the header."""
-        info = self.header.get(key)
-        return _TORCH_DTYPES.get(info["dtype"]) if isinstance(info, dict) else None
-
     def nbytes(self, key: str) -> int:
         start, end = self.header[key]["data_offsets"]
         return int(end) - int(start)

@@ -250,6 +250,9 @@ def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device:
     inner = unwrap(model)
     manifest = store.read_manifest(spec.name)
     mpath = str(store.manifest_path(spec.name))
+    # the statistics of each rung read (candidate, reference, residual) in the rung's and truth's dtypes
+    kernels.warm_up(home_device(inner, device), {(r, r, manifest["rungs"][r].get("truth_dtype", r))
+                                                  for r in spec.dtypes if r in manifest.get("rungs", {})})
     tree_notes = check_stale(inner, inputs, spec, manifest, mpath)
     args0, kwargs0 = normalize_inputs(inputs)
     cand_env = env or collect_env(str(home_device(inner, device)))
@@ -258,7 +261,6 @@ def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device:
         meta = manifest["rungs"][rung]
         path = store.rung_file(spec.name, manifest, rung)
         reader = RungReader(path, str(home_device(inner, device)), expected_digest(meta), background_verify=True)
-        kernels.warm_up(reader.device, _stat_dtypes(reader, meta))
         try:
             _preload(reader, spec, meta)
             why = _inputs_changed(args0, kwargs0, reader, rung, meta)
@@ -281,18 +283,6 @@ def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device:
         results.append(result)
         del reader
     return results
-
-
-def _stat_dtypes(reader: RungReader, meta: dict[str, Any]) -> set[tuple[str, str, str]]:
-    """The (candidate, reference, truth residual) dtypes the statistics of a rung will read; the
-    candidate's output taken to be of its reference's dtype."""
-    out = set()
-    for e in meta["layers"]:
-        for p, gk in e["out"].items():
-            ref, res = reader.dtype_name(gk), reader.dtype_name(f"truth/{e['key']}/{p}")
-            if ref and res:
-                out.add((ref, ref, res))
-    return out
 
 
 PRELOAD_FRACTION = 0.5
