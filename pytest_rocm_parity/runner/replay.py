@@ -250,9 +250,7 @@ def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device:
     inner = unwrap(model)
     manifest = store.read_manifest(spec.name)
     mpath = str(store.manifest_path(spec.name))
-    # the statistics of each rung read (candidate, reference, residual) in the rung's and truth's dtypes
-    kernels.warm_up(home_device(inner, device), {(r, r, manifest["rungs"][r].get("truth_dtype", r))
-                                                  for r in spec.dtypes if r in manifest.get("rungs", {})})
+    kernels.warm_up(home_device(inner, device), _stat_dtypes(manifest, spec.dtypes))
     tree_notes = check_stale(inner, inputs, spec, manifest, mpath)
     args0, kwargs0 = normalize_inputs(inputs)
     cand_env = env or collect_env(str(home_device(inner, device)))
@@ -283,6 +281,18 @@ def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device:
         results.append(result)
         del reader
     return results
+
+
+def _stat_dtypes(manifest: dict[str, Any], rungs: list[str]) -> set[tuple[str, str, str]]:
+    """The (candidate, reference, residual) dtypes the statistics of these rungs read: the rung's and
+    its truth's. A manifest too damaged to say gives none; the replay names the damage later."""
+    out = set()
+    for r in rungs:
+        meta = manifest.get("rungs", {}).get(r) if isinstance(manifest.get("rungs"), dict) else None
+        truth = meta.get("truth_dtype", r) if isinstance(meta, dict) else None
+        if isinstance(truth, str):
+            out.add((r, r, truth))
+    return out
 
 
 PRELOAD_FRACTION = 0.5
