@@ -1013,8 +1013,7 @@ class RungReader:
         stalls the GPU's queue; loaded up front, comparisons run at the device's own pace.
         ``background``: a thread loads them while the caller goes on (a new process's first forward
         waits mostly on the device's start-up, which the load then overlaps); get() of a key still
-        on its way waits for it. The copies go to the caller's current stream, so work the caller
-        queues after get() returned runs after the copy.
+        on its way waits for it.
         """
         chosen: list[str] = []
         total = 0
@@ -1036,25 +1035,33 @@ class RungReader:
             self._loader.join()
         self._pending = {k: threading.Event() for k in chosen}
         dev = torch.device(self.device)
-        stream = torch.cuda.current_stream(dev) if dev.type == "cuda" else None
-        self._loader = threading.Thread(target=self._load_all, args=(chosen, stream), daemon=True,
+        streams = (torch.cuda.Stream(dev), torch.cuda.current_stream(dev)) if dev.type == "cuda" else None
+        self._loader = threading.Thread(target=self._load_all, args=(chosen, streams), daemon=True,
                                         name="parity-golden-load")
         self._loader.start()
         return total
 
-    def _load_all(self, keys: list[str], stream: Any) -> None:
+    def _load_all(self, keys: list[str], streams: tuple[Any, Any] | None) -> None:
+        """The loader thread. On a GPU its copies go to a stream of their own, so they do not wait
+        for the forward's queued work; each copy is complete when its read returns (a blocking
+        copy), and each tensor is marked in use by the caller's stream, so its memory is not
+        handed to another allocation while the caller's queued work may still read it."""
         import contextlib
 
         import torch
 
+        side, consumer = streams if streams is not None else (None, None)
         try:
-            with (torch.cuda.device(stream.device) if stream is not None else contextlib.nullcontext()), \
-                    (torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()):
+            with (torch.cuda.device(side.device) if side is not None else contextlib.nullcontext()), \
+                    (torch.cuda.stream(side) if side is not None else contextlib.nullcontext()):
                 for k in keys:
                     if self._stop_loading:
                         break
                     try:
-                        self._cache[k] = self._read(k)
+                        t = self._read(k)
+                        if consumer is not None and t.is_cuda:
+                            t.record_stream(consumer)
+                        self._cache[k] = t
                     except BaseException:   # noqa: BLE001 - get() of this key reads it again and names the error
                         break
                     finally:
