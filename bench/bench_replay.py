@@ -14,8 +14,7 @@ One golden of a Llama shape (random init, bf16, batch x seq tokens, drill 0) is 
   through the teacher-forced forward instead (the model handed in wrapped, as DataParallel, which
   is judged through its own forward).
 * ``preload_s`` / ``lazy_s``: a replay of one rung from a fresh reader, the goldens loaded onto the
-  device by replay's preload (a thread, in the order the forward asks for them) or read from the
-  file when a hook needs them.
+  device before the pass (replay's preload) or read from the file when a hook needs them.
 * ``cold_s``: ``replay()`` in a new process (the hash check, the load, the pass, the verdict): first
   with an empty Triton cache folder (the statistics kernel compiled), then with that folder filled
   (``cold_cached_s``); ``warm_s`` is a second replay() in that process. ``read_s`` is reading the
@@ -25,7 +24,8 @@ One golden of a Llama shape (random init, bf16, batch x seq tokens, drill 0) is 
   floor of any run that starts a process; that process then times the import of Triton
   (``cold_triton_import_s``, near zero where transformers imported it already:
   ``triton_imported_before``) and its first statistics launch, the kernel in Triton's disk cache
-  (``cold_stats_launch_s``: what the replay's warm-up overlaps with the load and the forward).
+  (``cold_stats_launch_s``). With --profile-dir, a third new process writes a cProfile of its
+  replay, by caller, to profiles.txt.
 
 Every timed arm runs in turn with a plain forward (a, b, a, b, ...) and reports the median of --reps.
 """
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         def run() -> None:
             r = RungReader(path, dev)
             if preload:
-                _preload(r, spec, meta)
+                _preload(r, spec)
             _replay_rung(model, spec, meta, r, "bfloat16", dev, tmpl)
             r.release()
         return run

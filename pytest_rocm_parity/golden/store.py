@@ -943,9 +943,6 @@ class RungReader:
         self.path = path
         self.device = str(device)
         self._cache: dict[str, Any] = {}
-        self._pending: dict[str, threading.Event] = {}   # keys a background preload is bringing
-        self._loader: threading.Thread | None = None
-        self._stop_loading = False
         self.header = check_safetensors(path, None if background_verify else expected_sha)
         progress(f"loading {path.name} ({megabytes(path.stat().st_size)})", verbose=1)
         # the content hash, checked while the replay runs: verification.result() before any verdict
@@ -1006,93 +1003,30 @@ class RungReader:
         start, end = self.header[key]["data_offsets"]
         return int(end) - int(start)
 
-    def preload(self, keys: Any, max_bytes: int, background: bool = False) -> int:
-        """Load ``keys`` onto the device, in their order, up to ``max_bytes``; get() then costs nothing.
+    def preload(self, keys: Any, max_bytes: int) -> int:
+        """Load ``keys`` onto the device now, up to ``max_bytes``; get() then costs nothing.
 
         Why: a lazy load inside a forward hook is a blocking host-to-device copy per module, which
         stalls the GPU's queue; loaded up front, comparisons run at the device's own pace.
-        ``background``: a thread loads them while the caller goes on (a new process's first forward
-        waits mostly on the device's start-up, which the load then overlaps); get() of a key still
-        on its way waits for it.
         """
-        chosen: list[str] = []
         total = 0
         for k in keys:
-            if k in self._cache or k not in self.keys or k in chosen:
+            if k in self._cache or k not in self.keys:
                 continue
             size = self.nbytes(k)
             if total + size > max_bytes:
                 break
-            chosen.append(k)
+            self._cache[k] = self.get(k)
             total += size
-        if not background:
-            for k in chosen:
-                self._cache[k] = self.get(k)
-            return total
-        import torch
-
-        if self._loader is not None:   # one loader at a time: the one before finishes first
-            self._loader.join()
-        self._pending = {k: threading.Event() for k in chosen}
-        dev = torch.device(self.device)
-        streams = (torch.cuda.Stream(dev), torch.cuda.current_stream(dev)) if dev.type == "cuda" else None
-        self._loader = threading.Thread(target=self._load_all, args=(chosen, streams), daemon=True,
-                                        name="parity-golden-load")
-        self._loader.start()
         return total
 
-    def _load_all(self, keys: list[str], streams: tuple[Any, Any] | None) -> None:
-        """The loader thread. On a GPU its copies go to a stream of their own, so they do not wait
-        for the forward's queued work; each copy is complete when its read returns (a blocking
-        copy), and each tensor is marked in use by the caller's stream, so its memory is not
-        handed to another allocation while the caller's queued work may still read it."""
-        import contextlib
-
-        import torch
-
-        side, consumer = streams if streams is not None else (None, None)
-        try:
-            with (torch.cuda.device(side.device) if side is not None else contextlib.nullcontext()), \
-                    (torch.cuda.stream(side) if side is not None else contextlib.nullcontext()):
-                for k in keys:
-                    if self._stop_loading:
-                        break
-                    try:
-                        t = self._read(k)
-                        if consumer is not None and t.is_cuda:
-                            t.record_stream(consumer)
-                        self._cache[k] = t
-                    except BaseException:   # noqa: BLE001 - get() of this key reads it again and names the error
-                        break
-                    finally:
-                        self._pending[k].set()
-        finally:
-            for ev in self._pending.values():   # whatever is left is read by get() itself
-                ev.set()
-
     def release(self) -> None:
-        """Drop the loaded tensors (after stopping a background load)."""
-        if self._loader is not None:
-            self._stop_loading = True
-            self._loader.join()
-            self._loader = None
-            self._stop_loading = False
-        self._pending = {}
         self._cache.clear()
 
     def get(self, key: str) -> Any:
         hit = self._cache.get(key) if isinstance(key, str) else None
         if hit is not None:
             return hit
-        pending = self._pending.get(key) if isinstance(key, str) else None
-        if pending is not None:
-            pending.wait()
-            hit = self._cache.get(key)
-            if hit is not None:
-                return hit
-        return self._read(key)
-
-    def _read(self, key: str) -> Any:
         if not isinstance(key, str) or key not in self.keys:
             raise GoldenCorrupt(f"{self.path}: manifest names tensor {key!r} that the file lacks "
                                 f"(manifest and tensors do not match); recapture this golden", self.path)

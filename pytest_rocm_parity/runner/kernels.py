@@ -13,8 +13,6 @@ run on the host (compare.metric_columns).
 from __future__ import annotations
 
 import functools
-import threading
-from collections.abc import Iterable
 from typing import Any
 
 from pytest_rocm_parity.judging.columns import Stat
@@ -48,56 +46,6 @@ def triton_many_kernel() -> Any:
 
 _CODES = {"bfloat16": 0, "float16": 1, "float32": 2, "float64": 3}
 
-_WARMING: dict[str, threading.Thread] = {}
-_WARMING_LOCK = threading.Lock()
-
-
-def warm_up(device: Any, dtypes: Iterable[tuple[str, str, str]]) -> None:
-    """Get the statistics kernel ready on ``device`` in a thread, once per process and device:
-    Triton's own start-up, then the compile or the load from its disk cache for each (candidate,
-    reference, residual) dtype triple. block_stats_many waits for it.
-
-    Why: a new process's first Triton launch costs about as much as the golden's load and the first
-    forward together (Triton hashes its own library to key its cache; docs/performance.md), and
-    most of it waits on files and hashing, which run beside the load and the forward here.
-    """
-    import torch
-
-    if not triton_usable():
-        return
-    dev = torch.device(device)
-    if dev.type != "cuda":
-        return
-    triples = sorted({t for t in dtypes if all(d in _CODES for d in t)})
-    with _WARMING_LOCK:
-        if str(dev) in _WARMING or not triples:
-            return
-        th = threading.Thread(target=_warm, args=(dev, triples), daemon=True, name="parity-stats-warm-up")
-        _WARMING[str(dev)] = th
-    th.start()
-
-
-def _warm(dev: Any, triples: list[tuple[str, str, str]]) -> None:
-    import torch
-
-    try:
-        with torch.cuda.device(dev):
-            for names in triples:
-                c, r, e = (torch.zeros(MANY_BLOCK, dtype=getattr(torch, n), device=dev) for n in names)
-                # one leaf and two: the launch table's slices sit at 8- or 16-byte offsets, which
-                # Triton specializes its pointers on
-                for k in (1, 2):
-                    block_stats_many([(c, r, e)] * k, [(1, MANY_BLOCK)] * k)
-            torch.cuda.current_stream(dev).synchronize()
-    except Exception:   # noqa: BLE001 - the replay's own launch meets the same error and falls back
-        pass
-
-
-def _await_warm_up() -> None:
-    for th in list(_WARMING.values()):
-        if th.is_alive() and th is not threading.current_thread():
-            th.join()
-
 
 def readable(t: Any) -> bool:
     """Whether block_stats_many reads ``t`` (contiguous, real, of the four float dtypes)."""
@@ -121,7 +69,6 @@ def block_stats_many(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int
     import numpy as np
     import torch
 
-    _await_warm_up()
     chunk = chunk or CHUNK
     dev = leaves[0][0].device
     groups = _groups(leaves)

@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from pytest_rocm_parity.judging import dtypes as dt
-from pytest_rocm_parity.runner import kernels
 from pytest_rocm_parity.judging.compare import block_stats, exact_metrics, float_metrics, metrics_many, residual_metrics
 from pytest_rocm_parity.runner.engine import (
     KEEP_PLACEMENT,
@@ -250,7 +249,6 @@ def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device:
     inner = unwrap(model)
     manifest = store.read_manifest(spec.name)
     mpath = str(store.manifest_path(spec.name))
-    kernels.warm_up(home_device(inner, device), _stat_dtypes(manifest, spec.dtypes))
     tree_notes = check_stale(inner, inputs, spec, manifest, mpath)
     args0, kwargs0 = normalize_inputs(inputs)
     cand_env = env or collect_env(str(home_device(inner, device)))
@@ -260,7 +258,7 @@ def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device:
         path = store.rung_file(spec.name, manifest, rung)
         reader = RungReader(path, str(home_device(inner, device)), expected_digest(meta), background_verify=True)
         try:
-            _preload(reader, spec, meta)
+            _preload(reader, spec)
             why = _inputs_changed(args0, kwargs0, reader, rung, meta)
             if why:
                 raise GoldenStale(
@@ -283,29 +281,14 @@ def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device:
     return results
 
 
-def _stat_dtypes(manifest: dict[str, Any], rungs: list[str]) -> set[tuple[str, str, str]]:
-    """The (candidate, reference, residual) dtypes the statistics of these rungs read: the rung's and
-    its truth's. A manifest too damaged to say gives none; the replay names the damage later."""
-    out = set()
-    for r in rungs:
-        meta = manifest.get("rungs", {}).get(r) if isinstance(manifest.get("rungs"), dict) else None
-        truth = meta.get("truth_dtype", r) if isinstance(meta, dict) else None
-        if isinstance(truth, str):
-            out.add((r, r, truth))
-    return out
-
-
 PRELOAD_FRACTION = 0.5
 
 
-def _preload(reader: RungReader, spec: CheckSpec, meta: dict[str, Any]) -> None:
-    """The goldens the passes read, loaded onto a GPU up to half its free memory, by a thread while
-    the forward runs, in the order the forward asks for them.
+def _preload(reader: RungReader, spec: CheckSpec) -> None:
+    """The goldens the passes read, loaded onto a GPU before the forward, up to half its free memory.
 
     Why: a lazy load inside a hook is a blocking host-to-device copy per module, which stalls the
-    device's queue; loading everything before the forward adds the load to it, where in a new
-    process the first forward's own start-up could hide it. A CPU reader maps the file and needs
-    nothing.
+    device's queue; a CPU reader maps the file and needs nothing.
     """
     import torch
 
@@ -313,16 +296,9 @@ def _preload(reader: RungReader, spec: CheckSpec, meta: dict[str, Any]) -> None:
     if dev.type != "cuda":
         return
     skip = "gtruth/" if spec.replay == "fast" else None
-    order = sorted(k for k in reader.keys if k.startswith("input/"))
-    layers = {e["key"]: e for e in meta["layers"]}
-    for key in [k for k in meta.get("order", list(layers)) if k in layers]:
-        e = layers[key]
-        order += list(e.get("in", {}).values()) + list(e["out"].values())
-        order += [f"{pre}/{key}/{p}" for pre in ("truth", "gtruth") for p in e["out"]]
-    order += sorted(reader.keys)
-    keys = [k for k in order if not (skip and k.startswith(skip) and not k.startswith(f"gtruth/{OUTPUT}"))]
+    keys = sorted(k for k in reader.keys if not (skip and k.startswith(skip) and not k.startswith(f"gtruth/{OUTPUT}")))
     free, _ = torch.cuda.mem_get_info(dev)
-    reader.preload(keys, int(free * PRELOAD_FRACTION), background=True)
+    reader.preload(keys, int(free * PRELOAD_FRACTION))
 
 
 def activation_paths(layers: dict[str, dict[str, Any]]) -> dict[str, dict[str, str]]:
@@ -362,6 +338,8 @@ class _Judge:
         self.noise = noise or {}   # tag -> activation-quantization noise allowed (quant/allowance.py)
         # (sink, index, leaf, stats or None for the batched launch, c, ref, res, tolerance, isolated, tag)
         self.items: list[tuple[list[Any], int, str, Any, Any, Any, Any, Tolerance, bool, str]] = []
+        from pytest_rocm_parity.runner import kernels
+
         self.codes = kernels.dtype_codes() if kernels.triton_usable() else {}   # dtypes of the batched launch
 
     def _unpadded(self, *ts: Any) -> tuple[Any, ...]:
@@ -412,6 +390,7 @@ class _Judge:
         """Every item's (nb, len(Stat)) host statistics: the batched ones in one launch, then one wait."""
         import torch
 
+        from pytest_rocm_parity.runner import kernels
         from pytest_rocm_parity.judging.compare import Stat, block_layout
 
         batch = [i for i, it in enumerate(self.items) if it[3] is None]

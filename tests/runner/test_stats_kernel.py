@@ -212,39 +212,3 @@ def test_batched_metrics_equal_one_by_one() -> None:
         assert a is not None and a.leaf == b.leaf
         for f in ("ratio", "ratio_lo", "err_cand", "err_ref", "rms_truth", "rel_to_ref", "max_abs_to_ref", "z"):
             assert getattr(a, f) == pytest.approx(getattr(b, f), rel=1e-9, abs=1e-12), (a.leaf, f)
-
-
-def _warm_up_threads() -> list[str]:
-    import threading
-
-    return [t.name for t in threading.enumerate() if t.name == "parity-stats-warm-up"]
-
-
-def test_no_warm_up_where_the_statistics_run_as_torch_ops() -> None:
-    kernels.warm_up("cpu", {("bfloat16", "bfloat16", "float32")})
-    assert _warm_up_threads() == []
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm device")
-def test_a_launch_during_the_warm_up_waits_for_it_and_matches_the_torch_sums() -> None:
-    """Run in a new process: the warm-up starts once per process, and this one must be its first."""
-    code = textwrap.dedent("""
-        import threading, torch
-        from pytest_rocm_parity.runner import kernels
-        from pytest_rocm_parity.judging.compare import block_layout
-        kernels.warm_up("cuda", {("bfloat16", "bfloat16", "float32")})
-        started = [t for t in threading.enumerate() if t.name == "parity-stats-warm-up"]
-        g = torch.Generator(device="cuda").manual_seed(0)
-        c, r = (torch.randn(5000, device="cuda", generator=g).to(torch.bfloat16) for _ in range(2))
-        e = torch.randn(5000, device="cuda", generator=g) * 1e-3
-        got = kernels.block_stats_many([(c, r, e)], [block_layout(5000)])
-        assert started and not any(t.is_alive() for t in started), "the launch did not wait for the warm-up"
-        want = kernels.block_stats_torch(c, r, e, *block_layout(5000))
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)   # the torch sums are float32
-        kernels.warm_up("cuda", {("float16", "float16", "float32")})
-        assert not [t for t in threading.enumerate() if t.name == "parity-stats-warm-up"], "warmed up twice"
-        print("ok")
-    """)
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-2000:]
