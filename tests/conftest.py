@@ -29,6 +29,15 @@ try:  # each in-process pytester run would otherwise re-import hypothesis (~5 s)
 except ImportError:  # pragma: no cover
     pass
 
+try:  # the families the in-process projects build: a modeling module first imported inside such a
+    # run is dropped after it, and the next import makes a second copy of it and of the hub-kernel
+    # registry it decorates its layers with, whose globals Dynamo's guards then cannot find
+    import transformers.models.gpt2.modeling_gpt2  # noqa: F401
+    import transformers.models.llama.modeling_llama  # noqa: F401
+    import transformers.models.qwen2.modeling_qwen2  # noqa: F401
+except ImportError:  # pragma: no cover
+    pass
+
 try:
     import transformers  # noqa: F401
 except ImportError:  # pragma: no cover - the lm extra is optional
