@@ -35,6 +35,8 @@ def _fmt(x: float | None) -> str:
 
 
 def _verdict(l: LayerRecord) -> str:
+    if not l.iso_passed and l.iso is None:   # a sketch golden's row: judged propagated only
+        return "FAIL propagated"
     if not l.iso_passed:
         return "FAIL isolated" + ("; drift propagated" if not l.prop_passed else "")
     return "drift propagated" if not l.prop_passed else "ok"

@@ -14,6 +14,7 @@ from pytest_rocm_parity.runner.engine import CheckSpec
 from pytest_rocm_parity.runner.replay import replay
 from pytest_rocm_parity.golden.store import GoldenStore
 from pytest_rocm_parity.golden.sketch import sketch
+from pytest_rocm_parity.judging.assertion import table
 
 
 def test_sketch_is_deterministic_linear_and_norm_preserving() -> None:
@@ -51,6 +52,9 @@ def test_sketch_golden_is_small_and_still_blames_the_layer(tmp_path: Path) -> No
     bf16, fp32 = replay(model, ids, spec, small, "cpu", env={})
     assert not fp32.passed and fp32.culprit == "blocks.1.act"
     assert any("sketch golden" in n for n in fp32.notes)
+    # the sketch holds no isolated verdict, and the failure's table does not claim one
+    row = next(line for line in table(fp32) if "blocks.1.act" in line)
+    assert "FAIL propagated" in row and "isolated" not in row, row
 
 
 def test_sketch_mismatch_is_stale(tmp_path: Path) -> None:
