@@ -34,12 +34,20 @@ def _fmt(x: float | None) -> str:
     return f"{x:.3g}"
 
 
+def verdict_label(iso_failed: bool, prop_failed: bool, judged_isolated: bool, failed: bool = False) -> str:
+    """A layer row's verdict in the failure table and the HTML report. A row without an isolated
+    measurement (a sketch golden's, a model output) that fails, failed propagated."""
+    if iso_failed:
+        if not judged_isolated:
+            return "FAIL propagated"
+        return "FAIL isolated" + ("; drift propagated" if prop_failed else "")
+    if prop_failed:
+        return "drift propagated"
+    return "FAIL" if failed else "ok"
+
+
 def _verdict(l: LayerRecord) -> str:
-    if not l.iso_passed and l.iso is None:   # a sketch golden's row: judged propagated only
-        return "FAIL propagated"
-    if not l.iso_passed:
-        return "FAIL isolated" + ("; drift propagated" if not l.prop_passed else "")
-    return "drift propagated" if not l.prop_passed else "ok"
+    return verdict_label(not l.iso_passed, not l.prop_passed, l.iso is not None)
 
 
 def _cells(l: LayerRecord, culprit: str | None = None) -> tuple[str, ...]:

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_rocm_parity.judging.assertion import SUGGEST_WITHIN
+from pytest_rocm_parity.judging.assertion import SUGGEST_WITHIN, verdict_label
 from pytest_rocm_parity.atomic import atomic_write
 from pytest_rocm_parity.reports.summary import error_text, verdict
 from pytest_rocm_parity.tables import frame, write_csv
@@ -540,8 +540,7 @@ def _layer_table(c: Mapping[str, Any]) -> str:
         if l.get("name") == c.get("culprit"):
             cls.append("culprit-row")
         iso_bad, prop_bad = not l.get("iso_passed", l.get("passed", True)), not l.get("prop_passed", True)
-        verdict = ("FAIL isolated" + ("; drift propagated" if prop_bad else "") if iso_bad
-                   else "drift propagated" if prop_bad else "FAIL" if bad else "ok")
+        verdict = verdict_label(iso_bad, prop_bad, "iso_ratio" in m, bad)
         pre = "iso" if "iso_ratio" in m else "prop"
         rows.append(
             f'<tr class="{" ".join(cls)}"><td class="num">{i}</td><td><code>{e(str(l.get("name", "")))}</code></td>'

@@ -15,6 +15,7 @@ from pytest_rocm_parity.runner.replay import replay
 from pytest_rocm_parity.golden.store import GoldenStore
 from pytest_rocm_parity.golden.sketch import sketch
 from pytest_rocm_parity.judging.assertion import table
+from pytest_rocm_parity.reports.report import render_html
 
 
 def test_sketch_is_deterministic_linear_and_norm_preserving() -> None:
@@ -55,6 +56,8 @@ def test_sketch_golden_is_small_and_still_blames_the_layer(tmp_path: Path) -> No
     # the sketch holds no isolated verdict, and the failure's table does not claim one
     row = next(line for line in table(fp32) if "blocks.1.act" in line)
     assert "FAIL propagated" in row and "isolated" not in row, row
+    html = render_html({"checks": [fp32.to_dict()]})
+    assert "FAIL propagated" in html and "FAIL isolated" not in html
 
 
 def test_sketch_mismatch_is_stale(tmp_path: Path) -> None:
