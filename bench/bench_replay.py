@@ -237,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     digest_matches(path, expected_digest(meta))   # what a replay checks (XXH3-128 with xxhash installed)
     row["hash_s"] = time.perf_counter() - t
     if not a.no_cold:
-        del model
+        # the new processes get the GPU's memory to themselves: the wrapper arm holds the model too
+        del model, wrapped
         if dev.startswith("cuda"):
             torch.cuda.empty_cache()
         row.update(cold_replays(a.model, dev, a.batch, a.seq, work, a.profile_dir))
