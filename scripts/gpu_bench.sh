@@ -6,8 +6,8 @@
 # Usage: OUT=/some/dir bash scripts/gpu_bench.sh [--8b]     (under 10 minutes on an H200; --8b adds
 # the 8B Llama shape's capture/replay row, about 3 more)
 # Writes to OUT: env.txt, gpu_tests.log, bench.log, bench_parity.json, replay.json, stats_kernel.json,
-# fp8_gemm.json (the FP8 emulation against the device's GEMM), profiles.txt (a cProfile of one 1.1B
-# fast pass); bench.log also holds the FP8 example's replay on the device.
+# fp8_gemm.json (the FP8 emulation against the device's GEMM), profiles.txt (cProfiles of one 1.1B
+# fast pass and of a cold replay in a new process); bench.log also holds the FP8 example's replay on the device.
 set -uo pipefail
 : "${OUT:?set OUT to an output folder}"
 mkdir -p "$OUT"
