@@ -24,6 +24,16 @@ from pytest_rocm_parity.judging.columns import Stat
 CHUNK = 1 << 17        # elements per program (a 4M-element block: 32 programs)
 MANY_BLOCK = 1024      # elements per loop step; sums kept per lane
 MANY_WARPS = 4
+# Elements per step of the torch statistics (block_stats_torch): small enough on the CPU to stay in
+# its caches, a whole 1.1B output on a GPU, where each step is some thirty launches
+TORCH_CHUNK_CPU = 1 << 16
+TORCH_CHUNK_GPU = 1 << 22
+# Triton's first launch in a process costs about half a second of host time (it hashes its own
+# library to key its cache), as much as the torch statistics of about KERNEL_AFTER elements on the
+# H200 (docs/performance.md#the-statistics-route). A process therefore judges with torch ops until
+# they have read that many elements, then starts the kernel: a rent-or-buy rule, never worse than
+# twice the better route, so a CI run of a few goldens never pays the start-up.
+KERNEL_AFTER = 10_000_000_000
 ALIGN = 16   # bytes: what triton_stats' tl.multiple_of(p, 16) promises; not a knob (the kernel hard-codes it)
 
 
@@ -165,6 +175,24 @@ def _table(ptr_rows: list[list[int]], idx: list[int], leaves: list[tuple[Any, An
 
 
 _DISABLED: list[str] = []
+_ROUTE = {"torch_read": 0, "kernel": False}   # this process's rent-or-buy state (KERNEL_AFTER)
+
+
+def kernel_route(n: int) -> bool:
+    """Whether the statistics of ``n`` more elements on a GPU go through the Triton kernel: yes once
+    it has started in this process or the torch statistics have read KERNEL_AFTER elements."""
+    if not triton_usable():
+        return False
+    if not _ROUTE["kernel"]:
+        _ROUTE["torch_read"] += n
+        _ROUTE["kernel"] = _ROUTE["torch_read"] > KERNEL_AFTER
+    return bool(_ROUTE["kernel"])
+
+
+def start_kernel() -> None:
+    """Take the kernel route from now on in this process, for a process that knows it will judge
+    many passes (the benchmarks of a warm replay); the start-up is paid at its next launch."""
+    _ROUTE["kernel"] = True
 
 
 def disable_triton(exc: BaseException) -> None:
@@ -193,11 +221,13 @@ def triton_usable() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def block_stats_torch(c: Any, r: Any, e: Any, nb: int, size: int, chunk: int = 1 << 16) -> Any:
+def block_stats_torch(c: Any, r: Any, e: Any, nb: int, size: int, chunk: int | None = None) -> Any:
     """block_stats_many's sums for one leaf with torch ops, chunk by chunk (temporaries bounded by
-    ``chunk`` elements): (nb, len(Stat)) float64 on the leaf's device."""
+    ``chunk`` elements; by default TORCH_CHUNK_CPU or _GPU): (nb, len(Stat)) float64 on the leaf's
+    device."""
     import torch
 
+    chunk = chunk or (TORCH_CHUNK_GPU if c.is_cuda else TORCH_CHUNK_CPU)
     n = int(c.numel())
     cdt = torch.float64 if torch.float64 in (c.dtype, r.dtype, e.dtype) else torch.float32
     out = torch.empty((nb, len(Stat)), dtype=torch.float64, device=c.device)

@@ -328,7 +328,8 @@ class _Judge:
 
     On a GPU with Triton each output is snapshotted (a later in-place write, a parent's ``+=``, must
     not change what is judged) and the flush computes every leaf's statistics in one batched launch
-    (kernels.block_stats_many); elsewhere the statistics start as each output appears, reading it
+    (kernels.block_stats_many), or with torch ops until the kernel pays for its start-up
+    (kernels.kernel_route); elsewhere the statistics start as each output appears, reading it
     before any later write.
     """
 
@@ -397,12 +398,17 @@ class _Judge:
         started = [it[3] for it in self.items if it[3] is not None]
         if batch:
             layouts = [block_layout(int(self.items[i][5].numel())) for i in batch]
-            try:
-                started.append(kernels.block_stats_many([self.items[i][4:7] for i in batch], layouts))
-            except Exception as exc:   # a Triton that cannot compile the kernel here: the torch path
-                kernels.disable_triton(exc)
-                self.codes = {}
-                started.append(torch.cat([block_stats(*self.items[i][4:7]) for i in batch]))
+            leaves = [self.items[i][4:7] for i in batch]
+            stats = None
+            if kernels.kernel_route(sum(int(leaf[0].numel()) for leaf in leaves)):
+                try:
+                    stats = kernels.block_stats_many(leaves, layouts)
+                except Exception as exc:   # a Triton that cannot compile the kernel here: the torch path
+                    kernels.disable_triton(exc)
+                    self.codes = {}
+            if stats is None:
+                stats = torch.cat([kernels.block_stats_torch(*leaf, *lay) for leaf, lay in zip(leaves, layouts)])
+            started.append(stats)
         host: Any = torch.cat([t.reshape(-1, len(Stat)).to(torch.float64) for t in started]).to("cpu").numpy()
         out: list[Any] = [None] * len(self.items)
         row = 0
