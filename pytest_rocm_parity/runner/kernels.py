@@ -175,24 +175,34 @@ def _table(ptr_rows: list[list[int]], idx: list[int], leaves: list[tuple[Any, An
 
 
 _DISABLED: list[str] = []
-_ROUTE = {"torch_read": 0, "kernel": False}   # this process's rent-or-buy state (KERNEL_AFTER)
+
+
+class RentOrBuy:
+    """Torch statistics until they have read ``after`` elements, then the kernel for good."""
+
+    def __init__(self, after: int) -> None:
+        self.after, self.read, self.bought = after, 0, False
+
+    def kernel(self, n: int) -> bool:
+        """Whether statistics over ``n`` more elements take the kernel."""
+        if not self.bought:
+            self.read += n
+            self.bought = self.read > self.after
+        return self.bought
+
+
+ROUTE = RentOrBuy(KERNEL_AFTER)   # this process's
 
 
 def kernel_route(n: int) -> bool:
-    """Whether the statistics of ``n`` more elements on a GPU go through the Triton kernel: yes once
-    it has started in this process or the torch statistics have read KERNEL_AFTER elements."""
-    if not triton_usable():
-        return False
-    if not _ROUTE["kernel"]:
-        _ROUTE["torch_read"] += n
-        _ROUTE["kernel"] = _ROUTE["torch_read"] > KERNEL_AFTER
-    return bool(_ROUTE["kernel"])
+    """Whether the statistics of ``n`` more elements on a GPU go through the Triton kernel (ROUTE)."""
+    return triton_usable() and ROUTE.kernel(n)
 
 
 def start_kernel() -> None:
     """Take the kernel route from now on in this process, for a process that knows it will judge
     many passes (the benchmarks of a warm replay); the start-up is paid at its next launch."""
-    _ROUTE["kernel"] = True
+    ROUTE.bought = True
 
 
 def disable_triton(exc: BaseException) -> None:
