@@ -19,7 +19,8 @@ on the host building the launch table for the same leaves: the work a cache of t
 wait, wall clock; median of 21, the arms run in turn): ``batched`` (each candidate snapshotted, one
 launch over every leaf: what the replay does), ``per_leaf`` (one launch per leaf as it appears, no
 snapshot) and ``torch`` (the torch ops a process runs before the kernel pays for its start-up, and a
-GPU without Triton always; ``torch_chunk_N`` with N elements per step instead of TORCH_CHUNK_GPU).
+GPU without Triton always: block_stats_torch_many); ``torch_chunk_N``: block_stats_torch leaf by
+leaf, N elements per step.
 """
 from __future__ import annotations
 
@@ -83,6 +84,9 @@ def paths(leaves: list[tuple[Any, Any, Any]], lays: list[tuple[int, int]], reps:
         torch.cat([block_stats(c, r, e).reshape(-1, len(Stat)) for c, r, e in leaves]).cpu()
 
     def torch_ops(chunk: int | None = None) -> None:
+        if chunk is None:   # the replay's torch route: like-shaped leaves summed together
+            kernels.block_stats_torch_many(leaves, lays).cpu()
+            return
         torch.cat([kernels.block_stats_torch(c, r, e, *lay, chunk=chunk) for (c, r, e), lay in zip(leaves, lays)]).cpu()
 
     def ms(fn: Any) -> float:
@@ -101,7 +105,7 @@ def paths(leaves: list[tuple[Any, Any, Any]], lays: list[tuple[int, int]], reps:
     out = {k: statistics.median(v) for k, v in times.items()}
     torch_ops()
     out["torch"] = statistics.median(ms(torch_ops) for _ in range(5))
-    for chunk in (1 << 16, 1 << 20, 1 << 24):   # the CPU's chunk (hundreds of ms here) and two others
+    for chunk in (1 << 16, 1 << 22, 1 << 24):   # leaf by leaf: the CPU's step (hundreds of ms here) and larger
         out[f"torch_chunk_{chunk}"] = statistics.median(ms(lambda: torch_ops(chunk)) for _ in range(3))
     return out
 

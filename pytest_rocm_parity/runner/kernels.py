@@ -268,3 +268,34 @@ def block_stats_torch(c: Any, r: Any, e: Any, nb: int, size: int, chunk: int | N
         part[:, Stat.CAND_CLOSER] = (ac < ar).sum(1)
         part[:, Stat.MAX_ABS_DIFF] = d.abs_().amax(1)
     return out
+
+
+def block_stats_torch_many(leaves: list[tuple[Any, Any, Any]], layouts: list[tuple[int, int]],
+                           chunk: int | None = None) -> Any:
+    """block_stats_many's result with torch ops. Leaves of one dtype combination and block size, each
+    of whole blocks, are concatenated up to ``chunk`` elements (block_stats_torch's) and summed
+    together: each step is some thirty launches, so a pass's two dozen like-shaped outputs cost a
+    few steps instead of one each."""
+    import torch
+
+    out: list[Any] = [None] * len(leaves)
+    groups: dict[tuple[Any, ...], list[list[int]]] = {}
+    for i, ((c, r, e), (nb, size)) in enumerate(zip(leaves, layouts)):
+        step = chunk or (TORCH_CHUNK_GPU if c.is_cuda else TORCH_CHUNK_CPU)
+        runs = groups.setdefault((c.dtype, r.dtype, e.dtype, c.device, size), [[]])
+        if c.numel() != nb * size or c.numel() >= step:   # a short last block, or a chunk by itself
+            out[i] = block_stats_torch(c, r, e, nb, size, step)
+            continue
+        if sum(layouts[j][0] * size for j in runs[-1]) + c.numel() > step:
+            runs.append([])
+        runs[-1].append(i)
+    for (_, _, _, _, size), runs in groups.items():
+        for idx in runs:
+            if not idx:
+                continue
+            flat = [torch.cat([leaves[i][k].reshape(-1) for i in idx]) if len(idx) > 1 else leaves[idx[0]][k]
+                    for k in range(3)]
+            st = block_stats_torch(flat[0], flat[1], flat[2], sum(layouts[i][0] for i in idx), size, chunk)
+            for i, rows in zip(idx, st.split([layouts[i][0] for i in idx])):
+                out[i] = rows
+    return torch.cat(out)

@@ -407,7 +407,7 @@ class _Judge:
                     kernels.disable_triton(exc)
                     self.codes = {}
             if stats is None:
-                stats = torch.cat([kernels.block_stats_torch(*leaf, *lay) for leaf, lay in zip(leaves, layouts)])
+                stats = kernels.block_stats_torch_many(leaves, layouts)
             started.append(stats)
         host: Any = torch.cat([t.reshape(-1, len(Stat)).to(torch.float64) for t in started]).to("cpu").numpy()
         out: list[Any] = [None] * len(self.items)

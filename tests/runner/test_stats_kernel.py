@@ -61,6 +61,17 @@ def test_torch_fallback_matches_the_definition(dtype: torch.dtype, n: int) -> No
     torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-30)
 
 
+def test_torch_statistics_of_many_leaves_equal_one_by_one() -> None:
+    """Like-shaped leaves summed together (concatenated up to a chunk) give each leaf's own rows."""
+    cases = [(torch.bfloat16, 64 * 100), (torch.bfloat16, 64 * 100), (torch.bfloat16, 70001),
+             (torch.float32, 64 * 100), (torch.bfloat16, 64 * 100), (torch.bfloat16, 3), (torch.bfloat16, 64 * 100)]
+    leaves = [_case(dtype, n, seed=i)[:3] for i, (dtype, n) in enumerate(cases)]
+    lays = [block_layout(c.numel()) for c, _, _ in leaves]
+    want = torch.cat([kernels.block_stats_torch(*leaf, *lay, chunk=6400 * 2) for leaf, lay in zip(leaves, lays)])
+    got = kernels.block_stats_torch_many(leaves, lays, chunk=6400 * 2)   # two like leaves per step
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_statistics_take_torch_ops_until_they_have_read_what_the_kernel_start_up_is_worth() -> None:
     route = kernels.RentOrBuy(after=1000)
     assert [route.kernel(400) for _ in range(3)] == [False, False, True]
