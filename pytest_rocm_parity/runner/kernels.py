@@ -5,7 +5,8 @@ separate torch ops that is about fifteen kernels and fifteen round trips through
 module, which costs more than the module itself on a fast GPU; one Triton launch reads each input
 of every leaf once. Partial sums go to a per-chunk buffer and are added in a fixed order afterwards,
 so the result is deterministic (no atomics). Triton runs on CUDA and on ROCm builds of PyTorch
-alike; without a GPU (or without Triton) the same sums run as chunked torch ops.
+alike; without a GPU (or without Triton) the same sums run as chunked torch ops, and a GPU process
+runs them so too until the kernel pays for Triton's start-up (kernel_route).
 
 Only the per-block sums are computed here, in the columns of compare.Stat; the judging formulas
 run on the host (compare.metric_columns).
