@@ -116,6 +116,9 @@ class Staged:
     # shared locks on its tensor files until it is committed or abandoned: another writer's
     # commit of the same golden collects unreferenced files, and must leave these alone
     pins: list[int] = field(default_factory=list)
+    # files that held other bytes than their name says (a damaged golden) and were written again:
+    # the golden changed on disk even when its manifest did not
+    repaired: list[Path] = field(default_factory=list)
 
     def unpin(self) -> None:
         for fd in self.pins:
@@ -364,6 +367,8 @@ class GoldenStore:
                         tmp.unlink()
                         staged.written.pop()
                     else:
+                        if final.exists():
+                            staged.repaired.append(final)
                         commit(tmp, final)
                         staged.written[-1] = final
                     fd = _pin_file(final)
@@ -394,7 +399,7 @@ class GoldenStore:
             with _locked(d):
                 self._refuse_existing(name, mpath, staged.overwrite)
                 text = json.dumps(staged.manifest, indent=1, sort_keys=True, default=str) + "\n"
-                if _meaningful(_old_manifest(mpath)) == _meaningful(json.loads(text)):
+                if not staged.repaired and _meaningful(_old_manifest(mpath)) == _meaningful(json.loads(text)):
                     self.unchanged.add(name)   # same tensors, same description: keep the file and its time
                 else:
                     _atomic_write_text(mpath, text)

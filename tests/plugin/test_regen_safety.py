@@ -89,6 +89,18 @@ def test_unchanged_golden_is_not_rewritten(project: pytest.Pytester, monkeypatch
     assert {p.name for p in d.iterdir()} != set(files)
 
 
+def test_regen_over_a_damaged_golden_says_it_rewrote_it(project: pytest.Pytester) -> None:
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    rung = next((project.path / "goldens" / "tiny").glob("*.safetensors"))
+    size = rung.stat().st_size
+    with open(rung, "r+b") as f:   # truncated: its bytes no longer match its content-addressed name
+        f.truncate(size // 2)
+    result = project.runpytest("--rocm-parity", f"{REGEN}=tiny")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["goldens updated: tiny"])
+    assert "unchanged" not in result.stdout.str() and rung.stat().st_size == size
+
+
 def test_two_checks_of_one_name_name_both_tests(project: pytest.Pytester) -> None:
     (project.path / "test_tiny.py").unlink()
     project.makepyfile(test_dup=TWO_TESTS_ONE_NAME)
