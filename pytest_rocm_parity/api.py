@@ -79,7 +79,7 @@ class Parity:
             report_dir=self._session.options.report_dir,
             golden_size_limit=self._session.options.golden_size_limit,
             replay=_replay_kind(model, replay_kind or self._defaults.get("replay") or self._session.options.replay),
-            regen_command=(f"pytest --rocm-parity --parity-regen={shell_quote(nm)} "
+            regen_command=(f"pytest --rocm-parity {self._session.options.command_flags}--parity-regen={shell_quote(nm)} "
                            f"{shell_quote(self._node.nodeid) if self._node else ''}").strip(),
         )
         spec.drill = _resolve_drill(model, inputs, spec, explicit, self._session.store, self._session.capturing)
@@ -198,7 +198,7 @@ class Parity:
             missing = GoldenMissing(
                 f"no golden for {spec.name!r}: {no_dir} {spec.test}".rstrip() if no_dir else
                 f"no golden for {spec.name!r} in {s.store.root}. Capture it on the reference machine (CUDA) and "
-                f"commit it: pytest --rocm-parity --parity-mode=capture {spec.test}".rstrip(),
+                f"commit it: pytest --rocm-parity {s.options.command_flags}--parity-mode=capture {spec.test}".rstrip(),
                 s.store.manifest_path(spec.name))
             self._error(spec, missing, kind)
             fail_once(missing)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import enum
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -166,6 +167,9 @@ class ParityOptions:
     prune_dry_run: bool = False
     allow_reference_change: bool = False
     golden_size_limit: int | None = int(DEFAULT_GOLDEN_SIZE_LIMIT_MB * 1e6)   # bytes; None: no warning
+    # flags the commands we print must repeat: a golden directory given on the command line (an ini
+    # key is read again by the printed command; a flag is not)
+    command_flags: str = ""
 
     @property
     def ci(self) -> bool:
@@ -235,6 +239,8 @@ def from_config(config: pytest.Config) -> ParityOptions:
         prune_dry_run=bool(_get(config, "parity_prune_dry_run")),
         allow_reference_change=bool(_get(config, "parity_allow_reference_change")),
         golden_size_limit=_size_limit(_get(config, "parity_golden_size_limit", parse_size_limit)),
+        command_flags=(f"{GOLDEN_DIR}={shlex.quote(str(config.getoption('parity_golden_dir')))} "
+                       if config.getoption("parity_golden_dir") else ""),
     )
     if opts.regen is not None and opts.mode is not Mode.CAPTURE:
         # --parity-regen implies capture for the matching models

@@ -53,6 +53,21 @@ def test_a_missing_golden_in_an_existing_directory_says_how_to_capture(project: 
     assert "does not exist" not in out
 
 
+def test_the_capture_and_regen_commands_repeat_a_golden_dir_flag(project: pytest.Pytester) -> None:
+    """A printed command run as it is must reach the directory this run used."""
+    (project.path / "my goldens").mkdir()
+    rep = project.runpytest("--rocm-parity", "--parity-golden-dir=my goldens")
+    rep.assert_outcomes(failed=1)
+    assert "pytest --rocm-parity --parity-golden-dir='my goldens' --parity-mode=capture test_tiny.py::test_tiny" \
+        in rep.stdout.str()
+    project.runpytest("--rocm-parity", "--parity-mode=capture", "--parity-golden-dir=my goldens").assert_outcomes(
+        passed=1)
+    bad = project.path / "test_tiny.py"
+    bad.write_text(bad.read_text().replace("make_inputs()", "make_inputs() * 2"))
+    rep = project.runpytest("--rocm-parity", "--parity-golden-dir=my goldens")
+    assert "pytest --rocm-parity --parity-golden-dir='my goldens' --parity-regen=" in rep.stdout.str()
+
+
 def test_without_a_config_file_the_header_says_to_pin_the_golden_dir(project: pytest.Pytester) -> None:
     """Without an ini file pytest's rootdir, and so <rootdir>/goldens, follows the arguments."""
     pin = "*no pytest configuration file, so the goldens' place follows pytest's rootdir*"
