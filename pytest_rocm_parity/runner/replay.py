@@ -164,6 +164,15 @@ def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, An
         problems.append("the model's weights changed")
     selected = [s.name for s in select(model, spec.layers, spec.drill)]
     old_layers = [l["name"] for l in manifest.get("layers", [])]
+    gd = manifest.get("drill")
+    if selected != old_layers and isinstance(gd, int) and gd != spec.drill and not problems \
+            and [s.name for s in select(model, spec.layers, gd)] == old_layers:
+        # the same model judged at another depth: a setting to change, not a golden to regenerate
+        raise GoldenStale(
+            f"golden {golden_path} for {spec.name!r} was captured at drill {gd}; this run asks for drill "
+            f"{spec.drill} (--parity-drill, parity_drill or the check's drill=). Replay at drill {gd}, or derive "
+            f"a golden at drill {spec.drill} from this one, no GPU needed: python -m pytest_rocm_parity.golden.derive "
+            f"GOLDEN_DIR {shell_quote(spec.name)} --to NEW_NAME --drill {spec.drill}", golden_path)
     if selected != old_layers:
         names = {n for n, _ in model.named_modules()}
         added = [n for n in selected if n not in old_layers]

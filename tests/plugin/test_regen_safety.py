@@ -101,6 +101,18 @@ def test_regen_over_a_damaged_golden_says_it_rewrote_it(project: pytest.Pytester
     assert "unchanged" not in result.stdout.str() and rung.stat().st_size == size
 
 
+def test_a_shallower_drill_than_the_golden_is_named_as_a_setting_not_a_stale_golden(project: pytest.Pytester) -> None:
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    drill = manifest(project)["drill"]
+    assert drill > 0
+    result = project.runpytest("--rocm-parity", "--parity-drill=0")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*GoldenStale: golden *tiny* was captured at drill {drill}; this run asks for drill 0*"
+                                 "python -m pytest_rocm_parity.golden.derive GOLDEN_DIR 'tiny' --to NEW_NAME --drill 0*"])
+    assert "layer list changed" not in result.stdout.str()
+    project.runpytest("--rocm-parity", f"--parity-drill={drill}").assert_outcomes(passed=1)
+
+
 def test_two_checks_of_one_name_name_both_tests(project: pytest.Pytester) -> None:
     (project.path / "test_tiny.py").unlink()
     project.makepyfile(test_dup=TWO_TESTS_ONE_NAME)
