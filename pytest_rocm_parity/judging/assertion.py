@@ -53,12 +53,15 @@ def _verdict(l: LayerRecord) -> str:
 def _cells(l: LayerRecord, culprit: str | None = None) -> tuple[str, ...]:
     iso, prop = l.iso, l.prop
     mark = "  <- culprit" if culprit and l.name == culprit else ""
-    return (l.name, _fmt(iso.ratio if iso else None), _fmt(l.budget), _fmt(iso.z if iso else None),
+    return (l.name, _fmt(iso.ratio if iso else None), _fmt(iso.ratio_lo if iso else None), _fmt(l.budget),
+            _fmt(iso.z if iso else None),
             _fmt(prop.ratio if prop else None), _fmt(prop.rel_to_ref if prop else None), " " + _verdict(l) + mark)
 
 
-_HEADERS = ("layer", "iso ratio", "budget", "z", "prop ratio", "rel->ref", " verdict")
-_WIDTHS = (None, 9, 6, 7, 10, 9, None)   # names whole: the tail is what tells modules apart
+# "ratio lo" is the ratio's lower confidence bound: the isolated verdict compares it, not the ratio,
+# with the budget (docs/judging.md), so a row may show a ratio above its budget and still pass
+_HEADERS = ("layer", "iso ratio", "ratio lo", "budget", "z", "prop ratio", "rel->ref", " verdict")
+_WIDTHS = (None, 9, 8, 6, 7, 10, 9, None)   # names whole: the tail is what tells modules apart
 
 
 def table(result: CheckResult, max_rows: int = MAX_ROWS) -> list[str]:
@@ -72,7 +75,7 @@ def table(result: CheckResult, max_rows: int = MAX_ROWS) -> list[str]:
     important = [l for l in rows if not l.iso_passed or not l.prop_passed or l.name == result.culprit]
     ok = len(rows) - len(important)
     shown, hidden = important[:max_rows], important[max_rows:]
-    lines = text_table([_cells(l, result.culprit) for l in shown], _HEADERS, right=range(1, 6), widths=_WIDTHS,
+    lines = text_table([_cells(l, result.culprit) for l in shown], _HEADERS, right=range(1, 7), widths=_WIDTHS,
                        indent="  ", sep=" ") if shown else []
     if hidden:
         n_iso = sum(1 for l in hidden if not l.iso_passed)

@@ -57,6 +57,20 @@ def test_table_lists_failures_drift_and_culprit_then_counts_the_ok_rows() -> Non
     assert not any("passed (full table" in l or "more layers passed" in l for l in lines)
 
 
+def test_a_row_shows_the_lower_bound_that_decides_the_isolated_verdict() -> None:
+    """A ratio far above the budget passes isolated when its lower bound does not exceed the budget
+    (an error on a few tokens): the row shows the bound, so it does not read as a failure."""
+    few = _layer("blocks.3", prop_ok=False, ratio=5.8e4, budget=1.75)
+    assert few.iso is not None
+    few.iso.ratio_lo = 1.3
+    lines = table(_result([few, _layer("blocks.4")], None, "blocks.3"))
+    head = lines[0].split()
+    row = next(l for l in lines if l.split()[0] == "blocks.3").split()
+    assert head[:5] == ["layer", "iso", "ratio", "ratio", "lo"]
+    assert row[1:4] == ["5.8e+04", "1.3", "1.75"]
+    assert row[-2:] == ["drift", "propagated"]
+
+
 def test_more_failing_rows_than_fit_are_counted_as_failing_not_as_passed() -> None:
     n = MAX_ROWS + 10
     layers = [_layer(f"l.{i}", prop_ok=False) for i in range(n)] + [_layer("ok.0"), _layer("ok.1")]
