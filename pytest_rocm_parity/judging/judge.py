@@ -123,6 +123,29 @@ def judge_layer(rec: LayerRecord, iso: list[LeafMetrics], prop: list[LeafMetrics
         rec.reason = first_prop
 
 
+# A passing ratio at least this multiple of its budget, with a bound within it, is reported as
+# undecided. Correct alternates sit just above their budget with bounds just below it (up to 1.91x
+# against 1.75x in tests/migrations and tests/e2e); twice the budget is beyond that spread.
+UNDECIDED_OVER = 2.0
+
+
+def _few_blocks(l: LayerRecord, z: float) -> bool:
+    """A pass the data could not decide: the error is far over budget and consistent (the sign test),
+    yet its lower bound is within budget because the excess sits on a few of the blocks, as a few
+    tokens routed to other experts put it. The tensor is too small to tell that from near-ties."""
+    m = l.iso
+    return (l.iso_passed and m is not None and m.kind == "float" and not m.noise > m.err_ref
+            and m.ratio > UNDECIDED_OVER * l.budget and m.ratio_lo <= l.budget and m.z > z)
+
+
+def _few_blocks_note(l: LayerRecord) -> str:
+    assert l.iso is not None
+    return (f"{l.name}: isolated error {l.iso.ratio:.3g}x the reference's, consistently (sign test "
+            f"z={l.iso.z:+.1f}), but concentrated on a few blocks of the tensor, so its lower bound "
+            f"{l.iso.ratio_lo:.3g}x is within the budget {l.budget:g}x and it passes: too few elements to "
+            f"tell it from near-ties. To decide, capture more tokens or judge the modules inside it (drill)")
+
+
 def finish(result: CheckResult, tol: Tolerance) -> CheckResult:
     """Culprit = the first (in execution order) failing module with no failing selected descendant."""
     failing = [l for l in result.layers if not l.iso_passed]
@@ -136,6 +159,10 @@ def finish(result: CheckResult, tol: Tolerance) -> CheckResult:
             break
         div = child
     result.first_divergent = div.name if div else None
+    undecided = [l for l in result.layers if _few_blocks(l, tol.for_layer(l.name).z)]
+    if undecided:
+        result.extra["undecided"] = [l.name for l in undecided]
+        result.notes += [_few_blocks_note(l) for l in undecided[:3]]
     outputs_ok = all(o.prop_passed for o in result.outputs)
     result.passed = not failing and outputs_ok
     if not outputs_ok and not failing:

@@ -53,6 +53,9 @@ def check_line(r: dict[str, Any], width: int = 0, verdict_width: int = 4, notes:
         parts.append(c + (f": {why}" if why else ""))
     elif not r.get("passed"):
         parts.append(headline(r.get("extra") or {}))
+    elif (r.get("extra") or {}).get("undecided"):
+        parts.append(f"undecided: {_listed(r['extra']['undecided'])} (over budget on too few tokens to judge"
+                     + ("; see the notes)" if notes else "; -v for the notes)"))
     if r.get("first_divergent") and not r.get("passed"):
         parts.append(f"first divergent {r['first_divergent']}")
     out = text_table([(verdict, r.get("name", ""), f"[{r.get('dtype', '')}]", " " + "; ".join(parts))],

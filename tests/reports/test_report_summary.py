@@ -74,3 +74,17 @@ def test_goldens_not_written_say_which_test_failed() -> None:
             "capture again once the test passes): a, b") in text
     assert ("goldens not created (the run stopped before t.py::test_y finished; nothing was written; capture again "
             "once the test passes): c") in text
+
+
+def test_a_passing_check_names_its_undecided_layers(report_doc: dict[str, Any]) -> None:
+    """A layer over budget on too few tokens to judge passes; the check's line says so without -v,
+    and the notes that explain it follow with -v."""
+    entry = {**report_doc["checks"][1], "extra": {"undecided": ["model.layers.0.mlp"]},
+             "notes": ["model.layers.0.mlp: isolated error 27x the reference's"]}
+    quiet = summary_lines(_session([entry]))
+    line = next(l for l in quiet if l.startswith("PASS"))
+    assert line.endswith("undecided: model.layers.0.mlp (over budget on too few tokens to judge; -v for the notes)")
+    assert not any("note:" in l for l in quiet)
+    loud = _session([entry])
+    loud.config = SimpleNamespace(get_verbosity=lambda: 1)
+    assert "     note: model.layers.0.mlp: isolated error 27x the reference's" in summary_lines(loud)
