@@ -676,7 +676,9 @@ def header_lines() -> list[str]:
         if bad:
             fails = sum(c.status == "fail" for c in bad)
             names = ", ".join(dict.fromkeys(c.name for c in bad))
-            lines.append(f"rocm-parity doctor: {fails} fail, {len(bad) - fails} warn ({names}); run `rocm-parity doctor` for fixes")
+            # the counts leave out the tools' checks, so a full doctor run may count more: say so
+            lines.append(f"rocm-parity doctor: {fails} fail, {len(bad) - fails} warn ({names}) without running "
+                         f"rocminfo/rocm-smi; run `rocm-parity doctor` for those and the fixes")
         return lines
     except Exception as exc:  # noqa: BLE001 - a header must never break a test session
         return [f"rocm-parity: environment check failed: {type(exc).__name__}: {exc}"]

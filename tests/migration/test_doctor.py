@@ -382,6 +382,8 @@ def test_header_lines(monkeypatch: pytest.MonkeyPatch) -> None:
     assert 1 <= len(lines) <= 4
     assert "rocm build" in lines[0] and "8 x AMD Instinct MI300X [gfx942, warp 64]" in lines[0]
     assert "visible-devices" in lines[1] and "rocm-parity doctor" in lines[1]
+    # no external tool runs at pytest start-up, and the line says its counts leave them out
+    assert "without running rocminfo/rocm-smi" in lines[1]
 
 
 def test_header_lines_never_raise(monkeypatch: pytest.MonkeyPatch) -> None:
