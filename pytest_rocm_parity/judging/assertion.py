@@ -214,8 +214,11 @@ def message(result: CheckResult) -> str:
                      "outputs differ after the last of them")
     if result.first_divergent:
         lines.append(f"  first divergent layer (propagated): {result.first_divergent}")
-    elif result.layers:
+    elif any(l.prop is not None for l in result.layers):
         lines.append("  first divergent layer (propagated): none, every selected layer within its propagated budget")
+    elif result.layers:   # a fast replay runs no propagated pass
+        lines.append("  first divergent layer (propagated): not judged by the fast replay (--parity-replay=full "
+                     "judges it and the model outputs)")
     bad_out = [o for o in result.outputs if not o.passed or not o.prop_passed]
     for o in bad_out[:3]:
         lines.append(f"  output {o.name}: {o.reason}")

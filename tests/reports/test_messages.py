@@ -219,3 +219,20 @@ def test_long_module_names_are_shown_whole_in_the_table() -> None:
     res = _result([_layer(a, iso_ok=False, ratio=30.0), _layer(b, prop_ok=False)], a, b)
     text = "\n".join(table(res))
     assert a in text and b in text
+
+
+def test_a_fast_replay_says_it_did_not_judge_the_propagated_pass() -> None:
+    """The fast replay runs no propagated pass: its message must not claim every layer stayed within
+    its propagated budget, which the full replay of the same bug contradicts."""
+    from parity_models import capture_then_replay, llama, plant, tokens
+    from pytest_rocm_parity.runner.engine import CheckSpec
+
+    texts = {}
+    for kind in ("fast", "full"):
+        res, = capture_then_replay(llama, plant(llama(), "model.layers.1.mlp.act_fn"), tokens(),
+                                   CheckSpec(name="m", dtypes=["float32"], replay=kind))
+        assert not res.passed and res.culprit == "model.layers.1.mlp.act_fn"
+        texts[kind] = message(res)
+    assert "first divergent layer (propagated): not judged by the fast replay" in texts["fast"]
+    assert "within its propagated budget" not in texts["fast"]
+    assert "first divergent layer (propagated): model.layers.1" in texts["full"]
