@@ -12,7 +12,8 @@ from pytest_rocm_parity.judging.assertion import property_text, raise_if_failed
 from pytest_rocm_parity.runner.capture import capture
 from pytest_rocm_parity.runner.engine import CheckSpec, default_dtypes, shell_quote
 from pytest_rocm_parity.runner.replay import replay as replay_golden
-from pytest_rocm_parity.errors import GoldenExists, GoldenMissing, InvalidArgument, ParityError, WriteForbidden
+from pytest_rocm_parity.errors import GoldenCorrupt, GoldenExists, GoldenMissing, InvalidArgument, ParityError
+from pytest_rocm_parity.errors import WriteForbidden
 from pytest_rocm_parity.errors import ReferenceChange
 from pytest_rocm_parity.progress import checking, progress
 from pytest_rocm_parity.guards import clean_errors, fail_once, require_model
@@ -171,6 +172,12 @@ class Parity:
         exists = s.store.exists(spec.name)
         if s.capturing:
             if exists and not s.regen_matches(spec.name):
+                try:   # the manifest only: a damaged tensor file shows on replay, which hashes every byte
+                    s.store.read_manifest(spec.name)
+                except GoldenCorrupt as exc:
+                    s.goldens.corrupt.append(spec.name)
+                    pytest.skip(f"golden for {spec.name!r} exists but is corrupt ({exc}); capture never overwrites: "
+                                f"replace it with {spec.regen_command}")
                 s.goldens.kept.append(spec.name)
                 pytest.skip(f"golden for {spec.name!r} exists at {s.store.manifest_path(spec.name)}; capture never "
                             f"overwrites: rerun with --parity-regen='{spec.name}' to rewrite it")
@@ -205,7 +212,14 @@ class Parity:
         with clean_errors(), checking(spec.name):
             progress(f"replay {', '.join(spec.dtypes)} on {s.device} against {s.store.dir_for(spec.name)} ...")
             try:
-                results = do_replay()
+                try:
+                    results = do_replay()
+                except GoldenCorrupt as exc:
+                    if "recapture" not in str(exc):
+                        raise
+                    # the message names the file and says to recapture; the command that does it, here
+                    raise GoldenCorrupt(f"{exc}. On the reference machine: {spec.regen_command}; or restore the "
+                                        f"committed file (git checkout, git lfs pull)", exc.path) from None
             except Exception as exc:   # no verdict: listed as an error, so no report looks all-green
                 self._error(spec, exc, kind)
                 raise

@@ -103,7 +103,7 @@ def summary_lines(session: Any) -> list[str]:
     obsolete = list(getattr(session, "obsolete", []) or [])
     pruned = list(getattr(session, "pruned", []) or [])
     withheld = list(getattr(g, "withheld", []) or [])
-    if not res and not (g.created or g.updated or g.missing or g.kept or obsolete or pruned or withheld):
+    if not res and not (g.created or g.updated or g.missing or g.corrupt or g.kept or obsolete or pruned or withheld):
         return []
     lines = ["", "=" * 20 + " rocm-parity summary " + "=" * 20]
     order = {"ERROR": 0, "FAIL": 1, "PASS": 2}

@@ -101,6 +101,29 @@ def test_regen_over_a_damaged_golden_says_it_rewrote_it(project: pytest.Pytester
     assert "unchanged" not in result.stdout.str() and rung.stat().st_size == size
 
 
+def test_a_damaged_golden_gives_the_command_that_replaces_it(project: pytest.Pytester) -> None:
+    """Replay names the damaged file and the regenerate command; capture keeps it (it may be a
+    git-lfs pointer whose real file is safe elsewhere), lists it as corrupt and gives that command."""
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    rung = next((project.path / "goldens" / "tiny").glob("*.safetensors"))
+    with open(rung, "r+b") as f:
+        f.truncate(rung.stat().st_size // 2)
+    replayed = project.runpytest("--rocm-parity")
+    replayed.assert_outcomes(failed=1)
+    replayed.stdout.fnmatch_lines([f"*GoldenCorrupt: *{rung.name}*. On the reference machine: pytest --rocm-parity "
+                                   f"--parity-regen='tiny' 'test_tiny.py::test_tiny'; or restore the committed file*"])
+    manifest_file = project.path / "goldens" / "tiny" / "manifest.json"
+    manifest_file.write_text('{"broken')
+    kept = project.runpytest("--rocm-parity", "--parity-mode=capture", "-rs")
+    kept.assert_outcomes(skipped=1)
+    kept.stdout.fnmatch_lines(["goldens corrupt (*): tiny",
+                               "*golden for 'tiny' exists but is corrupt (*manifest is not valid JSON*); capture never "
+                               "overwrites: replace it with pytest --rocm-parity --parity-regen='tiny' *"])
+    assert manifest_file.read_text() == '{"broken'
+    project.runpytest("--rocm-parity", f"{REGEN}=tiny").assert_outcomes(passed=1)
+    project.runpytest("--rocm-parity").assert_outcomes(passed=1)
+
+
 def test_a_shallower_drill_than_the_golden_is_named_as_a_setting_not_a_stale_golden(project: pytest.Pytester) -> None:
     project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
     drill = manifest(project)["drill"]
