@@ -33,6 +33,19 @@ def llama(attn: str = "sdpa", **config: Any) -> nn.Module:
     return LlamaForCausalLM(LlamaConfig(**{**fields, **config})).eval()
 
 
+def falcon(attn: str = "eager") -> nn.Module:
+    """A 2-layer Falcon (multi-query, parallel attention) whose attention returns its weights: with
+    left padding their padded query rows are NaN in float64."""
+    from transformers import FalconConfig, FalconForCausalLM
+
+    torch.manual_seed(0)
+    cfg = FalconConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       new_decoder_architecture=False, multi_query=True, parallel_attn=True, alibi=False, bias=False,
+                       use_cache=False)
+    cfg._attn_implementation = attn
+    return FalconForCausalLM(cfg).eval()
+
+
 def bert(attn: str = "sdpa") -> nn.Module:
     from transformers import BertConfig, BertModel
 

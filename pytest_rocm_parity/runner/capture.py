@@ -1028,12 +1028,14 @@ def _finite_padding(out: Any, valid: Any) -> None:
     judged, so what they hold in the truth does not matter as long as it is finite."""
     import torch
 
+    from pytest_rocm_parity.runner.replay import padded_positions
+
     if valid is None:
         return None
     for t in tensor_leaves(out).values():
-        if not t.is_floating_point() or t.dim() < 2 or tuple(t.shape[:2]) != tuple(valid.shape):
+        pad = padded_positions(t, valid) if t.is_floating_point() else None
+        if pad is None:
             continue
-        pad = ~valid.to(t.device).reshape(*valid.shape, *([1] * (t.dim() - 2)))
         bad = pad & ~torch.isfinite(t)
         if bool(bad.any()):
             t.masked_fill_(bad, 0.0)
@@ -1047,9 +1049,12 @@ def _refuse_nonfinite(key: str, leaf: str, truth: Any, ref: Any, valid: Any) -> 
 
     if truth.is_complex() or ref.is_complex() or tuple(truth.shape) != tuple(ref.shape):
         return
+    from pytest_rocm_parity.runner.replay import padded_positions
+
     bad = ~torch.isfinite(truth) & torch.isfinite(ref.to(truth.device))
-    if valid is not None and truth.dim() >= 2 and tuple(truth.shape[:2]) == tuple(valid.shape):
-        bad = bad & valid.to(truth.device).reshape(*valid.shape, *([1] * (truth.dim() - 2)))
+    pad = padded_positions(truth, valid)
+    if pad is not None:
+        bad = bad & ~pad
     n = int(bad.sum())
     if n:
         from pytest_rocm_parity.errors import CaptureError

@@ -190,9 +190,17 @@ def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, An
             problems.append(f"the layer list changed (added {added[:5]}, removed {removed[:5]})")
     if int(manifest.get("sketch") or 0) != int(spec.sketch or 0):
         problems.append(f"captured with sketch={manifest.get('sketch') or 0}, asked sketch={spec.sketch or 0}")
-    missing = [d for d in spec.dtypes if d not in manifest.get("rungs", {})]
+    held = list(manifest.get("rungs", {}))
+    missing = [d for d in spec.dtypes if d not in held]
+    if missing and not problems:
+        # the same model asked at a precision its golden lacks: a setting, or new rungs to capture
+        raise GoldenStale(
+            f"golden {golden_path} for {spec.name!r} holds the rungs {', '.join(held)}; this run asks for "
+            f"{', '.join(missing)} too (--parity-dtypes, parity_dtypes or the check's dtypes=). Replay the rungs "
+            f"it holds (--parity-dtypes={','.join(held)}), or capture the new ones on the reference machine: "
+            f"{regen}", golden_path)
     if missing:
-        problems.append(f"dtypes {missing} were not captured (golden holds {list(manifest.get('rungs', {}))})")
+        problems.append(f"dtypes {missing} were not captured (golden holds {held})")
     if problems:
         raise GoldenStale(f"stale golden {golden_path} for {spec.name!r}: " + "; ".join(problems)
                           + f". Regenerate this model's golden on the reference machine: {regen}", golden_path)
@@ -332,6 +340,27 @@ def valid_positions(args: Any, kwargs: Any) -> Any:
     return None if bool(valid.all()) else valid
 
 
+def seq_dim(t: Any, valid: Any) -> int | None:
+    """The dim of ``t`` that runs over the sequence of the (batch, seq) ``valid`` mask: 1 in a
+    (batch, seq, ...) leaf, 2 in a (batch, heads, seq, ...) one (attention weights, whose padded query
+    rows a float64 softmax leaves NaN); None where ``t`` has neither layout."""
+    if valid is None or t.dim() < 2 or t.shape[0] != valid.shape[0]:
+        return None
+    if t.shape[1] == valid.shape[1]:
+        return 1
+    return 2 if t.dim() >= 3 and t.shape[2] == valid.shape[1] else None
+
+
+def padded_positions(t: Any, valid: Any) -> Any:
+    """A bool mask that broadcasts over ``t``, true at its padded positions; None where none apply."""
+    d = seq_dim(t, valid)
+    if d is None:
+        return None
+    shape = [1] * t.dim()
+    shape[0], shape[d] = valid.shape
+    return ~valid.to(t.device).reshape(shape)
+
+
 class _Judge:
     """Comparisons of one pass, judged after it with one wait for the device (flush).
 
@@ -355,10 +384,10 @@ class _Judge:
     def _unpadded(self, *ts: Any) -> tuple[Any, ...]:
         v = self.valid
         ref = ts[1]
-        if v is None or ref.dim() < 2 or tuple(ref.shape[:2]) != tuple(v.shape) \
-                or any(tuple(t.shape) != tuple(ref.shape) for t in ts):
+        d = seq_dim(ref, v)
+        if d is None or any(tuple(t.shape) != tuple(ref.shape) for t in ts):
             return ts
-        return tuple(t[v.to(t.device)] for t in ts)
+        return tuple(t.movedim(d, 1)[v.to(t.device)] for t in ts)
 
     def leaf(self, sink: list[Any], leaf: str, c: Any, ref: Any, res: Any | None, tol: Tolerance,
              isolated: bool, tag: str) -> None:

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from parity_models import (bert, capture_then_replay, convnet, expected_culprit, image, llama, mixtral, moe_lm, plant,
+from parity_models import (bert, capture_then_replay, convnet, expected_culprit, falcon, image, llama, mixtral, moe_lm, plant,
                               seq2seq_tokens, t5, tokens, verdicts)
 from pytest_rocm_parity.errors import GoldenStale
 from pytest_rocm_parity.runner.engine import CheckSpec
@@ -30,6 +30,18 @@ def test_decoder_attention_swap_passes(reference: str, candidate: str, pad: str)
     assert all(r.passed for r in res), verdicts(res)
     if pad != "none":
         assert any("padded positions" in n for n in res[0].notes)
+
+
+@pytest.mark.parametrize("candidate", ["eager", "sdpa"])
+def test_attention_weights_with_left_padding_are_judged_on_the_real_query_rows(candidate: str) -> None:
+    """Falcon's eager attention returns its weights, (batch, heads, query, key): with left padding the
+    float64 truth's padded query rows are NaN. They are padding, not judged, and the capture does not
+    refuse them; a bug in the second layer's attention is still named."""
+    res = capture_then_replay(lambda: falcon("eager"), falcon(candidate), tokens("left"))
+    assert res[0].passed, verdicts(res)
+    bug = capture_then_replay(lambda: falcon("eager"), plant(falcon(candidate), "transformer.h.1.self_attention"),
+                              tokens("left"))
+    assert bug[0].culprit == "transformer.h.1.self_attention", verdicts(bug)
 
 
 @pytest.mark.parametrize("pad", ["none", "right"])
