@@ -3,7 +3,7 @@
 The corpus mixes CUDA/C++ and Python files that look like real extension code (includes,
 kernels, launches, comments, Triton) with a few findings per file, so both the keyword
 gate and the regexes are exercised.  Run: ``python bench/bench_scan.py [--lines N]``.
-The target from issue 6 is >= 50,000 lines/s on one core. ``--long-lines`` times every rule on
+The target is >= 50,000 lines/s on one core. ``--long-lines`` times every rule on
 long adversarial lines instead (linear rules: about 4x per 4x longer line).
 """
 from __future__ import annotations

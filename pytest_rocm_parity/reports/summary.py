@@ -121,7 +121,7 @@ def summary_lines(session: Any) -> list[str]:
     for label, items in (("created", g.created), ("updated", g.updated), ("missing", g.missing),
                          ("corrupt (unreadable: restore them, e.g. git lfs pull, or recapture)",
                           getattr(g, "corrupt", [])),
-                         ("stale (they describe another model or inputs: recapture with --parity-regen)",
+                         ("stale (they describe another model, inputs or setting: see each error)",
                           getattr(g, "stale", [])),
                          ("kept (exists; use --parity-regen)", g.kept),
                          ("obsolete (no collected test uses them; --parity-prune-obsolete deletes)", obsolete),

@@ -1,4 +1,4 @@
-"""Detection power (issue 3): seeded kernel bugs are caught with the right culprit, correct alternates pass.
+"""Detection power: seeded kernel bugs are caught with the right culprit, correct alternates pass.
 
 The catalogue is tests/detection/catalogue.py; bench/detection.py prints the full table and docs/detection.md
 records it.  Each case is replayed once over the bfloat16, float16 and float32 rungs; ladder "bf16" judges the

@@ -1,4 +1,4 @@
-"""Small CPU models and a captured golden to damage, for the reliability tests (issue 9)."""
+"""Small CPU models and a captured golden to damage, for the reliability tests."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""Issue 9.1: a damaged or hostile golden is a GoldenCorrupt naming the file and the fix; never a
+"""A damaged or hostile golden is a GoldenCorrupt naming the file and the fix; never a
 crash, never silently accepted, never executed, and the replay changes nothing on disk."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 9.5: faults while writing a golden lose nothing. Disk full, permission denied, a killed
+"""Faults while writing a golden lose nothing. Disk full, permission denied, a killed
 process, KeyboardInterrupt and concurrent writers all leave the previous golden whole and loadable,
 and the ones that are errors are a GoldenWriteError naming the directory and the fix."""
 from __future__ import annotations

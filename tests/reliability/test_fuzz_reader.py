@@ -1,4 +1,4 @@
-"""Issue 9.6: fuzz the golden reader with random and mutated bytes of real golden files (tensor
+"""Fuzz the golden reader with random and mutated bytes of real golden files (tensor
 files, their headers, manifests).  Whatever the bytes, reading a golden ends in success or one of the
 plugin's own errors (ParityError), never another exception, never a hang, and reads at most what the
 header limits allow.  ~200 examples per target in the normal run, 10,000 under -m slow."""

@@ -1,4 +1,4 @@
-"""Issue 9.4: any check name (test ids with '/', '..', unicode, very long parametrize ids) maps to a
+"""Any check name (test ids with '/', '..', unicode, very long parametrize ids) maps to a
 safe file name inside the golden directory, distinct for distinct names, even on case-insensitive disks."""
 from __future__ import annotations
 

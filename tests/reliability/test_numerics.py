@@ -1,4 +1,4 @@
-"""Issue 9.3: numerics edge cases through engine.capture/replay on CPU (and the fixture where the
+"""Numerics edge cases through engine.capture/replay on CPU (and the fixture where the
 message matters): non-finite values, empty and 0-dim tensors, exact dtypes, complex, non-tensor leaves."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 9.2: a golden that no longer describes the model or its inputs is GoldenStale: the message
+"""A golden that no longer describes the model or its inputs is GoldenStale: the message
 says "stale", names the golden, and gives the command that regenerates that model's golden only."""
 from __future__ import annotations
 
@@ -100,9 +100,21 @@ def test_a_golden_without_recorded_shapes_says_the_structure_changed(golden: Gol
     stale(golden, "structure (module names, parameter names or shapes) changed", model=Wider())
 
 
-def test_dtype_not_captured(golden: Golden) -> None:
-    spec = CheckSpec(name="tiny", dtypes=["float16"])
-    stale(golden, "dtypes ['float16'] were not captured", spec=spec)
+def test_dtype_not_captured_is_named_as_a_setting(golden: Golden) -> None:
+    """The same model asked at a precision its golden lacks: the message names the rungs it holds and
+    the two ways on (replay those, or capture the new ones), not a model that changed."""
+    before = golden.snapshot()
+    with pytest.raises(GoldenStale) as info:
+        golden.replay(None, None, CheckSpec(name="tiny", dtypes=["float16"]))
+    held = ",".join(golden.manifest_json()["rungs"])
+    message_names(info.value, golden.manifest, f"holds the rungs {held.replace(',', ', ')}; this run asks for float16",
+                  f"--parity-dtypes={held}", "--parity-regen='tiny'")
+    assert "changed" not in str(info.value) and golden.snapshot() == before
+
+
+def test_dtype_not_captured_beside_a_changed_model_is_stale(golden: Golden) -> None:
+    stale(golden, "weights changed", "dtypes ['float16'] were not captured", model=tiny(seed=1),
+          spec=CheckSpec(name="tiny", dtypes=["float16"]))
 
 
 @pytest.mark.parametrize("x,why", [

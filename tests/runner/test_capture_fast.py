@@ -1,4 +1,4 @@
-"""The fast capture path (issue 8) writes the goldens the plain algorithm writes.
+"""The fast capture path writes the goldens the plain algorithm writes.
 
 CPU tests pin the bytes: a rung file equals one built by a plain re-implementation (host clones
 deduplicated by identity, a float64 copy of the model, residual ``(truth.double() - ref.double()).to(rdt)``),
