@@ -325,8 +325,9 @@ def _judge(prompt_len: int, generate: int, top_k: int, ids_cpu: Any, mask_cpu: A
                 "teacher_forced_confident_flips": int(confident[:, tf].sum()),
             }
             if conf_div:
-                fails.append(f"greedy generation diverged at a confident step in {conf_div} row(s) "
-                             f"(first divergent step: {steps_text(steps)})")
+                n_div = sum(1 for j in steps if j is not None)
+                fails.append(f"greedy generation diverged in {n_div} of {len(steps)} sequences, {conf_div} of them "
+                             f"at a confident step (first divergent step: {steps_text(steps)})")
         result.extra["lm"] = metrics
         if fails:
             result.passed = False

@@ -279,8 +279,8 @@ def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device:
             why = _inputs_changed(args0, kwargs0, reader, rung, meta)
             if why:
                 raise GoldenStale(
-                    f"stale golden {mpath} for {spec.name!r}: {why}. The replay uses the stored inputs; if the "
-                    f"test's inputs changed on purpose, regenerate: {spec.regen_command or 'pytest --rocm-parity --parity-regen=' + shell_quote(spec.name)}. "
+                    f"stale golden {mpath} for {spec.name!r}: {why}. A replay judges the candidate on the inputs the golden "
+                    f"stored, so the test must build the same ones; if the test's inputs changed on purpose, regenerate: {spec.regen_command or 'pytest --rocm-parity --parity-regen=' + shell_quote(spec.name)}. "
                     f"If they differ only by backend RNG, build them on the CPU with a seeded torch.Generator.", mpath)
             result = _replay_rung(model, spec, meta, reader, rung, device, {"args": args0, "kwargs": kwargs0})
         except Exception:

@@ -86,6 +86,12 @@ def test_first_confident_flip_names_the_layer(lm_project: pytest.Pytester, monke
     doc = json.loads((lm_project.path / "rep" / "parity-report.json").read_text())
     lm = next(c for c in doc["checks"] if c["dtype"] == "float32")["extra"]["lm"]
     assert lm["confident_flips"] > 0
+    gen = lm["generation"]
+    diverged = sum(1 for j in gen["first_divergent_step"] if j is not None)
+    assert diverged >= gen["confident_divergences"] > 0
+    # the count and the list of sequences agree: how many diverged, and how many of them confidently
+    result.stdout.fnmatch_lines([f"*greedy generation diverged in {diverged} of 2 sequences, "
+                                 f"{gen['confident_divergences']} of them at a confident step*"])
     assert lm["first_confident_disagreement"]["layer"].startswith("model.layers.1")
 
 
