@@ -60,7 +60,7 @@ class Parity:
             dtypes = self._session.options.dtypes or default_dtypes(model)
         if isinstance(dtypes, str):
             dtypes = [dtypes]
-        rungs = list(dict.fromkeys(dt.canonical_name(d) for d in dtypes))
+        rungs = list(dict.fromkeys(dt.rung_name(d) for d in dtypes))
         if ladder is None:
             ladder = self._defaults.get("ladder", self._session.options.ladder)
         if ladder and "float32" not in rungs and any(r in LOW_PRECISION for r in rungs):

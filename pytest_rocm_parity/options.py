@@ -64,11 +64,11 @@ def parse_device(value: str) -> str:
 
 
 def parse_dtypes(value: str) -> list[str]:
-    from pytest_rocm_parity.judging.dtypes import canonical_name
+    from pytest_rocm_parity.judging.dtypes import rung_name
     from pytest_rocm_parity.errors import InvalidArgument
 
     try:
-        return [canonical_name(x) for x in value.split(",") if x.strip()]
+        return [rung_name(x.strip()) for x in value.split(",") if x.strip()]
     except InvalidArgument as exc:
         raise pytest.UsageError(f"{DTYPES}={value!r}: {exc}") from None
 

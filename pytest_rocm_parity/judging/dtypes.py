@@ -7,6 +7,7 @@ from typing import Any
 from pytest_rocm_parity.errors import InvalidArgument
 
 FLOAT_NAMES = ("float64", "float32", "bfloat16", "float16")
+RUNGS = FLOAT_NAMES[1:]   # the precisions a check is judged at; float64 is the truth's
 _FP8 = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
 _ALIASES = {
     "fp64": "float64", "double": "float64", "fp32": "float32", "float": "float32",
@@ -36,8 +37,24 @@ def _canonical(name: str) -> str:
     key = str(name).removeprefix("torch.")
     key = _ALIASES.get(key, key)
     if key not in FLOAT_NAMES + _FP8:
-        allowed = ", ".join(FLOAT_NAMES[1:])
+        allowed = ", ".join(RUNGS)
         raise InvalidArgument(f"dtypes: unknown precision {name!r}; allowed: {allowed} (or fp32/bf16/fp16)")
+    return key
+
+
+def rung_name(name: str) -> str:
+    """A precision a check may be judged at, canonical ('bf16' -> 'bfloat16'); raises InvalidArgument
+    for float64 (the truth's own precision: a float64 candidate would be judged for bit-exactness
+    against the reference) and for the fp8 formats (a rung is the precision activations run in)."""
+    key = canonical_name(name)
+    if key == "float64":
+        raise InvalidArgument(f"dtypes: {name!r} is the precision of the truth every rung is judged against, not a "
+                              f"rung (the reference would be exact and any other backend fail); allowed: "
+                              f"{', '.join(RUNGS)} (or fp32/bf16/fp16)")
+    if key not in RUNGS:
+        raise InvalidArgument(f"dtypes: {name!r} is a storage format, not a rung: an fp8 model is judged at the "
+                              f"precision its activations run in (docs/fp8.md); allowed: {', '.join(RUNGS)} "
+                              f"(or fp32/bf16/fp16)")
     return key
 
 

@@ -196,7 +196,7 @@ def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, An
         # the same model asked at a precision its golden lacks: a setting, or new rungs to capture
         raise GoldenStale(
             f"golden {golden_path} for {spec.name!r} holds the rungs {', '.join(held)}; this run asks for "
-            f"{', '.join(missing)} too (--parity-dtypes, parity_dtypes or the check's dtypes=). Replay the rungs "
+            f"{', '.join(missing)}{' too' if len(missing) < len(spec.dtypes) else ''} (--parity-dtypes, parity_dtypes or the check's dtypes=). Replay the rungs "
             f"it holds (--parity-dtypes={','.join(held)}), or capture the new ones on the reference machine: "
             f"{regen}", golden_path)
     if missing:

@@ -1,0 +1,35 @@
+"""--parity-dtypes and a check's dtypes=: the rungs a check is judged at, validated with the fix."""
+from __future__ import annotations
+
+import pytest
+
+from pytest_rocm_parity.options import parse_dtypes
+
+
+def test_aliases_become_canonical_rungs() -> None:
+    assert parse_dtypes("bf16,fp16, fp32") == ["bfloat16", "float16", "float32"]
+
+
+@pytest.mark.parametrize("value, says", [
+    ("fp33", "unknown precision 'fp33'"),
+    ("float64", "'float64' is the precision of the truth every rung is judged against, not a rung"),
+    ("bf16,fp64", "'fp64' is the precision of the truth"),
+    ("float8_e4m3fn", "'float8_e4m3fn' is a storage format, not a rung"),
+])
+def test_what_is_not_a_rung_is_a_usage_error_listing_the_rungs(value: str, says: str) -> None:
+    with pytest.raises(pytest.UsageError) as info:
+        parse_dtypes(value)
+    assert says in str(info.value) and "allowed: float32, bfloat16, float16" in str(info.value)
+
+
+def test_a_float64_rung_in_a_check_is_refused_by_name(project: pytest.Pytester) -> None:
+    project.makepyfile(test_f64='''
+from conftest import make_model, make_inputs
+
+def test_f64(parity):
+    parity.check(make_model(), make_inputs(), name="f64", dtypes=["float64"])
+''')
+    result = project.runpytest("--rocm-parity", "--parity-mode=capture", "test_f64.py")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*InvalidArgument: dtypes: 'float64' is the precision of the truth*"])
+    assert not (project.path / "goldens" / "f64").exists()
