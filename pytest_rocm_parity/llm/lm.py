@@ -135,6 +135,69 @@ def greedy(model: Any, ids: Any, mask: Any, steps: int) -> tuple[Any, Any]:
     return torch.cat(toks, 1), torch.cat(margins, 1)
 
 
+def decode_with_cache(model: Any, prompt: Any, mask: Any, cont: Any) -> Any | None:
+    """The logits at the continuation's positions, (batch, N, vocab), from KV-cache decoding: the
+    prompt in one forward, then one token of ``cont`` (batch, N) per step with the cache, teacher-forced.
+    Why beside the full recompute: a served model decodes this way, through kernels of its own (a
+    paged or single-query attention) that a forward over the whole sequence never calls. None where
+    the model keeps no cache (not a Hugging Face model, or one that returns none)."""
+    import inspect
+
+    import torch
+
+    if not _is_hf(model) or cont is None or cont.shape[1] == 0:
+        return None
+    # transformers 5.2x names the cache argument and output field `cache`; earlier, `past_key_values`
+    arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    def cache_of(out: Any) -> Any:
+        return getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+
+    with torch.inference_mode():
+        kw: dict[str, Any] = {"input_ids": prompt, "use_cache": True}
+        if mask is not None:
+            kw["attention_mask"] = mask
+        past = cache_of(model(**kw))
+        steps = []
+        for t in range(cont.shape[1]):
+            if past is None:
+                return None
+            kw = {"input_ids": cont[:, t:t + 1].to(prompt.dtype), arg: past, "use_cache": True}
+            if mask is not None:
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+                kw["attention_mask"] = mask
+            out = model(**kw)
+            past = cache_of(out)
+            steps.append(_logits(out)[:, -1])
+    return torch.stack(steps, 1)
+
+
+def _judge_cached(rung: str, tol: Any, cand: Any, ref: Any, truth: Any) -> tuple[dict[str, Any], str]:
+    """The cached decode's logits judged as the model's outputs are (Dynamo's rule, judge.Rule):
+    the candidate's error against the float64 truth of the same positions within ``k`` times the
+    reference's cached decode's. Returns the metrics and the failure ('' when it passes)."""
+    import torch
+
+    from pytest_rocm_parity.judging.judge import Rule
+    from pytest_rocm_parity.judging.records import LeafMetrics
+
+    rule = Rule.of(tol, rung)
+
+    def rms(x: Any) -> float:
+        return float(x.square().mean().sqrt())
+
+    ref, cand = ref.to(truth.device, torch.float64), cand.to(truth.device, torch.float64)
+    m = LeafMetrics("cached_logits", int(truth.numel()), err_cand=rms(cand - truth), err_ref=rms(ref - truth),
+                    rms_truth=rms(truth))
+    denom = max(m.err_ref, rule.floor * m.rms_truth)
+    m.ratio = m.err_cand / denom if denom > 0 else (0.0 if m.err_cand == 0 else math.inf)
+    why = rule.failure(m, isolated=False)
+    metrics = {"steps": int(truth.shape[1]), "err": m.err_cand, "err_ref": m.err_ref, "ratio": m.ratio,
+               "budget": rule.k}
+    return metrics, (f"KV-cache decoding (the continuation's {truth.shape[1]} steps, one token each with the "
+                     f"cache): {why}" if why else "")
+
+
 def check_lm(parity: Any, model: Any, input_ids: Any, *, name: str | None = None, dtypes: Any = None,
              attention_mask: Any = None, generate: int = 0, layers: Any = None, tolerance: Any = None,
              drill: int | None = None, top_k: int = 5, ladder: bool | None = None) -> list[Any]:
@@ -182,7 +245,11 @@ def check_lm(parity: Any, model: Any, input_ids: Any, *, name: str | None = None
             dev = home_device(m, parity.device)
             pm = None if attention_mask is None else attention_mask.to(dev)
             toks, margins = greedy(m, input_ids.to(dev), pm, generate)
-            return {"generate": generate}, {"gen_tokens": toks, "gen_margins": margins}
+            tensors = {"gen_tokens": toks, "gen_margins": margins}
+            cached = decode_with_cache(m, input_ids.to(dev), pm, None if cont is None else cont.to(dev))
+            if cached is not None:
+                tensors["cached_logits"] = cached
+            return {"generate": generate}, tensors
 
         spec.extra_capture = extra
         return capture(model, _inputs(model, ids, mask), spec, session.store, parity.device,
@@ -324,6 +391,17 @@ def _judge(prompt_len: int, generate: int, top_k: int, ids_cpu: Any, mask_cpu: A
                 "teacher_forced_agreement": 1.0 - float(tf_flips.float().mean()) if tf_flips.numel() else 1.0,
                 "teacher_forced_confident_flips": int(confident[:, tf].sum()),
             }
+            if "extra/cached_logits" in reader.keys:
+                span = slice(prompt_len, prompt_len + generate)
+                cached = decode_with_cache(m, ids[:, :prompt_len], pm, ids[:, span])
+                if cached is None:
+                    result.notes.append("lm: the reference decoded with a KV cache and the candidate returned none: "
+                                        "its cached decoding is not judged")
+                else:
+                    metrics["cached_decode"], why = _judge_cached(rung, tol, cached, reader.get("extra/cached_logits"),
+                                                                  lt[:, span])
+                    if why:
+                        fails.append(why)
             if conf_div:
                 n_div = sum(1 for j in steps if j is not None)
                 fails.append(f"greedy generation diverged in {n_div} of {len(steps)} sequences, {conf_div} of them "

@@ -38,6 +38,15 @@ def build(arch):
         import types
         mlp = m.model.layers[1].mlp
         mlp.forward = types.MethodType(lambda self, x: type(self).forward(self, x) * 40.0, mlp)
+    if os.environ.get("BUG") == f"{arch}-kv":
+        # a decode kernel bug: layer 1's attention is off by 5% only when it attends one new token to
+        # the cache, so a forward over the whole sequence never shows it
+        import types
+        attn = m.model.layers[1].self_attn
+        def decode_bug(self, hidden_states, *a, **kw):
+            out = type(self).forward(self, hidden_states, *a, **kw)
+            return (out[0] * 1.05, *out[1:]) if hidden_states.shape[1] == 1 else out
+        attn.forward = types.MethodType(decode_bug, attn)
     return m
 
 def ids():
@@ -118,3 +127,26 @@ def test_bad_inputs_are_clear(lm_project: pytest.Pytester, call: str, message: s
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([message])
     assert "Traceback" not in result.stdout.str()
+
+
+def test_a_bug_only_in_kv_cache_decoding_is_caught(lm_project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The continuation is decoded again with the KV cache, one token a step, teacher-forced, and its
+    logits judged against the float64 truth of the same positions by the outputs' rule. A correct
+    model's cached decode passes; a decode-only bug fails, named at the float32 rung, where it stands
+    far above the rounding (at bf16 a 5% error of one layer's attention is within the outputs' budget,
+    as it would be in a full forward: the ladder's float32 rung is there for it)."""
+    lm_project.runpytest("--rocm-parity", "--parity-mode=capture", "-k", "llama").assert_outcomes(passed=1, deselected=2)
+    ok = lm_project.runpytest("--rocm-parity", "-k", "llama", "--parity-report=rep")
+    ok.assert_outcomes(passed=1, deselected=2)
+    doc = json.loads((lm_project.path / "rep" / "parity-report.json").read_text())
+    for c in doc["checks"]:
+        cached = c["extra"]["lm"]["cached_decode"]
+        assert cached["steps"] == 3 and cached["ratio"] <= cached["budget"], c["dtype"]
+    monkeypatch.setenv("BUG", "llama-kv")
+    bad = lm_project.runpytest("--rocm-parity", "-k", "llama", "--parity-report=rep")
+    bad.assert_outcomes(failed=1, deselected=2)
+    bad.stdout.fnmatch_lines(["*lm: KV-cache decoding (the continuation's 3 steps, one token each with the cache): "
+                              "propagated error *x the reference's (budget 3x)*"])
+    doc = json.loads((lm_project.path / "rep" / "parity-report.json").read_text())
+    fp32 = next(c for c in doc["checks"] if c["dtype"] == "float32")
+    assert not fp32["passed"] and fp32["extra"]["lm"]["cached_decode"]["ratio"] > 1000
