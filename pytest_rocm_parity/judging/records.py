@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import pandas as pd
-
-LAYER_COLUMNS = ("name", "kind", "level", "block", "passed", "iso_passed", "prop_passed", "iso_ratio",
-                 "ratio_lower_bound", "z", "budget", "prop_ratio", "prop_budget", "rel_to_ref", "culprit", "reason")
 
 
 @dataclass
@@ -98,31 +97,12 @@ class CheckResult:
     extra: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
-    def layer_rows(self) -> list[dict[str, Any]]:
-        """One dict per judged module call (model outputs last, ``kind='output'``): the columns of
-        :meth:`to_frame`."""
-        rows = []
-        for kind, records in (("layer", self.layers), ("output", self.outputs)):
-            for l in records:
-                iso, prop = l.iso, l.prop
-                rows.append({
-                    "name": l.name, "kind": kind, "level": l.level, "block": l.primary, "passed": l.passed,
-                    "iso_passed": l.iso_passed, "prop_passed": l.prop_passed,
-                    "iso_ratio": iso.ratio if iso else None, "ratio_lower_bound": iso.ratio_lo if iso else None,
-                    "z": iso.z if iso else None, "budget": l.budget,
-                    "prop_ratio": prop.ratio if prop else None, "prop_budget": l.prop_budget,
-                    "rel_to_ref": prop.rel_to_ref if prop else None,
-                    "culprit": l.name == self.culprit, "reason": l.reason,
-                })
-        return rows
-
     def to_frame(self) -> pd.DataFrame:
-        """A pandas DataFrame with one row per layer (then the model outputs): name, kind, level,
-        block, passed, the isolated ratio with its lower bound, z and budget, the propagated ratio
-        and budget, whether it is the culprit, and the reason."""
+        """A pandas DataFrame with one row per layer (then the model outputs, ``kind='output'``): the
+        columns of a report's ``layers.csv`` (:func:`layer_rows`), so one schema answers both."""
         from pytest_rocm_parity.tables import frame
 
-        return frame(self.layer_rows(), columns=LAYER_COLUMNS)
+        return frame(layer_rows({"checks": [self.to_dict()]}))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -135,3 +115,24 @@ class CheckResult:
             "outputs": [o.to_dict() for o in self.outputs],
             "extra": self.extra, "notes": self.notes,
         }
+
+
+def layer_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per check x layer of a report document (model outputs too, ``kind='output'``), every
+    metric of ``LayerRecord.metrics`` flattened into a column: the rows of ``layers.csv``."""
+    rows = []
+    for c in doc.get("checks", []):
+        for kind, items in (("layer", (c.get("layers") or [])), ("output", (c.get("outputs") or []))):
+            for i, l in enumerate(items):
+                row: dict[str, Any] = {
+                    "test": c.get("test", ""), "check": c.get("name", ""), "dtype": c.get("dtype", ""),
+                    "check_passed": c.get("passed"), "kind": kind, "order": i, "layer": l.get("name", ""),
+                    "primary": l.get("primary", ""), "passed": l.get("passed"),
+                    "iso_passed": l.get("iso_passed"), "prop_passed": l.get("prop_passed"),
+                    "is_culprit": l.get("name") == c.get("culprit"),
+                    "is_first_divergent": l.get("name") == c.get("first_divergent"),
+                }
+                for k, v in (l.get("metrics") or {}).items():
+                    row[k] = json.dumps(v) if isinstance(v, (list, dict)) else v
+                rows.append(row)
+    return rows

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_rocm_parity.judging.assertion import SUGGEST_WITHIN, verdict_label
+from pytest_rocm_parity.judging.records import layer_rows
 from pytest_rocm_parity.atomic import atomic_write
 from pytest_rocm_parity.reports.summary import error_text, verdict
 from pytest_rocm_parity.tables import frame, write_csv
@@ -138,26 +139,6 @@ def save_failing_tensors(result: Any, tensors: Mapping[str, Any], out_dir: str |
 
 def _as_dict(result: Any) -> dict[str, Any]:
     return result if isinstance(result, dict) else result.to_dict()
-
-
-def layer_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """One row per check x layer (model outputs included, kind='output'), every metric flattened."""
-    rows = []
-    for c in doc.get("checks", []):
-        for kind, items in (("layer", (c.get("layers") or [])), ("output", (c.get("outputs") or []))):
-            for i, l in enumerate(items):
-                row: dict[str, Any] = {
-                    "test": c.get("test", ""), "check": c.get("name", ""), "dtype": c.get("dtype", ""),
-                    "check_passed": c.get("passed"), "kind": kind, "order": i, "layer": l.get("name", ""),
-                    "primary": l.get("primary", ""), "passed": l.get("passed"),
-                    "iso_passed": l.get("iso_passed"), "prop_passed": l.get("prop_passed"),
-                    "is_culprit": l.get("name") == c.get("culprit"),
-                    "is_first_divergent": l.get("name") == c.get("first_divergent"),
-                }
-                for k, v in (l.get("metrics") or {}).items():
-                    row[k] = json.dumps(v) if isinstance(v, (list, dict)) else v
-                rows.append(row)
-    return rows
 
 
 def _env_brief(env: Mapping[str, Any]) -> str:

@@ -18,23 +18,24 @@ from pytest_rocm_parity.reports.report import write_all
 from pytest_rocm_parity.tables import text_table
 
 
-def test_to_frame_has_one_row_per_layer(parity_results: dict[str, Any]) -> None:
+def test_to_frame_has_one_row_per_layer_in_the_columns_of_layers_csv(parity_results: dict[str, Any]) -> None:
     failing = parity_results["failing"]
     df = failing.to_frame()
     assert isinstance(df, pd.DataFrame)
     layers = df[df["kind"] == "layer"]
-    assert layers["name"].tolist() == [l.name for l in failing.layers]
+    assert layers["layer"].tolist() == [l.name for l in failing.layers]
     assert len(df) == len(failing.layers) + len(failing.outputs)
-    for col in ("level", "block", "passed", "iso_ratio", "ratio_lower_bound", "z", "budget", "prop_ratio", "reason"):
+    for col in ("level", "primary", "passed", "iso_ratio", "iso_ratio_lo", "iso_z", "budget_ratio", "prop_ratio",
+                "reason", "is_culprit"):
         assert col in df.columns
-    culprit = df[df["culprit"]]
-    assert culprit["name"].tolist() == ["blocks.2"]
+    culprit = df[df["is_culprit"]]
+    assert culprit["layer"].tolist() == ["blocks.2"]
     row = culprit.iloc[0]
-    assert not row["iso_passed"] and row["iso_ratio"] > row["budget"] and row["ratio_lower_bound"] <= row["iso_ratio"]
+    assert not row["iso_passed"] and row["iso_ratio"] > row["budget_ratio"] and row["iso_ratio_lo"] <= row["iso_ratio"]
     assert row["reason"]
     # the frame answers the usual questions directly
     worst = df.sort_values("iso_ratio", ascending=False).iloc[0]
-    assert worst["name"] == "blocks.2"
+    assert worst["layer"] == "blocks.2"
     assert parity_results["passing"].to_frame()["passed"].all()
 
 
@@ -50,6 +51,7 @@ def test_layer_frame_from_the_package_root_matches_layers_csv(report_doc: dict[s
     assert csv.loc[csv["is_culprit"], "layer"].tolist() == ["blocks.2"]
     one = pytest_rocm_parity.layer_frame(parity_results["failing"])
     assert one.equals(parity_results["failing"].to_frame())
+    assert set(one.columns) <= set(csv.columns)   # one schema: a result's frame is its rows of layers.csv
     # CSV files are committed whole: no temporary file is left beside them
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
 
