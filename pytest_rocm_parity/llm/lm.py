@@ -19,6 +19,7 @@ from pytest_rocm_parity.runner.engine import OUTPUT
 from pytest_rocm_parity.runner.replay import load_truth, replay
 from pytest_rocm_parity.judging.assertion import steps_text
 from pytest_rocm_parity.errors import InputError, InvalidArgument
+from pytest_rocm_parity.progress import progress
 
 # A top-1 flip counts only where the reference's top-1/top-2 logit margin exceeds
 # NOISE_K times the reference's own RMS logit error against the float64 truth.
@@ -246,7 +247,11 @@ def check_lm(parity: Any, model: Any, input_ids: Any, *, name: str | None = None
             pm = None if attention_mask is None else attention_mask.to(dev)
             toks, margins = greedy(m, input_ids.to(dev), pm, generate)
             tensors = {"gen_tokens": toks, "gen_margins": margins}
-            cached = decode_with_cache(m, input_ids.to(dev), pm, None if cont is None else cont.to(dev))
+            try:
+                cached = decode_with_cache(m, input_ids.to(dev), pm, None if cont is None else cont.to(dev))
+            except Exception as exc:   # a model that takes no cache this way: its decoding is not recorded
+                progress(f"{rung}: KV-cache decoding not recorded ({type(exc).__name__}: {exc})", verbose=1)
+                cached = None
             if cached is not None:
                 tensors["cached_logits"] = cached
             return {"generate": generate}, tensors
@@ -393,8 +398,14 @@ def _judge(prompt_len: int, generate: int, top_k: int, ids_cpu: Any, mask_cpu: A
             }
             if "extra/cached_logits" in reader.keys:
                 span = slice(prompt_len, prompt_len + generate)
-                cached = decode_with_cache(m, ids[:, :prompt_len], pm, ids[:, span])
-                if cached is None:
+                try:
+                    cached = decode_with_cache(m, ids[:, :prompt_len], pm, ids[:, span])
+                except Exception as exc:   # the reference decoded this way: the candidate must too
+                    cached = exc
+                if isinstance(cached, Exception):
+                    fails.append(f"KV-cache decoding raised {type(cached).__name__}: {cached} (the reference's "
+                                 f"decoded the continuation with its cache)")
+                elif cached is None:
                     result.notes.append("lm: the reference decoded with a KV cache and the candidate returned none: "
                                         "its cached decoding is not judged")
                 else:

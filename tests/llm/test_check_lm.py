@@ -47,6 +47,15 @@ def build(arch):
             out = type(self).forward(self, hidden_states, *a, **kw)
             return (out[0] * 1.05, *out[1:]) if hidden_states.shape[1] == 1 else out
         attn.forward = types.MethodType(decode_bug, attn)
+    if os.environ.get("BUG") == f"{arch}-kvcrash":
+        # a decode kernel that fails outright when one new token attends to the cache
+        import types
+        attn = m.model.layers[1].self_attn
+        def decode_crash(self, hidden_states, *a, **kw):
+            if hidden_states.shape[1] == 1:
+                raise RuntimeError("HIP error: an illegal memory access was encountered")
+            return type(self).forward(self, hidden_states, *a, **kw)
+        attn.forward = types.MethodType(decode_crash, attn)
     return m
 
 def ids():
@@ -150,3 +159,8 @@ def test_a_bug_only_in_kv_cache_decoding_is_caught(lm_project: pytest.Pytester, 
     doc = json.loads((lm_project.path / "rep" / "parity-report.json").read_text())
     fp32 = next(c for c in doc["checks"] if c["dtype"] == "float32")
     assert not fp32["passed"] and fp32["extra"]["lm"]["cached_decode"]["ratio"] > 1000
+    # a decode path that raises is a failure of the check, named, not an error of the plugin
+    monkeypatch.setenv("BUG", "llama-kvcrash")
+    crash = lm_project.runpytest("--rocm-parity", "-k", "llama")
+    crash.assert_outcomes(failed=1, deselected=2)
+    crash.stdout.fnmatch_lines(["*lm: KV-cache decoding raised RuntimeError: HIP error: an illegal memory access*"])
