@@ -36,7 +36,7 @@ COMMANDS: dict[str, Command] = {
                     "compare two goldens layer by layer"),
     "golden": Command("pytest_rocm_parity.reports.inspect_cmd:add_golden_arguments",
                       "pytest_rocm_parity.reports.inspect_cmd:run_golden",
-                      "manage a golden directory: prune [--dry-run] GOLDEN_DIR"),
+                      "manage a golden directory: prune obsolete goldens, derive one from another"),
     "ops": Command("pytest_rocm_parity.fuzz.opsuite:add_ops_arguments", "pytest_rocm_parity.fuzz.opsuite:run_ops",
                    "run the built-in operator fuzz suite on a backend"),
 }
@@ -56,7 +56,7 @@ def version_text() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rocm-parity", description="Cross-backend numerical parity of PyTorch models: check the migration environment (doctor), scan code for CUDA-only constructs (scan), inspect and compare goldens (show, diff, golden prune), fuzz operators (ops).")
+    parser = argparse.ArgumentParser(prog="rocm-parity", description="Cross-backend numerical parity of PyTorch models: check the migration environment (doctor), scan code for CUDA-only constructs (scan), inspect, compare and manage goldens (show, diff, golden prune, golden derive), fuzz operators (ops).")
     parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, cmd in COMMANDS.items():

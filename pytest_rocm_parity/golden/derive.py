@@ -16,17 +16,28 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytest_rocm_parity.runner.engine import OUTPUT
-from pytest_rocm_parity.errors import InvalidArgument
+from pytest_rocm_parity.errors import GoldenExists, InvalidArgument
+from pytest_rocm_parity.judging import dtypes as dt
 from pytest_rocm_parity.golden.store import GoldenStore, RungReader, expected_digest
 
 
 def derive(src: GoldenStore, name: str, dst: GoldenStore, new_name: str, dtypes: Sequence[str],
-           drill: int, test: str | None = None) -> dict[str, Any]:
-    """Write ``new_name`` into ``dst``: rungs ``dtypes`` of ``name``, modules nested at most ``drill`` deep."""
+           drill: int, test: str | None = None, force: bool = False) -> dict[str, Any]:
+    """Write ``new_name`` into ``dst``: rungs ``dtypes`` of ``name``, modules nested at most ``drill`` deep.
+    An existing ``new_name`` is replaced only with ``force``, and never the source itself."""
+    if new_name == name and src.root.resolve() == dst.root.resolve():
+        raise InvalidArgument(f"--to {new_name!r}: that is the golden derived from; deriving in place would replace "
+                              f"it with less. Derive to another name, then replace the old one yourself if you mean to")
+    if not isinstance(drill, int) or isinstance(drill, bool) or drill < 0:
+        raise InvalidArgument(f"--drill {drill!r}: expected an integer >= 0, the sub-module depth to keep (0: blocks "
+                              f"only)")
+    dtypes = [dt.rung_name(d) for d in dtypes]
+    if not dtypes:
+        raise InvalidArgument("--dtypes: name at least one rung to keep (e.g. float32)")
+    if dst.exists(new_name) and not force:
+        raise GoldenExists(f"{dst.manifest_path(new_name)}: a golden {new_name!r} exists; derive never replaces one "
+                           f"unasked: choose another --to, or pass --force to replace it", dst.manifest_path(new_name))
     m = src.read_manifest(name)
-    missing = [d for d in dtypes if d not in m["rungs"]]
-    if missing:
-        raise InvalidArgument(f"dtypes: {missing} not in golden {name!r} (it holds {list(m['rungs'])})")
     if int(m.get("sketch") or 0):
         raise InvalidArgument(f"{name!r} is a sketch golden; only full goldens can be derived")
     missing = [d for d in dtypes if d not in m.get("rungs", {})]
@@ -64,19 +75,32 @@ def _rung(src: GoldenStore, name: str, m: dict[str, Any], dtype: str, drill: int
     return produce
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pytest_rocm_parity.golden.derive", description=__doc__.splitlines()[0])
-    p.add_argument("golden_dir")
-    p.add_argument("name")
-    p.add_argument("--to", required=True, help="name of the derived golden")
-    p.add_argument("--dtypes", required=True, help="comma-separated rungs to keep")
-    p.add_argument("--drill", type=int, required=True)
+def add_derive_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("golden_dir", metavar="GOLDEN_DIR", help="the golden directory")
+    p.add_argument("name", metavar="NAME", help="the golden to derive from")
+    p.add_argument("--to", required=True, metavar="NEW_NAME", help="name of the derived golden")
+    p.add_argument("--dtypes", default=None, help="comma-separated rungs to keep (default: all it holds)")
+    p.add_argument("--drill", type=int, required=True, help="the sub-module depth to keep (0: blocks only)")
     p.add_argument("--test", default=None, help="node id recorded in the derived manifest")
-    a = p.parse_args(argv)
+    p.add_argument("--force", action="store_true", help="replace an existing golden NEW_NAME")
+
+
+def run_derive(a: argparse.Namespace) -> int:
     store = GoldenStore(a.golden_dir)
-    derive(store, a.name, store, a.to, [d for d in a.dtypes.split(",") if d], a.drill, a.test)
+    if not store.root.is_dir():
+        raise InvalidArgument(f"{a.golden_dir}: no such golden directory")
+    dtypes = ([d.strip() for d in a.dtypes.split(",") if d.strip()] if a.dtypes is not None
+              else list(store.read_manifest(a.name)["rungs"]))
+    derive(store, a.name, store, a.to, dtypes, a.drill, a.test, force=a.force)
     print(f"wrote {store.manifest_path(a.to)}")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m pytest_rocm_parity.golden.derive``: the same as ``rocm-parity golden derive``."""
+    from pytest_rocm_parity.cli import main as cli_main
+
+    return cli_main(["golden", "derive", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

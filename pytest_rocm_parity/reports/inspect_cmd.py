@@ -527,6 +527,13 @@ def add_golden_arguments(p: argparse.ArgumentParser) -> None:
     prune.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
     prune.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="PYTEST_ARGS",
                        help="passed to pytest: the test paths to run (default: the project's testpaths)")
+    from pytest_rocm_parity.golden.derive import add_derive_arguments
+
+    add_derive_arguments(sub.add_parser(
+        "derive", help="write a golden with fewer rungs or a shallower drill from another, no GPU needed",
+        description="Derive NEW_NAME from the golden NAME: the rungs of --dtypes, the modules at most --drill "
+                    "levels deep, the tensors a capture with those settings would have written. An existing "
+                    "NEW_NAME is replaced only with --force; NAME itself never."))
 
 
 def run_golden(args: argparse.Namespace) -> int:
@@ -534,10 +541,19 @@ def run_golden(args: argparse.Namespace) -> int:
 
     from pytest_rocm_parity.options import ENABLE, GOLDEN_DIR, PRUNE, PRUNE_DRY_RUN
 
+    if args.golden_command == "derive":
+        from pytest_rocm_parity.golden.derive import run_derive
+
+        return run_derive(args)
     root = Path(args.golden_dir)
     if not root.is_dir():
         raise GoldenNotFound(f"{args.golden_dir}: no such golden directory; pass the directory the suite's "
                              f"{GOLDEN_DIR} names (default: <rootdir>/goldens)")
+    if not any(root.glob("*/manifest.json")):
+        # a run of the suite against a directory of no goldens would fail every check and prune nothing
+        raise GoldenNotFound(f"{args.golden_dir}: holds no golden (no NAME/manifest.json below it), so there is "
+                             f"nothing to prune; pass the directory the suite's {GOLDEN_DIR} names "
+                             f"(default: <rootdir>/goldens)")
     extra = [a for a in args.pytest_args if a != "--"] if args.pytest_args else []
     # A run of the suite is what proves a golden obsolete; a child process keeps this one's torch state clean.
     cmd = [sys.executable, "-m", "pytest", ENABLE, f"{GOLDEN_DIR}={root.resolve()}", PRUNE,

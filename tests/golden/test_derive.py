@@ -54,3 +54,48 @@ def test_derive_refuses_what_the_golden_lacks(tmp_path: Path) -> None:
         derive(store, "g", store, "h", ["float16"], 0)
     with pytest.raises(InvalidArgument, match="drill=1"):
         derive(store, "g", store, "h", ["float32"], 1)
+
+
+def _snapshot(d: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def test_derive_never_replaces_a_golden_unasked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Another golden of the target name, or the source itself, stays as it was; the command line
+    says why in one line with exit status 2; --force replaces the target, never the source."""
+    from pytest_rocm_parity.cli import main as cli_main
+    from pytest_rocm_parity.golden.derive import main as module_main
+
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    store = GoldenStore(tmp_path)
+    capture(_model(), x, CheckSpec(name="full", dtypes=["bfloat16", "float32"], drill=2), store, "cpu", env={})
+    capture(_model(), x, CheckSpec(name="other", dtypes=["bfloat16", "float32"], drill=2), store, "cpu", env={})
+    before = _snapshot(tmp_path)
+    for argv, says in [
+        (["--to", "other"], "a golden 'other' exists; derive never replaces one unasked"),
+        (["--to", "full"], "that is the golden derived from"),
+        (["--to", "x", "--drill", "-1"], "expected an integer >= 0"),
+        (["--to", "x", "--dtypes", "float64"], "not a rung"),
+        (["--to", "x", "--dtypes", "float16"], "golden 'full' holds bfloat16, float32"),
+    ]:
+        argv = [str(tmp_path), "full", "--drill", "0", *argv] if "--drill" not in argv else [str(tmp_path), "full", *argv]
+        assert cli_main(["golden", "derive", *argv]) == 2
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert _snapshot(tmp_path) == before
+    assert module_main([str(tmp_path), "full", "--to", "other", "--drill", "0", "--dtypes", "float32",
+                        "--force"]) == 0
+    assert store.read_manifest("other")["drill"] == 0 and list(store.read_manifest("other")["rungs"]) == ["float32"]
+    assert {k: v for k, v in _snapshot(tmp_path).items() if k.startswith("full/")} == \
+        {k: v for k, v in before.items() if k.startswith("full/")}
+
+
+def test_prune_refuses_a_directory_that_holds_no_golden(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Pointed at a source tree, prune runs no test suite: it says the directory holds no golden."""
+    from pytest_rocm_parity.cli import main as cli_main
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "kernel.cu").write_text("__global__ void k() {}\n")
+    assert cli_main(["golden", "prune", str(tmp_path)]) == 2
+    out = capsys.readouterr()
+    assert "holds no golden" in out.err and "running" not in out.out
