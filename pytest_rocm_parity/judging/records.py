@@ -102,7 +102,8 @@ class CheckResult:
         columns of a report's ``layers.csv`` (:func:`layer_rows`), so one schema answers both."""
         from pytest_rocm_parity.tables import frame
 
-        return frame(layer_rows({"checks": [self.to_dict()]}))
+        rows = layer_rows({"checks": [self.to_dict()]})
+        return frame(rows, layer_columns(rows))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -136,3 +137,16 @@ def layer_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
                     row[k] = json.dumps(v) if isinstance(v, (list, dict)) else v
                 rows.append(row)
     return rows
+
+
+def layer_columns(rows: list[dict[str, Any]]) -> list[str]:
+    """The columns of layer rows: every field a row can carry, in a fixed order, whatever the results
+    (a run with no failure still has ``reason``), then any other key the rows hold."""
+    leaf = [f.name for f in dataclasses.fields(LeafMetrics)]
+    fixed = ["test", "check", "dtype", "check_passed", "kind", "order", "layer", "primary", "passed", "iso_passed",
+             "prop_passed", "is_culprit", "is_first_divergent", "level", "budget_ratio", "budget_propagated",
+             *(f"iso_{k}" for k in leaf), *(f"prop_{k}" for k in leaf), "reason", "would_pass_ratio"]
+    seen = dict.fromkeys(fixed)
+    for r in rows:
+        seen.update(dict.fromkeys(r))
+    return list(seen)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_rocm_parity.judging.assertion import SUGGEST_WITHIN, verdict_label
-from pytest_rocm_parity.judging.records import layer_rows
+from pytest_rocm_parity.judging.records import layer_columns, layer_rows
 from pytest_rocm_parity.atomic import atomic_write
 from pytest_rocm_parity.reports.summary import error_text, verdict
 from pytest_rocm_parity.tables import frame, write_csv
@@ -175,7 +175,8 @@ def _write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
 
 
 def _write_layers_csv(doc: Mapping[str, Any], out: Path) -> Path:
-    return _write_csv(layer_rows(doc), out / LAYERS_CSV)
+    rows = layer_rows(doc)
+    return write_csv(rows, out / LAYERS_CSV, layer_columns(rows))
 
 
 def _write_checks_csv(doc: Mapping[str, Any], out: Path) -> Path:
@@ -787,4 +788,5 @@ def layer_frame(report: Any) -> Any:
         import json
 
         report = json.loads(Path(report).read_text(encoding="utf-8"))
-    return frame(layer_rows(report))
+    rows = layer_rows(report)
+    return frame(rows, layer_columns(rows))

@@ -39,6 +39,16 @@ def test_to_frame_has_one_row_per_layer_in_the_columns_of_layers_csv(parity_resu
     assert parity_results["passing"].to_frame()["passed"].all()
 
 
+def test_the_columns_do_not_depend_on_the_results(parity_results: dict[str, Any], tmp_path: Path) -> None:
+    """A passing check has the failing one's columns (``reason`` among them), in the same order, so
+    code written against one run's frame or CSV reads the next."""
+    passing, failing = parity_results["passing"].to_frame(), parity_results["failing"].to_frame()
+    assert list(passing.columns) == list(failing.columns)
+    assert passing["reason"].isna().all() or (passing["reason"] == "").all()
+    write_all({"checks": [parity_results["passing"].to_dict()]}, tmp_path)
+    assert list(pd.read_csv(tmp_path / "layers.csv").columns) == list(failing.columns)
+
+
 def test_layer_frame_from_the_package_root_matches_layers_csv(report_doc: dict[str, Any], tmp_path: Path,
                                                              parity_results: dict[str, Any]) -> None:
     written = write_all(report_doc, tmp_path)
