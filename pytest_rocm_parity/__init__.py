@@ -29,6 +29,7 @@ _LAZY = {
     # operator fuzzing and Triton cross-compilation
     "compare_op": "pytest_rocm_parity.fuzz.harness",
     "record_golden": "pytest_rocm_parity.fuzz.harness",
+    "ErrorModel": "pytest_rocm_parity.fuzz.harness",
     "assert_compiles_for": "pytest_rocm_parity.fuzz.triton_targets",
     "compile_for": "pytest_rocm_parity.fuzz.triton_targets",
     # FP8 quantization (docs/fp8.md)
@@ -45,6 +46,7 @@ _LAZY = {
     "ParityError": "pytest_rocm_parity.errors",
     "GoldenStale": "pytest_rocm_parity.errors",
     "GoldenMissing": "pytest_rocm_parity.errors",
+    "GoldenCorrupt": "pytest_rocm_parity.errors",
     "CaptureError": "pytest_rocm_parity.errors",
 }
 # modules users import whole (``from pytest_rocm_parity import strategies as S``)
@@ -62,3 +64,8 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'pytest_rocm_parity' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    """The public API, for dir() and tab completion (the lazy names are not module attributes)."""
+    return sorted(set(globals()) | set(__all__))

@@ -60,6 +60,25 @@ def test_cancellation_is_judged_against_the_terms_not_the_result():
     assert not check_op(noisy, torch.matmul, a, b, device="cpu", dtype_policy=ErrorModel(reduction_length=3)).passed
 
 
+def test_layer_norm_where_the_mean_cancels_passes_a_correct_kernel_and_fails_a_wrong_eps():
+    """x = [-3, 3, 0, 0, 0]: the mean is the sum of terms that cancel, so the float64 truth at the
+    zeros is the mean's rounding (2.6e-17), not 0, and a correct float32 kernel's exact 0 must pass:
+    the layer-norm magnitude counts the terms' mean(|x|), not |mean|. A wrong eps still fails."""
+    x = torch.tensor([[-3.0, 3.0, 0.0, 0.0, 0.0]])
+    policy = ErrorModel(reduction_length=5, magnitude=S._layer_norm_magnitude)
+
+    def by_hand(t, shape, w, b, eps, *, keep_eps=True):
+        tf = t.float()
+        y = (tf - tf.mean(-1, keepdim=True)) * torch.rsqrt(tf.var(-1, unbiased=False, keepdim=True)
+                                                            + (eps if keep_eps else 1e-1))
+        return y.to(t.dtype)
+
+    for cand in (F.layer_norm, by_hand):
+        assert check_op(cand, F.layer_norm, x, (5,), None, None, 1e-5, device="cpu", dtype_policy=policy).passed
+    wrong = lambda *a: by_hand(*a, keep_eps=False)  # noqa: E731
+    assert not check_op(wrong, F.layer_norm, x, (5,), None, None, 1e-5, device="cpu", dtype_policy=policy).passed
+
+
 def test_overflowing_truth_accepts_inf_but_finite_truth_does_not():
     x = torch.tensor([60000.0, 2.0], dtype=torch.float16)
     assert compare_op(lambda t: t * 2, lambda t: t * 2, x, device="cpu").passed  # 120000 -> inf is right
