@@ -539,8 +539,8 @@ class ParitySession:
             self.store.close()   # a session that ended before sessionfinish leaves nothing staged behind
 
     def _progress_line(self, line: str, verbose: int) -> None:
-        # level 0 shows unless -qq; level 1 with -v
-        if self.config.get_verbosity() < (-1 if verbose <= 0 else verbose):
+        # level 0 shows at the default verbosity, level 1 with -v; -q keeps pytest's line of dots
+        if self.config.get_verbosity() < max(verbose, 0):
             return
         tr = self.config.pluginmanager.getplugin("terminalreporter")
         if tr is None:
