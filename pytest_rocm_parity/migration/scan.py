@@ -140,7 +140,7 @@ RULES: tuple[Rule, ...] = (
     Rule("RP107", "shfl-width-32", "warning", D, ("__shfl",), r"\b__shfl\w*\s*\([^;()]*(?:\([^;()]*\)[^;()]*)*,\s*32\s*\)",
          "shuffle with width 32: on wave64 this splits the wavefront into halves", "manual"),
     Rule("RP108", "warpsize-constexpr", "error", D, ("warpSize",),
-         r"\bconstexpr\b[^;\n]{0,256}?\bwarpSize\b|[<,]\s*warpSize\s*[,>]|\[\s*warpSize\s*\]"
+         r"\bconstexpr\b[^;\n]{0,256}?\bwarpSize\b|[<,]\s*warpSize\s*[,>]|=\s*warpSize\s*[,>]|\[\s*warpSize\s*\]"
          r"|static_assert\s*\([^;\n]{0,256}?\bwarpSize\b",
          "warpSize used as a compile-time constant: not constexpr from ROCm 7.0 (use a template parameter / __AMDGCN_WAVEFRONT_SIZE guard)",
          "manual"),

@@ -42,7 +42,7 @@ __device__ bool all_ok(bool p) {
 
 __device__ float cached_load(const float* p) { return __ldg(p); }  // expect: RP124
 
-template <int N>
+template <int N = warpSize>  // expect: RP108
 struct Tile {};
 constexpr int kLanes = warpSize;  // expect: RP108
 Tile<warpSize> tile;  // expect: RP108
