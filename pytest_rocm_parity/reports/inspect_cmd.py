@@ -57,6 +57,9 @@ def resolve_golden(path: str | Path) -> tuple[Path, dict[str, Any]]:
         if inside:   # the --parity-golden-dir folder, not one golden in it
             listed = ", ".join(inside[:8]) + (f" and {len(inside) - 8} more" if len(inside) > 8 else "")
             hint = f"; it is a folder of goldens: name one of them, e.g. {p / inside[0]} ({listed})"
+        if not p.exists():
+            raise GoldenNotFound(f"{path}: no such file or directory; name a golden's directory (GOLDEN_DIR/NAME) "
+                                 f"or its manifest.json")
         raise GoldenNotFound(f"{path}: no golden here{hint}")
     return m.parent, load_manifest(m)
 
