@@ -568,8 +568,8 @@ def _value_text(v: Any) -> str:
         return str(v)
     if _num(v) is not None:
         return _fmt_num(v)
-    if isinstance(v, dict):
-        return "; ".join(f"{k} {_value_text(x)}" for k, x in v.items())
+    if isinstance(v, dict):   # sorted: two environments' flags read side by side in one order
+        return "; ".join(f"{k} {_value_text(x)}" for k, x in sorted(v.items(), key=lambda kv: str(kv[0])))
     if isinstance(v, (list, tuple)):
         return ", ".join(_value_text(x) for x in v) or "–"
     return str(v)

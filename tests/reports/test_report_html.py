@@ -199,3 +199,14 @@ def test_a_check_without_verdict_is_an_error_in_html_and_csv(report_doc: dict[st
     assert pd.isna(checks.loc["tiny", "error"])
     assert len(pd.read_csv(tmp_path / "layers.csv")) == sum(len(c["layers"]) + len(c["outputs"])
                                                             for c in report_doc["checks"])
+
+
+def test_environment_flags_read_in_one_order_on_both_sides() -> None:
+    """The SDPA flags of two environments, stored in different key orders, are listed in one order,
+    and the row is marked different only where a value differs."""
+    ref = {"sdpa": {"flash": True, "math": True, "mem_efficient": True}}
+    same = {"sdpa": {"math": True, "mem_efficient": True, "flash": True}}
+    cells = re.findall(r"<td>([^<]*)</td>", report._env_table(ref, same))
+    assert cells[1] == cells[2] == "flash yes; math yes; mem_efficient yes"
+    assert 'class="diff"' not in report._env_table(ref, same)
+    assert 'class="diff"' in report._env_table(ref, {"sdpa": {**same, "flash": False}})
