@@ -40,6 +40,13 @@ class Rule:
         return cls(tol.ratio_for(rung), tol.z, tol.confidence, tol.propagated_for(rung), tol.unit_roundoff(rung),
                    tol.quant_noise)
 
+    def propagated_ratio(self, m: LeafMetrics) -> float:
+        """The candidate's error over the reference's, floored at one rounding of the output (Dynamo's
+        additive tolerance): an exact reference (lookups, tiny outputs) must not turn a single-ulp
+        difference into a multiple of nothing."""
+        denom = max(m.err_ref, self.floor * m.rms_truth)
+        return m.err_cand / denom if denom > 0 else (0.0 if m.err_cand == 0 else math.inf)
+
     def failure(self, m: LeafMetrics, isolated: bool) -> str:
         """'' if the leaf passes, else the reason."""
         if m.note.startswith("shape"):
@@ -60,10 +67,7 @@ class Rule:
                 return (f"isolated error {m.ratio:.3g}x the reference's (>= {m.ratio_lo:.3g}x at "
                         f"{self.confidence:g} sigma; budget {self.budget:g}x; sign test z={m.z:+.1f})")
             return ""
-        # Dynamo's additive tolerance, as one rounding of the output: an exact reference (lookups, tiny
-        # outputs) must not turn a single-ulp difference into a multiple of nothing.
-        denom = max(m.err_ref, self.floor * m.rms_truth)
-        ratio = m.err_cand / denom if denom > 0 else (0.0 if m.err_cand == 0 else math.inf)
+        ratio = self.propagated_ratio(m)
         if ratio > self.k:
             return f"propagated error {ratio:.3g}x the reference's (budget {self.k:g}x)"
         return ""

@@ -190,8 +190,7 @@ def _judge_cached(rung: str, tol: Any, cand: Any, ref: Any, truth: Any) -> tuple
     ref, cand = ref.to(truth.device, torch.float64), cand.to(truth.device, torch.float64)
     m = LeafMetrics("cached_logits", int(truth.numel()), err_cand=rms(cand - truth), err_ref=rms(ref - truth),
                     rms_truth=rms(truth))
-    denom = max(m.err_ref, rule.floor * m.rms_truth)
-    m.ratio = m.err_cand / denom if denom > 0 else (0.0 if m.err_cand == 0 else math.inf)
+    m.ratio = rule.propagated_ratio(m)
     why = rule.failure(m, isolated=False)
     metrics = {"steps": int(truth.shape[1]), "err": m.err_cand, "err_ref": m.err_ref, "ratio": m.ratio,
                "budget": rule.k}
