@@ -173,10 +173,12 @@ def decode_with_cache(model: Any, prompt: Any, mask: Any, cont: Any) -> Any | No
     return torch.stack(steps, 1)
 
 
-def _judge_cached(rung: str, tol: Any, cand: Any, ref: Any, truth: Any) -> tuple[dict[str, Any], str]:
+def _judge_cached(rung: str, tol: Any, cand: Any, ref: Any, truth: Any, noise: float = 0.0) -> tuple[dict[str, Any], str]:
     """The cached decode's logits judged as the model's outputs are (Dynamo's rule, judge.Rule):
     the candidate's error against the float64 truth of the same positions within ``k`` times the
-    reference's cached decode's. Returns the metrics and the failure ('' when it passes)."""
+    reference's cached decode's, or within ``quant_noise`` times ``noise``, the activation-quantization
+    noise of an FP8 candidate in another format (docs/fp8.md), where that is larger. Returns the
+    metrics and the failure ('' when it passes)."""
     import torch
 
     from pytest_rocm_parity.judging.judge import Rule
@@ -191,9 +193,10 @@ def _judge_cached(rung: str, tol: Any, cand: Any, ref: Any, truth: Any) -> tuple
     m = LeafMetrics("cached_logits", int(truth.numel()), err_cand=rms(cand - truth), err_ref=rms(ref - truth),
                     rms_truth=rms(truth))
     m.ratio = rule.propagated_ratio(m)
+    m.allow_noise(noise)
     why = rule.failure(m, isolated=False)
     metrics = {"steps": int(truth.shape[1]), "err": m.err_cand, "err_ref": m.err_ref, "ratio": m.ratio,
-               "budget": rule.k}
+               "budget": rule.quant_noise if m.noise > m.err_ref else rule.k, "quant_noise": m.noise}
     return metrics, (f"KV-cache decoding (the continuation's {truth.shape[1]} steps, one token each with the "
                      f"cache): {why}" if why else "")
 
@@ -408,8 +411,9 @@ def _judge(prompt_len: int, generate: int, top_k: int, ids_cpu: Any, mask_cpu: A
                     result.notes.append("lm: the reference decoded with a KV cache and the candidate returned none: "
                                         "its cached decoding is not judged")
                 else:
+                    qn = float((lq - lt)[:, span].square().mean().sqrt()) if lq is not None else 0.0
                     metrics["cached_decode"], why = _judge_cached(rung, tol, cached, reader.get("extra/cached_logits"),
-                                                                  lt[:, span])
+                                                                  lt[:, span], qn)
                     if why:
                         fails.append(why)
             if conf_div:

@@ -3,6 +3,7 @@ perplexity, KL and token agreement are judged with its quantization noise allowe
 and a conversion bug still fails with its module named and its cause beside it."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,11 @@ def test_check_lm_on_an_fnuz_port(pytester: pytest.Pytester, monkeypatch: pytest
     pytester.runpytest("--rocm-parity", "--parity-regen", "-p", "no:cacheprovider").assert_outcomes(passed=1)
 
     monkeypatch.setenv("FP8_CASE", "alt_fnuz_converted")
-    pytester.runpytest("--rocm-parity", "-p", "no:cacheprovider").assert_outcomes(passed=1)
+    pytester.runpytest("--rocm-parity", "-p", "no:cacheprovider", "--parity-report=rep").assert_outcomes(passed=1)
+    # its KV-cache decode carries the same quantization noise, and is judged against it
+    doc = json.loads((pytester.path / "rep" / "parity-report.json").read_text())
+    cached = next(c for c in doc["checks"] if c["dtype"] == "float32")["extra"]["lm"]["cached_decode"]
+    assert cached["quant_noise"] > cached["err_ref"] and cached["ratio"] <= cached["budget"] == 3.0
 
     monkeypatch.setenv("FP8_CASE", "bug_fnuz_scale_not_doubled")
     result = pytester.runpytest("--rocm-parity", "-p", "no:cacheprovider")
