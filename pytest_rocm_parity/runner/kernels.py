@@ -239,6 +239,7 @@ def block_stats_torch(c: Any, r: Any, e: Any, nb: int, size: int, chunk: int | N
     import torch
 
     chunk = chunk or (TORCH_CHUNK_GPU if c.is_cuda else TORCH_CHUNK_CPU)
+    c, r, e = (x.reshape(-1) for x in (c, r, e))   # blocks run over the flattened leaf
     n = int(c.numel())
     cdt = torch.float64 if torch.float64 in (c.dtype, r.dtype, e.dtype) else torch.float32
     out = torch.empty((nb, len(Stat)), dtype=torch.float64, device=c.device)

@@ -72,6 +72,18 @@ def test_torch_statistics_of_many_leaves_equal_one_by_one() -> None:
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+def test_torch_statistics_of_a_leaf_of_many_dims_larger_than_a_chunk() -> None:
+    """A replay hands the outputs as they are shaped ((batch, seq, vocab) logits); blocks run over the
+    flattened leaf, whether it is summed alone (larger than a chunk) or beside like leaves."""
+    c, r, e, _ = _case(torch.bfloat16, 4 * 25 * 70)
+    shaped = [x.view(4, 25, 70) for x in (c, r, e)]
+    lay = block_layout(c.numel())
+    want = _naive(c, r, e)
+    for chunk in (1000, 10 ** 6):   # alone (the leaf exceeds the chunk), then grouped
+        got = kernels.block_stats_torch_many([tuple(shaped)], [lay], chunk=chunk)
+        torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-30)
+
+
 def test_statistics_take_torch_ops_until_they_have_read_what_the_kernel_start_up_is_worth() -> None:
     route = kernels.RentOrBuy(after=1000)
     assert [route.kernel(400) for _ in range(3)] == [False, False, True]
