@@ -316,6 +316,7 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
         "drill": spec.drill, "layer_patterns": list(spec.layers) if spec.layers else None,
         "sketch": int(spec.sketch or 0), "steps": steps, "accumulate": accumulate,
         "optimizer": describe(optimizer), "clip_grad_norm": describe(clip_grad_norm),
+        "trainable": _trainable(inner),
         "reference_env": env or collect_env(str(home_device(inner, device))), "rungs": {},
     }
     names = {s.name for s in selected}
@@ -655,6 +656,19 @@ def replay_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, d
     if problems:
         raise GoldenStale(f"stale golden {mpath} for {spec.name!r}: " + "; ".join(problems)
                           + f". Regenerate it on the reference machine: {regen}", mpath)
+    if isinstance(manifest.get("trainable"), list) and manifest["trainable"] != _trainable(inner):
+        # which parameters train is part of the step: a port that unfreezes a LoRA's base weights trains
+        # another model, whatever its numbers
+        was, now = set(manifest["trainable"]), set(_trainable(inner))
+        extra, gone = sorted(now - was), sorted(was - now)
+        raise GoldenStale(
+            f"golden {mpath} for {spec.name!r} was captured with other parameters trainable: the candidate "
+            + "; ".join(x for x in (f"trains {len(extra)} the reference froze ({', '.join(extra[:3])}"
+                                    f"{' ...' if len(extra) > 3 else ''})" if extra else "",
+                                    f"freezes {len(gone)} the reference trained ({', '.join(gone[:3])}"
+                                    f"{' ...' if len(gone) > 3 else ''})" if gone else "") if x)
+            + f". Set requires_grad as the reference did, or if the change is intended, regenerate: {regen}", mpath)
+    setting_notes = _setting_notes(manifest, optimizer, clip_grad_norm)
     factory = optimizer_factory(optimizer)
     clip = gradient_clipper(clip_grad_norm, optimizer)
     selected = select(inner, spec.layers, spec.drill)
@@ -681,8 +695,31 @@ def replay_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, d
         result.reference_env = manifest.get("reference_env", {})
         result.candidate_env = env or collect_env(str(device))
         result.golden = str(store.rung_file(spec.name, manifest, rung))
+        result.notes.extend(setting_notes)
         results.append(result)
     return results
+
+
+def _trainable(model: Any) -> list[str]:
+    return sorted(n for n, p in model.named_parameters() if p.requires_grad)
+
+
+def _setting_notes(manifest: dict[str, Any], optimizer: Any, clip_grad_norm: Any) -> list[str]:
+    """Where the candidate's optimizer or clipping is described otherwise than the golden's: a note,
+    since the candidate's own is what is judged (a fused or ported optimizer), and where an update the
+    golden holds goes unjudged for want of an optimizer."""
+    notes = []
+    golden_opt, golden_clip = manifest.get("optimizer"), manifest.get("clip_grad_norm")
+    if optimizer is None and golden_opt is not None:
+        notes.append(f"the golden holds an optimizer step ({golden_opt}); this replay passes no optimizer=, so the "
+                     f"update is not judged")
+    elif optimizer is not None and golden_opt is not None and describe(optimizer) != golden_opt:
+        notes.append(f"the candidate's optimizer is {describe(optimizer)}, the golden's {golden_opt}: its update is "
+                     f"judged all the same; settings that change the update show as an optimizer failure")
+    if golden_clip is not None and describe(clip_grad_norm) != golden_clip:
+        notes.append(f"the golden's gradients were clipped with {golden_clip}, the candidate's with "
+                     f"{describe(clip_grad_norm)}")
+    return notes
 
 
 @contextlib.contextmanager

@@ -242,6 +242,38 @@ def test_a_stale_training_golden_names_what_changed(tmp_path: Any) -> None:
         replay_train(other, _inputs(), spec, store, "cpu", optimizer=ADAMW, steps=2)
 
 
+def test_a_candidate_that_trains_what_the_reference_froze_is_refused(tmp_path: Any) -> None:
+    """A LoRA-style fine-tune (only the attention projections train): a port that unfreezes a norm
+    trains another model, and is named, with the parameter, before any step runs."""
+    from pytest_rocm_parity.errors import GoldenStale
+
+    def partly_frozen() -> torch.nn.Module:
+        m = llama("sdpa")
+        for n, p in m.named_parameters():
+            p.requires_grad_(".self_attn." in n)
+        return m
+
+    spec = CheckSpec(name="frozen", dtypes=["float32"])
+    store = GoldenStore(str(tmp_path))
+    capture_train(partly_frozen(), _inputs(), spec, store, "cpu", optimizer=ADAMW)
+    assert replay_train(partly_frozen(), _inputs(), spec, store, "cpu", optimizer=ADAMW)[0].passed
+    unfrozen = partly_frozen()
+    unfrozen.model.norm.weight.requires_grad_(True)
+    with pytest.raises(GoldenStale, match=r"the candidate trains 1 the reference froze \(model.norm.weight\)"):
+        replay_train(unfrozen, _inputs(), spec, store, "cpu", optimizer=ADAMW)
+
+
+def test_an_optimizer_set_otherwise_or_left_out_is_said(golden) -> None:  # type: ignore[no-untyped-def]
+    """The candidate's own optimizer is what is judged; where its settings differ from the golden's, or
+    where none is passed and the golden's update goes unjudged, a note says so."""
+    other = _replay(golden, llama("sdpa"), optimizer=(torch.optim.AdamW, {"lr": 1e-3, "betas": (0.9, 0.99)}))
+    assert any("the candidate's optimizer is" in n and "'betas': (0.9, 0.99)" in n for n in other.notes), other.notes
+    none = _replay(golden, llama("sdpa"), optimizer=None)
+    assert none.passed and any("this replay passes no optimizer=, so the update is not judged" in n
+                               for n in none.notes), none.notes
+    assert not any("optimizer" in n for n in _replay(golden, llama("sdpa")).notes)
+
+
 def _scaled_backend(gm: torch.fx.GraphModule, _example: list[torch.Tensor]):  # type: ignore[no-untyped-def]
     """A miscompile: every floating output of every compiled graph 1% too large."""
     def run(*args: torch.Tensor) -> list[torch.Tensor]:
