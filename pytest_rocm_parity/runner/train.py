@@ -224,7 +224,18 @@ def isolated_backward(mod: Any, call: tuple[Any, Any, str, str], x: Any, g: Any,
     xin = x.detach().clone().requires_grad_(True)
     root = map_tensors({"args": a, "kwargs": kw}, lambda p, t: xin if p == xp else t.detach())
     with torch.enable_grad():
-        out = mod(*root["args"], **root["kwargs"])
+        try:
+            out = mod(*root["args"], **root["kwargs"])
+        except Exception as exc:
+            caches = [k for k, v in kw.items() if "cache" in type(v).__name__.lower()]
+            if not caches:
+                raise
+            # the step's forward appended to this cache, so calling the module again sees its keys twice
+            raise InvalidArgument(
+                f"{type(mod).__name__} could not be called again on its recorded call ({type(exc).__name__}: "
+                f"{exc}): the call holds a KV cache ({', '.join(caches)}) that the training step's forward filled. "
+                f"A training step needs none: give the model use_cache=False (in the inputs, or its "
+                f"config)") from None
         leaves = {"0": out} if isinstance(out, torch.Tensor) else tensor_leaves(out)
         y = leaves[yp]
         names = list(params)

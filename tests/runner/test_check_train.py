@@ -274,6 +274,17 @@ def test_an_optimizer_set_otherwise_or_left_out_is_said(golden) -> None:  # type
     assert not any("optimizer" in n for n in _replay(golden, llama("sdpa")).notes)
 
 
+def test_a_decoder_left_with_its_kv_cache_is_told_to_drop_it(tmp_path: Any) -> None:
+    """Eager attention with use_cache on: the step's forward fills the cache, so calling a layer again
+    sees its keys twice. The error says so and names the fix, instead of a shape mismatch."""
+    from pytest_rocm_parity.errors import InvalidArgument
+
+    spec = CheckSpec(name="cache", dtypes=["float32"], drill=2)
+    with pytest.raises(InvalidArgument, match=r"holds a KV cache .* give the model use_cache=False"):
+        capture_train(llama("eager", use_cache=True), _inputs(), spec, GoldenStore(str(tmp_path)), "cpu",
+                      optimizer=ADAMW)
+
+
 def _scaled_backend(gm: torch.fx.GraphModule, _example: list[torch.Tensor]):  # type: ignore[no-untyped-def]
     """A miscompile: every floating output of every compiled graph 1% too large."""
     def run(*args: torch.Tensor) -> list[torch.Tensor]:
