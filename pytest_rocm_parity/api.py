@@ -180,7 +180,7 @@ class Parity:
                                 f"replace it with {spec.regen_command}")
                 s.goldens.kept.append(spec.name)
                 pytest.skip(f"golden for {spec.name!r} exists at {s.store.manifest_path(spec.name)}; capture never "
-                            f"overwrites: rerun with --parity-regen='{spec.name}' to rewrite it")
+                            f"overwrites: rewrite it with {spec.regen_command}")
             if not exists and s.options.regen not in (None, "*") and not s.regen_matches(spec.name):
                 pytest.skip(f"{spec.name!r} does not match --parity-regen={s.options.regen!r}")
             if not s.options.may_write():
@@ -214,12 +214,9 @@ class Parity:
             try:
                 try:
                     results = do_replay()
-                except GoldenCorrupt as exc:
-                    if "recapture" not in str(exc):
-                        raise
-                    # the message names the file and says to recapture; the command that does it, here
-                    raise GoldenCorrupt(f"{exc}. On the reference machine: {spec.regen_command}; or restore the "
-                                        f"committed file (git checkout, git lfs pull)", exc.path) from None
+                except GoldenCorrupt as exc:   # the store names the file; the command that replaces it, here
+                    raise GoldenCorrupt(f"{exc}. On the reference machine: {spec.regen_command}; or "
+                                        f"restore the committed file (git checkout, git lfs pull)", exc.path) from None
             except Exception as exc:   # no verdict: listed as an error, so no report looks all-green
                 self._error(spec, exc, kind)
                 raise
