@@ -403,19 +403,18 @@ def _judge(prompt_len: int, generate: int, top_k: int, ids_cpu: Any, mask_cpu: A
                 try:
                     cached = decode_with_cache(m, ids[:, :prompt_len], pm, ids[:, span])
                 except Exception as exc:   # the reference decoded this way: the candidate must too
-                    cached = exc
-                if isinstance(cached, Exception):
-                    fails.append(f"KV-cache decoding raised {type(cached).__name__}: {cached} (the reference's "
+                    fails.append(f"KV-cache decoding raised {type(exc).__name__}: {exc} (the reference's "
                                  f"decoded the continuation with its cache)")
-                elif cached is None:
-                    result.notes.append("lm: the reference decoded with a KV cache and the candidate returned none: "
-                                        "its cached decoding is not judged")
                 else:
-                    qn = float((lq - lt)[:, span].square().mean().sqrt()) if lq is not None else 0.0
-                    metrics["cached_decode"], why = _judge_cached(rung, tol, cached, reader.get("extra/cached_logits"),
-                                                                  lt[:, span], qn)
-                    if why:
-                        fails.append(why)
+                    if cached is None:
+                        result.notes.append("lm: the reference decoded with a KV cache and the candidate returned "
+                                            "none: its cached decoding is not judged")
+                    else:
+                        qn = float((lq - lt)[:, span].square().mean().sqrt()) if lq is not None else 0.0
+                        metrics["cached_decode"], why = _judge_cached(rung, tol, cached,
+                                                                      reader.get("extra/cached_logits"), lt[:, span], qn)
+                        if why:
+                            fails.append(why)
             if conf_div:
                 n_div = sum(1 for j in steps if j is not None)
                 fails.append(f"greedy generation diverged in {n_div} of {len(steps)} sequences, {conf_div} of them "

@@ -667,18 +667,21 @@ def replay_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, d
     if problems:
         raise GoldenStale(f"stale golden {mpath} for {spec.name!r}: " + "; ".join(problems)
                           + f". Regenerate it on the reference machine: {regen}", mpath)
-    if isinstance(manifest.get("trainable"), list) and manifest["trainable"] != _trainable(inner):
+    trainable = _trainable(inner)
+    if isinstance(manifest.get("trainable"), list) and manifest["trainable"] != trainable:
         # which parameters train is part of the step: a port that unfreezes a LoRA's base weights trains
         # another model, whatever its numbers
-        was, now = set(manifest["trainable"]), set(_trainable(inner))
-        extra, gone = sorted(now - was), sorted(was - now)
-        raise GoldenStale(
-            f"golden {mpath} for {spec.name!r} was captured with other parameters trainable: the candidate "
-            + "; ".join(x for x in (f"trains {len(extra)} the reference froze ({', '.join(extra[:3])}"
-                                    f"{' ...' if len(extra) > 3 else ''})" if extra else "",
-                                    f"freezes {len(gone)} the reference trained ({', '.join(gone[:3])}"
-                                    f"{' ...' if len(gone) > 3 else ''})" if gone else "") if x)
-            + f". Set requires_grad as the reference did, or if the change is intended, regenerate: {regen}", mpath)
+        was, now = set(manifest["trainable"]), set(trainable)
+
+        def some(names: set[str], what: str) -> list[str]:
+            listed = sorted(names)
+            return [f"{what} ({', '.join(listed[:3])}{' ...' if len(listed) > 3 else ''})"] if listed else []
+
+        differ = some(now - was, f"trains {len(now - was)} the reference froze") + \
+            some(was - now, f"freezes {len(was - now)} the reference trained")
+        raise GoldenStale(f"golden {mpath} for {spec.name!r} was captured with other parameters trainable: the "
+                          f"candidate {'; '.join(differ)}. Set requires_grad as the reference did, or if the change "
+                          f"is intended, regenerate: {regen}", mpath)
     setting_notes = _setting_notes(manifest, optimizer, clip_grad_norm)
     factory = optimizer_factory(optimizer)
     clip = gradient_clipper(clip_grad_norm, optimizer)
