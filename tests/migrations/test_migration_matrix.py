@@ -195,6 +195,9 @@ def test_a_router_bug_on_too_few_tokens_to_judge_is_reported_undecided() -> None
     assert correct.passed and "undecided" not in correct.extra
     deep, = capture_then_replay(mixtral, _softmax_in_bf16(mixtral()), small, CheckSpec(name="m", dtypes=["bfloat16"]))
     assert not deep.passed and deep.culprit == "model.layers.0.mlp.gate", verdicts([deep])
+    # with 4 x 64 tokens the same block-level judgement has the elements to decide
+    more, = capture_then_replay(mixtral, _softmax_in_bf16(mixtral()), tokens(batch=4, seq=64), fast)
+    assert not more.passed and more.culprit == "model.layers.1.mlp", verdicts([more])
 
 
 @pytest.mark.parametrize("relative, passes", [(2 ** -9, True), (2 ** -7, False)])
