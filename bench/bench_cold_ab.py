@@ -8,7 +8,8 @@ Either option may be given several times: every tree then runs in turn with this
 
 The golden (a Llama shape, random init, bf16, batch x seq tokens, drill 0, fast replay) is captured
 once by this tree; then each rep runs ``replay()`` in a new process with the base tree and with this
-one, in turn, sharing one Triton cache folder (filled by a first, unreported round). Prints and
+one, in turn, sharing one Triton cache folder (filled by a first, unreported round), or with
+--fresh-triton-cache each in an empty one (a CI runner that keeps no ``~/.triton``). Prints and
 writes (--out) the per-rep times and medians; a difference smaller than the spread of either
 tree's reps is noise.
 """
@@ -75,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--fresh-triton-cache", action="store_true",
+                    help="every new process starts with an empty Triton cache folder")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     if not a.base and not a.base_tree:
@@ -93,13 +96,17 @@ def main(argv: list[str] | None = None) -> int:
         for tree in trees.values():   # fills Triton's cache for both; not reported
             cold(tree, a.model, a.device, a.batch, a.seq, root, cache)
         rows: dict[str, list[float]] = {k: [] for k in trees}
-        for _ in range(a.reps):
-            for label, tree in trees.items():
+        for rep in range(a.reps):
+            for i, (label, tree) in enumerate(trees.items()):
+                if a.fresh_triton_cache:
+                    cache = os.path.join(work, f"triton-cache-{rep}-{i}")
+                    os.makedirs(cache)
                 got = cold(tree, a.model, a.device, a.batch, a.seq, root, cache)
                 if not got["passed"]:
                     raise SystemExit(f"the cold replay with {label} failed its check")
                 rows[label].append(got["cold_s"])
     out = {"date": time.strftime("%Y-%m-%d"), "model": a.model, "device": a.device,
+           "triton_cache": "fresh per process" if a.fresh_triton_cache else "shared, filled",
            "cold_s": rows, "median_s": {k: statistics.median(v) for k, v in rows.items()}}
     print(json.dumps(out))
     if a.out:
