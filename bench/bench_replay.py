@@ -16,7 +16,8 @@ One golden of a Llama shape (random init, bf16, batch x seq tokens, drill 0) is 
 * ``preload_s`` / ``lazy_s``: a replay of one rung from a fresh reader, the goldens loaded onto the
   device before the pass (replay's preload) or read from the file when a hook needs them.
 * ``cold_s``: ``replay()`` in a new process (the hash check, the load, the pass, the verdict): first
-  with an empty Triton cache folder, then with that folder filled (``cold_cached_s``); ``warm_s`` is a second replay() in that process. ``read_s`` is reading the
+  with an empty Triton cache folder, then with that folder filled (``cold_cached_s``; the two differ
+  only where the replay reaches the statistics kernel: kernels.kernel_route); ``warm_s`` is a second replay() in that process. ``read_s`` is reading the
   golden's bytes (the page cache holds them: the file was just written), ``hash_s`` the replay's
   check of them (XXH3-128 with xxhash installed), ``hash_sha256_s`` SHA-256's. ``cold_forward_s`` is
   the first plain forward of another new process, and ``cold_floor_s`` that plus ``read_s``: the
@@ -166,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     store = GoldenStore(work)
     spec = CheckSpec(name=a.model, dtypes=["bfloat16"], drill=0, replay="fast")
     capture(model, {"input_ids": ids, "use_cache": False}, spec, store, dev, overwrite=True)
+    from pytest_rocm_parity.runner import kernels
+
+    kernels.start_kernel()   # the warm arms: a process that judges many passes uses the kernel
     manifest = store.read_manifest(a.model)
     meta = manifest["rungs"]["bfloat16"]
     path = store.rung_file(a.model, manifest, "bfloat16")

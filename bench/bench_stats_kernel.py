@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     from pytest_rocm_parity.runner import kernels
     from pytest_rocm_parity.judging.compare import block_layout
 
+    kernels.start_kernel()   # the per-leaf arm through the kernel, not the torch route of a new process
     leaves = leaves_of(a.model, a.batch, a.seq)
     lays = [block_layout(c.numel()) for c, _, _ in leaves]
     nbytes = sum(3 * c.numel() * c.element_size() for c, _, _ in leaves)

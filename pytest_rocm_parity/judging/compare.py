@@ -131,7 +131,7 @@ def block_stats(c: Any, r: Any, e: Any) -> Any:
 
     c, r, e = (x.reshape(-1) for x in (c, r, e))
     layout = block_layout(int(c.numel()))
-    if c.is_cuda and kernels.triton_usable():
+    if c.is_cuda and kernels.kernel_route(int(c.numel())):
         c, r, e = (x.contiguous() for x in (c, r, e))
         if all(kernels.readable(x) for x in (c, r, e)):
             try:

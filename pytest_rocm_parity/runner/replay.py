@@ -366,7 +366,8 @@ class _Judge:
 
     On a GPU with Triton each output is snapshotted (a later in-place write, a parent's ``+=``, must
     not change what is judged) and the flush computes every leaf's statistics in one batched launch
-    (kernels.block_stats_many); elsewhere the statistics start as each output appears, reading it
+    (kernels.block_stats_many), or with torch ops until the kernel pays for its start-up
+    (kernels.kernel_route); elsewhere the statistics start as each output appears, reading it
     before any later write.
     """
 
@@ -437,7 +438,7 @@ class _Judge:
             layouts = [block_layout(int(self.items[i][5].numel())) for i in batch]
             leaves = [self.items[i][4:7] for i in batch]
             stats = None
-            if kernels.triton_usable():
+            if kernels.kernel_route(sum(int(leaf[0].numel()) for leaf in leaves)):
                 try:
                     stats = kernels.block_stats_many(leaves, layouts)
                 except Exception as exc:   # a Triton that cannot compile the kernel here: the torch path

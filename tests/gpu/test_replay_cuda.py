@@ -56,6 +56,7 @@ def test_queued_gpu_replay_equals_cpu_metrics(tmp_path, kind: str) -> None:
     spec = CheckSpec(name="net", dtypes=["bfloat16", "float32"], drill=1, replay=kind)
     store = GoldenStore(tmp_path)
     capture(model, x, spec, store, "cuda")
+    kernels.start_kernel()   # the kernel route, against the torch route below
     on_gpu = replay(model, x, spec, store, "cuda")
     kernels.triton_usable.cache_clear()
     try:

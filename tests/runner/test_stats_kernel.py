@@ -84,6 +84,13 @@ def test_torch_statistics_of_a_leaf_of_many_dims_larger_than_a_chunk() -> None:
         torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-30)
 
 
+def test_statistics_take_torch_ops_until_they_have_read_what_the_kernel_start_up_is_worth() -> None:
+    route = kernels.RentOrBuy(after=1000)
+    assert [route.kernel(400) for _ in range(3)] == [False, False, True]
+    assert route.kernel(1) and route.read == 1200   # bought: the kernel for good, nothing more counted
+    assert kernels.RentOrBuy(after=10 ** 30).kernel(10 ** 12) is False
+
+
 KERNEL_SCRIPT = textwrap.dedent('''
     import json, sys, torch
     from pytest_rocm_parity.runner import kernels
