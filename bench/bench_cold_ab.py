@@ -46,6 +46,13 @@ capture(model, {{"input_ids": ids, "use_cache": False}}, CheckSpec(name={name!r}
 """
 
 
+# appended to each process's script: that its package came from the tree it is timed for
+CHECK = """
+import os as _os, pytest_rocm_parity as _p
+assert _os.path.realpath(_p.__file__).startswith(_os.path.realpath({tree!r}) + _os.sep), _p.__file__
+"""
+
+
 def export(rev: str, into: str) -> str:
     """``rev``'s package and bench folders, written under ``into``."""
     root = HERE.parent
@@ -61,7 +68,9 @@ def cold(tree: str, name: str, device: str, batch: int, seq: int, root: str, cac
     script = COLD.format(bench=os.path.join(tree, "bench"), name=name, device=device, batch=batch, seq=seq,
                          root=root, profile_dir=None)
     env = {**os.environ, "PYTHONPATH": tree, "TRITON_CACHE_DIR": cache}
-    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    # run from the tree: ``python -c`` puts the working directory first on sys.path, ahead of PYTHONPATH
+    p = subprocess.run([sys.executable, "-c", script + CHECK.format(tree=tree)], capture_output=True, text=True,
+                       env=env, cwd=tree, timeout=600)
     if p.returncode:
         raise SystemExit(f"cold replay with {tree} failed:\n{p.stderr[-2000:]}")
     return dict(json.loads(p.stdout.strip().splitlines()[-1]))
