@@ -23,6 +23,7 @@ from pytest_rocm_parity import __version__
 from pytest_rocm_parity.judging import dtypes as dt
 from pytest_rocm_parity.runner.engine import (
     KEEP_PLACEMENT,
+    autocast_dtype,
     OUTPUT,
     _dev,
     CheckSpec,
@@ -561,7 +562,7 @@ def capture(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device
         "seed": int(torch.initial_seed()), "dtypes": list(spec.dtypes),
         "layers": [{"name": s.name, "level": s.level, "primary": s.primary} for s in selected],
         "drill": spec.drill, "layer_patterns": list(spec.layers) if spec.layers else None,
-        "sketch": spec.sketch,
+        "sketch": spec.sketch, "autocast": autocast_dtype(home_device(model, device)),
         "reference_env": env or collect_env(str(home_device(model, device))), "rungs": {}, **spec.manifest_extra,
     }
     def producer(rung: str) -> Callable[[], dict[str, Any]]:

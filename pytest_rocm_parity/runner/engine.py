@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pytest_rocm_parity.judging import dtypes as dt
-from pytest_rocm_parity.errors import InvalidArgument
+from pytest_rocm_parity.errors import InvalidArgument, ParityError
 from pytest_rocm_parity.judging.tolerance import Tolerance
 from pytest_rocm_parity.runner.tree import map_tensors
 from pytest_rocm_parity.quant.storage import cast_module, quantized_tensor_ids
@@ -343,6 +343,55 @@ def numerics(rung: str, tf32: bool = False) -> Iterator[None]:
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+def autocast_dtype(device: Any) -> str | None:
+    """The dtype ``torch.autocast`` casts to around this call on ``device``'s type, None when it is
+    off. It is part of what a check computes (autocast runs a float32 model's matmuls in bf16), so
+    the golden records it and a replay compares (autocast_note)."""
+    import torch
+
+    kind = torch.device(device).type
+    try:
+        if not torch.is_autocast_enabled(kind):
+            return None
+        return dt.name_of(torch.get_autocast_dtype(kind))
+    except (RuntimeError, TypeError, ValueError):   # a device type autocast does not know
+        return None
+
+
+def autocast_note(manifest: dict[str, Any], device: Any) -> str | None:
+    """Why a replay's numbers may differ from the golden's for a reason that is not the backend: the
+    candidate ran under another torch.autocast than the capture. A note, not an error: a rung at or
+    below the autocast dtype computes the same either way."""
+    ref, now = manifest.get("autocast"), autocast_dtype(device)
+    if ref == now:
+        return None
+    if ref is None:
+        return (f"torch.autocast ({now}) is on around this check and was not at capture: the ops it covers "
+                f"(matmuls, convolutions) ran in {now} here and in each rung's own dtype on the reference, "
+                f"so a wider rung fails as drift; run the check outside torch.autocast, or capture it under "
+                f"the same autocast")
+    if now is None:
+        return (f"the golden was captured under torch.autocast ({ref}) and this check runs without it: the ops "
+                f"autocast covers ran in {ref} on the reference and in each rung's own dtype here; run the "
+                f"check under the same torch.autocast, or regenerate the golden without it")
+    return (f"torch.autocast casts to {now} around this check and cast to {ref} at capture; use the "
+            f"capture's autocast dtype, or regenerate the golden with this one")
+
+
+@contextlib.contextmanager
+def explained_by(name: str, why: str | None) -> Iterator[None]:
+    """A replay that raises while a setting differs from the capture's (``why``, autocast_note's):
+    the error names the setting. A golden bf16 activation fed to an fp32 matmul fails in torch with
+    a dtype message that does not say where the bf16 came from."""
+    try:
+        yield
+    except Exception as exc:
+        if why and not isinstance(exc, ParityError):
+            raise InvalidArgument(f"the replay of {name!r} failed ({type(exc).__name__}: {str(exc)[:300]}): "
+                                  f"{why}") from exc
+        raise
 
 
 # ---------------------------------------------------------------------------------------------

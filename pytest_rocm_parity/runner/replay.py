@@ -13,6 +13,8 @@ from pytest_rocm_parity.judging import dtypes as dt
 from pytest_rocm_parity.judging.compare import block_stats, exact_metrics, float_metrics, metrics_many, residual_metrics
 from pytest_rocm_parity.runner.engine import (
     KEEP_PLACEMENT,
+    autocast_note,
+    explained_by,
     OUTPUT,
     CheckSpec,
     Hooks,
@@ -267,6 +269,8 @@ def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device:
     manifest = store.read_manifest(spec.name)
     mpath = str(store.manifest_path(spec.name))
     tree_notes = check_stale(inner, inputs, spec, manifest, mpath)
+    autocast = autocast_note(manifest, home_device(inner, device))
+    tree_notes += [autocast] if autocast else []
     args0, kwargs0 = normalize_inputs(inputs)
     cand_env = env or collect_env(str(home_device(inner, device)))
     results = []
@@ -282,7 +286,8 @@ def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device:
                     f"stale golden {mpath} for {spec.name!r}: {why}. A replay judges the candidate on the inputs the golden "
                     f"stored, so the test must build the same ones; if the test's inputs changed on purpose, regenerate: {spec.regen_command or 'pytest --rocm-parity --parity-regen=' + shell_quote(spec.name)}. "
                     f"If they differ only by backend RNG, build them on the CPU with a seeded torch.Generator.", mpath)
-            result = _replay_rung(model, spec, meta, reader, rung, device, {"args": args0, "kwargs": kwargs0})
+            with explained_by(spec.name, autocast):
+                result = _replay_rung(model, spec, meta, reader, rung, device, {"args": args0, "kwargs": kwargs0})
         except Exception:
             reader.verification.result()   # a damaged file is named before the error it caused
             raise

@@ -31,7 +31,8 @@ from typing import Any
 from pytest_rocm_parity import __version__
 from pytest_rocm_parity.judging import dtypes as dt
 from pytest_rocm_parity.judging.compare import residual_metrics
-from pytest_rocm_parity.runner.engine import (CheckSpec, Hooks, cast_inputs, fingerprint, home_device, normalize_inputs,
+from pytest_rocm_parity.runner.engine import (CheckSpec, Hooks, autocast_dtype, autocast_note, cast_inputs,
+                                              explained_by, fingerprint, home_device, normalize_inputs,
                                               same_structure, same_weights, structure_changes)
 from pytest_rocm_parity.errors import GoldenStale, InvalidArgument
 from pytest_rocm_parity.golden.sketch import leaf_group
@@ -327,7 +328,7 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
         "drill": spec.drill, "layer_patterns": list(spec.layers) if spec.layers else None,
         "sketch": int(spec.sketch or 0), "steps": steps, "accumulate": accumulate,
         "optimizer": describe(optimizer), "clip_grad_norm": describe(clip_grad_norm),
-        "trainable": _trainable(inner),
+        "trainable": _trainable(inner), "autocast": autocast_dtype(home_device(inner, device)),
         "reference_env": env or collect_env(str(home_device(inner, device))), "rungs": {},
     }
     names = {s.name for s in selected}
@@ -683,6 +684,8 @@ def replay_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, d
                           f"candidate {'; '.join(differ)}. Set requires_grad as the reference did, or if the change "
                           f"is intended, regenerate: {regen}", mpath)
     setting_notes = _setting_notes(manifest, optimizer, clip_grad_norm)
+    autocast = autocast_note(manifest, device)
+    setting_notes += [autocast] if autocast else []
     factory = optimizer_factory(optimizer)
     clip = gradient_clipper(clip_grad_norm, optimizer)
     selected = select(inner, spec.layers, spec.drill)
@@ -697,7 +700,7 @@ def replay_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, d
         tmpl = map_tensors({"args": normalize_inputs(inputs)[0], "kwargs": normalize_inputs(inputs)[1]},
                            lambda p, _t: reader.get(f"input/{p}").clone())
         args, kwargs = tuple(tmpl["args"]), tmpl["kwargs"]
-        with _candidate(inner, device, dtype) as cand:
+        with explained_by(spec.name, autocast), _candidate(inner, device, dtype) as cand:
             call = model if model is not inner else cand   # a wrapper runs its own (compiled) forward
             if manifest.get("sketch"):
                 result = _replay_sketch(cand, meta, reader, spec, rung, args, kwargs, loss, factory, selected,
