@@ -41,6 +41,7 @@ from pytest_rocm_parity.runner.engine import (
 from pytest_rocm_parity.golden.store import FORMAT_VERSION, GoldenStore
 from pytest_rocm_parity.runner.selection import Selected, select
 from pytest_rocm_parity.runner.tree import constant_leaves, split_leaves, tensor_leaves
+from pytest_rocm_parity.runner.wrappers import inlines_compiled_children, plain_copy, unwrap
 from pytest_rocm_parity.quant.storage import cast_module, quantized_tensor_ids
 
 # Where the float64 truth model is built: None decides by the device's free memory; True builds it
@@ -541,6 +542,7 @@ def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any, res
     return Recording(entries, outputs, order, pool)
 
 
+@inlines_compiled_children
 def capture(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device: str,
             overwrite: bool = False, env: dict[str, Any] | None = None) -> dict[str, Any]:
     """Record the golden for every rung of ``spec`` and write it; returns the manifest."""
@@ -548,7 +550,6 @@ def capture(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device
 
     from pytest_rocm_parity.migration.backend import collect_env
 
-    from pytest_rocm_parity.runner.wrappers import plain_copy, unwrap
 
     args0, kwargs0 = normalize_inputs(inputs)
     model = unwrap(model)

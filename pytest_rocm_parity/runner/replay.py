@@ -44,7 +44,7 @@ from pytest_rocm_parity.runner.tree import constant_leaves, map_tensors, tensor_
 from pytest_rocm_parity.quant.allowance import noise_allowance
 from pytest_rocm_parity.quant.diagnosis import quant_notes
 from pytest_rocm_parity.quant.storage import quantized_tensor_ids
-from pytest_rocm_parity.runner.wrappers import cast_in_place, training_modules, unwrap
+from pytest_rocm_parity.runner.wrappers import cast_in_place, inlines_compiled_children, training_modules, unwrap
 
 
 def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: RungReader, rung: str,
@@ -260,6 +260,7 @@ def _inputs_changed(args0: Any, kwargs0: Any, reader: RungReader, rung: str, met
     return ""
 
 
+@inlines_compiled_children
 def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device: str,
            env: dict[str, Any] | None = None) -> list[CheckResult]:
     """Judge the candidate against the golden, one CheckResult per rung."""

@@ -41,7 +41,7 @@ from pytest_rocm_parity.judging.judge import Rule, judge_layer
 from pytest_rocm_parity.judging.records import CheckResult, LayerRecord, LeafMetrics
 from pytest_rocm_parity.runner.selection import Selected, select
 from pytest_rocm_parity.runner.tree import map_tensors, tensor_leaves
-from pytest_rocm_parity.runner.wrappers import plain_copy, unwrap
+from pytest_rocm_parity.runner.wrappers import inlines_compiled_children, plain_copy, unwrap
 
 LOSS = "<loss>"
 OPTIMIZER = "optimizer"
@@ -293,6 +293,7 @@ def _residual(truth: Any, ref: Any, rdt: Any) -> Any:
     return (truth.detach().to("cpu", torch.float64) - ref.detach().to("cpu", torch.float64)).to(rdt).contiguous()
 
 
+@inlines_compiled_children
 def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device: str,
                   loss: Callable[[Any], Any] | None = None, optimizer: Any = None, steps: int = 1,
                   overwrite: bool = False, env: dict[str, Any] | None = None, clip_grad_norm: Any = None,
@@ -631,6 +632,7 @@ def _metric(leaf: str, c: Any, reader: RungReader, ref_key: str, res_key: str, u
     return residual_metrics(leaf, c.detach().to(ref.device, ref.dtype), ref, reader.get(res_key), u, conf)
 
 
+@inlines_compiled_children
 def replay_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device: str,
                  loss: Callable[[Any], Any] | None = None, optimizer: Any = None, steps: int = 1,
                  env: dict[str, Any] | None = None, clip_grad_norm: Any = None,

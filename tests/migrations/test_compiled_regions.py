@@ -46,3 +46,22 @@ def test_regionally_compiled_layers_replay_and_a_miscompiled_one_is_named(family
     layers(bad)[1].compile(backend=_scaled_backend)
     res = capture_then_replay(build, bad, inputs(), CheckSpec(name="m", dtypes=["float32"]))
     assert not res[0].passed and res[0].culprit.startswith(layer), verdicts(res)
+
+
+def test_a_layer_compiled_by_assignment_keeps_the_golden_names_and_is_judged_compiled() -> None:
+    """``layers[i] = torch.compile(layers[i])`` puts an OptimizedModule in the tree, whose names
+    carry ``_orig_mod``: replayed as the in-place ``.compile()``, the same compiled code runs under the
+    golden's names, and the model the user handed in gets its wrapper back."""
+    cand = llama("sdpa")
+    for i, block in enumerate(cand.model.layers):
+        cand.model.layers[i] = torch.compile(block, backend="aot_eager")
+    wrapped = list(cand.model.layers)
+    res = capture_then_replay(lambda: llama("sdpa"), cand, tokens(), CheckSpec(name="m", dtypes=["float32"]))
+    assert res[0].passed, verdicts(res)
+    assert list(cand.model.layers) == wrapped
+    assert all(getattr(b._orig_mod, "_compiled_call_impl", None) is None for b in wrapped)
+    torch._dynamo.reset()
+    bad = llama("sdpa")
+    bad.model.layers[1] = torch.compile(bad.model.layers[1], backend=_scaled_backend)
+    res = capture_then_replay(lambda: llama("sdpa"), bad, tokens(), CheckSpec(name="m", dtypes=["float32"]))
+    assert not res[0].passed and res[0].culprit.startswith("model.layers.1"), verdicts(res)
