@@ -73,7 +73,11 @@ def table(result: CheckResult, max_rows: int = MAX_ROWS) -> list[str]:
     """
     rows = result.layers
     important = [l for l in rows if not l.iso_passed or not l.prop_passed or l.name == result.culprit]
-    ok = len(rows) - len(important)
+    rest = [l for l in rows if l not in important]
+    # a module the candidate never called (its weights used by a fused kernel) passed nothing: named
+    # apart, since the fused kernel is where a bug of the culprit above it would sit
+    not_called = [l.name for l in rest if l.not_called]
+    ok = len(rest) - len(not_called)
     shown, hidden = important[:max_rows], important[max_rows:]
     lines = text_table([_cells(l, result.culprit) for l in shown], _HEADERS, right=range(1, 7), widths=_WIDTHS,
                        indent="  ", sep=" ") if shown else []
@@ -85,8 +89,14 @@ def table(result: CheckResult, max_rows: int = MAX_ROWS) -> list[str]:
         lines.append(f"  ... {len(hidden)} more failing rows not listed ({', '.join(what) or 'culprit'}; "
                      f"full table: --parity-report=DIR)")
     if ok:
-        lines.append(f"  {ok} more ok (passed isolated and propagated)")
-    elif not rows:
+        props = [l.prop is not None for l in rest if not l.not_called]
+        how = "isolated and propagated" if all(props) else "isolated" if not any(props) else \
+            f"isolated; {sum(props)} of them propagated too"
+        lines.append(f"  {ok} more ok (passed {how})")
+    if not_called:
+        lines.append(f"  {len(not_called)} not called by the candidate (fused or bypassed), judged only through their "
+                     f"parents: {', '.join(not_called[:5])}{' ...' if len(not_called) > 5 else ''}")
+    if not rows:
         lines.append("  (no layer records)")
     return lines
 

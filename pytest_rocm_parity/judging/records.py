@@ -43,6 +43,9 @@ class LeafMetrics:
             self.ratio = self.ratio_lo = self.err_cand / noise
 
 
+NOT_CALLED = "not called in the candidate (fused or bypassed): judged through its parent and the outputs"
+
+
 @dataclass
 class LayerRecord:
     """One module call judged twice: isolated (fed golden inputs) and propagated (whole model)."""
@@ -59,6 +62,11 @@ class LayerRecord:
     prop: LeafMetrics | None = None    # worst leaf, propagated replay
     would_pass_ratio: float | None = None
     reason: str = ""
+
+    @property
+    def not_called(self) -> bool:
+        """The candidate never called this module (a fused kernel used its weights): nothing judged it."""
+        return self.reason == NOT_CALLED
 
     def metrics(self) -> dict[str, Any]:
         out: dict[str, Any] = {"level": self.level, "budget_ratio": self.budget, "budget_propagated": self.prop_budget}

@@ -37,7 +37,7 @@ from pytest_rocm_parity.runner.engine import (
 from pytest_rocm_parity.errors import GoldenStale
 from pytest_rocm_parity.golden.store import GoldenStore, RungReader, expected_digest
 from pytest_rocm_parity.judging.judge import Rule, finish, judge_layer, leaf_failure
-from pytest_rocm_parity.judging.records import CheckResult, LayerRecord, LeafMetrics
+from pytest_rocm_parity.judging.records import NOT_CALLED, CheckResult, LayerRecord, LeafMetrics
 from pytest_rocm_parity.runner.selection import Selected, select
 from pytest_rocm_parity.judging.tolerance import Tolerance
 from pytest_rocm_parity.runner.tree import constant_leaves, map_tensors, tensor_leaves
@@ -664,7 +664,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
             if key not in iso:
                 # A fused or bypassed sub-module (e.g. q/k/v fused into one GEMM) is judged through its
                 # parent; a missing top-level module changes the model's outputs, which are judged too.
-                rec.reason = "not called in the candidate (fused or bypassed): judged through its parent and the outputs"
+                rec.reason = NOT_CALLED
             result.layers.append(rec)
         result.outputs = outs
         for p, keys in optional.items():

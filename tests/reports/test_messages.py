@@ -57,6 +57,23 @@ def test_table_lists_failures_drift_and_culprit_then_counts_the_ok_rows() -> Non
     assert not any("passed (full table" in l or "more layers passed" in l for l in lines)
 
 
+def test_modules_the_candidate_never_called_are_named_apart_from_the_ok_count() -> None:
+    """A block whose fused kernel used its projection's weights fails; the projection, never called,
+    passed nothing and is named, not counted as ok; nested rows judged in isolation only say so."""
+    from pytest_rocm_parity.judging.records import NOT_CALLED
+
+    bad = _layer("blocks.0", iso_ok=False, prop_ok=False, ratio=30.0)
+    up = _layer("blocks.0.up")
+    up.prop = None
+    down = LayerRecord("blocks.0.down", level=1, reason=NOT_CALLED)
+    lines = table(_result([bad, up, down], "blocks.0", "blocks.0"))
+    assert lines[-2].strip() == "1 more ok (passed isolated)"
+    assert lines[-1].strip() == ("1 not called by the candidate (fused or bypassed), judged only through their "
+                                 "parents: blocks.0.down")
+    mixed = table(_result([bad, up, _layer("blocks.1")], "blocks.0", "blocks.0"))
+    assert mixed[-1].strip() == "2 more ok (passed isolated; 1 of them propagated too)"
+
+
 def test_a_row_shows_the_lower_bound_that_decides_the_isolated_verdict() -> None:
     """A ratio far above the budget passes isolated when its lower bound does not exceed the budget
     (an error on a few tokens): the row shows the bound, so it does not read as a failure."""
@@ -186,7 +203,7 @@ def test_failure_through_pytest_regen_hint_and_clean_junit(project: pytest.Pytes
     out = rep.stdout.str()
     # captured and replayed on this CPU: the golden may simply be out of date
     assert "if this change is intended, regenerate with pytest --rocm-parity --parity-regen=tiny" in out
-    assert "more ok (passed isolated and propagated)" in out and "more layers passed" not in out
+    assert "15 more ok (passed isolated; 3 of them propagated too)" in out and "more layers passed" not in out
     assert not re.search(r"\bNone\b", out)
     props = {p.get("name"): p.get("value") for p in ET.parse(project.path / "bad.xml").iter("property")}
     assert props["parity[tiny][float32]"] == "FAIL; culprit=blocks.2; first_divergent=blocks.2"
