@@ -445,7 +445,9 @@ def unselected_children(model: Any, result: Any, drill: int) -> str:
         mod = model.get_submodule(name)
     except AttributeError:
         return ""
-    selected = {_module_of(l.name) for l in result.layers}
+    # the golden's selection, not only the judged records: a selected module neither side called (a
+    # dropout under sdpa) has no record, and drilling deeper would not judge it either
+    selected = {s.name for s in select(model, None, drill)} | {_module_of(l.name) for l in result.layers}
     first = {id(m): n for n, m in reversed(_named(model))}
     kids = [c for c in _drill_children(model, name, first) if c not in selected]
     if not kids or not mod._modules:

@@ -148,6 +148,20 @@ def test_a_culprit_with_unselected_children_says_how_to_narrow_it(tmp_path: Path
     assert any("drill=2" in n and "down_blocks.1.resnets.0.conv2" in n for n in result.notes)
 
 
+def test_a_selected_child_that_neither_side_called_is_not_offered_as_unselected(tmp_path: Path) -> None:
+    """BERT under sdpa never calls its attention's dropout: it is selected, has no record, and
+    drilling deeper would not judge it, so the culprit's note does not send the user there."""
+    from parity_models import bert, plant, tokens
+
+    s = CheckSpec(name="bert", dtypes=["float32"], drill=3)
+    store = GoldenStore(tmp_path)
+    capture(bert(), tokens(), s, store, "cpu")
+    model = plant(bert(), "encoder.layer.1.attention.self")
+    result = api._where_unjudged(model, s, replay(model, tokens(), s, store, "cpu"))[0]
+    assert result.culprit == "encoder.layer.1.attention.self"
+    assert not [n for n in result.notes if "did not select" in n]
+
+
 def test_show_lists_what_a_golden_selects(tmp_path: Path) -> None:
     from pytest_rocm_parity.reports.inspect_cmd import format_show, show_golden
     from pytest_rocm_parity.runner.selection import describe
