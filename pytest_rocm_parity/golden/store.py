@@ -775,6 +775,11 @@ def _manifest_problem(m: dict[str, Any]) -> str:
         order = r.get("order", [])
         if not isinstance(order, list) or not all(isinstance(k, str) for k in order):
             return f"{where} has an 'order' that is not a list of layer keys"
+        ordered = set(order)
+        unordered = [e["key"] for e in r["layers"] if e["key"] not in ordered] if "order" in r else []
+        if unordered:   # a replay judges the calls 'order' lists: the others would pass unjudged
+            return (f"{where} has an 'order' that leaves out {len(unordered)} of its layer entries "
+                    f"({', '.join(unordered[:3])}{' ...' if len(unordered) > 3 else ''})")
         if not isinstance(r.get("extra", {}), dict):
             return f"{where} has an 'extra' that is not a mapping"
         if r.get("sketch") is not None and (not _is_int(r["sketch"]) or r["sketch"] < 1):

@@ -192,6 +192,17 @@ def test_manifest_fields_of_wrong_type(golden: Golden, path: tuple[object, ...],
                   golden.manifest)
 
 
+def test_manifest_whose_order_leaves_out_recorded_calls(golden: Golden) -> None:
+    """A bad merge that cut a rung's 'order' down would leave the calls it dropped unjudged, and the
+    check would pass: the manifest is refused instead."""
+    m = golden.manifest_json()
+    rung = m["rungs"]["float32"]
+    dropped = [e["key"] for e in rung["layers"]][1:]
+    rung["order"] = rung["order"][:1]
+    golden.write_manifest(m)
+    message_names(corrupt(golden, f"'order' that leaves out {len(dropped)} of its layer entries"), golden.manifest)
+
+
 def test_manifest_of_another_golden(golden: Golden) -> None:
     m = golden.manifest_json()
     m["name"] = "someone-else"
