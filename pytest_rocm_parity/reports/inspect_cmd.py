@@ -423,6 +423,7 @@ def _diff_goldens(path_a: str | Path, path_b: str | Path, dtypes: list[str] | No
     if dtypes and not common:
         raise GoldenNotFound(f"no rung {dtypes} in both goldens (A holds {ra_}, B holds {rb_})")
     differs = bool(res["only_in_a"] or res["only_in_b"]) and not dtypes
+    inputs_checked = False
     for rung in common:
         try:
             u = UNIT_ROUNDOFF[canonical_name(rung)]
@@ -430,6 +431,13 @@ def _diff_goldens(path_a: str | Path, path_b: str | Path, dtypes: list[str] | No
             u = 2.0 ** -24
         ra = RungReader(_rung_path(da, ma, rung), "cpu")
         rb = RungReader(_rung_path(db, mb, rung), "cpu")
+        if not inputs_checked:   # every rung stores the same model inputs: one rung tells
+            inputs_checked = True
+            other = _inputs_differ(ra, rb)
+            if other:
+                res["warnings"].append(f"model inputs differ ({', '.join(other[:3])}"
+                                       f"{' ...' if len(other) > 3 else ''}): the goldens ran the model on other "
+                                       f"inputs, so differences below are not only numerics")
         la = {(k, leaf): (tk, truth) for k, leaf, tk, truth in _leaves(ma["rungs"][rung])}
         lb = {(k, leaf): (tk, truth) for k, leaf, tk, truth in _leaves(mb["rungs"][rung])}
         rows = []
@@ -443,8 +451,6 @@ def _diff_goldens(path_a: str | Path, path_b: str | Path, dtypes: list[str] | No
                 row.update(_compare_leaf(xa, xb, _truth(ra, ma["rungs"][rung], tra, xa),
                                          _truth(rb, mb["rungs"][rung], trb, xb), u))
             why = []
-            if row.get("problem"):
-                why.append(row["problem"])
             if row.get("nonfinite_mismatch"):
                 why.append(f"{row['nonfinite_mismatch']} elements finite in one, not the other")
             rel = row.get("rel_l2")
@@ -454,14 +460,25 @@ def _diff_goldens(path_a: str | Path, path_b: str | Path, dtypes: list[str] | No
             if error_ratio and er is not None and (er > error_ratio or er < 1.0 / error_ratio):
                 worse = "B" if er > 1 else "A"
                 why.append(f"{worse}'s error against its truth is {max(er, 1 / er):.3g}x the other's")
+            # a leaf only one golden holds (another drill, a derived golden) is listed, not a numeric difference
             row["differs"] = bool(why)
-            row["why"] = "; ".join(why)
+            row["why"] = "; ".join(why) or row.get("problem", "")
             differs = differs or row["differs"]
             rows.append(row)
         res["rungs"][rung] = {"layers": rows, "n_leaves": len(rows), "n_differ": sum(1 for r in rows if r["differs"]),
+                              "n_only_in_one": sum(1 for r in rows if r.get("problem")),
                               "max_rel_l2": max((r.get("rel_l2") or 0.0 for r in rows), default=0.0)}
     res["differs"] = differs
     return res
+
+
+def _inputs_differ(ra: RungReader, rb: RungReader) -> list[str]:
+    """The stored model inputs (``input/...``) that one golden lacks or holds with other values."""
+    import torch
+
+    ka = {k for k in ra.keys if k.startswith("input/")}
+    kb = {k for k in rb.keys if k.startswith("input/")}
+    return sorted((ka ^ kb) | {k for k in ka & kb if not torch.equal(ra.get(k), rb.get(k))})
 
 
 def format_diff(res: dict[str, Any], show_all: bool = False) -> list[str]:
@@ -478,11 +495,14 @@ def format_diff(res: dict[str, Any], show_all: bool = False) -> list[str]:
         lines.append(f"rungs only in A: {_txt(res['only_in_a'])}  only in B: {_txt(res['only_in_b'])}")
     for rung, r in res["rungs"].items():
         lines.append("")
-        lines.append(f"[{rung}] {r['n_leaves']} leaves, {r['n_differ']} differ; max relative L2 {_fmt(r['max_rel_l2'])}"
+        only = r.get("n_only_in_one", 0)
+        lines.append(f"[{rung}] {r['n_leaves'] - only} leaves compared, {r['n_differ']} differ"
+                     + (f"; {only} in one golden only, not compared" if only else "")
+                     + f"; max relative L2 {_fmt(r['max_rel_l2'])}"
                      f" (threshold {res['threshold']:g}, error ratio {res['error_ratio']:g})")
         rows = [[x["layer"] + ("" if x["leaf"] in ("", "0") else f" [{x['leaf']}]"), _fmt(x.get("rel_l2")),
                  _fmt(x.get("err_a_rel")), _fmt(x.get("err_b_rel")), _fmt(x.get("err_ratio"), ".3g"),
-                 ("DIFF " + x["why"]) if x["differs"] else "ok"]
+                 ("DIFF " + x["why"]) if x["differs"] else x.get("problem") or "ok"]
                 for x in r["layers"] if show_all or x["differs"]]
         if rows:
             lines += ["  " + s for s in _table(["layer", "rel L2(A,B)", "err A/rms", "err B/rms", "errB/errA", "verdict"],

@@ -88,6 +88,29 @@ def test_diff_flags_the_changed_layer(goldens: dict[str, Path], capsys: pytest.C
     assert inspect_cmd.run_diff(args) == 0
 
 
+def test_diff_warns_when_the_goldens_ran_on_other_inputs(goldens: dict[str, Path], tmp_path: Path) -> None:
+    m, x = report_models.make()
+    store = GoldenStore(tmp_path)
+    capture(m, x * 2, CheckSpec(name="tiny", dtypes=["float32"]), store, "cpu")
+    res = inspect_cmd.diff_goldens(goldens["a"], store.dir_for("tiny"))
+    assert [w for w in res["warnings"] if w.startswith("model inputs differ (input/args.0)")]
+    assert not [w for w in inspect_cmd.diff_goldens(goldens["a"], goldens["b"])["warnings"] if "inputs" in w]
+
+
+def test_diff_against_a_derived_golden_compares_the_layers_both_hold(goldens: dict[str, Path], tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A golden derived at a shallower drill holds fewer layers: those are listed, not differences."""
+    from pytest_rocm_parity.golden.derive import derive
+
+    src = GoldenStore(goldens["a"].parent)
+    derive(src, "tiny", GoldenStore(tmp_path), "tiny", ["float32"], drill=0)
+    args = _parse(inspect_cmd.add_diff_arguments, [str(goldens["a"]), str(tmp_path / "tiny"), "--all"])
+    assert inspect_cmd.run_diff(args) == 0
+    out = capsys.readouterr().out
+    assert "in one golden only, not compared" in out and "goldens agree" in out
+    assert any(l.rstrip().endswith("only in A") for l in out.splitlines())
+
+
 def test_diff_text_names_the_layer(goldens: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     inspect_cmd.run_diff(_parse(inspect_cmd.add_diff_arguments, [str(goldens["a"]), str(goldens["b"])]))
     out = capsys.readouterr().out
