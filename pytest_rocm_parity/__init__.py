@@ -47,6 +47,7 @@ _LAZY = {
     "GoldenStale": "pytest_rocm_parity.errors",
     "GoldenMissing": "pytest_rocm_parity.errors",
     "GoldenCorrupt": "pytest_rocm_parity.errors",
+    "GoldenTooNew": "pytest_rocm_parity.errors",
     "CaptureError": "pytest_rocm_parity.errors",
 }
 # modules users import whole (``from pytest_rocm_parity import strategies as S``)

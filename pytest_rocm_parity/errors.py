@@ -30,6 +30,11 @@ class GoldenCorrupt(GoldenError, ValueError):
     """The golden's bytes cannot be trusted (truncated, bad header, unknown dtype, hostile)."""
 
 
+class GoldenTooNew(GoldenError):
+    """The golden was written by a newer pytest-rocm-parity; upgrade the plugin (regenerating with
+    this one would downgrade the golden for everyone)."""
+
+
 class GoldenStale(GoldenError):
     """The golden was valid but describes another model, layer list, shapes or inputs."""
 

@@ -28,7 +28,7 @@ from typing import Any, NoReturn
 
 from pytest_rocm_parity.atomic import atomic_write, commit, sync, temp_beside
 from pytest_rocm_parity.errors import (
-    GoldenCorrupt, GoldenExists, GoldenMissing, GoldenStale, GoldenWriteError, InvalidArgument,
+    GoldenCorrupt, GoldenExists, GoldenMissing, GoldenStale, GoldenTooNew, GoldenWriteError, InvalidArgument,
 )
 from pytest_rocm_parity.progress import megabytes, progress
 from pytest_rocm_parity.runner.tree import CONTAINER_KINDS
@@ -196,7 +196,7 @@ class GoldenStore:
                 try:
                     name = load_manifest(m).get("name", d.name)
                     yield name if isinstance(name, str) else d.name, d
-                except (GoldenCorrupt, GoldenStale):
+                except (GoldenCorrupt, GoldenStale, GoldenTooNew):
                     yield d.name, d
 
     # -- reading ---------------------------------------------------------------------------
@@ -292,7 +292,7 @@ class GoldenStore:
             if d.is_dir() and not d.is_symlink() and m.is_file() and not m.is_symlink():
                 try:
                     manifest = load_manifest(m)
-                except (GoldenCorrupt, GoldenStale):
+                except (GoldenCorrupt, GoldenStale, GoldenTooNew):
                     yield d.name, d, None
                     continue
                 name = manifest.get("name")
@@ -698,9 +698,10 @@ def load_manifest(path: Path) -> dict[str, Any]:
     if not isinstance(fmt, int) or isinstance(fmt, bool):
         raise GoldenCorrupt(f"{path}: manifest format {fmt!r} is not an integer", path)
     if fmt > FORMAT_VERSION:
-        raise GoldenCorrupt(
+        raise GoldenTooNew(
             f"{path}: golden format {fmt} is newer than this pytest-rocm-parity understands "
-            f"({FORMAT_VERSION}); upgrade with `pip install -U pytest-rocm-parity`", path)
+            f"({FORMAT_VERSION}); upgrade with `pip install -U pytest-rocm-parity` (regenerating it with "
+            f"this version would write an older format for everyone)", path)
     if fmt < FORMAT_VERSION:
         raise GoldenStale(f"{path}: golden format {fmt} is older than {FORMAT_VERSION}; regenerate it", path)
     problem = _manifest_problem(m)

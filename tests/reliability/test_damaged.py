@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_rocm_parity.errors import GoldenCorrupt, GoldenMissing, GoldenStale, ParityError
+from pytest_rocm_parity.errors import GoldenCorrupt, GoldenMissing, GoldenStale, GoldenTooNew, ParityError
 from pytest_rocm_parity.golden.store import MAX_HEADER_BYTES, FORMAT_VERSION, check_safetensors, load_manifest
 from reliability_helpers import Golden, message_names, read_header, write_with_header
 
@@ -116,11 +116,16 @@ def test_overlapping_tensors_refused_by_safetensors(golden: Golden) -> None:
 # -- manifest ------------------------------------------------------------------------------------
 
 def test_manifest_format_newer_than_tool(golden: Golden) -> None:
+    """Not corrupt: a newer plugin wrote it. The fix is an upgrade, never a regeneration, which would
+    write the older format over it."""
     m = golden.manifest_json()
     m["format"] = FORMAT_VERSION + 1
     golden.write_manifest(m)
-    message_names(corrupt(golden, "newer than this pytest-rocm-parity"), golden.manifest,
-                  "pip install -U pytest-rocm-parity")
+    before = golden.snapshot()
+    with pytest.raises(GoldenTooNew, match="newer than this pytest-rocm-parity") as info:
+        golden.replay()
+    assert not isinstance(info.value, GoldenCorrupt) and golden.snapshot() == before
+    message_names(info.value, golden.manifest, "pip install -U pytest-rocm-parity")
 
 
 def test_manifest_format_older_is_stale(golden: Golden) -> None:
@@ -369,11 +374,13 @@ def test_fixture_shows_one_clean_error(pytester: pytest.Pytester, monkeypatch: p
     result.assert_outcomes(failed=3)
     result.stdout.fnmatch_lines([
         "*GoldenCorrupt: */goldens/truncate/float32-*.safetensors: *recapture this golden*",
-        "*GoldenCorrupt: */goldens/newer/manifest.json: golden format 99 is newer*pip install -U*",
+        "*GoldenTooNew: */goldens/newer/manifest.json: golden format 99 is newer*pip install -U*",
         "*GoldenCorrupt: */goldens/pickle/manifest.json: this is a pickle*not loaded*",
     ], consecutive=False)
     out = result.stdout.str()
     assert "Traceback" not in out and "golden.py:" not in out and "engine.py:" not in out
+    newer = [l for l in out.splitlines() if "golden format 99 is newer" in l]
+    assert newer and not [l for l in newer if "--parity-regen" in l]   # an upgrade, never a downgrade
 
 
 def test_every_error_is_a_parity_error() -> None:
