@@ -263,7 +263,7 @@ def svg_plot(layers: list[dict[str, Any]], mode: str, culprit: str | None, first
     """
     budget_key = "budget_ratio" if mode == "iso" else "budget_propagated"
     pts = _series(layers, mode, budget_key)
-    ml, mr, mt, mb = 64, 16, 30, 112
+    ml, mr, mt, mb = 64, 16, 40, 112   # mt: the title's line, then the culprit label's under it
     band = 16                       # the "exact (0)" band at the bottom of the plot area
     pw, ph = width - ml - mr, height - mt - mb
     pl = ph - band                  # height of the log-scale part
@@ -310,7 +310,7 @@ def svg_plot(layers: list[dict[str, Any]], mode: str, culprit: str | None, first
             bw = max(pw / n, 6.0)
             out.append(f'<rect class="culprit-band" x="{X(k) - bw / 2:.1f}" y="{mt}" width="{bw:.1f}" height="{ph}" '
                        f'fill="{C_FAIL}" fill-opacity="0.13"/>'
-                       f'<text class="culprit-label" x="{min(max(X(k), ml + 40), ml + pw - 40):.1f}" y="{mt - 4}" '
+                       f'<text class="culprit-label" x="{min(max(X(k), ml + 40), ml + pw - 40):.1f}" y="{mt - 6}" '
                        f'font-size="11" text-anchor="middle" fill="{C_FAIL}" font-weight="700">'
                        f'culprit: {e(_short(p["name"], 28))}<title>culprit: {e(p["name"])}</title></text>')
         if first_divergent and p["name"] == first_divergent and first_divergent != culprit:
@@ -438,6 +438,7 @@ th{background:#f0f2f5;white-space:nowrap} td.num{text-align:right;white-space:no
 tr.fail td{background:#fdecea} tr.culprit-row td{font-weight:700} tr.diff td{background:#fff6d6}
 .plots{display:flex;flex-wrap:wrap;gap:12px} .kv td:first-child{color:#555}
 .envs td{max-width:420px;word-break:break-word}
+td.reason{min-width:360px}
 code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}
 details summary{cursor:pointer;color:#1f4f8a;margin:6px 0}
 .notes{color:#7a4b00} .muted{color:#777}
@@ -532,7 +533,7 @@ def _layer_table(c: Mapping[str, Any]) -> str:
             f'<td class="num">{_fmt_num(m.get("prop_ratio"))}</td><td class="num">{_fmt_num(m.get("budget_propagated"))}</td>'
             f'<td class="num">{_fmt_num(m.get(pre + "_err_ref"))}</td><td class="num">{_fmt_num(m.get(pre + "_err_cand"))}</td>'
             f'<td class="num">{_fmt_num(m.get(pre + "_rel_to_ref"))}</td>'
-            f'<td>{e(str(m.get("reason", "") or m.get(pre + "_note", "")))}</td></tr>')
+            f'<td class="reason">{e(str(m.get("reason", "") or m.get(pre + "_note", "")))}</td></tr>')
     if not rows:
         return ""
     n_bad = sum(1 for _, l in items if not (l.get("passed", True) and l.get("prop_passed", True)))

@@ -103,13 +103,15 @@ LAYOUT_SCRIPT = """
     for (var i = 0; i < labels.length; i++)
       for (var j = i + 1; j < labels.length; j++)
         if (hit(labels[i].box, labels[j].box)) overlaps.push(labels[i].text + " / " + labels[j].text);
+    var cl = svg.querySelector("text.culprit-label"), onTitle = [];
+    if (cl) others.forEach(function (o) { if (o !== cl && hit(box(cl), box(o))) onTitle.push(o.textContent); });
     var band = svg.querySelector("rect.exact-band"), bb = band ? box(band) : null, outside = 0, zeros = 0;
     svg.querySelectorAll("circle.exact-zero").forEach(function (c) {
       zeros++; var cb = box(c), cy = (cb.t + cb.b) / 2; if (!bb || cy < bb.t || cy > bb.b) outside++; });
     out.plots.push({mode: svg.getAttribute("data-mode"), check: svg.closest("section").id, width: s.w, labels: labels.length,
                     titled: labels.filter(function (l) { return l.title; }).length,
                     full: labels.map(function (l) { return l.title; }), clipped: clipped, overlaps: overlaps,
-                    onLegend: onLegend, zeros: zeros, zerosOutsideBand: outside});
+                    onLegend: onLegend, culprit: !!cl, culpritOn: onTitle, zeros: zeros, zerosOutsideBand: outside});
   });
   document.querySelectorAll("td.num, th").forEach(function (td) {
     if (!td.textContent.trim()) return;
@@ -119,6 +121,8 @@ LAYOUT_SCRIPT = """
       if (r.width > 0) tops[Math.round(r.top)] = 1; });
     if (Object.keys(tops).length > 1) out.wrapped.push(td.textContent);
   });
+  out.reasons = []; document.querySelectorAll("td.reason").forEach(function (td) {
+    if (td.textContent.length > 60) out.reasons.push({h: box(td.parentNode).h, text: td.textContent}); });
   var lm = document.querySelector("table.lm");
   if (lm) out.lm = {rows: lm.querySelectorAll("tr").length, text: lm.textContent,
                     gen: (document.querySelector("table.lm-gen") || {}).textContent || ""};
@@ -195,6 +199,7 @@ def test_report_layout_in_chromium(width: int, report_doc: dict[str, Any], tmp_p
         assert not p["overlaps"], p["overlaps"]
         assert not p["clipped"], p["clipped"]
         assert not p["onLegend"], p["onLegend"]
+        assert not p["culpritOn"], f"the culprit label covers {p['culpritOn']}"
         assert p["width"] <= width  # the plot scales down with a narrow window
     deep = [p for p in lay["plots"] if p["check"] == "check-tiny-llama-bfloat16"]
     assert len(deep) == 2
@@ -205,6 +210,8 @@ def test_report_layout_in_chromium(width: int, report_doc: dict[str, Any], tmp_p
         assert p["zeros"] >= 2 * 16 and p["zerosOutsideBand"] == 0
     # numbers never wrap mid-value, at either width
     assert lay["cells"] > 100 and not lay["wrapped"], lay["wrapped"][:10]
+    # a long reason wraps in a column of its own width, not one word a line down a narrow column
+    assert lay["reasons"] and max(r["h"] for r in lay["reasons"]) < 90, sorted(r["h"] for r in lay["reasons"])[-3:]
     assert lay["overflow"] <= width + 1 or width < 600   # at a phone width the tables scroll in their box
     # the LM metrics as a table, no raw dict or Python values
     lm = lay["lm"]
