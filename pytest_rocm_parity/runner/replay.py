@@ -40,7 +40,7 @@ from pytest_rocm_parity.judging.judge import Rule, finish, judge_layer, leaf_fai
 from pytest_rocm_parity.judging.records import NOT_CALLED, CheckResult, LayerRecord, LeafMetrics
 from pytest_rocm_parity.runner.selection import Selected, select
 from pytest_rocm_parity.judging.tolerance import Tolerance
-from pytest_rocm_parity.runner.tree import constant_leaves, map_tensors, tensor_leaves
+from pytest_rocm_parity.runner.tree import constant_leaves, map_tensors, split_leaves, tensor_leaves
 from pytest_rocm_parity.quant.allowance import noise_allowance
 from pytest_rocm_parity.quant.diagnosis import quant_notes
 from pytest_rocm_parity.quant.storage import quantized_tensor_ids
@@ -652,7 +652,6 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
                                                    notes, rerouted, level):
                 _hooked_level(model, inner, selected, level, layers, acts, golden, compare, iso, judge, notes, rerouted,
                               stored_inputs)
-        calls.clear()
         if rerouted:
             notes.append(f"{len(rerouted)} module call{'s' if len(rerouted) > 1 else ''} ({', '.join(rerouted[:3])}"
                          f"{'...' if len(rerouted) > 3 else ''}) had inputs of other shapes on the candidate than in "
@@ -686,6 +685,10 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
                                 "ones inside one teacher-forced run of the candidate's forward; propagated drift "
                                 "and the model outputs not judged")
         finish(result, tol)
+        built = _caller_built_inputs(result.culprit, layers, acts, calls, reader.get)
+        calls.clear()
+        if built:
+            result.notes.append(built)
         if meta.get("quant") and not result.passed:
             result.notes.extend(quant_notes(result, meta, reader.get, inner,
                                             lambda key: golden(key, next(iter(acts[key]))) if acts.get(key) else None))
@@ -823,6 +826,39 @@ def _hooked_level(model: Any, inner: Any, selected: list[Selected], level: int, 
     with Hooks(inner, selected, sub, keep) as hooks:
         _run(model, *stored_inputs())
     judge.flush()
+
+
+def _caller_built_inputs(culprit: str | None, layers: dict[str, dict[str, Any]], acts: dict[str, dict[str, str]],
+                         calls: dict[str, tuple[Any, Any]], get: Callable[[str], Any]) -> str:
+    """A note when the culprit's inputs that its caller builds (positions, masks, bucket indices: not
+    computed from the model's inputs, so the isolated call keeps the candidate's) differ from the
+    golden's: the difference starts in the code that builds them, not in the module named.
+
+    Integer and bool inputs only, which must be equal: a float one (an additive mask, a rotary table)
+    may be built in another form by a correct other implementation."""
+    import torch
+
+    e = layers.get(culprit or "")
+    if culprit is None or e is None or culprit not in calls or "act" not in e:
+        return ""
+    leaves, _ = split_leaves({"args": calls[culprit][0], "kwargs": calls[culprit][1]})
+    differ = []
+    for p, key in e["in"].items():
+        c = leaves.get(p)
+        if p in acts.get(culprit, {}) or not isinstance(c, torch.Tensor) or c.is_floating_point() or c.is_complex():
+            continue
+        g = get(key)
+        if g.is_floating_point() or g.is_complex() or tuple(c.shape) != tuple(g.shape):
+            continue
+        bad = int((c.detach().to(g.device) != g.to(c.dtype)).sum())
+        if bad:
+            differ.append(f"{p} ({bad} of {g.numel()} elements)")
+    if not differ:
+        return ""
+    return (f"{culprit}: its input{'s' if len(differ) > 1 else ''} {', '.join(differ[:3])} "
+            f"{'are' if len(differ) > 1 else 'is'} built by its caller, not computed from the model's inputs, and "
+            f"differ{'' if len(differ) > 1 else 's'} from the golden's: the difference starts in the code that builds "
+            f"{'them' if len(differ) > 1 else 'it'}, before this module")
 
 
 def _per_position(c: Any, r: Any, t: Any) -> tuple[Any, Any]:
