@@ -1075,10 +1075,14 @@ def _truth_errors(tm: Any, selected: list[Selected]) -> Iterator[None]:
     that was running (a kernel without float64 support: grouped_mm experts, flex_attention on the CPU)."""
     stack: list[str] = []
     handles = []
+
+    def leave(_m: Any, _a: Any, _o: Any) -> None:   # None: a forward hook's return replaces the output
+        if stack:
+            stack.pop()
     for sel in selected:
         mod = tm.get_submodule(sel.name) if sel.name else tm
         handles.append(mod.register_forward_pre_hook(lambda _m, _a, n=sel.name: stack.append(n)))
-        handles.append(mod.register_forward_hook(lambda _m, _a, _o: stack.pop() and None if stack else None))
+        handles.append(mod.register_forward_hook(leave))
     try:
         yield
     except Exception as exc:
