@@ -38,6 +38,13 @@ def pytest_configure(config: pytest.Config) -> None:
             config.stash[IGNORED_KEY] = ignored
             config.issue_config_time_warning(pytest.PytestWarning(_ignored_message(ignored)), stacklevel=2)
         return
+    if options.mode is opt.Mode.CAPTURE and not options.may_write():
+        # per check, capture skips a golden that exists: a CI job misconfigured into capture mode
+        # would skip every test and pass without judging anything
+        raise pytest.UsageError(
+            f"{opt.MODE}=capture{' with ' + opt.REGEN if options.regen is not None else ''} under CI=true: goldens are "
+            f"captured on the reference machine and committed, not written in CI, and a capture run judges nothing. "
+            f"Replay with {opt.ENABLE} alone, or pass {opt.ALLOW_WRITE} for a dedicated capture job.")
     from pytest_rocm_parity.session import ParitySession
 
     session = ParitySession(config, options)

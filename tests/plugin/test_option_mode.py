@@ -55,9 +55,15 @@ def test_bad_ini_mode_is_usage_error(project: pytest.Pytester) -> None:
 
 
 def test_ci_refuses_to_write(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether or not the goldens exist: with them, capture would skip every test and the job pass."""
     monkeypatch.setenv("CI", "true")
-    result = project.runpytest("--rocm-parity", f"{MODE}=capture")
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*WriteForbidden*CI=true*--parity-allow-write*"])
+
+    def refused() -> None:
+        result = project.runpytest("--rocm-parity", f"{MODE}=capture")
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        result.stderr.fnmatch_lines(["*--parity-mode=capture under CI=true*judges nothing*--parity-allow-write*"])
+    refused()
     assert not (project.path / "goldens").exists()
     project.runpytest("--rocm-parity", f"{MODE}=capture", "--parity-allow-write").assert_outcomes(passed=1)
+    assert (project.path / "goldens").exists()
+    refused()
