@@ -42,7 +42,7 @@ def pytest_configure(config: pytest.Config) -> None:
         # per check, capture skips a golden that exists: a CI job misconfigured into capture mode
         # would skip every test and pass without judging anything
         raise pytest.UsageError(
-            f"{opt.MODE}=capture{' with ' + opt.REGEN if options.regen is not None else ''} under CI=true: goldens are "
+            f"{opt.REGEN if options.regen is not None else opt.MODE + '=capture'} under CI=true: goldens are "
             f"captured on the reference machine and committed, not written in CI, and a capture run judges nothing. "
             f"Replay with {opt.ENABLE} alone, or pass {opt.ALLOW_WRITE} for a dedicated capture job.")
     from pytest_rocm_parity.session import ParitySession
