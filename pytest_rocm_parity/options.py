@@ -239,13 +239,29 @@ def from_config(config: pytest.Config) -> ParityOptions:
         prune_dry_run=bool(_get(config, "parity_prune_dry_run")),
         allow_reference_change=bool(_get(config, "parity_allow_reference_change")),
         golden_size_limit=_size_limit(_get(config, "parity_golden_size_limit", parse_size_limit)),
-        command_flags=(f"{GOLDEN_DIR}={shlex.quote(str(config.getoption('parity_golden_dir')))} "
-                       if config.getoption("parity_golden_dir") else ""),
+        command_flags=_command_flags(config),
     )
     if opts.regen is not None and opts.mode is not Mode.CAPTURE:
         # --parity-regen implies capture for the matching models
         opts = ParityOptions(**{**opts.__dict__, "mode": Mode.CAPTURE})
     return opts
+
+
+# given on the command line, these shape what a capture writes, so a printed capture or regenerate
+# command repeats them (ini keys apply to it by themselves)
+_GOLDEN_SHAPING = ((GOLDEN_DIR, "parity_golden_dir"), (DTYPES, "parity_dtypes"), (DRILL, "parity_drill"),
+                   (PROFILE, "parity_profile"))
+
+
+def _command_flags(config: pytest.Config) -> str:
+    out = []
+    for flag, dest in _GOLDEN_SHAPING:
+        v = config.getoption(dest)
+        if v is None or v is False:
+            continue
+        text = ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+        out.append(flag if v is True else f"{flag}={shlex.quote(text)}")
+    return "".join(f + " " for f in out)
 
 
 def _size_limit(mb: Any) -> int | None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+from conftest import TEST_FILE
 
 
 def test_flag_sets_directory(project: pytest.Pytester) -> None:
@@ -78,3 +79,18 @@ def test_without_a_config_file_the_header_says_to_pin_the_golden_dir(project: py
     (project.path / "tox.ini").unlink()   # what makeini wrote
     assert "no pytest configuration file" not in project.runpytest(
         "--rocm-parity", "--parity-golden-dir=goldens").stdout.str()
+
+
+def test_a_stale_rung_asked_by_dtypes_gets_a_regen_command_that_captures_it(project: pytest.Pytester) -> None:
+    """--parity-dtypes asks for a rung the golden lacks: the printed command, run as it is, captures
+    that rung and the replay passes."""
+    import shlex
+
+    project.makepyfile(test_tiny=TEST_FILE.replace(', dtypes=["float32"]', ""))
+    project.runpytest("--rocm-parity", "--parity-mode=capture", "--parity-dtypes=float32").assert_outcomes(passed=1)
+    rep = project.runpytest("--rocm-parity", "--parity-dtypes=bfloat16")
+    line = next(l for l in rep.stdout.str().splitlines() if "--parity-regen=" in l)
+    cmd = shlex.split(line[line.index("pytest --rocm-parity"):].split(";")[0])
+    assert cmd[0] == "pytest" and "--parity-dtypes=bfloat16" in cmd
+    project.runpytest(*cmd[1:]).assert_outcomes(passed=1)
+    project.runpytest("--rocm-parity", "--parity-dtypes=bfloat16").assert_outcomes(passed=1)
