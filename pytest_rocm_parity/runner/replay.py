@@ -692,7 +692,10 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         if meta.get("quant") and not result.passed:
             result.notes.extend(quant_notes(result, meta, reader.get, inner,
                                             lambda key: golden(key, next(iter(acts[key]))) if acts.get(key) else None))
-        if spec.profile and isinstance(meta.get("extra", {}).get("profile"), dict):
+        if spec.profile and not isinstance(meta.get("extra", {}).get("profile"), dict):
+            result.notes.append("profiler parity (--parity-profile) not compared: the golden holds no operator "
+                                "profile; capture it with --parity-profile on the reference machine")
+        elif spec.profile:
             from pytest_rocm_parity.reports.profiling import compare_shares, profile_shares
 
             cand_prof = profile_shares(model, *stored_inputs(), home)

@@ -48,3 +48,17 @@ def test_profile_flags_grown_operator(pytester: pytest.Pytester, monkeypatch: py
     doc = json.loads((pytester.path / "rep" / "parity-report.json").read_text())
     flags = doc["checks"][0]["extra"]["profile"]["flags"]
     assert any(f.get("op") == "aten::mm" for f in flags), flags
+
+
+def test_profile_against_a_golden_without_one_says_so(pytester: pytest.Pytester,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Asked at replay only, profiler parity compares nothing: the result says so, not silence."""
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("SLOW", raising=False)
+    pytester.makepyfile(test_prof=SLOW_TEST)
+    pytester.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    pytester.runpytest("--rocm-parity", "--parity-profile", "--parity-report=rep").assert_outcomes(passed=1)
+    doc = json.loads((pytester.path / "rep" / "parity-report.json").read_text())
+    check = doc["checks"][0]
+    assert "profile" not in check["extra"]
+    assert [n for n in check["notes"] if "--parity-profile" in n and "holds no operator profile" in n]
