@@ -465,8 +465,13 @@ def _diff_goldens(path_a: str | Path, path_b: str | Path, dtypes: list[str] | No
             row["why"] = "; ".join(why) or row.get("problem", "")
             differs = differs or row["differs"]
             rows.append(row)
+        n_only = sum(1 for r in rows if r.get("problem"))
+        layer_rows = [r for r in rows if r["layer"] != OUTPUT]
+        if layer_rows and all(r.get("problem") for r in layer_rows):   # nothing to agree: other models
+            differs = True
+            res["warnings"].append(f"[{rung}] no layer in common: the goldens describe different models or selections")
         res["rungs"][rung] = {"layers": rows, "n_leaves": len(rows), "n_differ": sum(1 for r in rows if r["differs"]),
-                              "n_only_in_one": sum(1 for r in rows if r.get("problem")),
+                              "n_only_in_one": n_only,
                               "max_rel_l2": max((r.get("rel_l2") or 0.0 for r in rows), default=0.0)}
     res["differs"] = differs
     return res

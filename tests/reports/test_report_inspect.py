@@ -111,6 +111,17 @@ def test_diff_against_a_derived_golden_compares_the_layers_both_hold(goldens: di
     assert any(l.rstrip().endswith("only in A") for l in out.splitlines())
 
 
+def test_diff_of_goldens_with_no_layer_in_common_differs(goldens: dict[str, Path], tmp_path: Path) -> None:
+    import torch
+
+    store = GoldenStore(tmp_path)
+    torch.manual_seed(0)
+    other = torch.nn.Sequential(torch.nn.Linear(32, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8))
+    capture(other, report_models.make()[1], CheckSpec(name="other", dtypes=["float32"]), store, "cpu")
+    res = inspect_cmd.diff_goldens(goldens["a"], store.dir_for("other"))
+    assert res["differs"] and any("no layer in common" in w for w in res["warnings"])
+
+
 def test_diff_text_names_the_layer(goldens: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     inspect_cmd.run_diff(_parse(inspect_cmd.add_diff_arguments, [str(goldens["a"]), str(goldens["b"])]))
     out = capsys.readouterr().out
