@@ -334,6 +334,9 @@ class ParitySession:
             self._prune(found, session, exitstatus)
 
     def _prune_refusal(self, session: pytest.Session | None, exitstatus: int) -> str:
+        if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+            return ("the run collected no tests, so it proves nothing obsolete; run from the project's rootdir or "
+                    "pass its test paths")
         if exitstatus != 0 or (session is not None and (session.shouldstop or session.shouldfail)):
             return (f"the run did not pass (exit status {exitstatus}); a failed, stopped or interrupted run may not "
                     f"have reached every check. Prune after a run that passes")
@@ -347,10 +350,10 @@ class ParitySession:
 
     def _prune(self, found: list[tuple[str, Path, Any]], session: pytest.Session | None, exitstatus: int) -> None:
         dry = self.options.prune_dry_run
-        if not found:
+        why = self._prune_refusal(session, exitstatus)
+        if not found and not why:
             self.prune_lines.append(f"rocm-parity: {PRUNE}: no obsolete goldens under {self.store.root}")
             return
-        why = self._prune_refusal(session, exitstatus)
         if why:
             self.prune_lines.append(f"rocm-parity: {PRUNE} deleted nothing: {why}")
             return

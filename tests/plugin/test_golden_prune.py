@@ -169,6 +169,16 @@ def test_dry_run_lists_and_keeps(renamed: pytest.Pytester) -> None:
     assert "alpha" in goldens(renamed)
 
 
+def test_a_run_that_collected_no_tests_says_so_instead_of_no_obsolete_goldens(renamed: pytest.Pytester) -> None:
+    """Run from a folder of no tests (inside goldens/, say), prune proves nothing: it must not report
+    a clean directory while 'alpha' is obsolete."""
+    (renamed.path / "empty").mkdir()
+    result = renamed.runpytest("--rocm-parity", PRUNE, PRUNE_DRY_RUN, "empty")
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    result.stdout.fnmatch_lines([f"rocm-parity: {PRUNE} deleted nothing: the run collected no tests*rootdir*"])
+    assert "no obsolete goldens" not in result.stdout.str() and "alpha" in goldens(renamed)
+
+
 def test_obsolete_line_names_only_proven_goldens(renamed: pytest.Pytester) -> None:
     result = renamed.runpytest("--rocm-parity")
     result.assert_outcomes(passed=3)
