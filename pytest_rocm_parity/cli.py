@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -78,6 +79,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rocm-parity {args.command}: {paint('error:', 'red+bold', enabled(sys.stderr))} {exc}",
               file=sys.stderr)
         return 2
+    except BrokenPipeError:   # the reader went away (`| head`): not an error of this command
+        # stdout's buffered rest would fail again at exit; point it at devnull, as Python's docs advise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -236,3 +236,22 @@ def test_top_level_help_lists_the_table() -> None:
                          check=True).stdout
     for name, cmd in cli.COMMANDS.items():
         assert name in out and cmd.help.split(":")[0] in " ".join(out.split())
+
+
+def test_output_cut_short_by_its_reader_is_not_a_traceback(tmp_path: Path) -> None:
+    """``rocm-parity show GOLDEN --json | head -1``: the reader closes the pipe early; the command stops
+    quietly."""
+    from parity_models import llama, tokens
+    from pytest_rocm_parity.golden.store import GoldenStore
+    from pytest_rocm_parity.runner.capture import capture
+    from pytest_rocm_parity.runner.engine import CheckSpec
+
+    store = GoldenStore(tmp_path)
+    capture(llama(), tokens(), CheckSpec(name="m", dtypes=["float32"]), store, "cpu")
+    cmd = [sys.executable, "-m", "pytest_rocm_parity.cli", "show", str(store.dir_for("m")), "--json"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout is not None
+    p.stdout.close()   # gone before the command writes: its first write meets a closed pipe
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 0
+    assert b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()[-2000:]
