@@ -92,12 +92,13 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _resolve_device(device: str | torch.device | None) -> torch.device:
+def _resolve_device(device: str | torch.device | None, cpu_hint: str = "pass device='cpu'") -> torch.device:
+    """``cpu_hint``: how the caller's user asks for the CPU (the command line says ``--device cpu``)."""
     dev = torch.device(device if device is not None else default_device())
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise BackendUnavailable(
             f"device={str(dev)!r} was requested but torch {torch.__version__} sees no CUDA/ROCm device; "
-            "run on the GPU machine or pass device='cpu'"
+            f"run on the GPU machine or {cpu_hint}"
         )
     return dev
 

@@ -303,7 +303,7 @@ def run_ops(args: argparse.Namespace) -> int:
 
     from pytest_rocm_parity.fuzz import harness as fuzz
 
-    device = str(fuzz._resolve_device(args.device))
+    device = str(fuzz._resolve_device(args.device, cpu_hint="run with --device cpu"))
     specs = builtin_ops()
     reports: list[OpReport] = []
     for name in names:

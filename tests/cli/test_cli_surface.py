@@ -255,3 +255,15 @@ def test_output_cut_short_by_its_reader_is_not_a_traceback(tmp_path: Path) -> No
     _, err = p.communicate(timeout=120)
     assert p.returncode == 0
     assert b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()[-2000:]
+
+
+def test_ops_on_a_missing_gpu_names_the_flag_that_picks_the_cpu(capsys: pytest.CaptureFixture[str],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from pytest_rocm_parity import cli
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["ops", "--device", "cuda", "--ops", "relu"]) == 2
+    err = capsys.readouterr().err
+    assert "sees no CUDA/ROCm device" in err and "--device cpu" in err and "device='cpu'" not in err
