@@ -264,6 +264,6 @@ def test_ops_on_a_missing_gpu_names_the_flag_that_picks_the_cpu(capsys: pytest.C
     from pytest_rocm_parity import cli
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert cli.main(["ops", "--device", "cuda", "--ops", "relu"]) == 2
+    assert cli.main(["ops", "--device", "cuda", "--ops", "silu"]) == 2
     err = capsys.readouterr().err
     assert "sees no CUDA/ROCm device" in err and "--device cpu" in err and "device='cpu'" not in err
