@@ -550,7 +550,6 @@ def capture(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device
 
     from pytest_rocm_parity.migration.backend import collect_env
 
-
     args0, kwargs0 = normalize_inputs(inputs)
     model = unwrap(model)
     if any(getattr(mod, "_compiled_call_impl", None) is not None for mod in model.modules()):
