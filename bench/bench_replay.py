@@ -9,6 +9,10 @@ One golden of a Llama shape (random init, bf16, batch x seq tokens, drill 0) is 
   (replay._replay_rung: model walk, selection, the fast pass, the verdict) over a plain forward run alongside it. ``pass_again_x`` is
   the same arm measured a second time in the same loop: their difference is this run's noise, the
   yardstick for the gains below.
+* ``hooks_x`` / ``swap_x``: what any pass built on module hooks costs before it judges anything:
+  the plain forward with the pass's pre- and post-hook on every selected module, doing nothing,
+  then with the pre-hook swapping in the golden inputs as the pass does (engine.Hooks,
+  replay._swap). The pass's own work is ``pass_x`` over ``swap_x``.
 * ``full_x`` / ``full_hooked_x``: the full replay (the propagated pass, then the isolated level) with
   each isolated module called directly on its recorded call, and with the isolated level run
   through the teacher-forced forward instead (the model handed in wrapped, as DataParallel, which
@@ -156,8 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     from pytest_rocm_parity.golden.store import (GoldenStore, RungReader, digest_matches, expected_digest,
                                                   file_digests, sha256_file)
     from pytest_rocm_parity.runner.capture import capture
-    from pytest_rocm_parity.runner.engine import CheckSpec, _run
-    from pytest_rocm_parity.runner.replay import _preload, _replay_rung
+    from pytest_rocm_parity.runner.engine import CheckSpec, Hooks, _run
+    from pytest_rocm_parity.runner.replay import _preload, _replay_rung, _swap, activation_paths
+    from pytest_rocm_parity.runner.selection import select
 
     dev = a.device
     model = build(a.model, dev)
@@ -188,6 +193,27 @@ def main(argv: list[str] | None = None) -> int:
     def one_pass() -> Any:
         return _replay_rung(model, spec, meta, reader, "bfloat16", dev, tmpl)
 
+    selected = select(model, spec.layers, spec.drill)
+    layers = {e["key"]: e for e in meta["layers"]}
+    acts = activation_paths(layers)
+
+    def hooks_only() -> None:
+        with Hooks(model, selected, lambda key, sel, a, kw: None, lambda key, sel, out: None):
+            forward()
+
+    def golden(key: str, p: str) -> Any:
+        return reader.get(layers[key]["in"][p]).clone()
+
+    def swapped_in(key: str, sel: Any, a: Any, kw: Any) -> Any:
+        if key not in layers:
+            return None
+        sa, skw, _ = _swap(key, a, kw, acts[key], golden, [], standalone=True)
+        return sa, skw
+
+    def swap_only() -> None:
+        with Hooks(model, selected, swapped_in, lambda key, sel, out: None):
+            forward()
+
     full = CheckSpec(name=a.model, dtypes=["bfloat16"], drill=0, replay="full")
     wrapped = torch.nn.DataParallel(model, device_ids=[torch.device(dev).index or 0]) if dev.startswith("cuda") \
         else torch.nn.DataParallel(model)
@@ -201,10 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(3):
         forward()
         row["passed"] = one_pass().passed and full_pass().passed and full_hooked().passed
-    got = interleaved({"forward": forward, "pass": one_pass, "pass_again": one_pass, "full": full_pass,
-                       "full_hooked": full_hooked}, dev, a.reps)
+    got = interleaved({"forward": forward, "hooks": hooks_only, "swap": swap_only, "pass": one_pass,
+                       "pass_again": one_pass, "full": full_pass, "full_hooked": full_hooked}, dev, a.reps)
     row["forward_s"] = got["forward"]
-    for k in ("pass", "pass_again", "full", "full_hooked"):
+    for k in ("hooks", "swap", "pass", "pass_again", "full", "full_hooked"):
         row[f"{k}_s"] = got[k]
         row[f"{k}_x"] = got[k] / got["forward"]
     if a.profile_dir:
