@@ -88,6 +88,71 @@ def test_diff_flags_the_changed_layer(goldens: dict[str, Path], capsys: pytest.C
     assert inspect_cmd.run_diff(args) == 0
 
 
+def test_diff_names_where_the_references_compute_different_functions(tmp_path: Path) -> None:
+    """An exact GELU against its tanh form in one block: 3e-5 apart in float32, far under any fixed
+    threshold, yet the goldens' float64 truths part there; at bf16 the change is under the rounding."""
+    import torch
+
+    m, x = report_models.make()
+    capture(m, x, CheckSpec(name="tiny", dtypes=["float32", "bfloat16"]), GoldenStore(tmp_path / "exact"), "cpu")
+    m.blocks[2].act = torch.nn.GELU(approximate="tanh")
+    capture(m, x, CheckSpec(name="tiny", dtypes=["float32", "bfloat16"]), GoldenStore(tmp_path / "tanh"), "cpu")
+    res = inspect_cmd.diff_goldens(tmp_path / "exact" / "tiny", tmp_path / "tanh" / "tiny")
+    assert res["differs"] and not res["warnings"]   # same weights and structure: only the function changed
+    fp32 = res["rungs"]["float32"]
+    assert fp32["first_function_change"] == "blocks.2"
+    rows = {r["layer"]: r for r in fp32["layers"]}
+    assert rows["blocks.2"]["rel_l2"] < 1e-4 and "compute different functions" in rows["blocks.2"]["why"]
+    assert not rows["blocks.1"]["differs"] and rows["blocks.1"]["truths_x"] == 0.0
+    assert res["rungs"]["bfloat16"]["n_differ"] == 0 and res["rungs"]["bfloat16"]["first_function_change"] is None
+    text = "\n".join(inspect_cmd.format_diff(res))
+    assert "the references first compute different functions at blocks.2" in text
+
+
+def test_diff_of_cuda_and_cpu_goldens_of_one_model_agrees(tmp_path: Path) -> None:
+    """The example model's H200 golden against the same check captured here: correct backends, one
+    function, so nothing differs at either rung (a fixed 1e-3 threshold flagged every bf16 block)."""
+    import torch
+    from bytellama import eval_batch, load_bytellama
+
+    h200 = Path(__file__).resolve().parents[2] / "conftest_examples" / "goldens" / "bytellama-blocks"
+    store = GoldenStore(tmp_path)
+    capture(load_bytellama(dtype=torch.float32), {"input_ids": eval_batch(batch=2, seq=96), "use_cache": False},
+            CheckSpec(name="bytellama-blocks", dtypes=["bfloat16", "float32"], drill=0), store, "cpu")
+    res = inspect_cmd.diff_goldens(h200, store.dir_for("bytellama-blocks"))
+    assert not res["differs"], inspect_cmd.format_diff(res, show_all=True)
+    for rung in ("bfloat16", "float32"):
+        rows = res["rungs"][rung]["layers"]
+        assert max(r.get("truths_x") or 0.0 for r in rows) < 1.0
+        assert max(r["rel_l2"] for r in rows) > 1e-7   # the backends did round differently
+    assert res["rungs"]["bfloat16"]["max_rel_l2"] > inspect_cmd.DEFAULT_THRESHOLD
+    # no changed model is claimed (a golden older than the fingerprint's parameter list cannot tell)
+    assert not any(w.startswith("model fingerprints differ") for w in res["warnings"])
+    assert not any(w.startswith("model inputs differ") for w in res["warnings"])
+
+
+@pytest.mark.parametrize("change, warned", [
+    ({"weights": "0" * 16}, "model fingerprints differ (weights)"),
+    ({"tensors": "inp.weight:(1, 1)"}, "model fingerprints differ (parameter names or shapes)"),
+    ({"structure": "0" * 16}, None),   # module classes renamed: the same parameters, judged by their numbers
+    ({"structure": "0" * 16, "tensors": None, "weights_of": None}, "recorded by different versions"),
+])
+def test_diff_says_what_the_fingerprints_show_changed(goldens: dict[str, Path], tmp_path: Path,
+                                                      change: dict[str, Any], warned: str | None) -> None:
+    other = tmp_path / "tiny"
+    shutil.copytree(goldens["a2"], other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    fp = manifest["fingerprint"]
+    for k, v in change.items():
+        if v is None:
+            fp.pop(k)
+        else:
+            fp[k] = v
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    warnings = inspect_cmd.diff_goldens(goldens["a"], other)["warnings"]
+    assert [w for w in warnings if warned in w] if warned else not warnings, warnings
+
+
 def test_diff_warns_when_the_goldens_ran_on_other_inputs(goldens: dict[str, Path], tmp_path: Path) -> None:
     m, x = report_models.make()
     store = GoldenStore(tmp_path)
