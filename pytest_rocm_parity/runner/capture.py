@@ -39,6 +39,7 @@ from pytest_rocm_parity.runner.engine import (
     submodule,
 )
 from pytest_rocm_parity.golden.store import FORMAT_VERSION, GoldenStore
+from pytest_rocm_parity.runner.padding import Padding
 from pytest_rocm_parity.runner.selection import Selected, select
 from pytest_rocm_parity.runner.tree import constant_leaves, split_leaves, tensor_leaves
 from pytest_rocm_parity.runner.wrappers import inlines_compiled_children, plain_copy, unwrap
@@ -631,14 +632,12 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
         src = outputs["out"] if key == OUTPUT else entries[key]["out"]
         return pool.on(src[p], truth_dev)
 
-    from pytest_rocm_parity.runner.replay import valid_positions
-
-    valid = valid_positions(args, kwargs)
+    padding = Padding.of(tm, args, kwargs)
 
     def put_truth(name: str, key: str, p: str, t: Any) -> None:
         if t.is_floating_point() or t.is_complex():
             ref = ref_of(key, p)
-            _refuse_nonfinite(key, p, t, ref, valid)
+            _refuse_nonfinite(key, p, t, ref, padding)
             tensors[name] = _residual(t, ref, rdt, copies)
 
     fetch, fdtype = _golden_input_fetch(pool, device, truth_dev)
@@ -650,7 +649,7 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
             if sel.level == 0:  # propagated truth for top-level modules only: it locates first divergence
                 for p, t in tensor_leaves(out).items():
                     put(f"gtruth/{key}/{p}", key, p, t)
-            _finite_padding(out, valid)
+            _finite_padding(key, out, padding)
 
         with torch.no_grad(), _truth_errors(tm, selected):
             with Hooks(tm, selected, None, store_gtruth):
@@ -1022,19 +1021,17 @@ def _residual(truth: Any, ref: Any, rdt: Any, copies: _HostCopies | None = None)
     return copies.copy(d.to(narrow), snapshot=False)
 
 
-def _finite_padding(out: Any, valid: Any) -> None:
+def _finite_padding(key: str, out: Any, padding: Padding | None) -> None:
     """Non-finite values of ``out`` at padded positions set to 0, in place (the float64 truth model's
     own tensors). Why: a fully masked softmax row (left padding, eager attention) is NaN in float64;
     handed on, 0 x NaN spreads it into every position of the next attention. Padded positions are not
     judged, so what they hold in the truth does not matter as long as it is finite."""
     import torch
 
-    from pytest_rocm_parity.runner.replay import padded_positions
-
-    if valid is None:
+    if padding is None:
         return None
-    for t in tensor_leaves(out).values():
-        pad = padded_positions(t, valid) if t.is_floating_point() else None
+    for p, t in tensor_leaves(out).items():
+        pad = padding.padded(key, p, t) if t.is_floating_point() else None
         if pad is None:
             continue
         bad = pad & ~torch.isfinite(t)
@@ -1043,17 +1040,15 @@ def _finite_padding(out: Any, valid: Any) -> None:
     return None
 
 
-def _refuse_nonfinite(key: str, leaf: str, truth: Any, ref: Any, valid: Any) -> None:
+def _refuse_nonfinite(key: str, leaf: str, truth: Any, ref: Any, padding: Padding | None) -> None:
     """A float64 truth must be finite wherever the reference is (padded positions aside): a NaN there
     would make every candidate pass or fail for no reason of its own."""
     import torch
 
     if truth.is_complex() or ref.is_complex() or tuple(truth.shape) != tuple(ref.shape):
         return
-    from pytest_rocm_parity.runner.replay import padded_positions
-
     bad = ~torch.isfinite(truth) & torch.isfinite(ref.to(truth.device))
-    pad = padded_positions(truth, valid)
+    pad = padding.padded(key, leaf, truth) if padding is not None else None
     if pad is not None:
         bad = bad & ~pad
     n = int(bad.sum())

@@ -44,6 +44,7 @@ from pytest_rocm_parity.runner.tree import constant_leaves, map_tensors, split_l
 from pytest_rocm_parity.quant.allowance import noise_allowance
 from pytest_rocm_parity.quant.diagnosis import quant_notes
 from pytest_rocm_parity.quant.storage import quantized_tensor_ids
+from pytest_rocm_parity.runner.padding import Padding
 from pytest_rocm_parity.runner.wrappers import cast_in_place, inlines_compiled_children, training_modules, unwrap
 
 
@@ -335,38 +336,6 @@ def activation_paths(layers: dict[str, dict[str, Any]]) -> dict[str, dict[str, s
     return {key: {p: p for p in (e["act"] if "act" in e else e.get("in", {}))} for key, e in layers.items()}
 
 
-def valid_positions(args: Any, kwargs: Any) -> Any:
-    """The (batch, seq) positions to judge: where the model input ``attention_mask`` (the Hugging Face
-    convention for padding) is nonzero; None when there is no padding. Padded positions hold whatever
-    an attention implementation leaves there (zeros, NaN rows of a fully masked softmax)."""
-    mask = kwargs.get("attention_mask") if isinstance(kwargs, dict) else None
-    if mask is None or not hasattr(mask, "dim") or mask.dim() != 2 or mask.is_floating_point():
-        return None
-    valid = mask != 0
-    return None if bool(valid.all()) else valid
-
-
-def seq_dim(t: Any, valid: Any) -> int | None:
-    """The dim of ``t`` that runs over the sequence of the (batch, seq) ``valid`` mask: 1 in a
-    (batch, seq, ...) leaf, 2 in a (batch, heads, seq, ...) one (attention weights, whose padded query
-    rows a float64 softmax leaves NaN); None where ``t`` has neither layout."""
-    if valid is None or t.dim() < 2 or t.shape[0] != valid.shape[0]:
-        return None
-    if t.shape[1] == valid.shape[1]:
-        return 1
-    return 2 if t.dim() >= 3 and t.shape[2] == valid.shape[1] else None
-
-
-def padded_positions(t: Any, valid: Any) -> Any:
-    """A bool mask that broadcasts over ``t``, true at its padded positions; None where none apply."""
-    d = seq_dim(t, valid)
-    if d is None:
-        return None
-    shape = [1] * t.dim()
-    shape[0], shape[d] = valid.shape
-    return ~valid.to(t.device).reshape(shape)
-
-
 class _Judge:
     """Comparisons of one pass, judged after it with one wait for the device (flush).
 
@@ -377,9 +346,9 @@ class _Judge:
     before any later write.
     """
 
-    def __init__(self, rung: str, u: float, valid: Any, obtained: dict[str, Any] | None,
+    def __init__(self, rung: str, u: float, padding: Padding | None, obtained: dict[str, Any] | None,
                  noise: dict[str, float] | None = None) -> None:
-        self.rung, self.u, self.valid, self.obtained = rung, u, valid, obtained
+        self.rung, self.u, self.padding, self.obtained = rung, u, padding, obtained
         self.noise = noise or {}   # tag -> activation-quantization noise allowed (quant/allowance.py)
         # (sink, index, leaf, stats or None for the batched launch, c, ref, res, tolerance, isolated, tag)
         self.items: list[tuple[list[Any], int, str, Any, Any, Any, Any, Tolerance, bool, str]] = []
@@ -387,22 +356,15 @@ class _Judge:
 
         self.codes = kernels.dtype_codes() if kernels.triton_usable() else {}   # dtypes of the batched launch
 
-    def _unpadded(self, *ts: Any) -> tuple[Any, ...]:
-        v = self.valid
-        ref = ts[1]
-        d = seq_dim(ref, v)
-        if d is None or any(tuple(t.shape) != tuple(ref.shape) for t in ts):
-            return ts
-        return tuple(t.movedim(d, 1)[v.to(t.device)] for t in ts)
-
-    def leaf(self, sink: list[Any], leaf: str, c: Any, ref: Any, res: Any | None, tol: Tolerance,
+    def leaf(self, sink: list[Any], key: str, leaf: str, c: Any, ref: Any, res: Any | None, tol: Tolerance,
              isolated: bool, tag: str) -> None:
-        """Judge one output leaf into ``sink``; ``res``: its stored truth residual, None for an exact
-        (integer, bool) leaf, or "" when only its presence is checked."""
+        """Judge output ``leaf`` of call ``key`` into ``sink``; ``res``: its stored truth residual,
+        None for an exact (integer, bool) leaf, or "" when only its presence is checked."""
         if c.requires_grad:
             c = c.detach()
+        pad = self.padding
         if res is None:
-            c2, r2 = self._unpadded(c, ref)
+            c2, r2 = pad.unpadded(key, leaf, c, ref) if pad is not None else (c, ref)
             sink.append(exact_metrics(leaf, c2, r2))
             self.keep_if_failing(sink[-1], c, tol, isolated, tag)
             return
@@ -410,8 +372,8 @@ class _Judge:
             return
         if res.device != ref.device:
             res = res.to(ref.device)
-        if self.valid is not None:
-            c, ref, res = self._unpadded(c, ref, res)
+        if pad is not None:
+            c, ref, res = pad.unpadded(key, leaf, c, ref, res)
         quick = (c.shape == ref.shape == res.shape and ref.numel() > 0 and c.device == ref.device
                  and not (c.is_complex() or ref.is_complex() or res.is_complex()))
         if not quick:
@@ -562,9 +524,9 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
 
     fast = spec.replay == "fast" and spec.extra_judge is None
     args, kwargs = stored_inputs()
-    valid = valid_positions(args, kwargs)
+    padding = Padding.of(inner, args, kwargs)
     obtained: dict[str, Any] | None = {} if spec.report_dir is not None else None
-    judge = _Judge(rung, tol.unit_roundoff(rung), valid, obtained, noise_allowance(meta, inner))
+    judge = _Judge(rung, tol.unit_roundoff(rung), padding, obtained, noise_allowance(meta, inner))
     prop: dict[str, list[LeafMetrics]] = {}
     iso: dict[str, list[LeafMetrics]] = {}
     notes: list[str] = []
@@ -597,7 +559,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
                 # the propagated verdict is the outermost modules' (their float64 truth is the only
                 # one kept): an index a router picks inside them differs with the drift they judge
                 truth = ""
-            judge.leaf(res, p, c, ref, truth, tols[key], isolated,
+            judge.leaf(res, key, p, c, ref, truth, tols[key], isolated,
                        f"{key}/{p}/{'isolated' if isolated else 'propagated'}")
             if (spec.positions is not None and not isolated and not isinstance(truth, str) and truth is not None
                     and ref.dim() >= 2 and tuple(ref.shape[:2]) == spec.positions
@@ -669,8 +631,8 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         for p, keys in optional.items():
             notes.append(f"optional output {p!r} of {keys[0]}{f' and {len(keys) - 1} more' if len(keys) > 1 else ''} "
                          f"is produced by the reference only (another implementation's calling convention): not judged")
-        if valid is not None:
-            notes.append(f"{int((~valid).sum())} padded positions (attention_mask == 0) not judged")
+        if padding is not None:
+            notes.append(padding.note())
         flags = convention_changes(meta, inputs_template)
         if flags:
             notes.append(f"the candidate is called with {', '.join(flags)}: a calling convention; the outputs "
@@ -897,7 +859,7 @@ def _compare_outputs(out: Any, meta: dict[str, Any], reader: RungReader, judge: 
         else:
             sink: list[Any] = []
             truth = reader.get(f"gtruth/{OUTPUT}/{p}") if ref.is_floating_point() or ref.is_complex() else None
-            judge.leaf(sink, p, c.detach(), ref, truth, tol, False, f"{OUTPUT}/{p}/propagated")
+            judge.leaf(sink, OUTPUT, p, c.detach(), ref, truth, tol, False, f"{OUTPUT}/{p}/propagated")
             judge.flush()
             judge_layer(rec, [], sink, Rule.of(tol.for_layer(rec.name), rung))
             rec.passed = rec.prop_passed

@@ -51,6 +51,45 @@ def test_encoder_attention_swap_passes(reference: str, candidate: str, pad: str)
     assert all(r.passed for r in res), verdicts(res)
 
 
+def _scale_positions(model: nn.Module, name: str, index: Any, factor: float = 1.05) -> nn.Module:
+    """A kernel bug in ``name`` that only touches its output at ``index``."""
+    def hook(_m: nn.Module, _a: Any, out: Any) -> Any:
+        t = out if isinstance(out, torch.Tensor) else out[0]
+        t = t.clone()
+        t[index] = t[index] * factor
+        return t if isinstance(out, torch.Tensor) else (t, *out[1:])
+    model.get_submodule(name).register_forward_hook(hook)
+    return model
+
+
+def test_the_encoder_padding_leaves_the_decoder_of_the_same_length_judged() -> None:
+    """An encoder-decoder model's attention_mask is its encoder's. With encoder and decoder of one
+    length, a bug in the decoder's tokens at the encoder's padded positions must still be seen."""
+    inputs = tokens("right", seq=10)
+    inputs["decoder_input_ids"] = tokens(seq=10)["input_ids"].flip(1)
+    bug = capture_then_replay(t5, _scale_positions(t5(), "decoder.block.1", (1, slice(6, None))), inputs)
+    assert not bug[0].passed and bug[0].culprit == "decoder.block.1", verdicts(bug)
+    res = capture_then_replay(t5, t5(), inputs)
+    assert res[0].passed, verdicts(res)
+    assert any("of the encoder's outputs" in n for n in res[0].notes), res[0].notes
+    # the encoder's own padded positions stay unjudged: a bug there alone passes
+    enc = capture_then_replay(t5, _scale_positions(t5(), "encoder.block.1", (1, slice(6, None))), inputs)
+    assert enc[0].layers and all(l.passed for l in enc[0].layers if l.name.startswith("encoder.")), verdicts(enc)
+
+
+def test_a_pooled_output_as_wide_as_the_padded_sequence_is_judged_whole() -> None:
+    """BERT's pooler returns (batch, hidden); with hidden equal to the padded length its columns are
+    features, not positions, and a bug in those past the padding is a bug."""
+    inputs = tokens("right", seq=64)
+    bug = capture_then_replay(lambda: bert("sdpa"), _scale_positions(bert("sdpa"), "pooler", (1, slice(60, None))),
+                              inputs)
+    # four elements of 128 off: the pooler's isolated ratio alone is no confident failure, the
+    # model's pooled output is
+    assert not bug[0].passed and bug[0].first_divergent == "pooler", verdicts(bug)
+    pooler = next(l for l in bug[0].layers if l.name == "pooler")
+    assert pooler.iso is not None and pooler.iso.numel == 2 * 64   # every column judged
+
+
 def test_attention_swap_at_bf16_keeps_the_ladder_and_passes() -> None:
     res = capture_then_replay(lambda: llama("eager"), llama("sdpa"), tokens("left"),
                               CheckSpec(name="m", dtypes=["bfloat16", "float32"]))

@@ -1,0 +1,114 @@
+"""Which positions of a recorded output are padding, and so not judged.
+
+Padded positions hold whatever an attention implementation leaves there (zeros, the NaN rows of a
+fully masked softmax), so capture keeps their float64 truth finite and replay leaves them out. What
+is padding follows the Hugging Face convention: ``attention_mask == 0`` in the model's inputs. The
+hard part is which outputs that mask runs along. An encoder-decoder model's mask is its encoder's:
+the decoder's outputs run over the decoder's tokens (``decoder_attention_mask``, or all of them),
+even when the two lengths are equal. And a (batch, n) output is a sequence only when n is not one
+of the model's feature widths: a pooler's (batch, hidden) output with hidden equal to the padded
+length would otherwise lose the columns of the padded positions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_rocm_parity.runner.engine import OUTPUT
+
+# config attributes that give the width of a (batch, width) output that is not a sequence
+_WIDTHS = ("hidden_size", "d_model", "n_embd", "num_labels", "projection_dim", "vocab_size")
+
+
+def valid_positions(mask: Any) -> Any:
+    """The (batch, seq) positions to judge: where ``mask`` is nonzero; None when it is no 2-D integer
+    or bool mask, or has no padding."""
+    if mask is None or not hasattr(mask, "dim") or mask.dim() != 2 or mask.is_floating_point():
+        return None
+    valid = mask != 0
+    return None if bool(valid.all()) else valid
+
+
+@dataclass(frozen=True)
+class Padding:
+    """The padding of one model call: the encoder's (or only) mask, the decoder's, and which
+    modules each applies to."""
+
+    valid: Any                  # (batch, seq) bool of the model input attention_mask, or None
+    decoder_valid: Any = None   # of decoder_attention_mask, in an encoder-decoder model
+    encoder_decoder: bool = False
+    widths: frozenset[int] = frozenset()
+
+    @classmethod
+    def of(cls, model: Any, args: Any, kwargs: Any) -> Padding | None:
+        """The padding of ``model`` called on ``(args, kwargs)``; None where nothing is padded."""
+        kw = kwargs if isinstance(kwargs, dict) else {}
+        valid = valid_positions(kw.get("attention_mask"))
+        dec = valid_positions(kw.get("decoder_attention_mask"))
+        if valid is None and dec is None:
+            return None
+        enc_dec = _encoder_decoder(model)
+        if not enc_dec:
+            dec = None
+            if valid is None:
+                return None
+        config = getattr(model, "config", None)
+        widths = frozenset(v for a in _WIDTHS if isinstance(v := getattr(config, a, None), int))
+        return cls(valid, dec, enc_dec, widths)
+
+    def of_leaf(self, key: str, leaf: str) -> Any:
+        """The (batch, seq) mask of module call ``key``'s output ``leaf`` (OUTPUT: the model's own)."""
+        if not self.encoder_decoder:
+            return self.valid
+        if key == OUTPUT:
+            return self.valid if leaf.split(".", 1)[0].startswith("encoder_") else self.decoder_valid
+        return self.valid if "encoder" in key.split("#", 1)[0].split(".") else self.decoder_valid
+
+    def seq_dim(self, t: Any, valid: Any) -> int | None:
+        """The dim of ``t`` that runs over the sequence of the (batch, seq) ``valid`` mask: 1 in a
+        (batch, seq, ...) leaf, 2 in a (batch, heads, seq, ...) one (attention weights, whose padded
+        query rows a float64 softmax leaves NaN); None where ``t`` has neither layout."""
+        if valid is None or t.dim() < 2 or t.shape[0] != valid.shape[0]:
+            return None
+        if t.shape[1] == valid.shape[1] and not (t.dim() == 2 and t.shape[1] in self.widths):
+            return 1
+        return 2 if t.dim() >= 3 and t.shape[2] == valid.shape[1] else None
+
+    def padded(self, key: str, leaf: str, t: Any) -> Any:
+        """A bool mask that broadcasts over ``t``, true at its padded positions; None where none apply."""
+        valid = self.of_leaf(key, leaf)
+        d = self.seq_dim(t, valid)
+        if d is None:
+            return None
+        shape = [1] * t.dim()
+        shape[0], shape[d] = valid.shape
+        return ~valid.to(t.device).reshape(shape)
+
+    def unpadded(self, key: str, leaf: str, *ts: Any) -> tuple[Any, ...]:
+        """``ts`` (of one shape) with their padded positions left out, flattened over (batch, seq)."""
+        valid = self.of_leaf(key, leaf)
+        ref = ts[1] if len(ts) > 1 else ts[0]
+        d = self.seq_dim(ref, valid)
+        if d is None or any(tuple(t.shape) != tuple(ref.shape) for t in ts):
+            return ts
+        return tuple(t.movedim(d, 1)[valid.to(t.device)] for t in ts)
+
+    def note(self) -> str:
+        """What the verdict left out, in words."""
+        parts = []
+        if self.valid is not None:
+            parts.append(f"{int((~self.valid).sum())} padded positions (attention_mask == 0)"
+                         + (" of the encoder's outputs" if self.encoder_decoder else ""))
+        if self.decoder_valid is not None:
+            parts.append(f"{int((~self.decoder_valid).sum())} of the decoder's (decoder_attention_mask == 0)")
+        return f"{' and '.join(parts)} not judged"
+
+
+def _encoder_decoder(model: Any) -> bool:
+    """Whether ``model`` runs an encoder and a decoder over two sequences: its Hugging Face config
+    says so, or it has modules named ``encoder`` and ``decoder``."""
+    config = getattr(model, "config", None)
+    if getattr(config, "is_encoder_decoder", False) is True:
+        return True
+    names = {part for name, _ in model.named_modules() for part in name.split(".")} if hasattr(model, "named_modules") else set()
+    return "encoder" in names and "decoder" in names
