@@ -97,9 +97,14 @@ class RunLog:
 
 def duplicate_message(name: str, first: str, second: str) -> str:
     where = f"by {first} and again by {second}" if first != second else f"twice by {first}"
+    if first != second and first.rsplit("/", 1)[-1] == second.rsplit("/", 1)[-1]:
+        # the default name leaves the directory out, so that it does not change with the rootdir
+        fix = (f"Both tests default to this name (a test's file and name, without its directory): give one of "
+               f"them its own, e.g. parity.check(..., name={second!r})")
+    else:
+        fix = "Give each check its own name= (or leave name= out: the default is the test's file and name)"
     return (f"check name {name!r} is used {where} in this run; one name is one golden, so the two checks would "
-            f"capture into and replay from the same files. Give each check its own name= (or leave name= out: "
-            f"the default is the test's id)")
+            f"capture into and replay from the same files. {fix}")
 
 
 class StagingStore:

@@ -205,7 +205,13 @@ def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, An
     if missing:
         problems.append(f"dtypes {missing} were not captured (golden holds {held})")
     if problems:
-        raise GoldenStale(f"stale golden {golden_path} for {spec.name!r}: " + "; ".join(problems)
+        owner = manifest.get("test")
+        # the command last, so that it can be copied whole
+        other = (f". It was captured by {owner}, and this check runs in {spec.test}: if that is another test "
+                 f"with the same name (the default leaves the directory out), give one of them its own name= "
+                 f"instead of regenerating" if isinstance(owner, str) and owner and spec.test and owner != spec.test
+                 else "")
+        raise GoldenStale(f"stale golden {golden_path} for {spec.name!r}: " + "; ".join(problems) + other
                           + f". Regenerate this model's golden on the reference machine: {regen}", golden_path)
     return notes
 

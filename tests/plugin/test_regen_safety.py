@@ -145,6 +145,36 @@ def test_two_checks_of_one_name_name_both_tests(project: pytest.Pytester) -> Non
                                  "again by test_dup.py::test_second*name=*"])
 
 
+def test_two_test_files_of_one_name_in_two_directories_are_told_apart(project: pytest.Pytester) -> None:
+    """The default name leaves the directory out: two tests/<dir>/test_model.py clash, and the message
+    says why and what to write; replaying one against the other's golden says whose golden it is."""
+    (project.path / "test_tiny.py").unlink()
+    for d, seed in (("a", 0), ("b", 1)):
+        (project.path / d).mkdir()
+        (project.path / d / "__init__.py").write_text("")   # packages: pytest collects both files
+        (project.path / d / "test_model.py").write_text(f'''
+import torch
+from conftest import make_model, make_inputs
+
+def test_model(parity):
+    torch.manual_seed({seed})
+    m = make_model()
+    with torch.no_grad():
+        m.blocks[0].fc1.weight.add_({seed})
+    parity.check(m, make_inputs(), dtypes=["float32"])
+''')
+    result = project.runpytest("--rocm-parity", "--parity-mode=capture")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*DuplicateCheckName: check name 'test_model.py::test_model' is used by "
+                                 "a/test_model.py::test_model and again by b/test_model.py::test_model*Both tests "
+                                 "default to this name*name='b/test_model.py::test_model'*"])
+    replayed = project.runpytest("--rocm-parity", "b")
+    replayed.assert_outcomes(failed=1)
+    replayed.stdout.fnmatch_lines(["*GoldenStale: stale golden*the model's weights changed. It was captured by "
+                                   "a/test_model.py::test_model, and this check runs in b/test_model.py::test_model*"
+                                   "own name= instead of regenerating. Regenerate*"])
+
+
 def test_one_test_reusing_a_name_is_refused(project: pytest.Pytester) -> None:
     project.makepyfile(test_tiny='''
 from conftest import make_model, make_inputs
