@@ -193,7 +193,11 @@ RULES: tuple[Rule, ...] = (
          "__ldg: hipify maps it (or use a plain load)", "hipify"),
     # ---- Python (rocm.md 3.2)
     Rule("RP201", "cpp-extension", "note", P, ("CUDAExtension", "load_inline", "cpp_extension"),
-         r"\bCUDAExtension\s*\(|\bload_inline\s*\(|\bcpp_extension\.load\s*\(",
+         # the JIT loader is called by a bare name or an alias as often as in full: its import says it
+         r"\bCUDAExtension\s*\(|\bload_inline\s*\(|\bcpp_extension\.load\s*\("
+         r"|^[ \t]*from[ \t]+torch\.utils\.cpp_extension[ \t]+import\b[^\n#]*\bload\b(?!_)"
+         r"|^[ \t]*(?:import[ \t]+torch\.utils\.cpp_extension|from[ \t]+torch\.utils[ \t]+import[ \t]+cpp_extension)"
+         r"[ \t]+as\b",
          "torch C++/CUDA extension: hipified automatically on ROCm builds; set PYTORCH_ROCM_ARCH", "hipify"),
     Rule("RP202", "cupy-raw-kernel", "warning", P, ("RawKernel", "RawModule", "ElementwiseKernel", "ReductionKernel"),
          r"\b(?:RawKernel|RawModule|ElementwiseKernel|ReductionKernel)\s*\(",

@@ -132,7 +132,7 @@ def test_text_table(capsys: pytest.CaptureFixture[str]) -> None:
 def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
     _, out = _run(capsys, str(CORPUS), "--format", "json", "--no-hipify")
     data = json.loads(out)
-    assert data["version"] == 1 and data["stats"]["files"] == 15
+    assert data["version"] == 1 and data["stats"]["files"] == 16
     first = data["findings"][0]
     assert set(first) >= {"rule", "severity", "path", "line", "column", "message", "suggestion", "suggested_path"}
     assert sum(data["summary"].values()) == len(data["findings"])
