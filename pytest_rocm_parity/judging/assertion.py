@@ -196,10 +196,14 @@ def message(result: CheckResult) -> str:
     lines = [f"parity check failed: {result.name} [{result.dtype}]",
              f"  reference: {env_line(result.reference_env)}",
              f"  candidate: {env_line(result.candidate_env)}"]
+    setting = result.extra.get("setting")
+    if setting:
+        lines.append(f"  setting: {setting}")
     culprit = next((l for l in result.layers if l.name == result.culprit), None)
     if culprit is not None:
         inside = f" (inside block {result.culprit_block})" if result.culprit_block and result.culprit_block != result.culprit else ""
-        lines.append(f"  culprit: {result.culprit}{inside}: {culprit.reason}")
+        lines.append(f"  culprit: {result.culprit}{inside}: {culprit.reason}"
+                     + (" (the first module the setting above changes, not necessarily a bug)" if setting else ""))
         # a note about the culprit itself (an FP8 layer's likely cause: quant/diagnosis.py) goes beside it
         prefix = f"{result.culprit}: "
         cause = next((n[len(prefix):] for n in result.notes if n.startswith(prefix)), "")
@@ -244,7 +248,7 @@ def message(result: CheckResult) -> str:
     if hint:
         lines.append(hint)
     for n in result.notes:
-        if not (result.culprit and n.startswith(f"{result.culprit}: ")):
+        if n != setting and not (result.culprit and n.startswith(f"{result.culprit}: ")):
             lines.append(f"  note: {n}")
     regen = regen_hint(result)
     if regen:

@@ -303,6 +303,9 @@ def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device:
             reader.release()
         reader.verification.result()
         result.notes.extend(tree_notes)
+        if autocast and not result.passed:
+            # a setting that differs from the capture's explains a failure before any module does
+            result.extra["setting"] = autocast
         result.reference_env = manifest.get("reference_env", {})
         result.candidate_env = cand_env
         result.golden = str(path)

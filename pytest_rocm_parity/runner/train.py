@@ -715,6 +715,8 @@ def replay_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, d
         result.candidate_env = env or collect_env(str(device))
         result.golden = str(store.rung_file(spec.name, manifest, rung))
         result.notes.extend(setting_notes)
+        if autocast and not result.passed:   # explains the failure before any module does (assertion.message)
+            result.extra["setting"] = autocast
         results.append(result)
     return results
 

@@ -41,6 +41,13 @@ def test_a_candidate_under_autocast_fails_the_float32_rung_and_says_autocast_is_
     (note,) = _autocast_notes(r.notes)
     assert "torch.autocast (bfloat16) is on around this check and was not at capture" in note
     assert "outside torch.autocast" in note
+    # the failure leads with the setting, and says the module it names is where the setting shows
+    from pytest_rocm_parity.judging.assertion import message
+
+    lines = message(r).splitlines()
+    assert lines[3] == f"  setting: {note}", lines[:5]
+    assert lines[4].startswith("  culprit: ") and "the first module the setting above changes" in lines[4]
+    assert sum(note in line for line in lines) == 1
 
 
 def test_the_same_autocast_at_capture_and_replay_passes_without_a_note() -> None:
@@ -64,7 +71,8 @@ def test_check_train_under_an_autocast_the_capture_lacked_says_so() -> None:
     with _bf16_autocast():
         (r,) = replay_train(llama(), inputs, spec, store, "cpu")
     assert not r.passed
-    assert _autocast_notes(r.notes)
+    (note,) = _autocast_notes(r.notes)
+    assert r.extra["setting"] == note   # the failure message leads with it
 
 
 def test_check_train_of_a_golden_captured_under_autocast_replayed_without_it_names_autocast() -> None:
