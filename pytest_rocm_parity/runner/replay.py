@@ -614,12 +614,14 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
             del out
             deeper = levels
 
-        # a whole-model compile runs its compiled code only through the model's own forward: a
-        # module called on its own would run eagerly and judge code the candidate does not run
-        whole_compiled = model is not inner or getattr(inner, "_compiled_call_impl", None) is not None
+        # Compiled code runs only inside the compiled module's own call: a sub-module of a compiled
+        # model or block, called on its own, would run eagerly and judge code the candidate does not
+        # run (every child of a miscompiled block scored as the reference). Its levels go through the
+        # forward, where the hooks break the compiled graph at each judged module.
+        compiled = model is not inner or any(getattr(m, "_compiled_call_impl", None) is not None for m in walk.modules)
         for level in deeper:
             keys = [k for k in meta.get("order", list(layers)) if k in layers and layers[k]["level"] == level]
-            if whole_compiled or not _direct_level(inner, keys, layers, acts, calls, plain, golden, compare, iso, judge,
+            if compiled or not _direct_level(inner, keys, layers, acts, calls, plain, golden, compare, iso, judge,
                                                    notes, rerouted, level):
                 _hooked_level(model, inner, selected, level, layers, acts, golden, compare, iso, judge, notes, rerouted,
                               stored_inputs)

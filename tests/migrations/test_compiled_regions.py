@@ -65,3 +65,19 @@ def test_a_layer_compiled_by_assignment_keeps_the_golden_names_and_is_judged_com
     bad.model.layers[1] = torch.compile(bad.model.layers[1], backend=_scaled_backend)
     res = capture_then_replay(lambda: llama("sdpa"), bad, tokens(), CheckSpec(name="m", dtypes=["float32"]))
     assert not res[0].passed and res[0].culprit.startswith("model.layers.1"), verdicts(res)
+
+
+def _silu_miscompiled(gm: torch.fx.GraphModule, _example: list[torch.Tensor]):  # type: ignore[no-untyped-def]
+    """A backend that gets one operator wrong: the graphs holding a SiLU come out 1% high."""
+    if not any("silu" in str(n.target) for n in gm.graph.nodes):
+        return gm.forward
+    return _scaled_backend(gm, _example)
+
+
+def test_a_miscompile_inside_a_compiled_block_is_named_at_the_module_that_computes_it() -> None:
+    """The block's sub-modules are judged inside its compiled call, not called on their own (which
+    would run them eagerly and score every one as the reference)."""
+    bad = llama("sdpa")
+    bad.model.layers[1].compile(backend=_silu_miscompiled)
+    res = capture_then_replay(lambda: llama("sdpa"), bad, tokens(), CheckSpec(name="m", dtypes=["float32"], drill=2))
+    assert not res[0].passed and res[0].culprit == "model.layers.1.mlp.act_fn", verdicts(res)
