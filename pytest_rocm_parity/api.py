@@ -215,8 +215,9 @@ class Parity:
                 try:
                     results = do_replay()
                 except GoldenCorrupt as exc:   # the store names the file; the command that replaces it, here
-                    raise GoldenCorrupt(f"{exc}. On the reference machine: {spec.regen_command}; or "
-                                        f"restore the committed file (git checkout, git lfs pull)", exc.path) from None
+                    restore = "" if "git lfs pull" in str(exc) else "; or restore the committed file (git checkout, git lfs pull)"
+                    raise GoldenCorrupt(f"{exc}. On the reference machine: {spec.regen_command}{restore}",
+                                        exc.path) from None
             except Exception as exc:   # no verdict: listed as an error, so no report looks all-green
                 self._error(spec, exc, kind)
                 raise

@@ -360,7 +360,7 @@ class ParitySession:
             self.prune_lines.append(f"rocm-parity: {PRUNE}: no obsolete goldens under {self.store.root}")
             return
         if why:
-            self.prune_lines.append(f"rocm-parity: {PRUNE} deleted nothing: {why}")
+            self.prune_lines.append(f"rocm-parity: {PRUNE} {'would delete' if dry else 'deleted'} nothing: {why}")
             return
         for name, d, manifest in found:
             if not self.store.ours(d, manifest):

@@ -92,6 +92,8 @@ def test_plain_failure():
     result.assert_outcomes(passed=3, failed=1)
     assert "alpha" in goldens(renamed)
     result.stdout.fnmatch_lines([f"*{PRUNE} deleted nothing: the run did not pass (exit status 1)*"])
+    dry = renamed.runpytest("--rocm-parity", PRUNE, "--parity-prune-dry-run")
+    dry.stdout.fnmatch_lines([f"*{PRUNE} would delete nothing: the run did not pass (exit status 1)*"])
     # a parity test that fails may not have reached every check of its test: its file proves nothing
     monkeypatch.setenv("BUG", "1")
     result = renamed.runpytest("--rocm-parity", PRUNE, "test_a.py")
@@ -175,7 +177,7 @@ def test_a_run_that_collected_no_tests_says_so_instead_of_no_obsolete_goldens(re
     (renamed.path / "empty").mkdir()
     result = renamed.runpytest("--rocm-parity", PRUNE, PRUNE_DRY_RUN, "empty")
     assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
-    result.stdout.fnmatch_lines([f"rocm-parity: {PRUNE} deleted nothing: the run collected no tests*rootdir*"])
+    result.stdout.fnmatch_lines([f"rocm-parity: {PRUNE} would delete nothing: the run collected no tests*rootdir*"])
     assert "no obsolete goldens" not in result.stdout.str() and "alpha" in goldens(renamed)
 
 
