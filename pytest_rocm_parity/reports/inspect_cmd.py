@@ -196,30 +196,35 @@ def _show_golden(path: str | Path, dtypes: list[str] | None, stats: bool) -> dic
         "selects": [{"level": lv, "modules": n, "names": names} for lv, n, names in describe(m.get("layers", []))],
     }
     for rung in rungs:
-        meta = m["rungs"][rung]
-        fpath = _rung_path(d, m, rung)
-        header = check_safetensors(fpath)
-        reader = RungReader(fpath, "cpu") if stats else None
-        rows = []
-        for key, leaf, tk, truth_key in _leaves(meta):
-            if tk not in header:
-                raise GoldenCorrupt(f"{fpath}: manifest names tensor {tk!r} that the file lacks (manifest and "
-                                    f"tensors do not match); recapture this golden", fpath)
-            h = header[tk]
-            start, end = h.get("data_offsets", (0, 0))
-            row: dict[str, Any] = {"layer": key, "leaf": leaf, "shape": h.get("shape"), "dtype": h.get("dtype"),
-                                   "bytes": int(end) - int(start)}
-            if reader is not None and tk in reader.keys:
-                ref = reader.get(tk)
-                row.update(_stats(ref, _truth(reader, meta, truth_key, ref)))
-            rows.append(row)
-        info["rungs"][rung] = {"file": fpath.name, "bytes": meta.get("bytes", fpath.stat().st_size),
-                               "sha256": meta.get("sha256"), "truth_dtype": meta.get("truth_dtype"),
-                               "truth_encoding": meta.get("truth_encoding"),
-                               "tf32": meta.get("tf32"), "tensors": len([k for k in header if k != "__metadata__"]),
-                               "updates": sum(1 for k in header if k.startswith("upd/")),
-                               "layers": rows, "quant": _quant_summary(meta)}
+        info["rungs"][rung] = _show_rung(d, m, rung, stats)
     return info
+
+
+def _show_rung(d: Path, m: dict[str, Any], rung: str, stats: bool) -> dict[str, Any]:
+    """One rung's rows for show: its file's header, each recorded leaf and, with ``stats``, its numbers."""
+    meta = m["rungs"][rung]
+    fpath = _rung_path(d, m, rung)
+    header = check_safetensors(fpath)
+    reader = RungReader(fpath, "cpu") if stats else None
+    rows = []
+    for key, leaf, tk, truth_key in _leaves(meta):
+        if tk not in header:
+            raise GoldenCorrupt(f"{fpath}: manifest names tensor {tk!r} that the file lacks (manifest and "
+                                f"tensors do not match); recapture this golden", fpath)
+        h = header[tk]
+        start, end = h.get("data_offsets", (0, 0))
+        row: dict[str, Any] = {"layer": key, "leaf": leaf, "shape": h.get("shape"), "dtype": h.get("dtype"),
+                               "bytes": int(end) - int(start)}
+        if reader is not None and tk in reader.keys:
+            ref = reader.get(tk)
+            row.update(_stats(ref, _truth(reader, meta, truth_key, ref)))
+        rows.append(row)
+    return {"file": fpath.name, "bytes": meta.get("bytes", fpath.stat().st_size),
+            "sha256": meta.get("sha256"), "truth_dtype": meta.get("truth_dtype"),
+            "truth_encoding": meta.get("truth_encoding"),
+            "tf32": meta.get("tf32"), "tensors": len([k for k in header if k != "__metadata__"]),
+            "updates": sum(1 for k in header if k.startswith("upd/")),
+            "layers": rows, "quant": _quant_summary(meta)}
 
 
 def _quant_summary(meta: dict[str, Any]) -> dict[str, Any] | None:
@@ -292,6 +297,9 @@ def format_show(info: dict[str, Any]) -> list[str]:
                for i, x in enumerate(info.get("selects") or [])],
              "reference " + "  ".join(f"{k}={_txt(env[k])}" for k in ENV_KEYS if env.get(k) not in (None, ""))]
     for rung, r in info["rungs"].items():
+        if r.get("error"):
+            lines += ["", f"[{rung}] {r['file']}  UNREADABLE: {r['error']}"]
+            continue
         lines += ["", f"[{rung}] {r['file']}  {_bytes(r['bytes'])}  {r['tensors']} tensors  {_truth_text(r)}"
                   f"  tf32 {_txt(r.get('tf32'))}"]
         if r.get("updates"):
@@ -313,12 +321,38 @@ def format_show(info: dict[str, Any]) -> list[str]:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    info = show_golden(args.golden, args.dtype, stats=not args.no_stats)
+    try:
+        info = show_golden(args.golden, args.dtype, stats=not args.no_stats)
+    except ParityError as whole:
+        info = _show_readable_rungs(args, whole)
     if args.json:
         print(json.dumps(info, indent=1, default=str))
     else:
         print("\n".join(format_show(info)), flush=True)
-    return 0
+    # an unreadable rung is shown beside the readable ones, and the exit code of an unreadable golden
+    return 2 if any(r.get("error") for r in info["rungs"].values()) else 0
+
+
+def _show_readable_rungs(args: argparse.Namespace, whole: ParityError) -> dict[str, Any]:
+    """A golden one of whose rungs cannot be read: the others shown, that one named with its error
+    (a damaged float32 file says nothing about the bf16 one beside it). ``whole``: the error of
+    reading it all, raised again where no rung can be read or the manifest itself cannot."""
+    _d, m = resolve_golden(args.golden)
+    rungs = [r for r in m.get("rungs", {}) if not args.dtype or r in args.dtype]
+    parts: dict[str, dict[str, Any]] = {}
+    info: dict[str, Any] | None = None
+    for rung in rungs:
+        try:
+            one = show_golden(args.golden, [rung], stats=not args.no_stats)
+        except ParityError as exc:
+            parts[rung] = {"file": str(m["rungs"][rung].get("file", "")), "error": f"{type(exc).__name__}: {exc}"}
+            continue
+        info = info or one
+        parts[rung] = one["rungs"][rung]
+    if info is None:
+        raise whole
+    info["rungs"] = parts
+    return info
 
 
 # ---------------------------------------------------------------------------------------------

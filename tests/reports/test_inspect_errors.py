@@ -60,3 +60,29 @@ def test_show_on_the_golden_folder_names_the_goldens_inside(tmp_path) -> None:  
             CheckSpec(name="two-linears", dtypes=["float32"]), GoldenStore(tmp_path), "cpu")
     with pytest.raises(ParityError, match="folder of goldens.*two-linears"):
         show_golden(str(tmp_path), None, stats=False)
+
+
+def test_show_names_the_unreadable_rung_and_shows_the_others(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A damaged float32 file says nothing about the bf16 one beside it: `show` prints the readable
+    rung, names the other with its error and exits 2."""
+    import torch
+
+    from pytest_rocm_parity.golden.store import GoldenStore
+    from pytest_rocm_parity.runner.capture import capture
+    from pytest_rocm_parity.runner.engine import CheckSpec
+
+    torch.manual_seed(0)
+    store = GoldenStore(tmp_path)
+    capture(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 2)), torch.randn(4, 8),
+            CheckSpec(name="two", dtypes=["bfloat16", "float32"]), store, "cpu")
+    manifest = store.read_manifest("two")
+    damaged = store.dir_for("two") / manifest["rungs"]["float32"]["file"]
+    damaged.write_bytes(damaged.read_bytes()[:200])
+    assert main(["show", str(store.dir_for("two"))]) == 2
+    out = capsys.readouterr().out
+    assert "[bfloat16] " in out and "rms(ref)" in out
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("[float32]")]
+    assert "UNREADABLE: GoldenCorrupt: " in line and str(damaged) in line
+    assert main(["show", str(store.dir_for("two")), "--dtype", "float32"]) == 2   # nothing readable: the error
+    assert "error:" in capsys.readouterr().err
