@@ -274,9 +274,19 @@ def _build_message(result: OpResult) -> str:
     if result.reproduction:
         lines.append("Reproduce:")
         lines.extend(f"  {line}" for line in result.reproduction.splitlines())
-    lines.append("Hypothesis keeps this failing example in its database (.hypothesis/) and replays it first "
-                 "on the next run; settings(print_blob=True) prints a @reproduce_failure line.")
+    if _under_hypothesis():
+        lines.append("Hypothesis keeps this failing example in its database (.hypothesis/) and replays it first "
+                     "on the next run; settings(print_blob=True) prints a @reproduce_failure line.")
     return "\n".join(lines)
+
+
+def _under_hypothesis() -> bool:
+    """Whether a Hypothesis test is running this comparison (not a reproduction script, not a plain test)."""
+    hyp = sys.modules.get("hypothesis")
+    try:
+        return bool(hyp is not None and hyp.currently_in_test_context())
+    except Exception:   # an older Hypothesis without the function
+        return False
 
 
 def _raise(result: OpResult) -> None:

@@ -111,6 +111,24 @@ def test_failure_message_describes_inputs_for_reproduction():
     assert "float32[4] stride=(2,) offset=0 (non-contiguous)" in msg
     assert "t0 = torch.tensor([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0], dtype=torch.float32).as_strided((4,), (2,), 0)" in msg
     assert "Error model: tol = 8 ulp_float32(truth)" in msg
+    assert "Hypothesis" not in msg   # a plain test or a pasted reproduction keeps no Hypothesis database
+
+
+def test_a_failure_under_hypothesis_says_where_it_keeps_the_example():
+    from hypothesis import given, settings, strategies as st
+
+    messages: list[str] = []
+
+    @settings(max_examples=1, database=None)
+    @given(st.just(0))
+    def fuzzed(_x: int) -> None:
+        try:
+            compare_op(lambda t: t + 1, lambda t: t, torch.ones(3), device="cpu")
+        except AssertionError as exc:
+            messages.append(str(exc))
+
+    fuzzed()
+    assert messages and "Hypothesis keeps this failing example in its database" in messages[0]
 
 
 def test_candidate_exceptions_become_parity_failures():
