@@ -194,10 +194,11 @@ class _Run:
 
         def pre(key: str, sel: Selected, a: Any, kw: Any) -> Any:
             leaves = tensor_leaves({"args": a, "kwargs": kw})
-            xp = _first_float(leaves)
-            if xp is None:
-                return None
-            self.x[key] = leaves[xp].detach().clone()
+            # a module fed integers only (an embedding's token ids) has no input gradient, but its
+            # parameters' gradients are its own backward to judge: recorded with no primary input ("")
+            xp = _first_float(leaves) or ""
+            if xp:
+                self.x[key] = leaves[xp].detach().clone()
             self.calls[key] = (a, kw, xp, "")
             self.order.append(key)
             return None
@@ -218,12 +219,13 @@ class _Run:
 def isolated_backward(mod: Any, call: tuple[Any, Any, str, str], x: Any, g: Any,
                       params: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """``mod``'s own backward: called on ``call`` with its primary input replaced by ``x``, the gradient
-    ``g`` fed into its primary output; (input gradient, {parameter: gradient})."""
+    ``g`` fed into its primary output; (input gradient, {parameter: gradient}). A call with no primary
+    input (``x`` None: integer inputs only) has no input gradient (None)."""
     import torch
 
     a, kw, xp, yp = call
-    xin = x.detach().clone().requires_grad_(True)
-    root = map_tensors({"args": a, "kwargs": kw}, lambda p, t: xin if p == xp else t.detach())
+    xin = x.detach().clone().requires_grad_(True) if xp else None
+    root = map_tensors({"args": a, "kwargs": kw}, lambda p, t: xin if xp and p == xp else t.detach())
     with torch.enable_grad():
         try:
             out = mod(*root["args"], **root["kwargs"])
@@ -240,10 +242,13 @@ def isolated_backward(mod: Any, call: tuple[Any, Any, str, str], x: Any, g: Any,
         leaves = {"0": out} if isinstance(out, torch.Tensor) else tensor_leaves(out)
         y = leaves[yp]
         names = list(params)
-        got = torch.autograd.grad(y, [xin, *params.values()], grad_outputs=g.to(y.dtype), allow_unused=True)
-    dx = got[0] if got[0] is not None else torch.zeros_like(xin)
-    return dx.detach(), {n: (t.detach() if t is not None else torch.zeros_like(params[n]))
-                         for n, t in zip(names, got[1:])}
+        wrt = ([xin] if xin is not None else []) + list(params.values())
+        got: tuple[Any, ...] = torch.autograd.grad(y, wrt, grad_outputs=g.to(y.dtype), allow_unused=True) if wrt else ()
+    dx = None
+    if xin is not None:
+        dx = (got[0] if got[0] is not None else torch.zeros_like(xin)).detach()
+        got = got[1:]
+    return dx, {n: (t.detach() if t is not None else torch.zeros_like(params[n])) for n, t in zip(names, got)}
 
 
 def _prepared(model: Any, device: Any, dtype: Any) -> Any:
@@ -358,19 +363,23 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
             for key, name, sel in _judged_calls(run, truth, selected):
                 mod, tmod = (m.get_submodule(name) if name else m for m in (ref, tm))
                 own, town = _own_params(mod, names, name), _own_params(tmod, names, name)
-                t[f"x/{key}"] = run.x[key].to("cpu").contiguous()
+                x = run.x.get(key)
+                if x is not None:
+                    t[f"x/{key}"] = x.to("cpu").contiguous()
                 t[f"g/{key}"] = run.g[key].to("cpu").contiguous()
                 t[f"gtruth/go/{key}"] = _residual(truth.g[key], run.g[key], rdt)
-                dx, dps = isolated_backward(mod, run.calls[key], run.x[key], run.g[key], own)
-                tdx, tdps = isolated_backward(tmod, truth.calls[key], run.x[key].to(torch.float64),
+                dx, dps = isolated_backward(mod, run.calls[key], x, run.g[key], own)
+                tdx, tdps = isolated_backward(tmod, truth.calls[key], None if x is None else x.to(torch.float64),
                                               run.g[key].to(torch.float64), town)
-                t[f"ix/{key}"] = dx.to("cpu").contiguous()
-                t[f"truth/ix/{key}"] = _residual(tdx, dx, rdt)
+                if dx is not None:
+                    t[f"ix/{key}"] = dx.to("cpu").contiguous()
+                    t[f"truth/ix/{key}"] = _residual(tdx, dx, rdt)
                 for pn in own:
                     t[f"ip/{key}/{pn}"] = dps[pn].to("cpu").contiguous()
                     t[f"truth/ip/{key}/{pn}"] = _residual(tdps[pn], dps[pn], rdt)
                 layers.append({"key": key, "name": name, "level": sel.level, "primary": sel.primary,
-                               "in": {run.calls[key][2]: f"x/{key}"}, "out": {run.calls[key][3]: f"g/{key}"},
+                               "in": {run.calls[key][2]: f"x/{key}"} if x is not None else {},
+                               "out": {run.calls[key][3]: f"g/{key}"},
                                "params": sorted(own)})
             # gradients kept to the selected layers: the parameters the selected modules own
             owned: set[str] = {pn for e in layers for pn in e["params"]}
@@ -817,10 +826,11 @@ def _replay_rung(cand: Any, meta: dict[str, Any], reader: RungReader, spec: Chec
             call = run.calls.get(key)
             if call is None or not call[3]:
                 continue
-            x = reader.get(f"x/{key}").to(device)
+            x = reader.get(f"x/{key}").to(device) if call[2] else None
             g = reader.get(f"g/{key}").to(device)
             dx, dps = isolated_backward(mod, call, x, g, own)
-            iso.append(_metric(tag("grad_input"), dx, reader, f"ix/{key}", f"truth/ix/{key}", u, tol.confidence))
+            if dx is not None:
+                iso.append(_metric(tag("grad_input"), dx, reader, f"ix/{key}", f"truth/ix/{key}", u, tol.confidence))
             iso += [_metric(tag(f"grad {pn}"), dps[pn], reader, f"ip/{key}/{pn}", f"truth/ip/{key}/{pn}", u,
                             tol.confidence) for pn in e["params"] if pn in dps]
         for pn in sorted({pn for e in entries for pn in e["params"]}):
