@@ -308,11 +308,16 @@ def svg_plot(layers: list[dict[str, Any]], mode: str, culprit: str | None, first
     for k, p in enumerate(pts):
         if culprit and p["name"] == culprit:
             bw = max(pw / n, 6.0)
+            label = f"culprit: {_short(p['name'], 28)}"
+            # centred over its band, but kept whole inside the plot: a wide estimate of its width
+            # (bold 11 px: at most 7 px a character) decides how far from either edge it may sit
+            half = min(len(label) * 3.5, pw / 2)
+            cx = min(max(X(k), ml + half), ml + pw - half)
             out.append(f'<rect class="culprit-band" x="{X(k) - bw / 2:.1f}" y="{mt}" width="{bw:.1f}" height="{ph}" '
                        f'fill="{C_FAIL}" fill-opacity="0.13"/>'
-                       f'<text class="culprit-label" x="{min(max(X(k), ml + 40), ml + pw - 40):.1f}" y="{mt - 6}" '
+                       f'<text class="culprit-label" x="{cx:.1f}" y="{mt - 6}" '
                        f'font-size="11" text-anchor="middle" fill="{C_FAIL}" font-weight="700">'
-                       f'culprit: {e(_short(p["name"], 28))}<title>culprit: {e(p["name"])}</title></text>')
+                       f'{e(label)}<title>culprit: {e(p["name"])}</title></text>')
         if first_divergent and p["name"] == first_divergent and first_divergent != culprit:
             out.append(f'<line x1="{X(k):.1f}" x2="{X(k):.1f}" y1="{mt}" y2="{mt + ph}" stroke="{C_FAIL}" '
                        f'stroke-dasharray="2,3"><title>first divergent: {e(p["name"])}</title></line>')

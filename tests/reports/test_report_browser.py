@@ -103,15 +103,17 @@ LAYOUT_SCRIPT = """
     for (var i = 0; i < labels.length; i++)
       for (var j = i + 1; j < labels.length; j++)
         if (hit(labels[i].box, labels[j].box)) overlaps.push(labels[i].text + " / " + labels[j].text);
-    var cl = svg.querySelector("text.culprit-label"), onTitle = [];
+    var cl = svg.querySelector("text.culprit-label"), onTitle = [], culpritClipped = false;
     if (cl) others.forEach(function (o) { if (o !== cl && hit(box(cl), box(o))) onTitle.push(o.textContent); });
+    if (cl) { var cb = box(cl); culpritClipped = cb.l < s.l - 0.5 || cb.r > s.r + 0.5; }
     var band = svg.querySelector("rect.exact-band"), bb = band ? box(band) : null, outside = 0, zeros = 0;
     svg.querySelectorAll("circle.exact-zero").forEach(function (c) {
       zeros++; var cb = box(c), cy = (cb.t + cb.b) / 2; if (!bb || cy < bb.t || cy > bb.b) outside++; });
     out.plots.push({mode: svg.getAttribute("data-mode"), check: svg.closest("section").id, width: s.w, labels: labels.length,
                     titled: labels.filter(function (l) { return l.title; }).length,
                     full: labels.map(function (l) { return l.title; }), clipped: clipped, overlaps: overlaps,
-                    onLegend: onLegend, culprit: !!cl, culpritOn: onTitle, zeros: zeros, zerosOutsideBand: outside});
+                    onLegend: onLegend, culprit: !!cl, culpritOn: onTitle, culpritClipped: culpritClipped,
+                    zeros: zeros, zerosOutsideBand: outside});
   });
   document.querySelectorAll("td.num, th").forEach(function (td) {
     if (!td.textContent.trim()) return;
@@ -180,7 +182,10 @@ def _deep_check(n_blocks: int = 16) -> dict[str, Any]:
 @pytest.mark.parametrize("width", [1280, 480])
 def test_report_layout_in_chromium(width: int, report_doc: dict[str, Any], tmp_path: Path) -> None:
     browser = _browser()
-    doc = {**report_doc, "checks": [_deep_check(), _deep_check(3) | {"name": "shallow"}] + report_doc["checks"]}
+    late = _deep_check(3) | {"name": "late", "culprit": "model.layers.2.mlp.down_proj"}   # named near the right edge
+    for layer in late["layers"]:
+        layer["passed"] = layer["iso_passed"] = layer["name"] != late["culprit"]
+    doc = {**report_doc, "checks": [_deep_check(), _deep_check(3) | {"name": "shallow"}, late] + report_doc["checks"]}
     out = tmp_path / "report"
     report.write_all(doc, out)
     page = (out / "parity-report.html").read_text("utf-8").replace("</body>", LAYOUT_SCRIPT + "</body>")
@@ -191,7 +196,7 @@ def test_report_layout_in_chromium(width: int, report_doc: dict[str, Any], tmp_p
     m = re.search(r'<pre id="layout">(.*?)</pre>', dom, re.S)
     assert m, "the layout probe did not run"
     lay = json.loads(html.unescape(m.group(1)))
-    assert len(lay["plots"]) == 8
+    assert len(lay["plots"]) == 10
     for p in lay["plots"]:
         # readable labels: some at every depth, none overlapping, clipped or on the legend
         assert p["labels"] >= 3, p
@@ -200,6 +205,7 @@ def test_report_layout_in_chromium(width: int, report_doc: dict[str, Any], tmp_p
         assert not p["clipped"], p["clipped"]
         assert not p["onLegend"], p["onLegend"]
         assert not p["culpritOn"], f"the culprit label covers {p['culpritOn']}"
+        assert not p["culpritClipped"], f"the culprit label runs off the plot in {p['check']}"
         assert p["width"] <= width  # the plot scales down with a narrow window
     deep = [p for p in lay["plots"] if p["check"] == "check-tiny-llama-bfloat16"]
     assert len(deep) == 2
