@@ -176,6 +176,7 @@ class ParitySession:
         self._device: str | None = None
         self._env: dict[str, Any] | None = None
         self.obsolete: list[str] = []
+        self.leftovers: list[Path] = []   # files stopped captures left (GoldenStore.leftovers)
         self.pruned: list[str] = []
         self.run = RunLog()
         self.prune_lines: list[str] = []      # every path deleted (or, dry, that would be), and why not
@@ -335,8 +336,27 @@ class ParitySession:
                 continue
             self.obsolete.append(name)
             found.append((name, d, manifest))
+        self.leftovers = self.store.leftovers()
         if self.options.prune or self.options.prune_dry_run:
+            self._prune_leftovers()
             self._prune(found, session, exitstatus)
+
+    def _prune_leftovers(self) -> None:
+        """Files no manifest names need no run to prove them unused: they go whatever the run did,
+        unless CI=true forbids writing."""
+        dry = self.options.prune_dry_run
+        if not self.leftovers:
+            return
+        if not dry and not self.options.may_write():
+            self.prune_lines.append(f"rocm-parity: {len(self.leftovers)} leftover file(s) of stopped captures not "
+                                    f"deleted: CI=true; pass {ALLOW_WRITE} to override")
+            return
+        done = self.leftovers if dry else self.store.remove_leftovers(self.leftovers)
+        for p in done:
+            self.prune_lines.append(f"rocm-parity: {'would delete' if dry else 'deleted'} {p} (left by a capture "
+                                    f"that was stopped before its manifest was written)")
+        if not dry:
+            self.leftovers = [p for p in self.leftovers if p.exists()]
 
     def _prune_refusal(self, session: pytest.Session | None, exitstatus: int) -> str:
         if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:

@@ -298,6 +298,33 @@ class GoldenStore:
                 name = manifest.get("name")
                 yield (name if isinstance(name, str) else d.name), d, manifest
 
+    def leftovers(self) -> list[Path]:
+        """Files a capture stopped without cleaning up left under the root (a SIGTERM or SIGKILL
+        between staging and commit): tensor files of ours that no manifest names, in a golden's
+        directory or in one that has no manifest yet, and temporary files. Files a live writer still
+        holds (GoldenStore.stage pins them) are not leftovers; nor is anything in a directory whose
+        manifest cannot be read, where the tensor files are what there is to restore."""
+        if not self.root.is_dir():
+            return []
+        return [p for d in sorted(self.root.iterdir()) if d.is_dir() and not d.is_symlink() for p in _leftovers_in(d)]
+
+    def remove_leftovers(self, paths: list[Path]) -> list[Path]:
+        """Delete ``paths`` (leftovers()), each checked again under its directory's lock; a directory
+        left empty with no manifest goes too. Returns what was deleted."""
+        deleted: list[Path] = []
+        for d in sorted({p.parent for p in paths}):
+            with _locked(d):
+                still = set(_leftovers_in(d))
+                for p in paths:
+                    if p.parent == d and p in still:
+                        p.unlink(missing_ok=True)
+                        deleted.append(p)
+            if not (d / MANIFEST).exists():
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+                    deleted.append(d)
+        return deleted
+
     def ours(self, d: Path, manifest: dict[str, Any] | None) -> bool:
         """True when this tool wrote the golden at ``d``: its manifest is valid, carries our marker,
         and the directory is the one the manifest's name maps to. Prune deletes nothing else."""
@@ -551,6 +578,20 @@ def _in_use(path: Path) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def _leftovers_in(d: Path) -> list[Path]:
+    """GoldenStore.leftovers of one directory."""
+    m = d / MANIFEST
+    keep: set[str] = set()
+    if m.exists():
+        try:
+            keep = {str(r.get("file")) for r in load_manifest(m).get("rungs", {}).values()}
+        except (GoldenCorrupt, GoldenStale, GoldenTooNew, AttributeError, TypeError):
+            return []
+    return [p for p in sorted(d.iterdir())
+            if p.name not in keep and not p.is_symlink() and p.is_file()
+            and (p.name.startswith(".tmp-") or _TENSOR_FILE.match(p.name)) and not _in_use(p)]
 
 
 def _referenced(mpath: Path) -> set[str]:

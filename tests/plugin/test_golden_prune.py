@@ -225,3 +225,45 @@ def test_a_deleted_file_does_not_make_an_existing_incomplete_file_obsolete(renam
     result = renamed.runpytest("--rocm-parity")
     result.assert_outcomes(failed=2)
     result.stdout.fnmatch_lines(["goldens obsolete (*): beta"])
+
+
+KILLED_AFTER_CAPTURE = '''
+import os, signal
+from conftest import make_model, make_inputs
+
+def test_{name}(parity):
+    parity.check(make_model(), make_inputs(), name="{name}", dtypes=["float32"])
+    if os.environ.get("KILL"):
+        os.kill(os.getpid(), signal.SIGKILL)   # staged, never committed: no handler runs
+'''
+
+
+def test_files_a_killed_capture_left_are_listed_and_pruned(project: pytest.Pytester) -> None:
+    """SIGKILL between staging and commit: no manifest names the staged tensor files. The golden that
+    was there stays intact; the next run lists the files, prune deletes them (and the directory a first
+    capture made), even after a run that proves nothing obsolete."""
+    (project.path / "test_tiny.py").unlink()
+    project.makepyfile(test_kept=KILLED_AFTER_CAPTURE.format(name="kept"),
+                       test_fresh=KILLED_AFTER_CAPTURE.format(name="fresh"))
+    project.runpytest("--rocm-parity", "--parity-mode=capture", "test_kept.py").assert_outcomes(passed=1)
+    kept = project.path / "goldens" / "kept"
+    before = {p.name: p.read_bytes() for p in kept.iterdir()}
+    env = {**os.environ, "KILL": "1", "BUG": "1", "PYTHONPATH": str(project.path)}
+    for args in (["--parity-regen=kept", "test_kept.py"], ["test_fresh.py"]):
+        subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--rocm-parity",
+                        "--parity-mode=capture", *args], cwd=project.path, env=env, capture_output=True)
+    orphans = sorted(p for p in (project.path / "goldens").rglob("*.safetensors") if p.name not in before)
+    assert len(orphans) == 2 and not (project.path / "goldens" / "fresh" / "manifest.json").exists()
+    assert {p.name: p.read_bytes() for p in kept.iterdir() if p.name in before} == before   # intact
+    listed = project.runpytest("--rocm-parity", "test_kept.py")
+    listed.assert_outcomes(passed=1)
+    listed.stdout.fnmatch_lines(["leftover files of stopped captures (no manifest names them; "
+                                 "--parity-prune-obsolete deletes): *"])
+    dry = project.runpytest("--rocm-parity", PRUNE, PRUNE_DRY_RUN, "test_kept.py")
+    dry.stdout.fnmatch_lines([f"rocm-parity: would delete {orphans[0]} (left by a capture that was stopped*"])
+    assert all(p.exists() for p in orphans)
+    pruned = project.runpytest("--rocm-parity", PRUNE, "test_kept.py")   # a partial run: nothing proven obsolete
+    pruned.stdout.fnmatch_lines([f"rocm-parity: deleted {orphans[0]} (left by*"])
+    assert not any(p.exists() for p in orphans) and not (project.path / "goldens" / "fresh").exists()
+    assert {p.name: p.read_bytes() for p in kept.iterdir()} == before
+    assert "leftover files" not in project.runpytest("--rocm-parity", "test_kept.py").stdout.str()
