@@ -745,7 +745,9 @@ def _setting_notes(manifest: dict[str, Any], optimizer: Any, clip_grad_norm: Any
                      f"update is not judged")
     elif optimizer is not None and golden_opt is not None and describe(optimizer) != golden_opt:
         notes.append(f"the candidate's optimizer is {describe(optimizer)}, the golden's {golden_opt}: its update is "
-                     f"judged all the same; settings that change the update show as an optimizer failure")
+                     f"judged all the same, one step from fresh optimizer state, so a setting that changes that "
+                     f"step (lr, eps, weight decay) fails as the optimizer and one that only the state carries "
+                     f"(momentum, Adam's betas) cannot show (docs/training.md)")
     if golden_clip is not None and describe(clip_grad_norm) != golden_clip:
         notes.append(f"the golden's gradients were clipped with {golden_clip}, the candidate's with "
                      f"{describe(clip_grad_norm)}")
