@@ -810,6 +810,9 @@ def _replay_rung(cand: Any, meta: dict[str, Any], reader: RungReader, spec: Chec
 
     loss_scale: list[Any] = []
     scales: list[Any] = []
+    # the candidate's gradients by "<module>/<leaf>/<isolated|propagated>", kept only for the
+    # failing-tensor export (--parity-report), which writes those of the failing modules
+    obtained: dict[str, Any] | None = {} if spec.report_dir is not None else None
     _judge_loss(result, value, reader, tol, rung, u, loss_scale)
     for name, entries in _by_module(meta["layers"]):
         rule = Rule.of(tol.for_layer(name), rung)
@@ -825,12 +828,18 @@ def _replay_rung(cand: Any, meta: dict[str, Any], reader: RungReader, spec: Chec
             if key in run.g:
                 prop.append(judged(_metric(tag("grad_output"), run.g[key], reader, f"g/{key}", f"gtruth/go/{key}", u,
                                            tol.confidence, scales), key))
+                if obtained is not None:
+                    obtained[f"{name}/{tag('grad_output')}/propagated"] = run.g[key]
             call = run.calls.get(key)
             if call is None or not call[3]:
                 continue
             x = reader.get(f"x/{key}").to(device) if call[2] else None
             g = reader.get(f"g/{key}").to(device)
             dx, dps = isolated_backward(mod, call, x, g, own)
+            if obtained is not None:
+                obtained.update({f"{name}/{tag(f'grad {pn}')}/isolated": t for pn, t in dps.items()})
+                if dx is not None:
+                    obtained[f"{name}/{tag('grad_input')}/isolated"] = dx
             if dx is not None:
                 iso.append(_metric(tag("grad_input"), dx, reader, f"ix/{key}", f"truth/ix/{key}", u, tol.confidence))
             iso += [_metric(tag(f"grad {pn}"), dps[pn], reader, f"ip/{key}/{pn}", f"truth/ip/{key}/{pn}", u,
@@ -839,6 +848,8 @@ def _replay_rung(cand: Any, meta: dict[str, Any], reader: RungReader, spec: Chec
             if pn in grads:
                 prop.append(judged(_metric(f"grad {pn}", grads[pn], reader, f"pg/{pn}", f"gtruth/pg/{pn}", u,
                                            tol.confidence, scales), f"grad {pn}"))
+                if obtained is not None:
+                    obtained[f"{name}/grad {pn}/propagated"] = grads[pn]
         rec = LayerRecord(name=name, level=entries[0]["level"], primary=entries[0]["primary"])
         judge_layer(rec, iso, prop, rule)
         if not iso:
@@ -853,6 +864,10 @@ def _replay_rung(cand: Any, meta: dict[str, Any], reader: RungReader, spec: Chec
     factory, clip = step
     if factory is not None and meta.get("optimizer_params"):
         _judge_optimizer(result, meta, reader, (factory, clip), selected, u, tol, rung, device)
+    if obtained and not result.passed and spec.report_dir is not None:
+        from pytest_rocm_parity.reports.report import save_failing_tensors
+
+        save_failing_tensors(result, obtained, spec.report_dir)
     return result
 
 

@@ -372,3 +372,22 @@ def test_show_describes_a_training_golden(golden) -> None:  # type: ignore[no-un
     assert "kind      training step (1 step(s), optimizer" in text and "output gradient" in text
     n_params = len(store.read_manifest(spec.name)["rungs"]["float32"]["optimizer_params"])
     assert f"parameter updates after 1 step(s): {n_params} tensors (upd/<parameter>)" in text
+
+
+def test_a_failing_training_check_saves_the_failing_modules_gradients(golden, tmp_path: Any) -> None:  # type: ignore[no-untyped-def]
+    """--parity-report exports the candidate's gradients of the modules that failed, as a forward
+    check exports their outputs (docs/reports.md)."""
+    from dataclasses import replace
+
+    from safetensors.torch import load_file
+
+    store, spec = golden
+    model = llama("sdpa")
+    wrap_input(model.model.layers[1].mlp.down_proj, scaled_grad())
+    (r,) = replay_train(model, _inputs(), replace(spec, report_dir=str(tmp_path)), store, "cpu", optimizer=ADAMW)
+    assert not r.passed and r.extra.get("failing_tensors"), r.extra
+    saved = load_file(str(tmp_path / r.extra["failing_tensors"]))
+    assert "model.layers.1.mlp.down_proj/grad_input/isolated" in saved
+    assert "model.layers.1.mlp.down_proj/grad model.layers.1.mlp.down_proj.weight/isolated" in saved
+    # the backward reaches the head before the bug: its gradients pass, and are not exported
+    assert not any(k.startswith("lm_head/") for k in saved)
