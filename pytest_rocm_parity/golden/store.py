@@ -382,7 +382,7 @@ class GoldenStore:
                     # instead of holding every rung's tensors in host memory at once.
                     started = time.monotonic()
                     if callable(tensors):
-                        progress(f"{dtype}: reference forward, float64 truth ...", verbose=1)
+                        progress(f"{dtype}: reference run, float64 truth ...", verbose=1)
                         tensors = tensors()
                     tmp = _write_tensors_tmp(d, tensors, {"format": str(FORMAT_VERSION), "name": name, "dtype": dtype})
                     del tensors
@@ -407,7 +407,7 @@ class GoldenStore:
                     if fast is not None:
                         manifest["rungs"][dtype][FAST_DIGEST] = fast
                     manifest["rungs"][dtype]["bytes"] = size
-                    progress(f"{dtype}: reference forward, float64 truth, wrote {megabytes(size)} "
+                    progress(f"{dtype}: reference run, float64 truth, wrote {megabytes(size)} "
                              f"in {time.monotonic() - started:.1f} s")
         except BaseException as exc:
             self._abandon_files(staged)

@@ -71,8 +71,8 @@ def test_golden_files_are_readable_by_others(project: pytest.Pytester, umask_022
 def test_progress_lines_during_capture_and_replay(project: pytest.Pytester) -> None:
     result = project.runpytest("--rocm-parity", "--parity-mode=capture")
     result.stdout.fnmatch_lines(["parity: tiny: capture float32 on cpu ...",
-                                 "parity: tiny: float32: reference forward, float64 truth, wrote * KB in *s"])
-    assert "reference forward, float64 truth ..." not in result.stdout.str()   # the -v line
+                                 "parity: tiny: float32: reference run, float64 truth, wrote * KB in *s"])
+    assert "reference run, float64 truth ..." not in result.stdout.str()   # the -v line
     result = project.runpytest("--rocm-parity")
     result.stdout.fnmatch_lines(["parity: tiny: replay float32 on cpu against *tiny ...",
                                  "parity: tiny: float32: verdict PASS"])
@@ -83,8 +83,8 @@ def test_progress_lines_during_capture_and_replay(project: pytest.Pytester) -> N
 def test_progress_shows_more_with_verbose(project: pytest.Pytester) -> None:
     result = project.runpytest("--rocm-parity", "--parity-mode=capture", "-v")
     result.stdout.fnmatch_lines(["parity: tiny: capture float32 on cpu ...",
-                                 "parity: tiny: float32: reference forward, float64 truth ...",
-                                 "parity: tiny: float32: reference forward, float64 truth, wrote *",
+                                 "parity: tiny: float32: reference run, float64 truth ...",
+                                 "parity: tiny: float32: reference run, float64 truth, wrote *",
                                  "test_tiny.py::test_tiny PASSED*"])
     result = project.runpytest("--rocm-parity", "-v")
     result.stdout.fnmatch_lines(["parity: tiny: replay float32 on cpu against *",
