@@ -111,7 +111,7 @@ def test_diff_names_where_the_references_compute_different_functions(tmp_path: P
 
 def test_diff_of_cuda_and_cpu_goldens_of_one_model_agrees(tmp_path: Path) -> None:
     """The example model's H200 golden against the same check captured here: correct backends, one
-    function, so nothing differs at either rung (a fixed 1e-3 threshold flagged every bf16 block)."""
+    function, so nothing differs at either rung (a fixed threshold of 1e-3 would flag every bf16 block)."""
     import torch
     from bytellama import eval_batch, load_bytellama
 
