@@ -230,7 +230,8 @@ RULES: tuple[Rule, ...] = (
     Rule("RP214", "bitsandbytes", "note", P, ("bitsandbytes",), r"^[ \t]*(?:import|from)[ \t]+bitsandbytes\b",
          "bitsandbytes: ROCm support is in the unified tree; use a release with ROCm wheels", "fork"),
     Rule("RP215", "nvml", "error", P, ("nvml", "nvidia_smi", "nvidia-smi"),
-         r"^[ \t]*(?:import|from)[ \t]+(?:pynvml|nvidia_smi|py3nvml)\b|[\"']nvidia-smi[\"']",
+         # the command alone or with its arguments in one string (shell=True, os.popen)
+         r"^[ \t]*(?:import|from)[ \t]+(?:pynvml|nvidia_smi|py3nvml)\b|[\"']nvidia-smi(?:[ \t][^\"'\n]*)?[\"']",
          "NVML / nvidia-smi: no AMD support (an installed pynvml broke torch on ROCm); use amdsmi or amd-smi", "rocm-library"),
     Rule("RP216", "mamba-cuda-ext", "warning", P, ("selective_scan_cuda", "causal_conv1d", "mamba_ssm"),
          r"^[ \t]*(?:import|from)[ \t]+(?:selective_scan_cuda|causal_conv1d_cuda|causal_conv1d|mamba_ssm)\b",
@@ -248,6 +249,11 @@ RULES: tuple[Rule, ...] = (
          "torch.backends.cudnn.version() returns the MIOpen version on ROCm", "manual"),
     Rule("RP224", "fp32-precision-bfx9", "error", P, ("bfx9",), r"[\"']bfx9[\"']",
          "fp32_precision 'bfx9' is NVIDIA-only and raises on ROCm", "manual"),
+    Rule("RP228", "tf32-matmul", "note", P, ("allow_tf32", "float32_matmul_precision", "tf32"),
+         r"\ballow_tf32\s*=\s*True\b|\bset_float32_matmul_precision\s*\(\s*[\"'](?:high|medium)[\"']"
+         r"|\bfp32_precision\s*=\s*[\"']tf32[\"']",
+         "float32 matmuls in TF32: on MI300 the same switch runs XF32, which rounds otherwise; judge the float32 rung "
+         "with Tolerance(tf32=True), or turn it off where parity is checked", "manual"),
     Rule("RP225", "fp8-ocp-dtype", "warning", P, ("float8_e", "float8e"), r"\bfloat8_(?:e4m3fn|e5m2)\b|\btl\.float8e(?:4nv|5)\b",
          "OCP FP8 dtype with no FNUZ branch in the file: MI300 (gfx942) computes in float8_e4m3fnuz/e5m2fnuz "
          "(bias one higher, e4m3 max 240); pick the dtype per device (vLLM: current_platform.fp8_dtype()) and double "
@@ -400,6 +406,11 @@ def _is_suppressed(rule: Rule, line: str, previous: str) -> bool:
     return bool(names) and ("*" in names or rule.id in names or rule.name in names)
 
 
+# CUDA source embedded in a Python file (load_inline, CuPy): a __global__/__device__ function with a
+# body. A docstring that only names a __device__ function is prose, not device code.
+_EMBEDDED_KERNEL = re.compile(r"__(?:global|device)__[^\n;{}()]*\([^)]*\)\s*\{")
+
+
 def scan_text(text: str, rel: str, kinds: frozenset[str], rules: tuple[Rule, ...] = RULES,
               suppressed: Counter[str] | None = None) -> list[Finding]:
     """Findings in one file's text.  Python files embedding CUDA source get device rules too.
@@ -410,7 +421,7 @@ def scan_text(text: str, rel: str, kinds: frozenset[str], rules: tuple[Rule, ...
     """
     python = "python" in kinds
     hash_comments = python or "build" in kinds
-    if python and ("__global__" in text or "__device__" in text):
+    if python and ("__global__" in text or "__device__" in text) and _EMBEDDED_KERNEL.search(text):
         kinds = kinds | D
     out: list[Finding] = []
     newlines: list[int] | None = None

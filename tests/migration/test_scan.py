@@ -54,7 +54,8 @@ def test_every_rule_has_a_labelled_example() -> None:
 
 def test_clean_files_have_no_findings() -> None:
     result = scan.scan_path(CORPUS)
-    assert not [f for f in result.findings if f.path in ("ops/clean.py", "ops/fp8_portable.py")]
+    # lanes_doc.py: a docstring that names a __device__ helper is prose, not embedded device code
+    assert not [f for f in result.findings if f.path in ("ops/clean.py", "ops/fp8_portable.py", "ops/lanes_doc.py")]
     assert {f.rule for f in result.findings if f.path == "csrc/rocm_ready.cu"} == {"RP104"}
 
 
@@ -132,7 +133,7 @@ def test_text_table(capsys: pytest.CaptureFixture[str]) -> None:
 def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
     _, out = _run(capsys, str(CORPUS), "--format", "json", "--no-hipify")
     data = json.loads(out)
-    assert data["version"] == 1 and data["stats"]["files"] == 16
+    assert data["version"] == 1 and data["stats"]["files"] == 18
     first = data["findings"][0]
     assert set(first) >= {"rule", "severity", "path", "line", "column", "message", "suggestion", "suggested_path"}
     assert sum(data["summary"].values()) == len(data["findings"])
