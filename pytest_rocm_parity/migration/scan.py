@@ -610,7 +610,12 @@ def format_text(result: ScanResult, color: bool = False) -> str:
             extra = f", {entry['kernel_launches']} <<<>>> launch(es)" if entry["kernel_launches"] else ""
             moved = f" -> {entry['hipified_path']}" if entry["hipified_path"] != entry["path"] else ""
             lines.append(f"  {entry['path']}{moved}: {sum(entry['renames'].values())} rename(s){extra}")
-        for name, n in list(h["top_renames"].items())[:10]:
+        names = sorted({name for entry in h["files"] for name in entry["renames"]})
+        shown = list(h["top_renames"].items())[:10]
+        if shown:
+            lines.append(f"  the most frequent of {len(names)} distinct rename(s)"
+                         + (" (every one: --format json)" if len(names) > len(shown) else "") + ":")
+        for name, n in shown:
             lines.append(f"    {name}: {n}")
         lines.append(f"  note: {h['note']}")
     return "\n".join(lines)

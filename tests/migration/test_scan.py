@@ -221,6 +221,10 @@ def test_hipify_report(capsys: pytest.CaptureFixture[str]) -> None:
     assert kern["hipified_path"] == "csrc/reduce_kernels.hip" and kern["kernel_launches"] == 1
     assert kern["renames"]["cudaStream_t => hipStream_t"] == 1
     assert not any(p.startswith("third_party/") for p in files)
+    # the text shows ten of the renames and says they are a selection of how many
+    _, text = _run(capsys, str(CORPUS))
+    distinct = {name for f in report["files"] for name in f["renames"]}
+    assert f"the most frequent of {len(distinct)} distinct rename(s) (every one: --format json):" in text
 
 
 def test_list_rules(capsys: pytest.CaptureFixture[str]) -> None:
