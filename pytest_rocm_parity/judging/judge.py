@@ -151,6 +151,14 @@ def _few_blocks_note(l: LayerRecord) -> str:
             f"tell it from near-ties. To decide, capture more tokens or judge the modules inside it (drill)")
 
 
+def note_undecided(result: CheckResult, tol: Tolerance) -> None:
+    """Name the passing layers the data could not decide (_few_blocks), in extra and in notes."""
+    undecided = [l for l in result.layers if _few_blocks(l, tol.for_layer(l.name).z)]
+    if undecided:
+        result.extra["undecided"] = [l.name for l in undecided]
+        result.notes += [_few_blocks_note(l) for l in undecided[:3]]
+
+
 def finish(result: CheckResult, tol: Tolerance) -> CheckResult:
     """Culprit = the first (in execution order) failing module with no failing selected descendant."""
     failing = [l for l in result.layers if not l.iso_passed]
@@ -164,10 +172,7 @@ def finish(result: CheckResult, tol: Tolerance) -> CheckResult:
             break
         div = child
     result.first_divergent = div.name if div else None
-    undecided = [l for l in result.layers if _few_blocks(l, tol.for_layer(l.name).z)]
-    if undecided:
-        result.extra["undecided"] = [l.name for l in undecided]
-        result.notes += [_few_blocks_note(l) for l in undecided[:3]]
+    note_undecided(result, tol)
     outputs_ok = all(o.prop_passed for o in result.outputs)
     result.passed = not failing and outputs_ok
     if not outputs_ok and not failing:

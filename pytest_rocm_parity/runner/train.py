@@ -37,7 +37,7 @@ from pytest_rocm_parity.runner.engine import (CheckSpec, Hooks, autocast_dtype, 
 from pytest_rocm_parity.errors import GoldenStale, InvalidArgument
 from pytest_rocm_parity.golden.sketch import leaf_group
 from pytest_rocm_parity.golden.store import FORMAT_VERSION, GoldenStore, RungReader, expected_digest
-from pytest_rocm_parity.judging.judge import Rule, judge_layer
+from pytest_rocm_parity.judging.judge import Rule, judge_layer, note_undecided
 from pytest_rocm_parity.judging.records import CheckResult, LayerRecord, LeafMetrics
 from pytest_rocm_parity.runner.selection import Selected, select
 from pytest_rocm_parity.runner.tree import map_tensors, tensor_leaves
@@ -856,6 +856,7 @@ def _replay_rung(cand: Any, meta: dict[str, Any], reader: RungReader, spec: Chec
             rec.reason = rec.reason or "its backward was not run in isolation (no call recorded on the candidate)"
         result.layers.append(rec)
     _finish_train(result, lambda: _loss_factor_note(scales, loss_scale, accumulate))
+    note_undecided(result, tol)
     if spread:
         result.notes.append("nondeterministic backward (two runs on the candidate differ) in: "
                             + ", ".join(sorted(spread)[:8]) + (" ..." if len(spread) > 8 else "")

@@ -91,6 +91,17 @@ def test_an_embedding_fed_token_ids_has_its_weight_gradient_judged(tmp_path: Any
     assert not r.passed and r.culprit == "model.embed_tokens", [(l.name, l.reason) for l in r.layers if not l.passed]
 
 
+def test_a_backward_bug_on_a_few_rows_is_named_undecided(golden) -> None:  # type: ignore[no-untyped-def]
+    """One token repeated three times: the dropped gradients sit on one row of the embedding's, too few
+    blocks for the bound to decide, as in a forward check; the layer is named undecided, not passed
+    silently (docs/judging.md)."""
+    model = llama("sdpa")
+    model.model.embed_tokens.forward = lambda x: _OverwritingEmbedding.apply(x, model.model.embed_tokens.weight)
+    r = _replay(golden, model)
+    assert "model.embed_tokens" in r.extra.get("undecided", []), r.extra
+    assert any(n.startswith("model.embed_tokens: isolated error") for n in r.notes), r.notes
+
+
 def test_an_optimizer_bug_is_named_apart_from_the_model(golden) -> None:  # type: ignore[no-untyped-def]
     """AdamW with another epsilon: the model's backward passes, the update does not."""
     r = _replay(golden, llama("sdpa"), optimizer=(torch.optim.AdamW, {"lr": 1e-3, "eps": 1e-4}))
