@@ -356,7 +356,10 @@ def _callable_expr(fn: Any) -> tuple[set[str], str] | None:
     if isinstance(module, str) and isinstance(qual, str) and module != "__main__" and "<" not in qual:
         tries.append((module, qual))
     if isinstance(name, str):
-        tries += [(ns, name) for ns in _TORCH_NAMESPACES] + [("torch", f"Tensor.{name}")]
+        public = [(ns, name) for ns in _TORCH_NAMESPACES] + [("torch", f"Tensor.{name}")]
+        # a builtin whose own module is private (torch._C._nn) is written by its public name
+        private = bool(tries) and any(part.startswith("_") for part in tries[0][0].split("."))
+        tries = public + tries if private else tries + public
     for mod, path in tries:
         try:
             if _resolve(mod, path) is fn:

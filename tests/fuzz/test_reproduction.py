@@ -116,6 +116,10 @@ def test_reproduction_names_torch_builtins_by_their_public_path() -> None:
     assert "candidate = ...  # " in script and "is not importable" in script   # a lambda: the user assigns it
     ops = check_op(torch.ops.aten.exp.default, lambda t: t.exp() * 2, torch.ones(2), device="cpu").reproduction
     assert "candidate = torch.ops.aten.exp.default" in ops
+    q = torch.ones(1, 2, 3)   # a builtin whose own module is private (torch._C._nn): its public name
+    sdpa = check_op(lambda a, b, c: F.scaled_dot_product_attention(a, b, c) * 2, F.scaled_dot_product_attention,
+                    q, q, q, device="cpu").reproduction
+    assert "reference = torch.nn.functional.scaled_dot_product_attention" in sdpa and "torch._C" not in sdpa
 
 
 def test_reproduction_of_a_golden_replay_runs_as_pasted(kernels, tmp_path: Path) -> None:
