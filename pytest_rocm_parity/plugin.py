@@ -64,7 +64,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if "parity" in getattr(item, "fixturenames", ()) or item.get_closest_marker("parity") is not None:
             item.add_marker(skip)
             skipped += 1
-    ignored = config.stash.get(IGNORED_KEY, None)
+    ignored = list(config.stash.get(IGNORED_KEY, None) or [])
+    if config.getoption(opt.FLAG_DESTS[opt.DEVICE], None) is not None:
+        # not warned about (the parity_ops fixture honours it alone), but a CI job that sets it for
+        # parity tests meant to run them
+        ignored.append(opt.DEVICE)
     if ignored and skipped and opt.from_config(config).ci:
         # a forgotten --rocm-parity would turn a CI job green with every parity test skipped
         raise pytest.UsageError(f"{_ignored_message(ignored)}. Under CI=true this fails the run: {skipped} parity "

@@ -203,6 +203,12 @@ def test_parity_options_without_enable_fail_under_ci(project: pytest.Pytester, m
     result.stderr.fnmatch_lines(["ERROR: rocm-parity: --parity-mode given without --rocm-parity*CI=true*1 parity "
                                  "test(s) would be skipped*"])
     project.runpytest().assert_outcomes(skipped=1)   # no parity option given: the plain skip
+    # --parity-device alone is not warned about (parity_ops honours it), but under CI=true it skips
+    # the parity tests a job that names a candidate device meant to run
+    device = project.runpytest("--parity-device=cpu")
+    assert device.ret == pytest.ExitCode.USAGE_ERROR
+    device.stderr.fnmatch_lines(["ERROR: rocm-parity: --parity-device given without --rocm-parity*1 parity test(s) "
+                                 "would be skipped*"])
 
 
 def test_parity_device_alone_is_for_parity_ops(project: pytest.Pytester) -> None:
