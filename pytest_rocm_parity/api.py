@@ -31,6 +31,7 @@ class Parity:
         self._claimed: set[str] = set()   # check names this test has run (one name, one check)
         marker = node.get_closest_marker("parity") if node is not None else None
         self._defaults: dict[str, Any] = dict(marker.kwargs) if marker is not None else {}
+        self._marker_error = _marker_error(marker)   # raised by the first check, as its failure
         _refuse_hypothesis(node)
 
     @property
@@ -55,6 +56,8 @@ class Parity:
               layers: Sequence[str] | str | None, tolerance: Any, drill: int | None,
               sketch: int | bool | None = None, replay_kind: str | None = None,
               ladder: bool | None = None, inputs: Any = None) -> CheckSpec:
+        if self._marker_error:
+            raise InvalidArgument(self._marker_error)
         dtypes = dtypes if dtypes is not None else self._defaults.get("dtypes")
         if dtypes is None:
             dtypes = self._session.options.dtypes or default_dtypes(model)
@@ -232,6 +235,31 @@ class Parity:
         ladder_notes(results)
         raise_if_failed(results)
         return results
+
+
+MARKER_OPTIONS = ("dtypes", "layers", "tolerance", "drill", "sketch", "replay", "ladder")
+
+
+def _marker_error(marker: Any) -> str:
+    """What is wrong with a @pytest.mark.parity(...) ("" when nothing): a misspelt option would
+    otherwise be ignored, and the check run with the defaults it was meant to change."""
+    if marker is None:
+        return ""
+    if marker.args:
+        return (f"@pytest.mark.parity takes keyword options only ({', '.join(MARKER_OPTIONS)}); got positional "
+                f"{marker.args!r}")
+    unknown = sorted(k for k in marker.kwargs if k not in MARKER_OPTIONS)
+    if unknown:
+        import difflib
+
+        near = [difflib.get_close_matches(k, MARKER_OPTIONS, n=1) for k in unknown]
+        hint = "; ".join(f"{k!r}: did you mean {m[0]!r}?" for k, m in zip(unknown, near) if m)
+        return (f"@pytest.mark.parity got unknown option(s) {', '.join(map(repr, unknown))}"
+                f"{' (' + hint + ')' if hint else ''}; its options are {', '.join(MARKER_OPTIONS)}")
+    ladder = marker.kwargs.get("ladder")
+    if ladder is not None and not isinstance(ladder, bool):
+        return f"@pytest.mark.parity(ladder={ladder!r}): must be True or False"
+    return ""
 
 
 def _refuse_hypothesis(node: Any) -> None:

@@ -28,7 +28,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "parity(dtypes=None, layers=None, tolerance=None, drill=None): a cross-backend parity test; "
+        "parity(dtypes=None, layers=None, tolerance=None, drill=None, sketch=None, replay=None, ladder=None): "
+        "a cross-backend parity test; "
         f"the keyword arguments are defaults for its parity.check calls. Skipped without {opt.ENABLE}.",
     )
     options = opt.from_config(config)

@@ -64,3 +64,18 @@ def test_a_model_left_in_training_mode_is_judged_in_eval_mode_with_a_note(projec
     project.runpytest("--rocm-parity", "--parity-report=rep").assert_outcomes(passed=1)
     doc = json.loads((project.path / "rep" / "parity-report.json").read_text())
     assert any("training mode" in n and "eval mode" in n for n in doc["checks"][0]["notes"])
+
+
+@pytest.mark.parametrize("marker, says", [
+    ("@pytest.mark.parity(dtype=['float32'])", "unknown option(s) 'dtype' ('dtype': did you mean 'dtypes'?)"),
+    ("@pytest.mark.parity({'dtypes': ['float32']})", "takes keyword options only"),
+    ("@pytest.mark.parity(ladder='no')", "ladder='no'): must be True or False"),
+])
+def test_a_marker_option_it_cannot_use_fails_the_check_instead_of_being_ignored(project: pytest.Pytester, marker: str,
+                                                                                 says: str) -> None:
+    """A misspelt marker option would run the check with the defaults it was meant to change."""
+    _write(project, marker=marker)
+    result = project.runpytest("--rocm-parity", "--parity-mode=capture")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*InvalidArgument: @pytest.mark.parity*{says}*"])
+    assert not (project.path / "goldens" / "tiny").exists()
