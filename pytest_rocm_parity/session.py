@@ -14,7 +14,7 @@ import pytest
 
 from pytest_rocm_parity import progress as progress_lines
 from pytest_rocm_parity.options import (
-    ALLOW_REFERENCE_CHANGE, ALLOW_WRITE, ENABLE, GOLDEN_SIZE_LIMIT, PRUNE, REGEN, REGEN_ALL, Mode, ParityOptions,
+    ALLOW_REFERENCE_CHANGE, ALLOW_WRITE, ENABLE, GOLDEN_DIR, GOLDEN_SIZE_LIMIT, PRUNE, REGEN, REGEN_ALL, Mode, ParityOptions,
     resolve_device, xdist_worker_index,
 )
 
@@ -163,8 +163,13 @@ class ParitySession:
         self.options = options
         from pytest_rocm_parity.golden.remote import open_store
 
+        from pytest_rocm_parity.errors import BackendUnavailable
+
         # Any: the real store, or in a capture run the StagingStore in front of it
-        self.store: Any = open_store(options.golden_dir)
+        try:
+            self.store: Any = open_store(options.golden_dir)
+        except BackendUnavailable as exc:   # a URL whose filesystem is not installed: the run cannot start
+            raise pytest.UsageError(f"rocm-parity: {GOLDEN_DIR}: {exc}") from None
         if options.mode is Mode.CAPTURE:
             self.store = StagingStore(self.store)
         self.pending: list[Pending] = []      # goldens captured by the test in progress, not yet written

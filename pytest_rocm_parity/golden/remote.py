@@ -42,7 +42,14 @@ class RemoteGoldenStore(GoldenStore):
             raise BackendUnavailable(f"golden directory {url!r} is a URL, which needs fsspec: "
                                      f"pip install 'pytest-rocm-parity[all]' (or pip install fsspec s3fs)") from None
         self.url = url.rstrip("/")
-        self.fs, self.remote_root = fsspec.core.url_to_fs(self.url)
+        try:
+            self.fs, self.remote_root = fsspec.core.url_to_fs(self.url)
+        except ImportError as exc:   # fsspec knows the protocol, its implementation is not installed
+            raise BackendUnavailable(f"golden directory {url!r}: {exc}. Install it beside this plugin "
+                                     f"(pip install s3fs for s3://, gcsfs for gs://, aiohttp for http(s)://)") from None
+        except ValueError as exc:   # a protocol fsspec does not know
+            raise BackendUnavailable(f"golden directory {url!r}: {exc}; use a local directory or an fsspec URL "
+                                     f"(s3://, gs://, file://, memory://)") from None
         key = hashlib.sha256(self.url.encode()).hexdigest()[:16]
         super().__init__(Path(cache_dir or default_cache_dir()) / key)
 

@@ -98,6 +98,24 @@ def test_m(parity):
     fsspec.filesystem("memory").rm("/plugin-url", recursive=True)
 
 
+@pytest.mark.parametrize("url, says", [("zzz://bucket/goldens", "Protocol not known: zzz"),
+                                       ("s3://bucket/goldens", "pip install s3fs")])
+def test_a_url_this_machine_cannot_open_is_a_usage_error(pytester: pytest.Pytester, url: str, says: str) -> None:
+    """A protocol fsspec does not know, or whose package is not installed (s3fs), stops the run with
+    what to install: not an INTERNALERROR traceback."""
+    if says == "pip install s3fs":
+        try:
+            fsspec.core.url_to_fs(url)
+            pytest.skip("s3fs is installed here")
+        except ImportError:
+            pass
+    pytester.makepyfile(test_url="def test_m(parity):\n    pass\n")
+    result = pytester.runpytest("--rocm-parity", f"--parity-golden-dir={url}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: rocm-parity: --parity-golden-dir: golden directory {url!r}*{says}*"])
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+
+
 # -- remote manifests go through the local reader's bounds and checks --------------------------------
 
 def _captured(url: str, tmp_path: Path) -> torch.Tensor:
