@@ -29,6 +29,8 @@ _LAZY = {
     # operator fuzzing and Triton cross-compilation
     "compare_op": "pytest_rocm_parity.fuzz.harness",
     "record_golden": "pytest_rocm_parity.fuzz.harness",
+    "load_golden": "pytest_rocm_parity.fuzz.harness",
+    "replay_golden": "pytest_rocm_parity.fuzz.harness",
     "ErrorModel": "pytest_rocm_parity.fuzz.harness",
     "assert_compiles_for": "pytest_rocm_parity.fuzz.triton_targets",
     "compile_for": "pytest_rocm_parity.fuzz.triton_targets",
@@ -42,13 +44,11 @@ _LAZY = {
     "save_failing_tensors": "pytest_rocm_parity.reports.report",
     "profile_shares": "pytest_rocm_parity.reports.profiling",
     "compare_shares": "pytest_rocm_parity.reports.profiling",
-    # errors
-    "ParityError": "pytest_rocm_parity.errors",
-    "GoldenStale": "pytest_rocm_parity.errors",
-    "GoldenMissing": "pytest_rocm_parity.errors",
-    "GoldenCorrupt": "pytest_rocm_parity.errors",
-    "GoldenTooNew": "pytest_rocm_parity.errors",
-    "CaptureError": "pytest_rocm_parity.errors",
+    # errors: every one the plugin raises (docs/reliability.md), for except clauses and pytest.raises
+    **{name: "pytest_rocm_parity.errors" for name in (
+        "ParityError", "InvalidArgument", "InputError", "LayerSelectionError", "DuplicateCheckName",
+        "GoldenError", "GoldenMissing", "GoldenCorrupt", "GoldenTooNew", "GoldenStale", "GoldenExists",
+        "GoldenWriteError", "WriteForbidden", "ReferenceChange", "BackendUnavailable", "CaptureError")},
 }
 # modules users import whole (``from pytest_rocm_parity import strategies as S``)
 _MODULES = {"strategies": "pytest_rocm_parity.fuzz.strategies"}

@@ -33,3 +33,20 @@ def test_the_api_is_listed_by_dir_and_every_listed_name_resolves() -> None:
         assert name in pytest_rocm_parity.__all__
     for name in pytest_rocm_parity.__all__:
         assert getattr(pytest_rocm_parity, name) is not None, name
+
+
+def test_every_error_the_plugin_raises_is_importable_from_the_root() -> None:
+    import inspect
+
+    from pytest_rocm_parity import errors
+
+    raised = {n for n, c in vars(errors).items() if inspect.isclass(c) and issubclass(c, errors.ParityError)}
+    assert raised - set(pytest_rocm_parity.__all__) == set()
+
+
+def test_no_doc_tells_users_to_import_from_an_internal_module() -> None:
+    internal = re.compile(r"from pytest_rocm_parity\.[\w.]+ import")
+    docs = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "architecture.md")]
+    found = [f"{d.name}: {m.group(0)}" for d in docs for m in internal.finditer(d.read_text(encoding="utf-8"))
+             if "python -c" not in d.read_text(encoding="utf-8")[max(0, m.start() - 200):m.start()]]
+    assert not found, found
