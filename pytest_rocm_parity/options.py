@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,10 +68,10 @@ def parse_dtypes(value: str) -> list[str]:
     from pytest_rocm_parity.judging.dtypes import rung_name
     from pytest_rocm_parity.errors import InvalidArgument
 
-    try:
-        return [rung_name(x.strip()) for x in value.split(",") if x.strip()]
+    try:   # commas, spaces or lines apart: an ini list is often written one a line
+        return [rung_name(x) for x in re.split(r"[,\s]+", value) if x]
     except InvalidArgument as exc:
-        raise pytest.UsageError(f"{DTYPES}={value!r}: {exc}") from None
+        raise pytest.UsageError(f"{DTYPES}={value!r} (or ini parity_dtypes): {exc}") from None
 
 
 def parse_drill(value: str) -> int:

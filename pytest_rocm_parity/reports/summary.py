@@ -118,7 +118,7 @@ def summary_lines(session: Any) -> list[str]:
     if res:
         n_err = sum(1 for r in res if r.get("error"))
         n_fail = sum(1 for r in res if not r.get("passed")) - n_err
-        lines.append(f"{len(res)} checks: {len(res) - n_fail - n_err} passed, {n_fail} failed"
+        lines.append(f"{plural(len(res), 'check')}: {len(res) - n_fail - n_err} passed, {n_fail} failed"
                      + (f", {plural(n_err, 'error')}" if n_err else ""))
     for label, items in (("created", g.created), ("updated", g.updated), ("missing", g.missing),
                          ("corrupt (unreadable: restore them, e.g. git lfs pull, or recapture)",

@@ -33,3 +33,23 @@ def test_f64(parity):
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*InvalidArgument: dtypes: 'float64' is the precision of the truth*"])
     assert not (project.path / "goldens" / "f64").exists()
+
+
+def test_the_ini_list_may_be_written_with_spaces_or_one_a_line(project: pytest.Pytester) -> None:
+    """parity_dtypes = bfloat16 float32, or one a line: the rungs, as with commas."""
+    assert parse_dtypes("bfloat16 float32") == parse_dtypes("bfloat16,\n  float32") == ["bfloat16", "float32"]
+    project.makepyfile(test_tiny='''
+from conftest import make_model, make_inputs
+
+def test_tiny(parity):
+    parity.check(make_model(), make_inputs(), name="tiny")
+''')
+    project.makeini("[pytest]\nparity_dtypes =\n    bfloat16\n    float32\n")
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    import json
+
+    assert list(json.loads((project.path / "goldens" / "tiny" / "manifest.json").read_text())["rungs"]) == \
+        ["bfloat16", "float32"]
+    project.makeini("[pytest]\nparity_dtypes = bfloat16 float33\n")
+    result = project.runpytest("--rocm-parity")
+    result.stderr.fnmatch_lines(["*--parity-dtypes='bfloat16 float33' (or ini parity_dtypes): *unknown precision 'float33'*"])

@@ -44,7 +44,7 @@ def test_capture_then_replay_writes_reports(pytester: pytest.Pytester, monkeypat
     rep.stdout.fnmatch_lines([
         "*rocm-parity summary*",
         "FAIL tiny [[]float32[]]  culprit blocks.2: isolated error*; first divergent blocks.2",
-        "1 checks: 0 passed, 1 failed",
+        "1 check: 0 passed, 1 failed",
         "report: */rep/parity-report.html*",
     ])
     # old_model's test file failed, so this run cannot prove it obsolete (tests/plugin/test_golden_prune.py)
