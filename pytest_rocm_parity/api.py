@@ -206,7 +206,9 @@ class Parity:
             s.goldens.missing.append(spec.name)
             no_dir = s.store.missing_root()
             missing = GoldenMissing(
-                f"no golden for {spec.name!r}: {no_dir} {spec.test}".rstrip() if no_dir else
+                # the test id completes a capture command; after other advice it is only noise
+                (f"no golden for {spec.name!r}: {no_dir}"
+                 + (f" {spec.test}" if no_dir.endswith("--parity-mode=capture") else "")).rstrip() if no_dir else
                 f"no golden for {spec.name!r} in {s.store.root}. Capture it on the reference machine (CUDA) and "
                 f"commit it: pytest --rocm-parity {s.options.command_flags}--parity-mode=capture {spec.test}".rstrip(),
                 s.store.manifest_path(spec.name))

@@ -233,3 +233,33 @@ def test_m(parity):
     rep = pytester.runpytest("--rocm-parity", "--parity-golden-dir=memory://nowhere-at-all/goldens")
     rep.assert_outcomes(failed=1)
     rep.stdout.fnmatch_lines(["*golden directory memory://nowhere-at-all/goldens does not exist*--parity-golden-dir*"])
+
+
+def test_an_unreachable_store_says_so_without_a_capture_command(pytester: pytest.Pytester, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store that refuses every call (a network down): the check's error says the URL cannot be
+    read, and ends there; the test id belongs only after a capture command."""
+    monkeypatch.setenv("PARITY_CACHE_DIR", str(tmp_path / "cache"))
+    pytester.makeconftest('''
+import fsspec
+from fsspec.implementations.memory import MemoryFileSystem
+
+
+class Down(MemoryFileSystem):
+    protocol = "down"
+
+    def isdir(self, path):
+        raise OSError("connection refused")
+
+    def exists(self, path, **kwargs):
+        raise OSError("connection refused")
+
+
+fsspec.register_implementation("down", Down, clobber=True)
+''')
+    pytester.makepyfile(test_url="import torch\n\ndef test_m(parity):\n"
+                                 "    parity.check(torch.nn.Linear(2, 2), torch.ones(1, 2), name='m', dtypes=['float32'])\n")
+    result = pytester.runpytest("--rocm-parity", "--parity-golden-dir=down://store/goldens")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*GoldenMissing: no golden for 'm': the golden directory down://store/goldens cannot "
+                                 "be read (connection refused); check the URL and credentials"])
