@@ -122,10 +122,13 @@ class RemoteGoldenStore(GoldenStore):
             tmp_file = temp_beside(d, Path(fname).suffix)
             try:
                 self.fs.get_file(self._remote(name, fname), str(tmp_file))
-            except (OSError, FileNotFoundError) as exc:
+            except OSError as exc:
                 tmp_file.unlink(missing_ok=True)
+                # gone from the store: the golden is incomplete; any other failure is the way to it
+                fix = ("recapture and upload this golden" if isinstance(exc, FileNotFoundError) else
+                       "check the URL, the credentials and the network, and run again")
                 raise GoldenError(f"{self.url}/{safe_name(name)}/{fname}: named by the manifest but cannot be "
-                                  f"fetched ({exc}); recapture and upload this golden", rm) from exc
+                                  f"fetched ({exc}); {fix}", rm) from exc
             commit(tmp_file, local)
         commit(tmp, d / MANIFEST)
 
