@@ -263,3 +263,23 @@ fsspec.register_implementation("down", Down, clobber=True)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*GoldenMissing: no golden for 'm': the golden directory down://store/goldens cannot "
                                  "be read (connection refused); check the URL and credentials"])
+
+
+@pytest.mark.parametrize("failure, says", [(ConnectionResetError("connection reset by peer"), "check the URL, the "
+                                            "credentials and the network"),
+                                           (FileNotFoundError("no such key"), "recapture and upload this golden")])
+def test_a_tensor_file_the_store_cannot_send_says_what_to_do(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             failure: OSError, says: str) -> None:
+    """A file gone from the store makes the golden incomplete; any other failure is the way to it."""
+    from pytest_rocm_parity.errors import GoldenError
+
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(1))
+    capture(_model(), x, CheckSpec(name="mlp", dtypes=["float32"]), RemoteGoldenStore(url, cache_dir=tmp_path / "a"),
+            "cpu", env={})
+    reader = RemoteGoldenStore(url, cache_dir=tmp_path / "b")
+
+    def refuse(*_args: object, **_kwargs: object) -> None:
+        raise failure
+    monkeypatch.setattr(reader.fs, "get_file", refuse)   # the manifest comes through, the tensors do not
+    with pytest.raises(GoldenError, match=says):
+        reader.read_manifest("mlp")
