@@ -57,11 +57,17 @@ class RemoteGoldenStore(GoldenStore):
         base = f"{self.remote_root.rstrip('/')}/{safe_name(name)}"
         return f"{base}/{fname}" if fname else base
 
-    def _plain_file(self, rpath: str, where: str, max_bytes: int | None = None) -> int:
+    def _plain_file(self, rpath: str, where: str, max_bytes: int | None = None, listed: bool = False) -> int:
         """The size of the remote ``rpath``, refused unless it is a plain file (never a FIFO, device or
-        directory, which could block a read forever) of at most ``max_bytes``."""
+        directory, which could block a read forever) of at most ``max_bytes``. ``listed``: a file a
+        manifest names, whose absence makes the golden incomplete (corrupt), as on a local disk."""
         try:
             info = self.fs.info(rpath)
+        except FileNotFoundError as exc:
+            if listed:
+                raise GoldenCorrupt(f"{where}: named by the manifest but missing from the store; recapture and "
+                                    f"upload this golden", rpath) from exc
+            raise GoldenError(f"{where}: cannot read ({exc}); check the URL and credentials", rpath) from exc
         except (OSError, ValueError) as exc:
             raise GoldenError(f"{where}: cannot read ({exc}); check the URL and credentials", rpath) from exc
         kind, size = info.get("type"), info.get("size")
@@ -114,7 +120,7 @@ class RemoteGoldenStore(GoldenStore):
             local = d / fname
             if local.exists() and expected and digest_matches(local, expected):
                 continue  # cached and verified
-            size = self._plain_file(self._remote(name, fname), f"{self.url}/{safe_name(name)}/{fname}")
+            size = self._plain_file(self._remote(name, fname), f"{self.url}/{safe_name(name)}/{fname}", listed=True)
             if isinstance(r.get("bytes"), int) and size != r["bytes"]:
                 raise GoldenCorrupt(f"{self.url}/{safe_name(name)}/{fname}: holds {size} bytes where its manifest "
                                     f"records {r['bytes']} (truncated or replaced); recapture and upload this golden",
@@ -125,10 +131,12 @@ class RemoteGoldenStore(GoldenStore):
             except OSError as exc:
                 tmp_file.unlink(missing_ok=True)
                 # gone from the store: the golden is incomplete; any other failure is the way to it
-                fix = ("recapture and upload this golden" if isinstance(exc, FileNotFoundError) else
-                       "check the URL, the credentials and the network, and run again")
-                raise GoldenError(f"{self.url}/{safe_name(name)}/{fname}: named by the manifest but cannot be "
-                                  f"fetched ({exc}); {fix}", rm) from exc
+                where = f"{self.url}/{safe_name(name)}/{fname}"
+                if isinstance(exc, FileNotFoundError):
+                    raise GoldenCorrupt(f"{where}: named by the manifest but missing from the store; recapture "
+                                        f"and upload this golden", rm) from exc
+                raise GoldenError(f"{where}: named by the manifest but cannot be fetched ({exc}); check the URL, "
+                                  f"the credentials and the network, and run again", rm) from exc
             commit(tmp_file, local)
         commit(tmp, d / MANIFEST)
 

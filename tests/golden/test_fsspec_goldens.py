@@ -267,7 +267,8 @@ fsspec.register_implementation("down", Down, clobber=True)
 
 @pytest.mark.parametrize("failure, says", [(ConnectionResetError("connection reset by peer"), "check the URL, the "
                                             "credentials and the network"),
-                                           (FileNotFoundError("no such key"), "recapture and upload this golden")])
+                                           (FileNotFoundError("no such key"), "missing from the store; recapture "
+                                            "and upload this golden")])
 def test_a_tensor_file_the_store_cannot_send_says_what_to_do(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                              failure: OSError, says: str) -> None:
     """A file gone from the store makes the golden incomplete; any other failure is the way to it."""
@@ -283,3 +284,15 @@ def test_a_tensor_file_the_store_cannot_send_says_what_to_do(url: str, tmp_path:
     monkeypatch.setattr(reader.fs, "get_file", refuse)   # the manifest comes through, the tensors do not
     with pytest.raises(GoldenError, match=says):
         reader.read_manifest("mlp")
+
+
+def test_a_tensor_file_deleted_from_the_store_makes_the_golden_corrupt(url: str, tmp_path: Path) -> None:
+    """As on a local disk: the manifest names a file the store no longer holds."""
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(1))
+    capture(_model(), x, CheckSpec(name="mlp", dtypes=["float32"]), RemoteGoldenStore(url, cache_dir=tmp_path / "a"),
+            "cpu", env={})
+    fs = fsspec.filesystem("memory")
+    root = url.split("://", 1)[1] + "/mlp"
+    fs.rm(next(p for p in fs.ls(root, detail=False) if p.endswith(".safetensors")))
+    with pytest.raises(GoldenCorrupt, match="named by the manifest but missing from the store"):
+        RemoteGoldenStore(url, cache_dir=tmp_path / "b").read_manifest("mlp")
