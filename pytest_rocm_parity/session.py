@@ -170,6 +170,11 @@ class ParitySession:
             self.store: Any = open_store(options.golden_dir)
         except BackendUnavailable as exc:   # a URL whose filesystem is not installed: the run cannot start
             raise pytest.UsageError(f"rocm-parity: {GOLDEN_DIR}: {exc}") from None
+        root = getattr(self.store, "root", None)
+        if not hasattr(self.store, "url") and isinstance(root, Path) and root.exists() and not root.is_dir():
+            # said once here, not as a write or read error of every check
+            raise pytest.UsageError(f"rocm-parity: {GOLDEN_DIR}: {root} is a file, not a directory; point "
+                                    f"{GOLDEN_DIR} (or the parity_golden_dir ini key) at the directory of the goldens")
         if options.mode is Mode.CAPTURE:
             self.store = StagingStore(self.store)
         self.pending: list[Pending] = []      # goldens captured by the test in progress, not yet written

@@ -33,6 +33,15 @@ def test_named(parity, tag):
     project.runpytest("--rocm-parity", "test_ids.py").assert_outcomes(passed=3)
 
 
+@pytest.mark.parametrize("mode", ["capture", "replay"])
+def test_a_golden_dir_that_is_a_file_stops_the_run_once(project: pytest.Pytester, mode: str) -> None:
+    """Said once, before any check, not as a write (or read) error of every check."""
+    (project.path / "goldens.txt").write_text("not a directory")
+    result = project.runpytest("--rocm-parity", f"--parity-mode={mode}", "--parity-golden-dir=goldens.txt")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: rocm-parity: --parity-golden-dir: */goldens.txt is a file, not a directory*"])
+
+
 def test_missing_directory_is_named_in_the_error_and_the_summary(project: pytest.Pytester) -> None:
     rep = project.runpytest("--rocm-parity", "--parity-golden-dir=no/such/dir")
     rep.assert_outcomes(failed=1)
