@@ -5,6 +5,7 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -58,13 +59,16 @@ def test_missing_remote_golden(url: str, tmp_path: Path) -> None:
         store.read_manifest("nope")
 
 
-def test_tampered_remote_tensor_is_refused(url: str, tmp_path: Path) -> None:
-    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(1))
-    capture(_model(), x, CheckSpec(name="mlp", dtypes=["float32"]), RemoteGoldenStore(url, cache_dir=tmp_path / "a"),
-            "cpu", env={})
+def _remote_tensor(url: str) -> tuple[Any, str]:
+    """The memory filesystem and the path of the golden 'mlp''s tensor file in it."""
     fs = fsspec.filesystem("memory")
     root = url.split("://", 1)[1] + "/mlp"
-    tensor = next(p for p in fs.ls(root, detail=False) if p.endswith(".safetensors"))
+    return fs, next(p for p in fs.ls(root, detail=False) if p.endswith(".safetensors"))
+
+
+def test_tampered_remote_tensor_is_refused(url: str, tmp_path: Path) -> None:
+    x = _captured(url, tmp_path)
+    fs, tensor = _remote_tensor(url)
     data = bytearray(fs.cat_file(tensor))
     data[-1] ^= 0xFF
     fs.pipe_file(tensor, bytes(data))
@@ -274,9 +278,7 @@ def test_a_tensor_file_the_store_cannot_send_says_what_to_do(url: str, tmp_path:
     """A file gone from the store makes the golden incomplete; any other failure is the way to it."""
     from pytest_rocm_parity.errors import GoldenError
 
-    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(1))
-    capture(_model(), x, CheckSpec(name="mlp", dtypes=["float32"]), RemoteGoldenStore(url, cache_dir=tmp_path / "a"),
-            "cpu", env={})
+    _captured(url, tmp_path)
     reader = RemoteGoldenStore(url, cache_dir=tmp_path / "b")
 
     def refuse(*_args: object, **_kwargs: object) -> None:
@@ -288,11 +290,8 @@ def test_a_tensor_file_the_store_cannot_send_says_what_to_do(url: str, tmp_path:
 
 def test_a_tensor_file_deleted_from_the_store_makes_the_golden_corrupt(url: str, tmp_path: Path) -> None:
     """As on a local disk: the manifest names a file the store no longer holds."""
-    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(1))
-    capture(_model(), x, CheckSpec(name="mlp", dtypes=["float32"]), RemoteGoldenStore(url, cache_dir=tmp_path / "a"),
-            "cpu", env={})
-    fs = fsspec.filesystem("memory")
-    root = url.split("://", 1)[1] + "/mlp"
-    fs.rm(next(p for p in fs.ls(root, detail=False) if p.endswith(".safetensors")))
+    _captured(url, tmp_path)
+    fs, tensor = _remote_tensor(url)
+    fs.rm(tensor)
     with pytest.raises(GoldenCorrupt, match="named by the manifest but missing from the store"):
         RemoteGoldenStore(url, cache_dir=tmp_path / "b").read_manifest("mlp")
