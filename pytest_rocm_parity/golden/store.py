@@ -477,13 +477,10 @@ class GoldenStore:
         raise exc
 
     def collect_garbage(self, d: Path) -> None:
-        """Remove tensor files no manifest names and temp files of dead writers (call under _locked)."""
-        keep = _referenced(d / MANIFEST)
-        for p in d.iterdir():
-            if p.name == MANIFEST or p.name in keep:
-                continue
-            if p.name.startswith(".tmp-") or (p.suffix == ".safetensors" and not _in_use(p)):
-                p.unlink(missing_ok=True)
+        """Remove the files of ours no manifest names, the temp files of dead writers among them
+        (_leftovers_in; call under _locked)."""
+        for p in _leftovers_in(d):
+            p.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
