@@ -63,12 +63,9 @@ class RemoteGoldenStore(GoldenStore):
         manifest names, whose absence makes the golden incomplete (corrupt), as on a local disk."""
         try:
             info = self.fs.info(rpath)
-        except FileNotFoundError as exc:
-            if listed:
-                raise GoldenCorrupt(f"{where}: named by the manifest but missing from the store; recapture and "
-                                    f"upload this golden", rpath) from exc
-            raise GoldenError(f"{where}: cannot read ({exc}); check the URL and credentials", rpath) from exc
         except (OSError, ValueError) as exc:
+            if listed and isinstance(exc, FileNotFoundError):
+                raise _missing_from_store(where, rpath) from exc
             raise GoldenError(f"{where}: cannot read ({exc}); check the URL and credentials", rpath) from exc
         kind, size = info.get("type"), info.get("size")
         if kind != "file" or not isinstance(size, int):
@@ -133,8 +130,7 @@ class RemoteGoldenStore(GoldenStore):
                 # gone from the store: the golden is incomplete; any other failure is the way to it
                 where = f"{self.url}/{safe_name(name)}/{fname}"
                 if isinstance(exc, FileNotFoundError):
-                    raise GoldenCorrupt(f"{where}: named by the manifest but missing from the store; recapture "
-                                        f"and upload this golden", rm) from exc
+                    raise _missing_from_store(where, rm) from exc
                 raise GoldenError(f"{where}: named by the manifest but cannot be fetched ({exc}); check the URL, "
                                   f"the credentials and the network, and run again", rm) from exc
             commit(tmp_file, local)
@@ -196,6 +192,13 @@ class RemoteGoldenStore(GoldenStore):
             except ParityError:
                 name = base
             yield name if isinstance(name, str) else base, self.root / base
+
+
+def _missing_from_store(where: str, path: Any) -> GoldenCorrupt:
+    """A file its manifest names that the store no longer holds: the golden is incomplete, as a
+    local one missing a tensor file is."""
+    return GoldenCorrupt(f"{where}: named by the manifest but missing from the store; recapture and upload this "
+                         f"golden", path)
 
 
 def open_store(location: str | os.PathLike[str]) -> GoldenStore:
