@@ -560,6 +560,7 @@ def hipify_report(root: str) -> dict[str, Any] | None:
         "tool": "torch.utils.hipify",
         "files": files,
         "total_renames": sum(total.values()),
+        "distinct_renames": len(total),
         "top_renames": {f"{k} => {hp.PYTORCH_MAP[k]}": n for k, n in total.most_common(15)},
         "note": "hipify renames APIs only; the findings above are what it does not fix",
     }
@@ -610,11 +611,10 @@ def format_text(result: ScanResult, color: bool = False) -> str:
             extra = f", {entry['kernel_launches']} <<<>>> launch(es)" if entry["kernel_launches"] else ""
             moved = f" -> {entry['hipified_path']}" if entry["hipified_path"] != entry["path"] else ""
             lines.append(f"  {entry['path']}{moved}: {sum(entry['renames'].values())} rename(s){extra}")
-        names = sorted({name for entry in h["files"] for name in entry["renames"]})
         shown = list(h["top_renames"].items())[:10]
         if shown:
-            lines.append(f"  the most frequent of {len(names)} distinct rename(s)"
-                         + (" (every one: --format json)" if len(names) > len(shown) else "") + ":")
+            lines.append(f"  the most frequent of {h['distinct_renames']} distinct rename(s)"
+                         + (" (every one: --format json)" if h["distinct_renames"] > len(shown) else "") + ":")
         for name, n in shown:
             lines.append(f"    {name}: {n}")
         lines.append(f"  note: {h['note']}")
