@@ -161,9 +161,8 @@ class ParitySession:
     def __init__(self, config: pytest.Config, options: ParityOptions) -> None:
         self.config = config
         self.options = options
-        from pytest_rocm_parity.golden.remote import open_store
-
         from pytest_rocm_parity.errors import BackendUnavailable
+        from pytest_rocm_parity.golden.remote import open_store
 
         # Any: the real store, or in a capture run the StagingStore in front of it
         try:

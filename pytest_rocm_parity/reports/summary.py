@@ -103,9 +103,9 @@ def summary_lines(session: Any) -> list[str]:
     obsolete = list(getattr(session, "obsolete", []) or [])
     pruned = list(getattr(session, "pruned", []) or [])
     withheld = list(getattr(g, "withheld", []) or [])
-    leftover = bool(getattr(session, "leftovers", None))
+    leftovers = list(getattr(session, "leftovers", []) or [])
     if not res and not (g.created or g.updated or g.missing or g.corrupt or g.kept or obsolete or pruned or withheld
-                        or leftover):
+                        or leftovers):
         return []
     lines = ["", "=" * 20 + " rocm-parity summary " + "=" * 20]
     order = {"ERROR": 0, "FAIL": 1, "PASS": 2}
@@ -131,7 +131,6 @@ def summary_lines(session: Any) -> list[str]:
         if items:
             lines.append(f"goldens {label}: {_listed(list(items))}")
     lines += withheld_lines(withheld)
-    leftovers = list(getattr(session, "leftovers", []) or [])
     if leftovers:
         lines.append(f"leftover files of stopped captures (no manifest names them; --parity-prune-obsolete "
                      f"deletes): {_listed([str(p) for p in leftovers])}")
