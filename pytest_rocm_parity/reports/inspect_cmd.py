@@ -43,7 +43,7 @@ DEFAULT_THRESHOLD = 1e-3
 # of their own errors, or of TRUTHS_FLOOR: the references compute different functions. The floor is
 # the float32 steps a model writes into its own code (a rotary table, a norm's variance), which its
 # float64 truth keeps: between correct backends the truths differ by up to 2.4e-7 of their RMS at
-# float32 and 2e-5 at bf16, where the errors are 1e-2 (docs/reports.md).
+# float32 and 2e-5 at bf16, where the errors are 1e-2 (docs/reports.md has the command).
 TRUTHS_FACTOR = 4.0
 TRUTHS_FLOOR = 1e-6
 ENV_KEYS = ("backend", "device_name", "arch", "torch", "cuda", "hip", "tf32_matmul", "tf32_cudnn",

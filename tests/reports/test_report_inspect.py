@@ -107,6 +107,9 @@ def test_diff_names_where_the_references_compute_different_functions(tmp_path: P
     assert res["rungs"]["bfloat16"]["n_differ"] == 0 and res["rungs"]["bfloat16"]["first_function_change"] is None
     text = "\n".join(inspect_cmd.format_diff(res))
     assert "the references first compute different functions at blocks.2" in text
+    parted = [r["truths_x"] for r in fp32["layers"] if (r.get("truths_x") or 0) > inspect_cmd.TRUTHS_FACTOR]
+    print(f"exact against tanh GELU at float32: blocks.2 {rows['blocks.2']['rel_l2']:.2g} apart, truths "
+          f"{min(parted):.3g}-{max(parted):.3g}x the goldens' errors")
 
 
 def test_diff_of_cuda_and_cpu_goldens_of_one_model_agrees(tmp_path: Path) -> None:
@@ -125,6 +128,8 @@ def test_diff_of_cuda_and_cpu_goldens_of_one_model_agrees(tmp_path: Path) -> Non
         rows = res["rungs"][rung]["layers"]
         assert max(r.get("truths_x") or 0.0 for r in rows) < 1.0
         assert max(r["rel_l2"] for r in rows) > 1e-7   # the backends did round differently
+        print(f"H200 against CPU, {rung}: at most {max(r['rel_l2'] for r in rows):.2g} apart, truths at most {max(r.get('truths_x') or 0.0 for r in rows):.2g}x the scale "
+              f"they are judged against, {max(r.get('truths_rel_l2') or 0.0 for r in rows):.2g} of their RMS")
     assert res["rungs"]["bfloat16"]["max_rel_l2"] > inspect_cmd.DEFAULT_THRESHOLD
     # no changed model is claimed (a golden older than the fingerprint's parameter list cannot tell)
     assert not any(w.startswith("model fingerprints differ") for w in res["warnings"])
