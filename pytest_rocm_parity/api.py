@@ -16,7 +16,7 @@ from pytest_rocm_parity.errors import GoldenCorrupt, GoldenExists, GoldenMissing
 from pytest_rocm_parity.errors import WriteForbidden
 from pytest_rocm_parity.errors import ReferenceChange
 from pytest_rocm_parity.progress import checking, progress
-from pytest_rocm_parity.guards import clean_errors, fail_once, require_model
+from pytest_rocm_parity.guards import clean_errors, fail_once, known_keywords, require_model
 from pytest_rocm_parity.judging.records import CheckResult
 from pytest_rocm_parity.judging.tolerance import coerce
 
@@ -89,6 +89,7 @@ class Parity:
         spec.drill = _resolve_drill(model, inputs, spec, explicit, self._session.store, self._session.capturing)
         return spec
 
+    @known_keywords
     def check(self, model: Any, inputs: Any, *, name: str | None = None,
               dtypes: Sequence[str] | str | None = None, layers: Sequence[str] | str | None = None,
               tolerance: Any = None, drill: int | None = None, sketch: int | bool | None = None,
@@ -116,8 +117,9 @@ class Parity:
         __tracebackhide__ = True
         from pytest_rocm_parity.llm.lm import check_lm
 
-        return check_lm(self, model, input_ids, **kwargs)
+        return known_keywords(check_lm)(self, model, input_ids, **kwargs)
 
+    @known_keywords
     def check_train(self, model: Any, inputs: Any, *, loss: Any = None, optimizer: Any = None, steps: int = 1,
                     name: str | None = None, dtypes: Sequence[str] | str | None = None,
                     layers: Sequence[str] | str | None = None, tolerance: Any = None,

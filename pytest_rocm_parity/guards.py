@@ -3,8 +3,11 @@ argument: shared by every check (api, llm) without importing them."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any
+import difflib
+import functools
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar, cast
 
 import pytest
 
@@ -27,6 +30,30 @@ def fail_once(exc: BaseException) -> None:
     """Fail the test with the error's message once: without the chained original printed above it."""
     __tracebackhide__ = True
     raise pytest.fail.Exception(f"{type(exc).__name__}: {exc}", pytrace=False) from None
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def known_keywords(fn: F) -> F:
+    """``fn`` refusing a misspelt keyword with a clean failure that says what was meant: Python's own
+    TypeError names the keyword but not the right one, and shows a traceback into the plugin."""
+    params = inspect.signature(fn).parameters
+    keywords = [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY]
+
+    @functools.wraps(fn)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        unknown = [k for k in kwargs if k not in params]
+        if unknown:
+            hints = [f"{k!r}: did you mean {m[0]!r}?" for k in unknown
+                     if (m := difflib.get_close_matches(k, keywords, n=1))]
+            fail_once(InvalidArgument(
+                f"{fn.__name__}() got unknown keyword argument{'s' if len(unknown) > 1 else ''} "
+                f"{', '.join(map(repr, unknown))}{' (' + '; '.join(hints) + ')' if hints else ''}; its keywords are "
+                f"{', '.join(keywords)}"))
+        return fn(*args, **kwargs)
+    return cast(F, checked)
 
 
 def require_model(model: Any) -> None:

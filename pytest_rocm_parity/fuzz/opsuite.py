@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_rocm_parity.errors import GoldenCorrupt, InvalidArgument, ParityError
+from pytest_rocm_parity.judging.dtypes import dtype_alias
 from pytest_rocm_parity.tables import text_table
 
 DEFAULT_DTYPES = ("float32", "float16", "bfloat16")
@@ -298,7 +299,8 @@ def run_ops(args: argparse.Namespace) -> int:
         except (ValueError, OSError):   # a stream that cannot change its buffering keeps its own
             pass
     names = _split_names(args.ops, OP_NAMES, "--ops") if args.ops else list(OP_NAMES)
-    dtype_names = _split_names(args.dtypes, ("float32", "float16", "bfloat16", "float64"), "--dtypes")
+    dtype_names = _split_names(",".join(dtype_alias(n.strip()) for n in args.dtypes.split(",")),
+                               ("float32", "float16", "bfloat16", "float64"), "--dtypes")
     import torch
 
     from pytest_rocm_parity.fuzz import harness as fuzz

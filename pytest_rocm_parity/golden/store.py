@@ -811,6 +811,8 @@ def _manifest_problem(m: dict[str, Any]) -> str:
             act = e.get("act", [])
             if not (isinstance(act, list) and all(isinstance(p, str) and p in e["in"] for p in act)):
                 return f"{where} has a layer entry whose 'act' is not a list of its input paths"
+            if not isinstance(e.get("decides", False), bool):
+                return f"{where} has a layer entry whose 'decides' is not true or false"
         order = r.get("order", [])
         if not isinstance(order, list) or not all(isinstance(k, str) for k in order):
             return f"{where} has an 'order' that is not a list of layer keys"

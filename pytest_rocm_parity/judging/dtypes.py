@@ -33,9 +33,14 @@ def _canonical_cached(name: str) -> str:
     return _canonical(name)
 
 
-def _canonical(name: str) -> str:
+def dtype_alias(name: str) -> str:
+    """The canonical spelling of a dtype alias ('bf16' -> 'bfloat16'); any other name as it is."""
     key = str(name).removeprefix("torch.")
-    key = _ALIASES.get(key, key)
+    return _ALIASES.get(key, key)
+
+
+def _canonical(name: str) -> str:
+    key = dtype_alias(name)
     if key not in FLOAT_NAMES + _FP8:
         allowed = ", ".join(RUNGS)
         raise InvalidArgument(f"dtypes: unknown precision {name!r}; allowed: {allowed} (or fp32/bf16/fp16)")

@@ -96,6 +96,14 @@ def _leaf_reasons(leaves: list[LeafMetrics], r: Rule, isolated: bool) -> list[tu
              and m.mismatches <= NEAR_TIE_SHARE * m.numel else why) for m, why in reasons]
 
 
+def _worst(mr: tuple[LeafMetrics, str]) -> tuple[bool, bool, float]:
+    """A leaf's rank for the record's readout: failing first (by bound), then floating leaves by
+    ratio, so a passing leaf far over its budget on a few blocks is the one shown and weighed
+    (_few_blocks), not an exact one beside it."""
+    m, why = mr
+    return bool(why), m.kind != "exact", m.ratio_lo if why else (m.ratio if math.isfinite(m.ratio) else 0.0)
+
+
 def judge_layer(rec: LayerRecord, iso: list[LeafMetrics], prop: list[LeafMetrics], r: Rule) -> None:
     """The record's verdicts from its leaves' metrics, by its layer's rule (Rule.of)."""
     rec.budget = r.budget
@@ -107,8 +115,8 @@ def judge_layer(rec: LayerRecord, iso: list[LeafMetrics], prop: list[LeafMetrics
     rec.iso_passed = not first_iso
     rec.prop_passed = not first_prop
     rec.passed = rec.iso_passed
-    if iso:   # the worst leaf: a failing one first, then the largest bound
-        rec.iso = iso[0] if len(iso) == 1 else max(iso_reasons, key=lambda mr: (bool(mr[1]), mr[0].ratio_lo))[0]
+    if iso:   # the worst leaf: a failing one by the largest bound, else the largest ratio
+        rec.iso = iso[0] if len(iso) == 1 else max(iso_reasons, key=_worst)[0]
         if rec.iso.noise > rec.iso.err_ref:
             rec.budget = r.quant_noise   # judged against the activation-quantization noise
     if prop:
@@ -151,6 +159,21 @@ def _few_blocks_note(l: LayerRecord) -> str:
             f"tell it from near-ties. To decide, capture more tokens or judge the modules inside it (drill)")
 
 
+def _fail_confined(result: CheckResult, tol: Tolerance) -> None:
+    """Fail the few-blocks layers (_few_blocks) whose reference call made no discrete choice: with no
+    near-tie to flip, an error confined to part of the tensor is a fault there (a block or tile of a
+    kernel computed wrong, a wavefront-size assumption), however few elements it covers."""
+    for l in result.layers:
+        if l.decides is False and _few_blocks(l, tol.for_layer(l.name).z):
+            assert l.iso is not None
+            l.iso_passed = l.passed = False
+            l.reason = (f"isolated error {l.iso.ratio:.3g}x the reference's (sign test z={l.iso.z:+.1f}; budget "
+                        f"{l.budget:g}x), concentrated on a few blocks of the tensor (bound {l.iso.ratio_lo:.3g}x), "
+                        f"in a module that makes no discrete choice on its activations (no comparison, top-k or "
+                        f"rounding), so no near-tie explains it: part of its output is computed wrong"
+                        + (f" (output {l.iso.leaf})" if l.iso.leaf not in ("", "0") else ""))
+
+
 def note_undecided(result: CheckResult, tol: Tolerance) -> None:
     """Name the passing layers the data could not decide (_few_blocks), in extra and in notes."""
     undecided = [l for l in result.layers if _few_blocks(l, tol.for_layer(l.name).z)]
@@ -161,6 +184,7 @@ def note_undecided(result: CheckResult, tol: Tolerance) -> None:
 
 def finish(result: CheckResult, tol: Tolerance) -> CheckResult:
     """Culprit = the first (in execution order) failing module with no failing selected descendant."""
+    _fail_confined(result, tol)
     failing = [l for l in result.layers if not l.iso_passed]
     minimal = [l for l in failing if not any(o is not l and o.name.startswith(l.name + ".") for o in failing)]
     result.culprit = minimal[0].name if minimal else None

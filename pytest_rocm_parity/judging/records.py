@@ -62,6 +62,9 @@ class LayerRecord:
     prop: LeafMetrics | None = None    # worst leaf, propagated replay
     would_pass_ratio: float | None = None
     reason: str = ""
+    # whether the reference's call made a discrete choice on its activations (a comparison, top-k,
+    # rounding: capture's data flow); None for a golden that did not record it
+    decides: bool | None = None
 
     @property
     def not_called(self) -> bool:

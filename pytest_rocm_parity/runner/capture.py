@@ -429,6 +429,9 @@ class DataFlow:
         # id -> weak reference (tensors compare elementwise, so no WeakSet); a dead id is dropped
         self._carriers: dict[int, Any] = {}
         self._paused = 0
+        # operations that made a discrete choice on activations so far (_decides); a module call
+        # that ran none cannot flip at a near-tie (judging.md, "Undecided")
+        self.decisions = 0
         outer = self
 
         class _Mode(torch.overrides.TorchFunctionMode):
@@ -437,7 +440,10 @@ class DataFlow:
                 if torch.compiler.is_compiling():   # a kernel compiled inside the model (FlexAttention)
                     return out
                 if not outer._paused and outer._carriers and outer._any_carrier(args, kwargs):
-                    outer.mark(_leaves_of(out))
+                    leaves = _leaves_of(out)
+                    outer.mark(leaves)
+                    if _decides(func, out, leaves):
+                        outer.decisions += 1
                 return out
         self._mode = _Mode()
 
@@ -481,6 +487,21 @@ class DataFlow:
         self._mode.__exit__(*exc)
 
 
+# Operations whose result jumps where their floating input crosses a threshold: rounding, the sign,
+# and the truth value of a tensor (data-dependent control flow). Comparisons, arg-max/top-k/sort
+# indices and casts to integers show in their integer or bool result instead.
+_DISCRETE = frozenset({"round", "round_", "floor", "floor_", "ceil", "ceil_", "trunc", "trunc_", "fix", "fix_",
+                       "sign", "sign_", "sgn", "sgn_", "heaviside", "__bool__"})
+
+
+def _decides(func: Any, out: Any, leaves: list[Any]) -> bool:
+    """Whether an operation on activations made a discrete choice: an integer or bool result (a
+    comparison, a router's top-k indices, a cast to integers), or one of _DISCRETE."""
+    if getattr(func, "__name__", "") in _DISCRETE or isinstance(out, bool):
+        return True
+    return any(not (t.is_floating_point() or t.is_complex()) for t in leaves)
+
+
 def _leaves_of(obj: Any) -> list[Any]:
     """The tensors in nested tuples, lists and dicts (an op's arguments or results)."""
     import torch
@@ -513,6 +534,7 @@ def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any, res
     entries: dict[str, dict[str, Any]] = {}
 
     inputs: dict[str, Any] = {}    # this call's input leaves until its output is recorded
+    started: dict[str, int] = {}   # the data flow's decision count at each open call's start
 
     flow = DataFlow()
     flow.mark(tensor_leaves({"args": args, "kwargs": kwargs}), floating_only=True)
@@ -525,6 +547,7 @@ def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any, res
             entries[key] = {"name": sel.name, "key": key, "level": sel.level, "primary": sel.primary,
                             "in": {p: pool.add(t) for p, t in leaves.items()}, "const_in": consts, "in_tree": kinds,
                             "act": sorted(p for p, t in leaves.items() if flow.carries(t))}
+            started[key] = flow.decisions
         return None
 
     def rec_out(key: str, sel: Selected, out: Any) -> None:
@@ -533,6 +556,7 @@ def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any, res
             leaves, consts = split_leaves(out)
             entries[key]["out"] = {p: pool.add(t, fresh=pool.key_of(t) in ins) for p, t in leaves.items()}
             entries[key]["const_out"] = consts
+            entries[key]["decides"] = flow.decisions > started.pop(key)
             flow.mark(leaves)
 
     with Hooks(m, selected, rec_in, rec_out) as hooks, flow:

@@ -119,7 +119,7 @@ def _records_in_order(meta: dict[str, Any], layers: dict[str, dict[str, Any]]) -
 
 def _record(key: str, e: dict[str, Any]) -> LayerRecord:
     """An empty record of the captured call ``key`` (its golden entry ``e``)."""
-    return LayerRecord(name=key, level=e["level"], primary=e["primary"])
+    return LayerRecord(name=key, level=e["level"], primary=e["primary"], decides=e.get("decides"))
 
 
 def _sketch_failure(m: LeafMetrics, tol: Tolerance, rung: str, budget: float) -> str:

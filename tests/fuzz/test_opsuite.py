@@ -30,6 +30,13 @@ def test_json_run_passes_on_cpu(capsys):
     assert all(r["status"] == "pass" and r["examples"] == 3 for r in doc["ops"])
 
 
+def test_dtype_aliases_are_the_checks_own(capsys):
+    """--dtypes takes the aliases parity.check and --parity-dtypes take."""
+    assert opsuite.run_ops(parse("--device", "cpu", "--max-examples", "2", "--ops", "rms_norm", "--dtypes",
+                                 "bf16,fp16", "--json")) == 0
+    assert [r["dtype"] for r in json.loads(capsys.readouterr().out)["ops"]] == ["bfloat16", "float16"]
+
+
 def test_every_builtin_op_runs_on_cpu(capsys):
     rc = opsuite.run_ops(parse("--device", "cpu", "--max-examples", "2", "--dtypes", "bfloat16"))
     out = capsys.readouterr().out

@@ -185,3 +185,17 @@ def test_metrics_from_columns_fills_each_field_from_its_column() -> None:
     (m,) = metrics_from_columns(["0"], [7], cols)
     assert (m.leaf, m.numel, m.kind, m.nonfinite, m.note) == ("0", 7, "float", 0, "")
     assert {c.name.lower(): getattr(m, c.name.lower()) for c in Metric} == {c.name.lower(): c + 1.0 for c in Metric}
+
+
+def test_a_blocks_row_shows_its_output_far_over_budget_not_an_exact_one_beside_it(truth: torch.Tensor) -> None:
+    """A block returns (hidden, residual): the residual is exact, the hidden state is wrong on one
+    tile only, so its bound is tiny. The row reads out the hidden state, the one to look at."""
+    ref = _rounded(truth, torch.bfloat16)
+    bad = ref.clone()
+    bad[0, :64] += 0.5
+    hidden = float_metrics("0", bad, ref, truth, U_BF16)
+    residual = float_metrics("1", ref, ref, truth, U_BF16)
+    assert hidden.ratio > 10 and hidden.ratio_lo < residual.ratio_lo, (hidden, residual)
+    rec = LayerRecord(name="layers.0")
+    judge_layer(rec, [hidden, residual], [], Rule.of(Tolerance().for_layer(rec.name), "bfloat16"))
+    assert rec.iso_passed and rec.iso is hidden

@@ -7,6 +7,8 @@ module the verdict must name.
 """
 from __future__ import annotations
 
+import json
+import tempfile
 from dataclasses import replace
 from typing import Any
 
@@ -14,10 +16,13 @@ import pytest
 import torch
 from torch import nn
 
-from parity_models import (bert, capture_then_replay, convnet, expected_culprit, falcon, image, llama, mixtral, moe_lm, plant,
-                              seq2seq_tokens, t5, tokens, verdicts)
+from parity_models import (bert, capture_then_replay, convnet, expected_culprit, falcon, image, llama, mixtral, mlp_lm,
+                           moe_lm, plant, seq2seq_tokens, t5, tokens, verdicts)
 from pytest_rocm_parity.errors import GoldenStale
+from pytest_rocm_parity.golden.store import GoldenStore
+from pytest_rocm_parity.runner.capture import capture
 from pytest_rocm_parity.runner.engine import CheckSpec
+from pytest_rocm_parity.runner.replay import replay
 
 ATTENTION = ["eager", "sdpa", "flex_attention"]
 SWAPS = [(a, b) for a in ATTENTION for b in ATTENTION if a != b]
@@ -217,6 +222,54 @@ def _softmax_in_bf16(model: nn.Module) -> nn.Module:
 
         gate.forward = forward
     return model
+
+
+def _skip_on(model: nn.Module, name: str, lo: int, hi: int) -> nn.Module:
+    """A kernel bug confined to one 64-element tile: ``name`` passes its input through there."""
+    def hook(_m: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
+        flat = out.reshape(-1).clone()
+        flat[lo:hi] = args[0].reshape(-1)[lo:hi]
+        return flat.view_as(out)
+    model.get_submodule(name).register_forward_hook(hook)
+    return model
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_fault_on_one_tile_of_a_module_without_choices_fails_and_is_named(dtype: str, tmp_path: Any) -> None:
+    """An activation wrong on one tile of 64 of its 16K elements is far over budget on a few blocks,
+    as a router's near-ties are. The GELU makes no discrete choice at capture, so no near-tie explains
+    it: the check fails and names it. A golden that did not record the choices keeps the undecided
+    pass (at bf16: nothing else fails)."""
+    spec = CheckSpec(name="m", dtypes=[dtype])
+    ids = torch.randint(0, 40, (4, 32), generator=torch.Generator().manual_seed(0))
+
+    def build() -> nn.Module:
+        return mlp_lm(d=64, n=2).to(getattr(torch, dtype))
+    store = GoldenStore(tmp_path)
+    capture(build(), ids, spec, store, "cpu")
+    assert not any(e["decides"] for e in store.read_manifest("m")["rungs"][dtype]["layers"])
+    res, = replay(_skip_on(build(), "blocks.0.act", 128, 192), ids, spec, store, "cpu")
+    assert not res.passed and res.culprit == "blocks.0.act", verdicts([res])
+    assert "no near-tie explains it" in next(l.reason for l in res.layers if l.name == "blocks.0.act")
+
+    manifest = store.read_manifest("m")
+    for e in manifest["rungs"][dtype]["layers"]:
+        del e["decides"]
+    store.manifest_path("m").write_text(json.dumps(manifest))
+    old, = replay(_skip_on(build(), "blocks.0.act", 128, 192), ids, spec, store, "cpu")
+    assert "blocks.0.act" in old.extra["undecided"], verdicts([old])
+    assert old.culprit is None and old.passed == (dtype == "bfloat16"), verdicts([old])
+
+
+def test_capture_records_which_calls_make_discrete_choices() -> None:
+    """A router's top-k (and every block holding it) decides; its experts, fed the chosen tokens,
+    and the attention do not."""
+    spec = CheckSpec(name="m", dtypes=["float32"], drill=2)
+    store = GoldenStore(tempfile.mkdtemp(prefix="parity-decides-"))
+    capture(mixtral(), tokens(), spec, store, "cpu")
+    decides = {e["key"]: e["decides"] for e in store.read_manifest("m")["rungs"]["float32"]["layers"]}
+    assert decides["model.layers.0"] and decides["model.layers.0.mlp"] and decides["model.layers.0.mlp.gate"], decides
+    assert not decides["model.layers.0.self_attn"] and not decides["model.embed_tokens"], decides
 
 
 def test_a_router_bug_on_too_few_tokens_to_judge_is_reported_undecided() -> None:

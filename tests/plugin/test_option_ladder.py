@@ -79,3 +79,13 @@ def test_a_marker_option_it_cannot_use_fails_the_check_instead_of_being_ignored(
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([f"*InvalidArgument: @pytest.mark.parity*{says}*"])
     assert not (project.path / "goldens" / "tiny").exists()
+
+
+def test_a_misspelt_keyword_of_check_says_what_was_meant(project: pytest.Pytester) -> None:
+    """parity.check(..., ladr=False): Python's TypeError would name 'ladr' only, with a traceback."""
+    _write(project, extra=", ladr=False")
+    result = project.runpytest("--rocm-parity", "--parity-mode=capture")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*InvalidArgument: check() got unknown keyword argument 'ladr' "
+                                 "('ladr': did you mean 'ladder'?); its keywords are name, dtypes, *"])
+    assert not (project.path / "goldens" / "tiny").exists()

@@ -183,7 +183,7 @@ def test_manifest_tensor_file_name_escaping(golden: Golden, fname: str) -> None:
     (("fingerprint",), [1]), (("layers",), [{"nom": "fc1"}]), (("reference_env",), "cuda"), (("name",), 5),
     (("rungs", "float32", "file"), None), (("lm",), {"generate": "3"}),
     (("rungs", "float32", "layers", 0, "const_in"), ["x"]), (("rungs", "float32", "layers", 0, "in_tree"), []),
-    (("rungs", "float32", "layers", 0, "in_tree"), {"args": "set"}),
+    (("rungs", "float32", "layers", 0, "in_tree"), {"args": "set"}), (("rungs", "float32", "layers", 0, "decides"), "no"),
 ])
 def test_manifest_fields_of_wrong_type(golden: Golden, path: tuple[object, ...], value: object) -> None:
     """Every field the replay indexes is type-checked at load: GoldenCorrupt, not a TypeError."""
