@@ -72,6 +72,7 @@ class RunLog:
     passed: set[str] = field(default_factory=set)                 # ids whose call phase passed
     incomplete: set[str] = field(default_factory=set)             # ids with a phase failed or skipped
     owners: dict[str, str] = field(default_factory=dict)          # check name -> the test that ran it
+    ignored: bool = False                                         # --ignore or --ignore-glob skipped paths
 
     def complete_files(self) -> set[str]:
         return {f for f, ids in self.relevant.items()
@@ -79,7 +80,7 @@ class RunLog:
 
     def to_dict(self) -> dict[str, Any]:
         return {"relevant": {f: sorted(ids) for f, ids in self.relevant.items()}, "partial": sorted(self.partial),
-                "narrowed": sorted(self.narrowed), "owners": self.owners}
+                "narrowed": sorted(self.narrowed), "owners": self.owners, "ignored": self.ignored}
 
     def merge(self, other: dict[str, Any]) -> list[str]:
         """Add a worker's log; returns the duplicate-name errors seen across workers."""
@@ -87,6 +88,7 @@ class RunLog:
             self.relevant.setdefault(f, set()).update(ids)
         self.partial.update(other.get("partial", []))
         self.narrowed.update(other.get("narrowed", []))
+        self.ignored = self.ignored or bool(other.get("ignored"))
         errors = []
         for name, test in other.get("owners", {}).items():
             prev = self.owners.setdefault(name, test)
@@ -188,6 +190,8 @@ class ParitySession:
         self.leftovers: list[Path] = []   # files stopped captures left (GoldenStore.leftovers)
         self.pruned: list[str] = []
         self.run = RunLog()
+        self.deselected: set[str] = set()     # node ids reported deselected (pytest_deselected)
+        self.lost_worker = False              # an xdist worker went down without its report
         self.prune_lines: list[str] = []      # every path deleted (or, dry, that would be), and why not
         self.errors: list[str] = []           # run-level errors for the summary (duplicates across workers)
         self._regen_not_a_path(config)
@@ -275,6 +279,9 @@ class ParitySession:
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
         data = getattr(node, "workeroutput", {}).get(WORKER_KEY)
+        if error is not None or not data:
+            # a worker that crashed took its record of the goldens its checks used with it
+            self.lost_worker = True
         if data:
             payload = json.loads(data)
             self.results.extend(payload["results"])
@@ -282,6 +289,20 @@ class ParitySession:
             self.errors.extend(self.run.merge(payload.get("run", {})))
 
     # -- what ran: obsolete goldens and prune ------------------------------------------------------
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_collection_modifyitems(self, items: list[Any]) -> Any:
+        """A plugin or conftest that drops tests from ``items`` without reporting them deselected
+        (a sharding plugin, an environment filter) leaves their files partial, as a deselection does."""
+        before = {item.nodeid: test_file(item.nodeid) for item in items if uses_parity(item)}
+        try:
+            return (yield)
+        finally:
+            kept = {item.nodeid for item in items}
+            dropped = {f for nodeid, f in before.items() if nodeid not in kept and nodeid not in self.deselected}
+            if dropped:
+                self.run.narrowed.add("tests removed from the collection by a plugin or conftest")
+                self.run.partial.update(dropped)
+
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         config = session.config
         for item in session.items:
@@ -291,6 +312,10 @@ class ParitySession:
             if config.getoption(dest, None):
                 self.run.narrowed.add(flag)
         named = [a for a in config.args if "::" in a]
+        if config.getoption("ignore", None) or config.getoption("ignore_glob", None):
+            # collection skipped paths: a test file that is not under the rootdir any more may have
+            # moved under one of them, so no golden is obsolete for want of its file
+            self.run.ignored = True
         if named:
             self.run.narrowed.add("test ids on the command line")
             for a in named:   # the file's other tests were not collected
@@ -300,6 +325,7 @@ class ParitySession:
 
     def pytest_deselected(self, items: list[Any]) -> None:
         self.run.narrowed.add("deselected tests")
+        self.deselected.update(item.nodeid for item in items)
         for item in items:
             if uses_parity(item):
                 self.run.partial.add(test_file(item.nodeid))
@@ -329,9 +355,18 @@ class ParitySession:
         """
         if hasattr(self.store, "url"):
             return   # remote goldens are never listed obsolete nor pruned: their manifests are not local
+        self.leftovers = self.store.leftovers()
+        if self.lost_worker:   # which goldens its checks used is unknown: none is proven obsolete
+            if self.options.prune or self.options.prune_dry_run:
+                self.prune_lines.append(f"rocm-parity: {PRUNE} deleted nothing: an xdist worker crashed, and its "
+                                        f"record of the goldens its checks used went with it")
+            return
         complete = self.run.complete_files()
         collected = set().union(*self.run.relevant.values()) if self.run.relevant else set()
-        whole = self._whole_suite() and not self.run.narrowed
+        # The whole suite of the project that owns these goldens: unfiltered, and with at least one of
+        # its checks using them. A run of another project (a trivial suite, a command run from the
+        # wrong folder) has none of their test files, and must not read them as deleted.
+        whole = self._whole_suite() and not self.run.narrowed and not self.run.ignored and bool(self.goldens.used)
         root = Path(self.config.rootpath)
         found = []
         for name, d, manifest in self.store.goldens_on_disk():
@@ -345,7 +380,6 @@ class ParitySession:
                 continue
             self.obsolete.append(name)
             found.append((name, d, manifest))
-        self.leftovers = self.store.leftovers()
         if self.options.prune or self.options.prune_dry_run:
             self._prune_leftovers()
             self._prune(found, session, exitstatus)
@@ -360,7 +394,11 @@ class ParitySession:
             self.prune_lines.append(f"rocm-parity: {len(self.leftovers)} leftover file(s) of stopped captures not "
                                     f"deleted: CI=true; pass {ALLOW_WRITE} to override")
             return
-        done = self.leftovers if dry else self.store.remove_leftovers(self.leftovers)
+        try:
+            done = self.leftovers if dry else self.store.remove_leftovers(self.leftovers)
+        except OSError as exc:
+            self.prune_lines.append(f"rocm-parity: leftover files of stopped captures not deleted: {exc}")
+            return
         for p in done:
             self.prune_lines.append(f"rocm-parity: {'would delete' if dry else 'deleted'} {p} (left by a capture "
                                     f"that was stopped before its manifest was written)")
@@ -369,8 +407,8 @@ class ParitySession:
 
     def _prune_refusal(self, session: pytest.Session | None, exitstatus: int) -> str:
         if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
-            return ("the run collected no tests, so it proves nothing obsolete; run from the project's rootdir or "
-                    "pass its test paths")
+            return ("the run ran no tests (none collected, or every one deselected), so it proves nothing obsolete; "
+                    "run from the project's rootdir or pass its test paths")
         if exitstatus != 0 or (session is not None and (session.shouldstop or session.shouldfail)):
             return (f"the run did not pass (exit status {exitstatus}); a failed, stopped or interrupted run may not "
                     f"have reached every check. Prune after a run that passes")
@@ -389,7 +427,8 @@ class ParitySession:
             self.prune_lines.append(f"rocm-parity: {PRUNE}: no obsolete goldens under {self.store.root}")
             return
         if why:
-            self.prune_lines.append(f"rocm-parity: {PRUNE} {'would delete' if dry else 'deleted'} nothing: {why}")
+            self.prune_lines.append(f"rocm-parity: {PRUNE} {'would delete' if dry else 'deleted'} no obsolete "
+                                    f"golden: {why}")
             return
         for name, d, manifest in found:
             if not self.store.ours(d, manifest):
@@ -397,8 +436,13 @@ class ParitySession:
                     f"rocm-parity: not deleted: {d}: its manifest lacks \"tool\": \"pytest-rocm-parity\" (a golden of "
                     f"an older version, or a directory this tool did not write); delete it by hand if it is obsolete")
                 continue
-            for p in self.store.delete(d, dry_run=dry):
-                self.prune_lines.append(f"rocm-parity: {'would delete' if dry else 'deleted'} {p}")
+            try:
+                for p in self.store.delete(d, dry_run=dry):
+                    self.prune_lines.append(f"rocm-parity: {'would delete' if dry else 'deleted'} {p}")
+            except OSError as exc:
+                self.prune_lines.append(f"rocm-parity: could not delete {d}: {exc}; what it still holds is listed "
+                                        f"as obsolete or leftover by the next run")
+                continue
             if not dry:
                 self.pruned.append(name)
 

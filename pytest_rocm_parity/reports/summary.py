@@ -97,6 +97,13 @@ def _listed(items: list[str]) -> str:
     return ", ".join(items[:MAX_LISTED]) + (f" ... (+{len(items) - MAX_LISTED})" if len(items) > MAX_LISTED else "")
 
 
+def kept_label(regen: str | None) -> str:
+    """Why existing goldens were kept: a run given --parity-regen already uses the flag."""
+    if regen is None:
+        return "kept (exists; use --parity-regen)"
+    return f"kept (exists; --parity-regen={regen} does not match them)"
+
+
 def summary_lines(session: Any) -> list[str]:
     res = session.results
     g = session.goldens
@@ -125,7 +132,7 @@ def summary_lines(session: Any) -> list[str]:
                           getattr(g, "corrupt", [])),
                          ("stale (they describe another model, inputs or setting: see each error)",
                           getattr(g, "stale", [])),
-                         ("kept (exists; use --parity-regen)", g.kept),
+                         (kept_label(getattr(getattr(session, "options", None), "regen", None)), g.kept),
                          ("obsolete (no collected test uses them; --parity-prune-obsolete deletes)", obsolete),
                          ("pruned", pruned)):
         if items:

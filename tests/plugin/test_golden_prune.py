@@ -78,7 +78,7 @@ def test_partial_selection_prunes_nothing(renamed: pytest.Pytester, args: list[s
     assert "alpha" in goldens(renamed)
     assert "rocm-parity: deleted" not in result.stdout.str()
     if "goldens obsolete" in result.stdout.str():
-        result.stdout.fnmatch_lines([f"*{PRUNE} deleted nothing: this run was a partial selection*"])
+        result.stdout.fnmatch_lines([f"*{PRUNE} deleted no obsolete golden: this run was a partial selection*"])
 
 
 def test_failed_run_prunes_nothing_and_a_failing_file_is_not_obsolete(renamed: pytest.Pytester,
@@ -91,9 +91,9 @@ def test_plain_failure():
     result = renamed.runpytest("--rocm-parity", PRUNE)
     result.assert_outcomes(passed=3, failed=1)
     assert "alpha" in goldens(renamed)
-    result.stdout.fnmatch_lines([f"*{PRUNE} deleted nothing: the run did not pass (exit status 1)*"])
+    result.stdout.fnmatch_lines([f"*{PRUNE} deleted no obsolete golden: the run did not pass (exit status 1)*"])
     dry = renamed.runpytest("--rocm-parity", PRUNE, "--parity-prune-dry-run")
-    dry.stdout.fnmatch_lines([f"*{PRUNE} would delete nothing: the run did not pass (exit status 1)*"])
+    dry.stdout.fnmatch_lines([f"*{PRUNE} would delete no obsolete golden: the run did not pass (exit status 1)*"])
     # a parity test that fails may not have reached every check of its test: its file proves nothing
     monkeypatch.setenv("BUG", "1")
     result = renamed.runpytest("--rocm-parity", PRUNE, "test_a.py")
@@ -157,7 +157,7 @@ def test_prune_obeys_the_ci_write_guard(renamed: pytest.Pytester, monkeypatch: p
     result = renamed.runpytest("--rocm-parity", PRUNE)
     result.assert_outcomes(passed=3)
     assert "alpha" in goldens(renamed)
-    result.stdout.fnmatch_lines([f"*deleted nothing: CI=true*{ALLOW_WRITE}*"])
+    result.stdout.fnmatch_lines([f"*deleted no obsolete golden: CI=true*{ALLOW_WRITE}*"])
     renamed.runpytest("--rocm-parity", PRUNE, ALLOW_WRITE).assert_outcomes(passed=3)
     assert "alpha" not in goldens(renamed)
 
@@ -177,7 +177,7 @@ def test_a_run_that_collected_no_tests_says_so_instead_of_no_obsolete_goldens(re
     (renamed.path / "empty").mkdir()
     result = renamed.runpytest("--rocm-parity", PRUNE, PRUNE_DRY_RUN, "empty")
     assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
-    result.stdout.fnmatch_lines([f"rocm-parity: {PRUNE} would delete nothing: the run collected no tests*rootdir*"])
+    result.stdout.fnmatch_lines([f"rocm-parity: {PRUNE} would delete no obsolete golden: the run ran no tests*rootdir*"])
     assert "no obsolete goldens" not in result.stdout.str() and "alpha" in goldens(renamed)
 
 
@@ -267,3 +267,69 @@ def test_files_a_killed_capture_left_are_listed_and_pruned(project: pytest.Pytes
     assert not any(p.exists() for p in orphans) and not (project.path / "goldens" / "fresh").exists()
     assert {p.name: p.read_bytes() for p in kept.iterdir()} == before
     assert "leftover files" not in project.runpytest("--rocm-parity", "test_kept.py").stdout.str()
+
+
+def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                                         os.environ.get("PYTHONPATH", "")])}
+    env.pop("CI", None)
+    cmd = [sys.executable, "-c", "import sys; from pytest_rocm_parity.cli import main; sys.exit(main())", *args]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_prune_from_another_projects_folder_deletes_nothing(renamed: pytest.Pytester) -> None:
+    """`rocm-parity golden prune DIR` run from a folder whose suite passes but has none of these
+    goldens' test files: a run with no check of them proves no test file deleted."""
+    other = renamed.path / "otherproj"
+    other.mkdir()
+    (other / "pytest.ini").write_text("[pytest]\n")
+    (other / "test_trivial.py").write_text("def test_ok():\n    assert True\n")
+    before = goldens(renamed)
+    proc = _cli(other, "golden", "prune", str(renamed.path / "goldens"), "--", "-p", "no:cacheprovider", "-q")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert goldens(renamed) == before and "rocm-parity: deleted" not in proc.stdout, proc.stdout
+
+
+def test_ignored_paths_make_no_missing_test_file_a_deleted_one(renamed: pytest.Pytester) -> None:
+    """test_b.py moved under an ignored folder: its golden still names the old path, which is gone
+    from the rootdir; --ignore narrowed the suite, so that proves nothing."""
+    (renamed.path / "slow").mkdir()
+    (renamed.path / "test_b.py").rename(renamed.path / "slow" / "test_b.py")
+    result = renamed.runpytest("--rocm-parity", PRUNE, "--ignore=slow")
+    result.assert_outcomes(passed=2)
+    assert "beta" in goldens(renamed) and "alpha" not in goldens(renamed)
+
+
+def test_tests_a_conftest_drops_without_deselecting_make_their_file_partial(renamed: pytest.Pytester) -> None:
+    """A sharding plugin or an environment filter that removes items from the list: test_other's
+    golden is not obsolete because its test did not run here."""
+    with (renamed.path / "conftest.py").open("a") as f:
+        f.write("\n\ndef pytest_collection_modifyitems(items):\n"
+                "    items[:] = [i for i in items if i.name != 'test_other']\n")
+    result = renamed.runpytest("--rocm-parity", PRUNE)
+    result.assert_outcomes(passed=2)
+    assert "other" in goldens(renamed) and "alpha" in goldens(renamed)
+    result.stdout.fnmatch_lines(["*partial selection (tests removed from the collection by a plugin or conftest)*"])
+
+
+def test_a_golden_directory_that_cannot_be_written_is_a_line_not_a_traceback(renamed: pytest.Pytester,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-only golden directory (a mount, a checkout without write permission)."""
+    from pytest_rocm_parity.golden.store import GoldenStore
+
+    def read_only(self: GoldenStore, d: Path, dry_run: bool = False) -> list[Path]:
+        raise OSError(30, "Read-only file system", str(d / "manifest.json"))
+    monkeypatch.setattr(GoldenStore, "delete", read_only)
+    result = renamed.runpytest("--rocm-parity", PRUNE)
+    result.assert_outcomes(passed=3)
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["rocm-parity: could not delete */goldens/alpha: *Read-only file system*"])
+    assert "alpha" in goldens(renamed)
+
+
+def test_a_regen_run_says_why_it_kept_the_goldens_it_did_not_match(renamed: pytest.Pytester) -> None:
+    result = renamed.runpytest("--rocm-parity", "--parity-regen=beta", "--parity-mode=capture")
+    result.assert_outcomes(passed=1, skipped=2)
+    result.stdout.fnmatch_lines(["goldens kept (exists; --parity-regen=beta does not match them): alpha2, other"])
+    plain = renamed.runpytest("--rocm-parity", "--parity-mode=capture")
+    plain.stdout.fnmatch_lines(["goldens kept (exists; use --parity-regen): *"])

@@ -51,3 +51,30 @@ def test_one_gpu_per_worker(fake_gpus: list[int]) -> None:
 def test_more_workers_than_gpus_is_refused(fake_gpus: list[int]) -> None:
     with pytest.raises(BackendUnavailable, match="gw2 has no GPU of its own .2 visible.*pytest -n 2"):
         resolve_device("cuda", worker=2)
+
+
+CRASH = '''
+import os, signal
+from conftest import make_model, make_inputs
+
+def test_used(parity):
+    parity.check(make_model(), make_inputs(), name="used", dtypes=["float32"])
+
+def test_crash():
+    if os.environ.get("CRASH"):
+        os.kill(os.getpid(), signal.SIGKILL)
+'''
+
+
+def test_a_crashed_worker_leaves_no_golden_called_obsolete(project: pytest.Pytester,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker that ran test_used crashed later: its record of the goldens its checks used is
+    lost, so the golden test_used just passed against must not be listed obsolete."""
+    project.makepyfile(test_crash=CRASH)
+    project.runpytest_subprocess("-n", "1", "--rocm-parity", "--parity-mode=capture",
+                                 "test_crash.py").assert_outcomes(passed=2)
+    monkeypatch.setenv("CRASH", "1")
+    result = project.runpytest_subprocess("-n", "1", "--rocm-parity", "-p", "no:randomly", "test_crash.py")
+    result.assert_outcomes(passed=1, failed=1)
+    assert "goldens obsolete" not in result.stdout.str(), result.stdout.str()
+    assert (project.path / "goldens" / "used" / "manifest.json").exists()
