@@ -257,10 +257,14 @@ def _build_message(result: OpResult) -> str:
         for o in result.outputs:
             if o.passed:
                 continue
-            lines.append(f"  {o.path}: shape {list(o.shape)}, {o.dtype} judged as {o.judged_as}")
+            if o.judged_as == "structure":
+                lines.append(f"  {o.path}: {o.reason}")
+                continue
+            lines.append(f"  {o.path}: shape {list(o.shape)}, {o.dtype}"
+                         + (f" judged as {o.judged_as}" if o.judged_as != "shape" else ""))
             if o.reason:
                 lines.append(f"    {o.reason}")
-            if o.numel:
+            if o.numel and o.judged_as != "shape":
                 pct = 100.0 * o.mismatches / o.numel
                 lines.append(f"    Mismatched elements: {o.mismatches} / {o.numel} ({pct:.1f}%)")
             if o.worst_index is not None:
@@ -268,7 +272,9 @@ def _build_message(result: OpResult) -> str:
                              f"candidate {o.worst_candidate!r}, truth {o.worst_truth!r}, tol {o.worst_tol:.3g}")
                 lines.append(f"    Greatest absolute difference: {o.max_abs_err:.6g}")
     lines.append(f"Candidate: {result.candidate} on {result.device}; truth: {result.reference} in float64 on cpu")
-    lines.append(f"Error model: {result.model}")
+    floating = any(o.judged_as not in ("exact", "shape", "structure") for o in result.outputs)
+    lines.append(f"Error model: {result.model}" if floating or result.error else
+                 "Error model: exact (no floating output: integer, bool and other values must match)")
     lines.append("Inputs:")
     lines.extend(f"  {text}" for text in result.inputs)
     if result.reproduction:
@@ -601,6 +607,7 @@ def _judge(path: str, cand: Any, truth: Any, scale: Any, model: ErrorModel, judg
     if tuple(truth.shape) != shape:
         rec.passed = False
         rec.reason = f"shape {list(shape)} but the truth has shape {list(truth.shape)}"
+        rec.judged_as = "shape"
         return rec
     c = cand.detach().to("cpu", torch.float64)
     t = truth.detach().to("cpu", torch.float64)
@@ -709,6 +716,10 @@ def _unpack(args: tuple[Any, ...], kwargs: dict[str, Any], model: ErrorModel | N
             ) -> tuple[tuple[Any, ...], dict[str, Any], ErrorModel]:
     if model is not None and not isinstance(model, ErrorModel):
         raise InvalidArgument(f"dtype_policy={model!r} must be an ErrorModel (or None for the defaults)")
+    if len(args) > 1 and any(isinstance(a, OpArgs) for a in args):
+        raise InvalidArgument(f"compare_op got an OpArgs (a strategy's whole argument list) beside "
+                              f"{len(args) - 1} more positional argument(s); pass the OpArgs alone, or add the "
+                              f"arguments to it: OpArgs((*case.args, extra), case.kwargs)")
     if len(args) == 1 and isinstance(args[0], OpArgs):
         case = args[0]
         model = model or ErrorModel()
@@ -735,6 +746,7 @@ def check_op(candidate: Callable[..., Any], reference: Callable[..., Any], *args
     A single ``OpArgs`` positional argument is unpacked (its reduction length and
     magnitude feed the error model unless ``dtype_policy`` sets them).
     """
+    names = args[0].names if len(args) == 1 and isinstance(args[0], OpArgs) else ()
     args, kwargs, model = _unpack(args, kwargs, dtype_policy)
     dev = _resolve_device(device)
     k = model.reduction_length or _default_k(args, kwargs)
@@ -742,7 +754,7 @@ def check_op(candidate: Callable[..., Any], reference: Callable[..., Any], *args
     in_dtypes = _input_dtypes(args, kwargs)
     judged = _lowest(in_dtypes)
     result = OpResult(passed=False, candidate=_qualname(candidate), reference=_qualname(reference), device=str(dev),
-                      inputs=[f"{n}: {describe_value(v)}" for n, v in _named(args, kwargs)],
+                      inputs=[f"{n}: {describe_value(v)}" for n, v in _named(args, kwargs, names)],
                       reduction_length=k, model=model.describe(judged, k, tf32))
     truth, scale, alternative = _truth(reference, model, args, kwargs)
     with torch.no_grad():
@@ -775,8 +787,10 @@ def compare_op(candidate: Callable[..., Any], reference: Callable[..., Any], *ar
     return result
 
 
-def _named(args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[tuple[str, Any]]:
-    return [(f"args[{i}]", a) for i, a in enumerate(args)] + list(kwargs.items())
+def _named(args: Sequence[Any], kwargs: Mapping[str, Any], names: Sequence[str] = ()) -> list[tuple[str, Any]]:
+    """Each input with its label: the strategy's name for it where it gave one (OpArgs.names)."""
+    return [(f"args[{i}] ({names[i]})" if i < len(names) else f"args[{i}]", a) for i, a in enumerate(args)] \
+        + list(kwargs.items())
 
 
 # --------------------------------------------------------------------------- golden replay

@@ -143,7 +143,29 @@ def test_candidate_exceptions_become_parity_failures():
 
 def test_shape_mismatch_is_reported():
     result = check_op(lambda t: t.sum(0), lambda t: t, torch.ones(2, 3), device="cpu")
-    assert not result.passed and "shape [3] but the truth has shape [2, 3]" in result.message()
+    msg = result.message()
+    assert not result.passed and "  out: shape [3], float32\n    shape [3] but the truth has shape [2, 3]\n" in msg
+    assert "Mismatched elements" not in msg and "judged as" not in msg
+
+
+def test_a_structure_mismatch_and_an_integer_output_say_only_what_applies():
+    x = torch.randn(4, 8)
+    msg = check_op(lambda t: (F.silu(t), t), F.silu, x, device="cpu").message()
+    assert "  out: candidate returned ['out[0]', 'out[1]'] but the truth ['out']\n" in msg and "shape []" not in msg
+    msg = check_op(lambda t: t.argmax(-1) + 1, lambda t: t.argmax(-1), x, device="cpu").message()
+    assert "Error model: exact (no floating output" in msg and "ulp" not in msg
+
+
+def test_inputs_carry_the_names_the_strategy_gave_them():
+    case = S.OpArgs((torch.randn(4, 8), torch.randn(8, 3)), names=("a", "b"))
+    msg = check_op(lambda a, b: a @ b * 1.01, torch.matmul, case, device="cpu").message()
+    assert "  args[0] (a): float32[4, 8]" in msg and "  args[1] (b): float32[8, 3]" in msg
+
+
+def test_an_opargs_beside_more_positional_arguments_is_refused():
+    case = S.OpArgs((torch.randn(4, 8), (8,), None, 1e-6))
+    with pytest.raises(InvalidArgument, match="pass the OpArgs alone"):
+        compare_op(F.rms_norm, F.rms_norm, case, 3, device="cpu")
 
 
 def test_tuple_outputs_are_judged_leaf_by_leaf():
