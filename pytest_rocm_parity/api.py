@@ -177,8 +177,11 @@ class Parity:
         exists = s.store.exists(spec.name)
         if s.capturing:
             if exists and not s.regen_matches(spec.name):
-                try:   # the manifest only: a damaged tensor file shows on replay, which hashes every byte
-                    s.store.read_manifest(spec.name)
+                try:   # the manifest, and each tensor file there at its size; replay hashes every byte
+                    manifest = s.store.read_manifest(spec.name)
+                    if not hasattr(s.store, "url"):   # a remote store would fetch the files to check them
+                        for rung in manifest["rungs"]:
+                            s.store.rung_file(spec.name, manifest, rung)
                 except GoldenCorrupt as exc:
                     s.goldens.corrupt.append(spec.name)
                     pytest.skip(f"golden for {spec.name!r} exists but is corrupt ({exc}); capture never overwrites: "
