@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pytest_rocm_parity.judging.records import CheckResult, LayerRecord, LeafMetrics
@@ -174,11 +175,36 @@ def _fail_confined(result: CheckResult, tol: Tolerance) -> None:
                         + (f" (output {l.iso.leaf})" if l.iso.leaf not in ("", "0") else ""))
 
 
-def note_undecided(result: CheckResult, tol: Tolerance) -> None:
+def _near_tie_outputs(result: CheckResult, tol: Tolerance) -> list[str]:
+    """Pass the model outputs that fail the propagated rule on a few blocks only, in a model whose
+    reference made discrete choices (a router's top-k): a near-tie flipped upstream sends a few
+    tokens elsewhere, and their outputs differ whole, as on a correct backend; the notes say so.
+    Returns the names passed."""
+    deciders = [l.name for l in result.layers if l.decides]
+    passed = []
+    for o in result.outputs:
+        m = o.prop
+        if deciders and not o.prop_passed and m is not None and m.kind == "float" and not m.nonfinite \
+                and not m.noise > m.err_ref and m.ratio > 0 and math.isfinite(m.ratio):
+            ratio = Rule.of(tol.for_layer(o.name), result.dtype).propagated_ratio(m)
+            bound = m.ratio_lo / m.ratio * ratio   # the ratio's lower bound, against this rule's floor
+            if bound <= o.prop_budget:
+                o.prop_passed = o.passed = True
+                passed.append(o.name)
+                result.notes.append(
+                    f"{o.name}: propagated error {ratio:.3g}x the reference's (budget {o.prop_budget:g}x), but "
+                    f"concentrated on a few blocks (bound {bound:.3g}x) of a model whose reference makes discrete "
+                    f"choices ({', '.join(deciders[:2])}{'...' if len(deciders) > 2 else ''}): tokens sent "
+                    f"elsewhere at near-ties, as a correct backend does too; it passes. To decide, capture more "
+                    f"tokens")
+    return passed
+
+
+def note_undecided(result: CheckResult, tol: Tolerance, outputs: Sequence[str] = ()) -> None:
     """Name the passing layers the data could not decide (_few_blocks), in extra and in notes."""
     undecided = [l for l in result.layers if _few_blocks(l, tol.for_layer(l.name).z)]
-    if undecided:
-        result.extra["undecided"] = [l.name for l in undecided]
+    if undecided or outputs:
+        result.extra["undecided"] = [l.name for l in undecided] + list(outputs)
         result.notes += [_few_blocks_note(l) for l in undecided[:3]]
 
 
@@ -196,7 +222,7 @@ def finish(result: CheckResult, tol: Tolerance) -> CheckResult:
             break
         div = child
     result.first_divergent = div.name if div else None
-    note_undecided(result, tol)
+    note_undecided(result, tol, _near_tie_outputs(result, tol))
     outputs_ok = all(o.prop_passed for o in result.outputs)
     result.passed = not failing and outputs_ok
     if not outputs_ok and not failing:
