@@ -34,7 +34,7 @@ from pytest_rocm_parity.runner.engine import (
     submodule,
     walk_model,
 )
-from pytest_rocm_parity.errors import GoldenStale
+from pytest_rocm_parity.errors import GoldenCorrupt, GoldenStale
 from pytest_rocm_parity.golden.store import GoldenStore, RungReader, expected_digest
 from pytest_rocm_parity.judging.judge import Rule, finish, judge_layer, leaf_failure
 from pytest_rocm_parity.judging.records import NOT_CALLED, CheckResult, LayerRecord, LeafMetrics
@@ -282,36 +282,53 @@ def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device:
     args0, kwargs0 = normalize_inputs(inputs)
     cand_env = env or collect_env(str(home_device(inner, device)))
     results = []
+    corrupt: GoldenCorrupt | None = None
     for rung in spec.dtypes:
-        meta = manifest["rungs"][rung]
-        path = store.rung_file(spec.name, manifest, rung)
-        reader = RungReader(path, str(home_device(inner, device)), expected_digest(meta), background_verify=True)
         try:
-            _preload(reader, spec)
-            why = _inputs_changed(args0, kwargs0, reader, rung, meta)
-            if why:
-                raise GoldenStale(
-                    f"stale golden {mpath} for {spec.name!r}: {why}. A replay judges the candidate on the inputs the golden "
-                    f"stored, so the test must build the same ones; if the test's inputs changed on purpose, regenerate: {spec.regen_command or 'pytest --rocm-parity --parity-regen=' + shell_quote(spec.name)}. "
-                    f"If they differ only by backend RNG, build them on the CPU with a seeded torch.Generator.", mpath)
-            with explained_by(spec.name, autocast):
-                result = _replay_rung(model, spec, meta, reader, rung, device, {"args": args0, "kwargs": kwargs0})
-        except Exception:
-            reader.verification.result()   # a damaged file is named before the error it caused
-            raise
-        finally:
-            reader.release()
-        reader.verification.result()
-        result.notes.extend(tree_notes)
-        if autocast and not result.passed:
-            # a setting that differs from the capture's explains a failure before any module does
-            result.extra["setting"] = autocast
-        result.reference_env = manifest.get("reference_env", {})
-        result.candidate_env = cand_env
-        result.golden = str(path)
-        results.append(result)
-        del reader
+            results.append(_replay_one(model, inner, spec, store, manifest, mpath, rung, device, args0, kwargs0,
+                                       autocast, tree_notes, cand_env))
+        except GoldenCorrupt as exc:   # the other rungs are judged all the same: the error says what they found
+            corrupt = corrupt or exc
+    if corrupt is not None:
+        if results:
+            raise GoldenCorrupt(f"{corrupt}. The intact rungs were judged: " + "; ".join(
+                f"{r.dtype} {'passed' if r.passed else 'FAILED' + (f' (culprit {r.culprit})' if r.culprit else '')}"
+                for r in results), corrupt.path) from corrupt
+        raise corrupt
     return results
+
+
+def _replay_one(model: Any, inner: Any, spec: CheckSpec, store: GoldenStore, manifest: dict[str, Any], mpath: str,
+                rung: str, device: str, args0: Any, kwargs0: Any, autocast: str | None, tree_notes: list[str],
+                cand_env: dict[str, Any]) -> CheckResult:
+    """One rung of replay(): its file read, checked and judged."""
+    meta = manifest["rungs"][rung]
+    path = store.rung_file(spec.name, manifest, rung)
+    reader = RungReader(path, str(home_device(inner, device)), expected_digest(meta), background_verify=True)
+    try:
+        _preload(reader, spec)
+        why = _inputs_changed(args0, kwargs0, reader, rung, meta)
+        if why:
+            raise GoldenStale(
+                f"stale golden {mpath} for {spec.name!r}: {why}. A replay judges the candidate on the inputs the golden "
+                f"stored, so the test must build the same ones; if the test's inputs changed on purpose, regenerate: {spec.regen_command or 'pytest --rocm-parity --parity-regen=' + shell_quote(spec.name)}. "
+                f"If they differ only by backend RNG, build them on the CPU with a seeded torch.Generator.", mpath)
+        with explained_by(spec.name, autocast):
+            result = _replay_rung(model, spec, meta, reader, rung, device, {"args": args0, "kwargs": kwargs0})
+    except Exception:
+        reader.verification.result()   # a damaged file is named before the error it caused
+        raise
+    finally:
+        reader.release()
+    reader.verification.result()
+    result.notes.extend(tree_notes)
+    if autocast and not result.passed:
+        # a setting that differs from the capture's explains a failure before any module does
+        result.extra["setting"] = autocast
+    result.reference_env = manifest.get("reference_env", {})
+    result.candidate_env = cand_env
+    result.golden = str(path)
+    return result
 
 
 PRELOAD_FRACTION = 0.5

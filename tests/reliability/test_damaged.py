@@ -420,3 +420,19 @@ def test_the_fast_digest_is_the_one_checked(golden: Golden) -> None:
     m["rungs"]["float32"]["xxh3_128"] = "0" * 32
     golden.write_manifest(m)
     message_names(corrupt(golden, "content hash differs"), golden.tensor_file(), RECAPTURE)
+
+
+def test_a_corrupt_rung_leaves_the_intact_ones_judged_and_says_what_they_found(tmp_path: Path) -> None:
+    """The bfloat16 file has a flipped byte; the float32 rung is intact, judged, and its verdict is
+    in the error, which still names the damaged file."""
+    from reliability_helpers import make_golden
+
+    g = make_golden(tmp_path, dtypes=("bfloat16", "float32"))
+    p = g.tensor_file("bfloat16")
+    raw = bytearray(p.read_bytes())
+    raw[-3] ^= 0xFF
+    p.write_bytes(bytes(raw))
+    with pytest.raises(GoldenCorrupt) as info:
+        g.replay()
+    message_names(info.value, p)
+    assert str(info.value).endswith("The intact rungs were judged: float32 passed"), str(info.value)
