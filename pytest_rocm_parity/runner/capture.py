@@ -430,7 +430,7 @@ class DataFlow:
         self._carriers: dict[int, Any] = {}
         self._paused = 0
         # operations that made a discrete choice on activations so far (_decides); a module call
-        # that ran none cannot flip at a near-tie (judging.md, "Undecided")
+        # that ran none cannot flip at a near-tie (judging.md, "Confined faults fail")
         self.decisions = 0
         outer = self
 
