@@ -79,6 +79,15 @@ def leaf_failure(m: LeafMetrics, tol: Tolerance, rung: str, isolated: bool) -> s
     return Rule.of(tol, rung).failure(m, isolated)
 
 
+def may_fail(m: LeafMetrics, tol: Tolerance, rung: str, isolated: bool) -> bool:
+    """Whether the leaf fails, or may fail once its layer is judged whole: far over budget on a few
+    blocks, which fails a module that makes no discrete choice (_fail_confined)."""
+    r = Rule.of(tol, rung)
+    return bool(r.failure(m, isolated)) or (
+        isolated and m.kind == "float" and not m.nonfinite and not m.noise > m.err_ref
+        and m.ratio > UNDECIDED_OVER * r.budget and m.ratio_lo <= r.budget and m.z > r.z)
+
+
 # At most this share of an integer output's elements may differ where every floating output of the
 # same call passes: a router's top-k indices flip at near-ties of its scores (docs/judging.md).
 NEAR_TIE_SHARE = 0.01
@@ -180,7 +189,9 @@ def _near_tie_outputs(result: CheckResult, tol: Tolerance) -> list[str]:
     reference made discrete choices (a router's top-k): a near-tie flipped upstream sends a few
     tokens elsewhere, and their outputs differ whole, as on a correct backend; the notes say so.
     Returns the names passed."""
-    deciders = [l.name for l in result.layers if l.decides]
+    deciding = [l.name for l in result.layers if l.decides]
+    # the innermost: a block decides because its router does, and the router is the one to name
+    deciders = [n for n in deciding if not any(o.startswith(n + ".") for o in deciding)]
     passed = []
     for o in result.outputs:
         m = o.prop
@@ -190,6 +201,7 @@ def _near_tie_outputs(result: CheckResult, tol: Tolerance) -> list[str]:
             bound = m.ratio_lo / m.ratio * ratio   # the ratio's lower bound, against this rule's floor
             if bound <= o.prop_budget:
                 o.prop_passed = o.passed = True
+                o.reason = ""   # it passes: the note says why it is undecided
                 passed.append(o.name)
                 result.notes.append(
                     f"{o.name}: propagated error {ratio:.3g}x the reference's (budget {o.prop_budget:g}x), but "

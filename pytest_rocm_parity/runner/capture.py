@@ -442,16 +442,18 @@ class DataFlow:
                 if not outer._paused and outer._carriers and outer._any_carrier(args, kwargs):
                     leaves = _leaves_of(out)
                     outer.mark(leaves)
-                    if _decides(func, out, leaves):
+                    if _decides(func, out, leaves, kwargs) and outer._any_carrier(args, kwargs, floating=True):
                         outer.decisions += 1
                 return out
         self._mode = _Mode()
 
-    def _any_carrier(self, args: Any, kwargs: Any) -> bool:
+    def _any_carrier(self, args: Any, kwargs: Any, floating: bool = False) -> bool:
+        """Whether an activation is among the arguments (``floating``: a floating one: integer work on
+        a router's indices chooses nothing new)."""
         carriers = self._carriers
         for x in _leaves_of((args, kwargs)):
             r = carriers.get(id(x))
-            if r is not None and r() is x:
+            if r is not None and r() is x and (not floating or x.is_floating_point() or x.is_complex()):
                 return True
         return False
 
@@ -494,11 +496,16 @@ _DISCRETE = frozenset({"round", "round_", "floor", "floor_", "ceil", "ceil_", "t
                        "sign", "sign_", "sgn", "sgn_", "heaviside", "__bool__"})
 
 
-def _decides(func: Any, out: Any, leaves: list[Any]) -> bool:
-    """Whether an operation on activations made a discrete choice: an integer or bool result (a
-    comparison, a router's top-k indices, a cast to integers), or one of _DISCRETE."""
-    if getattr(func, "__name__", "") in _DISCRETE or isinstance(out, bool):
+def _decides(func: Any, out: Any, leaves: list[Any], kwargs: Any) -> bool:
+    """Whether an operation on floating activations made a discrete choice: an integer or bool result
+    (a comparison, a router's top-k indices, a cast to integers), or one of _DISCRETE. A sum asked
+    to accumulate in an integer dtype (``cumsum(counts, dtype=torch.int32)``: an experts kernel's
+    offsets from its token counts) is arithmetic, not a choice."""
+    name = getattr(func, "__name__", "")
+    if name in _DISCRETE or isinstance(out, bool):
         return True
+    if kwargs and kwargs.get("dtype") is not None and name not in ("to", "type"):
+        return False
     return any(not (t.is_floating_point() or t.is_complex()) for t in leaves)
 
 

@@ -36,7 +36,7 @@ from pytest_rocm_parity.runner.engine import (
 )
 from pytest_rocm_parity.errors import GoldenCorrupt, GoldenStale
 from pytest_rocm_parity.golden.store import GoldenStore, RungReader, expected_digest
-from pytest_rocm_parity.judging.judge import Rule, finish, judge_layer, leaf_failure
+from pytest_rocm_parity.judging.judge import Rule, finish, judge_layer, leaf_failure, may_fail
 from pytest_rocm_parity.judging.records import NOT_CALLED, CheckResult, LayerRecord, LeafMetrics
 from pytest_rocm_parity.runner.selection import Selected, select
 from pytest_rocm_parity.judging.tolerance import Tolerance
@@ -472,7 +472,7 @@ class _Judge:
 
     def keep_if_failing(self, m: LeafMetrics, c: Any, tol: Tolerance, isolated: bool, tag: str) -> None:
         """Keep a host copy of a leaf that fails, for the failing-tensor export (--parity-report)."""
-        if self.obtained is not None and leaf_failure(m, tol, self.rung, isolated):
+        if self.obtained is not None and may_fail(m, tol, self.rung, isolated):
             self.obtained[tag] = c.detach().to("cpu").contiguous()
 
 

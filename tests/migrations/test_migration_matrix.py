@@ -248,9 +248,17 @@ def test_a_fault_on_one_tile_of_a_module_without_choices_fails_and_is_named(dtyp
     store = GoldenStore(tmp_path)
     capture(build(), ids, spec, store, "cpu")
     assert not any(e["decides"] for e in store.read_manifest("m")["rungs"][dtype]["layers"])
-    res, = replay(_skip_on(build(), "blocks.0.act", 128, 192), ids, spec, store, "cpu")
+    res, = replay(_skip_on(build(), "blocks.0.act", 128, 192), ids, replace(spec, report_dir=tmp_path / "rep"),
+                  store, "cpu")
     assert not res.passed and res.culprit == "blocks.0.act", verdicts([res])
     assert "no near-tie explains it" in next(l.reason for l in res.layers if l.name == "blocks.0.act")
+    # the failing-tensor export holds the culprit's output, and the model output where it failed too
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "rep" / res.extra["failing_tensors"]), "pt") as f:
+        saved = set(f.keys())
+    assert "blocks.0.act/0/isolated" in saved, saved
+    assert ("<output>.0/propagated" in saved) == (not res.outputs[0].passed), saved
 
     manifest = store.read_manifest("m")
     for e in manifest["rungs"][dtype]["layers"]:
@@ -279,7 +287,9 @@ def test_router_near_ties_that_move_a_few_tokens_logits_pass_as_undecided() -> N
     ids = {"input_ids": torch.randint(3, 128, (2, 8), generator=torch.Generator().manual_seed(1)), "use_cache": False}
     res, = capture_then_replay(lambda: build("eager"), build("sdpa"), ids, CheckSpec(name="m", dtypes=["bfloat16"]))
     assert res.passed and res.extra["undecided"] == ["<output>.logits"], verdicts([res])
-    assert any(n.startswith("<output>.logits: propagated error") and "near-ties" in n for n in res.notes), res.notes
+    assert any(n.startswith("<output>.logits: propagated error") and "near-ties" in n
+               and "(model.layers.0.mlp.gate, model.layers.1.mlp.gate)" in n for n in res.notes), res.notes
+    assert res.outputs[0].passed and res.outputs[0].reason == ""
 
 
 def test_a_dense_models_output_wrong_on_one_token_still_fails() -> None:
@@ -303,6 +313,9 @@ def test_capture_records_which_calls_make_discrete_choices() -> None:
     decides = {e["key"]: e["decides"] for e in store.read_manifest("m")["rungs"]["float32"]["layers"]}
     assert decides["model.layers.0"] and decides["model.layers.0.mlp"] and decides["model.layers.0.mlp.gate"], decides
     assert not decides["model.layers.0.self_attn"] and not decides["model.embed_tokens"], decides
+    # the experts count their tokens from the router's indices (integer work, and a sum accumulated in
+    # an integer dtype): no choice of their own
+    assert decides["model.layers.0.mlp.experts"] is False, decides
 
 
 def test_a_router_bug_on_too_few_tokens_to_judge_is_reported_undecided() -> None:
