@@ -58,6 +58,8 @@ class Parity:
               ladder: bool | None = None, inputs: Any = None) -> CheckSpec:
         if self._marker_error:
             raise InvalidArgument(self._marker_error)
+        dtypes_from = "the check's dtypes=" if dtypes is not None else (
+            "@pytest.mark.parity(dtypes=...)" if self._defaults.get("dtypes") is not None else "")
         dtypes = dtypes if dtypes is not None else self._defaults.get("dtypes")
         if dtypes is None:
             dtypes = self._session.options.dtypes or default_dtypes(model)
@@ -81,7 +83,7 @@ class Parity:
             profile=self._session.options.profile,
             sketch=_sketch_group(sketch if sketch is not None else self._defaults.get("sketch")),
             report_dir=self._session.options.report_dir,
-            golden_size_limit=self._session.options.golden_size_limit,
+            golden_size_limit=self._session.options.golden_size_limit, dtypes_from=dtypes_from,
             replay=_replay_kind(model, replay_kind or self._defaults.get("replay") or self._session.options.replay),
             regen_command=(f"pytest --rocm-parity {self._session.options.command_flags}--parity-regen={shell_quote(nm)} "
                            f"{shell_quote(self._node.nodeid) if self._node else ''}").strip(),

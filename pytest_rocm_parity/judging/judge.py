@@ -177,11 +177,11 @@ def _fail_confined(result: CheckResult, tol: Tolerance) -> None:
         if l.decides is False and _few_blocks(l, tol.for_layer(l.name).z):
             assert l.iso is not None
             l.iso_passed = l.passed = False
-            l.reason = (f"isolated error {l.iso.ratio:.3g}x the reference's (sign test z={l.iso.z:+.1f}; budget "
-                        f"{l.budget:g}x), concentrated on a few blocks of the tensor (bound {l.iso.ratio_lo:.3g}x), "
-                        f"in a module that makes no discrete choice on its activations (no comparison, top-k or "
-                        f"rounding), so no near-tie explains it: part of its output is computed wrong"
-                        + (f" (output {l.iso.leaf})" if l.iso.leaf not in ("", "0") else ""))
+            l.reason = (f"part of its output{f' {l.iso.leaf}' if l.iso.leaf not in ('', '0') else ''} is computed "
+                        f"wrong: isolated error {l.iso.ratio:.3g}x the reference's (sign test z={l.iso.z:+.1f}; "
+                        f"budget {l.budget:g}x), concentrated on a few blocks of the tensor (bound "
+                        f"{l.iso.ratio_lo:.3g}x), in a module that makes no discrete choice on its activations (no "
+                        f"comparison, top-k or rounding), so no near-tie explains it")
 
 
 def _near_tie_outputs(result: CheckResult, tol: Tolerance) -> list[str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from pytest_rocm_parity.judging import dtypes as dt
@@ -145,6 +146,13 @@ def load_truth(reader: RungReader, name: str, ref: Any) -> Any:
 # ---------------------------------------------------------------------------------------------
 # replay
 
+def _held_dtypes(where: str, held: list[str]) -> str:
+    """How to ask for the rungs a golden holds where the test itself set the dtypes (CheckSpec.dtypes_from)."""
+    if where.startswith("@"):
+        return f"@pytest.mark.parity(dtypes={held!r})"
+    return f"dtypes={held!r} in the check"
+
+
 def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, Any], golden_path: str) -> list[str]:
     """Raise GoldenStale where the golden describes another model, selection or setting; returns notes
     on what differs and is judged all the same (modules without parameters fused away or added)."""
@@ -174,8 +182,9 @@ def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, An
         raise GoldenStale(
             f"golden {golden_path} for {spec.name!r} was captured at drill {gd}; this run asks for drill "
             f"{spec.drill} (--parity-drill, parity_drill or the check's drill=). Replay at drill {gd}, or derive "
-            f"a golden at drill {spec.drill} from this one, no GPU needed: python -m pytest_rocm_parity.golden.derive "
-            f"GOLDEN_DIR {shell_quote(spec.name)} --to NEW_NAME --drill {spec.drill}", golden_path)
+            f"a golden at drill {spec.drill} from this one, no GPU needed: rocm-parity golden derive "
+            f"{shell_quote(str(Path(golden_path).parent.parent))} {shell_quote(spec.name)} --to NEW_NAME --drill "
+            f"{spec.drill}, then name the check NEW_NAME (name=)", golden_path)
     if selected != old_layers:
         names = {n for n, _ in model.named_modules()}
         added = [n for n in selected if n not in old_layers]
@@ -199,9 +208,13 @@ def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, An
         # the same model asked at a precision its golden lacks: a setting, or new rungs to capture
         raise GoldenStale(
             f"golden {golden_path} for {spec.name!r} holds the rungs {', '.join(held)}; this run asks for "
-            f"{', '.join(missing)}{' too' if len(missing) < len(spec.dtypes) else ''} (--parity-dtypes, parity_dtypes or the check's dtypes=). Replay the rungs "
-            f"it holds (--parity-dtypes={','.join(held)}), or capture the new ones on the reference machine: "
-            f"{regen}", golden_path)
+            f"{', '.join(missing)}{' too' if len(missing) < len(spec.dtypes) else ''} ("
+            + (f"set by {spec.dtypes_from}, which --parity-dtypes does not override). Replay the rungs it holds "
+               f"({_held_dtypes(spec.dtypes_from, held)}), or capture the new ones on the reference machine: {regen}"
+               if spec.dtypes_from else
+               f"--parity-dtypes, parity_dtypes or the check's dtypes=). Replay the rungs it holds "
+               f"(--parity-dtypes={','.join(held)}), or capture the new ones on the reference machine: {regen}"),
+            golden_path)
     if missing:
         problems.append(f"dtypes {missing} were not captured (golden holds {held})")
     if problems:

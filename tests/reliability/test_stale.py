@@ -112,6 +112,16 @@ def test_dtype_not_captured_is_named_as_a_setting(golden: Golden) -> None:
     assert "changed" not in str(info.value) and golden.snapshot() == before
 
 
+def test_dtypes_the_check_sets_are_named_where_to_change_them(golden: Golden) -> None:
+    """--parity-dtypes does not override the check's own dtypes=: the advice says to change them there."""
+    with pytest.raises(GoldenStale) as info:
+        golden.replay(None, None, CheckSpec(name="tiny", dtypes=["float16"], dtypes_from="the check's dtypes="))
+    held = list(golden.manifest_json()["rungs"])
+    message_names(info.value, "set by the check's dtypes=, which --parity-dtypes does not override",
+                  f"Replay the rungs it holds (dtypes={held!r} in the check)")
+    assert "--parity-dtypes=" not in str(info.value)
+
+
 def test_dtype_not_captured_beside_a_changed_model_is_stale(golden: Golden) -> None:
     stale(golden, "weights changed", "dtypes ['float16'] were not captured", model=tiny(seed=1),
           spec=CheckSpec(name="tiny", dtypes=["float16"]))
