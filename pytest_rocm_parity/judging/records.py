@@ -143,6 +143,7 @@ def layer_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
                     "iso_passed": l.get("iso_passed"), "prop_passed": l.get("prop_passed"),
                     "is_culprit": l.get("name") == c.get("culprit"),
                     "is_first_divergent": l.get("name") == c.get("first_divergent"),
+                    "is_undecided": l.get("name") in ((c.get("extra") or {}).get("undecided") or []),
                 }
                 for k, v in (l.get("metrics") or {}).items():
                     row[k] = json.dumps(v) if isinstance(v, (list, dict)) else v
@@ -155,7 +156,7 @@ def layer_columns(rows: list[dict[str, Any]]) -> list[str]:
     (a run with no failure still has ``reason``), then any other key the rows hold."""
     leaf = [f.name for f in dataclasses.fields(LeafMetrics)]
     fixed = ["test", "check", "dtype", "check_passed", "kind", "order", "layer", "primary", "passed", "iso_passed",
-             "prop_passed", "is_culprit", "is_first_divergent", "level", "budget_ratio", "budget_propagated",
+             "prop_passed", "is_culprit", "is_first_divergent", "is_undecided", "level", "budget_ratio", "budget_propagated",
              *(f"iso_{k}" for k in leaf), *(f"prop_{k}" for k in leaf), "reason", "would_pass_ratio"]
     seen = dict.fromkeys(fixed)
     for r in rows:

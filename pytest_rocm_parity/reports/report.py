@@ -166,6 +166,7 @@ def check_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
             "layers": len(layers), "failing_isolated": sum(1 for l in layers if not l.get("iso_passed", True)),
             "failing_propagated": sum(1 for l in layers if not l.get("prop_passed", True)),
             "failing_outputs": sum(1 for o in (c.get("outputs") or []) if not o.get("passed", True)),
+            "undecided": ";".join((c.get("extra") or {}).get("undecided") or []),
             "reference": _env_brief(c.get("reference_env") or {}),
             "candidate": _env_brief(c.get("candidate_env") or {}),
             "profile_flags": ";".join(f"{p.get('op')}x{_fmt_num(p.get('growth'))}" for p in _profile_flags(prof)),

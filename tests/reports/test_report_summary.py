@@ -88,3 +88,15 @@ def test_a_passing_check_names_its_undecided_layers(report_doc: dict[str, Any]) 
     loud = _session([entry])
     loud.config = SimpleNamespace(get_verbosity=lambda: 1)
     assert "     note: model.layers.0.mlp: isolated error 27x the reference's" in summary_lines(loud)
+
+
+def test_the_tables_name_undecided_layers(report_doc: dict[str, Any]) -> None:
+    """checks.csv lists them, layers.csv (and layer_frame) flags their rows."""
+    from pytest_rocm_parity.judging.records import layer_rows
+    from pytest_rocm_parity.reports.report import check_rows
+
+    entry = {**report_doc["checks"][1], "extra": {"undecided": [report_doc["checks"][1]["layers"][0]["name"]]}}
+    doc = {**report_doc, "checks": [entry]}
+    assert check_rows(doc)[0]["undecided"] == entry["extra"]["undecided"][0]
+    flags = [r["is_undecided"] for r in layer_rows(doc)]
+    assert flags[0] is True and not any(flags[1:])
