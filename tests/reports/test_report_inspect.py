@@ -228,3 +228,23 @@ def test_show_says_what_a_quantized_golden_holds() -> None:
     text = "\n".join(format_show(show_golden(golden, ["bfloat16"], stats=False)))
     assert "quantized: 28 modules (28 x float8_e4m3fn activation=token), codes and scales stored" in text
     assert "activation-quantization noise recorded for" in text
+
+
+def test_diff_compares_each_goldens_error_at_its_own_scale(tmp_path: Path) -> None:
+    """A norm's eps changed in the second layer: the modules after it get inputs of another size, and
+    their raw errors scale with them; relative to their truths the two goldens round alike, so only
+    where the references part is flagged, not the next module as 'less accurate'."""
+    from parity_models import llama, tokens
+
+    spec = CheckSpec(name="m", dtypes=["bfloat16"])
+    x = tokens(batch=2, seq=32)
+    capture(llama(), x, spec, GoldenStore(tmp_path / "a"), "cpu")
+    changed = llama()
+    changed.model.layers[1].post_attention_layernorm.variance_epsilon = 1e-2
+    capture(changed, x, spec, GoldenStore(tmp_path / "b"), "cpu")
+    res = inspect_cmd.diff_goldens(tmp_path / "a" / "m", tmp_path / "b" / "m")
+    rows = {r["layer"]: r for r in res["rungs"]["bfloat16"]["layers"]}
+    assert res["rungs"]["bfloat16"]["first_function_change"] == "model.layers.1"
+    assert not any("error against its truth" in r["why"] for r in rows.values()), \
+        {k: r["why"] for k, r in rows.items() if r["why"]}
+    assert 0.8 < rows["model.layers.1.mlp"]["err_ratio"] < 1.25
