@@ -18,7 +18,7 @@ def env_line(env: dict[str, Any]) -> str:
     parts = [str(env.get("device", "?"))]
     if env.get("device_name"):
         parts.append(str(env["device_name"]))
-    if env.get("arch"):
+    if env.get("arch") and env.get("arch") != env.get("device_name"):   # a CPU's name is its arch
         parts.append(f"({env['arch']})")
     parts.append(f"torch {env.get('torch', '?')}")
     if env.get("hip"):

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pytest_rocm_parity.judging.assertion import MAX_ROWS, message, property_text, steps_text, table
+from pytest_rocm_parity.judging.assertion import MAX_ROWS, env_line, message, property_text, steps_text, table
 from pytest_rocm_parity.judging.records import CheckResult, LayerRecord, LeafMetrics
 
 HERE = Path(__file__).parent
@@ -253,3 +253,10 @@ def test_a_fast_replay_says_it_did_not_judge_the_propagated_pass() -> None:
     assert "first divergent layer (propagated): not judged by the fast replay" in texts["fast"]
     assert "within its propagated budget" not in texts["fast"]
     assert "first divergent layer (propagated): model.layers.1" in texts["full"]
+
+
+def test_the_environment_line_names_a_cpu_once_and_a_gpu_with_its_arch() -> None:
+    assert env_line({"device": "cpu", "device_name": "x86_64", "arch": "x86_64", "torch": "2.13.0+cpu"}) == \
+        "cpu x86_64 torch 2.13.0+cpu"
+    assert env_line({"device": "cuda", "device_name": "NVIDIA H200", "arch": "sm_90", "torch": "2.11.0",
+                     "cuda": "13.0"}) == "cuda NVIDIA H200 (sm_90) torch 2.11.0 CUDA 13.0"
