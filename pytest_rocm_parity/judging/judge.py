@@ -83,9 +83,7 @@ def may_fail(m: LeafMetrics, tol: Tolerance, rung: str, isolated: bool) -> bool:
     """Whether the leaf fails, or may fail once its layer is judged whole: far over budget on a few
     blocks, which fails a module that makes no discrete choice (_fail_confined)."""
     r = Rule.of(tol, rung)
-    return bool(r.failure(m, isolated)) or (
-        isolated and m.kind == "float" and not m.nonfinite and not m.noise > m.err_ref
-        and m.ratio > UNDECIDED_OVER * r.budget and m.ratio_lo <= r.budget and m.z > r.z)
+    return bool(r.failure(m, isolated)) or (isolated and _over_on_few_blocks(m, r.budget, r.z))
 
 
 # At most this share of an integer output's elements may differ where every floating output of the
@@ -152,13 +150,18 @@ def judge_layer(rec: LayerRecord, iso: list[LeafMetrics], prop: list[LeafMetrics
 UNDECIDED_OVER = 2.0
 
 
+def _over_on_few_blocks(m: LeafMetrics, budget: float, z: float) -> bool:
+    """The error is far over budget and consistent (the sign test), yet its lower bound is within
+    budget because the excess sits on a few of the blocks, as a few tokens routed to other experts
+    put it."""
+    return (m.kind == "float" and not m.nonfinite and not m.noise > m.err_ref
+            and m.ratio > UNDECIDED_OVER * budget and m.ratio_lo <= budget and m.z > z)
+
+
 def _few_blocks(l: LayerRecord, z: float) -> bool:
-    """A pass the data could not decide: the error is far over budget and consistent (the sign test),
-    yet its lower bound is within budget because the excess sits on a few of the blocks, as a few
-    tokens routed to other experts put it. The tensor is too small to tell that from near-ties."""
-    m = l.iso
-    return (l.iso_passed and m is not None and m.kind == "float" and not m.noise > m.err_ref
-            and m.ratio > UNDECIDED_OVER * l.budget and m.ratio_lo <= l.budget and m.z > z)
+    """A pass the data could not decide (_over_on_few_blocks): the tensor is too small to tell it
+    from near-ties."""
+    return l.iso_passed and l.iso is not None and _over_on_few_blocks(l.iso, l.budget, z)
 
 
 def _few_blocks_note(l: LayerRecord) -> str:
