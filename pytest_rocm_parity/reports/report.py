@@ -73,9 +73,6 @@ def failing_tensors_path(out_dir: str | os.PathLike[str], name: str, dtype: str)
     return Path(out_dir) / TENSORS_DIR / f"{safe_name(f'{name}-{dtype}')}.safetensors"
 
 
-OUTPUT_TAG, OUTPUT_NAME = "<output>/", "<output>."   # how replay tags a model output's tensors, how it names its record
-
-
 def failing_layer_names(result: Any) -> list[str]:
     """Names of the layers (and model outputs) of ``result`` that failed, in execution order."""
     d = _as_dict(result)
@@ -106,8 +103,6 @@ def save_failing_tensors(result: Any, tensors: Mapping[str, Any], out_dir: str |
     total = 0
     storages: set[int] = set()
     for key, t in tensors.items():
-        if key.startswith(OUTPUT_TAG):   # the judging tag "<output>/<leaf>/...": the record's name is "<output>.<leaf>"
-            key = OUTPUT_NAME + key[len(OUTPUT_TAG):]
         if not any(key == n or key.startswith(n + "/") for n in failing):
             continue
         t = t.detach().to("cpu").contiguous()

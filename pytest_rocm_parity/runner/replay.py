@@ -486,7 +486,9 @@ class _Judge:
     def keep_if_failing(self, m: LeafMetrics, c: Any, tol: Tolerance, isolated: bool, tag: str) -> None:
         """Keep a host copy of a leaf that fails, for the failing-tensor export (--parity-report)."""
         if self.obtained is not None and may_fail(m, tol, self.rung, isolated):
-            self.obtained[tag] = c.detach().to("cpu").contiguous()
+            # under its record's name: a model output's tag "<output>/<leaf>/..." is "<output>.<leaf>/..."
+            key = f"{OUTPUT}.{tag[len(OUTPUT) + 1:]}" if tag.startswith(OUTPUT + "/") else tag
+            self.obtained[key] = c.detach().to("cpu").contiguous()
 
 
 # Hugging Face output fields a model returns depending on flags and implementation (use_cache,
