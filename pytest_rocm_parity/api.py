@@ -58,8 +58,7 @@ class Parity:
               ladder: bool | None = None, inputs: Any = None) -> CheckSpec:
         if self._marker_error:
             raise InvalidArgument(self._marker_error)
-        dtypes_from = "the check's dtypes=" if dtypes is not None else (
-            "@pytest.mark.parity(dtypes=...)" if self._defaults.get("dtypes") is not None else "")
+        dtypes_from = "check" if dtypes is not None else "marker" if self._defaults.get("dtypes") is not None else ""
         dtypes = dtypes if dtypes is not None else self._defaults.get("dtypes")
         if dtypes is None:
             dtypes = self._session.options.dtypes or default_dtypes(model)

@@ -49,7 +49,7 @@ class CheckSpec:
     replay: str = "full"             # "full": propagated + isolated passes; "fast": one teacher-forced forward plus deeper levels (--parity-replay)
     report_dir: Any = None           # where obtained tensors of failing layers are saved
     golden_size_limit: int | None = None   # bytes a golden should stay under (--parity-golden-size-limit); None: no limit
-    dtypes_from: str = ""            # where the test itself set the dtypes (the check's or the marker's argument), which options do not override
+    dtypes_from: str = ""            # "check" or "marker": the test set the dtypes itself, and options do not override them
 
 
 def shell_quote(text: str) -> str:

@@ -146,11 +146,16 @@ def load_truth(reader: RungReader, name: str, ref: Any) -> Any:
 # ---------------------------------------------------------------------------------------------
 # replay
 
-def _held_dtypes(where: str, held: list[str]) -> str:
-    """How to ask for the rungs a golden holds where the test itself set the dtypes (CheckSpec.dtypes_from)."""
-    if where.startswith("@"):
-        return f"@pytest.mark.parity(dtypes={held!r})"
-    return f"dtypes={held!r} in the check"
+def _dtypes_advice(spec: CheckSpec, held: list[str]) -> str:
+    """Where this run's dtypes come from, and how to ask for the rungs a golden holds instead."""
+    if spec.dtypes_from == "marker":
+        return (f"set by @pytest.mark.parity(dtypes=...), which --parity-dtypes does not override). Replay the rungs "
+                f"it holds (@pytest.mark.parity(dtypes={held!r}))")
+    if spec.dtypes_from == "check":
+        return (f"set by the check's dtypes=, which --parity-dtypes does not override). Replay the rungs it holds "
+                f"(dtypes={held!r} in the check)")
+    return (f"--parity-dtypes, parity_dtypes or the check's dtypes=). Replay the rungs it holds "
+            f"(--parity-dtypes={','.join(held)})")
 
 
 def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, Any], golden_path: str) -> list[str]:
@@ -208,13 +213,8 @@ def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, An
         # the same model asked at a precision its golden lacks: a setting, or new rungs to capture
         raise GoldenStale(
             f"golden {golden_path} for {spec.name!r} holds the rungs {', '.join(held)}; this run asks for "
-            f"{', '.join(missing)}{' too' if len(missing) < len(spec.dtypes) else ''} ("
-            + (f"set by {spec.dtypes_from}, which --parity-dtypes does not override). Replay the rungs it holds "
-               f"({_held_dtypes(spec.dtypes_from, held)}), or capture the new ones on the reference machine: {regen}"
-               if spec.dtypes_from else
-               f"--parity-dtypes, parity_dtypes or the check's dtypes=). Replay the rungs it holds "
-               f"(--parity-dtypes={','.join(held)}), or capture the new ones on the reference machine: {regen}"),
-            golden_path)
+            f"{', '.join(missing)}{' too' if len(missing) < len(spec.dtypes) else ''} ({_dtypes_advice(spec, held)}, "
+            f"or capture the new ones on the reference machine: {regen}", golden_path)
     if missing:
         problems.append(f"dtypes {missing} were not captured (golden holds {held})")
     if problems:

@@ -89,3 +89,14 @@ def test_a_misspelt_keyword_of_check_says_what_was_meant(project: pytest.Pyteste
     result.stdout.fnmatch_lines(["*InvalidArgument: check() got unknown keyword argument 'ladr' "
                                  "('ladr': did you mean 'ladder'?); its keywords are name, dtypes, *"])
     assert not (project.path / "goldens" / "tiny").exists()
+
+
+def test_dtypes_the_check_sets_are_the_ones_its_stale_advice_changes(project: pytest.Pytester) -> None:
+    """The check's dtypes= wins over --parity-dtypes, so the advice names the check's argument."""
+    _write(project)
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    project.makepyfile(test_tiny=BF16_ONLY.format(marker="", extra="").replace('"bfloat16"', '"float16"'))
+    result = project.runpytest("--rocm-parity", "--parity-dtypes=bfloat16,float32")
+    result.assert_outcomes(failed=1)
+    assert ("set by the check's dtypes=, which --parity-dtypes does not override). Replay the rungs it holds "
+            "(dtypes=['bfloat16', 'float32'] in the check)") in result.stdout.str()

@@ -115,7 +115,7 @@ def test_dtype_not_captured_is_named_as_a_setting(golden: Golden) -> None:
 def test_dtypes_the_check_sets_are_named_where_to_change_them(golden: Golden) -> None:
     """--parity-dtypes does not override the check's own dtypes=: the advice says to change them there."""
     with pytest.raises(GoldenStale) as info:
-        golden.replay(None, None, CheckSpec(name="tiny", dtypes=["float16"], dtypes_from="the check's dtypes="))
+        golden.replay(None, None, CheckSpec(name="tiny", dtypes=["float16"], dtypes_from="check"))
     held = list(golden.manifest_json()["rungs"])
     message_names(info.value, "set by the check's dtypes=, which --parity-dtypes does not override",
                   f"Replay the rungs it holds (dtypes={held!r} in the check)")
