@@ -128,8 +128,9 @@ OP_NAMES = ("matmul", "linear", "sdpa", "softmax", "log_softmax", "layer_norm", 
             "gelu_tanh", "silu")
 
 
-def _split_names(text: str, allowed: Sequence[str], flag: str) -> list[str]:
-    names = [n.strip() for n in text.split(",") if n.strip()]
+def _split_names(text: str, allowed: Sequence[str], flag: str,
+                 canonical: Callable[[str], str] = str) -> list[str]:
+    names = [canonical(n.strip()) for n in text.split(",") if n.strip()]
     for n in names:
         if n not in allowed:
             close = difflib.get_close_matches(n, allowed, n=1)
@@ -299,8 +300,7 @@ def run_ops(args: argparse.Namespace) -> int:
         except (ValueError, OSError):   # a stream that cannot change its buffering keeps its own
             pass
     names = _split_names(args.ops, OP_NAMES, "--ops") if args.ops else list(OP_NAMES)
-    dtype_names = _split_names(",".join(dtype_alias(n.strip()) for n in args.dtypes.split(",")),
-                               ("float32", "float16", "bfloat16", "float64"), "--dtypes")
+    dtype_names = _split_names(args.dtypes, ("float32", "float16", "bfloat16", "float64"), "--dtypes", dtype_alias)
     import torch
 
     from pytest_rocm_parity.fuzz import harness as fuzz
