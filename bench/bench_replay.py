@@ -186,8 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         _run(model, (), inputs)
 
     reader = RungReader(path, dev)
-    # every golden the pass reads held in memory, on the CPU too (replay's preload skips a CPU
-    # reader): the pass arms measure the pass with its goldens resident, as on a GPU
+    # every golden the pass reads held in memory, on the CPU too (replay's preload holds a CPU
+    # golden only up to replay.CPU_PRELOAD_BYTES): the pass arms measure the pass with its goldens
+    # resident, as on a GPU
     reader.preload(sorted(reader.keys), 1 << 62)
 
     def one_pass() -> Any:
@@ -201,8 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         with Hooks(model, selected, lambda key, sel, a, kw: None, lambda key, sel, out: None):
             forward()
 
-    def golden(key: str, p: str) -> Any:
-        return reader.get(layers[key]["in"][p]).clone()
+    def golden(key: str, p: str) -> Any:   # handed over uncopied, as the pass does (this forward writes none)
+        return reader.get(layers[key]["in"][p])
 
     def swapped_in(key: str, sel: Any, a: Any, kw: Any) -> Any:
         if key not in layers:

@@ -1074,6 +1074,16 @@ class RungReader:
     def release(self) -> None:
         self._cache.clear()
 
+    def holds(self, key: str) -> bool:
+        """Whether get(key) returns the tensor preload holds (the same one each time), not a fresh read."""
+        return key in self._cache
+
+    def forget(self, keys: Any) -> None:
+        """Drop ``keys`` from what preload holds: their next get() reads the file again (a tensor
+        handed out and written since no longer holds the golden's values)."""
+        for k in keys:
+            self._cache.pop(k, None)
+
     def get(self, key: str) -> Any:
         hit = self._cache.get(key) if isinstance(key, str) else None
         if hit is not None:

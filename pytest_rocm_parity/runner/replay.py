@@ -345,23 +345,27 @@ def _replay_one(model: Any, inner: Any, spec: CheckSpec, store: GoldenStore, man
 
 
 PRELOAD_FRACTION = 0.5
+CPU_PRELOAD_BYTES = 256 << 20
 
 
 def _preload(reader: RungReader, spec: CheckSpec) -> None:
-    """The goldens the passes read, loaded onto a GPU before the forward, up to half its free memory.
+    """The goldens the passes read, loaded before the forward: on a GPU up to half its free memory,
+    on the CPU up to CPU_PRELOAD_BYTES.
 
     Why: a lazy load inside a hook is a blocking host-to-device copy per module, which stalls the
-    device's queue; a CPU reader maps the file and needs nothing.
+    device's queue. On the CPU a golden read lazily is freed once judged, so a large one is never
+    resident whole; a small one is loaded up front, so that CPU and GPU replays take one path.
     """
     import torch
 
     dev = torch.device(reader.device)
-    if dev.type != "cuda":
-        return
     skip = "gtruth/" if spec.replay == "fast" else None
     keys = sorted(k for k in reader.keys if not (skip and k.startswith(skip) and not k.startswith(f"gtruth/{OUTPUT}")))
-    free, _ = torch.cuda.mem_get_info(dev)
-    reader.preload(keys, int(free * PRELOAD_FRACTION))
+    if dev.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(dev)
+        reader.preload(keys, int(free * PRELOAD_FRACTION))
+    elif dev.type == "cpu" and sum(reader.nbytes(k) for k in keys) <= CPU_PRELOAD_BYTES:
+        reader.preload(keys, CPU_PRELOAD_BYTES)
 
 
 def activation_paths(layers: dict[str, dict[str, Any]]) -> dict[str, dict[str, str]]:
@@ -556,8 +560,41 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         tmpl = map_tensors(inputs_template, lambda p, _t: reader.get(f"input/{p}").clone())
         return tuple(tmpl["args"]), tmpl["kwargs"]
 
+    # The golden inputs are handed to the candidate's modules as the reader holds them, not copied
+    # (a copy per input per pass is host work the size of the hooks'); a module that writes one in
+    # place bumps its version counter, and that level is judged again on copies (lent_level).
+    lent: list[tuple[str, Any, int]] = []
+    copies = [False]
+
     def golden(key: str, path: str) -> Any:
-        return reader.get(layers[key]["in"][path]).clone()
+        gk = layers[key]["in"][path]
+        t = reader.get(gk)
+        if not reader.holds(gk):   # read for this call alone
+            return t
+        if copies[0] or t.is_inference():   # an inference tensor counts no versions
+            return t.clone()
+        lent.append((gk, t, t._version))
+        return t
+
+    def lent_level(run: Callable[[], Any]) -> Any:
+        """``run()`` (one level's passes, flushed); again on copies of the golden inputs where the
+        candidate wrote one of them, what the first run judged (against references that may share
+        the written storage) forgotten."""
+        lent.clear()
+        n_notes, n_rerouted = len(notes), len(rerouted)
+        kept = set(obtained) if obtained is not None else set()
+        got = run()
+        written = {gk for gk, t, v in lent if t._version != v}
+        lent.clear()
+        if not written:
+            return got
+        reader.forget(written)
+        copies[0] = True
+        del notes[n_notes:], rerouted[n_rerouted:]
+        if obtained is not None:
+            for k in set(obtained) - kept:
+                del obtained[k]
+        return run()
 
     if meta.get("sketch"):
         with cast_in_place(inner, place, dtype, walk.modules, walk.stamp()), eval_mode(inner, walk), numerics(rung, tol.tf32):
@@ -565,6 +602,10 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
 
     fast = spec.replay == "fast" and spec.extra_judge is None
     args, kwargs = stored_inputs()
+    first = [(args, kwargs)]
+
+    def fast_inputs() -> tuple[tuple[Any, ...], dict[str, Any]]:   # a level run again gets fresh copies
+        return first.pop() if first else stored_inputs()
     padding = Padding.of(inner, args, kwargs)
     obtained: dict[str, Any] | None = {} if spec.report_dir is not None else None
     judge = _Judge(rung, tol.unit_roundoff(rung), padding, obtained, noise_allowance(meta, inner))
@@ -634,8 +675,9 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         if fast:
             # one teacher-forced forward: the outermost level judged in isolation, in the candidate's
             # own (compiled) forward, and every call kept for the deeper levels
-            _hooked_level(model, inner, selected, levels[0], layers, acts, golden, compare, iso, judge, notes, rerouted,
-                          lambda: (args, kwargs), keep_call if len(levels) > 1 else None)
+            lent_level(lambda: _hooked_level(model, inner, selected, levels[0], layers, acts, golden, compare, iso,
+                                             judge, notes, rerouted, fast_inputs,
+                                             keep_call if len(levels) > 1 else None))
             deeper = levels[1:]
         else:
             with Hooks(inner, selected, keep_call, on_prop):
@@ -653,10 +695,10 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         compiled = model is not inner or any(getattr(m, "_compiled_call_impl", None) is not None for m in walk.modules)
         for level in deeper:
             keys = [k for k in meta.get("order", list(layers)) if k in layers and layers[k]["level"] == level]
-            if compiled or not _direct_level(inner, keys, layers, acts, calls, plain, golden, compare, iso, judge,
-                                                   notes, rerouted, level):
-                _hooked_level(model, inner, selected, level, layers, acts, golden, compare, iso, judge, notes, rerouted,
-                              stored_inputs)
+            if compiled or not lent_level(lambda: _direct_level(inner, keys, layers, acts, calls, plain, golden,
+                                                                compare, iso, judge, notes, rerouted, level)):
+                lent_level(lambda: _hooked_level(model, inner, selected, level, layers, acts, golden, compare, iso,
+                                                 judge, notes, rerouted, stored_inputs))
         if rerouted:
             notes.append(f"{len(rerouted)} module call{'s' if len(rerouted) > 1 else ''} ({', '.join(rerouted[:3])}"
                          f"{'...' if len(rerouted) > 3 else ''}) had inputs of other shapes on the candidate than in "

@@ -60,8 +60,8 @@ def test_an_output_is_judged_as_it_was_when_produced(tmp_path) -> None:
 
 
 def test_a_model_that_writes_its_golden_inputs_leaves_the_golden_unchanged(tmp_path) -> None:
-    """`act` writes its input, which is also fc1's stored output: the isolated pass hands modules
-    copies, so the golden on disk and in the reader stays as captured and two replays agree."""
+    """`act` writes its input, which is also fc1's stored output: the write is seen and the level
+    judged again on copies, so the golden on disk stays as captured and two replays agree."""
     torch.manual_seed(0)
     model = Net()
     x = torch.randn(16, 32, generator=torch.Generator().manual_seed(1))
@@ -220,3 +220,50 @@ def test_the_forward_is_recorded_again_only_where_a_tensor_handed_on_was_written
     layers = ["b", "b.lin", "head"] if model is _Residual else None
     capture(m, x, CheckSpec(name="r", dtypes=["float32"], drill=2, layers=layers), GoldenStore(tmp_path), "cpu")
     assert calls == [False, True][:passes]
+
+
+class _WritesItsInput(nn.Module):
+    """A block whose residual add writes its input in place (`x += f(x)`), as some ports do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(16)
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x += self.lin(self.norm(x))
+        return x
+
+
+class _TwoWritingBlocks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Linear(8, 16)
+        self.blocks = nn.ModuleList([_WritesItsInput(), _WritesItsInput()])
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.emb(x)
+        for b in self.blocks:
+            h = b(h)
+        return self.head(h)
+
+
+@pytest.mark.parametrize("route", ["full", "fast"])
+def test_a_block_that_writes_its_golden_input_leaves_it_intact_for_its_children(tmp_path, route) -> None:
+    """The replay hands each module the golden input the reader holds, uncopied. Block 0 writes it in
+    place, and its children are judged on that same golden at the next level: the write is seen by
+    the tensor's version counter and that level is judged again on copies, so the children get the
+    captured values (judged on the written tensor, each norm measured 1.4e7x the reference's error)
+    and the run passes, twice alike."""
+    torch.manual_seed(0)
+    model = _TwoWritingBlocks()
+    x = torch.randn(8, 8, generator=torch.Generator().manual_seed(1))
+    spec = CheckSpec(name="writes", dtypes=["float32"], drill=2, replay=route)
+    store = GoldenStore(tmp_path)
+    capture(model, x, spec, store, "cpu")
+    (first,) = replay(model, x, spec, store, "cpu")
+    (second,) = replay(model, x, spec, store, "cpu")
+    assert first.passed, [(l.name, l.reason) for l in first.layers if not l.passed]
+    assert {"blocks.0.norm", "blocks.1.norm"} <= {l.name for l in first.layers if l.iso is not None}
+    assert _layer_ratios(first) == _layer_ratios(second)
