@@ -223,6 +223,25 @@ def note_undecided(result: CheckResult, tol: Tolerance, outputs: Sequence[str] =
         result.notes += [_few_blocks_note(l) for l in undecided[:3]]
 
 
+def note_over_bound(result: CheckResult, tol: Tolerance) -> None:
+    """A note for each passing layer (up to three) whose bound is over its budget but whose sign test
+    is not significant: a failure needs both, and the user is told why such a layer passed."""
+    over = []
+    for l in result.layers:
+        m = l.iso
+        if l.iso_passed and m is not None and m.kind == "float" and not m.nonfinite and not m.noise > m.err_ref \
+                and m.ratio_lo > l.budget and m.z <= tol.for_layer(l.name).z:
+            over.append(f"{l.name}: isolated error {m.ratio:.3g}x the reference's, bound {m.ratio_lo:.3g}x over the "
+                        f"budget {l.budget:g}x, but not farther from the truth than the reference on more elements "
+                        f"than chance gives (sign test z={m.z:+.1f}, a failure needs > {tol.for_layer(l.name).z:g}): "
+                        f"it passes. " + (
+                            "It makes discrete choices (a router's top-k): tokens sent elsewhere at near-ties differ "
+                            "whole, as on a correct backend" if l.decides else
+                            "Its excess sits in fewer, larger errors than the reference's; a lower z= in its "
+                            "tolerance would fail it"))
+    result.notes += over[:3]
+
+
 def finish(result: CheckResult, tol: Tolerance) -> CheckResult:
     """Culprit = the first (in execution order) failing module with no failing selected descendant."""
     _fail_confined(result, tol)
@@ -238,6 +257,7 @@ def finish(result: CheckResult, tol: Tolerance) -> CheckResult:
         div = child
     result.first_divergent = div.name if div else None
     note_undecided(result, tol, _near_tie_outputs(result, tol))
+    note_over_bound(result, tol)
     outputs_ok = all(o.prop_passed for o in result.outputs)
     result.passed = not failing and outputs_ok
     if not outputs_ok and not failing:

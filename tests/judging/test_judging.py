@@ -199,3 +199,35 @@ def test_a_blocks_row_shows_its_output_far_over_budget_not_an_exact_one_beside_i
     rec = LayerRecord(name="layers.0")
     judge_layer(rec, [hidden, residual], [], Rule.of(Tolerance().for_layer(rec.name), "bfloat16"))
     assert rec.iso_passed and rec.iso is hidden
+
+
+def test_a_layer_over_its_bound_that_the_sign_test_passes_gets_a_note(truth: torch.Tensor) -> None:
+    """Exact on 70% of elements, 40x the reference's error on the other 30%: the RMS bound is far
+    over the budget, the sign test negative, so the layer passes, and a note says why."""
+    from pytest_rocm_parity.judging.judge import finish
+    from pytest_rocm_parity.judging.records import CheckResult
+
+    g = torch.Generator().manual_seed(3)
+    noise = truth.abs() * U_BF16 * torch.randn(truth.shape, generator=g, dtype=torch.float64)
+    ref = truth + noise
+    wrong = torch.rand(truth.shape, generator=g) < 0.3
+    cand = torch.where(wrong, truth + 40 * noise, truth)
+    m = float_metrics("0", cand, ref, truth, U_BF16)
+    tol = Tolerance()
+    assert m.ratio_lo > tol.ratio_for("bfloat16") and m.z < 0
+    rec = LayerRecord(name="blocks.0")
+    judge_layer(rec, [m], [], Rule.of(tol, "bfloat16"))
+    result = finish(CheckResult(test="t", name="n", dtype="bfloat16", passed=True, layers=[rec]), tol)
+    assert result.passed
+    (note,) = [n for n in result.notes if n.startswith("blocks.0:")]
+    assert "sign test z=-" in note and "a failure needs > 3" in note
+    # a layer whose bound is within budget gets none
+    ok = LayerRecord(name="blocks.1")
+    judge_layer(ok, [float_metrics("0", ref, ref, truth, U_BF16)], [], Rule.of(tol, "bfloat16"))
+    assert not [n for n in finish(CheckResult(test="t", name="n", dtype="bfloat16", passed=True, layers=[ok]),
+                                  tol).notes if n.startswith("blocks.1:")]
+    # a module that makes discrete choices is told apart: near-ties, not advice to fail it
+    rec.decides = True
+    result = finish(CheckResult(test="t", name="n", dtype="bfloat16", passed=True, layers=[rec]), Tolerance())
+    (note,) = [n for n in result.notes if n.startswith("blocks.0:")]
+    assert "near-ties" in note and "z=" not in note.split("passes.")[1]
