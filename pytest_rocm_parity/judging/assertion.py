@@ -192,6 +192,19 @@ def property_text(result: CheckResult) -> str:
     return "; ".join(parts)
 
 
+def _inside(result: CheckResult, culprit: LayerRecord) -> str:
+    """Where inside the culprit to look, when modules inside it were judged: all pass (else one of
+    them would be the culprit), so the fault is in the culprit's own code. '' when none was."""
+    inner = [l.name[len(culprit.name) + 1:] for l in result.layers
+             if l.name.startswith(culprit.name + ".") and l.iso is not None]
+    if not inner:
+        return ""
+    return (f"inside it: {', '.join(inner[:4])}{' ...' if len(inner) > 4 else ''} "
+            f"{'each pass' if len(inner) > 1 else 'passes'} in isolation, so the fault is in its own forward's "
+            f"code between them (a softmax, mask, scale or residual add it computes itself, or a kernel that "
+            f"replaced them)")
+
+
 def message(result: CheckResult) -> str:
     lines = [f"parity check failed: {result.name} [{result.dtype}]",
              f"  reference: {env_line(result.reference_env)}",
@@ -209,6 +222,9 @@ def message(result: CheckResult) -> str:
         cause = next((n[len(prefix):] for n in result.notes if n.startswith(prefix)), "")
         if cause:
             lines.append(f"    likely cause: {cause}")
+        inside_it = _inside(result, culprit)
+        if inside_it:
+            lines.append(f"    {inside_it}")
     elif result.extra.get("loss_factor") is not None:
         lines.append(f"  culprit: none among the modules: every gradient is {result.extra['loss_factor']:.4g}x the "
                      f"golden's, one factor: the loss or its scaling (see the note)")

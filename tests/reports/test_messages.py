@@ -260,3 +260,16 @@ def test_the_environment_line_names_a_cpu_once_and_a_gpu_with_its_arch() -> None
         "cpu x86_64 torch 2.13.0+cpu"
     assert env_line({"device": "cuda", "device_name": "NVIDIA H200", "arch": "sm_90", "torch": "2.11.0",
                      "cuda": "13.0"}) == "cuda NVIDIA H200 (sm_90) torch 2.11.0 CUDA 13.0"
+
+
+def test_a_culprit_whose_inner_modules_all_pass_is_said_to_hold_the_fault_in_its_own_code() -> None:
+    """An attention block fails while its projections pass: the softmax or scaling it computes
+    itself is where to look, and the message says so; a culprit with nothing judged inside gets no such line."""
+    layers = [_layer("attn", iso_ok=False, prop_ok=False, ratio=30.0)] + [
+        _layer(f"attn.{p}") for p in ("q_proj", "k_proj", "v_proj", "o_proj", "rotary")] + [_layer("mlp")]
+    text = message(_result(layers, "attn", "attn"))
+    line = next(l for l in text.splitlines() if l.strip().startswith("inside it:"))
+    assert line.strip().startswith("inside it: q_proj, k_proj, v_proj, o_proj ... each pass in isolation")
+    assert "own forward's code" in line
+    alone = message(_result([_layer("attn", iso_ok=False, prop_ok=False, ratio=30.0), _layer("mlp")], "attn", "attn"))
+    assert "inside it:" not in alone
