@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pytest
-from conftest import TEST_FILE
 
 
 def test_flag_sets_directory(project: pytest.Pytester) -> None:
@@ -95,7 +94,7 @@ def test_a_stale_rung_asked_by_dtypes_gets_a_regen_command_that_captures_it(proj
     that rung and the replay passes."""
     import shlex
 
-    project.makepyfile(test_tiny=TEST_FILE.replace(', dtypes=["float32"]', ""))
+    project.makepyfile(test_tiny=(project.path / "test_tiny.py").read_text().replace(', dtypes=["float32"]', ""))
     project.runpytest("--rocm-parity", "--parity-mode=capture", "--parity-dtypes=float32").assert_outcomes(passed=1)
     rep = project.runpytest("--rocm-parity", "--parity-dtypes=bfloat16")
     line = next(l for l in rep.stdout.str().splitlines() if "--parity-regen=" in l)
