@@ -1,0 +1,83 @@
+"""A preload reads a rung's tensors through one open file, in file order (on a GPU through pinned
+buffers in turn); what it holds must be what a lazy read returns, bit for bit, for every dtype a
+golden stores."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from pytest_rocm_parity.errors import GoldenCorrupt
+from pytest_rocm_parity.golden import store as store_mod
+from pytest_rocm_parity.golden.store import GoldenStore, RungReader
+
+CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                        reason="needs a CUDA or ROCm GPU")])
+
+
+def _tensors() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(3, 37, generator=g, dtype=torch.float64)
+    out = {f"f/{d}": base.to(getattr(torch, d)) for d in ("bfloat16", "float16", "float32", "float64")}
+    out.update({
+        "i/int64": torch.randint(-9, 9, (5, 3), generator=g), "i/int32": torch.randint(-9, 9, (4,), generator=g,
+                                                                                          dtype=torch.int32),
+        "i/bool": torch.rand(11, generator=g) > 0.5, "i/uint8": torch.randint(0, 255, (6,), generator=g,
+                                                                                dtype=torch.uint8),
+        "c/complex64": torch.randn(4, generator=g, dtype=torch.complex64),
+        "c/complex128": torch.randn(4, generator=g, dtype=torch.complex128),
+        "q/e4m3": torch.randint(0, 256, (7,), generator=g, dtype=torch.uint8).view(torch.float8_e4m3fn),
+        "q/e8m0": torch.randint(0, 256, (7,), generator=g, dtype=torch.uint8).view(torch.float8_e8m0fnu),
+        "s/scalar": torch.tensor(2.5), "s/empty": torch.zeros(0, 4),
+        # larger than a pinned buffer, so a GPU preload copies it in several pieces
+        "f/large": torch.randn(store_mod.STAGE_BYTES // 4 + 1001, generator=g),
+    })
+    return out
+
+
+def _golden(tmp_path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    tensors = _tensors()
+    store = GoldenStore(tmp_path)
+    manifest = {"format": 1, "name": "all", "dtypes": ["float32"],
+                "rungs": {"float32": {"outputs": {"out": {}}, "layers": [], "order": []}}, "layers": []}
+    store.write("all", manifest, {"float32": tensors}, overwrite=True)
+    return store.rung_file("all", store.read_manifest("all"), "float32"), tensors
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_a_preload_holds_what_a_lazy_read_returns_for_every_stored_dtype(tmp_path: Path, device: str) -> None:
+    path, tensors = _golden(tmp_path)
+    held = RungReader(path, device)
+    keys = sorted(tensors)
+    assert held.preload(reversed(keys), 1 << 40) == sum(held.nbytes(k) for k in keys)
+    lazy = RungReader(path, device)
+    for key in keys:
+        assert held.holds(key), key
+        got, want = held.get(key), lazy.get(key)
+        assert (got.dtype, tuple(got.shape), got.device.type) == (want.dtype, tuple(want.shape), want.device.type), key
+        a, b = got.cpu(), tensors[key]
+        assert (a.dtype, tuple(a.shape)) == (b.dtype, tuple(b.shape)), key
+        if a.is_complex():
+            a, b = torch.view_as_real(a), torch.view_as_real(b)
+        assert torch.equal(a.reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8)), key
+
+
+def test_a_preload_within_a_budget_loads_a_prefix_and_leaves_the_rest_lazy(tmp_path: Path) -> None:
+    path, tensors = _golden(tmp_path)
+    r = RungReader(path, "cpu")
+    keys = sorted(tensors)
+    budget = r.nbytes(keys[0]) + r.nbytes(keys[1])
+    assert r.preload(keys, budget) == budget
+    assert [k for k in keys if r.holds(k)] == keys[:2]
+    assert torch.equal(r.get(keys[2]), tensors[keys[2]]) and not r.holds(keys[2])   # read when asked
+
+
+def test_a_file_cut_short_after_opening_is_named_corrupt_by_the_preload(tmp_path: Path) -> None:
+    path, tensors = _golden(tmp_path)
+    r = RungReader(path, "cpu")
+    raw = path.read_bytes()
+    path.write_bytes(raw[:-100])   # the header still read, the last tensor's bytes gone
+    with pytest.raises(GoldenCorrupt, match="cut short") as e:
+        r.preload(sorted(tensors), 1 << 40)
+    assert str(path) in str(e.value)
