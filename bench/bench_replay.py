@@ -202,8 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         with Hooks(model, selected, lambda key, sel, a, kw: None, lambda key, sel, out: None):
             forward()
 
-    def golden(key: str, p: str) -> Any:   # handed over uncopied, as the pass does (this forward writes none)
-        return reader.get(layers[key]["in"][p])
+    def golden(key: str, p: str) -> Any:   # a copy, as the pass makes of what the reader holds
+        return reader.get(layers[key]["in"][p]).clone()
 
     def swapped_in(key: str, sel: Any, a: Any, kw: Any) -> Any:
         if key not in layers:

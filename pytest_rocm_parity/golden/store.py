@@ -59,9 +59,6 @@ _HASHED = re.compile(r"-[0-9a-f]{12}$")
 _RESERVED = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)), *(f"lpt{i}" for i in range(10))}
 MAX_NAME = 96
 ALIGN = 64   # bytes; what torch's CPU allocator guarantees
-# Bytes per pinned buffer of a GPU preload (RungReader._read_many): two of them, each read while the
-# other is copied to the device; a piece this size reads in a few milliseconds at page-cache speed
-STAGE_BYTES = 16 << 20
 # The marker of a golden this tool wrote: prune deletes only directories whose manifest holds it.
 TOOL_KEY = "tool"
 TOOL = "pytest-rocm-parity"
@@ -1024,8 +1021,10 @@ class RungReader:
             raise GoldenCorrupt(f"{path}: bad {BYTE_VIEWS_KEY!r} map in the header metadata (dtypes must be "
                                 f"among {', '.join(BYTE_VIEW_DTYPES)}); recapture this golden", path)
         self.byte_views: dict[str, str] = views
-        with open(path, "rb") as f:
-            self._data_start = 8 + struct.unpack("<Q", f.read(8))[0]
+        self._data_start = 0
+        if self.device == "cpu":
+            with open(path, "rb") as f:
+                self._data_start = 8 + struct.unpack("<Q", f.read(8))[0]
 
     def _read_cpu(self, key: str) -> Any:
         """One tensor read into a fresh (aligned) buffer, or None for dtypes torch reads only via safetensors.
@@ -1062,68 +1061,15 @@ class RungReader:
         stalls the GPU's queue; loaded up front, comparisons run at the device's own pace.
         """
         total = 0
-        todo = []
         for k in keys:
             if k in self._cache or k not in self.keys:
                 continue
             size = self.nbytes(k)
             if total + size > max_bytes:
                 break
-            todo.append(k)
+            self._cache[k] = self.get(k)
             total += size
-        plain = [k for k in todo if _TORCH_DTYPES.get(self.header[k]["dtype"])]
-        self._read_many(plain)
-        for k in todo:
-            if k not in self._cache:   # dtypes torch reads only through safetensors
-                self._cache[k] = self.get(k)
         return total
-
-    def _read_many(self, keys: list[str]) -> None:
-        """``keys`` read in file order through one open file, onto the reader's device.
-
-        Why: a GPU copy of each tensor after reading it (safetensors' get_tensor) takes the read plus
-        the copy; here the bytes go through two pinned buffers in turn, so reading the next piece
-        overlaps the copy of the last one and the load takes about as long as the read. On the CPU
-        the bytes are read straight into each tensor.
-        """
-        import torch
-
-        dev = torch.device(self.device)
-        staged = dev.type != "cpu"
-        if staged and keys:
-            bufs = [torch.empty(STAGE_BYTES, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
-            views = [memoryview(b.numpy()) for b in bufs]
-            done: list[Any] = [None, None]   # the event of each buffer's last copy
-        i = 0
-        with open(self.path, "rb") as f:
-            for key in sorted(keys, key=lambda k: int(self.header[k]["data_offsets"][0])):
-                info = self.header[key]
-                t = torch.empty(info["shape"], dtype=getattr(torch, _TORCH_DTYPES[info["dtype"]]), device=dev)
-                start, end = (int(x) for x in info["data_offsets"])
-                flat = t.reshape(-1).view(torch.uint8)
-                f.seek(self._data_start + start)
-                at = 0
-                while at < end - start:
-                    n = min(STAGE_BYTES if staged else end - start, end - start - at)
-                    if staged:
-                        if done[i] is not None:
-                            done[i].synchronize()
-                        got = f.readinto(views[i][:n])
-                        flat[at:at + n].copy_(bufs[i][:n], non_blocking=True)
-                        done[i] = torch.cuda.Event()
-                        done[i].record()
-                        i ^= 1
-                    else:
-                        got = f.readinto(memoryview(flat.numpy())[at:at + n])
-                    if got != n:
-                        raise GoldenCorrupt(f"{self.path}: tensor {key!r} is cut short (file truncated); recapture "
-                                            f"this golden", self.path)
-                    at += n
-                self._cache[key] = self._viewed(key, t)
-        if staged and keys:
-            for e in done:   # the pinned buffers must outlive the copies from them
-                if e is not None:
-                    e.synchronize()
 
     def release(self) -> None:
         self._cache.clear()
@@ -1131,26 +1077,6 @@ class RungReader:
     def holds(self, key: str) -> bool:
         """Whether get(key) returns the tensor preload holds (the same one each time), not a fresh read."""
         return key in self._cache
-
-    def forget(self, keys: Any) -> None:
-        """Drop ``keys`` from what preload holds: their next get() reads the file again (a tensor
-        handed out and written since no longer holds the golden's values)."""
-        for k in keys:
-            self._cache.pop(k, None)
-
-    def _viewed(self, key: str, t: Any) -> Any:
-        """The stored tensor as the golden means it: complex128 pairs as complex, byte views as their dtype."""
-        import torch
-
-        if key in self.complex128:
-            return torch.view_as_complex(t)
-        if key in self.byte_views:
-            dtype = getattr(torch, self.byte_views[key], None)
-            if dtype is None:
-                raise GoldenCorrupt(f"{self.path}: tensor {key!r} is {self.byte_views[key]}, which this torch "
-                                    f"({torch.__version__}) lacks; upgrade torch to read this golden", self.path)
-            return t.view(dtype)
-        return t
 
     def get(self, key: str) -> Any:
         hit = self._cache.get(key) if isinstance(key, str) else None
@@ -1163,7 +1089,18 @@ class RungReader:
             t = self._read_cpu(key) if self.device == "cpu" else None
             if t is None:
                 t = self._f.get_tensor(key)
-            t = self._viewed(key, t)
+            if key in self.complex128:
+                import torch
+
+                t = torch.view_as_complex(t)
+            elif key in self.byte_views:
+                import torch
+
+                dtype = getattr(torch, self.byte_views[key], None)
+                if dtype is None:
+                    raise GoldenCorrupt(f"{self.path}: tensor {key!r} is {self.byte_views[key]}, which this torch "
+                                        f"({torch.__version__}) lacks; upgrade torch to read this golden", self.path)
+                t = t.view(dtype)
             if t.device.type == "cpu" and t.data_ptr() % ALIGN:
                 # A tensor read from the file sits at its offset in it; CPU kernels pick their SIMD path
                 # by alignment, so an unaligned stored input would make a CPU replay differ from its

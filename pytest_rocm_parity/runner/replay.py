@@ -560,41 +560,12 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         tmpl = map_tensors(inputs_template, lambda p, _t: reader.get(f"input/{p}").clone())
         return tuple(tmpl["args"]), tmpl["kwargs"]
 
-    # The golden inputs are handed to the candidate's modules as the reader holds them, not copied
-    # (a copy per input per pass is host work the size of the hooks'); a module that writes one in
-    # place bumps its version counter, and that level is judged again on copies (lent_level).
-    lent: list[tuple[str, Any, int]] = []
-    copies = [False]
-
     def golden(key: str, path: str) -> Any:
+        # a copy of what the reader holds (a module may write its input, by torch ops or through a
+        # raw pointer no version counter sees); a tensor read for this call alone is its own
         gk = layers[key]["in"][path]
         t = reader.get(gk)
-        if not reader.holds(gk):   # read for this call alone
-            return t
-        if copies[0] or t.is_inference():   # an inference tensor counts no versions
-            return t.clone()
-        lent.append((gk, t, t._version))
-        return t
-
-    def lent_level(run: Callable[[], Any]) -> Any:
-        """``run()`` (one level's passes, flushed); again on copies of the golden inputs where the
-        candidate wrote one of them, what the first run judged (against references that may share
-        the written storage) forgotten."""
-        lent.clear()
-        n_notes, n_rerouted = len(notes), len(rerouted)
-        kept = set(obtained) if obtained is not None else set()
-        got = run()
-        written = {gk for gk, t, v in lent if t._version != v}
-        lent.clear()
-        if not written:
-            return got
-        reader.forget(written)
-        copies[0] = True
-        del notes[n_notes:], rerouted[n_rerouted:]
-        if obtained is not None:
-            for k in set(obtained) - kept:
-                del obtained[k]
-        return run()
+        return t.clone() if reader.holds(gk) else t
 
     if meta.get("sketch"):
         with cast_in_place(inner, place, dtype, walk.modules, walk.stamp()), eval_mode(inner, walk), numerics(rung, tol.tf32):
@@ -602,10 +573,6 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
 
     fast = spec.replay == "fast" and spec.extra_judge is None
     args, kwargs = stored_inputs()
-    first = [(args, kwargs)]
-
-    def fast_inputs() -> tuple[tuple[Any, ...], dict[str, Any]]:   # a level run again gets fresh copies
-        return first.pop() if first else stored_inputs()
     padding = Padding.of(inner, args, kwargs)
     obtained: dict[str, Any] | None = {} if spec.report_dir is not None else None
     judge = _Judge(rung, tol.unit_roundoff(rung), padding, obtained, noise_allowance(meta, inner))
@@ -675,9 +642,8 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         if fast:
             # one teacher-forced forward: the outermost level judged in isolation, in the candidate's
             # own (compiled) forward, and every call kept for the deeper levels
-            lent_level(lambda: _hooked_level(model, inner, selected, levels[0], layers, acts, golden, compare, iso,
-                                             judge, notes, rerouted, fast_inputs,
-                                             keep_call if len(levels) > 1 else None))
+            _hooked_level(model, inner, selected, levels[0], layers, acts, golden, compare, iso, judge, notes, rerouted,
+                          lambda: (args, kwargs), keep_call if len(levels) > 1 else None)
             deeper = levels[1:]
         else:
             with Hooks(inner, selected, keep_call, on_prop):
@@ -695,10 +661,10 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         compiled = model is not inner or any(getattr(m, "_compiled_call_impl", None) is not None for m in walk.modules)
         for level in deeper:
             keys = [k for k in meta.get("order", list(layers)) if k in layers and layers[k]["level"] == level]
-            if compiled or not lent_level(lambda: _direct_level(inner, keys, layers, acts, calls, plain, golden,
-                                                                compare, iso, judge, notes, rerouted, level)):
-                lent_level(lambda: _hooked_level(model, inner, selected, level, layers, acts, golden, compare, iso,
-                                                 judge, notes, rerouted, stored_inputs))
+            if compiled or not _direct_level(inner, keys, layers, acts, calls, plain, golden, compare, iso, judge,
+                                                   notes, rerouted, level):
+                _hooked_level(model, inner, selected, level, layers, acts, golden, compare, iso, judge, notes, rerouted,
+                              stored_inputs)
         if rerouted:
             notes.append(f"{len(rerouted)} module call{'s' if len(rerouted) > 1 else ''} ({', '.join(rerouted[:3])}"
                          f"{'...' if len(rerouted) > 3 else ''}) had inputs of other shapes on the candidate than in "

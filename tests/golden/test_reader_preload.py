@@ -1,6 +1,5 @@
-"""A preload reads a rung's tensors through one open file, in file order (on a GPU through pinned
-buffers in turn); what it holds must be what a lazy read returns, bit for bit, for every dtype a
-golden stores."""
+"""What a preload holds must be what a lazy read returns, bit for bit, for every dtype a golden
+stores, on the CPU (where replay preloads a small golden) and on a GPU."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,7 +8,6 @@ import pytest
 import torch
 
 from pytest_rocm_parity.errors import GoldenCorrupt
-from pytest_rocm_parity.golden import store as store_mod
 from pytest_rocm_parity.golden.store import GoldenStore, RungReader
 
 CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
@@ -30,8 +28,7 @@ def _tensors() -> dict[str, torch.Tensor]:
         "q/e4m3": torch.randint(0, 256, (7,), generator=g, dtype=torch.uint8).view(torch.float8_e4m3fn),
         "q/e8m0": torch.randint(0, 256, (7,), generator=g, dtype=torch.uint8).view(torch.float8_e8m0fnu),
         "s/scalar": torch.tensor(2.5), "s/empty": torch.zeros(0, 4),
-        # larger than a pinned buffer, so a GPU preload copies it in several pieces
-        "f/large": torch.randn(store_mod.STAGE_BYTES // 4 + 1001, generator=g),
+        "f/large": torch.randn(1 << 20, generator=g),
     })
     return out
 

@@ -60,8 +60,8 @@ def test_an_output_is_judged_as_it_was_when_produced(tmp_path) -> None:
 
 
 def test_a_model_that_writes_its_golden_inputs_leaves_the_golden_unchanged(tmp_path) -> None:
-    """`act` writes its input, which is also fc1's stored output: the write is seen and the level
-    judged again on copies, so the golden on disk stays as captured and two replays agree."""
+    """`act` writes its input, which is also fc1's stored output: modules get copies, so the golden
+    on disk and in the reader stays as captured and two replays agree."""
     torch.manual_seed(0)
     model = Net()
     x = torch.randn(16, 32, generator=torch.Generator().manual_seed(1))
@@ -251,10 +251,9 @@ class _TwoWritingBlocks(nn.Module):
 
 @pytest.mark.parametrize("route", ["full", "fast"])
 def test_a_block_that_writes_its_golden_input_leaves_it_intact_for_its_children(tmp_path, route) -> None:
-    """The replay hands each module the golden input the reader holds, uncopied. Block 0 writes it in
-    place, and its children are judged on that same golden at the next level: the write is seen by
-    the tensor's version counter and that level is judged again on copies, so the children get the
-    captured values (judged on the written tensor, each norm measured 1.4e7x the reference's error)
+    """Block 0 writes its golden input in place, and its children are judged on that same golden
+    at the next level: each module gets a copy of what the reader holds, so the children get the
+    captured values (judged on a written golden, each norm measured 1.4e7x the reference's error)
     and the run passes, twice alike."""
     torch.manual_seed(0)
     model = _TwoWritingBlocks()
@@ -267,3 +266,43 @@ def test_a_block_that_writes_its_golden_input_leaves_it_intact_for_its_children(
     assert first.passed, [(l.name, l.reason) for l in first.layers if not l.passed]
     assert {"blocks.0.norm", "blocks.1.norm"} <= {l.name for l in first.layers if l.iso is not None}
     assert _layer_ratios(first) == _layer_ratios(second)
+
+
+class _WritesThroughData(nn.Module):
+    """Writes its input where no version counter sees it (through ``.data``, as a kernel writing a
+    raw pointer does), then returns it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.rand(16) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.data.mul_(self.w.data)
+        return x
+
+
+class _PreThenWrite(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pre = nn.Sequential(nn.Linear(16, 16), nn.GELU())   # pre's output is the GELU's: one golden
+        self.ip = _WritesThroughData()
+        self.out = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.out(self.ip(self.pre(x)))
+
+
+@pytest.mark.parametrize("route", ["full", "fast"])
+def test_a_write_no_version_counter_sees_leaves_the_golden_intact(tmp_path, route) -> None:
+    """``ip`` writes its golden input (the GELU's stored output) through ``.data``: handed the
+    reader's own tensor, the GELU would then be judged against the written one and blamed (7e6x);
+    handed a copy, the unchanged model passes."""
+    torch.manual_seed(0)
+    model = nn.Sequential(_PreThenWrite(), _PreThenWrite()).eval()
+    x = torch.randn(4, 8, 16, generator=torch.Generator().manual_seed(1))
+    spec = CheckSpec(name="rawwrite", dtypes=["float32"], replay=route)
+    store = GoldenStore(tmp_path)
+    capture(model, x, spec, store, "cpu")
+    (res,) = replay(model, x, spec, store, "cpu")
+    assert res.passed, [(l.name, l.reason) for l in res.layers if not l.passed]
+    assert {"0.pre.1", "0.ip"} <= {l.name for l in res.layers if l.iso is not None}
