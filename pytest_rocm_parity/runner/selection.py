@@ -454,7 +454,8 @@ def unselected_children(model: Any, result: Any, drill: int) -> str:
         return ""
     return (f"{name} has {len(kids)} sub-module(s) the golden did not select ({', '.join(kids[:8])}"
             f"{', ...' if len(kids) > 8 else ''}): the fault may lie in one of them; drill={drill + 1} or "
-            f"layers={_globs_for(model, name)!r} (a golden-size limit permitting) would narrow it")
+            f"layers={_globs_for(model, name)!r} (a golden-size limit permitting) would narrow it, in a golden "
+            f"captured with that selection on the reference machine (--parity-regen)")
 
 
 # ---------------------------------------------------------------------------------------------
