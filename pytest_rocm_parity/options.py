@@ -229,7 +229,7 @@ def from_config(config: pytest.Config) -> ParityOptions:
         regen=config.getoption("parity_regen"),
         golden_dir=(str(golden) if "://" in str(golden) else root / golden) if golden else root / "goldens",
         device=device,
-        report_dir=(root / report) if report else None,
+        report_dir=Path(os.path.normpath(root / Path(report).expanduser())) if report else None,
         allow_write=bool(_get(config, "parity_allow_write")),
         dtypes=_get(config, "parity_dtypes", parse_dtypes),
         drill=None if drill is None else int(drill),

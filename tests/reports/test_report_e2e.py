@@ -39,7 +39,7 @@ def test_capture_then_replay_writes_reports(pytester: pytest.Pytester, monkeypat
 
     monkeypatch.setenv("PARITY_TEST_BUG", "2")
     rep = pytester.runpytest_inprocess("--rocm-parity", "--parity-golden-dir=goldens", "--parity-device=cpu",
-                                       "--parity-report=rep", "--junitxml=junit.xml", "-p", "no:cacheprovider")
+                                       "--parity-report=sub/../rep", "--junitxml=junit.xml", "-p", "no:cacheprovider")
     rep.assert_outcomes(failed=1)
     rep.stdout.fnmatch_lines([
         "*rocm-parity summary*",
@@ -47,6 +47,7 @@ def test_capture_then_replay_writes_reports(pytester: pytest.Pytester, monkeypat
         "1 check: 0 passed, 1 failed",
         "report: */rep/parity-report.html*",
     ])
+    assert "/../" not in next(l for l in rep.outlines if l.startswith("report: "))   # the path as it resolves
     # old_model's test file failed, so this run cannot prove it obsolete (tests/plugin/test_golden_prune.py)
     assert "goldens obsolete" not in rep.stdout.str()
     out = pytester.path / "rep"
