@@ -150,12 +150,17 @@ def judge_layer(rec: LayerRecord, iso: list[LeafMetrics], prop: list[LeafMetrics
 UNDECIDED_OVER = 2.0
 
 
+def _by_ratio(m: LeafMetrics) -> bool:
+    """A floating leaf with finite values, judged by its ratio to the reference's error (not against
+    activation-quantization noise): the leaves the ratio's bound and the sign test speak for."""
+    return m.kind == "float" and not m.nonfinite and not m.noise > m.err_ref
+
+
 def _over_on_few_blocks(m: LeafMetrics, budget: float, z: float) -> bool:
     """The error is far over budget and consistent (the sign test), yet its lower bound is within
     budget because the excess sits on a few of the blocks, as a few tokens routed to other experts
     put it."""
-    return (m.kind == "float" and not m.nonfinite and not m.noise > m.err_ref
-            and m.ratio > UNDECIDED_OVER * budget and m.ratio_lo <= budget and m.z > z)
+    return _by_ratio(m) and m.ratio > UNDECIDED_OVER * budget and m.ratio_lo <= budget and m.z > z
 
 
 def _few_blocks(l: LayerRecord, z: float) -> bool:
@@ -198,8 +203,8 @@ def _near_tie_outputs(result: CheckResult, tol: Tolerance) -> list[str]:
     passed = []
     for o in result.outputs:
         m = o.prop
-        if deciders and not o.prop_passed and m is not None and m.kind == "float" and not m.nonfinite \
-                and not m.noise > m.err_ref and m.ratio > 0 and math.isfinite(m.ratio):
+        if deciders and not o.prop_passed and m is not None and _by_ratio(m) and m.ratio > 0 \
+                and math.isfinite(m.ratio):
             ratio = Rule.of(tol.for_layer(o.name), result.dtype).propagated_ratio(m)
             bound = m.ratio_lo / m.ratio * ratio   # the ratio's lower bound, against this rule's floor
             if bound <= o.prop_budget:
@@ -229,8 +234,8 @@ def note_over_bound(result: CheckResult, tol: Tolerance) -> None:
     over = []
     for l in result.layers:
         m = l.iso
-        if l.iso_passed and m is not None and m.kind == "float" and not m.nonfinite and not m.noise > m.err_ref \
-                and m.ratio_lo > l.budget and m.z <= tol.for_layer(l.name).z:
+        if l.iso_passed and m is not None and _by_ratio(m) and m.ratio_lo > l.budget \
+                and m.z <= tol.for_layer(l.name).z:
             over.append(f"{l.name}: isolated error {m.ratio:.3g}x the reference's, bound {m.ratio_lo:.3g}x over the "
                         f"budget {l.budget:g}x, but not farther from the truth than the reference on more elements "
                         f"than chance gives (sign test z={m.z:+.1f}, a failure needs > {tol.for_layer(l.name).z:g}): "
