@@ -13,6 +13,9 @@ One golden of a Llama shape (random init, bf16, batch x seq tokens, drill 0) is 
   the plain forward with the pass's pre- and post-hook on every selected module, doing nothing,
   then with the pre-hook swapping in the golden inputs as the pass does (engine.Hooks,
   replay._swap, golden_inputs.GoldenInputs). The pass's own work is ``pass_x`` over ``swap_x``.
+* ``host_ms``: the host's time per pass in each part of it (no wait for the device inside a
+  pass: what the host spends issuing it), beside ``forward_issue_ms``, the host's time to issue a
+  plain forward. Where a forward is bound by the host, these parts are what the pass adds to it.
 * ``full_x`` / ``full_hooked_x``: the full replay (the propagated pass, then the isolated level) with
   each isolated module called directly on its recorded call, and with the isolated level run
   through the teacher-forced forward instead (the model handed in wrapped, as DataParallel, which
@@ -142,6 +145,48 @@ def cold_replays(name: str, device: str, batch: int, seq: int, root: str, profil
     return out
 
 
+def host_parts(one_pass: Any, forward: Any, device: str, reps: int) -> dict[str, Any]:
+    """The host's milliseconds per pass in each named part of it, each function wrapped by a timer
+    for these passes only; parts nest (the forward holds the hooks, the flush its launch)."""
+    import functools
+    import statistics
+
+    from pytest_rocm_parity.runner import kernels, replay
+
+    parts = [(replay, "walk_model"), (replay, "Hooks"), (replay, "_run"), (replay, "_swap"),
+             (replay._Judge, "leaf"), (replay._Judge, "flush"), (kernels, "block_stats_many"),
+             (replay, "metrics_many"), (replay, "judge_layer"), (replay, "finish"), (replay.GoldenInputs, "_copy_from")]
+    spent: dict[str, float] = {}
+    saved = [(obj, name, getattr(obj, name)) for obj, name in parts]
+
+    def timer(fn: Any, label: str) -> Any:
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[label] = spent.get(label, 0.0) + time.perf_counter() - t
+        return timed
+    issue = []
+    try:
+        for obj, name, fn in saved:
+            setattr(obj, name, timer(fn, f"{obj.__name__.rsplit('.', 1)[-1]}.{name}"))
+        for _ in range(reps):
+            sync(device)
+            t = time.perf_counter()
+            forward()
+            issue.append(time.perf_counter() - t)
+            sync(device)
+            one_pass()
+            sync(device)
+    finally:
+        for obj, name, fn in saved:
+            setattr(obj, name, fn)
+    return {"forward_issue_ms": statistics.median(issue) * 1e3,
+            "host_ms": {k: round(v / reps * 1e3, 3) for k, v in sorted(spent.items(), key=lambda kv: -kv[1])}}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
@@ -236,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     for k in ("hooks", "swap", "pass", "pass_again", "full", "full_hooked"):
         row[f"{k}_s"] = got[k]
         row[f"{k}_x"] = got[k] / got["forward"]
+    row.update(host_parts(one_pass, forward, dev, a.reps))
     if a.profile_dir:
         os.makedirs(a.profile_dir, exist_ok=True)
         _profile(one_pass, dev, a.profile_dir, f"{a.model} fast pass (replay._replay_rung, goldens loaded)")
