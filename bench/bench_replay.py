@@ -12,7 +12,7 @@ One golden of a Llama shape (random init, bf16, batch x seq tokens, drill 0) is 
 * ``hooks_x`` / ``swap_x``: what any pass built on module hooks costs before it judges anything:
   the plain forward with the pass's pre- and post-hook on every selected module, doing nothing,
   then with the pre-hook swapping in the golden inputs as the pass does (engine.Hooks,
-  replay._swap, golden_inputs.GoldenInputs). The pass's own work is ``pass_x`` over ``swap_x``.
+  replay._swap). The pass's own work is ``pass_x`` over ``swap_x``.
 * ``host_ms``: the host's time per pass in each part of it (no wait for the device inside a
   pass: what the host spends issuing it), beside ``forward_issue_ms``, the host's time to issue a
   plain forward. Where a forward is bound by the host, these parts are what the pass adds to it.
@@ -155,7 +155,7 @@ def host_parts(one_pass: Any, forward: Any, device: str, reps: int) -> dict[str,
 
     parts = [(replay, "walk_model"), (replay, "Hooks"), (replay, "_run"), (replay, "_swap"),
              (replay._Judge, "leaf"), (replay._Judge, "flush"), (kernels, "block_stats_many"),
-             (replay, "metrics_many"), (replay, "judge_layer"), (replay, "finish"), (replay.GoldenInputs, "_copy_from")]
+             (replay, "metrics_many"), (replay, "judge_layer"), (replay, "finish")]
     spent: dict[str, float] = {}
     saved = [(obj, name, getattr(obj, name)) for obj, name in parts]
 
@@ -206,7 +206,6 @@ def main(argv: list[str] | None = None) -> int:
                                                   file_digests, sha256_file)
     from pytest_rocm_parity.runner.capture import capture
     from pytest_rocm_parity.runner.engine import CheckSpec, Hooks, _run
-    from pytest_rocm_parity.runner.golden_inputs import GoldenInputs
     from pytest_rocm_parity.runner.replay import _preload, _replay_rung, _swap, activation_paths
     from pytest_rocm_parity.runner.selection import select
 
@@ -248,17 +247,16 @@ def main(argv: list[str] | None = None) -> int:
         with Hooks(model, selected, lambda key, sel, a, kw: None, lambda key, sel, out: None):
             forward()
 
-    copies = GoldenInputs(reader, layers)   # copies, as the pass makes of what the reader holds
-    first = [k for k in meta["order"] if k in layers and layers[k]["level"] == 0]
+    def golden(key: str, p: str) -> Any:   # a copy, as the pass makes of what the reader holds
+        return reader.get(layers[key]["in"][p]).clone()
 
     def swapped_in(key: str, sel: Any, a: Any, kw: Any) -> Any:
         if key not in layers:
             return None
-        sa, skw, _ = _swap(key, a, kw, acts[key], copies.take, [], standalone=True)
+        sa, skw, _ = _swap(key, a, kw, acts[key], golden, [], standalone=True)
         return sa, skw
 
     def swap_only() -> None:
-        copies.plan((k, p) for k in first for p in acts[k])
         with Hooks(model, selected, swapped_in, lambda key, sel, out: None):
             forward()
 

@@ -45,7 +45,6 @@ from pytest_rocm_parity.runner.tree import constant_leaves, map_tensors, split_l
 from pytest_rocm_parity.quant.allowance import noise_allowance
 from pytest_rocm_parity.quant.diagnosis import quant_notes
 from pytest_rocm_parity.quant.storage import quantized_tensor_ids
-from pytest_rocm_parity.runner.golden_inputs import GoldenInputs
 from pytest_rocm_parity.runner.padding import Padding
 from pytest_rocm_parity.runner.wrappers import cast_in_place, inlines_compiled_children, training_modules, unwrap
 
@@ -561,13 +560,12 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         tmpl = map_tensors(inputs_template, lambda p, _t: reader.get(f"input/{p}").clone())
         return tuple(tmpl["args"]), tmpl["kwargs"]
 
-    inputs = GoldenInputs(reader, layers)
-    golden = inputs.take
-    order = meta.get("order", list(layers))
-
-    def at_level(level: int) -> list[str]:
-        # the level's calls in the order the capture saw them made
-        return [k for k in order if k in layers and layers[k]["level"] == level]
+    def golden(key: str, path: str) -> Any:
+        # a copy of what the reader holds (a module may write its input, by torch ops or through a
+        # raw pointer no version counter sees); a tensor read for this call alone is its own
+        gk = layers[key]["in"][path]
+        t = reader.get(gk)
+        return t.clone() if reader.holds(gk) else t
 
     if meta.get("sketch"):
         with cast_in_place(inner, place, dtype, walk.modules, walk.stamp()), eval_mode(inner, walk), numerics(rung, tol.tf32):
@@ -644,8 +642,8 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         if fast:
             # one teacher-forced forward: the outermost level judged in isolation, in the candidate's
             # own (compiled) forward, and every call kept for the deeper levels
-            _hooked_level(model, inner, selected, levels[0], at_level(levels[0]), layers, acts, inputs, compare, iso,
-                          judge, notes, rerouted, lambda: (args, kwargs), keep_call if len(levels) > 1 else None)
+            _hooked_level(model, inner, selected, levels[0], layers, acts, golden, compare, iso, judge, notes, rerouted,
+                          lambda: (args, kwargs), keep_call if len(levels) > 1 else None)
             deeper = levels[1:]
         else:
             with Hooks(inner, selected, keep_call, on_prop):
@@ -662,12 +660,11 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         # forward, where the hooks break the compiled graph at each judged module.
         compiled = model is not inner or any(getattr(m, "_compiled_call_impl", None) is not None for m in walk.modules)
         for level in deeper:
-            keys = at_level(level)
-            if compiled or not _direct_level(inner, keys, layers, acts, calls, plain, inputs, compare, iso, judge,
-                                             notes, rerouted, level):
-                _hooked_level(model, inner, selected, level, keys, layers, acts, inputs, compare, iso, judge, notes,
-                              rerouted, stored_inputs)
-        inputs.plan(())   # the copies not taken are freed; a later input is copied on its own
+            keys = [k for k in meta.get("order", list(layers)) if k in layers and layers[k]["level"] == level]
+            if compiled or not _direct_level(inner, keys, layers, acts, calls, plain, golden, compare, iso, judge,
+                                                   notes, rerouted, level):
+                _hooked_level(model, inner, selected, level, layers, acts, golden, compare, iso, judge, notes, rerouted,
+                              stored_inputs)
         if rerouted:
             notes.append(f"{len(rerouted)} module call{'s' if len(rerouted) > 1 else ''} ({', '.join(rerouted[:3])}"
                          f"{'...' if len(rerouted) > 3 else ''}) had inputs of other shapes on the candidate than in "
@@ -731,7 +728,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
 
 
 def _direct_level(inner: Any, keys: list[str], layers: dict[str, dict[str, Any]], acts: dict[str, dict[str, str]],
-                  calls: dict[str, tuple[Any, Any]], plain: dict[str, bool], inputs: GoldenInputs,
+                  calls: dict[str, tuple[Any, Any]], plain: dict[str, bool], golden: Callable[[str, str], Any],
                   compare: Callable[..., None], iso: dict[str, list[LeafMetrics]], judge: _Judge,
                   notes: list[str], rerouted: list[str], level: int) -> bool:
     """One level by direct calls on the candidate's own calls, activations swapped for the golden
@@ -742,8 +739,6 @@ def _direct_level(inner: Any, keys: list[str], layers: dict[str, dict[str, Any]]
         return False
     todo = [k for k in keys if k in calls]
     before = set(iso)
-    inputs.plan((k, p) for k in todo for p in acts[k])
-    golden = inputs.take
     try:
         with torch.inference_mode():
             for key in todo:
@@ -811,17 +806,14 @@ def _swap(key: str, a: Any, kw: Any, paths: dict[str, str], golden: Callable[[st
     return tuple(root["args"]), root["kwargs"], reshaped
 
 
-def _hooked_level(model: Any, inner: Any, selected: list[Selected], level: int, keys: list[str],
-                  layers: dict[str, dict[str, Any]],
-                  acts: dict[str, dict[str, str]], inputs: GoldenInputs, compare: Callable[..., None],
+def _hooked_level(model: Any, inner: Any, selected: list[Selected], level: int, layers: dict[str, dict[str, Any]],
+                  acts: dict[str, dict[str, str]], golden: Callable[[str, str], Any], compare: Callable[..., None],
                   iso: dict[str, list[LeafMetrics]], judge: _Judge, notes: list[str], rerouted: list[str],
                   stored_inputs: Callable[[], tuple[Any, Any]],
                   keep_call: Callable[[str, Selected, Any, Any], None] | None = None) -> None:
     """One level through the candidate's whole forward: every module runs in its caller's context
     (a cache, a BlockMask built by that forward), its activation inputs swapped by a pre-hook.
     ``keep_call``: also sees every selected call as the candidate made it."""
-    inputs.plan((k, p) for k in keys for p in acts[k])
-    golden = inputs.take
     def sub(key: str, sel: Selected, a: Any, kw: Any) -> Any:
         if keep_call is not None:
             keep_call(key, sel, a, kw)
