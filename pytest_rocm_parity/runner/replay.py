@@ -662,7 +662,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         for level in deeper:
             keys = [k for k in meta.get("order", list(layers)) if k in layers and layers[k]["level"] == level]
             if compiled or not _direct_level(inner, keys, layers, acts, calls, plain, golden, compare, iso, judge,
-                                                   notes, rerouted, level):
+                                             notes, rerouted, level):
                 _hooked_level(model, inner, selected, level, layers, acts, golden, compare, iso, judge, notes, rerouted,
                               stored_inputs)
         if rerouted:
