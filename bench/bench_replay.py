@@ -147,7 +147,8 @@ def cold_replays(name: str, device: str, batch: int, seq: int, root: str, profil
 
 def host_parts(one_pass: Any, forward: Any, device: str, reps: int) -> dict[str, Any]:
     """The host's milliseconds per pass in each named part of it, each function wrapped by a timer
-    for these passes only; parts nest (the forward holds the hooks, the flush its launch)."""
+    for these passes only; parts nest (the hooked forward holds the swap and the output checks, the
+    flush its launch and formulas)."""
     import functools
     import statistics
 
