@@ -57,6 +57,7 @@ class Facts:
     tools: ToolsReport | None = None
     packages: dict[str, str | None] = field(default_factory=dict)
     memory: list[tuple[int, int, int]] = field(default_factory=list)  # (index, free, total) bytes
+    kernels: bool = True   # compile the statistics kernel for each visible arch (seconds each)
 
 
 # --------------------------------------------------------------------------- gathering
@@ -116,8 +117,10 @@ def _memory(info: BackendInfo) -> list[tuple[int, int, int]]:
     return out
 
 
-def gather_facts(*, run_tools: bool = True, timeout: float = 10.0, env: Mapping[str, str] | None = None) -> Facts:
-    """Query torch, installed packages and (optionally) the ROCm system tools."""
+def gather_facts(*, run_tools: bool = True, timeout: float = 10.0, env: Mapping[str, str] | None = None,
+                 kernels: bool = True) -> Facts:
+    """Query torch, installed packages and (optionally) the ROCm system tools; ``kernels``: the
+    triton-kernels check compiles for each visible arch."""
     info = backend_info()
     return Facts(
         info=info,
@@ -125,6 +128,7 @@ def gather_facts(*, run_tools: bool = True, timeout: float = 10.0, env: Mapping[
         tools=probe_tools(timeout) if run_tools else None,
         packages=_packages(),
         memory=_memory(info),
+        kernels=kernels,
     )
 
 
@@ -538,10 +542,12 @@ def check_triton_kernels(f: Facts) -> list[Check]:
     same verdicts, tens of times slower at 1.1B (docs/performance.md). Compiled here (triton_targets, in a
     subprocess: seconds per arch, docs/doctor.md), it is a line of the checklist instead.
     """
-    return [Check(f"triton-kernels[{arch}]", *_stats_kernel_build(arch)) for arch in f.info.archs]
+    if not f.kernels:
+        return []
+    return [Check(f"triton-kernels[{arch}]", *stats_kernel_build(arch)) for arch in f.info.archs]
 
 
-def _stats_kernel_build(arch: str) -> tuple[Status, str, str]:
+def stats_kernel_build(arch: str) -> tuple[Status, str, str]:
     """(status, detail, fix) of compiling the statistics kernel for ``arch``; once per arch and process."""
     got = _BUILDS.get(arch)
     if got is None:
@@ -642,13 +648,15 @@ def add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-tools", action="store_true", help="do not run rocminfo, rocm-smi or amd-smi")
     parser.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
                         help="time limit for each system tool (default: 10)")
+    parser.add_argument("--no-kernels", action="store_true",
+                        help="do not compile the replay's statistics kernel for each GPU (seconds per arch)")
     parser.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
 
 
 def run_doctor(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise InvalidArgument(f"--timeout must be positive, got {args.timeout!r}")
-    facts = gather_facts(run_tools=not args.no_tools, timeout=args.timeout)
+    facts = gather_facts(run_tools=not args.no_tools, timeout=args.timeout, kernels=not args.no_kernels)
     checks = run_checks(facts)
     if args.json:
         print(json.dumps(to_json(checks, facts), indent=2, default=str))
@@ -660,10 +668,10 @@ def run_doctor(args: argparse.Namespace) -> int:
 def header_lines() -> list[str]:
     """Short pytest report header: the backend in one line, problems in a second.
 
-    Runs no external tool (pytest start-up must stay fast) and never raises.
+    Runs no external tool and compiles nothing (pytest start-up must stay fast), and never raises.
     """
     try:
-        facts = gather_facts(run_tools=False)
+        facts = gather_facts(run_tools=False, kernels=False)
         info = facts.info
         lines = [f"rocm-parity: {info.backend} build, torch {info.torch_version}"
                  + (f", HIP {info.hip_version}" if info.hip_version else "")
@@ -678,7 +686,7 @@ def header_lines() -> list[str]:
             names = ", ".join(dict.fromkeys(c.name for c in bad))
             # the counts leave out the tools' checks, so a full doctor run may count more: say so
             lines.append(f"rocm-parity doctor: {fails} fail, {len(bad) - fails} warn ({names}) without running "
-                         f"rocminfo/rocm-smi; run `rocm-parity doctor` for those and the fixes")
+                         f"rocminfo/rocm-smi or compiling kernels; run `rocm-parity doctor` for those and the fixes")
         return lines
     except Exception as exc:  # noqa: BLE001 - a header must never break a test session
         return [f"rocm-parity: environment check failed: {type(exc).__name__}: {exc}"]

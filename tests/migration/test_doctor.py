@@ -31,8 +31,9 @@ NO_PKGS: dict[str, str | None] = {}
 
 
 def facts(env: dict[str, str] | None = None, packages: dict[str, str | None] | None = None,
-          tools: rocm_tools.ToolsReport | None = None) -> Facts:
-    f = doctor.gather_facts(run_tools=False, env=env or {})
+          tools: rocm_tools.ToolsReport | None = None, kernels: bool = False) -> Facts:
+    """The facts of a patched torch; Triton's compiles only where a test asks (the triton marker's)."""
+    f = doctor.gather_facts(run_tools=False, env=env or {}, kernels=kernels)
     f.packages = dict(NO_PKGS if packages is None else packages)
     f.tools = tools
     return f
@@ -54,17 +55,19 @@ def test_healthy_mi300x(monkeypatch: pytest.MonkeyPatch) -> None:
     assert doctor.exit_code(checks) == 0
 
 
+@pytest.mark.triton
 def test_triton_builds_the_statistics_kernel_for_each_visible_arch(monkeypatch: pytest.MonkeyPatch) -> None:
     """Real compiles (Triton's AMD and NVIDIA compilers, on this CPU) for the patched devices' archs."""
     pytest.importorskip("triton")
     patch_torch(monkeypatch, MI300X, n=8)
-    (c,) = [c for c in doctor.run_checks(facts()) if c.name.startswith("triton-kernels")]
+    assert not [c for c in doctor.run_checks(facts()) if c.name.startswith("triton-kernels")]   # --no-kernels
+    (c,) = [c for c in doctor.run_checks(facts(kernels=True)) if c.name.startswith("triton-kernels")]
     assert c.name == "triton-kernels[gfx942]" and c.status == "ok" and "VGPRs, 0 spills" in c.detail, c
     patch_torch(monkeypatch, H100, hip=None, cuda="12.4", version="2.6.0+cu124")
-    assert by_name(doctor.run_checks(facts()), "triton-kernels[sm_90]").status == "ok"
+    assert by_name(doctor.run_checks(facts(kernels=True)), "triton-kernels[sm_90]").status == "ok"
     # an arch this Triton's compiler does not know: a warning with the compiler's words, not a crash
     patch_torch(monkeypatch, dict(MI300X, name="AMD future part", gcnArchName="gfx1999"), n=1)
-    c = by_name(doctor.run_checks(facts()), "triton-kernels[gfx1999]")
+    c = by_name(doctor.run_checks(facts(kernels=True)), "triton-kernels[gfx1999]")
     assert c.status == "warn" and "unsupported target: 'gfx1999'" in c.detail and "torch ops" in c.fix, c
 
 
@@ -355,7 +358,7 @@ def _args(*argv: str) -> argparse.Namespace:
 def test_run_doctor_json_and_exit_code(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     patch_torch(monkeypatch, MI300X)
     monkeypatch.setenv("HIP_VISIBLE_DEVICES", "")
-    assert doctor.run_doctor(_args("--json", "--no-tools")) == 1
+    assert doctor.run_doctor(_args("--json", "--no-tools", "--no-kernels")) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["status"] == "fail" and data["summary"]["fail"] >= 1
     assert {"name", "status", "detail", "fix"} <= set(data["checks"][0])
@@ -364,9 +367,10 @@ def test_run_doctor_json_and_exit_code(monkeypatch: pytest.MonkeyPatch, capsys: 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.delenv("ROCR_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(doctor, "_packages", lambda: {})
-    assert doctor.run_doctor(_args("--no-tools")) == 0
+    assert doctor.run_doctor(_args("--no-tools", "--no-kernels")) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0].split() == ["STATUS", "CHECK", "DETAIL"]
+    assert "triton-kernels" not in out   # --no-kernels
 
 
 def test_strict_fails_on_warnings() -> None:
@@ -378,12 +382,15 @@ def test_strict_fails_on_warnings() -> None:
 def test_header_lines(monkeypatch: pytest.MonkeyPatch) -> None:
     patch_torch(monkeypatch, MI300X, n=8)
     monkeypatch.setenv("HIP_VISIBLE_DEVICES", "")
+    compiled: list[str] = []
+    monkeypatch.setattr(doctor, "stats_kernel_build", lambda arch: compiled.append(arch) or ("ok", "", ""))
     lines = doctor.header_lines()
+    assert not compiled   # pytest's start-up compiles no kernel: the doctor command does
     assert 1 <= len(lines) <= 4
     assert "rocm build" in lines[0] and "8 x AMD Instinct MI300X [gfx942, warp 64]" in lines[0]
     assert "visible-devices" in lines[1] and "rocm-parity doctor" in lines[1]
     # no external tool runs at pytest start-up, and the line says its counts leave them out
-    assert "without running rocminfo/rocm-smi" in lines[1]
+    assert "without running rocminfo/rocm-smi or compiling kernels" in lines[1]
 
 
 def test_header_lines_never_raise(monkeypatch: pytest.MonkeyPatch) -> None:
