@@ -110,31 +110,37 @@ class RemoteGoldenStore(GoldenStore):
         raw = self._read_manifest_bytes(rm, where)
         d = self.dir_for(name)
         d.mkdir(parents=True, exist_ok=True)
-        tmp = d / f".tmp-{MANIFEST}"
-        manifest = self._validated(raw, tmp, where)
-        for r in manifest["rungs"].values():
-            fname, expected = Path(str(r["file"])).name, expected_digest(r)
-            local = d / fname
-            if local.exists() and expected and digest_matches(local, expected):
-                continue  # cached and verified
-            size = self._plain_file(self._remote(name, fname), f"{self.url}/{safe_name(name)}/{fname}", listed=True)
-            if isinstance(r.get("bytes"), int) and size != r["bytes"]:
-                raise GoldenCorrupt(f"{self.url}/{safe_name(name)}/{fname}: holds {size} bytes where its manifest "
-                                    f"records {r['bytes']} (truncated or replaced); recapture and upload this golden",
-                                    rm)
-            tmp_file = temp_beside(d, Path(fname).suffix)
-            try:
-                self.fs.get_file(self._remote(name, fname), str(tmp_file))
-            except OSError as exc:
-                tmp_file.unlink(missing_ok=True)
-                # gone from the store: the golden is incomplete; any other failure is the way to it
-                where = f"{self.url}/{safe_name(name)}/{fname}"
-                if isinstance(exc, FileNotFoundError):
-                    raise _missing_from_store(where, rm) from exc
-                raise GoldenError(f"{where}: named by the manifest but cannot be fetched ({exc}); check the URL, "
-                                  f"the credentials and the network, and run again", rm) from exc
-            commit(tmp_file, local)
-        commit(tmp, d / MANIFEST)
+        # a temporary name of its own: two processes fetching the same golden never share one
+        tmp = temp_beside(d, Path(MANIFEST).suffix)
+        try:
+            manifest = self._validated(raw, tmp, where)
+            for r in manifest["rungs"].values():
+                fname, expected = Path(str(r["file"])).name, expected_digest(r)
+                local = d / fname
+                if local.exists() and expected and digest_matches(local, expected):
+                    continue  # cached and verified
+                size = self._plain_file(self._remote(name, fname), f"{self.url}/{safe_name(name)}/{fname}",
+                                        listed=True)
+                if isinstance(r.get("bytes"), int) and size != r["bytes"]:
+                    raise GoldenCorrupt(f"{self.url}/{safe_name(name)}/{fname}: holds {size} bytes where its manifest "
+                                        f"records {r['bytes']} (truncated or replaced); recapture and upload this golden",
+                                        rm)
+                tmp_file = temp_beside(d, Path(fname).suffix)
+                try:
+                    self.fs.get_file(self._remote(name, fname), str(tmp_file))
+                except OSError as exc:
+                    tmp_file.unlink(missing_ok=True)
+                    # gone from the store: the golden is incomplete; any other failure is the way to it
+                    where = f"{self.url}/{safe_name(name)}/{fname}"
+                    if isinstance(exc, FileNotFoundError):
+                        raise _missing_from_store(where, rm) from exc
+                    raise GoldenError(f"{where}: named by the manifest but cannot be fetched ({exc}); check the URL, "
+                                      f"the credentials and the network, and run again", rm) from exc
+                commit(tmp_file, local)
+            commit(tmp, d / MANIFEST)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
     def exists(self, name: str) -> bool:
         try:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote
 
+from pytest_rocm_parity.atomic import atomic_write
 from pytest_rocm_parity.colour import SEVERITY, enabled, paint
 from pytest_rocm_parity.errors import InvalidArgument
 from pytest_rocm_parity.tables import text_table
@@ -780,7 +781,7 @@ def run_scan(args: argparse.Namespace) -> int:
     else:
         out = format_text(result, color)
     if args.output:
-        Path(args.output).write_text(out + "\n", encoding="utf-8")
+        atomic_write(args.output, out + "\n")
     else:
         sys.stdout.write(out + "\n")
     return exit_code(result, args.fail_on)
