@@ -286,6 +286,7 @@ def test_a_tensor_file_the_store_cannot_send_says_what_to_do(url: str, tmp_path:
     monkeypatch.setattr(reader.fs, "get_file", refuse)   # the manifest comes through, the tensors do not
     with pytest.raises(GoldenError, match=says):
         reader.read_manifest("mlp")
+    assert [p.name for p in (tmp_path / "b").rglob("*") if p.is_file()] == []   # no manifest, no temporary left
 
 
 def test_a_tensor_file_deleted_from_the_store_makes_the_golden_corrupt(url: str, tmp_path: Path) -> None:
