@@ -74,6 +74,26 @@ class Rule:
         return ""
 
 
+    @property
+    def sketch_budget(self) -> float:
+        """A sketch golden's budget: it holds no inputs, so its propagated verdict is the verdict,
+        judged like an isolated one against the larger of the ratio budget and Dynamo's multiplier."""
+        return max(self.budget, self.k)
+
+    def sketch_failure(self, m: LeafMetrics) -> str:
+        """'' if a leaf judged against a sketch golden passes, else the reason: the ratio's bound and
+        the sign test over the sketch entries (which are few) against sketch_budget."""
+        if m.note.startswith("shape") or m.kind == "exact" or m.nonfinite:
+            return self.failure(m, True)
+        if m.noise > m.err_ref:   # the candidate quantizes its activations otherwise: the noise rule
+            return self.failure(m, False)
+        budget = self.sketch_budget
+        if m.ratio_lo > budget and m.z > self.z:
+            return (f"drift {m.ratio:.3g}x the reference's error (>= {m.ratio_lo:.3g}x at {self.confidence:g} sigma "
+                    f"over the sketch; budget {budget:g}x; sign test z={m.z:+.1f})")
+        return ""
+
+
 def leaf_failure(m: LeafMetrics, tol: Tolerance, rung: str, isolated: bool) -> str:
     """'' if the leaf passes, else the reason (``tol`` resolved for the layer)."""
     return Rule.of(tol, rung).failure(m, isolated)

@@ -37,7 +37,7 @@ from pytest_rocm_parity.runner.engine import (
 )
 from pytest_rocm_parity.errors import GoldenCorrupt, GoldenStale
 from pytest_rocm_parity.golden.store import GoldenStore, RungReader, expected_digest
-from pytest_rocm_parity.judging.judge import Rule, finish, judge_layer, leaf_failure, may_fail
+from pytest_rocm_parity.judging.judge import Rule, finish, judge_layer, may_fail
 from pytest_rocm_parity.judging.records import NOT_CALLED, CheckResult, LayerRecord, LeafMetrics
 from pytest_rocm_parity.runner.selection import Selected, select
 from pytest_rocm_parity.judging.tolerance import Tolerance
@@ -87,22 +87,18 @@ def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: R
         out = _run(m, args0, kwargs0)
     result = CheckResult(test=spec.test, name=spec.name, dtype=rung, passed=True)
     for key, rec in _records_in_order(meta, layers):
-        t = tol.for_layer(layers[key]["name"])    # the module's tolerance, for each of its calls
-        judge_layer(rec, [], prop.get(key, []), Rule.of(t, rung))
-        # No inputs in a sketch golden: the propagated verdict is the verdict, judged like an isolated
-        # one (jackknife bound and sign test over the sketch entries, which are few) against the larger
-        # of the ratio budget and Dynamo's multiplier.
-        budget = max(t.ratio_for(rung), t.propagated_for(rung))
-        reasons = [_sketch_failure(mm, t, rung, budget) for mm in prop.get(key, [])]
+        rule = Rule.of(tol.for_layer(layers[key]["name"]), rung)   # the module's, for each of its calls
+        judge_layer(rec, [], prop.get(key, []), rule)
+        reasons = [rule.sketch_failure(mm) for mm in prop.get(key, [])]
         rec.prop_passed = rec.iso_passed = rec.passed = not any(reasons)
-        rec.budget = budget
+        rec.budget = rule.sketch_budget
         rec.reason = next((r for r in reasons if r), "")
         result.layers.append(rec)
     for p, mm in zip(meta["outputs"]["out"], judge_leaves(OUTPUT, out, meta["outputs"]["out"])):
         rec = LayerRecord(name=f"{OUTPUT}.{p}")
-        judge_layer(rec, [], [mm], Rule.of(tol.for_layer(rec.name), rung))
-        budget = max(tol.ratio_for(rung), tol.propagated_for(rung))
-        rec.reason = _sketch_failure(mm, tol, rung, budget)
+        rule = Rule.of(tol.for_layer(rec.name), rung)
+        judge_layer(rec, [], [mm], rule)
+        rec.reason = rule.sketch_failure(mm)
         rec.passed = rec.prop_passed = not rec.reason
         result.outputs.append(rec)
     result.notes.append(f"sketch golden (groups of {group}): propagated judgement only; the culprit is the "
@@ -121,17 +117,6 @@ def _records_in_order(meta: dict[str, Any], layers: dict[str, dict[str, Any]]) -
 def _record(key: str, e: dict[str, Any]) -> LayerRecord:
     """An empty record of the captured call ``key`` (its golden entry ``e``)."""
     return LayerRecord(name=key, level=e["level"], primary=e["primary"], decides=e.get("decides"))
-
-
-def _sketch_failure(m: LeafMetrics, tol: Tolerance, rung: str, budget: float) -> str:
-    if m.note.startswith("shape") or m.kind == "exact" or m.nonfinite:
-        return leaf_failure(m, tol, rung, isolated=True)
-    if m.noise > m.err_ref:   # the candidate quantizes its activations otherwise: the noise rule
-        return leaf_failure(m, tol, rung, isolated=False)
-    if m.ratio_lo > budget and m.z > tol.z:
-        return (f"drift {m.ratio:.3g}x the reference's error (>= {m.ratio_lo:.3g}x at {tol.confidence:g} sigma over "
-                f"the sketch; budget {budget:g}x; sign test z={m.z:+.1f})")
-    return ""
 
 
 def load_truth(reader: RungReader, name: str, ref: Any) -> Any:

@@ -491,8 +491,6 @@ def _replay_sketch(cand: Any, meta: dict[str, Any], reader: RungReader, spec: Ch
     forward's sketch goldens; the culprit is the first module, in the backward's order, whose own
     parameters' gradients drifted (else whose output gradient did), unless every gradient is off by
     one factor (the loss's scaling, _loss_factor_note)."""
-    from pytest_rocm_parity.runner.replay import _sketch_failure
-
     tol = spec.tolerance
     u = tol.unit_roundoff(rung)
     run = _Run(cand, selected, call)
@@ -507,7 +505,7 @@ def _replay_sketch(cand: Any, meta: dict[str, Any], reader: RungReader, spec: Ch
     records: dict[str, LayerRecord] = {}
     for name, entries in _by_module(meta["layers"]):
         t = tol.for_layer(name)
-        budget = max(t.ratio_for(rung), t.propagated_for(rung))
+        rule = Rule.of(t, rung)
         leaves = [(e["key"], _sketch_metric(_tag("grad_output", e["key"], name, len(entries)), run.g[e["key"]],
                                             reader, "go", e["key"], group, u, t.confidence, scales))
                   for e in entries if e["key"] in run.g]
@@ -515,10 +513,10 @@ def _replay_sketch(cand: Any, meta: dict[str, Any], reader: RungReader, spec: Ch
         leaves += [("", _sketch_metric(f"grad {pn}", grads[pn], reader, "pg", pn, group, u, t.confidence, scales))
                    for pn in params if pn in grads]
         rec = LayerRecord(name=name, level=entries[0]["level"], primary=entries[0]["primary"])
-        judge_layer(rec, [], [m for _, m in leaves], Rule.of(t, rung))
-        reasons = [(key, _sketch_failure(m, t, rung, budget)) for key, m in leaves]
+        judge_layer(rec, [], [m for _, m in leaves], rule)
+        reasons = [(key, rule.sketch_failure(m)) for key, m in leaves]
         rec.prop_passed = rec.iso_passed = rec.passed = not any(r for _, r in reasons)
-        rec.budget, rec.reason = budget, next((r for _, r in reasons if r), "")
+        rec.budget, rec.reason = rule.sketch_budget, next((r for _, r in reasons if r), "")
         go_bad.update((key, why) for key, why in reasons if key and why)
         if any(why for key, why in reasons if not key):
             pg_bad.add(name)
