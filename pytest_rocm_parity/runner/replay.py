@@ -61,14 +61,18 @@ def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: R
     layers = {e["key"]: e for e in meta["layers"]}
     noise = noise_allowance(meta, m)
 
+    optional: dict[str, list[str]] = {}   # optional output leaf -> the calls only the reference returned it from
+
     def judge_leaves(key: str, out: Any, names: dict[str, str]) -> list[LeafMetrics]:
         got = tensor_leaves(out)
         res = []
         for p, gk in names.items():
             c = got.get(p)
-            if c is None:
+            if c is None and optional_leaf(p):
+                optional.setdefault(p, []).append(key)
+            elif c is None:
                 res.append(LeafMetrics(leaf=p, numel=0, ratio=float("inf"), ratio_lo=float("inf"),
-                                       note=f"shape: output leaf {p!r} missing on the candidate"))
+                                       note=f"shape: the module's main output {p!r} is missing on the candidate"))
             elif gk.startswith("x/"):
                 res.append(exact_metrics(p, c.detach(), reader.get(gk)))
             else:
@@ -94,13 +98,15 @@ def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: R
         rec.budget = rule.sketch_budget
         rec.reason = next((r for r in reasons if r), "")
         result.layers.append(rec)
-    for p, mm in zip(meta["outputs"]["out"], judge_leaves(OUTPUT, out, meta["outputs"]["out"])):
-        rec = LayerRecord(name=f"{OUTPUT}.{p}")
+    for mm in judge_leaves(OUTPUT, out, meta["outputs"]["out"]):
+        rec = LayerRecord(name=f"{OUTPUT}.{mm.leaf}")
         rule = Rule.of(tol.for_layer(rec.name), rung)
         judge_layer(rec, [], [mm], rule)
         rec.reason = rule.sketch_failure(mm)
         rec.passed = rec.prop_passed = not rec.reason
         result.outputs.append(rec)
+    result.notes += optional_notes({p: [k for k in keys if k != OUTPUT] for p, keys in optional.items()},
+                                   [p for p, keys in optional.items() if OUTPUT in keys])
     result.notes.append(f"sketch golden (groups of {group}): propagated judgement only; the culprit is the "
                         f"smallest module where the candidate first drifts")
     return finish(result, tol)
@@ -487,6 +493,18 @@ OPTIONAL_FIELDS = frozenset({"past_key_values", "hidden_states", "attentions", "
                              "decoder_attentions", "router_logits", "aux_loss"})
 
 
+def optional_notes(by_leaf: dict[str, list[str]], outputs: list[str]) -> list[str]:
+    """Notes on the optional outputs only the reference produced: ``by_leaf``, a module output leaf ->
+    the calls that lacked it; ``outputs``, the model's own such outputs (optional_leaf)."""
+    notes = [f"optional output {p!r} of {keys[0]}{f' and {len(keys) - 1} more' if len(keys) > 1 else ''} "
+             f"is produced by the reference only (another implementation's calling convention): not judged"
+             for p, keys in by_leaf.items() if keys]
+    if outputs:
+        notes.append(f"model output{'s' if len(outputs) > 1 else ''} {', '.join(outputs[:4])}"
+                     f"{'...' if len(outputs) > 4 else ''} produced by the reference only: not judged")
+    return notes
+
+
 def optional_leaf(path: str) -> bool:
     """Whether an output leaf may be absent on one side without failing: a tuple's later items (an
     attention's weights, a block's cache) and the optional fields of a Hugging Face output. The first
@@ -664,9 +682,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
                 rec.reason = NOT_CALLED
             result.layers.append(rec)
         result.outputs = outs
-        for p, keys in optional.items():
-            notes.append(f"optional output {p!r} of {keys[0]}{f' and {len(keys) - 1} more' if len(keys) > 1 else ''} "
-                         f"is produced by the reference only (another implementation's calling convention): not judged")
+        notes += optional_notes(optional, [])
         if padding is not None:
             notes.append(padding.note())
         flags = convention_changes(meta, inputs_template)
@@ -900,9 +916,7 @@ def _compare_outputs(out: Any, meta: dict[str, Any], reader: RungReader, judge: 
             judge_layer(rec, [], sink, Rule.of(tol.for_layer(rec.name), rung))
             rec.passed = rec.prop_passed
         recs.append(rec)
-    if missing:
-        notes.append(f"model output{'s' if len(missing) > 1 else ''} {', '.join(missing[:4])}"
-                     f"{'...' if len(missing) > 4 else ''} produced by the reference only: not judged")
+    notes += optional_notes({}, missing)
     return recs
 
 

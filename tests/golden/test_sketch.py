@@ -6,7 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from parity_models import mlp_lm
+from torch import nn
+
+from parity_models import capture_then_replay, llama, mlp_lm, tokens, verdicts
 from pytest_rocm_parity.runner.capture import capture
 
 from pytest_rocm_parity.runner.engine import CheckSpec
@@ -84,3 +86,50 @@ def test_a_small_output_is_kept_whole_and_its_bug_named(tmp_path: Path) -> None:
     model.blocks[1].fc2.register_forward_hook(lambda _m, _a, out: out * 1.01)
     (bad,) = replay(model, ids, spec, store, "cpu", env={})
     assert not bad.passed and bad.culprit == "blocks.1.fc2", (bad.culprit, [l.reason for l in bad.layers if l.reason])
+
+
+class _NearTieRouter(nn.Module):
+    """Two experts' scores that differ by less than bfloat16's rounding: the float64 truth picks the
+    second wherever the score is positive, bfloat16 sees a tie and picks the first."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.score = nn.Linear(d, 1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        s = self.score(x)
+        scores = torch.cat([s, s * (1 + 1e-4)], -1)
+        return scores, scores.argmax(-1)
+
+
+class _Routed(nn.Module):
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.proj = nn.Linear(d, d)
+        self.router = _NearTieRouter(d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        scores, _ = self.router(h)
+        return h * scores[..., :1]
+
+
+def test_a_routers_indices_are_the_rungs_own_not_the_truths(tmp_path: Path) -> None:
+    """A sketch golden keeps a router's indices as the bfloat16 reference chose them: the unchanged
+    model replays clean at that rung, where the float64 truth chose otherwise at every near-tie."""
+    model = _Routed().eval()
+    x = torch.randn(4, 32, 16, generator=torch.Generator().manual_seed(1))
+    spec = CheckSpec(name="r", dtypes=["bfloat16"], sketch=64)
+    store = GoldenStore(tmp_path)
+    capture(model, x, spec, store, "cpu", env={})
+    (res,) = replay(model, x, spec, store, "cpu", env={})
+    assert res.passed, verdicts([res])
+
+
+def test_attention_weights_only_the_reference_returns_are_a_note() -> None:
+    """Eager attention returns its weights, SDPA none: a correct migration, judged on the outputs
+    both produce, as the full golden judges it."""
+    res = capture_then_replay(lambda: llama("eager"), llama("sdpa"), tokens(),
+                              CheckSpec(name="m", dtypes=["float32"], sketch=64))
+    assert res[0].passed, verdicts(res)
+    assert any("optional output '1'" in n and "reference only" in n for n in res[0].notes), res[0].notes
