@@ -125,6 +125,7 @@ def fingerprint(model: Any, classes: bool = False, weights: bool = True,
     seen: set[int] = set()
     entries: list[str] = []   # the hashed "name:shape" of each tensor, kept so a mismatch can be named
     samples: list[tuple[str, Any]] = []
+    dtypes: set[str] = set()  # of the floating parameters: a model loaded in another dtype is named as such
     with torch.no_grad():
         for name, p in params + buffers:
             if id(p) in seen:
@@ -134,6 +135,8 @@ def fingerprint(model: Any, classes: bool = False, weights: bool = True,
                 continue
             entries.append(f"{name}:{tuple(p.shape)}")
             s.update(f"{entries[-1]};".encode())
+            if isinstance(p, torch.nn.Parameter) and p.is_floating_point() and id(p) not in quantized:
+                dtypes.add(str(p.dtype).removeprefix("torch."))
             if id(p) in quantized or id(p) in computed or not weights:
                 continue
             flat = p.detach().reshape(-1)
@@ -162,7 +165,7 @@ def fingerprint(model: Any, classes: bool = False, weights: bool = True,
             w.update(name.encode())
             w.update(on_host[i].tobytes())
     out = {"structure": s.hexdigest()[:16], "weights": w.hexdigest()[:16] if weights else "",
-           "tensors": ";".join(entries)}
+           "tensors": ";".join(entries), "dtypes": ",".join(sorted(dtypes))}
     if not computed_buffers:
         out["weights_of"] = WEIGHTS_OF
     return out
@@ -176,6 +179,19 @@ def same_weights(model: Any, recorded: dict[str, Any]) -> bool:
     """Whether ``model`` has the weights a golden's fingerprint recorded, hashed as that golden hashed them."""
     old = recorded.get("weights_of") != WEIGHTS_OF
     return fingerprint(model, computed_buffers=old)["weights"] == recorded.get("weights")
+
+
+def weights_changed(model: Any, recorded: dict[str, Any]) -> str:
+    """'' when ``model`` has the weights a golden's fingerprint recorded, else what changed, in words:
+    a model loaded in another dtype than the captured one is named as such."""
+    if same_weights(model, recorded):
+        return ""
+    was, now = recorded.get("dtypes"), fingerprint(model, weights=False)["dtypes"]
+    if isinstance(was, str) and was and now and now != was:
+        return (f"the model's weights changed: its floating parameters are {now.replace(',', ', ')}, the captured "
+                f"model's were {was.replace(',', ', ')}. Give the replay the model in the dtype it was captured "
+                f"from (the replay casts it to each rung itself)")
+    return "the model's weights changed"
 
 
 def structure_changes(model: Any, recorded: dict[str, Any]) -> str:

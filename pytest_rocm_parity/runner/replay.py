@@ -25,13 +25,13 @@ from pytest_rocm_parity.runner.engine import (
     _run,
     cast_inputs,
     eval_mode,
-    same_weights,
     home_device,
     normalize_inputs,
     numerics,
     same_structure,
     structure_changes,
     shell_quote,
+    weights_changed,
     submodule,
     walk_model,
 )
@@ -165,10 +165,11 @@ def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, An
         if not same_tensors:
             problems.append(f"the model's structure changed: parameters or buffers {changes}" if changes else
                             "the model's structure (module names, parameter names or shapes) changed")
-    if not problems and not _quantized(model, manifest) and not same_weights(model, old):
-        # a quantized model's weights are its codes times scales in a format of the candidate's
-        # choosing: judged by what they mean (quant/diagnosis.py), not matched by value
-        problems.append("the model's weights changed")
+    # a quantized model's weights are its codes times scales in a format of the candidate's choosing:
+    # judged by what they mean (quant/diagnosis.py), not matched by value
+    changed = "" if problems or _quantized(model, manifest) else weights_changed(model, old)
+    if changed:
+        problems.append(changed)
     selected = [s.name for s in select(model, spec.layers, spec.drill)]
     old_layers = [l["name"] for l in manifest.get("layers", [])]
     gd = manifest.get("drill")

@@ -33,7 +33,7 @@ from pytest_rocm_parity.judging import dtypes as dt
 from pytest_rocm_parity.judging.compare import residual_metrics
 from pytest_rocm_parity.runner.engine import (CheckSpec, Hooks, autocast_dtype, autocast_note, cast_inputs,
                                               explained_by, fingerprint, home_device, normalize_inputs,
-                                              same_structure, same_weights, structure_changes)
+                                              same_structure, structure_changes, weights_changed)
 from pytest_rocm_parity.errors import GoldenStale, InvalidArgument
 from pytest_rocm_parity.golden.sketch import leaf_group
 from pytest_rocm_parity.golden.store import FORMAT_VERSION, GoldenStore, RungReader, expected_digest
@@ -665,8 +665,8 @@ def replay_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, d
         changes = structure_changes(inner, recorded)
         problems.append(f"the model's structure changed: parameters or buffers {changes}" if changes
                         else "the model's structure changed")
-    elif not same_weights(inner, recorded):
-        problems.append("the model's weights changed")
+    else:
+        problems += [w for w in [weights_changed(inner, recorded)] if w]
     if manifest.get("steps") != steps:
         problems.append(f"the number of steps changed (golden {manifest.get('steps')}, now {steps})")
     if int(manifest.get("accumulate") or 1) != accumulate:

@@ -51,6 +51,15 @@ def test_weights_changed(golden: Golden) -> None:
     stale(golden, "weights changed", model=tiny(seed=1))
 
 
+def test_a_model_loaded_in_another_dtype_is_named_as_such(golden: Golden) -> None:
+    """The candidate's checkpoint loaded in bfloat16 where the reference's model was float32: the
+    message names both dtypes and the fix, not only that the weights differ."""
+    stale(golden, "weights changed: its floating parameters are bfloat16, the captured model's were float32",
+          "Give the replay the model in the dtype it was captured from", model=tiny().to(torch.bfloat16))
+    msg = str(stale(golden, "weights changed", model=tiny(seed=1)))
+    assert "floating parameters" not in msg, msg   # the same dtype: other weights, said plainly
+
+
 def test_weight_nudged_by_one_ulp(golden: Golden) -> None:
     m = tiny()
     with torch.no_grad():
