@@ -924,8 +924,8 @@ def check_size(path: Path, rung: dict[str, Any]) -> None:
         _framing(path)   # damage the framing shows (empty, pickle, a git-lfs pointer, cut header) named as such
         raise GoldenCorrupt(
             f"{path}: holds {size} bytes where its manifest records {expected} (truncated, replaced, or a "
-            f"git-lfs pointer that was not pulled); run `git lfs pull` if the goldens are in git-lfs, "
-            f"else recapture this golden", path)
+            f"git-lfs pointer that was not pulled); restore the committed file (git checkout, or `git lfs pull` "
+            f"where the goldens are in git-lfs), else recapture this golden", path)
 
 
 # (real path, size, mtime_ns, inode, expected sha) of files this process has hashed already: a suite

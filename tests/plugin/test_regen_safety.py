@@ -110,8 +110,9 @@ def test_a_damaged_golden_gives_the_command_that_replaces_it(project: pytest.Pyt
         f.truncate(rung.stat().st_size // 2)
     replayed = project.runpytest("--rocm-parity")
     replayed.assert_outcomes(failed=1)
-    replayed.stdout.fnmatch_lines([f"*GoldenCorrupt: *{rung.name}*. On the reference machine: pytest --rocm-parity "
-                                   f"--parity-regen='tiny' 'test_tiny.py::test_tiny'; or restore the committed file*"])
+    replayed.stdout.fnmatch_lines([f"*GoldenCorrupt: *{rung.name}*restore the committed file (git checkout, or "
+                                   f"`git lfs pull`*recapture this golden. On the reference machine: pytest "
+                                   f"--rocm-parity --parity-regen='tiny' 'test_tiny.py::test_tiny'"])
     truncated = project.runpytest("--rocm-parity", "--parity-mode=capture", "-rs")   # sizes are checked, not hashes
     truncated.assert_outcomes(skipped=1)
     truncated.stdout.fnmatch_lines(["goldens corrupt (*): tiny", f"*golden for 'tiny' exists but is corrupt (*{rung.name}*"])
