@@ -491,6 +491,10 @@ def check_numerics(f: Facts) -> list[Check]:
                          "torch.backends.cuda.matmul.allow_tf32 = False; torch.set_float32_matmul_precision('highest') on both sides"))
     else:
         out.append(Check("tf32", "ok", f"fp32 matmuls in full fp32 (precision 'highest'){cudnn}"))
+    if info.backend not in ("cuda", "rocm"):
+        # the GPU BLAS, SDPA, cuDNN and launch settings mean nothing to a CPU candidate (torch
+        # reports cublas and every SDPA backend enabled there too); the matmul precision does
+        return out
     blas = s.get("blas_library")
     detail = f"preferred_blas_library={blas}"
     for var in ("TORCH_BLAS_PREFER_HIPBLASLT", "TORCH_BLAS_PREFER_CUBLASLT"):

@@ -325,6 +325,17 @@ def test_recommend_utilization() -> None:
     assert doctor.recommend_utilization(1, 100) == 0.0
 
 
+def test_a_cpu_build_gets_no_gpu_settings_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU build of torch: no BLAS, SDPA, cuDNN or launch lines, which would say OK about settings
+    no CPU run reads; the matmul precision, which the CPU's matmuls read, stays."""
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    names = [c.name for c in doctor.run_checks(facts())]
+    assert "tf32" in names
+    assert not {"blas", "attention", "determinism", "debug-env"} & set(names), names
+
+
 def test_numerics_settings(monkeypatch: pytest.MonkeyPatch, set_torch_flag: Any) -> None:
     patch_torch(monkeypatch, MI250X)
     set_torch_flag(torch.backends.cuda.matmul, "allow_tf32", True)
