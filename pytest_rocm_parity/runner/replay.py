@@ -638,8 +638,13 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
     result = CheckResult(test=spec.test, name=spec.name, dtype=rung, passed=True)
     training = training_modules(inner, walk.modules)
     if training:
-        notes.append(f"the model was in training mode ({', '.join(training[:3])}"
-                     f"{'...' if len(training) > 3 else ''}); judged in eval mode, as it was captured")
+        some = f"{', '.join(training[:3])}{'...' if len(training) > 3 else ''}"
+        # a module swapped in after model.eval() is built in training mode: name it, not the model
+        notes.append(f"the model was in training mode ({some}); judged in eval mode, as it was captured"
+                     if inner.training else
+                     f"{'modules' if len(training) > 1 else 'module'} {some} of the model in eval mode "
+                     f"{'were' if len(training) > 1 else 'was'} in training mode (built after model.eval()?); "
+                     f"judged in eval mode, as the golden was captured")
     with cast_in_place(inner, place, dtype, walk.modules, walk.stamp()), eval_mode(inner, walk), numerics(rung, tol.tf32):
         outs: list[LayerRecord] = []
         pending = None

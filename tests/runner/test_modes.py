@@ -5,11 +5,16 @@ by looking at every module again on each pass; these tests pin what that must st
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
 
-from pytest_rocm_parity.runner.engine import eval_mode, numerics, walk_model
+from pytest_rocm_parity.golden.store import GoldenStore
+from pytest_rocm_parity.runner.capture import capture
+from pytest_rocm_parity.runner.engine import CheckSpec, eval_mode, numerics, walk_model
+from pytest_rocm_parity.runner.replay import replay
 
 
 def _net() -> nn.Module:
@@ -60,3 +65,18 @@ def test_fp32_rungs_set_tf32_and_restore_it_other_rungs_touch_nothing(tf32: bool
         assert cm.allow_tf32 is (not tf32) and cd.allow_tf32 is (not tf32)
     finally:
         cm.allow_tf32, cd.allow_tf32 = saved
+
+
+def test_a_module_swapped_in_after_eval_is_named_not_the_model(tmp_path: Path) -> None:
+    """A module built after model.eval() starts in training mode: the note names it, and does not
+    say the model was in training mode."""
+    net = _net().eval()
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    spec = CheckSpec(name="n", dtypes=["float32"])
+    store = GoldenStore(tmp_path)
+    capture(net, x, spec, store, "cpu", env={})
+    net[1] = nn.Dropout(0.5)          # the candidate swaps a module in, left in training mode
+    (res,) = replay(net, x, spec, store, "cpu", env={})
+    assert res.passed
+    assert any(n.startswith("module 1 of the model in eval mode was in training mode") for n in res.notes), res.notes
+    assert not any("the model was in training mode" in n for n in res.notes), res.notes
