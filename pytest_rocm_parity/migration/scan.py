@@ -607,11 +607,12 @@ def format_text(result: ScanResult, color: bool = False) -> str:
     if result.hipify is not None:
         h = result.hipify
         lines.append("")
-        lines.append(f"hipify (torch.utils.hipify) would rewrite {len(h['files'])} file(s), {h['total_renames']} API reference(s):")
+        lines.append(f"hipify (torch.utils.hipify) over {len(h['files'])} device file(s): {h['total_renames']} CUDA API "
+                     f"reference(s) to rename:")
         for entry in h["files"][:20]:
             extra = f", {entry['kernel_launches']} <<<>>> launch(es)" if entry["kernel_launches"] else ""
-            moved = f" -> {entry['hipified_path']}" if entry["hipified_path"] != entry["path"] else ""
-            lines.append(f"  {entry['path']}{moved}: {sum(entry['renames'].values())} rename(s){extra}")
+            moved = f" (written as {entry['hipified_path']})" if entry["hipified_path"] != entry["path"] else ""
+            lines.append(f"  {entry['path']}{moved}: {sum(entry['renames'].values())} API reference(s){extra}")
         shown = list(h["top_renames"].items())[:10]
         if shown:
             lines.append(f"  the most frequent of {h['distinct_renames']} distinct rename(s)"

@@ -225,6 +225,9 @@ def test_hipify_report(capsys: pytest.CaptureFixture[str]) -> None:
     _, text = _run(capsys, str(CORPUS))
     distinct = {name for f in report["files"] for name in f["renames"]}
     assert f"the most frequent of {len(distinct)} distinct rename(s) (every one: --format json):" in text
+    # a file hipify renames is said to be written under its new name, with its reference count
+    assert f"  csrc/reduce_kernels.cu (written as csrc/reduce_kernels.hip): {sum(kern['renames'].values())} API " \
+           f"reference(s), 1 <<<>>> launch(es)" in text, text
 
 
 def test_list_rules(capsys: pytest.CaptureFixture[str]) -> None:
