@@ -573,12 +573,11 @@ def _build_stats_kernel(arch: str) -> tuple[Status, str, str]:
     from pytest_rocm_parity.runner import kernels, triton_stats
     from pytest_rocm_parity.fuzz import triton_targets
 
-    table = torch.zeros(8, dtype=torch.int64)
+    table = torch.zeros(4, dtype=torch.int64)   # sample arguments: only their dtypes matter to a compile
     try:
         (build,) = triton_targets.compile_for(
-            triton_stats.stats_many_kernel, table, table, table, table, torch.zeros(8, dtype=torch.float64),
-            targets=(arch,), num_warps=kernels.MANY_WARPS, CC=0, CR=0, CE=0, F64=False,
-            BLOCK=kernels.MANY_BLOCK, ALIGNED=True, timeout=300)
+            triton_stats.stats_many_kernel, table, table, table, table, torch.zeros(4, dtype=torch.float64),
+            targets=(arch,), num_warps=kernels.MANY_WARPS, **kernels.kernel_constants((0, 0, 0), True), timeout=300)
     except Exception as exc:  # noqa: BLE001 - the worker itself failed: say so, do not crash the doctor
         return "warn", f"could not run Triton's compiler for {arch}: {type(exc).__name__}: {str(exc)[:300]}", fix
     if not build.ok:

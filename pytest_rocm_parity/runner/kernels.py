@@ -8,7 +8,7 @@ so the result is deterministic (no atomics). Triton runs on CUDA and on ROCm bui
 alike; without a GPU (or without Triton) the same sums run as chunked torch ops, and a GPU process
 runs them so too until the kernel pays for Triton's start-up (kernel_route).
 
-Only the per-block sums are computed here, in the columns of compare.Stat; the judging formulas
+Only the per-block sums are computed here, in the columns of judging.columns.Stat; the judging formulas
 run on the host (compare.metric_columns).
 """
 from __future__ import annotations
@@ -117,6 +117,14 @@ def _groups(leaves: list[tuple[Any, Any, Any]]) -> dict[tuple[int, int, int], li
     return groups
 
 
+def kernel_constants(codes: tuple[int, int, int], aligned: bool) -> dict[str, Any]:
+    """The kernel's compile-time arguments for leaves of dtype ``codes`` (candidate, reference,
+    residual: _CODES), the same for a launch and for a cross-compile (doctor, the codegen tests);
+    NCOLS is the row width of its output, Stat's columns."""
+    return {"CC": codes[0], "CR": codes[1], "CE": codes[2], "F64": _CODES["float64"] in codes,
+            "BLOCK": MANY_BLOCK, "ALIGNED": aligned, "NCOLS": len(Stat)}
+
+
 def _launch(dev_table: Any, k: int, grid: tuple[int, int, int], codes: tuple[int, int, int], dev: Any,
             al: bool) -> Any:
     """One launch of the many-leaf kernel over a table of k leaves; (blocks, len(Stat)) sums,
@@ -124,15 +132,13 @@ def _launch(dev_table: Any, k: int, grid: tuple[int, int, int], codes: tuple[int
     leaf is aligned (aligned()): the vectorised loop."""
     import torch
 
-    dc, dr, de = codes
     n_blk, kmax, n_work = grid
     # zeros: a block with fewer chunks than kmax leaves rows no program writes, and adding 0.0 (or
     # taking the max with it: MAX_ABS_DIFF is a max of absolute values) changes no sum
     part = torch.zeros((n_blk, kmax, len(Stat)), dtype=torch.float64, device=dev)
     t = dev_table
     triton_many_kernel()[(n_work,)](t[0:k], t[k:2 * k], t[2 * k:3 * k], t[3 * k:], part,
-                                    CC=dc, CR=dr, CE=de, F64=_CODES["float64"] in codes,
-                                    BLOCK=MANY_BLOCK, ALIGNED=al, num_warps=MANY_WARPS)
+                                    **kernel_constants(codes, al), num_warps=MANY_WARPS)
     return _combine(part)
 
 

@@ -1,7 +1,8 @@
 """The Triton statistics kernel (see kernels.py); imported only where Triton is installed.
 
-It computes the per-block sums of compare.Stat and nothing else: the judging formulas run on the
-host (compare.metric_columns). Its output columns are compare.Stat's, in that order (_terms).
+It computes the per-block sums of judging.columns.Stat and nothing else: the judging formulas run
+on the host (compare.metric_columns). Its output rows are Stat's columns, in that order (_terms),
+NCOLS wide (kernels.kernel_constants passes len(Stat); the kernel asserts it holds a term for each).
 
 The kernel is kept undecorated: kernels.py wraps it with triton.jit when first used, for a GPU
 or (TRITON_INTERPRET=1 set before Triton loads) for Triton's CPU interpreter, which needs ``tl``
@@ -24,7 +25,7 @@ def _load3(pc, pr, pe, offs, mask, acc_t: tl.constexpr):  # noqa: ANN001, ANN202
 
 @triton.jit
 def _terms(c, r, e):  # noqa: ANN001, ANN202
-    """The per-element terms of compare.Stat, in its order: CAND_ERR2, REF_ERR2, TRUTH2, REF2,
+    """The per-element terms of Stat, in its order: CAND_ERR2, REF_ERR2, TRUTH2, REF2,
     DIFF2, CAND_FARTHER, CAND_CLOSER (summed) and MAX_ABS_DIFF (a maximum)."""
     d = c - r            # candidate - reference
     ec = d - e           # candidate - truth (truth = reference + residual)
@@ -37,7 +38,7 @@ def _terms(c, r, e):  # noqa: ANN001, ANN202
 
 @triton.jit
 def _store8(o, v0, v1, v2, v3, v4, v5, v6, v7):  # noqa: ANN001, ANN202
-    """One row of compare.Stat columns to o[0:8]."""
+    """One row of Stat's columns (the eight _terms) to o[0:8]."""
     tl.store(o + 0, v0)
     tl.store(o + 1, v1)
     tl.store(o + 2, v2)
@@ -68,9 +69,10 @@ def _pointer(P, leaf, code: tl.constexpr, ALIGNED: tl.constexpr):  # noqa: N803,
 
 
 def stats_many_kernel(PC, PR, PE, WORK, OUT, CC: tl.constexpr, CR: tl.constexpr,  # noqa: N803
-                      CE: tl.constexpr, F64: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr = False):
-    """One chunk of one jackknife block of one of many leaves: its compare.Stat partial sums into
-    a row of OUT (8 float64 each).
+                      CE: tl.constexpr, F64: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr,
+                      NCOLS: tl.constexpr):
+    """One chunk of one jackknife block of one of many leaves: its Stat partial sums into a row of
+    OUT (NCOLS float64 each).
 
     WORK holds (leaf, start, end, output row) per program; PC/PR/PE the leaves' data pointers as
     int64. Leaves of one launch share their dtypes (codes: 0 bfloat16, 1 float16, 2 float32,
@@ -84,6 +86,7 @@ def stats_many_kernel(PC, PR, PE, WORK, OUT, CC: tl.constexpr, CR: tl.constexpr,
     vectorised; the at most 15 + 15 elements before and after it go through one masked step.
     Without it a bound loaded from memory defeats that proof and each lane loads one element.
     """
+    tl.static_assert(NCOLS == 8, "the kernel computes eight terms (_terms): one per Stat column")
     w = tl.program_id(0)
     leaf = tl.load(WORK + w * 4)
     start = tl.load(WORK + w * 4 + 1)
@@ -142,4 +145,4 @@ def stats_many_kernel(PC, PR, PE, WORK, OUT, CC: tl.constexpr, CR: tl.constexpr,
         s5 += tl.sum(u5.to(tl.float64), axis=0)
         s6 += tl.sum(u6.to(tl.float64), axis=0)
         s7 = tl.maximum(s7, tl.max(u7.to(tl.float64), axis=0))
-    _store8(OUT + tl.load(WORK + w * 4 + 3) * 8, s0, s1, s2, s3, s4, s5, s6, s7)
+    _store8(OUT + tl.load(WORK + w * 4 + 3) * NCOLS, s0, s1, s2, s3, s4, s5, s6, s7)

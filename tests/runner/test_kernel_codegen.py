@@ -26,7 +26,7 @@ VECTOR = re.compile(r"ld\.global(?:\.\w+)*\.v[24]\.\w+|global_load_dwordx[24]|bu
 SCALAR16 = re.compile(r"ld\.global(?:\.\w+)*\.b16|global_load_ushort|buffer_load_ushort")
 MANY_SIG = {"PC": "*i64", "PR": "*i64", "PE": "*i64", "WORK": "*i64", "OUT": "*fp64",
             "CC": "constexpr", "CR": "constexpr", "CE": "constexpr", "F64": "constexpr",
-            "BLOCK": "constexpr", "ALIGNED": "constexpr"}
+            "BLOCK": "constexpr", "ALIGNED": "constexpr", "NCOLS": "constexpr"}
 
 
 def _compile(fn: Any, sig: dict[str, str], const: dict[str, Any], target: tuple[Any, ...], warps: int) -> str:
@@ -50,9 +50,8 @@ def test_aligned_loop_loads_vectors_and_the_plain_loop_does_not(target: tuple[An
     from pytest_rocm_parity.runner import kernels
 
     fn = kernels.triton_many_kernel()
-    const = {"CC": 0, "CR": 0, "CE": 0, "F64": False, "BLOCK": kernels.MANY_BLOCK}
-    aligned = _loads(_compile(fn, MANY_SIG, {**const, "ALIGNED": True}, target, kernels.MANY_WARPS))
-    plain = _loads(_compile(fn, MANY_SIG, {**const, "ALIGNED": False}, target, kernels.MANY_WARPS))
+    aligned = _loads(_compile(fn, MANY_SIG, kernels.kernel_constants((0, 0, 0), True), target, kernels.MANY_WARPS))
+    plain = _loads(_compile(fn, MANY_SIG, kernels.kernel_constants((0, 0, 0), False), target, kernels.MANY_WARPS))
     # the main loop's three inputs load as vectors; only the masked edges (three loads) stay scalar
     assert aligned["vector"] >= 3 and aligned["bf16 scalar"] == 3, aligned
     assert plain["vector"] == 0 and plain["bf16 scalar"] >= 3, plain
@@ -65,8 +64,8 @@ def test_the_statistics_kernel_keeps_its_registers_on_amd(target: tuple[Any, ...
     from pytest_rocm_parity.runner import kernels
 
     for f64, codes in ((False, (0, 0, 0)), (True, (3, 3, 3))):
-        const = {"CC": codes[0], "CR": codes[1], "CE": codes[2], "F64": f64,
-                 "BLOCK": kernels.MANY_BLOCK, "ALIGNED": True}
+        const = kernels.kernel_constants(codes, True)
+        assert const["F64"] == f64
         asm = _compile(kernels.triton_many_kernel(), MANY_SIG, const, target, kernels.MANY_WARPS)
         spills = [int(x) for x in re.findall(r"\.(?:vgpr|sgpr)_spill_count:\s+(\d+)", asm)]
         assert spills and not any(spills), (f64, spills)
@@ -77,8 +76,6 @@ def test_the_statistics_kernel_keeps_its_registers_on_amd(target: tuple[Any, ...
 def test_every_dtype_combination_compiles_for_sm90(codes: tuple[int, int, int], aligned: bool) -> None:
     from pytest_rocm_parity.runner import kernels
 
-    cc, cr, ce = codes
-    const = {"CC": cc, "CR": cr, "CE": ce, "F64": 3 in codes, "BLOCK": kernels.MANY_BLOCK,
-             "ALIGNED": aligned}
-    asm = _compile(kernels.triton_many_kernel(), MANY_SIG, const, TARGETS[0], kernels.MANY_WARPS)
+    asm = _compile(kernels.triton_many_kernel(), MANY_SIG, kernels.kernel_constants(codes, aligned), TARGETS[0],
+                   kernels.MANY_WARPS)
     assert (_loads(asm)["vector"] >= 3) == aligned
