@@ -42,6 +42,13 @@ class LeafMetrics:
         if noise > self.err_ref:
             self.ratio = self.ratio_lo = self.err_cand / noise
 
+    def allow_spread(self, spread: float) -> None:
+        """Judge this propagated leaf against ``spread``, its own run-to-run RMS difference on the
+        candidate, where that exceeds the reference's error: a quantity the candidate does not
+        compute repeatably (a backward that adds with atomics) is held to what two of its own runs
+        agree on. The propagated rule reads err_ref (Rule.propagated_ratio)."""
+        self.err_ref = max(self.err_ref, spread)
+
 
 NOT_CALLED = "not called in the candidate (fused or bypassed): judged through its parent and the outputs"
 
