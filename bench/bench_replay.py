@@ -16,6 +16,8 @@ One golden of a Llama shape (random init, bf16, batch x seq tokens, drill 0) is 
 * ``host_ms``: the host's time per pass in each part of it (no wait for the device inside a
   pass: what the host spends issuing it), beside ``forward_issue_ms``, the host's time to issue a
   plain forward. Where a forward is bound by the host, these parts are what the pass adds to it.
+  ``forward_syncs`` / ``pass_syncs``: where each makes the host wait for the device (file:line of
+  the innermost frame outside torch).
 * ``full_x`` / ``full_hooked_x``: the full replay (the propagated pass, then the isolated level) with
   each isolated module called directly on its recorded call, and with the isolated level run
   through the teacher-forced forward instead (the model handed in wrapped, as DataParallel, which
@@ -143,6 +145,38 @@ def cold_replays(name: str, device: str, batch: int, seq: int, root: str, profil
                 out["warm_s"] = got["warm_s"]
         out.update(cold_forward(name, device, batch, seq, cache))
     return out
+
+
+def sync_points(fn: Any, device: str) -> list[str]:
+    """Where ``fn`` makes the host wait for the device (torch.cuda.set_sync_debug_mode), each as the
+    innermost frame outside torch: a wait inside a forward the host bounds costs the pass the
+    device's queue."""
+    import traceback
+    import warnings
+
+    import torch
+
+    if not device.startswith("cuda"):
+        return []
+    found: list[str] = []
+
+    def seen(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        if "synchronizing" not in str(message):
+            return
+        frames = [f for f in traceback.extract_stack()[:-1]
+                  if "/torch/" not in f.filename and "warnings.py" not in f.filename]
+        f = frames[-1]
+        found.append(f"{Path(f.filename).name}:{f.lineno} {f.name}")
+    sync(device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = seen
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return found
 
 
 def host_parts(one_pass: Any, forward: Any, device: str, reps: int) -> dict[str, Any]:
@@ -281,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         row[f"{k}_s"] = got[k]
         row[f"{k}_x"] = got[k] / got["forward"]
     row.update(host_parts(one_pass, forward, dev, a.reps))
+    row["forward_syncs"], row["pass_syncs"] = sync_points(forward, dev), sync_points(one_pass, dev)
     if a.profile_dir:
         os.makedirs(a.profile_dir, exist_ok=True)
         _profile(one_pass, dev, a.profile_dir, f"{a.model} fast pass (replay._replay_rung, goldens loaded)")
