@@ -159,12 +159,13 @@ def sync_points(fn: Any, device: str) -> list[str]:
     if not device.startswith("cuda"):
         return []
     found: list[str] = []
+    inside_torch = os.path.dirname(torch.__file__)
 
     def seen(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
-        if "synchronizing" not in str(message):
+        if "called a synchronizing" not in str(message):
             return
         frames = [f for f in traceback.extract_stack()[:-1]
-                  if "/torch/" not in f.filename and "warnings.py" not in f.filename]
+                  if not f.filename.startswith(inside_torch) and not f.filename.endswith("warnings.py")]
         f = frames[-1]
         found.append(f"{Path(f.filename).name}:{f.lineno} {f.name}")
     sync(device)
