@@ -256,14 +256,14 @@ def test_triton_pin_read_from_torch_requirements(monkeypatch: pytest.MonkeyPatch
     from importlib import metadata
 
     monkeypatch.setattr(metadata, "requires", lambda name: ["filelock", "not a requirement ((", requirement])
-    assert doctor._torch_triton_pin() == "3.3.0"
+    assert doctor.gather_facts(run_tools=False, kernels=False).packages["torch:triton-pin"] == "3.3.0"
 
 
 def test_no_triton_pin_in_a_cpu_wheel(monkeypatch: pytest.MonkeyPatch) -> None:
     from importlib import metadata
 
     monkeypatch.setattr(metadata, "requires", lambda name: ["filelock", "triton>=3.0; extra == 'opt'"])
-    assert doctor._torch_triton_pin() is None
+    assert doctor.gather_facts(run_tools=False, kernels=False).packages["torch:triton-pin"] is None
 
 
 def _tools(*names: str, error: str | None = None) -> rocm_tools.ToolsReport:

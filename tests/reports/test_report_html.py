@@ -170,12 +170,29 @@ def test_lm_metrics_render_as_a_table_without_python_values() -> None:
           "generation": {"steps": 8, "first_divergent_step": [None, None], "exact_match_rows": 2},
           "first_confident_disagreement": {"batch": 0, "position": 3, "ref_token": 5, "cand_token": 9,
                                            "ref_margin": 0.4, "layer": None}}
-    text = report._extra_table({"lm": lm})
-    assert '<table class="lm">' in text and "<td>perplexity</td>" in text and "top5 containment" in text
+    text = _lm_block(lm)
+    assert "<td>perplexity</td>" in text and "top5 containment" in text
     assert "none (all 2 sequences match)" in text
     assert "None" not in text and "{" not in text and "[" not in text and "ppl=" not in text
-    close = report._extra_table({"lm": {**lm, "ppl": 249.0271, "ppl_ref": 248.9598, "ppl_truth": 248.9601}})
+    close = _lm_block({**lm, "ppl": 249.0271, "ppl_ref": 248.9598, "ppl_truth": 248.9601})
     assert all(v in close for v in ("249.0271", "248.9598", "248.9601"))   # the digits that differ show
+
+
+def _page(**check: Any) -> str:
+    """The report page of one check with these fields (the rest empty)."""
+    return report.render_html({"checks": [{"name": "x", "dtype": "float32", "layers": [], "outputs": [], **check}]})
+
+
+def _lm_block(lm: dict[str, Any]) -> str:
+    """The LLM metrics of a check's section, as the page renders them."""
+    text = _page(extra={"lm": lm})
+    assert '<table class="lm">' in text
+    return text.split('<table class="lm">', 1)[1].split("<h3>Environments</h3>", 1)[0]
+
+
+def _env_block(ref: dict[str, Any], cand: dict[str, Any]) -> str:
+    """The environments table of a check's section, as the page renders it."""
+    return _page(reference_env=ref, candidate_env=cand).split("<h3>Environments</h3>", 1)[1].split("<h3>", 1)[0]
 
 
 def test_a_check_without_verdict_is_an_error_in_html_and_csv(report_doc: dict[str, Any], tmp_path: Path) -> None:
@@ -206,7 +223,7 @@ def test_environment_flags_read_in_one_order_on_both_sides() -> None:
     and the row is marked different only where a value differs."""
     ref = {"sdpa": {"flash": True, "math": True, "mem_efficient": True}}
     same = {"sdpa": {"math": True, "mem_efficient": True, "flash": True}}
-    cells = re.findall(r"<td>([^<]*)</td>", report._env_table(ref, same))
+    cells = re.findall(r"<td>([^<]*)</td>", _env_block(ref, same))
     assert cells[1] == cells[2] == "flash yes; math yes; mem_efficient yes"
-    assert 'class="diff"' not in report._env_table(ref, same)
-    assert 'class="diff"' in report._env_table(ref, {"sdpa": {**same, "flash": False}})
+    assert 'class="diff"' not in _env_block(ref, same)
+    assert 'class="diff"' in _env_block(ref, {"sdpa": {**same, "flash": False}})
