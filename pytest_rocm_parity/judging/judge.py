@@ -73,7 +73,6 @@ class Rule:
             return f"propagated error {ratio:.3g}x the reference's (budget {self.k:g}x)"
         return ""
 
-
     @property
     def sketch_budget(self) -> float:
         """A sketch golden's budget: it holds no inputs, so its propagated verdict is the verdict,
