@@ -216,6 +216,27 @@ def golden_dir_given(config: pytest.Config) -> bool:
     return bool(_get(config, "parity_golden_dir"))
 
 
+REPORT_FILE_SUFFIXES = (".html", ".htm", ".json", ".csv")
+
+
+def report_dir(root: Path, value: str) -> Path:
+    """The report folder --parity-report names, checked before the run, not after it: the reports
+    are several files (parity-report.json, .html, the CSVs) written into one folder."""
+    d = Path(os.path.normpath(root / Path(value).expanduser()))
+    fix = f"give a folder, e.g. {REPORT}=parity-report"
+    if d.exists() and not d.is_dir():
+        raise pytest.UsageError(f"{REPORT}={value!r}: {d} is a file; the reports are written into a folder "
+                                f"(parity-report.json, parity-report.html, the CSVs): {fix}")
+    if not d.exists() and d.suffix.lower() in REPORT_FILE_SUFFIXES:
+        raise pytest.UsageError(f"{REPORT}={value!r} names a file; the reports are written into a folder "
+                                f"(parity-report.json, parity-report.html, the CSVs): {fix}")
+    existing = next((a for a in (d, *d.parents) if a.exists()), None)
+    if existing is not None and not (existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)):
+        raise pytest.UsageError(f"{REPORT}={value!r}: {d} cannot be created ({existing} is "
+                                f"{'not writable' if existing.is_dir() else 'not a folder'}): {fix}")
+    return d
+
+
 def from_config(config: pytest.Config) -> ParityOptions:
     """Parse and cross-check options; a bad value is a UsageError naming the flag."""
     root = Path(str(config.rootpath))
@@ -229,7 +250,7 @@ def from_config(config: pytest.Config) -> ParityOptions:
         regen=config.getoption("parity_regen"),
         golden_dir=(str(golden) if "://" in str(golden) else root / golden) if golden else root / "goldens",
         device=device,
-        report_dir=Path(os.path.normpath(root / Path(report).expanduser())) if report else None,
+        report_dir=report_dir(root, str(report)) if report else None,
         allow_write=bool(_get(config, "parity_allow_write")),
         dtypes=_get(config, "parity_dtypes", parse_dtypes),
         drill=None if drill is None else int(drill),

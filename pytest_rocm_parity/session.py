@@ -14,7 +14,8 @@ import pytest
 
 from pytest_rocm_parity import progress as progress_lines
 from pytest_rocm_parity.options import (
-    ALLOW_REFERENCE_CHANGE, ALLOW_WRITE, ENABLE, GOLDEN_DIR, GOLDEN_SIZE_LIMIT, PRUNE, REGEN, REGEN_ALL, Mode, ParityOptions,
+    ALLOW_REFERENCE_CHANGE, ALLOW_WRITE, ENABLE, GOLDEN_DIR, GOLDEN_SIZE_LIMIT, PRUNE, REGEN, REGEN_ALL, REPORT, Mode,
+    ParityOptions,
     resolve_device, xdist_worker_index,
 )
 
@@ -269,7 +270,13 @@ class ParitySession:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         self.find_obsolete(session, int(session.exitstatus))
         if self.options.report_dir is not None:
-            self.write_reports(self.options.report_dir)
+            try:
+                self.write_reports(self.options.report_dir)
+            except OSError as exc:   # a report must never break the run: its summary still prints
+                self.errors.append(f"{REPORT} {self.options.report_dir}: the reports could not be written "
+                                   f"({exc.strerror or exc}); give a writable folder")
+                if session.exitstatus == pytest.ExitCode.OK:
+                    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def store_unpin(self) -> None:
         unpin = getattr(self.store, "unpin", None)

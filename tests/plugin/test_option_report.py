@@ -34,3 +34,17 @@ def test_ini_report_dir(project: pytest.Pytester) -> None:
     project.runpytest("--rocm-parity").assert_outcomes(passed=1)
     doc = json.loads((project.path / "rep" / "parity-report.json").read_text())
     assert doc["checks"][0]["passed"] is True
+
+
+@pytest.mark.parametrize("given, says", [("report.html", "is a file"), ("new.html", "names a file"),
+                                         ("report.html/sub", "not a folder")])
+def test_a_report_path_that_is_not_a_folder_is_refused_before_the_run(project: pytest.Pytester, given: str,
+                                                                       says: str) -> None:
+    """The reports are several files in one folder: a file's name is a usage error at start-up, not
+    a crash after the whole suite ran, and nothing is created."""
+    (project.path / "report.html").write_text("an older report\n")
+    result = project.runpytest("--rocm-parity", f"--parity-report={given}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--parity-report={given!r}*{says}*--parity-report=parity-report*"])
+    assert not (project.path / "new.html").exists() and (project.path / "report.html").is_file()
+
