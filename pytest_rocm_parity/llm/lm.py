@@ -49,6 +49,21 @@ def _logits(out: Any) -> Any:
                           f"with logits, or an object with .logits")
 
 
+def _require_logits(model: Any, args: Any, kwargs: Any) -> None:
+    """InvalidArgument unless the model returns next-token logits: (batch, tokens, vocabulary), the
+    vocabulary its config states where it has one (a base model's hidden states are not logits)."""
+    import torch
+
+    with torch.inference_mode():
+        logits = _logits(model(*args, **kwargs))
+    vocab = vocab_size(model) if _is_hf(model) else None   # a plain module's first embedding may be another
+    if not (logits.is_floating_point() and logits.dim() == 3 and (vocab is None or logits.shape[-1] == vocab)):
+        raise InvalidArgument(
+            f"check_lm: {type(model).__name__} returned {tuple(logits.shape)} {logits.dtype} where next-token logits "
+            f"(batch, tokens, {vocab if vocab is not None else 'vocabulary'}) belong: not a language model's head. "
+            f"Pass the model with its LM head (e.g. AutoModelForCausalLM), or use parity.check for other models")
+
+
 def _is_hf(model: Any) -> bool:
     return hasattr(model, "config") and hasattr(model.config, "vocab_size")
 
@@ -210,6 +225,9 @@ def check_lm(parity: Any, model: Any, input_ids: Any, *, name: str | None = None
 
     with clean_errors():
         require_model(model)
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise InvalidArgument(f"check_lm: top_k={top_k!r} must be a positive integer: the k of the mutual top-k "
+                                  f"containment of the candidate's and the reference's tokens (default 5)")
         input_ids, attention_mask = validate(model, input_ids, attention_mask, generate)
         spec = parity._spec(model, name, dtypes, layers, tolerance, drill, ladder=ladder,
                             inputs={"input_ids": input_ids, "attention_mask": attention_mask})
@@ -245,6 +263,7 @@ def check_lm(parity: Any, model: Any, input_ids: Any, *, name: str | None = None
                                       "continuation": [] if cont is None else cont.tolist()}}
 
         def extra(rung: str, m: Any, args: Any, kwargs: Any) -> Any:
+            _require_logits(m, args, kwargs)   # before a golden is written that no replay could judge
             dev = home_device(m, parity.device)
             pm = None if attention_mask is None else attention_mask.to(dev)
             toks, margins = greedy(m, input_ids.to(dev), pm, generate)

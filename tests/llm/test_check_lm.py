@@ -129,6 +129,11 @@ def test_bad(parity):
     ("parity.check_lm(m, torch.ones((2, 4), dtype=torch.long), attention_mask=torch.ones((2, 5)))", "*attention_mask: shape (2, 5) does not match input_ids (2, 4)*"),
     ("m.config.pad_token_id = 0; parity.check_lm(m, torch.tensor([[5, 6, 0, 0], [1, 2, 3, 4]]))", "*batch contains padding (pad_token_id=0) but no attention_mask*"),
     ("parity.check_lm(m, torch.randn(2, 4))", "*expected integer token ids*"),
+    ("parity.check_lm(m, torch.ones((1, 4), dtype=torch.long), top_k=0)",
+     "*InvalidArgument: check_lm: top_k=0 must be a positive integer*"),
+    # a base model without its LM head: refused when captured, not when the golden is replayed
+    ("parity.check_lm(m.model, torch.ones((1, 4), dtype=torch.long))",
+     "*InvalidArgument: check_lm: the model returned BaseModelOutputWithPast; expected logits*"),
 ])
 def test_bad_inputs_are_clear(lm_project: pytest.Pytester, call: str, message: str) -> None:
     lm_project.makepyfile(test_lm=BAD_INPUT.format(call=call))
