@@ -12,6 +12,8 @@ from pytest_rocm_parity.judging.assertion import property_text, raise_if_failed
 from pytest_rocm_parity.runner.capture import capture
 from pytest_rocm_parity.runner.engine import CheckSpec, default_dtypes, shell_quote
 from pytest_rocm_parity.runner.replay import replay as replay_golden
+from pytest_rocm_parity.runner.selection import check_tolerance_layers
+from pytest_rocm_parity.runner.wrappers import unwrap
 from pytest_rocm_parity.errors import GoldenCorrupt, GoldenExists, GoldenMissing, InvalidArgument, ParityError
 from pytest_rocm_parity.errors import WriteForbidden
 from pytest_rocm_parity.errors import ReferenceChange
@@ -87,6 +89,7 @@ class Parity:
             regen_command=(f"pytest --rocm-parity {self._session.options.command_flags}--parity-regen={shell_quote(nm)} "
                            f"{shell_quote(self._node.nodeid) if self._node else ''}").strip(),
         )
+        check_tolerance_layers(unwrap(model), list(spec.tolerance.layers))
         spec.drill = _resolve_drill(model, inputs, spec, explicit, self._session.store, self._session.capturing)
         return spec
 

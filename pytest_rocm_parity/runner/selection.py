@@ -178,6 +178,23 @@ def select(model: Any, layers: Sequence[str] | None = None, drill: int = 2, walk
     return result
 
 
+def _no_module_matches(model: Any, pattern: str, all_names: list[str], what: str) -> LayerSelectionError:
+    close = difflib.get_close_matches(pattern, all_names, n=3)
+    hint = f"; close matches: {', '.join(close)}" if close else ""
+    return LayerSelectionError(
+        f"{what}: pattern {pattern!r} matches no module of {type(model).__name__}{hint}. "
+        f"Module names look like {all_names[:3]}; list them with [n for n, _ in model.named_modules()]")
+
+
+def check_tolerance_layers(model: Any, patterns: Sequence[str]) -> None:
+    """LayerSelectionError for a per-layer tolerance pattern that matches no module (nor a model
+    output, ``<output>.NAME``): an override that silently applies nowhere is a typo the run hides."""
+    all_names = [n for n, _ in model.named_modules() if n]
+    for pattern in patterns:
+        if not pattern.startswith("<") and not any(fnmatch.fnmatchcase(n, pattern) for n in all_names):
+            raise _no_module_matches(model, pattern, all_names, "tolerance layers")
+
+
 def _select(model: Any, layers: Sequence[str] | None, drill: int) -> list[Selected]:
     all_names = [n for n, _ in model.named_modules() if n]
     if layers:
@@ -185,12 +202,7 @@ def _select(model: Any, layers: Sequence[str] | None, drill: int) -> list[Select
         for pattern in layers:
             hits = [n for n in all_names if fnmatch.fnmatchcase(n, pattern)]
             if not hits:
-                close = difflib.get_close_matches(pattern, all_names, n=3)
-                hint = f"; close matches: {', '.join(close)}" if close else ""
-                raise LayerSelectionError(
-                    f"layers: pattern {pattern!r} matches no module of {type(model).__name__}{hint}. "
-                    f"Module names look like {all_names[:3]}; list them with [n for n, _ in model.named_modules()]"
-                )
+                raise _no_module_matches(model, pattern, all_names, "layers")
             chosen.extend(h for h in hits if h not in chosen)
     else:
         chosen = [n for level in _drilled(model, drill) for n in level]

@@ -53,3 +53,24 @@ def test_materialized_model_is_accepted() -> None:
     m = m.to_empty(device="cpu")
     m.load_state_dict(state)
     require_model(m)
+
+
+def test_a_tolerance_pattern_that_matches_no_module_is_an_error(project: pytest.Pytester) -> None:
+    """A per-layer tolerance whose glob names no module would apply nowhere, silently: the check is
+    refused with the pattern, close matches and how to list the names; an output's pattern is kept."""
+    project.makepyfile(test_tol='''
+from conftest import make_model, make_inputs
+from pytest_rocm_parity import Tolerance
+
+def test_typo(parity):
+    parity.check(make_model(), make_inputs(), name="t", dtypes=["float32"],
+                 tolerance=Tolerance(layers={"block.*": Tolerance(ratio=5.0)}))
+
+def test_output(parity):
+    parity.check(make_model(), make_inputs(), name="o", dtypes=["float32"],
+                 tolerance=Tolerance(layers={"blocks.1.*": Tolerance(ratio=5.0), "<output>*": Tolerance(ratio=5.0)}))
+''')
+    result = project.runpytest("--rocm-parity", "--parity-mode=capture", "test_tol.py")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(["LayerSelectionError: tolerance layers: pattern 'block.*' matches no module of "
+                                 "Tiny; close matches: blocks.*named_modules()*"])
