@@ -18,7 +18,8 @@ from pytest_rocm_parity.errors import GoldenCorrupt, GoldenExists, GoldenMissing
 from pytest_rocm_parity.errors import WriteForbidden
 from pytest_rocm_parity.errors import ReferenceChange
 from pytest_rocm_parity.progress import checking, progress
-from pytest_rocm_parity.guards import clean_errors, fail_once, known_keywords, require_model
+from pytest_rocm_parity.guards import (clean_errors, fail_once, known_keywords, require_inputs, require_model,
+                                       require_trainable)
 from pytest_rocm_parity.judging.records import CheckResult
 from pytest_rocm_parity.judging.tolerance import coerce
 
@@ -110,6 +111,7 @@ class Parity:
         __tracebackhide__ = True
         with clean_errors():
             require_model(model)
+            require_inputs(inputs)
             spec = self._spec(model, name, dtypes, layers, tolerance, drill, sketch, replay, ladder, inputs=inputs)
         return self._run(spec, lambda: capture(model, inputs, spec, self._session.store, self.device,
                                                overwrite=self._session.store.exists(spec.name), env=self._session.env),
@@ -146,6 +148,8 @@ class Parity:
 
         with clean_errors():
             require_model(model)
+            require_trainable(model)
+            require_inputs(inputs)
             spec = self._spec(model, name, dtypes, layers, tolerance, drill, sketch)
         store, device, env = self._session.store, self.device, self._session.env
         return self._run(spec,

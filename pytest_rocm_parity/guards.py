@@ -1,5 +1,5 @@
 """How the fixture turns the plugin's own errors into a clean test failure, and checks the model
-argument: shared by every check (api, llm) without importing them."""
+and input arguments: shared by every check (api, llm) without importing them."""
 from __future__ import annotations
 
 import contextlib
@@ -11,7 +11,7 @@ from typing import Any, TypeVar, cast
 
 import pytest
 
-from pytest_rocm_parity.errors import GoldenExists, InvalidArgument, ParityError
+from pytest_rocm_parity.errors import GoldenExists, InputError, InvalidArgument, ParityError
 
 
 @contextlib.contextmanager
@@ -68,3 +68,22 @@ def require_model(model: Any) -> None:
             f"which holds shapes but no values, so there is nothing to run or compare. Materialize the "
             f"weights first: model.to_empty(device='cpu') then model.load_state_dict(state_dict), or load "
             f"the model without init_empty_weights / device_map='meta'")
+
+
+def require_inputs(inputs: Any) -> None:
+    """InputError for a tensor input on the meta device (shapes without values: nothing to run)."""
+    from pytest_rocm_parity.runner.tree import tensor_leaves
+
+    on_meta = [p for p, t in tensor_leaves(inputs).items() if t.is_meta]
+    if on_meta:
+        raise InputError(f"inputs: {len(on_meta)} tensor(s) are on the meta device (first: {on_meta[0] or 'the input'}),"
+                         f" which holds shapes but no values. Build the inputs on the CPU (a seeded torch.Generator "
+                         f"keeps them the same on every machine)")
+
+
+def require_trainable(model: Any) -> None:
+    """InvalidArgument for a model with no parameter that requires grad: a training check judges gradients."""
+    if not any(p.requires_grad for p in model.parameters()):
+        raise InvalidArgument("model: no parameter requires grad, so a training step changes nothing to judge. "
+                              "Unfreeze the parameters it trains (p.requires_grad_(True); for an adapter, its own "
+                              "parameters)")

@@ -94,7 +94,11 @@ def default_device() -> str:
 
 def _resolve_device(device: str | torch.device | None, cpu_hint: str = "pass device='cpu'") -> torch.device:
     """``cpu_hint``: how the caller's user asks for the CPU (the command line says ``--device cpu``)."""
-    dev = torch.device(device if device is not None else default_device())
+    try:
+        dev = torch.device(device if device is not None else default_device())
+    except (RuntimeError, TypeError) as exc:
+        raise InvalidArgument(f"device={device!r} is not a torch device ({exc}); use cpu, cuda or cuda:N (ROCm "
+                              f"builds use cuda too)") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise BackendUnavailable(
             f"device={str(dev)!r} was requested but torch {torch.__version__} sees no CUDA/ROCm device; "

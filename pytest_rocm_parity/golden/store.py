@@ -368,6 +368,7 @@ class GoldenStore:
             self._inside(d)   # never write (or collect garbage) through a link that leaves the root
         staged = Staged(name, manifest, overwrite)
         manifest[TOOL_KEY] = TOOL
+        created = not d.exists()
         try:
             d.mkdir(parents=True, exist_ok=True)
             with _locked(d):   # concurrent writers of one golden (xdist workers) take turns
@@ -406,6 +407,9 @@ class GoldenStore:
                              f"in {time.monotonic() - started:.1f} s")
         except BaseException as exc:
             self._abandon_files(staged)
+            if created:   # a first capture that failed leaves no empty golden directory behind
+                with contextlib.suppress(OSError):
+                    d.rmdir()
             self._raise_write_error(name, d, exc)
         return staged
 

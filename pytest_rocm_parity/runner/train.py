@@ -126,8 +126,17 @@ def micro_batches(args: Any, kwargs: Any, accumulate: int) -> list[tuple[Any, An
 def _loss_of(out: Any, loss: Callable[[Any], Any] | None, accumulate: int = 1) -> Any:
     """The loss to backpropagate: ``loss(out)`` (with accumulation, the micro-batch's share, as the
     training loop returns it), else the model's own loss divided by the number of micro-batches."""
+    import torch
+
     if loss is not None:
-        return loss(out)
+        value = loss(out)
+        if not (isinstance(value, torch.Tensor) and value.numel() == 1 and (value.is_floating_point()
+                                                                             or value.is_complex())):
+            what = (f"a {value.dtype} tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor)
+                    else type(value).__name__)
+            raise InvalidArgument(f"loss: returned {what}; check_train backpropagates one floating number: reduce "
+                                  f"it (e.g. .mean() or .sum()) in the function given as loss=")
+        return value
     value = getattr(out, "loss", None)
     if value is None and isinstance(out, dict):
         value = out.get("loss")

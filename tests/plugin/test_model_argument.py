@@ -74,3 +74,33 @@ def test_output(parity):
     result.assert_outcomes(failed=1, passed=1)
     result.stdout.fnmatch_lines(["LayerSelectionError: tolerance layers: pattern 'block.*' matches no module of "
                                  "Tiny; close matches: blocks.*named_modules()*"])
+
+
+BAD_ARGUMENTS = '''
+import torch
+from conftest import make_model, make_inputs
+
+def test_meta_inputs(parity):
+    parity.check(make_model(), make_inputs().to("meta"), name="meta-in", dtypes=["float32"])
+
+def test_frozen(parity):
+    m = make_model().requires_grad_(False)
+    parity.check_train(m, make_inputs(), loss=lambda out: out.mean(), name="frozen", dtypes=["float32"])
+
+def test_unreduced_loss(parity):
+    parity.check_train(make_model(), make_inputs(), loss=lambda out: out ** 2, name="unreduced", dtypes=["float32"])
+'''
+
+
+def test_bad_arguments_are_our_errors_naming_the_argument(project: pytest.Pytester) -> None:
+    """Inputs without values, a model with nothing to train, a loss that is not one number: each is
+    the plugin's own error naming the argument and the fix, and no golden is left behind."""
+    project.makepyfile(test_bad=BAD_ARGUMENTS)
+    rep = project.runpytest("--rocm-parity", "--parity-mode=capture", "test_bad.py")
+    rep.assert_outcomes(failed=3)
+    rep.stdout.fnmatch_lines(["*InputError: inputs: 1 tensor(s) are on the meta device*seeded torch.Generator*",
+                              "*InvalidArgument: model: no parameter requires grad*requires_grad_(True)*",
+                              "*InvalidArgument: loss: returned a torch.float32 tensor of shape (2, 8, 40)*.mean()*"])
+    out = rep.stdout.str()
+    assert "NotImplementedError" not in out and "element 0 of tensors" not in out, out
+    assert not any((project.path / "goldens" / n).exists() for n in ("meta-in", "frozen", "unreduced"))
