@@ -192,6 +192,8 @@ def test_bad_policy_and_missing_device_are_explained():
     if not torch.cuda.is_available():
         with pytest.raises(BackendUnavailable, match="device='cpu'"):
             check_op(torch.neg, torch.neg, torch.ones(1), device="cuda")
+    with pytest.raises(InvalidArgument, match=r"device='cpux' is not a torch device .*use cpu, cuda or cuda:N"):
+        check_op(torch.neg, torch.neg, torch.ones(1), device="cpux")
 
 
 # Default Hypothesis settings apart from the deadline (first calls into a GPU stack
