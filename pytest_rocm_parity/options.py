@@ -103,12 +103,35 @@ def parse_size_limit(value: str) -> float:
     return mb
 
 
+INI_KEYS: set[str] = set()   # every ini key addoption registers
+
+
+def check_ini_keys(config: pytest.Config) -> None:
+    """UsageError for a key of this plugin's namespace (parity_*, rocm_parity*) that it does not know:
+    pytest only warns of an unknown key, so a misspelled parity_golden_dir would quietly put the
+    goldens in the default folder."""
+    import difflib
+
+    try:
+        keys = list(config.inicfg)
+    except Exception:   # an ini pytest could not read is pytest's to report
+        return
+    for key in keys:
+        if (key.startswith("parity_") or key.startswith("rocm_parity")) and key not in INI_KEYS:
+            close = difflib.get_close_matches(key, sorted(INI_KEYS), n=1)
+            where = f" in {config.inipath}" if config.inipath else ""
+            raise pytest.UsageError(f"ini key {key}{where} is not a pytest-rocm-parity setting"
+                                    + (f"; did you mean {close[0]}?" if close else "")
+                                    + f" The settings: {', '.join(sorted(INI_KEYS))}")
+
+
 def addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("rocm-parity", "cross-backend numerical parity (pytest-rocm-parity)")
 
     def add(flag: str, ini: str, help: str, ini_type: str | None = None, default: Any = None, **kw: Any) -> None:
         group.addoption(flag, dest=ini, default=None, help=help, **kw)
         parser.addini(ini, help=help, type=ini_type, default=default)  # type: ignore[arg-type]
+        INI_KEYS.add(ini)
 
     add(ENABLE, "rocm_parity", "run parity checks (tests using the parity fixture/marker are skipped without it)",
         ini_type="bool", default=False, action="store_true")
@@ -132,6 +155,7 @@ def addoption(parser: pytest.Parser) -> None:
         "candidate's forward plus the deeper levels (docs/judging.md says what it does not judge); auto (default): "
         "fast above 1B parameters",
         type=parse_replay, metavar="auto|full|fast")
+    INI_KEYS.add("parity_ladder")
     parser.addini("parity_ladder", type="bool", default=True,
                   help="keep the float32 rung of the precision ladder beside an explicit low-precision dtypes "
                        "list (default true; a check's ladder=False or @pytest.mark.parity(ladder=False) drops it)")

@@ -32,6 +32,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "a cross-backend parity test; "
         f"the keyword arguments are defaults for its parity.check calls. Skipped without {opt.ENABLE}.",
     )
+    opt.check_ini_keys(config)
     options = opt.from_config(config)
     if not options.enabled:
         ignored = opt.given_without_enable(config)

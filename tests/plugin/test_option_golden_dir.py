@@ -102,3 +102,14 @@ def test_a_stale_rung_asked_by_dtypes_gets_a_regen_command_that_captures_it(proj
     assert cmd[0] == "pytest" and "--parity-dtypes=bfloat16" in cmd
     project.runpytest(*cmd[1:]).assert_outcomes(passed=1)
     project.runpytest("--rocm-parity", "--parity-dtypes=bfloat16").assert_outcomes(passed=1)
+
+
+def test_a_misspelled_setting_is_a_usage_error_with_the_right_name(project: pytest.Pytester) -> None:
+    """pytest only warns of an unknown ini key: a misspelled parity_golden_dir would put the goldens
+    in the default folder, quietly. A key of the plugin's namespace it does not know stops the run."""
+    project.makeini("[pytest]\nparity_golden_dirs = elsewhere\n")
+    result = project.runpytest("--rocm-parity", "--parity-mode=capture")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*ini key parity_golden_dirs in *tox.ini is not a pytest-rocm-parity setting; "
+                                 "did you mean parity_golden_dir?*"])
+    assert not (project.path / "goldens").exists() and not (project.path / "elsewhere").exists()
