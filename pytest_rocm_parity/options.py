@@ -236,7 +236,11 @@ def _get(config: pytest.Config, dest: str, parse: Any = None) -> Any:
         raw = getini(config, dest)
         if raw in (None, "", []):
             return None
-        v = parse(str(raw)) if parse is not None and isinstance(raw, str) else raw
+        try:
+            v = parse(str(raw)) if parse is not None and isinstance(raw, str) else raw
+        except pytest.UsageError as exc:   # the parser names the flag: say where the value came from
+            where = f" in {config.inipath}" if config.inipath else ""
+            raise pytest.UsageError(f"ini key {dest} = {raw!r}{where}: {exc}") from None
     return v
 
 

@@ -52,6 +52,7 @@ def test_bad_ini_mode_is_usage_error(project: pytest.Pytester) -> None:
     project.makeini("[pytest]\nparity_mode = sometimes\n")
     result = project.runpytest("--rocm-parity")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*ini key parity_mode = 'sometimes' in *tox.ini: *"])   # where the value is
 
 
 def test_ci_refuses_to_write(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
