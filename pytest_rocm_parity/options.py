@@ -106,19 +106,24 @@ def parse_size_limit(value: str) -> float:
 INI_KEYS: set[str] = set()   # every ini key addoption registers
 
 
+def _ini_file(config: pytest.Config) -> Any:
+    """The keys and raw values the ini file set. pytest 9 deprecates ``inicfg`` and offers no other
+    way to list them; where it is gone, the messages that use it go without."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pytest.PytestDeprecationWarning)
+        return getattr(config, "inicfg", None) or {}
+
+
 def check_ini_keys(config: pytest.Config) -> None:
     """UsageError for a key of this plugin's namespace (parity_*, rocm_parity*) that it does not know:
     pytest only warns of an unknown key, so a misspelled parity_golden_dir would quietly put the
     goldens in the default folder."""
     import difflib
-    import warnings
 
     try:
-        with warnings.catch_warnings():
-            # pytest 9 deprecates reading inicfg, yet has no other way to list the keys a file set;
-            # where it is gone, misspellings are left to pytest's own warning
-            warnings.simplefilter("ignore", pytest.PytestDeprecationWarning)
-            keys = list(getattr(config, "inicfg", None) or ())
+        keys = list(_ini_file(config))
     except Exception:   # an ini pytest could not read is pytest's to report
         return
     for key in keys:
@@ -219,7 +224,7 @@ def getini(config: pytest.Config, name: str) -> Any:
         return config.getini(name)
     except (ValueError, TypeError, pytest.UsageError) as exc:   # pytest >= 9.2 raises its own UsageError
         try:
-            value: Any = config.inicfg.get(name)
+            value: Any = _ini_file(config).get(name)
         except Exception:   # the raw value is only for the message
             value = None
         where = f" in {config.inipath}" if config.inipath else ""
