@@ -48,3 +48,16 @@ def test_a_report_path_that_is_not_a_folder_is_refused_before_the_run(project: p
     result.stderr.fnmatch_lines([f"*--parity-report={given!r}*{says}*--parity-report=parity-report*"])
     assert not (project.path / "new.html").exists() and (project.path / "report.html").is_file()
 
+
+
+def test_reports_that_cannot_be_written_at_the_end_are_a_run_error_and_the_summary_prints(
+        project: pytest.Pytester) -> None:
+    """The folder was fine at start-up and is a file by the end (a test wrote one there): the run
+    fails with the reason, and the parity summary still prints."""
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    project.makepyfile(test_zz_clobber='def test_clobber():\n    open("out", "w").write("not a folder")\n')
+    result = project.runpytest("--rocm-parity", "--parity-report=out")
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*rocm-parity summary*", "PASS tiny*",
+                                 "rocm-parity: error: --parity-report *out: the reports could not be written*"])
