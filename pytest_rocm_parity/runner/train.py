@@ -674,8 +674,8 @@ def replay_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, d
         changes = structure_changes(inner, recorded)
         problems.append(f"the model's structure changed: parameters or buffers {changes}" if changes
                         else "the model's structure changed")
-    else:
-        problems += [w for w in [weights_changed(inner, recorded)] if w]
+    elif changed := weights_changed(inner, recorded):
+        problems.append(changed)
     if manifest.get("steps") != steps:
         problems.append(f"the number of steps changed (golden {manifest.get('steps')}, now {steps})")
     if int(manifest.get("accumulate") or 1) != accumulate:
