@@ -41,7 +41,7 @@ from pytest_rocm_parity.runner.engine import (
 from pytest_rocm_parity.golden.store import FORMAT_VERSION, GoldenStore
 from pytest_rocm_parity.runner.padding import Padding
 from pytest_rocm_parity.runner.selection import Selected, select
-from pytest_rocm_parity.runner.tree import constant_leaves, split_leaves, tensor_leaves
+from pytest_rocm_parity.runner.tree import constant_leaves, map_tensors, split_leaves, tensor_leaves
 from pytest_rocm_parity.runner.wrappers import inlines_compiled_children, plain_copy, unwrap
 from pytest_rocm_parity.quant.storage import cast_module, quantized_tensor_ids
 
@@ -632,21 +632,21 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
     const_in = constant_leaves({"args": args, "kwargs": kwargs})
     try:
         with numerics(rung, tf32):
-            rec = recording_pass(m, selected, args, kwargs)
+            rec = recording_pass(m, selected, *_copies(args, kwargs))
             rec.pool.check_repeats()
             if not rec.pool.repeats_unchanged():   # a tensor handed on was written: record again, snapshotting repeats
                 rec.pool.drop_device()
-                rec = recording_pass(m, selected, args, kwargs, resnap=True)
+                rec = recording_pass(m, selected, *_copies(args, kwargs), resnap=True)
         extra_meta: dict[str, Any] = {}
         if extra is not None:
             with numerics(rung, tf32):
-                extra_meta, extra_t = extra(rung, m, args, kwargs)
+                extra_meta, extra_t = extra(rung, m, *_copies(args, kwargs))
             tensors.update({f"extra/{k}": v.detach().to("cpu").contiguous() for k, v in extra_t.items()})
         if profile:
             from pytest_rocm_parity.reports.profiling import profile_shares
 
             with numerics(rung, tf32):
-                extra_meta["profile"] = profile_shares(m, args, kwargs, home_device(m, device))
+                extra_meta["profile"] = profile_shares(m, *_copies(args, kwargs), home_device(m, device))
     finally:
         m.train(was_training)
     entries, outputs, order = rec.entries, rec.outputs, rec.order
@@ -684,7 +684,7 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
 
         with torch.no_grad(), _truth_errors(tm, selected):
             with Hooks(tm, selected, None, store_gtruth):
-                tout = _run(tm, targs, tkwargs)
+                tout = _run(tm, *_copies(targs, tkwargs))
             for p, t in tensor_leaves(tout).items():
                 put(f"gtruth/{OUTPUT}/{p}", OUTPUT, p, t)
             del tout
@@ -711,7 +711,7 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
                             put(f"truth/{key}/{p}", key, p, t)
 
                 with Hooks(tm, selected, sub, keep) as hooks:
-                    _run(tm, targs, tkwargs)
+                    _run(tm, *_copies(targs, tkwargs))
 
     truth_passes(put_truth)
     copies.finish()
@@ -824,6 +824,16 @@ def _golden_input_fetch(pool: _Pool, device: str, truth_dev: Any) -> tuple[Calla
             return g.to(truth_dev, torch.float64, non_blocking=True)
         return g.to(truth_dev, non_blocking=True, copy=True)   # never the snapshot itself: the model may write it
     return fetch, None
+
+
+def _copies(args: Any, kwargs: Any) -> tuple[Any, Any]:
+    """Fresh copies of the inputs for one pass. Why: a model may write its inputs (through a pointer
+    no version counter sees, too), and every pass of a capture (the recordings, the float64 truth)
+    must run on the inputs the golden stores, which the replay feeds; the caller's tensors stay
+    untouched."""
+    def fresh(_p: str, t: Any) -> Any:
+        return t.clone()
+    return map_tensors(args, fresh), map_tensors(kwargs, fresh)
 
 
 def _rung_model_and_inputs(model: Any, args0: Any, kwargs0: Any, device: str, dtype: Any,
@@ -977,7 +987,7 @@ def _capture_rung_sketch(model: Any, args0: Any, kwargs0: Any, selected: list[Se
     m, was_training, args, kwargs = _rung_model_and_inputs(model, args0, kwargs0, device, dtype, tensors)
     try:
         with numerics(rung, tf32), Hooks(m, selected, None, rec_out) as hooks:
-            out = _run(m, args, kwargs)
+            out = _run(m, *_copies(args, kwargs))
             order = list(hooks.order)
         outputs: dict[str, Any] = {"out": {}, "const": constant_leaves(out)}
         keep("sk", OUTPUT, out, outputs["out"])
@@ -991,7 +1001,7 @@ def _capture_rung_sketch(model: Any, args0: Any, kwargs0: Any, selected: list[Se
     targs, tkwargs = cast_inputs(args, kwargs, torch.float64, truth_dev)
     truth_names: dict[str, str] = {}
     with torch.no_grad(), Hooks(tm, selected, None, lambda k, s, o: keep("skt", k, o, truth_names, exact=False)):
-        tout = _run(tm, targs, tkwargs)
+        tout = _run(tm, *_copies(targs, tkwargs))
         keep("skt", OUTPUT, tout, truth_names, exact=False)
     del tout
     noise = _sketch_quantization_noise(tm, selected, targs, tkwargs, tensors, group)
@@ -1029,7 +1039,7 @@ def _sketch_quantization_noise(tm: Any, selected: list[Selected], targs: Any, tk
     with activations_unquantized(tm) as any_quantized:
         if any_quantized:
             with torch.no_grad(), Hooks(tm, selected, None, lambda k, s, o: put(k, o)):
-                put(OUTPUT, _run(tm, targs, tkwargs))
+                put(OUTPUT, _run(tm, *_copies(targs, tkwargs)))
     return noise
 
 

@@ -306,3 +306,71 @@ def test_a_write_no_version_counter_sees_leaves_the_golden_intact(tmp_path, rout
     (res,) = replay(model, x, spec, store, "cpu")
     assert res.passed, [(l.name, l.reason) for l in res.layers if not l.passed]
     assert {"0.pre.1", "0.ip"} <= {l.name for l in res.layers if l.iso is not None}
+
+
+class _ZeroesItsInput(nn.Module):
+    """Zeroes its input once it has used it, through ``.data`` (as a kernel reusing its input's
+    memory through a raw pointer would): no version counter sees the write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.tanh(self.lin(x))
+        x.data.mul_(0.0)
+        return y
+
+
+class _ZeroingChain(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_ZeroesItsInput() for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+@pytest.mark.parametrize("route", [{"replay": "full"}, {"replay": "fast"}, {"sketch": 64}], ids=["full", "fast", "sketch"])
+def test_a_model_that_zeroes_its_own_input_unseen_is_captured_on_the_stored_inputs_and_passes(tmp_path, route) -> None:
+    """The first block zeroes the model's input where no version counter sees it, so the capture's
+    second recording pass and its float64 truth would run on zeros while the golden stores (and the
+    replay feeds) the real input: every pass of a capture gets its own copy of the stored inputs,
+    and the caller's tensor is left as it was."""
+    torch.manual_seed(0)
+    model = _ZeroingChain()
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+    before = x.clone()
+    spec = CheckSpec(name="zeroes", dtypes=["float32"], drill=1, **route)
+    store = GoldenStore(tmp_path)
+    capture(model, x, spec, store, "cpu")
+    assert torch.equal(x, before)
+    (res,) = replay(model, x, spec, store, "cpu")
+    assert res.passed, ([(l.name, l.reason) for l in res.layers if not l.passed], [(o.name, o.reason) for o in res.outputs])
+
+
+class _OffByOnePermille(nn.Linear):
+    def __init__(self, lin: nn.Linear) -> None:
+        super().__init__(lin.in_features, lin.out_features)
+        self.load_state_dict(lin.state_dict())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * 1.001
+
+
+def test_a_bug_in_a_model_that_scales_its_own_input_is_caught(tmp_path) -> None:
+    """The model doubles its input in place: the whole model's float64 truth must be of the model on
+    the stored input, not on the input its own forward already doubled (against a truth of fc(4x),
+    the reference and a candidate 0.1% off are equally far from it, and the model's output passed)."""
+    torch.manual_seed(0)
+    model = ScalesItsInput()
+    x = torch.randn(16, 32, generator=torch.Generator().manual_seed(1))
+    spec = CheckSpec(name="own", dtypes=["float32"], drill=1)
+    store = GoldenStore(tmp_path)
+    capture(model, x.clone(), spec, store, "cpu")
+    model.fc = _OffByOnePermille(model.fc)   # a port's linear kernel, 0.1% off
+    (res,) = replay(model, x.clone(), spec, store, "cpu")
+    assert not res.passed and res.culprit == "fc", [(l.name, l.reason) for l in res.layers]
+    assert [o.passed for o in res.outputs] == [False], [(o.name, o.reason) for o in res.outputs]
