@@ -16,28 +16,28 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "families"))
+sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
 
 def main() -> None:
     import torch
 
-    import family_models as fm
+    import parity_models as fm
     from pytest_rocm_parity.runner.capture import capture
     from pytest_rocm_parity.runner.engine import CheckSpec
     from pytest_rocm_parity.golden.store import GoldenStore
 
     p = argparse.ArgumentParser()
     p.add_argument("--drill", type=int, default=None, help="a fixed depth (default: the plugin's default)")
-    p.add_argument("--families", default=",".join(fm.BUILDERS))
+    p.add_argument("--families", default=",".join(fm.FAMILIES))
     a = p.parse_args()
     torch.set_num_threads(1)
     print(f"{'model':<8} {'drill':>5} {'layers':>6} {'golden bytes':>12}  bug module selected")
     with tempfile.TemporaryDirectory() as tmp:
         store = GoldenStore(tmp)
         for fam in a.families.split(","):
-            model, inputs = fm.BUILDERS[fam]()
+            model, inputs = fm.FAMILIES[fam]()
             drill = a.drill
             if drill is None:
                 try:
@@ -51,7 +51,7 @@ def main() -> None:
             m = capture(model, inputs, CheckSpec(name=fam, dtypes=["float32"], drill=drill), store, "cpu")
             size = sum(f.stat().st_size for f in store.dir_for(fam).iterdir() if f.is_file())
             names = {entry["name"] for entry in m["layers"]}
-            bug = fm.BUGS[fam][0]
+            bug = fm.FAMILY_BUGS[fam][0]
             print(f"{fam:<8} {drill:>5} {len(names):>6} {size:>12}  {'yes' if bug in names else 'no'}")
 
 

@@ -10,23 +10,23 @@ from typing import Any
 import pytest
 from safetensors.torch import load_file
 
-FAMILIES = Path(__file__).parents[1] / "families"
+TESTS = Path(__file__).parents[1]
 
 TEST = '''
 import torch
-import family_models as fm
+import parity_models as fm
 
 torch.set_num_threads(1)
 
 
 def test_unet(parity):
-    model, inputs = fm.make("unet")
+    model, inputs = fm.family("unet")
     parity.check(model, inputs, name="unet", dtypes=["float32"], layers=["down_blocks.*", "mid_block", "up_blocks.*"])
 '''
 
 
 def test_overlapping_globs_report_and_failing_tensors(parity_project: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytester = parity_project("", "FAMILY_BUG", family_models=(FAMILIES / "family_models.py").read_text(),
+    pytester = parity_project("", "FAMILY_BUG", parity_models=(TESTS / "parity_models.py").read_text(),
                               test_unet=TEST)
     pytester.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
     monkeypatch.setenv("FAMILY_BUG", "1")

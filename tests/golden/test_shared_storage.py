@@ -2,7 +2,6 @@
 and exported (golden files and the failing-tensor export of --parity-report) without error."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +17,7 @@ from pytest_rocm_parity.runner.replay import replay
 from pytest_rocm_parity.reports.report import save_failing_tensors
 from pytest_rocm_parity.runner.selection import select
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "families"))
-
-import family_models as fm  # noqa: E402
+import parity_models as fm
 
 
 class Split(nn.Module):
@@ -82,8 +79,8 @@ def test_overlapping_globs_on_a_unet_name_the_deep_module_and_export(tmp_path: P
     model, inputs = fm.build_unet()
     layers = ["down_blocks.*", "mid_block", "up_blocks.*"]   # parents and their children
     spec = CheckSpec(name="unet", dtypes=["float32"], layers=layers, report_dir=tmp_path / "report")
-    (result,) = _run(model, inputs, spec, tmp_path, fm.BUGS["unet"][0])
-    assert result.culprit == fm.BUGS["unet"][0]
+    (result,) = _run(model, inputs, spec, tmp_path, fm.FAMILY_BUGS["unet"][0])
+    assert result.culprit == fm.FAMILY_BUGS["unet"][0]
     saved = load_file(tmp_path / "report" / result.extra["failing_tensors"])
     # down_blocks.1 returns its last resnet's output both as its output and among its skips
     assert "down_blocks.1/0/isolated" in saved and "down_blocks.1/1.1/isolated" in saved

@@ -2,8 +2,6 @@
 state-space model's layers replays cleanly, and a miscompiled layer is named."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -11,8 +9,7 @@ import torch
 from parity_models import capture_then_replay, llama, tokens, verdicts
 from pytest_rocm_parity.runner.engine import CheckSpec
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "families"))
-import family_models as fm  # noqa: E402
+import parity_models as fm
 
 
 def _scaled_backend(gm: torch.fx.GraphModule, _example: list[torch.Tensor]):  # type: ignore[no-untyped-def]

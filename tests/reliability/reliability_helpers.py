@@ -1,4 +1,4 @@
-"""Small CPU models and a captured golden to damage, for the reliability tests."""
+"""A captured golden to damage, and the file surgery the reliability tests do on it."""
 from __future__ import annotations
 
 import json
@@ -17,37 +17,9 @@ from pytest_rocm_parity.runner.engine import CheckSpec
 from pytest_rocm_parity.runner.replay import replay
 from pytest_rocm_parity.golden.store import MANIFEST, GoldenStore, sha256_file
 from pytest_rocm_parity.judging.records import CheckResult
+from parity_models import tiny, tiny_inputs
 
 ENV = {"device": "cpu", "torch": torch.__version__}
-
-
-class Tiny(nn.Module):
-    """Two linears around a ReLU; ``poison`` (not a parameter, so not in the fingerprint) makes
-    the candidate differ from the reference: "nan"/"inf" at output [0, 1], "flip" in int outputs."""
-
-    def __init__(self, d: int = 4, out: str = "plain") -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(d, d)
-        self.act = nn.ReLU()
-        self.fc2 = nn.Linear(d, d)
-        self.out = out
-        self.poison = ""
-
-    def forward(self, x: torch.Tensor) -> Any:
-        y = self.fc2(self.act(self.fc1(x)))
-        if self.poison in ("nan", "inf"):
-            y = y.clone()
-            y[0, 1] = float(self.poison)
-        return y
-
-
-def tiny(seed: int = 0, **kw: Any) -> Tiny:
-    torch.manual_seed(seed)
-    return Tiny(**kw)
-
-
-def inputs(seed: int = 0) -> torch.Tensor:
-    return torch.randn(3, 4, generator=torch.Generator().manual_seed(seed))
 
 
 @dataclass
@@ -98,7 +70,7 @@ class Golden:
 def make_golden(root: Path, name: str = "tiny", model: nn.Module | None = None, x: Any = None,
                 dtypes: tuple[str, ...] = ("float32",), **spec: Any) -> Golden:
     g = Golden(GoldenStore(root / "goldens"), CheckSpec(name=name, dtypes=list(dtypes), **spec),
-               model if model is not None else tiny(), inputs() if x is None else x)
+               model if model is not None else tiny(), tiny_inputs() if x is None else x)
     g.capture(overwrite=False)
     return g
 

@@ -148,7 +148,8 @@ def test_manifest_format_not_an_integer(golden: Golden, fmt: object) -> None:
 
 def test_manifest_hash_differs_from_tensors(golden: Golden, tmp_path: Path) -> None:
     """Another golden's tensor file under this golden's name: the content hash gives it away."""
-    from reliability_helpers import make_golden, tiny
+    from parity_models import tiny
+    from reliability_helpers import make_golden
 
     other = make_golden(tmp_path / "other", model=tiny(seed=1))
     p = golden.tensor_file()

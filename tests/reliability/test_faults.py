@@ -20,7 +20,8 @@ import pytest
 from pytest_rocm_parity.golden import store as golden_mod
 from pytest_rocm_parity.errors import GoldenExists, GoldenMissing, GoldenWriteError
 from pytest_rocm_parity.golden.store import MANIFEST, GoldenStore
-from reliability_helpers import Golden, make_golden, tiny
+from parity_models import tiny, tiny_inputs
+from reliability_helpers import Golden, make_golden
 from pytest_rocm_parity.runner.replay import replay
 
 HERE = Path(__file__).parent
@@ -255,10 +256,11 @@ def _child(g: Golden, body: str) -> str:
     script = textwrap.dedent("""
         import sys
         from pathlib import Path
-        from reliability_helpers import Golden, GoldenStore, CheckSpec, tiny, inputs
-        g = Golden(GoldenStore(Path(sys.argv[1])), CheckSpec(name=sys.argv[2], dtypes=["float32"]), tiny(), inputs())
+        from parity_models import tiny, tiny_inputs
+        from reliability_helpers import Golden, GoldenStore, CheckSpec
+        g = Golden(GoldenStore(Path(sys.argv[1])), CheckSpec(name=sys.argv[2], dtypes=["float32"]), tiny(), tiny_inputs())
     """) + body
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-c", script, str(g.store.root), g.spec.name],
                           capture_output=True, text=True, env=env, timeout=120)
     return f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
@@ -267,14 +269,14 @@ def _child(g: Golden, body: str) -> str:
 # -- concurrent writers ----------------------------------------------------------------------------
 
 def _writer(root: str, seed: int, rounds: int, barrier: Any, errors: Any) -> None:
-    from reliability_helpers import CheckSpec, inputs
+    from reliability_helpers import CheckSpec
     from pytest_rocm_parity.runner.capture import capture
 
     spec = CheckSpec(name="shared", dtypes=["float32"])
     barrier.wait()
     for _ in range(rounds):
         try:
-            capture(tiny(seed=seed), inputs(), spec, GoldenStore(root), "cpu", overwrite=True, env={})
+            capture(tiny(seed=seed), tiny_inputs(), spec, GoldenStore(root), "cpu", overwrite=True, env={})
         except BaseException as exc:  # noqa: BLE001 - reported to the parent
             errors.put(f"{seed}: {type(exc).__name__}: {exc}")
 
@@ -283,7 +285,7 @@ def test_a_staged_golden_survives_another_writers_commit(tmp_path: Path) -> None
     """A capture holds its tensor files staged while its test runs; another writer of the same golden
     commits meanwhile and collects the files no manifest names: the staged ones are left alone, so
     the later commit names files that are there, and its golden replays its own model."""
-    from reliability_helpers import CheckSpec, inputs
+    from reliability_helpers import CheckSpec
     from pytest_rocm_parity.runner.capture import capture
 
     class Staging(GoldenStore):   # capture's write, held at the stage
@@ -294,13 +296,13 @@ def test_a_staged_golden_survives_another_writers_commit(tmp_path: Path) -> None
     root = tmp_path / "goldens"
     spec = CheckSpec(name="shared", dtypes=["float32"])
     staging = Staging(root)
-    capture(tiny(seed=1), inputs(), spec, staging, "cpu", overwrite=True, env={})
-    capture(tiny(seed=2), inputs(), spec, GoldenStore(root), "cpu", overwrite=True, env={})
+    capture(tiny(seed=1), tiny_inputs(), spec, staging, "cpu", overwrite=True, env={})
+    capture(tiny(seed=2), tiny_inputs(), spec, GoldenStore(root), "cpu", overwrite=True, env={})
     staging.commit(staging.held)
     store = GoldenStore(root)
     m = store.read_manifest("shared")
     assert {p.name for p in store.dir_for("shared").iterdir()} == {MANIFEST, m["rungs"]["float32"]["file"]}
-    assert all(r.passed for r in replay(tiny(seed=1), inputs(), spec, store, "cpu", env={}))
+    assert all(r.passed for r in replay(tiny(seed=1), tiny_inputs(), spec, store, "cpu", env={}))
 
 
 def test_concurrent_writers_of_one_golden(tmp_path: Path) -> None:
@@ -326,11 +328,11 @@ def test_concurrent_writers_of_one_golden(tmp_path: Path) -> None:
     m = store.read_manifest("shared")
     d = store.dir_for("shared")
     assert {p.name for p in d.iterdir()} == {MANIFEST, m["rungs"]["float32"]["file"]}
-    from reliability_helpers import CheckSpec, inputs
+    from reliability_helpers import CheckSpec
     from pytest_rocm_parity.runner.engine import fingerprint
 
     winner = next(s for s in seeds if fingerprint(tiny(seed=s)) == m["fingerprint"])
-    g = Golden(store, CheckSpec(name="shared", dtypes=["float32"]), tiny(seed=winner), inputs())
+    g = Golden(store, CheckSpec(name="shared", dtypes=["float32"]), tiny(seed=winner), tiny_inputs())
     assert g.replay()[0].passed
 
 

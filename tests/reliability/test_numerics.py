@@ -16,7 +16,8 @@ from pytest_rocm_parity.errors import InvalidArgument
 from pytest_rocm_parity.judging.records import CheckResult
 from pytest_rocm_parity.judging.tolerance import Tolerance
 from pytest_rocm_parity.runner.tree import constant_leaves, iter_leaves, map_tensors, tensor_leaves
-from reliability_helpers import Golden, GoldenStore, inputs
+from parity_models import tiny_inputs
+from reliability_helpers import Golden, GoldenStore
 
 U32 = 2.0**-24
 
@@ -82,7 +83,7 @@ def run(tmp_path: Path, kind: str = "plain", *, cand: Any = None, ref_poison: fl
     m = Head(kind)
     m.poison.value = ref_poison
     g = Golden(GoldenStore(tmp_path / "goldens"), CheckSpec(name=kind, dtypes=list(dtypes),
-                                                            tolerance=tol or Tolerance()), m, inputs() if x is None else x)
+                                                            tolerance=tol or Tolerance()), m, tiny_inputs() if x is None else x)
     g.capture(overwrite=False)
     if cand is not None:
         cand(m)
@@ -295,7 +296,7 @@ def test_dataclass_inputs_are_cast_and_replayed(tmp_path: Path, rung: str) -> No
     from reliability_helpers import make_golden
 
     torch.manual_seed(0)
-    g = make_golden(tmp_path, model=TakesBatch(), x=(Batch(inputs(), 2.0),), dtypes=(rung,))
+    g = make_golden(tmp_path, model=TakesBatch(), x=(Batch(tiny_inputs(), 2.0),), dtypes=(rung,))
     assert g.replay()[0].passed
 
 

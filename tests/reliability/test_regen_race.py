@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from pytest_rocm_parity.golden.store import MANIFEST, TOOL, TOOL_KEY, GoldenStore, RungReader
-from reliability_helpers import ENV, Golden, make_golden, tiny
+from parity_models import tiny
+from reliability_helpers import ENV, Golden, make_golden
 
 from pytest_rocm_parity.runner.capture import capture
 from pytest_rocm_parity.runner.replay import replay

@@ -14,7 +14,8 @@ from torch import nn
 
 from pytest_rocm_parity.runner.engine import CheckSpec
 from pytest_rocm_parity.errors import GoldenStale
-from reliability_helpers import Golden, Tiny, inputs, make_golden, message_names, tiny
+from parity_models import Tiny, tiny, tiny_inputs
+from reliability_helpers import Golden, make_golden, message_names
 
 
 class Wider(Tiny):
@@ -137,11 +138,11 @@ def test_dtype_not_captured_beside_a_changed_model_is_stale(golden: Golden) -> N
 
 
 @pytest.mark.parametrize("x,why", [
-    (inputs(seed=1), "values differ from the stored inputs"),
+    (tiny_inputs(seed=1), "values differ from the stored inputs"),
     (torch.randn(5, 4), "shape/dtype (5, 4)"),
     (torch.ones(3, 4, dtype=torch.float64).to(torch.int64).float()[:2], "shape/dtype"),
-    ((inputs(), inputs()), "input names changed"),
-    ({"x": inputs()}, "input names changed"),
+    ((tiny_inputs(), tiny_inputs()), "input names changed"),
+    ({"x": tiny_inputs()}, "input names changed"),
 ], ids=["values", "shape", "fewer-rows", "extra-positional", "as-keyword"])
 def test_inputs_changed(golden: Golden, x: Any, why: str) -> None:
     stale(golden, why, x=x)
@@ -149,7 +150,7 @@ def test_inputs_changed(golden: Golden, x: Any, why: str) -> None:
 
 def test_input_with_nan_is_not_stale_against_itself(tmp_path: Path) -> None:
     """NaN inputs compare equal to their stored copy (NaN != NaN must not make every replay stale)."""
-    x = inputs()
+    x = tiny_inputs()
     x[1, 2] = float("nan")
     g = make_golden(tmp_path, x=x)
     g.replay()   # no GoldenStale
@@ -243,15 +244,15 @@ class Scaled(Tiny):
 def test_constant_input_changed(tmp_path: Path, kw: dict[str, Any]) -> None:
     torch.manual_seed(0)
     m = Scaled()
-    g = make_golden(tmp_path, model=m, x={"x": inputs(), "scale": 2.0, "mode": "a"})
+    g = make_golden(tmp_path, model=m, x={"x": tiny_inputs(), "scale": 2.0, "mode": "a"})
     with pytest.raises(GoldenStale, match="stale"):
-        g.replay(x={"x": inputs(), "scale": 2.0, "mode": "a", **kw})
+        g.replay(x={"x": tiny_inputs(), "scale": 2.0, "mode": "a", **kw})
 
 
 def test_constant_inputs_are_recorded(tmp_path: Path) -> None:
     """The data the stale check above needs is in the golden already."""
     torch.manual_seed(0)
-    g = make_golden(tmp_path, model=Scaled(), x={"x": inputs(), "scale": 2.0, "mode": "a"})
+    g = make_golden(tmp_path, model=Scaled(), x={"x": tiny_inputs(), "scale": 2.0, "mode": "a"})
     m = json.loads(g.manifest.read_text())
     assert m["rungs"]["float32"]["inputs"]["const"] == {"kwargs.scale": 2.0, "kwargs.mode": "a"}
     assert re.fullmatch(r"[0-9a-f]{16}", m["fingerprint"]["weights"])

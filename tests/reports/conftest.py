@@ -1,25 +1,22 @@
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # report_models
-
-import report_models as _models  # noqa: E402
+from parity_models import block_stack
 
 # imported once here: pytester's in-process runs restore sys.modules, and C extensions
 # (pandas, safetensors) must not be imported a second time in one process
-import pandas  # noqa: E402,F401
-import safetensors.torch  # noqa: E402,F401
-import torch.profiler  # noqa: E402,F401
+import pandas  # noqa: F401
+import safetensors.torch  # noqa: F401
+import torch.profiler  # noqa: F401
 
-import pytest_rocm_parity.reports.inspect_cmd  # noqa: E402,F401
-import pytest_rocm_parity.reports.profiling  # noqa: E402,F401
-import pytest_rocm_parity.reports.report  # noqa: E402,F401
-import pytest_rocm_parity.reports.summary  # noqa: E402,F401
+import pytest_rocm_parity.reports.inspect_cmd  # noqa: F401
+import pytest_rocm_parity.reports.profiling  # noqa: F401
+import pytest_rocm_parity.reports.report  # noqa: F401
+import pytest_rocm_parity.reports.summary  # noqa: F401
 
 
 def _capture_replay(root: Path, name: str, bug_block: int | None, golden_dir: str = "goldens") -> list[Any]:
@@ -30,7 +27,7 @@ def _capture_replay(root: Path, name: str, bug_block: int | None, golden_dir: st
 
     store = GoldenStore(root / golden_dir)
     spec = CheckSpec(name=name, test=f"tests/test_{name}.py::test_{name}", dtypes=["float32"])
-    m, x = _models.make()
+    m, x = block_stack()
     if not store.exists(name):
         capture(m, x, spec, store, "cpu")
     if bug_block is not None:

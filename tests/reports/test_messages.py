@@ -160,12 +160,12 @@ def test_no_python_values_in_messages_or_junit_properties() -> None:
 
 TEST_FILE = '''
 import os
-import report_models
+import parity_models
 
 
 def test_tiny(parity):
     bug = os.environ.get("PARITY_TEST_BUG", "")
-    m, x = report_models.make(int(bug)) if bug else report_models.make()
+    m, x = parity_models.block_stack(int(bug)) if bug else parity_models.block_stack()
     if os.environ.get("PARITY_TEST_WIDER"):
         m.blocks[0].fc1 = type(m.blocks[0].fc1)(32, 64)
     parity.check(m, x, name="tiny", dtypes=["float32"])
@@ -183,7 +183,7 @@ def test_fuzzed(parity, n):
 
 @pytest.fixture
 def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
-    shutil.copy(HERE / "report_models.py", pytester.path / "report_models.py")
+    shutil.copy(HERE.parent / "parity_models.py", pytester.path / "parity_models.py")
     monkeypatch.syspath_prepend(str(pytester.path))
     pytester.makepyfile(test_tiny=TEST_FILE)
     cap = pytester.runpytest_inprocess("--rocm-parity", "--parity-mode=capture", "-p", "no:cacheprovider")

@@ -13,18 +13,18 @@ HERE = Path(__file__).parent
 
 TEST_FILE = '''
 import os
-import report_models
+import parity_models
 
 
 def test_tiny(parity):
     bug = os.environ.get("PARITY_TEST_BUG")
-    m, x = report_models.make(int(bug) if bug else None)
+    m, x = parity_models.block_stack(int(bug) if bug else None)
     parity.check(m, x, name="tiny", dtypes=["float32"])
 '''
 
 
 def test_capture_then_replay_writes_reports(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    shutil.copy(HERE / "report_models.py", pytester.path / "report_models.py")
+    shutil.copy(HERE.parent / "parity_models.py", pytester.path / "parity_models.py")
     monkeypatch.syspath_prepend(str(pytester.path))
     pytester.makepyfile(test_tiny=TEST_FILE)
     cap = pytester.runpytest_inprocess("--rocm-parity", "--parity-mode=capture", "--parity-golden-dir=goldens",

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import report_models
+import parity_models
 
 from pytest_rocm_parity.reports import inspect_cmd
 from pytest_rocm_parity.runner.capture import capture
@@ -23,7 +23,7 @@ def goldens(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("inspect")
     out = {}
     for label, bug in (("a", None), ("a2", None), ("b", 2)):
-        m, x = report_models.make(bug)
+        m, x = parity_models.block_stack(bug)
         store = GoldenStore(root / label)
         capture(m, x, CheckSpec(name="tiny", dtypes=["float32"]), store, "cpu")
         out[label] = store.dir_for("tiny")
@@ -93,7 +93,7 @@ def test_diff_names_where_the_references_compute_different_functions(tmp_path: P
     threshold, yet the goldens' float64 truths part there; at bf16 the change is under the rounding."""
     import torch
 
-    m, x = report_models.make()
+    m, x = parity_models.block_stack()
     capture(m, x, CheckSpec(name="tiny", dtypes=["float32", "bfloat16"]), GoldenStore(tmp_path / "exact"), "cpu")
     m.blocks[2].act = torch.nn.GELU(approximate="tanh")
     capture(m, x, CheckSpec(name="tiny", dtypes=["float32", "bfloat16"]), GoldenStore(tmp_path / "tanh"), "cpu")
@@ -159,7 +159,7 @@ def test_diff_says_what_the_fingerprints_show_changed(goldens: dict[str, Path], 
 
 
 def test_diff_warns_when_the_goldens_ran_on_other_inputs(goldens: dict[str, Path], tmp_path: Path) -> None:
-    m, x = report_models.make()
+    m, x = parity_models.block_stack()
     store = GoldenStore(tmp_path)
     capture(m, x * 2, CheckSpec(name="tiny", dtypes=["float32"]), store, "cpu")
     res = inspect_cmd.diff_goldens(goldens["a"], store.dir_for("tiny"))
@@ -187,7 +187,7 @@ def test_diff_of_goldens_with_no_layer_in_common_differs(goldens: dict[str, Path
     store = GoldenStore(tmp_path)
     torch.manual_seed(0)
     other = torch.nn.Sequential(torch.nn.Linear(32, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8))
-    capture(other, report_models.make()[1], CheckSpec(name="other", dtypes=["float32"]), store, "cpu")
+    capture(other, parity_models.block_stack()[1], CheckSpec(name="other", dtypes=["float32"]), store, "cpu")
     res = inspect_cmd.diff_goldens(goldens["a"], store.dir_for("other"))
     assert res["differs"] and any("no layer in common" in w for w in res["warnings"])
 

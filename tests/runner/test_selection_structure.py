@@ -2,7 +2,6 @@
 where a fault lies that the selection did not judge."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +19,7 @@ from pytest_rocm_parity.runner.replay import replay
 from pytest_rocm_parity.runner.selection import (activation_sizes, default_primary, golden_bytes, max_drill, select,
                                           stacks)
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "families"))
-
-import family_models as fm  # noqa: E402
+import parity_models as fm
 
 
 def test_every_stack_and_the_modules_between_them() -> None:
@@ -59,8 +56,8 @@ def test_drill_goes_as_deep_as_the_model() -> None:
     t5, _ = fm.build_t5()
     assert max_drill(t5) == 3
     sel = {s.name: s.level for s in select(t5, drill=3)}
-    assert sel[fm.BUGS["t5"][0]] == 3            # decoder.block.1.layer.1.EncDecAttention.v
-    assert fm.BUGS["t5"][0] not in {s.name for s in select(t5, drill=2)}
+    assert sel[fm.FAMILY_BUGS["t5"][0]] == 3            # decoder.block.1.layer.1.EncDecAttention.v
+    assert fm.FAMILY_BUGS["t5"][0] not in {s.name for s in select(t5, drill=2)}
     assert select(t5, drill=9) == select(t5, drill=3)
 
 
@@ -121,11 +118,11 @@ def test_shape_pass_falls_back_to_the_forward() -> None:
 
 def _replayed(tmp_path: Path, family: str, **spec: Any) -> Any:
     torch.set_num_threads(1)
-    model, inputs = fm.build_unet() if family == "unet" else fm.BUILDERS[family]()
+    model, inputs = fm.build_unet() if family == "unet" else fm.FAMILIES[family]()
     s = CheckSpec(name=family, dtypes=["float32"], **spec)
     store = GoldenStore(tmp_path)
     capture(model, inputs, s, store, "cpu")
-    fm.plant(model, family)
+    fm.plant_family(model, family)
     return api._where_unjudged(model, s, replay(model, inputs, s, store, "cpu"))[0]
 
 
