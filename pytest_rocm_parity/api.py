@@ -86,12 +86,12 @@ class Parity:
             sketch=_sketch_group(sketch if sketch is not None else self._defaults.get("sketch")),
             report_dir=self._session.options.report_dir,
             golden_size_limit=self._session.options.golden_size_limit, dtypes_from=dtypes_from,
-            replay=_replay_kind(model, replay_kind or self._defaults.get("replay") or self._session.options.replay),
+            replay=replay_kind_of(model, replay_kind or self._defaults.get("replay") or self._session.options.replay),
             regen_command=(f"pytest --rocm-parity {self._session.options.command_flags}--parity-regen={shell_quote(nm)} "
                            f"{shell_quote(self._node.nodeid) if self._node else ''}").strip(),
         )
         check_tolerance_layers(unwrap(model), list(spec.tolerance.layers))
-        spec.drill = _resolve_drill(model, inputs, spec, explicit, self._session.store, self._session.capturing)
+        spec.drill = resolve_drill(model, inputs, spec, explicit, self._session.store, self._session.capturing)
         return spec
 
     @known_keywords
@@ -115,7 +115,7 @@ class Parity:
             spec = self._spec(model, name, dtypes, layers, tolerance, drill, sketch, replay, ladder, inputs=inputs)
         return self._run(spec, lambda: capture(model, inputs, spec, self._session.store, self.device,
                                                overwrite=self._session.store.exists(spec.name), env=self._session.env),
-                         lambda: _where_unjudged(model, spec, replay_golden(model, inputs, spec, self._session.store,
+                         lambda: where_unjudged(model, spec, replay_golden(model, inputs, spec, self._session.store,
                                                                             self.device, env=self._session.env)))
 
     def check_lm(self, model: Any, input_ids: Any, **kwargs: Any) -> list[CheckResult]:
@@ -301,7 +301,7 @@ def _refuse_hypothesis(node: Any) -> None:
 AUTO_DRILL_MAX_PARAMS = 1_000_000_000
 
 
-def _replay_kind(model: Any, kind: Any) -> str:
+def replay_kind_of(model: Any, kind: Any) -> str:
     """full or fast; auto is fast above 1B parameters (the size where drill turns 0 too), else full.
 
     Why fast for large models: it costs one run of the forward plus the deeper levels
@@ -318,7 +318,7 @@ def _replay_kind(model: Any, kind: Any) -> str:
     return str(kind)
 
 
-def _where_unjudged(model: Any, spec: CheckSpec, results: list[CheckResult]) -> list[CheckResult]:
+def where_unjudged(model: Any, spec: CheckSpec, results: list[CheckResult]) -> list[CheckResult]:
     """Failing results say where a fault the selection did not judge lies: the region between the last
     agreeing and the first divergent selected module and the ``layers=`` globs that would judge it
     (extra["unselected_region"], shown by assertion.message), or the culprit's unselected sub-modules."""
@@ -353,7 +353,7 @@ def _explicit_drill(*choices: Any) -> int | None:
     return None
 
 
-def _drill(model: Any, *choices: Any) -> int:
+def drill_for(model: Any, *choices: Any) -> int:
     """The first explicit drill depth, else the deepest selection (as by default_drill without inputs:
     no activation sizes, so no budget; 0 above 1B parameters, where every module's golden gets huge)."""
     from pytest_rocm_parity.runner.selection import max_drill
@@ -380,7 +380,7 @@ def default_drill(model: Any, inputs: Any, rungs: Sequence[str], limit: int | No
     return deepest_drill(model, acts, rungs, limit)
 
 
-def _resolve_drill(model: Any, inputs: Any, spec: CheckSpec, explicit: int | None, store: Any,
+def resolve_drill(model: Any, inputs: Any, spec: CheckSpec, explicit: int | None, store: Any,
                    capturing: bool) -> int:
     """``explicit`` if given; with ``layers=`` globs the depth plays no part (0); on a replay the depth the
     golden was captured with (its selection is what the replay must find again); on a capture the
@@ -397,9 +397,9 @@ def _resolve_drill(model: Any, inputs: Any, spec: CheckSpec, explicit: int | Non
                 drill = None
             if isinstance(drill, int) and not isinstance(drill, bool) and drill >= 0:
                 return drill
-        return _drill(model)
+        return drill_for(model)
     if inputs is None:
-        return _drill(model)
+        return drill_for(model)
     return default_drill(model, inputs, spec.dtypes, getattr(spec, "golden_size_limit", DEFAULT_GOLDEN_SIZE_LIMIT))
 
 

@@ -159,7 +159,7 @@ def fuzz_one(spec: OpSpec, dtype_name: str, device: str, max_examples: int, seed
     start = time.perf_counter()
     db = DirectoryBasedExampleDatabase(database) if database else None
 
-    sticky: list[str] = []   # the first failure that was a device error (see _sticky_device_error)
+    sticky: list[str] = []   # the first failure that was a device error (see sticky_device_error)
     failing: list[float] = []   # the ratio of each failing example; the last is the shrunk one reported
 
     def _body(case: Any) -> None:
@@ -173,7 +173,7 @@ def fuzz_one(spec: OpSpec, dtype_name: str, device: str, max_examples: int, seed
                 report.worst_ratio = max(report.worst_ratio, result.max_ratio)
         else:
             failing.append(result.max_ratio)
-            if result.error and _sticky_device_error(result.error):
+            if result.error and sticky_device_error(result.error):
                 sticky.append(result.message())
             raise AssertionError(result.message())
 
@@ -211,7 +211,7 @@ def fuzz_one(spec: OpSpec, dtype_name: str, device: str, max_examples: int, seed
     return report
 
 
-def _sticky_device_error(error: str) -> bool:
+def sticky_device_error(error: str) -> bool:
     """A CUDA/HIP error that leaves the context unusable (every later kernel fails too)."""
     low = error.lower()
     return ("acceleratorerror" in low or "cuda error" in low or "hip error" in low

@@ -380,7 +380,7 @@ class GoldenStore:
                     if callable(tensors):
                         progress(f"{dtype}: reference run, float64 truth ...", verbose=1)
                         tensors = tensors()
-                    tmp = _write_tensors_tmp(d, tensors, {"format": str(FORMAT_VERSION), "name": name, "dtype": dtype})
+                    tmp = write_tensors_tmp(d, tensors, {"format": str(FORMAT_VERSION), "name": name, "dtype": dtype})
                     del tensors
                     staged.written.append(tmp)
                     digest, fast = file_digests(tmp)
@@ -598,7 +598,7 @@ def _referenced(mpath: Path) -> set[str]:
         return set()
 
 
-def _storable(tensors: dict[str, Any]) -> tuple[dict[str, Any], list[str], dict[str, str]]:
+def storable(tensors: dict[str, Any]) -> tuple[dict[str, Any], list[str], dict[str, str]]:
     """Tensors safetensors can hold: complex128 becomes its float64 real view (listed), a dtype in
     BYTE_VIEW_DTYPES its uint8 bytes (mapped to the dtype's name), others refused."""
     import torch
@@ -634,10 +634,10 @@ def _storable(tensors: dict[str, Any]) -> tuple[dict[str, Any], list[str], dict[
     return out, complex128, byte_views
 
 
-def _write_tensors_tmp(d: Path, tensors: dict[str, Any], metadata: dict[str, str]) -> Path:
+def write_tensors_tmp(d: Path, tensors: dict[str, Any], metadata: dict[str, str]) -> Path:
     from safetensors.torch import save_file
 
-    tensors, complex128, byte_views = _storable(tensors)
+    tensors, complex128, byte_views = storable(tensors)
     if complex128:
         metadata = {**metadata, COMPLEX128_KEY: json.dumps(sorted(complex128))}
     if byte_views:

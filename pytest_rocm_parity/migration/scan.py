@@ -302,7 +302,7 @@ class ScanResult:
 # --------------------------------------------------------------------------- walking
 
 
-def _kinds_for(name: str) -> frozenset[str]:
+def kinds_for(name: str) -> frozenset[str]:
     ext = os.path.splitext(name)[1].lower()
     if ext in DEVICE_EXTS:
         return D
@@ -342,7 +342,7 @@ def iter_files(root: Path, include_vendored: bool, skipped: Counter[str]) -> Ite
                 continue
             if not entry.is_file(follow_symlinks=False):
                 continue
-            kinds = _kinds_for(entry.name)
+            kinds = kinds_for(entry.name)
             if kinds:
                 yield entry.path, os.path.relpath(entry.path, root).replace(os.sep, "/"), kinds
 
@@ -487,7 +487,7 @@ def scan_path(path: str | os.PathLike[str], *, include_vendored: bool = False, m
     result = ScanResult(root=str(root))
     t0 = time.perf_counter()
     if root.is_file():
-        kinds = _kinds_for(root.name) or (D | P)
+        kinds = kinds_for(root.name) or (D | P)
         files: Iterator[tuple[str, str, frozenset[str]]] = iter([(str(root), root.name, kinds)])
     else:
         files = iter_files(root, include_vendored, result.skipped)
@@ -535,7 +535,7 @@ def hipify_report(root: str) -> dict[str, Any] | None:
     total: Counter[str] = Counter()
     paths = [base] if base.is_file() else None
     skipped: Counter[str] = Counter()
-    entries = ((str(p), p.name, _kinds_for(p.name)) for p in paths) if paths else iter_files(base, False, skipped)
+    entries = ((str(p), p.name, kinds_for(p.name)) for p in paths) if paths else iter_files(base, False, skipped)
     for abspath, rel, kinds in entries:
         if "device" not in kinds:
             continue

@@ -29,7 +29,7 @@ from pytest_rocm_parity.runner.engine import (
     CheckSpec,
     Hooks,
     _run,
-    _substitute,
+    substitute,
     cast_inputs,
     fingerprint,
     home_device,
@@ -63,7 +63,7 @@ _TRUTH_SLACK_BYTES = 2 << 30
 # ---------------------------------------------------------------------------------------------
 # host copies
 
-class _HostCopies:
+class HostCopies:
     """Copies of tensors into host memory; asynchronous for CUDA tensors.
 
     A CUDA tensor is copied into pinned memory from torch's caching host allocator (reused across
@@ -191,7 +191,7 @@ def _release_pinned() -> None:
 # ---------------------------------------------------------------------------------------------
 # capture
 
-class _Pool:
+class RecordPool:
     """Deduplicated copies of recorded tensors (a block's output is the next block's input).
 
     On CUDA a recorded tensor is snapshotted on the device in stream order (a later in-place op
@@ -214,7 +214,7 @@ class _Pool:
         # the same key if the contents are (resolve())
         self.maybe: list[tuple[str, str]] = []
         self.alive: list[Any] = []
-        self.copies = _HostCopies()
+        self.copies = HostCopies()
         self.device: dict[str, Any] = {}   # key -> device snapshot, held until drop_device()
         self._host: dict[str, Any] = {}
         self._unissued: list[str] = []
@@ -397,7 +397,7 @@ class Recording:
     entries: dict[str, dict[str, Any]]
     outputs: dict[str, Any]
     order: list[str]
-    pool: _Pool
+    pool: RecordPool
 
 
 def _raw(t: Any, wide: bool = False) -> Any:
@@ -535,9 +535,9 @@ def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any, res
     once the float64 model's construction is queued, so issuing them costs the forward nothing), and
     ``pool.tensors`` issues what is left and waits for all of them. Then ``pool.check_repeats()``
     and, where ``pool.repeats_unchanged()`` is false (a tensor seen again may have been written in
-    between), record again with ``resnap`` (see _Pool.add), as capture does.
+    between), record again with ``resnap`` (see RecordPool.add), as capture does.
     """
-    pool = _Pool(resnap)
+    pool = RecordPool(resnap)
     entries: dict[str, dict[str, Any]] = {}
 
     inputs: dict[str, Any] = {}    # this call's input leaves until its output is recorded
@@ -653,11 +653,11 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
     quant = _quantized_storage(m, tensors)
     rung_model = [m]
     del m
-    tm, truth_dev = _truth_model(model, device, dtype, rung_model)
+    tm, truth_dev = truth_model(model, device, dtype, rung_model)
     pool = rec.pool
     pool.start_copies()            # they land while the device builds and runs the float64 truth
     targs, tkwargs = cast_inputs(args, kwargs, torch.float64, truth_dev)
-    copies = _HostCopies()         # the residuals' own copies, finished before the rung is returned
+    copies = HostCopies()         # the residuals' own copies, finished before the rung is returned
 
     def ref_of(key: str, p: str) -> Any:
         src = outputs["out"] if key == OUTPUT else entries[key]["out"]
@@ -669,7 +669,7 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
         if t.is_floating_point() or t.is_complex():
             ref = ref_of(key, p)
             _refuse_nonfinite(key, p, t, ref, padding)
-            tensors[name] = _residual(t, ref, rdt, copies)
+            tensors[name] = residual(t, ref, rdt, copies)
 
     fetch, fdtype = _golden_input_fetch(pool, device, truth_dev)
 
@@ -695,7 +695,7 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
                     if sel.level != level or key not in entries:
                         return None
                     keys = entries[key]["in"]
-                    sa, skw = _substitute(a, kw, keys, fetch, fdtype, KEEP_PLACEMENT)
+                    sa, skw = substitute(a, kw, keys, fetch, fdtype, KEEP_PLACEMENT)
                     if _same_shapes((a, kw), (sa, skw)):
                         return sa, skw
                     # The reference made this call with other shapes: a router that sent it other
@@ -781,9 +781,9 @@ def _quantized_storage(m: Any, tensors: dict[str, Any] | None) -> dict[str, Any]
     return out
 
 
-def merge_repeats(pool: _Pool, entries: dict[str, dict[str, Any]], outputs: dict[str, Any],
+def merge_repeats(pool: RecordPool, entries: dict[str, dict[str, Any]], outputs: dict[str, Any],
                   tensors: dict[str, Any]) -> None:
-    """A tensor recorded again unchanged (_Pool.resolve) named by its first key; the recorded
+    """A tensor recorded again unchanged (RecordPool.resolve) named by its first key; the recorded
     tensors renumbered t/0, t/1, ... in the order first seen, as a plain record of each distinct
     value would name them. In place: ``tensors`` (pool.tensors among them), the entries' and the
     model outputs' keys."""
@@ -806,8 +806,8 @@ def _same_shapes(call: Any, substituted: Any) -> bool:
     return all(t.shape == golden[p].shape for p, t in live.items())
 
 
-def _golden_input_fetch(pool: _Pool, device: str, truth_dev: Any) -> tuple[Callable[[str], Any], Any]:
-    """(fetch, dtype) for _substitute: the recorded inputs, upcast to float64, for the local truth.
+def _golden_input_fetch(pool: RecordPool, device: str, truth_dev: Any) -> tuple[Callable[[str], Any], Any]:
+    """(fetch, dtype) for substitute: the recorded inputs, upcast to float64, for the local truth.
 
     On CUDA they are read where they are: the device snapshots of the recording, or those that
     streamed to pinned memory, sent back without blocking. Upcast on the device: a quarter of the
@@ -849,7 +849,7 @@ def _rung_model_and_inputs(model: Any, args0: Any, kwargs0: Any, device: str, dt
     return m, was_training, args, kwargs
 
 
-def _truth_model(model: Any, device: str, dtype: Any, rung: list[Any]) -> tuple[Any, Any]:
+def truth_model(model: Any, device: str, dtype: Any, rung: list[Any]) -> tuple[Any, Any]:
     """The rung's model in float64 (weights already rounded to the rung: only arithmetic differs).
 
     ``rung`` holds the rung's model and is emptied here; with no other reference left, the rung's
@@ -863,11 +863,11 @@ def _truth_model(model: Any, device: str, dtype: Any, rung: list[Any]) -> tuple[
     if device == KEEP_PLACEMENT:   # a split model keeps its split in float64 too
         rung.clear()
         tm = cast_module(copy.deepcopy(prepare_model(model, device, dtype)), dtype=torch.float64).eval()
-        _float64_kernels(tm)
+        float64_kernels(tm)
         return tm, home_device(tm, device)
     truth_dev = device if _supports_f64(device) else "cpu"
     m = rung.pop()
-    if _truth_on_device(m, truth_dev):
+    if truth_on_device(m, truth_dev):
         tm = _copy_tensors(m, lambda t, quantized: t.to(device=truth_dev, copy=True) if quantized
                            else _widened(t.to(device=truth_dev)))
     else:
@@ -875,7 +875,7 @@ def _truth_model(model: Any, device: str, dtype: Any, rung: list[Any]) -> tuple[
     del m
     # catches what the copy left in the rung's dtype (parameter subclasses); a no-op otherwise
     tm = cast_module(tm, truth_dev, torch.float64).eval()
-    _float64_kernels(tm)
+    float64_kernels(tm)
     return tm, truth_dev
 
 
@@ -886,7 +886,7 @@ TRUTH_EXPERTS = "eager"
 TRUTH_ATTENTION = {"flex_attention": "sdpa"}
 
 
-def _float64_kernels(tm: Any) -> None:
+def float64_kernels(tm: Any) -> None:
     """Switch the float64 truth model to implementations that run in float64, where Hugging Face
     lets a model choose them. The truth is what the module computes; the reference and the candidate
     keep their own kernels."""
@@ -907,7 +907,7 @@ def _float64_kernels(tm: Any) -> None:
             pass
 
 
-def _truth_on_device(m: Any, truth_dev: Any) -> bool:
+def truth_on_device(m: Any, truth_dev: Any) -> bool:
     """Whether the float64 copy of ``m`` fits on ``truth_dev`` beside ``m`` (and its activations)."""
     import torch
 
@@ -997,7 +997,7 @@ def _capture_rung_sketch(model: Any, args0: Any, kwargs0: Any, selected: list[Se
     quant = _quantized_storage(m, None)   # what each module is, not its tensors: a sketch stays small
     rung_model = [m]
     del m
-    tm, truth_dev = _truth_model(model, device, dtype, rung_model)
+    tm, truth_dev = truth_model(model, device, dtype, rung_model)
     targs, tkwargs = cast_inputs(args, kwargs, torch.float64, truth_dev)
     truth_names: dict[str, str] = {}
     with torch.no_grad(), Hooks(tm, selected, None, lambda k, s, o: keep("skt", k, o, truth_names, exact=False)):
@@ -1043,7 +1043,7 @@ def _sketch_quantization_noise(tm: Any, selected: list[Selected], targs: Any, tk
     return noise
 
 
-def _residual(truth: Any, ref: Any, rdt: Any, copies: _HostCopies | None = None) -> Any:
+def residual(truth: Any, ref: Any, rdt: Any, copies: HostCopies | None = None) -> Any:
     """The float64 truth stored as its difference from the reference: half the bytes, same statistics.
 
     The residual is as small as the reference's error, so rounding it to ``rdt`` perturbs the

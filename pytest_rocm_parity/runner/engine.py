@@ -516,7 +516,7 @@ def _run(model: Any, args: Any, kwargs: Any) -> Any:
 
 
 
-def _substitute(args: Any, kwargs: Any, keys: dict[str, str], fetch: Callable[[str], Any],
+def substitute(args: Any, kwargs: Any, keys: dict[str, str], fetch: Callable[[str], Any],
                 fdtype: Any | None, device: Any) -> tuple[Any, Any]:
     """Replace every tensor input leaf by its golden value (recorded at capture)."""
     def fn(path: str, t: Any) -> Any:

@@ -126,7 +126,7 @@ def _record(key: str, e: dict[str, Any]) -> LayerRecord:
 
 
 def load_truth(reader: RungReader, name: str, ref: Any) -> Any:
-    """Rebuild a float64 truth from its stored residual (see _residual)."""
+    """Rebuild a float64 truth from its stored residual (see residual)."""
     import torch
 
     if ref.is_complex():

@@ -31,6 +31,7 @@ from typing import Any
 from pytest_rocm_parity import __version__
 from pytest_rocm_parity.judging import dtypes as dt
 from pytest_rocm_parity.judging.compare import residual_metrics
+from pytest_rocm_parity.runner.capture import residual
 from pytest_rocm_parity.runner.engine import (CheckSpec, Hooks, autocast_dtype, autocast_note, cast_inputs,
                                               explained_by, fingerprint, home_device, normalize_inputs,
                                               same_structure, structure_changes, weights_changed)
@@ -301,12 +302,6 @@ def _one_step(params: dict[str, Any], grads: dict[str, Any], factory: Callable[[
     return {n: (ps[n].detach() - params[n].detach()) for n in ps}
 
 
-def _residual(truth: Any, ref: Any, rdt: Any) -> Any:
-    import torch
-
-    return (truth.detach().to("cpu", torch.float64) - ref.detach().to("cpu", torch.float64)).to(rdt).contiguous()
-
-
 @inlines_compiled_children
 def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device: str,
                   loss: Callable[[Any], Any] | None = None, optimizer: Any = None, steps: int = 1,
@@ -363,7 +358,7 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
             tm = copy.deepcopy(ref).to(torch.float64)
             targs, tkwargs = cast_inputs(args, kwargs, torch.float64, device)
             truth = _Run(tm, selected)
-            t["gtruth/loss"] = _residual(truth.forward_backward(targs, tkwargs, loss, accumulate).reshape(1), t["loss"], rdt)
+            t["gtruth/loss"] = residual(truth.forward_backward(targs, tkwargs, loss, accumulate).reshape(1), t["loss"], rdt)
             if spec.sketch:
                 manifest["rungs"][rung] = _sketched(t, run, truth, ref, tm, selected, names, factory, args, kwargs,
                                                     targs, tkwargs, loss, steps, int(spec.sketch))
@@ -376,16 +371,16 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
                 if x is not None:
                     t[f"x/{key}"] = x.to("cpu").contiguous()
                 t[f"g/{key}"] = run.g[key].to("cpu").contiguous()
-                t[f"gtruth/go/{key}"] = _residual(truth.g[key], run.g[key], rdt)
+                t[f"gtruth/go/{key}"] = residual(truth.g[key], run.g[key], rdt)
                 dx, dps = isolated_backward(mod, run.calls[key], x, run.g[key], own)
                 tdx, tdps = isolated_backward(tmod, truth.calls[key], None if x is None else x.to(torch.float64),
                                               run.g[key].to(torch.float64), town)
                 if dx is not None:
                     t[f"ix/{key}"] = dx.to("cpu").contiguous()
-                    t[f"truth/ix/{key}"] = _residual(tdx, dx, rdt)
+                    t[f"truth/ix/{key}"] = residual(tdx, dx, rdt)
                 for pn in own:
                     t[f"ip/{key}/{pn}"] = dps[pn].to("cpu").contiguous()
-                    t[f"truth/ip/{key}/{pn}"] = _residual(tdps[pn], dps[pn], rdt)
+                    t[f"truth/ip/{key}/{pn}"] = residual(tdps[pn], dps[pn], rdt)
                 layers.append({"key": key, "name": name, "level": sel.level, "primary": sel.primary,
                                "in": {run.calls[key][2]: f"x/{key}"} if x is not None else {},
                                "out": {run.calls[key][3]: f"g/{key}"},
@@ -398,7 +393,7 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
                 if p.grad is not None and tparams[pn].grad is not None:
                     # a copy: the optimizer's steps below clip .grad in place (to("cpu") of a CPU tensor is itself)
                     t[f"pg/{pn}"] = p.grad.detach().to("cpu", copy=True).contiguous()
-                    t[f"gtruth/pg/{pn}"] = _residual(tparams[pn].grad, p.grad, rdt)
+                    t[f"gtruth/pg/{pn}"] = residual(tparams[pn].grad, p.grad, rdt)
             meta: dict[str, Any] = {"layers": layers, "order": [e["key"] for e in layers],
                                     "outputs": {"out": {"loss": "loss"}}, "truth_encoding": "residual",
                                     "truth_dtype": dt.name_of(rdt), "inputs": {"const": {}}}
@@ -413,9 +408,9 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
                 for pn in grads:
                     t[f"w/{pn}"] = w[pn].to("cpu").contiguous()
                     t[f"iupd/{pn}"] = iupd[pn].to("cpu").contiguous()
-                    t[f"truth/iupd/{pn}"] = _residual(tiupd[pn], iupd[pn], rdt)
+                    t[f"truth/iupd/{pn}"] = residual(tiupd[pn], iupd[pn], rdt)
                     t[f"upd/{pn}"] = upd[pn].to("cpu").contiguous()
-                    t[f"gtruth/upd/{pn}"] = _residual(tupd[pn], upd[pn], rdt)
+                    t[f"gtruth/upd/{pn}"] = residual(tupd[pn], upd[pn], rdt)
                 meta["optimizer_params"] = sorted(grads)
             manifest["rungs"][rung] = meta
             return t

@@ -36,7 +36,7 @@ def _is_dataclass_instance(obj: Any) -> bool:
     return dataclasses.is_dataclass(obj) and not isinstance(obj, type)
 
 
-def _walk(obj: Any, prefix: str, seen: frozenset[int], kinds: dict[str, str] | None = None) -> Iterator[tuple[str, Any]]:
+def walk_leaves(obj: Any, prefix: str, seen: frozenset[int], kinds: dict[str, str] | None = None) -> Iterator[tuple[str, Any]]:
     if _is_tensor(obj):
         yield prefix or "0", obj
         return
@@ -54,13 +54,13 @@ def _walk(obj: Any, prefix: str, seen: frozenset[int], kinds: dict[str, str] | N
     join = (lambda k: f"{prefix}.{k}" if prefix else str(k))
     if _is_mapping(obj):
         for k in list(obj.keys()):
-            yield from _walk(obj[k], join(k), seen, kinds)
+            yield from walk_leaves(obj[k], join(k), seen, kinds)
     elif isinstance(obj, (tuple, list)):
         for i, v in enumerate(obj):
-            yield from _walk(v, join(i), seen, kinds)
+            yield from walk_leaves(v, join(i), seen, kinds)
     elif _is_dataclass_instance(obj):
         for f in dataclasses.fields(obj):
-            yield from _walk(getattr(obj, f.name), join(f.name), seen, kinds)
+            yield from walk_leaves(getattr(obj, f.name), join(f.name), seen, kinds)
     else:
         yield prefix or "0", obj
 
@@ -68,7 +68,7 @@ def _walk(obj: Any, prefix: str, seen: frozenset[int], kinds: dict[str, str] | N
 def iter_leaves(obj: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
     """Yield (path, leaf) pairs in a deterministic order; InvalidArgument if two share a path."""
     paths: set[str] = set()
-    for path, leaf in _walk(obj, prefix, frozenset()):
+    for path, leaf in walk_leaves(obj, prefix, frozenset()):
         if path in paths:
             raise InvalidArgument(
                 f"two leaves of an input or output share the path {path!r} (a key containing '.' or keys "
@@ -115,7 +115,7 @@ def split_leaves(obj: Any, kinds: dict[str, str] | None = None) -> tuple[dict[st
     consts.clear()
     if kinds is not None:
         kinds.clear()
-    for p, v in _walk(obj, "", frozenset(), kinds):
+    for p, v in walk_leaves(obj, "", frozenset(), kinds):
         if p in tensors or p in consts:
             list(iter_leaves(obj))   # raises the shared-path error
         if _is_tensor(v):

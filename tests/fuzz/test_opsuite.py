@@ -133,6 +133,6 @@ def test_a_device_error_reports_the_first_failing_example_unshrunk():
 
 
 def test_sticky_device_errors_are_recognised():
-    assert opsuite._sticky_device_error("AcceleratorError: CUDA error: misaligned address")
-    assert opsuite._sticky_device_error("RuntimeError: HIP error: invalid device function")
-    assert not opsuite._sticky_device_error("RuntimeError: shape mismatch")
+    assert opsuite.sticky_device_error("AcceleratorError: CUDA error: misaligned address")
+    assert opsuite.sticky_device_error("RuntimeError: HIP error: invalid device function")
+    assert not opsuite.sticky_device_error("RuntimeError: shape mismatch")

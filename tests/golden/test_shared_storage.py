@@ -12,7 +12,7 @@ from torch import nn
 
 from pytest_rocm_parity.runner.capture import capture
 from pytest_rocm_parity.runner.engine import CheckSpec
-from pytest_rocm_parity.golden.store import GoldenStore, _storable
+from pytest_rocm_parity.golden.store import GoldenStore, storable
 from pytest_rocm_parity.runner.replay import replay
 from pytest_rocm_parity.reports.report import save_failing_tensors
 from pytest_rocm_parity.runner.selection import select
@@ -89,7 +89,7 @@ def test_overlapping_globs_on_a_unet_name_the_deep_module_and_export(tmp_path: P
 def test_storable_copies_shared_storage(tmp_path: Path) -> None:
     y = torch.arange(12.0)
     tensors = {"a": y[:6], "b": y[6:], "c": y, "empty": torch.empty(0), "empty2": torch.empty(0)}
-    out, _, _ = _storable(tensors)
+    out, _, _ = storable(tensors)
     save_file(out, tmp_path / "x.safetensors")
     back = load_file(tmp_path / "x.safetensors")
     assert all(torch.equal(back[k], tensors[k]) for k in tensors)

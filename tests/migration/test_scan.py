@@ -265,7 +265,7 @@ def inverse(amax):
 
 
 def _fp8_findings(text: str, name: str = "quant.py") -> list[tuple[int, str]]:
-    return sorted((f.line, f.rule) for f in scan.scan_text(text, name, scan._kinds_for(name))
+    return sorted((f.line, f.rule) for f in scan.scan_text(text, name, scan.kinds_for(name))
                   if f.rule in ("RP225", "RP227"))
 
 

@@ -9,7 +9,7 @@ from torch import nn
 
 from pytest_rocm_parity.runner.capture import capture
 
-from pytest_rocm_parity.runner.engine import KEEP_PLACEMENT, CheckSpec, _substitute, prepare_model
+from pytest_rocm_parity.runner.engine import KEEP_PLACEMENT, CheckSpec, substitute, prepare_model
 
 from pytest_rocm_parity.runner.replay import replay
 from pytest_rocm_parity.golden.store import GoldenStore
@@ -43,7 +43,7 @@ def test_prepare_model_keeps_each_modules_device() -> None:
 def test_substituted_inputs_follow_the_replaced_tensors_device() -> None:
     golden = {"t/0": torch.ones(2, 3)}
     args = (torch.empty(2, 3, device="meta"),)
-    new_args, _ = _substitute(args, {}, {"args.0": "t/0"}, golden.__getitem__, None, KEEP_PLACEMENT)
+    new_args, _ = substitute(args, {}, {"args.0": "t/0"}, golden.__getitem__, None, KEEP_PLACEMENT)
     assert new_args[0].device.type == "meta"
 
 

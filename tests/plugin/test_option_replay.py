@@ -85,11 +85,11 @@ def test_auto_is_fast_above_one_billion_parameters() -> None:
         def __init__(self, n: int) -> None:
             self.n = n
 
-        def parameters(self):  # what _replay_kind reads: the parameter count
+        def parameters(self):  # what replay_kind_of reads: the parameter count
             import torch
 
             return [torch.empty(1).expand(self.n)]
 
-    assert api._replay_kind(Sized(api.AUTO_DRILL_MAX_PARAMS + 1), "auto") == "fast"
-    assert api._replay_kind(Sized(1000), "auto") == "full"
-    assert api._replay_kind(Sized(api.AUTO_DRILL_MAX_PARAMS + 1), "full") == "full"
+    assert api.replay_kind_of(Sized(api.AUTO_DRILL_MAX_PARAMS + 1), "auto") == "fast"
+    assert api.replay_kind_of(Sized(1000), "auto") == "full"
+    assert api.replay_kind_of(Sized(api.AUTO_DRILL_MAX_PARAMS + 1), "full") == "full"

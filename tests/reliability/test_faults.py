@@ -80,7 +80,7 @@ def test_disk_full_inside_safetensors(golden: Golden, monkeypatch: pytest.Monkey
 def test_second_rung_fails_first_rung_file_is_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     g = make_golden(tmp_path, dtypes=("bfloat16", "float32"))
     before = g.snapshot()
-    real = golden_mod._write_tensors_tmp
+    real = golden_mod.write_tensors_tmp
     calls = []
 
     def write(d: Path, tensors: Any, metadata: Any) -> Path:
@@ -89,7 +89,7 @@ def test_second_rung_fails_first_rung_file_is_removed(tmp_path: Path, monkeypatc
             _enospc()
         return real(d, tensors, metadata)
 
-    monkeypatch.setattr(golden_mod, "_write_tensors_tmp", write)
+    monkeypatch.setattr(golden_mod, "write_tensors_tmp", write)
     with pytest.raises(GoldenWriteError):
         g.capture(tiny(seed=1))
     monkeypatch.undo()

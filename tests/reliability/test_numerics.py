@@ -325,7 +325,7 @@ def test_split_leaves_fast_path_agrees_with_the_generic_walk() -> None:
     the same leaves, constants and container kinds as the generic walk, in the same order."""
     from collections import OrderedDict
 
-    from pytest_rocm_parity.runner.tree import _walk, split_leaves
+    from pytest_rocm_parity.runner.tree import walk_leaves, split_leaves
 
     x = torch.ones(2)
     objs = [{"args": (x, [1, 2.5, "s", None]), "kwargs": {"pe": (x, x), "e": {}, "t": (), "f": 1.5}},
@@ -334,7 +334,7 @@ def test_split_leaves_fast_path_agrees_with_the_generic_walk() -> None:
         kinds: dict[str, str] = {}
         tensors, consts = split_leaves(obj, kinds)
         slow_kinds: dict[str, str] = {}
-        leaves = list(_walk(obj, "", frozenset(), slow_kinds))
+        leaves = list(walk_leaves(obj, "", frozenset(), slow_kinds))
         assert list(tensors) == [p for p, v in leaves if isinstance(v, torch.Tensor)]
         assert consts == {p: v if isinstance(v, (type(None), bool, int, float, str)) else f"<{type(v).__name__}>"
                           for p, v in leaves if not isinstance(v, torch.Tensor)}

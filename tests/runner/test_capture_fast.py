@@ -19,7 +19,7 @@ from torch import nn
 from parity_models import llama
 from pytest_rocm_parity.runner import capture as cap
 from pytest_rocm_parity.judging import dtypes as dt
-from pytest_rocm_parity.runner.capture import _Pool, _residual, _truth_model, capture, merge_repeats, recording_pass
+from pytest_rocm_parity.runner.capture import RecordPool, residual, truth_model, capture, merge_repeats, recording_pass
 from pytest_rocm_parity.runner.engine import OUTPUT, CheckSpec, cast_inputs, normalize_inputs, prepare_model
 from pytest_rocm_parity.golden.store import GoldenStore, RungReader
 from pytest_rocm_parity.runner.selection import select
@@ -274,7 +274,7 @@ def test_recording_pass_reports_every_call_in_order_deduplicated() -> None:
 
 
 def test_pool_copies_cpu_tensors_at_add_time() -> None:
-    pool = _Pool()
+    pool = RecordPool()
     x = torch.arange(12.0).reshape(3, 4).t()
     k = pool.add(x)
     assert pool.add(x) == k and pool.add(x.clone()) != k
@@ -291,7 +291,7 @@ def test_truth_model_routes_give_the_same_float64_weights(monkeypatch: pytest.Mo
         monkeypatch.setattr(cap, "TRUTH_ON_DEVICE", route)
         m = prepare_model(model, "cpu", torch.bfloat16)
         held = [m]
-        tm, dev = _truth_model(model, "cpu", torch.bfloat16, held)
+        tm, dev = truth_model(model, "cpu", torch.bfloat16, held)
         assert held == [] and dev == "cpu" and not tm.training
         assert tm.head.weight is tm.emb.weight   # tied weights stay tied
         assert all(p.dtype == torch.float64 for p in tm.parameters())
@@ -317,11 +317,11 @@ def test_capture_routes_give_identical_goldens(tmp_path: Path, monkeypatch: pyte
 @pytest.mark.parametrize("rdt", [torch.bfloat16, torch.float32, torch.float64])
 def test_residual_is_the_float64_difference_rounded_once(rdt: torch.dtype) -> None:
     truth, ref = _residual_cases()
-    assert _same_bits(_residual(truth, ref, rdt), (truth.double() - ref.double()).to(rdt))
+    assert _same_bits(residual(truth, ref, rdt), (truth.double() - ref.double()).to(rdt))
     z_truth = torch.complex(truth, -truth)
     z_ref = torch.complex(ref.float(), ref.float())
     narrow = torch.complex128 if rdt == torch.float64 else torch.complex64
-    assert _same_bits(_residual(z_truth, z_ref, rdt), (z_truth - z_ref.to(torch.complex128)).to(narrow))
+    assert _same_bits(residual(z_truth, z_ref, rdt), (z_truth - z_ref.to(torch.complex128)).to(narrow))
 
 
 def _residual_cases() -> tuple[torch.Tensor, torch.Tensor]:
@@ -358,7 +358,7 @@ def test_pinned_pool_equals_synchronous_copies(monkeypatch: pytest.MonkeyPatch, 
                 torch.arange(100, device="cuda"), torch.arange(10, device="cuda") > 4,
                 torch.tensor(2.5, device="cuda"), torch.empty(0, 5, device="cuda")]
     expected = [t.cpu().clone() for t in tensors]
-    pool = _Pool()
+    pool = RecordPool()
     keys = [pool.add(t) for t in tensors]
     assert pool.add(tensors[0]) == keys[0]   # seen again unwritten (its version counter says so): one key
     for t in tensors:   # queued after the copies on the compute stream: must not reach them
@@ -421,14 +421,14 @@ def test_recording_pass_on_cuda_matches_synchronous_hooks(monkeypatch: pytest.Mo
 def test_residual_on_cuda_has_the_host_bytes(rdt: torch.dtype) -> None:
     truth, ref = _residual_cases()
     host_formula = (truth.double() - ref.double()).to(rdt)
-    copies = cap._HostCopies()
-    on_device = _residual(truth.to("cuda"), ref.contiguous().pin_memory(), rdt, copies)
+    copies = cap.HostCopies()
+    on_device = residual(truth.to("cuda"), ref.contiguous().pin_memory(), rdt, copies)
     copies.finish()
     assert on_device.device.type == "cpu" and on_device.is_pinned()
     assert _same_bits_but_nan_payload(on_device, host_formula.contiguous())
     z_truth, z_ref = torch.complex(truth, -truth), torch.complex(ref.float(), ref.float()).contiguous()
     narrow = torch.complex128 if rdt == torch.float64 else torch.complex64
-    z = _residual(z_truth.to("cuda"), z_ref.pin_memory(), rdt, copies)
+    z = residual(z_truth.to("cuda"), z_ref.pin_memory(), rdt, copies)
     copies.finish()
     assert _same_bits_but_nan_payload(z, (z_truth - z_ref.to(torch.complex128)).to(narrow).contiguous())
 
@@ -440,13 +440,13 @@ def test_truth_model_on_cuda_equals_the_host_route(monkeypatch: pytest.MonkeyPat
     built = {}
     for route in (True, False):
         monkeypatch.setattr(cap, "TRUTH_ON_DEVICE", route)
-        tm, dev = _truth_model(model, "cuda", torch.bfloat16, [prepare_model(model, "cuda", torch.bfloat16)])
+        tm, dev = truth_model(model, "cuda", torch.bfloat16, [prepare_model(model, "cuda", torch.bfloat16)])
         assert dev == "cuda" and tm.head.weight is tm.emb.weight
         assert all(p.device.type == "cuda" and p.dtype == torch.float64 for p in tm.parameters())
         built[route] = {k: v.cpu() for k, v in tm.state_dict().items()}
     assert all(_same_bits(built[True][k], built[False][k]) for k in built[True])
     monkeypatch.setattr(cap, "TRUTH_ON_DEVICE", None)
-    assert cap._truth_on_device(model.to("cuda"), "cuda")   # a small model fits: built on the device
+    assert cap.truth_on_device(model.to("cuda"), "cuda")   # a small model fits: built on the device
 
 
 def _synchronous_copy(self: Any, t: torch.Tensor, snapshot: bool = True) -> torch.Tensor:
@@ -459,7 +459,7 @@ def test_cuda_capture_equals_the_host_routes(tmp_path: Path, monkeypatch: pytest
     """Auto (float64 model and residuals on the device, pinned async copies) against the host routes."""
     model, inputs = _net(), _net_inputs()
     spec = CheckSpec(name="net", dtypes=["bfloat16", "float32"], drill=2)
-    residual = cap._residual
+    residual = cap.residual
     files = {}
     for mode in ("auto", "streamed", "truth_via_host", "all_host"):
         with monkeypatch.context() as mp:
@@ -469,8 +469,8 @@ def test_cuda_capture_equals_the_host_routes(tmp_path: Path, monkeypatch: pytest
                 mp.setattr(cap, "TRUTH_ON_DEVICE", False)
             if mode == "all_host":   # what capture did before: synchronous copies, residuals on the host
                 mp.setattr(cap, "DEVICE_HOLD_BYTES", 0)
-                mp.setattr(cap._HostCopies, "copy", _synchronous_copy)
-                mp.setattr(cap, "_residual", lambda t, r, rdt, copies=None: residual(t, r, rdt))
+                mp.setattr(cap.HostCopies, "copy", _synchronous_copy)
+                mp.setattr(cap, "residual", lambda t, r, rdt, copies=None: residual(t, r, rdt))
             store = GoldenStore(tmp_path / mode)
             capture(model, inputs, spec, store, "cuda", env={})
             files[mode] = _rung_files(store, "net")
@@ -490,10 +490,10 @@ class _NoByteView(torch.Tensor):
 def test_a_tensor_seen_again_without_a_byte_view_is_recorded_again_not_an_error() -> None:
     with torch.inference_mode():
         t = torch.arange(6.0).as_subclass(_NoByteView)
-    pool = _Pool()
+    pool = RecordPool()
     assert pool.add(t) == pool.add(t)
     pool.check_repeats()
     assert not pool.repeats_unchanged()      # capture then records again, snapshotting repeats
-    again = _Pool(resnap=True)
+    again = RecordPool(resnap=True)
     first, second = again.add(t), again.add(t)
     assert first != second and again.resolve() == {}    # kept as two keys

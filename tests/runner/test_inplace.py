@@ -207,7 +207,7 @@ def test_the_forward_is_recorded_again_only_where_a_tensor_handed_on_was_written
                                                                                  model, passes) -> None:
     """A model that writes nothing it hands on is recorded in one forward; one that does (a `+=` on
     a child's output, an in-place ReLU, a reused buffer) in a second one that snapshots every
-    tensor seen again (capture._Pool.add)."""
+    tensor seen again (capture.RecordPool.add)."""
     from pytest_rocm_parity.runner import capture as cap
 
     torch.manual_seed(0)

@@ -60,19 +60,19 @@ def test_hf_llama_default_selection() -> None:
 
 
 def test_auto_drill_depends_on_size() -> None:
-    from pytest_rocm_parity.api import _drill
+    from pytest_rocm_parity.api import drill_for
 
     small = Net()
-    assert _drill(small, None, None, None) == 2       # without inputs: every module (Net is 2 deep)
-    assert _drill(small, None, 1, 0) == 1            # the first explicit choice wins
+    assert drill_for(small, None, None, None) == 2       # without inputs: every module (Net is 2 deep)
+    assert drill_for(small, None, 1, 0) == 1            # the first explicit choice wins
     import pytest_rocm_parity.api as api
 
     old = api.AUTO_DRILL_MAX_PARAMS
     api.AUTO_DRILL_MAX_PARAMS = 0
     try:
-        assert _drill(Net(), None, None, None) == 0
+        assert drill_for(Net(), None, None, None) == 0
     finally:
         api.AUTO_DRILL_MAX_PARAMS = old
-    assert _drill(small, 5) == 5                      # any depth; a depth past the leaves selects them all
+    assert drill_for(small, 5) == 5                      # any depth; a depth past the leaves selects them all
     with pytest.raises(Exception, match="drill=-1"):
-        _drill(small, -1)
+        drill_for(small, -1)

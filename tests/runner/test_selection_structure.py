@@ -63,11 +63,11 @@ def test_drill_goes_as_deep_as_the_model() -> None:
 
 def test_explicit_drill_any_depth_and_refusals() -> None:
     t5, _ = fm.build_t5()
-    assert api._drill(t5, 3) == 3 and api._drill(t5, 7) == 7
+    assert api.drill_for(t5, 3) == 3 and api.drill_for(t5, 7) == 7
     with pytest.raises(InvalidArgument, match="drill=-1"):
-        api._drill(t5, -1)
+        api.drill_for(t5, -1)
     with pytest.raises(InvalidArgument, match="drill=True"):
-        api._drill(t5, True)
+        api.drill_for(t5, True)
 
 
 def test_option_accepts_any_depth() -> None:
@@ -123,7 +123,7 @@ def _replayed(tmp_path: Path, family: str, **spec: Any) -> Any:
     store = GoldenStore(tmp_path)
     capture(model, inputs, s, store, "cpu")
     fm.plant_family(model, family)
-    return api._where_unjudged(model, s, replay(model, inputs, s, store, "cpu"))[0]
+    return api.where_unjudged(model, s, replay(model, inputs, s, store, "cpu"))[0]
 
 
 def test_a_fault_outside_the_selection_names_its_region_and_glob(tmp_path: Path) -> None:
@@ -155,7 +155,7 @@ def test_a_selected_child_that_neither_side_called_is_not_offered_as_unselected(
     store = GoldenStore(tmp_path)
     capture(bert(), tokens(), s, store, "cpu")
     model = plant(bert(), "encoder.layer.1.attention.self")
-    result = api._where_unjudged(model, s, replay(model, tokens(), s, store, "cpu"))[0]
+    result = api.where_unjudged(model, s, replay(model, tokens(), s, store, "cpu"))[0]
     assert result.culprit == "encoder.layer.1.attention.self"
     assert not [n for n in result.notes if "did not select" in n]
 
@@ -187,10 +187,10 @@ def test_replay_uses_the_depth_the_golden_was_captured_with(tmp_path: Path) -> N
     store = GoldenStore(tmp_path)
     capture(model, inputs, CheckSpec(name="t5", dtypes=["float32"], drill=1), store, "cpu")
     spec = CheckSpec(name="t5", dtypes=["float32"])
-    assert api._resolve_drill(model, inputs, spec, None, store, capturing=False) == 1
-    assert api._resolve_drill(model, inputs, spec, 2, store, capturing=False) == 2        # explicit wins
-    assert api._resolve_drill(model, inputs, spec, None, store, capturing=True) == 3      # no limit: all the way
+    assert api.resolve_drill(model, inputs, spec, None, store, capturing=False) == 1
+    assert api.resolve_drill(model, inputs, spec, 2, store, capturing=False) == 2        # explicit wins
+    assert api.resolve_drill(model, inputs, spec, None, store, capturing=True) == 3      # no limit: all the way
     spec.golden_size_limit = 1
-    assert api._resolve_drill(model, inputs, spec, None, store, capturing=True) == 0
+    assert api.resolve_drill(model, inputs, spec, None, store, capturing=True) == 0
     spec.layers = ["decoder.*"]
-    assert api._resolve_drill(model, inputs, spec, None, store, capturing=True) == 0      # globs: depth unused
+    assert api.resolve_drill(model, inputs, spec, None, store, capturing=True) == 0      # globs: depth unused

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_rocm_parity.runner.engine import _substitute
+from pytest_rocm_parity.runner.engine import substitute
 from pytest_rocm_parity.runner.tree import map_tensors, tensor_leaves
 
 Pair = namedtuple("Pair", "a b")
@@ -43,7 +43,7 @@ def test_fast_substitution_equals_the_generic_walk(case: str, which: str) -> Non
     paths = sorted(leaves) if which == "all" else sorted(leaves)[::2]
     keys = {p: f"g/{i}" for i, p in enumerate(paths)}
     goldens = {k: torch.full_like(leaves[p], 100.0 + i) for i, (p, k) in enumerate(keys.items())}
-    fast = _substitute(args, kwargs, keys, goldens.__getitem__, None, None)
+    fast = substitute(args, kwargs, keys, goldens.__getitem__, None, None)
     slow = _generic(args, kwargs, keys, goldens.__getitem__)
     got, want = tensor_leaves({"args": fast[0], "kwargs": fast[1]}), tensor_leaves({"args": slow[0], "kwargs": slow[1]})
     assert got.keys() == want.keys() == leaves.keys()
