@@ -1060,7 +1060,7 @@ def residual(truth: Any, ref: Any, rdt: Any, copies: HostCopies | None = None) -
     else:
         wide, narrow = torch.float64, rdt
     if copies is None or not truth.is_cuda:
-        d = truth.detach().to("cpu", wide) - ref.to(wide)
+        d = truth.detach().to("cpu", wide) - ref.detach().to("cpu", wide)
         return d.to(narrow).contiguous()
     d = truth.detach().to(wide) - ref.to(truth.device, non_blocking=True).to(wide)
     return copies.copy(d.to(narrow), snapshot=False)
