@@ -899,10 +899,18 @@ def _safetensors_validates(path: Path, cut_short: bool = False) -> None:
     """safetensors' validation of the framing (opened, nothing read): GoldenCorrupt where it refuses."""
     from safetensors import safe_open
 
-    try:
+    with safetensors_refusal(path, cut_short):
         with safe_open(str(path), framework="numpy"):
             pass
-    except BaseException as exc:  # SafetensorError, or a Rust panic
+
+
+@contextlib.contextmanager
+def safetensors_refusal(path: Path, cut_short: bool = False) -> Iterator[None]:
+    """safetensors refusing ``path`` (a SafetensorError, or a Rust panic) as GoldenCorrupt naming it;
+    ``cut_short``: the file is shorter than its header says, which the message adds."""
+    try:
+        yield
+    except BaseException as exc:
         if not (isinstance(exc, Exception) or _is_panic(exc)):
             raise
         cut = ": the file is shorter than its header says (truncated: an interrupted copy or download)" \
@@ -1012,13 +1020,9 @@ class RungReader:
         progress(f"loading {path.name} ({megabytes(path.stat().st_size)})", verbose=1)
         # the content hash, checked while the replay runs: verification.result() before any verdict
         self.verification = BackgroundVerify(path, expected_sha if background_verify else None)
-        try:
+        with safetensors_refusal(path):
             self._f = safe_open(str(path), framework="pt", device=str(device))
             self.keys = set(self._f.keys())
-        except BaseException as exc:  # SafetensorError, or a Rust panic
-            if not (isinstance(exc, Exception) or _is_panic(exc)):
-                raise
-            raise GoldenCorrupt(f"{path}: safetensors refused the file ({exc}); recapture this golden", path) from None
         try:
             listed = _json(self.header.get("__metadata__", {}).get(COMPLEX128_KEY, "[]").encode())
         except ValueError:
