@@ -556,16 +556,68 @@ def _diff_goldens(path_a: str | Path, path_b: str | Path, dtypes: list[str] | No
             differs = True
             res["warnings"].append(f"[{rung}] no layer in common: the goldens describe different models or selections")
         # in the golden's call order: every module after the first that computes another function
-        # inherits its difference, so the first is where the references part
+        # inherits its difference, so the first is where the references part; inside it, the
+        # smallest module whose own truth parts on the same inputs (_changed_inside)
         order = {k: i for i, k in enumerate(ma["rungs"][rung].get("order") or [])}
         parted = [r for r in rows if (r.get("truths_x") or 0.0) > TRUTHS_FACTOR and r["layer"] != OUTPUT]
         first = min(parted, key=lambda r: order.get(r["layer"], len(order)))["layer"] if parted else None
+        if first is not None:
+            first = _changed_inside(first, rows, ma["rungs"][rung], mb["rungs"][rung], ra, rb, u, order)
         res["rungs"][rung] = {"layers": rows, "n_leaves": len(rows), "n_differ": sum(1 for r in rows if r["differs"]),
                               "first_function_change": first, "error_ratio": ratio,
                               "n_only_in_one": n_only,
                               "max_rel_l2": max((r.get("rel_l2") or 0.0 for r in rows), default=0.0)}
     res["differs"] = differs
     return res
+
+
+def _changed_inside(block: str, rows: list[dict[str, Any]], meta_a: dict[str, Any], meta_b: dict[str, Any],
+                    ra: RungReader, rb: RungReader, u: float, order: dict[str, int]) -> str:
+    """The smallest module inside ``block`` (first in call order) whose float64 truth on its own golden
+    inputs parts between the goldens by more than TRUTHS_FACTOR times the difference of those inputs
+    (or of the goldens' own errors): it computes another function on the same inputs. ``block`` where
+    none does (a change in the block's own code between its sub-modules).
+
+    Why: below the outermost modules the goldens keep each module's truth on its own inputs, not the
+    whole model's; two references of one function give truths as far apart as their inputs are."""
+    entries_a = {e.get("key"): e for e in meta_a.get("layers", [])}
+    entries_b = {e.get("key"): e for e in meta_b.get("layers", [])}
+    flagged: list[tuple[str, str]] = []   # (key, module name)
+    for r in rows:
+        ea, eb = entries_a.get(r["layer"]), entries_b.get(r["layer"])
+        if ea is None or eb is None or r.get("truth_rel_l2") is None:
+            continue
+        name = ea.get("name", r["layer"])
+        if not name.startswith(block + "."):
+            continue
+        apart = 0.0
+        for path in ea.get("act") or []:
+            ka, kb = (ea.get("in") or {}).get(path), (eb.get("in") or {}).get(path)
+            if ka is None or kb is None:
+                continue
+            xa, xb = ra.get(ka), rb.get(kb)
+            if tuple(xa.shape) != tuple(xb.shape) or not xa.is_floating_point() or not xb.is_floating_point():
+                apart = math.inf   # other inputs altogether: nothing to tell
+                break
+            a, b = xa.double().reshape(-1), xb.double().reshape(-1)
+            nb = _l2(b)
+            apart = max(apart, _l2(a - b) / nb if nb > 0 else 0.0)
+        scale = max(apart, r.get("err_a_rel") or 0.0, r.get("err_b_rel") or 0.0, FLOOR_ULPS * u, TRUTHS_FLOOR)
+        if r["truth_rel_l2"] > TRUTHS_FACTOR * scale:
+            flagged.append((r["layer"], name))
+            r["same_inputs_truths_x"] = r["truth_rel_l2"] / scale
+    # the smallest: a flagged module none of whose flagged descendants is below it
+    smallest = [(k, n) for k, n in flagged if not any(m.startswith(n + ".") for _, m in flagged)]
+    if not smallest:
+        return block
+    key, name = min(smallest, key=lambda kn: order.get(kn[0], len(order)))
+    for r in rows:
+        if r["layer"] == key and not r["differs"]:
+            r["differs"] = True
+            r["why"] = "; ".join(filter(None, [r["why"], f"its float64 truths differ by {r['truth_rel_l2']:.3g}, "
+                                               f"{r['same_inputs_truths_x']:.3g}x what its inputs and errors explain: "
+                                               f"it computes another function"]))
+    return name
 
 
 def _fingerprint_changes(fa: dict[str, Any], fb: dict[str, Any]) -> str | None:

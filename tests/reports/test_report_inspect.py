@@ -90,7 +90,8 @@ def test_diff_flags_the_changed_layer(goldens: dict[str, Path], capsys: pytest.C
 
 def test_diff_names_where_the_references_compute_different_functions(tmp_path: Path) -> None:
     """An exact GELU against its tanh form in one block: 3e-5 apart in float32, far under any fixed
-    threshold, yet the goldens' float64 truths part there; at bf16 the change is under the rounding."""
+    threshold, yet the goldens' float64 truths part there, and inside the block the activation's own
+    truth parts on the same inputs; at bf16 the change is under the rounding."""
     import torch
 
     m, x = parity_models.block_stack()
@@ -100,13 +101,15 @@ def test_diff_names_where_the_references_compute_different_functions(tmp_path: P
     res = inspect_cmd.diff_goldens(tmp_path / "exact" / "tiny", tmp_path / "tanh" / "tiny")
     assert res["differs"] and not res["warnings"]   # same weights and structure: only the function changed
     fp32 = res["rungs"]["float32"]
-    assert fp32["first_function_change"] == "blocks.2"
+    assert fp32["first_function_change"] == "blocks.2.act"
     rows = {r["layer"]: r for r in fp32["layers"]}
+    assert "it computes another function" in rows["blocks.2.act"]["why"]
+    assert not any(rows[k]["differs"] for k in ("blocks.2.fc1", "blocks.2.fc2"))   # fc2 only gets other inputs
     assert rows["blocks.2"]["rel_l2"] < 1e-4 and "compute different functions" in rows["blocks.2"]["why"]
     assert not rows["blocks.1"]["differs"] and rows["blocks.1"]["truths_x"] == 0.0
     assert res["rungs"]["bfloat16"]["n_differ"] == 0 and res["rungs"]["bfloat16"]["first_function_change"] is None
     text = "\n".join(inspect_cmd.format_diff(res))
-    assert "the references first compute different functions at blocks.2" in text
+    assert "the references first compute different functions at blocks.2.act" in text
     parted = [r["truths_x"] for r in fp32["layers"] if (r.get("truths_x") or 0) > inspect_cmd.TRUTHS_FACTOR]
     print(f"exact against tanh GELU at float32: blocks.2 {rows['blocks.2']['rel_l2']:.2g} apart, truths "
           f"{min(parted):.3g}-{max(parted):.3g}x the goldens' errors")
@@ -244,7 +247,7 @@ def test_diff_compares_each_goldens_error_at_its_own_scale(tmp_path: Path) -> No
     capture(changed, x, spec, GoldenStore(tmp_path / "b"), "cpu")
     res = inspect_cmd.diff_goldens(tmp_path / "a" / "m", tmp_path / "b" / "m")
     rows = {r["layer"]: r for r in res["rungs"]["bfloat16"]["layers"]}
-    assert res["rungs"]["bfloat16"]["first_function_change"] == "model.layers.1"
+    assert res["rungs"]["bfloat16"]["first_function_change"] == "model.layers.1.post_attention_layernorm"
     assert not any("error against its truth" in r["why"] for r in rows.values()), \
         {k: r["why"] for k, r in rows.items() if r["why"]}
     assert 0.8 < rows["model.layers.1.mlp"]["err_ratio"] < 1.25
