@@ -64,7 +64,7 @@ def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: R
     optional: dict[str, list[str]] = {}   # optional output leaf -> the calls only the reference returned it from
 
     def judge_leaves(key: str, out: Any, names: dict[str, str]) -> list[LeafMetrics]:
-        got = tensor_leaves(out)
+        got = aligned_leaves(tensor_leaves(out), names)
         res = []
         for p, gk in names.items():
             c = got.get(p)
@@ -239,6 +239,13 @@ def convention_changes(meta: dict[str, Any], inputs: Any) -> list[str]:
     return [f"{p.rsplit('.', 1)[-1]}={now.get(p)} (reference: {old.get(p)})"
             for p in sorted(set(now) | set(old))
             if p.rsplit(".", 1)[-1] in CONVENTION_FLAGS and now.get(p) != old.get(p)]
+
+
+def convention_note(meta: dict[str, Any], inputs: Any) -> list[str]:
+    """The note on the call flags the candidate is called with otherwise than the reference (none: [])."""
+    flags = convention_changes(meta, inputs)
+    return [f"the candidate is called with {', '.join(flags)}: a calling convention; the outputs it adds or "
+            f"drops are notes, what it computes is judged"] if flags else []
 
 
 def _inputs_changed(args0: Any, kwargs0: Any, reader: RungReader, rung: str, meta: dict[str, Any] | None = None) -> str:
@@ -517,6 +524,28 @@ def optional_leaf(path: str) -> bool:
 _PLAIN_CONSTS = (type(None), bool, int, float, str)
 
 
+def aligned_leaves(got: dict[str, Any], wanted: Any) -> dict[str, Any]:
+    """The candidate's output leaves ``got`` named as the golden's (``wanted``, its leaf paths) where
+    the two differ by calling convention alone: a tuple where the golden holds a ModelOutput
+    (``return_dict=False``), or the reverse. Their top-level items are matched by position, as
+    ModelOutput.to_tuple orders the fields that are set."""
+    wanted = list(wanted)
+    if not got or all(p in got for p in wanted):
+        return got
+
+    def tops(paths: Any) -> list[str]:
+        return list(dict.fromkeys(p.split(".", 1)[0] for p in paths))
+    g, w = tops(got), tops(wanted)
+    if not w or all(t.isdigit() for t in g) == all(t.isdigit() for t in w):
+        return got
+    rename = dict(zip(g, w))
+    out = {}
+    for p, t in got.items():
+        top, dot, rest = p.partition(".")
+        out[rename.get(top, top) + dot + rest] = t
+    return out
+
+
 def _callable_again(obj: Any) -> bool:
     """Whether a recorded call can be made again as it is: tensors and plain constants in tuples,
     lists and dicts. Anything else (a KV cache the first call appended to, a BlockMask, a dataclass)
@@ -573,7 +602,9 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
 
     if meta.get("sketch"):
         with cast_in_place(inner, place, dtype, walk.modules, walk.stamp()), eval_mode(inner, walk), numerics(rung, tol.tf32):
-            return _replay_rung_sketch(model, spec, meta, reader, rung, *stored_inputs(), selected)
+            sketched = _replay_rung_sketch(model, spec, meta, reader, rung, *stored_inputs(), selected)
+        sketched.notes += convention_note(meta, inputs_template)
+        return sketched
 
     fast = spec.replay == "fast" and spec.extra_judge is None
     args, kwargs = stored_inputs()
@@ -591,7 +622,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         e = layers.get(key)
         if e is None:
             return
-        got = {"0": out} if isinstance(out, torch.Tensor) else tensor_leaves(out)
+        got = {"0": out} if isinstance(out, torch.Tensor) else aligned_leaves(tensor_leaves(out), e["out"])
         res: list[Any] = []
         isolated = prefix == "truth"
         for p, gk in e["out"].items():
@@ -691,10 +722,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         notes += optional_notes(optional, [])
         if padding is not None:
             notes.append(padding.note())
-        flags = convention_changes(meta, inputs_template)
-        if flags:
-            notes.append(f"the candidate is called with {', '.join(flags)}: a calling convention; the outputs "
-                         f"it adds or drops are notes, what it computes is judged")
+        notes += convention_note(meta, inputs_template)
         if layers and not any("act" in e for e in layers.values()):
             notes.append("golden without recorded data flow: the isolated pass fed every module input from the "
                          "golden, masks and position tables included; recapture it so that a candidate with another "
@@ -901,7 +929,7 @@ def _compare_outputs(out: Any, meta: dict[str, Any], reader: RungReader, judge: 
     that only the reference produces (optional_leaf: caches, attention weights, hidden-state tuples)
     is a note; any other missing output fails."""
     recs = []
-    got = tensor_leaves(out)
+    got = aligned_leaves(tensor_leaves(out), meta["outputs"]["out"])
     rung = _rung_of(reader)
     missing = []
     for p, gk in meta["outputs"]["out"].items():

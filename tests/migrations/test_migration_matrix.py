@@ -441,6 +441,24 @@ def test_call_flags_in_the_inputs_are_calling_conventions() -> None:
     assert any("use_cache=True" in n and "calling convention" in n for n in res[0].notes)
 
 
+@pytest.mark.parametrize("reference_dict", [True, False], ids=["golden-fields", "golden-tuple"])
+@pytest.mark.parametrize("route", [{}, {"replay": "fast"}, {"sketch": 64}], ids=["full", "fast", "sketch"])
+def test_return_dict_in_the_inputs_is_a_calling_convention(reference_dict: bool, route: dict[str, Any]) -> None:
+    """The candidate called with return_dict=False returns a tuple where the golden holds BERT's
+    fields (or the reverse): its items are the same outputs by position, judged as such; a bug in
+    the pooler is still named."""
+    spec = CheckSpec(name="m", dtypes=["float32"], **route)
+    ref_inputs = {**tokens("right"), **({} if reference_dict else {"return_dict": False})}
+    cand_inputs = {**tokens("right"), **({"return_dict": False} if reference_dict else {})}
+    res = capture_then_replay(lambda: bert("sdpa"), bert("sdpa"), cand_inputs, spec, reference_inputs=ref_inputs)
+    assert res[0].passed, verdicts(res)
+    assert any("return_dict" in n and "calling convention" in n for n in res[0].notes), res[0].notes
+    assert len(res[0].outputs) == (0 if route.get("replay") == "fast" else 2)   # last hidden state and pooled output judged
+    bug = capture_then_replay(lambda: bert("sdpa"), plant(bert("sdpa"), "pooler.dense", 1.02), cand_inputs, spec,
+                              reference_inputs=ref_inputs)
+    assert not bug[0].passed and (bug[0].culprit or "").startswith("pooler"), verdicts(bug)
+
+
 def test_a_module_of_another_class_under_the_same_name_is_judged_not_refused() -> None:
     """A port swaps in its own LayerNorm class (same name, same weights): judged by its numbers; a
     subclass that computes the same passes, one with another epsilon is named."""
