@@ -22,12 +22,17 @@ from pytest_rocm_parity.golden.store import GoldenStore, RungReader, expected_di
 
 
 def derive(src: GoldenStore, name: str, dst: GoldenStore, new_name: str, dtypes: Sequence[str],
-           drill: int, test: str | None = None, force: bool = False) -> dict[str, Any]:
-    """Write ``new_name`` into ``dst``: rungs ``dtypes`` of ``name``, modules nested at most ``drill`` deep.
-    An existing ``new_name`` is replaced only with ``force``, and never the source itself."""
+           drill: int | None = None, test: str | None = None, force: bool = False) -> dict[str, Any]:
+    """Write ``new_name`` into ``dst``: rungs ``dtypes`` of ``name``, modules nested at most ``drill`` deep
+    (None: as deep as the source). An existing ``new_name`` is replaced only with ``force``, and never the
+    source itself. ``test``: the node id of the test that uses it, recorded as its owner; without one
+    it has none (not the source's: a run of the source's test file would prove it obsolete and
+    --parity-prune-obsolete delete it), and prune never deletes it."""
     if new_name == name and src.root.resolve() == dst.root.resolve():
         raise InvalidArgument(f"--to {new_name!r}: that is the golden derived from; deriving in place would replace "
                               f"it with less. Derive to another name, then replace the old one yourself if you mean to")
+    if drill is None:
+        drill = int(src.read_manifest(name).get("drill", 2))
     if not isinstance(drill, int) or isinstance(drill, bool) or drill < 0:
         raise InvalidArgument(f"--drill {drill!r}: expected an integer >= 0, the sub-module depth to keep (0: blocks "
                               f"only)")
@@ -49,8 +54,7 @@ def derive(src: GoldenStore, name: str, dst: GoldenStore, new_name: str, dtypes:
     new = copy.deepcopy(m)
     new.update(name=new_name, dtypes=list(dtypes), drill=drill, rungs={},
                layers=[l for l in m["layers"] if int(l["level"]) <= drill])
-    if test is not None:
-        new["test"] = test
+    new["test"] = test
     producers = {d: _rung(src, name, m, d, drill, new) for d in dtypes}
     dst.write(new_name, new, producers, overwrite=dst.exists(new_name))
     return new
@@ -80,8 +84,12 @@ def add_derive_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", metavar="NAME", help="the golden to derive from")
     p.add_argument("--to", required=True, metavar="NEW_NAME", help="name of the derived golden")
     p.add_argument("--dtypes", default=None, help="comma-separated rungs to keep (default: all it holds)")
-    p.add_argument("--drill", type=int, required=True, help="the sub-module depth to keep (0: blocks only)")
-    p.add_argument("--test", default=None, help="node id recorded in the derived manifest")
+    p.add_argument("--drill", type=int, default=None,
+                   help="the sub-module depth to keep (0: blocks only; default: the source's)")
+    p.add_argument("--test", default=None, metavar="NODEID",
+                   help="the test that uses the derived golden (e.g. tests/test_x.py::test_y), recorded as its owner "
+                        "so that --parity-prune-obsolete can tell when it is no longer used; without it none is "
+                        "recorded and prune never deletes it")
     p.add_argument("--force", action="store_true", help="replace an existing golden NEW_NAME")
 
 
@@ -92,7 +100,9 @@ def run_derive(a: argparse.Namespace) -> int:
     dtypes = ([d.strip() for d in a.dtypes.split(",") if d.strip()] if a.dtypes is not None
               else list(store.read_manifest(a.name)["rungs"]))
     derive(store, a.name, store, a.to, dtypes, a.drill, a.test, force=a.force)
-    print(f"wrote {store.manifest_path(a.to)}")
+    print(f"wrote {store.manifest_path(a.to)}" + (f" (owned by {a.test})" if a.test else
+          " (no owning test recorded: --parity-prune-obsolete never deletes it; derive again with --test NODEID "
+          "to let prune tell when that test stops using it)"))
     return 0
 
 

@@ -181,7 +181,8 @@ def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, An
             f"{spec.drill} (--parity-drill, parity_drill or the check's drill=). Replay at drill {gd}, or derive "
             f"a golden at drill {spec.drill} from this one, no GPU needed: rocm-parity golden derive "
             f"{shell_quote(str(Path(golden_path).parent.parent))} {shell_quote(spec.name)} --to NEW_NAME --drill "
-            f"{spec.drill}, then name the check NEW_NAME (name=)", golden_path)
+            f"{spec.drill}{' --test ' + shell_quote(spec.test) if spec.test else ''}, then name the check NEW_NAME "
+            f"(name=)", golden_path)
     if selected != old_layers:
         names = {n for n, _ in model.named_modules()}
         added = [n for n in selected if n not in old_layers]

@@ -333,3 +333,34 @@ def test_a_regen_run_says_why_it_kept_the_goldens_it_did_not_match(renamed: pyte
     result.stdout.fnmatch_lines(["goldens kept (exists; --parity-regen=beta does not match them): alpha2, other"])
     plain = renamed.runpytest("--rocm-parity", "--parity-mode=capture")
     plain.stdout.fnmatch_lines(["goldens kept (exists; use --parity-regen): *"])
+
+
+TEST_C = '''
+from conftest import make_model, make_inputs
+
+def test_gamma(parity):
+    parity.check(make_model(), make_inputs(), name="alpha-lean", dtypes=["float32"], drill=0)
+'''
+
+
+@pytest.mark.parametrize("owner", [None, "test_c.py::test_gamma"])
+def test_a_derived_golden_another_file_uses_survives_a_prune_of_its_sources_file(
+        project: pytest.Pytester, owner: str | None) -> None:
+    """A golden derived from test_a's and used by test_c.py: a complete run of test_a.py does not
+    prove it obsolete (derive records the owner named by --test, or none; never the source's test);
+    a run of test_c.py that no longer uses it does, when it has that owner."""
+    from pytest_rocm_parity.cli import main as cli_main
+
+    (project.path / "test_tiny.py").unlink()
+    project.makepyfile(test_a=TEST_A.format(name="alpha"))
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=2)
+    argv = ["golden", "derive", str(project.path / "goldens"), "alpha", "--to", "alpha-lean", "--drill", "0"]
+    assert cli_main(argv + (["--test", owner] if owner else [])) == 0
+    project.makepyfile(test_c=TEST_C)
+    project.runpytest("--rocm-parity", "test_c.py").assert_outcomes(passed=1)
+    project.runpytest("--rocm-parity", PRUNE, "test_a.py").assert_outcomes(passed=2)
+    assert "alpha-lean" in goldens(project)
+    project.runpytest("--rocm-parity", "test_c.py").assert_outcomes(passed=1)
+    project.makepyfile(test_c=TEST_C.replace('name="alpha-lean", ', 'name="alpha", ').replace(", drill=0", ""))
+    project.runpytest("--rocm-parity", PRUNE, "test_c.py").assert_outcomes(passed=1)
+    assert ("alpha-lean" in goldens(project)) is (owner is None)
