@@ -172,7 +172,17 @@ def headline(extra: Mapping[str, Any]) -> str:
         return f"loss off by one factor ({extra['loss_factor']:.4g}x)"
     if optimizer_groups(extra):
         return f"optimizer update out of bounds ({optimizer_share(extra)})"
-    return "no culprit in isolation"
+    return lm_failure(extra) or "no culprit in isolation"
+
+
+def lm_failure(extra: Mapping[str, Any]) -> str:
+    """What a language-model check failed on, in a few words ('' when its metrics passed)."""
+    fails = (extra.get("lm") or {}).get("fails") or []
+    if not fails:
+        return ""
+    if all(str(f).startswith("KV-cache decoding") for f in fails):
+        return "KV-cache decoding out of bounds; the full forward within them"
+    return "language-model metrics out of bounds"
 
 
 def optimizer_share(extra: Mapping[str, Any]) -> str:
@@ -231,6 +241,12 @@ def message(result: CheckResult) -> str:
     elif optimizer_groups(result.extra):
         lines.append(f"  culprit: the optimizer: its update is out of bounds for {optimizer_share(result.extra)} "
                      f"(the note names the worst); every module's backward is within bounds")
+    elif lm_failure(result.extra) and all(l.passed for l in result.layers) and all(o.passed for o in result.outputs):
+        fails = result.extra["lm"]["fails"]
+        decode = all(str(f).startswith("KV-cache decoding") for f in fails)
+        lines.append(f"  culprit: none among the modules, each within bounds with the model's outputs: {fails[0]}"
+                     + (". Only decoding with the cache fails: look at what a full forward never runs (a "
+                        "single-query or paged attention kernel, the cache update)" if decode else ""))
     elif any(not l.iso_passed for l in result.layers):
         lines.append("  culprit: none named (the failing layers are listed below)")
     elif result.extra.get("unselected_region"):

@@ -362,6 +362,7 @@ def _judge(prompt_len: int, generate: int, top_k: int, ids_cpu: Any, mask_cpu: A
                 n_div = sum(1 for j in steps if j is not None)
                 fails.append(f"greedy generation diverged in {n_div} of {len(steps)} sequences, {conf_div} of them "
                              f"at a confident step (first divergent step: {steps_text(steps)})")
+        metrics["fails"] = list(fails)
         result.extra["lm"] = metrics
         if fails:
             result.passed = False

@@ -161,6 +161,11 @@ def test_a_bug_only_in_kv_cache_decoding_is_caught(lm_project: pytest.Pytester, 
     bad.assert_outcomes(failed=1, deselected=2)
     bad.stdout.fnmatch_lines(["*lm: KV-cache decoding (the continuation's 3 steps, one token each with the cache): "
                               "propagated error *x the reference's (budget 3x)*"])
+    # the headline says what failed and where to look, not "the outputs differ after the last module"
+    bad.stdout.fnmatch_lines(["*culprit: none among the modules, each within bounds with the model's outputs: "
+                              "KV-cache decoding*Only decoding with the cache fails*single-query or paged attention*",
+                              "*FAIL * [[]float32[]]*KV-cache decoding out of bounds; the full forward within them*"])
+    assert "the outputs differ after the last of them" not in bad.stdout.str()
     doc = json.loads((lm_project.path / "rep" / "parity-report.json").read_text())
     fp32 = next(c for c in doc["checks"] if c["dtype"] == "float32")
     assert not fp32["passed"] and fp32["extra"]["lm"]["cached_decode"]["ratio"] > 1000
