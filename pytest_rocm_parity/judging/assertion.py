@@ -205,10 +205,19 @@ def property_text(result: CheckResult) -> str:
 def _inside(result: CheckResult, culprit: LayerRecord) -> str:
     """Where inside the culprit to look, when modules inside it were judged: all pass (else one of
     them would be the culprit), so the fault is in the culprit's own code. '' when none was."""
-    inner = [l.name[len(culprit.name) + 1:] for l in result.layers
-             if l.name.startswith(culprit.name + ".") and l.iso is not None]
-    if not inner:
+    records = [l for l in result.layers if l.name.startswith(culprit.name + ".") and l.iso is not None]
+    if not records:
         return ""
+    # a module inside that passed only under a looser per-layer tolerance than the culprit's
+    # (Tolerance(layers=...)) is where the fault may be: say so rather than blame the code between them
+    loose = [l for l in records if culprit.budget and l.budget > culprit.budget and l.iso is not None
+             and l.iso.ratio_lo > culprit.budget]
+    if loose:
+        return ("inside it, " + ", ".join(f"{l.name[len(culprit.name) + 1:]} ({l.iso.ratio:.3g}x the reference's "
+                                          f"error)" for l in loose[:3] if l.iso is not None)
+                + f" passed only under {'their' if len(loose) > 1 else 'its'} per-layer tolerance (budget "
+                  f"{loose[0].budget:g}x, the culprit's {culprit.budget:g}x): look there first")
+    inner = [l.name[len(culprit.name) + 1:] for l in records]
     return (f"inside it: {', '.join(inner[:4])}{' ...' if len(inner) > 4 else ''} "
             f"{'each pass' if len(inner) > 1 else 'passes'} in isolation, so the fault is in its own forward's "
             f"code between them (a softmax, mask, scale or residual add it computes itself, or a kernel that "
