@@ -61,6 +61,9 @@ def resolve_golden(path: str | Path) -> tuple[Path, dict[str, Any]]:
     """(golden directory, manifest) from a golden directory or its manifest.json."""
     p = Path(path)
     m = p / MANIFEST if p.is_dir() else p
+    if m.is_file() and m.name != MANIFEST and m.suffix == ".safetensors":
+        raise GoldenNotFound(f"{path}: a golden's tensor file, not the golden; name its directory ({p.parent}) or "
+                             f"its {MANIFEST}")
     if not m.is_file():
         hint = " (a golden directory holds manifest.json)" if p.is_dir() else ""
         inside = sorted(d.name for d in p.iterdir() if (d / MANIFEST).is_file()) if p.is_dir() else []
@@ -178,7 +181,21 @@ def show_golden(path: str | Path, dtypes: list[str] | None = None, stats: bool =
         raise _inconsistent(path, exc) from None
 
 
+def _rung_names(dtypes: list[str] | None) -> list[str] | None:
+    """--dtype values as the goldens name their rungs ('bf16' -> 'bfloat16'); an unknown name as given,
+    for the 'no such rung' message that lists what the golden holds."""
+    from pytest_rocm_parity.judging.dtypes import canonical_name
+
+    def canon(x: str) -> str:
+        try:
+            return canonical_name(x)
+        except ParityError:
+            return x
+    return [canon(x) for x in dtypes] if dtypes else dtypes
+
+
 def _show_golden(path: str | Path, dtypes: list[str] | None, stats: bool) -> dict[str, Any]:
+    dtypes = _rung_names(dtypes)
     d, m = resolve_golden(path)
     rungs = [r for r in m.get("rungs", {}) if not dtypes or r in dtypes]
     if dtypes:
@@ -473,6 +490,7 @@ def _diff_goldens(path_a: str | Path, path_b: str | Path, dtypes: list[str] | No
     from pytest_rocm_parity.judging.dtypes import UNIT_ROUNDOFF, canonical_name
     from pytest_rocm_parity.judging.tolerance import Tolerance
 
+    dtypes = _rung_names(dtypes)
     da, ma = resolve_golden(path_a)
     db, mb = resolve_golden(path_b)
     ra_, rb_ = list(ma.get("rungs", {})), list(mb.get("rungs", {}))

@@ -784,6 +784,23 @@ def _write_html(doc: Mapping[str, Any], out: Path) -> Path:
     return atomic_write(out / HTML_NAME, render_html(doc, out))
 
 
+def _report_document(path: Path) -> Any:
+    """The parity-report.json at ``path``, or in the --parity-report folder ``path``."""
+    import json
+
+    from pytest_rocm_parity.errors import InvalidArgument
+
+    f = path / "parity-report.json" if path.is_dir() else path
+    try:
+        return json.loads(f.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InvalidArgument(f"{f}: no such file; name a --parity-report folder or the parity-report.json in "
+                              f"it") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise InvalidArgument(f"{f}: not a parity report ({exc}); name the parity-report.json a run with "
+                              f"--parity-report wrote") from None
+
+
 def layer_frame(report: Any) -> Any:
     """A DataFrame of layers: of one ``CheckResult`` (its :meth:`~CheckResult.to_frame`), or of every
     check in a ``parity-report.json`` (its path or loaded document; the columns of ``layers.csv``)."""
@@ -792,8 +809,6 @@ def layer_frame(report: Any) -> Any:
         result: Any = to_frame()
         return result
     if isinstance(report, (str, os.PathLike)):
-        import json
-
-        report = json.loads(Path(report).read_text(encoding="utf-8"))
+        report = _report_document(Path(report))
     rows = layer_rows(report)
     return frame(rows, layer_columns(rows))

@@ -64,6 +64,15 @@ def test_show_no_stats_reads_no_tensor_data(goldens: dict[str, Path]) -> None:
     assert all("rms" not in r for r in info["rungs"]["float32"]["layers"])
 
 
+def test_show_and_diff_take_rung_aliases_and_name_a_tensor_file_given_for_a_golden(goldens: dict[str, Path]) -> None:
+    assert list(inspect_cmd.show_golden(goldens["a"], ["fp32"], stats=False)["rungs"]) == ["float32"]
+    assert list(inspect_cmd.diff_goldens(goldens["a"], goldens["a2"], ["fp32"])["rungs"]) == ["float32"]
+    tensors = next(goldens["a"].glob("*.safetensors"))
+    with pytest.raises(ParityError, match=r"a golden's tensor file, not the golden; name its directory \(.*\) or its "
+                                          r"manifest.json"):
+        inspect_cmd.show_golden(tensors)
+
+
 def test_diff_identical_goldens_agree(goldens: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     args = _parse(inspect_cmd.add_diff_arguments, [str(goldens["a"]), str(goldens["a2"])])
     assert inspect_cmd.run_diff(args) == 0

@@ -55,6 +55,12 @@ def test_layer_frame_from_the_package_root_matches_layers_csv(report_doc: dict[s
     assert "html" in written
     (tmp_path / "parity-report.json").write_text(json.dumps(report_doc), encoding="utf-8")
     from_path = pytest_rocm_parity.layer_frame(tmp_path / "parity-report.json")
+    assert pytest_rocm_parity.layer_frame(tmp_path).equals(from_path)   # the --parity-report folder itself
+    with pytest.raises(pytest_rocm_parity.InvalidArgument, match="no such file; name a --parity-report folder"):
+        pytest_rocm_parity.layer_frame(tmp_path / "elsewhere")
+    (tmp_path / "not-a-report.json").write_text("{", encoding="utf-8")
+    with pytest.raises(pytest_rocm_parity.InvalidArgument, match="not a parity report"):
+        pytest_rocm_parity.layer_frame(tmp_path / "not-a-report.json")
     csv = pd.read_csv(tmp_path / "layers.csv")
     assert list(from_path.columns) == list(csv.columns)
     assert from_path["layer"].tolist() == csv["layer"].tolist()
