@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -11,10 +12,10 @@ from pytest_rocm_parity.judging import dtypes as dt
 from pytest_rocm_parity.judging.assertion import property_text, raise_if_failed
 from pytest_rocm_parity.runner.capture import capture
 from pytest_rocm_parity.runner.engine import CheckSpec, default_dtypes, shell_quote
-from pytest_rocm_parity.runner.replay import replay as replay_golden
+from pytest_rocm_parity.runner.replay import check_stale, replay as replay_golden
 from pytest_rocm_parity.runner.selection import check_tolerance_layers
 from pytest_rocm_parity.runner.wrappers import unwrap
-from pytest_rocm_parity.errors import GoldenCorrupt, GoldenExists, GoldenMissing, InvalidArgument, ParityError
+from pytest_rocm_parity.errors import GoldenCorrupt, GoldenExists, GoldenMissing, GoldenStale, InvalidArgument, ParityError
 from pytest_rocm_parity.errors import WriteForbidden
 from pytest_rocm_parity.errors import ReferenceChange
 from pytest_rocm_parity.progress import checking, progress
@@ -113,10 +114,16 @@ class Parity:
             require_model(model)
             require_inputs(inputs)
             spec = self._spec(model, name, dtypes, layers, tolerance, drill, sketch, replay, ladder, inputs=inputs)
+        def stale(manifest: dict[str, Any]) -> None:
+            # at the golden's own depth: a capture run's default depth is not the one asked of a replay
+            check_stale(unwrap(model), inputs, replace(spec, drill=int(manifest.get("drill", spec.drill))), manifest,
+                        str(self._session.store.manifest_path(spec.name)))
+
         return self._run(spec, lambda: capture(model, inputs, spec, self._session.store, self.device,
                                                overwrite=self._session.store.exists(spec.name), env=self._session.env),
                          lambda: where_unjudged(model, spec, replay_golden(model, inputs, spec, self._session.store,
-                                                                            self.device, env=self._session.env)))
+                                                                            self.device, env=self._session.env)),
+                         stale=stale)
 
     def check_lm(self, model: Any, input_ids: Any, **kwargs: Any) -> list[CheckResult]:
         """Per-layer parity plus perplexity, token agreement, KL and generation for a causal LM."""
@@ -176,7 +183,10 @@ class Parity:
         if self._node is not None:
             self._node.user_properties.append((f"parity[{spec.name}][{entry['dtype']}]", f"ERROR; {error_text(entry)}"))
 
-    def _run(self, spec: CheckSpec, do_capture: Any, do_replay: Any, kind: str = "model") -> list[CheckResult]:
+    def _run(self, spec: CheckSpec, do_capture: Any, do_replay: Any, kind: str = "model",
+             stale: Any = None) -> list[CheckResult]:
+        """``stale(manifest)``: raises GoldenStale where a golden a capture run keeps no longer matches
+        the check (said then, rather than only at the next replay)."""
         __tracebackhide__ = True
         s = self._session
         with clean_errors():
@@ -194,6 +204,10 @@ class Parity:
                     s.goldens.corrupt.append(spec.name)
                     pytest.skip(f"golden for {spec.name!r} exists but is corrupt ({exc}); capture never overwrites: "
                                 f"replace it with {spec.regen_command}")
+                why = _stale_reason(stale, manifest)
+                if why:
+                    s.goldens.stale.append(spec.name)
+                    pytest.skip(f"kept, and no longer matches this check: {why} (capture never overwrites a golden)")
                 s.goldens.kept.append(spec.name)
                 pytest.skip(f"golden for {spec.name!r} exists at {s.store.manifest_path(spec.name)}; capture never "
                             f"overwrites: rewrite it with {spec.regen_command}")
@@ -299,6 +313,20 @@ def _refuse_hypothesis(node: Any) -> None:
 
 
 AUTO_DRILL_MAX_PARAMS = 1_000_000_000
+
+
+def _stale_reason(stale: Any, manifest: dict[str, Any]) -> str:
+    """Why a golden a capture run keeps no longer matches its check ('' where it does, or where
+    ``stale`` is None or refuses for another reason, which the replay names itself)."""
+    if stale is None:
+        return ""
+    try:
+        stale(manifest)
+    except GoldenStale as exc:
+        return str(exc)
+    except ParityError:
+        return ""
+    return ""
 
 
 def replay_kind_of(model: Any, kind: Any) -> str:

@@ -111,7 +111,7 @@ def summary_lines(session: Any) -> list[str]:
     pruned = list(getattr(session, "pruned", []) or [])
     withheld = list(getattr(g, "withheld", []) or [])
     leftovers = list(getattr(session, "leftovers", []) or [])
-    if not res and not (g.created or g.updated or g.missing or g.corrupt or g.kept or obsolete or pruned or withheld
+    if not res and not (g.created or g.updated or g.missing or g.corrupt or g.stale or g.kept or obsolete or pruned or withheld
                         or leftovers):
         return []
     lines = ["", "=" * 20 + " rocm-parity summary " + "=" * 20]
@@ -130,7 +130,8 @@ def summary_lines(session: Any) -> list[str]:
     for label, items in (("created", g.created), ("updated", g.updated), ("missing", g.missing),
                          ("corrupt (unreadable: restore them, e.g. git lfs pull, or recapture)",
                           getattr(g, "corrupt", [])),
-                         ("stale (they describe another model, inputs or setting: see each error)",
+                         ("stale (they describe another model, inputs or setting: see each error or skip "
+                          "reason; --parity-regen rewrites them)",
                           getattr(g, "stale", [])),
                          (kept_label(getattr(getattr(session, "options", None), "regen", None)), g.kept),
                          ("obsolete (no collected test uses them; --parity-prune-obsolete deletes)", obsolete),

@@ -364,3 +364,30 @@ def test_a_derived_golden_another_file_uses_survives_a_prune_of_its_sources_file
     project.makepyfile(test_c=TEST_C.replace('name="alpha-lean", ', 'name="alpha", ').replace(", drill=0", ""))
     project.runpytest("--rocm-parity", PRUNE, "test_c.py").assert_outcomes(passed=1)
     assert ("alpha-lean" in goldens(project)) is (owner is None)
+
+
+TEST_WEIGHTS_CHANGED = '''
+import torch
+from conftest import make_model, make_inputs
+
+def test_tiny(parity):
+    model = make_model()
+    with torch.no_grad():
+        model.head.weight.mul_(1.01)
+    parity.check(model, make_inputs(), name="tiny", dtypes=["float32"])
+'''
+
+
+def test_a_capture_run_says_which_kept_goldens_no_longer_match_their_check(project: pytest.Pytester) -> None:
+    """Capture never overwrites; a golden it keeps that a replay would refuse as stale (the model's
+    weights changed) is listed as stale with the reason and the regen command, not as merely kept."""
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    same = project.runpytest("--rocm-parity", "--parity-mode=capture", "-rs")
+    same.stdout.fnmatch_lines(["goldens kept (exists; use --parity-regen): tiny"])
+    project.makepyfile(test_tiny=TEST_WEIGHTS_CHANGED)
+    changed = project.runpytest("--rocm-parity", "--parity-mode=capture", "-rs")
+    changed.assert_outcomes(skipped=1)
+    changed.stdout.fnmatch_lines(["*kept, and no longer matches this check: stale golden */tiny/manifest.json for "
+                                  "'tiny': the model's weights changed. Regenerate *--parity-regen='tiny'*"])
+    changed.stdout.fnmatch_lines(["goldens stale (*--parity-regen rewrites them): tiny"])
+    assert "goldens kept" not in changed.stdout.str()

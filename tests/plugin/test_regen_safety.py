@@ -135,8 +135,8 @@ def test_a_shallower_drill_than_the_golden_is_named_as_a_setting_not_a_stale_gol
     result = project.runpytest("--rocm-parity", "--parity-drill=0")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([f"*GoldenStale: golden *tiny* was captured at drill {drill}; this run asks for drill 0*"
-                                 f"rocm-parity golden derive *{project.path / 'goldens'}* 'tiny' --to NEW_NAME --drill 0, "
-                                 "then name the check NEW_NAME (name=)*"])
+                                 f"rocm-parity golden derive *{project.path / 'goldens'}* 'tiny' --to NEW_NAME --drill 0 "
+                                 "--test *test_tiny.py::test_tiny*, then name the check NEW_NAME (name=)*"])
     assert "layer list changed" not in result.stdout.str()
     project.runpytest("--rocm-parity", f"--parity-drill={drill}").assert_outcomes(passed=1)
 
