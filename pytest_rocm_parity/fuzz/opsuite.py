@@ -260,6 +260,19 @@ def replay_one(spec: OpSpec, dtype_name: str, device: str, golden_dir: Path) -> 
     return len(results), (bad[0].message() if bad else None)
 
 
+def _require_goldens(d: Path, names: Sequence[str], dtype_names: Sequence[str]) -> None:
+    """InvalidArgument unless ``--replay DIR`` holds a golden of at least one op and dtype asked for:
+    a mistyped folder would otherwise replay nothing and pass."""
+    if not d.is_dir():
+        raise InvalidArgument(f"--replay {d}: no such directory; name the folder the reference machine wrote with "
+                              f"rocm-parity ops --record DIR")
+    if not any((d / f"{n}-{t}.json").exists() for n in names for t in dtype_names):
+        held = sorted(p.stem for p in d.glob("*.json"))
+        raise InvalidArgument(f"--replay {d}: no operator golden for the ops and dtypes asked ({', '.join(names)} x "
+                              f"{', '.join(dtype_names)}); it holds {', '.join(held[:8]) or 'none'}. Record them on "
+                              f"the reference machine with rocm-parity ops --record DIR, or ask for the ops it holds")
+
+
 def add_ops_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``rocm-parity ops``."""
     parser.add_argument("--device", metavar="D", default=None,
@@ -307,6 +320,8 @@ def run_ops(args: argparse.Namespace) -> int:
 
     device = str(fuzz._resolve_device(args.device, cpu_hint="run with --device cpu"))
     specs = builtin_ops()
+    if args.replay:
+        _require_goldens(Path(args.replay), names, dtype_names)
     reports: list[OpReport] = []
     for name in names:
         for dtype_name in dtype_names:

@@ -53,6 +53,13 @@ def test_record_then_replay(tmp_path, capsys):
     assert opsuite.run_ops(parse("--device", "cpu", "--max-examples", "2", "--ops", "rms_norm", "--dtypes",
                                  "float16", "--replay", str(golden_dir), "--json")) == 0
     assert json.loads(capsys.readouterr().out)["ops"][0]["replayed"] == 3
+    # a mistyped folder, or one without the goldens asked for, replays nothing: a usage error, not a pass
+    assert opsuite.main(["--device", "cpu", "--ops", "rms_norm", "--dtypes", "float16", "--replay",
+                         str(tmp_path / "goldenz")]) == 2
+    assert "--replay " + str(tmp_path / "goldenz") + ": no such directory" in capsys.readouterr().err
+    with pytest.raises(InvalidArgument, match=r"no operator golden for the ops and dtypes asked \(softmax x float16\); "
+                                              r"it holds rms_norm-float16"):
+        opsuite.run_ops(parse("--device", "cpu", "--ops", "softmax", "--dtypes", "float16", "--replay", str(golden_dir)))
 
 
 def test_unknown_op_is_a_usage_error_with_a_hint():
