@@ -205,12 +205,26 @@ def fp8_modules(model: nn.Module) -> Iterator[tuple[str, Fp8Linear]]:
 def quantize_model(model: nn.Module, fmt: str | Fp8Format = "e4m3fn", *, weight: str = "channel",
                    activation: str | None = "token", skip: Iterable[str] = ("lm_head",),
                    input_scales: dict[str, float] | None = None) -> nn.Module:
-    """Replace every nn.Linear of ``model`` (in place) by an Fp8Linear, except those whose name or
-    last name component is in ``skip`` (the lm_head, which FP8 checkpoints keep in bf16).
-    ``input_scales``: per-module static activation scales, for activation="static"."""
-    skip = set(skip)
+    """Replace every nn.Linear of ``model`` (in place) by an Fp8Linear, except those ``skip`` names:
+    each entry a module's full name, the last component of names ("down_proj": every one), or a
+    glob over full names ("model.layers.0.*"); one string is one entry. The default keeps the
+    lm_head, which FP8 checkpoints keep in bf16. ``input_scales``: per-module static activation
+    scales, for activation="static"."""
+    import fnmatch
+
+    if not isinstance(model, nn.Module):
+        raise InvalidArgument(f"quantize_model: model: expected a torch.nn.Module, got {type(model).__name__}")
+    skip = {skip} if isinstance(skip, str) else set(skip)
+    linears = [n for n, m in model.named_modules() if type(m) is nn.Linear]
+
+    def skipped(name: str, entry: str) -> bool:
+        return name == entry or name.rsplit(".", 1)[-1] == entry or fnmatch.fnmatchcase(name, entry)
+    unmatched = sorted(e for e in skip if not any(skipped(n, e) for n in linears) and e != "lm_head")
+    if unmatched:
+        raise InvalidArgument(f"quantize_model: skip={unmatched} matches no nn.Linear of {type(model).__name__}; "
+                              f"name modules by full name, last component or glob, e.g. {linears[:2]}")
     targets = [(n, m) for n, m in model.named_modules()
-               if type(m) is nn.Linear and n not in skip and n.rsplit(".", 1)[-1] not in skip]
+               if type(m) is nn.Linear and not any(skipped(n, e) for e in skip)]
     if not targets:
         already = " (it is quantized already)" if any(True for _ in fp8_modules(model)) else ""
         raise InvalidArgument(f"quantize_model: {type(model).__name__} has no nn.Linear outside "

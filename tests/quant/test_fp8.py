@@ -170,3 +170,22 @@ def test_codes_without_a_scale_get_no_diagnosis_and_no_error() -> None:
     cand.weight = nn.Parameter(codes.to(torch.float32).to(torch.float8_e4m3fnuz), requires_grad=False)
     entry = {"tensors": {"weight": "quant/l/weight"}, "codes": "weight"}
     assert weight_finding(cand, entry, {"quant/l/weight": codes}.__getitem__) == ""
+
+
+def test_skip_names_modules_by_full_name_last_component_or_glob() -> None:
+    """One string is one entry (not its characters); an entry that matches no Linear is refused, so a
+    misspelt skip cannot quantize a module the user meant to keep."""
+    def model() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.ModuleDict({"layers": nn.ModuleList(nn.ModuleDict({"up": nn.Linear(8, 8), "down": nn.Linear(8, 8)})
+                                                      for _ in range(2)), "lm_head": nn.Linear(8, 4)})
+
+    def kept(m: nn.Module) -> set[str]:
+        return {n for n, x in m.named_modules() if type(x) is nn.Linear}
+    assert kept(quantize_model(model(), skip="lm_head")) == {"lm_head"}
+    assert kept(quantize_model(model(), skip=("lm_head", "down"))) == {"lm_head", "layers.0.down", "layers.1.down"}
+    assert kept(quantize_model(model(), skip=("layers.0.*",))) == {"layers.0.up", "layers.0.down"}
+    with pytest.raises(InvalidArgument, match=r"skip=\['lm_haed'\] matches no nn.Linear of ModuleDict"):
+        quantize_model(model(), skip=("lm_haed",))
+    with pytest.raises(InvalidArgument, match="model: expected a torch.nn.Module, got str"):
+        quantize_model("qwen2")  # type: ignore[arg-type]
