@@ -752,6 +752,7 @@ def check_op(candidate: Callable[..., Any], reference: Callable[..., Any], *args
     """
     names = args[0].names if len(args) == 1 and isinstance(args[0], OpArgs) else ()
     args, kwargs, model = _unpack(args, kwargs, dtype_policy)
+    _refuse_complex("an input", (args, kwargs))
     dev = _resolve_device(device)
     k = model.reduction_length or _default_k(args, kwargs)
     tf32 = model.tf32 if model.tf32 is not None else _tf32_enabled(dev)
@@ -761,6 +762,7 @@ def check_op(candidate: Callable[..., Any], reference: Callable[..., Any], *args
                       inputs=[f"{n}: {describe_value(v)}" for n, v in _named(args, kwargs, names)],
                       reduction_length=k, model=model.describe(judged, k, tf32))
     truth, scale, alternative = _truth(reference, model, args, kwargs)
+    _refuse_complex("the reference's output", truth)
     with torch.no_grad():
         try:
             cand_out = candidate(*_map(args, lambda t: place(t, dev)), **_map(kwargs, lambda t: place(t, dev)))
@@ -789,6 +791,17 @@ def compare_op(candidate: Callable[..., Any], reference: Callable[..., Any], *ar
     if not result.passed:
         _raise(result)
     return result
+
+
+def _refuse_complex(what: str, value: Any) -> None:
+    """InvalidArgument where ``value`` holds a complex tensor: the error model and the value
+    descriptions are of real numbers, and a complex output judged through them would lose its
+    imaginary part."""
+    found: list[torch.dtype] = []
+    _map(value, lambda t: found.append(t.dtype) if t.is_complex() else None)
+    if found:
+        raise InvalidArgument(f"compare_op: {what} is complex ({found[0]}); complex tensors are not judged. Compare "
+                              f"real views: wrap both ops to take and return torch.view_as_real(...) tensors")
 
 
 def _named(args: Sequence[Any], kwargs: Mapping[str, Any], names: Sequence[str] = ()) -> list[tuple[str, Any]]:

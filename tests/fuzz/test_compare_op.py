@@ -202,3 +202,21 @@ def test_bad_policy_and_missing_device_are_explained():
 @given(case=S.layer_norm_args(S.dtypes(), max_side=64))
 def test_usable_inside_given_with_health_checks_on(case):
     compare_op(F.layer_norm, F.layer_norm, case, device="cpu")
+
+
+def test_complex_inputs_and_outputs_are_refused_not_judged_as_real() -> None:
+    """The error model and the value descriptions are of real numbers: a complex input, or a
+    complex output whose imaginary part a real comparison would drop, is refused up front."""
+
+    with pytest.raises(InvalidArgument, match=r"an input is complex \(torch.complex64\).*torch.view_as_real"):
+        check_op(torch.exp, torch.exp, torch.randn(8, dtype=torch.complex64), device="cpu")
+    with pytest.raises(InvalidArgument, match=r"the reference's output is complex"):
+        check_op(torch.fft.fft, torch.fft.fft, torch.randn(8), device="cpu")
+    # judged through real views, a wrong imaginary part fails
+    def fft(x: torch.Tensor) -> torch.Tensor:
+        return torch.view_as_real(torch.fft.fft(x))
+
+    def wrong(x: torch.Tensor) -> torch.Tensor:
+        return torch.view_as_real(torch.fft.fft(x).conj())
+    assert check_op(fft, fft, torch.randn(8), device="cpu").passed
+    assert not check_op(wrong, fft, torch.randn(8), device="cpu").passed
