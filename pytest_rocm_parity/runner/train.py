@@ -53,17 +53,49 @@ def optimizer_factory(optimizer: Any) -> Callable[[list[tuple[str, Any]]], Any] 
     (class, kwargs) pair gets the parameters alone (any optimizer class takes them); a factory gets the
     pairs, so that it can build parameter groups by name (no weight decay on norms and biases) as a
     training script does with ``model.named_parameters()``."""
+    import torch
+
     if optimizer is None:
         return None
-    if isinstance(optimizer, tuple) and len(optimizer) == 2 and isinstance(optimizer[1], dict):
+    if isinstance(optimizer, tuple) and len(optimizer) == 2 and isinstance(optimizer[0], type) \
+            and isinstance(optimizer[1], dict):
         cls, kw = optimizer
+        _probe_optimizer(cls, kw)
         return lambda named: cls([p for _, p in named], **kw)
     if isinstance(optimizer, type):
+        _probe_optimizer(optimizer, {})
         return lambda named: optimizer([p for _, p in named])
+    if isinstance(optimizer, torch.optim.Optimizer):
+        raise InvalidArgument(f"optimizer=: got a {type(optimizer).__name__} instance, built on the model's own "
+                              f"parameters; pass its class and settings instead, e.g. ({type(optimizer).__name__}, "
+                              f"{{'lr': {optimizer.defaults.get('lr', 1e-3)!r}}}): the check builds one on copies")
     if callable(optimizer):
         return lambda named: optimizer(list(named))
     raise InvalidArgument(f"optimizer={optimizer!r}: give a torch.optim class (torch.optim.AdamW), a pair "
                           f"(torch.optim.AdamW, {{'lr': 1e-3}}) or a function of the (name, parameter) pairs")
+
+
+def _probe_optimizer(cls: type, kw: dict[str, Any]) -> None:
+    """InvalidArgument where ``cls(params, **kw)`` cannot be the step check_train runs: settings the
+    class refuses, or a step that needs a closure (LBFGS re-evaluates the loss inside step())."""
+    import inspect
+
+    import torch
+
+    shown = f"({cls.__name__}, {kw!r})" if kw else cls.__name__
+    try:
+        closure = inspect.signature(cls.step).parameters.get("closure")   # type: ignore[attr-defined]
+    except (AttributeError, TypeError, ValueError):
+        closure = None
+    if closure is not None and closure.default is inspect.Parameter.empty:
+        raise InvalidArgument(f"optimizer={shown}: its step() needs a closure that re-evaluates the loss; "
+                              f"check_train judges one step() on the gradients of one backward, so such an "
+                              f"optimizer is not supported")
+    try:
+        cls([torch.nn.Parameter(torch.zeros(1))], **kw)
+    except Exception as exc:   # the class's own refusal of these settings, whatever its type
+        raise InvalidArgument(f"optimizer={shown}: {cls.__name__} refused these settings ({type(exc).__name__}: "
+                              f"{exc}); give the keyword arguments its constructor takes") from None
 
 
 def describe(obj: Any) -> str | None:
@@ -298,7 +330,13 @@ def _one_step(params: dict[str, Any], grads: dict[str, Any], factory: Callable[[
         p.grad = grads[n].detach().clone().to(p.dtype)
     if clip is not None:
         clip(list(ps.values()))
-    factory(list(ps.items())).step()
+    opt = factory(list(ps.items()))
+    try:
+        opt.step()
+    except Exception as exc:   # the optimizer refusing these parameters or gradients (SparseAdam: dense ones)
+        raise InvalidArgument(f"optimizer: {type(opt).__name__}.step() failed on the model's parameters and "
+                              f"gradients ({type(exc).__name__}: {str(exc)[:300]}); check_train steps dense "
+                              f"gradients of one backward") from None
     return {n: (ps[n].detach() - params[n].detach()) for n in ps}
 
 
@@ -322,8 +360,8 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
 
     from pytest_rocm_parity.migration.backend import collect_env
 
-    if steps < 1:
-        raise InvalidArgument(f"steps={steps!r}: at least one optimizer step")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise InvalidArgument(f"steps={steps!r}: the number of optimizer steps, an integer of at least 1")
     inner = unwrap(model)
     factory = optimizer_factory(optimizer)
     clip = gradient_clipper(clip_grad_norm, optimizer)

@@ -245,6 +245,27 @@ def test_clipping_is_judged_with_the_optimizer_step(tmp_path) -> None:  # type: 
         capture_train(llama("sdpa"), _inputs(), spec, GoldenStore(tmp_path / "x"), "cpu", clip_grad_norm=1.0)
 
 
+@pytest.mark.parametrize("kwargs, words", [
+    ({"steps": "2"}, r"steps='2': the number of optimizer steps, an integer"),
+    ({"optimizer": (torch.optim.AdamW, {"learning_rate": 0.1})},
+     r"optimizer=\(AdamW, \{'learning_rate': 0.1\}\): AdamW refused these settings \(TypeError: .*learning_rate"),
+    ({"optimizer": (torch.optim.LBFGS, {"lr": 0.1})}, r"its step\(\) needs a closure .* not supported"),
+    ({"optimizer": (torch.optim.SparseAdam, {"lr": 0.1})}, r"SparseAdam.step\(\) failed on the model's parameters"),
+    ({"optimizer": "instance"}, r"got a SGD instance, built on the model's own parameters; pass its class"),
+])
+def test_training_settings_a_step_cannot_take_are_refused_by_name(tmp_path, kwargs, words) -> None:  # type: ignore[no-untyped-def]
+    """Settings torch would refuse deep inside the capture are the check's argument errors, named."""
+    from pytest_rocm_parity.errors import InvalidArgument
+
+    model = llama("sdpa")
+    if kwargs.get("optimizer") == "instance":
+        kwargs = {"optimizer": torch.optim.SGD(model.parameters(), lr=0.1)}
+    with pytest.raises(InvalidArgument, match=words):
+        capture_train(model, _inputs(), CheckSpec(name="bad", dtypes=["float32"], drill=0), GoldenStore(tmp_path),
+                      "cpu", **kwargs)
+    assert not (tmp_path / "bad").exists()
+
+
 def test_accumulation_holds_the_full_batch_gradients_and_names_a_loss_that_does_not_divide(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from safetensors.torch import load_file
 
