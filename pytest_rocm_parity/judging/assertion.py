@@ -68,8 +68,8 @@ def table(result: CheckResult, max_rows: int = MAX_ROWS) -> list[str]:
     """The rows that explain a failure: isolated failures, propagated drift and the culprit; then a count.
 
     Rows that passed both checks are counted, never listed; a row that failed a check is never
-    folded into that count (when there are more than ``max_rows`` of them, the rest are counted
-    by kind).
+    folded into that count (when there are more than ``max_rows`` of them, drift rows are cut
+    first, and the rest are counted by kind).
     """
     rows = result.layers
     important = [l for l in rows if not l.iso_passed or not l.prop_passed or l.name == result.culprit]
@@ -78,7 +78,11 @@ def table(result: CheckResult, max_rows: int = MAX_ROWS) -> list[str]:
     # apart, since the fused kernel is where a bug of the culprit above it would sit
     not_called = [l.name for l in rest if l.not_called]
     ok = len(rest) - len(not_called)
-    shown, hidden = important[:max_rows], important[max_rows:]
+    # the culprit and the isolated failures first, then drift, each in execution order
+    first = [l for l in important if l.name == result.culprit or not l.iso_passed]
+    keep = {id(l) for l in (first + [l for l in important if l not in first])[:max_rows]}
+    shown = [l for l in important if id(l) in keep]
+    hidden = [l for l in important if id(l) not in keep]
     lines = text_table([_cells(l, result.culprit) for l in shown], _HEADERS, right=range(1, 7), widths=_WIDTHS,
                        indent="  ", sep=" ") if shown else []
     if hidden:

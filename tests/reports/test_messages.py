@@ -57,6 +57,18 @@ def test_table_lists_failures_drift_and_culprit_then_counts_the_ok_rows() -> Non
     assert not any("passed (full table" in l or "more layers passed" in l for l in lines)
 
 
+def test_the_culprits_row_is_listed_however_many_rows_drift_before_it() -> None:
+    """A backward bug in the head makes every block before it drift in the gradient pass: the rows
+    cut for length are drift rows, never the culprit's or an isolated failure's."""
+    layers = [_layer(f"blocks.{i}", prop_ok=False) for i in range(MAX_ROWS + 5)]
+    layers.append(_layer("head", iso_ok=False, prop_ok=False, ratio=30.0))
+    body = table(_result(layers, "head", "blocks.0"))
+    listed = [l.split()[0] for l in body[1:] if l.strip().startswith(("blocks.", "head"))]
+    assert listed[-1] == "head" and len(listed) == MAX_ROWS
+    assert "<- culprit" in next(l for l in body if l.split()[0] == "head")
+    assert body[-1].strip().startswith("... 6 more failing rows not listed (6 drifted propagated")
+
+
 def test_modules_the_candidate_never_called_are_named_apart_from_the_ok_count() -> None:
     """A block whose fused kernel used its projection's weights fails; the projection, never called,
     passed nothing and is named, not counted as ok; nested rows judged in isolation only say so."""
