@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from pytest_rocm_parity.judging import dtypes as dt
-from pytest_rocm_parity.judging.assertion import property_text, raise_if_failed
+from pytest_rocm_parity.judging.assertion import headline, property_text, raise_if_failed
 from pytest_rocm_parity.runner.capture import capture
 from pytest_rocm_parity.runner.engine import CheckSpec, default_dtypes, shell_quote
 from pytest_rocm_parity.runner.replay import check_stale, replay as replay_golden
@@ -315,6 +315,15 @@ def _refuse_hypothesis(node: Any) -> None:
 AUTO_DRILL_MAX_PARAMS = 1_000_000_000
 
 
+def _what_failed(result: CheckResult) -> str:
+    """A failing rung in a few words for another rung's note: its culprit, else its headline (the
+    optimizer, the loss, KV-cache decoding, the model's outputs)."""
+    if result.culprit:
+        return f"culprit {result.culprit}"
+    what = headline(result.extra)
+    return "the model's outputs" if what == "no culprit in isolation" else what
+
+
 def _stale_reason(stale: Any, manifest: dict[str, Any]) -> str:
     """Why a golden a capture run keeps no longer matches its check ('' where it does, or where
     ``stale`` is None or refuses for another reason, which the replay names itself)."""
@@ -475,10 +484,10 @@ def ladder_notes(results: list[CheckResult]) -> None:
                            f"this is a precision difference (accumulation, rounding), not a changed computation")
         elif not r.passed and not f32.passed:
             r.extra["changed_at_float32"] = True
-            r.notes.append(f"the float32 rung fails too (culprit {f32.culprit or 'the outputs'}): the computation "
+            r.notes.append(f"the float32 rung fails too ({_what_failed(f32)}): the computation "
                            f"itself changed, not only its precision")
         elif r.passed and not f32.passed:
             r.notes.append(f"found at float32 only: a change below the noise of {r.dtype} "
-                           f"(culprit {f32.culprit or 'the outputs'})")
+                           f"({_what_failed(f32)})")
             f32.notes.append(f"the {r.dtype} rung passed: this change is below the noise of {r.dtype} arithmetic; "
                              f"the float32 rung of the precision ladder found it (a changed computation, not precision)")

@@ -100,3 +100,20 @@ def test_dtypes_the_check_sets_are_the_ones_its_stale_advice_changes(project: py
     result.assert_outcomes(failed=1)
     assert ("set by the check's dtypes=, which --parity-dtypes does not override). Replay the rungs it holds "
             "(dtypes=['bfloat16', 'float32'] in the check)") in result.stdout.str()
+
+
+def test_a_rungs_note_names_what_failed_at_float32_where_no_module_is_the_culprit() -> None:
+    """A training check whose float32 rung fails on the optimizer alone: the bf16 rung's note says
+    so (it said 'culprit the outputs')."""
+    from pytest_rocm_parity.api import ladder_notes
+    from pytest_rocm_parity.judging.records import CheckResult
+
+    def rung(dtype: str) -> CheckResult:
+        return CheckResult(test="t", name="m", dtype=dtype, passed=False,
+                           extra={"optimizer": {"optimizer:lm_head": False, "optimizer:model.norm": True}})
+    bf16, f32 = rung("bfloat16"), rung("float32")
+    ladder_notes([bf16, f32])
+    assert "the float32 rung fails too (optimizer update out of bounds (1 of 2 parameter groups))" in bf16.notes[0]
+    plain = [CheckResult(test="t", name="m", dtype=d, passed=False) for d in ("bfloat16", "float32")]
+    ladder_notes(plain)
+    assert "the float32 rung fails too (the model's outputs)" in plain[0].notes[0]
