@@ -682,7 +682,7 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
                     put(f"gtruth/{key}/{p}", key, p, t)
             _finite_padding(key, out, padding)
 
-        with torch.no_grad(), _truth_errors(tm, selected):
+        with torch.no_grad(), truth_errors(tm, selected):
             with Hooks(tm, selected, None, store_gtruth):
                 tout = _run(tm, *_copies(targs, tkwargs))
             for p, t in tensor_leaves(tout).items():
@@ -1109,7 +1109,7 @@ def _refuse_nonfinite(key: str, leaf: str, truth: Any, ref: Any, padding: Paddin
 
 
 @contextlib.contextmanager
-def _truth_errors(tm: Any, selected: list[Selected]) -> Iterator[None]:
+def truth_errors(tm: Any, selected: list[Selected]) -> Iterator[None]:
     """An exception of the float64 truth run as a CaptureError naming the innermost selected module
     that was running (a kernel without float64 support: grouped_mm experts, flex_attention on the CPU)."""
     stack: list[str] = []
@@ -1130,8 +1130,16 @@ def _truth_errors(tm: Any, selected: list[Selected]) -> Iterator[None]:
         if isinstance(exc, ParityError):
             raise
         where = stack[-1] if stack else type(tm).__name__
+        # a forward assigned on an instance (m.forward = lambda x: ...) is copied as the same function:
+        # its closure still calls the original model's modules, in the reference's dtype
+        patched = [n or type(tm).__name__ for n, m in tm.named_modules() if "forward" in vars(m)]
+        hint = (f" {', '.join(patched[:3])}{' ...' if len(patched) > 3 else ''} "
+                f"{'have forwards' if len(patched) > 1 else 'has a forward'} assigned on the instance: the float64 "
+                f"copy calls the same function, whose closure may hold the original modules and their weights in "
+                f"the reference's dtype; make the patch a module (a wrapper nn.Module or a subclass) so that "
+                f"copies carry it." if patched else "")
         raise CaptureError(
-            f"the float64 truth run failed in {where}: {type(exc).__name__}: {str(exc)[:300]}{_model_frame(exc)}. "
+            f"the float64 truth run failed in {where}: {type(exc).__name__}: {str(exc)[:300]}{_model_frame(exc)}.{hint} "
             f"The plugin runs every selected module in float64 on {_device_of(tm)} for its truth. Usual causes: "
             f"a kernel without a float64 version there, or code that assumes the reference's dtype (a cast to "
             f"it, a dtype check). Fix: capture with an implementation that runs in float64 (Hugging Face: "

@@ -31,7 +31,7 @@ from typing import Any
 from pytest_rocm_parity import __version__
 from pytest_rocm_parity.judging import dtypes as dt
 from pytest_rocm_parity.judging.compare import residual_metrics
-from pytest_rocm_parity.runner.capture import residual
+from pytest_rocm_parity.runner.capture import residual, truth_errors
 from pytest_rocm_parity.runner.engine import (CheckSpec, Hooks, autocast_dtype, autocast_note, cast_inputs,
                                               explained_by, fingerprint, home_device, normalize_inputs,
                                               same_structure, structure_changes, weights_changed)
@@ -396,7 +396,9 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
             tm = copy.deepcopy(ref).to(torch.float64)
             targs, tkwargs = cast_inputs(args, kwargs, torch.float64, device)
             truth = _Run(tm, selected)
-            t["gtruth/loss"] = residual(truth.forward_backward(targs, tkwargs, loss, accumulate).reshape(1), t["loss"], rdt)
+            with truth_errors(tm, selected):
+                t["gtruth/loss"] = residual(truth.forward_backward(targs, tkwargs, loss, accumulate).reshape(1),
+                                            t["loss"], rdt)
             if spec.sketch:
                 manifest["rungs"][rung] = _sketched(t, run, truth, ref, tm, selected, names, factory, args, kwargs,
                                                     targs, tkwargs, loss, steps, int(spec.sketch))

@@ -62,3 +62,27 @@ def test_nan_at_padded_positions_of_the_truth_is_not_refused() -> None:
     store = GoldenStore(tempfile.mkdtemp())
     capture(llama("eager"), tokens("left"), CheckSpec(name="l", dtypes=["float32"]), store, "cpu")
     assert store.exists("l")
+
+
+def _lora_patched() -> nn.Module:
+    """A LoRA-style patch made by assigning a closure to an instance's forward: the closure holds
+    the original module, so a float64 copy of the model still runs its float32 weights."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+    lora = nn.Linear(8, 8, bias=False)
+    base = model[0].forward
+    model[0].forward = lambda x: base(x) + lora(x)
+    return model
+
+
+def test_a_forward_patched_on_the_instance_is_named_when_the_float64_truth_fails() -> None:
+    from pytest_rocm_parity.runner.train import capture_train
+
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    spec = CheckSpec(name="patched", dtypes=["float32"])
+    with pytest.raises(CaptureError, match=r"the float64 truth run failed in 0: .*0 has a forward assigned on the "
+                                           r"instance: .*make the patch a module"):
+        capture(_lora_patched(), x, spec, GoldenStore(tempfile.mkdtemp()), "cpu")
+    with pytest.raises(CaptureError, match=r"has a forward assigned on the instance"):   # check_train: wrapped too
+        capture_train(_lora_patched(), x, spec, GoldenStore(tempfile.mkdtemp()), "cpu",
+                      loss=lambda out: out.square().mean())
