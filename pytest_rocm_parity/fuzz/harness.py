@@ -137,13 +137,16 @@ class ErrorModel:
         if self.reduction_length is not None and self.reduction_length < 1:
             raise InvalidArgument(f"ErrorModel(reduction_length={self.reduction_length!r}) must be >= 1")
 
-    def describe(self, dtype: torch.dtype | None, k: int, tf32: bool) -> str:
+    def describe(self, dtype: torch.dtype | None, k: int, tf32: bool, recorded: bool = False) -> str:
+        """The tolerance in words; ``recorded``: judged against an op golden, whose per-element scale
+        was stored when it was recorded (the op's magnitude then, whichever rule made it)."""
         if dtype is None or dtype not in _PRECISION:
             return "exact equality (integer or boolean output)"
         p, _ = _PRECISION[dtype]
         ulps = self.ulps if self.ulps is not None else _DEFAULT_ULPS[dtype]
         u_acc = _accumulation_roundoff(dtype, tf32)
-        scale = "|terms| (op magnitude)" if self.magnitude is not None else "max(|truth|, rms(truth))"
+        scale = ("scale (per element, recorded with the golden)" if recorded else
+                 "|terms| (op magnitude)" if self.magnitude is not None else "max(|truth|, rms(truth))")
         text = (f"tol = {ulps:g} ulp_{_dname(dtype)}(truth) + ({self.inter:g}*2^-{p} + {self.acc:g}*sqrt(K={k})"
                 f"*{u_acc:.3g}) * {scale}")
         if self.allow_flush_to_zero:
@@ -910,7 +913,7 @@ class GoldenExample:
         result = OpResult(passed=False, candidate=_qualname(candidate), reference=f"golden {self.source}#{self.index}",
                           device=str(dev), inputs=[f"{n}: {describe_value(v)}" for n, v in _named(self.args,
                                                                                                    self.kwargs)],
-                          reduction_length=k, model=model.describe(_lowest(in_dtypes), k, tf32))
+                          reduction_length=k, model=model.describe(_lowest(in_dtypes), k, tf32, recorded=True))
         with torch.no_grad():
             try:
                 out = candidate(*_map(self.args, lambda t: place(t, dev)),

@@ -49,6 +49,8 @@ def test_replay_catches_a_buggy_candidate(golden):
     failing = next(i for i, r in enumerate(results) if not r.passed)
     msg = results[failing].message()
     assert "golden" in msg and f".examples[{failing}].compare(candidate" in msg
+    # the tolerance is said as judged: the golden's recorded scale, not a rule of the live comparison
+    assert "* scale (per element, recorded with the golden)" in msg and "max(|truth|, rms(truth))" not in msg
     with pytest.raises(AssertionError):
         load_golden(golden).examples[failing].compare(bad, device="cpu")
 
