@@ -42,5 +42,6 @@ def describe_value(value: Any) -> str:
         return f"{head} [min={t.min().item()}, max={t.max().item()}]"
     if isinstance(value, (list, tuple)):
         inner = ", ".join(describe_value(v) for v in value)
-        return f"({inner})" if isinstance(value, tuple) else f"[{inner}]"
+        return (f"({inner}{',' if len(value) == 1 else ''})" if isinstance(value, tuple)   # (2,): Python's tuple
+                else f"[{inner}]")
     return repr(value)

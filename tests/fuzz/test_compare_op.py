@@ -220,3 +220,10 @@ def test_complex_inputs_and_outputs_are_refused_not_judged_as_real() -> None:
         return torch.view_as_real(torch.fft.fft(x).conj())
     assert check_op(fft, fft, torch.randn(8), device="cpu").passed
     assert not check_op(wrong, fft, torch.randn(8), device="cpu").passed
+
+
+def test_a_failure_describes_a_one_element_shape_as_the_tuple_it_is() -> None:
+    """layer_norm's normalized_shape (8,) reads as a tuple, not as the int 8 in parentheses."""
+    result = check_op(lambda x, shape: F.layer_norm(x, shape) * 1.1, F.layer_norm, torch.randn(4, 8), (8,),
+                      device="cpu")
+    assert not result.passed and "args[1]: (8,)" in result.message()
