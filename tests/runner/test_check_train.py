@@ -266,6 +266,23 @@ def test_training_settings_a_step_cannot_take_are_refused_by_name(tmp_path, kwar
     assert not (tmp_path / "bad").exists()
 
 
+def test_a_loss_closing_over_the_whole_batch_is_named_under_accumulation(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """With accumulate=2 the loss gets each micro-batch's outputs; one that closes over the whole
+    batch's targets fails on their sizes: said as the loss's mistake, with the fix."""
+    import torch.nn.functional as F
+
+    from pytest_rocm_parity.errors import InvalidArgument
+
+    targets = _inputs()["input_ids"]
+
+    def whole_batch_loss(out):  # type: ignore[no-untyped-def]
+        return F.cross_entropy(out.logits.flatten(0, 1), targets.flatten())
+    with pytest.raises(InvalidArgument, match=r"loss: raised on one of the 2 micro-batches .*targets it closes over "
+                                              r"must be split too: pass them in the inputs"):
+        capture_train(llama("sdpa"), _inputs(), CheckSpec(name="acc", dtypes=["float32"], drill=0),
+                      GoldenStore(tmp_path), "cpu", loss=whole_batch_loss, accumulate=2)
+
+
 def test_accumulation_holds_the_full_batch_gradients_and_names_a_loss_that_does_not_divide(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from safetensors.torch import load_file
 
