@@ -1,6 +1,8 @@
 """The one place where parity records become a test failure, with a readable message."""
 from __future__ import annotations
 
+import math
+
 import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -279,8 +281,12 @@ def message(result: CheckResult) -> str:
         lines.append("  first divergent layer (propagated): not judged by the fast replay (--parity-replay=full "
                      "judges it and the model outputs)")
     bad_out = [o for o in result.outputs if not o.passed or not o.prop_passed]
+    # the worst first (a training check's optimizer rows come one per module, in name order)
+    bad_out.sort(key=lambda o: -max([m.ratio for m in (o.iso, o.prop) if m is not None] or [math.inf]))
     for o in bad_out[:3]:
         lines.append(f"  output {o.name}: {o.reason}")
+    if len(bad_out) > 3:
+        lines.append(f"  ... and {len(bad_out) - 3} more outputs out of bounds")
     lm = result.extra.get("lm")
     if lm:
         gen = lm.get("generation") or {}

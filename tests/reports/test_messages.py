@@ -69,6 +69,21 @@ def test_the_culprits_row_is_listed_however_many_rows_drift_before_it() -> None:
     assert body[-1].strip().startswith("... 6 more failing rows not listed (6 drifted propagated")
 
 
+def test_failing_outputs_are_listed_worst_first_and_the_rest_counted() -> None:
+    """A training check's optimizer rows come one per module in name order: the message lists the
+    three worst, then how many more."""
+    outs = []
+    for name, ratio in (("optimizer:a", 5.0), ("optimizer:b", 900.0), ("optimizer:c", 40.0), ("optimizer:d", 7.0),
+                        ("optimizer:e", 1.0)):
+        rec = _layer(name, iso_ok=ratio < 2, ratio=ratio)
+        rec.reason = f"update error {ratio:g}x"
+        outs.append(rec)
+    text = message(_result([_layer("blocks.0")], None, None, outputs=outs))
+    listed = [l.split()[1] for l in text.splitlines() if l.strip().startswith("output optimizer:")]
+    assert listed == ["optimizer:b:", "optimizer:c:", "optimizer:d:"], text
+    assert "  ... and 1 more outputs out of bounds" in text
+
+
 def test_modules_the_candidate_never_called_are_named_apart_from_the_ok_count() -> None:
     """A block whose fused kernel used its projection's weights fails; the projection, never called,
     passed nothing and is named, not counted as ok; nested rows judged in isolation only say so."""
