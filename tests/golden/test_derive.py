@@ -90,6 +90,20 @@ def test_derive_never_replaces_a_golden_unasked(tmp_path: Path, capsys: pytest.C
         {k: v for k, v in before.items() if k.startswith("full/")}
 
 
+def test_derive_keeps_the_sources_depth_unless_told(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Fewer rungs alone need no --drill; the CLI says whether an owning test was recorded."""
+    from pytest_rocm_parity.cli import main as cli_main
+
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    store = GoldenStore(tmp_path)
+    capture(_model(), x, CheckSpec(name="full", dtypes=["bfloat16", "float32"], drill=2), store, "cpu", env={})
+    assert cli_main(["golden", "derive", str(tmp_path), "full", "--to", "fp32", "--dtypes", "float32"]) == 0
+    assert "no owning test recorded" in capsys.readouterr().out
+    m = store.read_manifest("fp32")
+    assert m["drill"] == 2 and list(m["rungs"]) == ["float32"] and m["test"] is None
+    assert m["layers"] == store.read_manifest("full")["layers"]
+
+
 def test_prune_refuses_a_directory_that_holds_no_golden(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Pointed at a source tree, prune runs no test suite: it says the directory holds no golden."""
     from pytest_rocm_parity.cli import main as cli_main
