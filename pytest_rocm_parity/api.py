@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import replace
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -184,7 +184,7 @@ class Parity:
             self._node.user_properties.append((f"parity[{spec.name}][{entry['dtype']}]", f"ERROR; {error_text(entry)}"))
 
     def _run(self, spec: CheckSpec, do_capture: Any, do_replay: Any, kind: str = "model",
-             stale: Any = None) -> list[CheckResult]:
+             stale: Callable[[dict[str, Any]], None] | None = None) -> list[CheckResult]:
         """``stale(manifest)``: raises GoldenStale where a golden a capture run keeps no longer matches
         the check (said then, rather than only at the next replay)."""
         __tracebackhide__ = True
@@ -324,17 +324,14 @@ def _what_failed(result: CheckResult) -> str:
     return "the model's outputs" if what == "no culprit in isolation" else what
 
 
-def _stale_reason(stale: Any, manifest: dict[str, Any]) -> str:
+def _stale_reason(stale: Callable[[dict[str, Any]], None] | None, manifest: dict[str, Any]) -> str:
     """Why a golden a capture run keeps no longer matches its check ('' where it does, or where
     ``stale`` is None or refuses for another reason, which the replay names itself)."""
-    if stale is None:
-        return ""
     try:
-        stale(manifest)
-    except GoldenStale as exc:
-        return str(exc)
-    except ParityError:
-        return ""
+        if stale is not None:
+            stale(manifest)
+    except ParityError as exc:
+        return str(exc) if isinstance(exc, GoldenStale) else ""
     return ""
 
 
