@@ -162,17 +162,16 @@ def _loss_of(out: Any, loss: Callable[[Any], Any] | None, accumulate: int = 1) -
     import torch
 
     if loss is not None:
-        if accumulate > 1:
-            try:
-                value = loss(out)
-            except (RuntimeError, ValueError, IndexError) as exc:
-                # the loss was written for the whole batch (targets captured from outside it)
-                raise InvalidArgument(f"loss: raised on one of the {accumulate} micro-batches ({type(exc).__name__}: "
-                                      f"{str(exc)[:200]}); with accumulate={accumulate} the loss gets each "
-                                      f"micro-batch's outputs, so targets it closes over must be split too: pass "
-                                      f"them in the inputs (labels=), which are split with the batch") from None
-        else:
+        try:
             value = loss(out)
+        except (RuntimeError, ValueError, IndexError) as exc:
+            if accumulate == 1:
+                raise
+            # a loss written for the whole batch (targets captured from outside it) meets a micro-batch
+            raise InvalidArgument(f"loss: raised on one of the {accumulate} micro-batches ({type(exc).__name__}: "
+                                  f"{str(exc)[:200]}); with accumulate={accumulate} the loss gets each "
+                                  f"micro-batch's outputs, so targets it closes over must be split too: pass "
+                                  f"them in the inputs (labels=), which are split with the batch") from None
         if not (isinstance(value, torch.Tensor) and value.numel() == 1 and (value.is_floating_point()
                                                                              or value.is_complex())):
             what = (f"a {value.dtype} tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor)
