@@ -40,6 +40,7 @@ __all__ = [
     "layer_norm_args",
     "linear_args",
     "matmul_args",
+    "matmul_magnitude",
     "reduction_args",
     "resolve_dtype",
     "rms_norm_args",
@@ -387,10 +388,12 @@ def matmul_args(draw: st.DrawFn, dtype: DtypeArg = None, *, max_side: int = 48, 
     elems = values(dt, max_magnitude=max_magnitude or _gemm_max(dt, k))
     a = draw(tensors(dt, (*batch_a, m, k), elements=elems))
     b = draw(tensors(dt, (*batch_b, k, n), elements=elems))
-    return OpArgs((a, b), reduction_length=k, magnitude=_matmul_magnitude, names=("a", "b"))
+    return OpArgs((a, b), reduction_length=k, magnitude=matmul_magnitude, names=("a", "b"))
 
 
-def _matmul_magnitude(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def matmul_magnitude(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """|a| @ |b|: the scale of each output element's sum, which the tolerance of a matmul grows with;
+    public because a failure's reproduction script names it."""
     return torch.matmul(a.abs(), b.abs())
 
 

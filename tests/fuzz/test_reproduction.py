@@ -97,12 +97,12 @@ def test_reproduction_keeps_the_cases_error_model(kernels, tmp_path: Path) -> No
     """K and the magnitude function of an ``OpArgs`` reach the pasted ``compare_op``, so it judges alike."""
     a = torch.linspace(-1, 1, 40, dtype=torch.float16).reshape(2, 20)
     b = torch.linspace(1, -1, 60, dtype=torch.float16).reshape(20, 3)
-    case = OpArgs((a, b), reduction_length=20, magnitude=S._matmul_magnitude, names=("a", "b"))
+    case = OpArgs((a, b), reduction_length=20, magnitude=S.matmul_magnitude, names=("a", "b"))
     with pytest.raises(AssertionError) as info:
         compare_op(kernels.matmul, torch.matmul, case, device="cpu")
     script = _script(str(info.value))
     assert ("dtype_policy=ErrorModel(reduction_length=20, "
-            "magnitude=pytest_rocm_parity.fuzz.strategies._matmul_magnitude)") in script
+            "magnitude=pytest_rocm_parity.fuzz.strategies.matmul_magnitude)") in script
     proc = _run_pasted(script, tmp_path)
     assert proc.returncode == 1 and "Operator outputs are not close" in proc.stderr, proc.stderr
     expected = [line.strip() for line in str(info.value).splitlines() if "Greatest error/tolerance" in line]

@@ -36,22 +36,14 @@ def test_size_over_the_limit_warns_with_the_ways_to_shrink(project: pytest.Pytes
         assert advice in text, advice
 
 
-def test_size_limit_from_the_ini_reaches_the_check_spec(project: pytest.Pytester) -> None:
-    project.makeini("[pytest]\nparity_golden_size_limit = 20\n")
-    project.makepyfile(test_tiny='''
-from conftest import make_model
-
-def test_spec(parity):
-    assert parity._spec(make_model(), None, None, None, None, None).golden_size_limit == 20_000_000
-''')
-    project.runpytest("--rocm-parity").assert_outcomes(passed=1)
-    project.makepyfile(test_tiny='''
-from conftest import make_model
-
-def test_spec(parity):
-    assert parity._spec(make_model(), None, None, None, None, None).golden_size_limit is None
-''')
-    project.runpytest("--rocm-parity", f"{GOLDEN_SIZE_LIMIT}=0").assert_outcomes(passed=1)
+def test_size_limit_from_the_ini_and_the_flag_over_it(project: pytest.Pytester) -> None:
+    project.makeini("[pytest]\nparity_golden_size_limit = 0.01\n")
+    result = project.runpytest("--rocm-parity", "--parity-mode=capture")
+    result.assert_outcomes(passed=1, warnings=1)
+    assert "over the 10.0 KB limit" in " ".join(result.stdout.str().split())
+    result = project.runpytest("--rocm-parity", "--parity-regen", f"{GOLDEN_SIZE_LIMIT}=0")   # 0: never
+    result.assert_outcomes(passed=1)
+    assert "KB limit" not in result.stdout.str()
 
 
 def test_bad_size_limit_is_a_usage_error(project: pytest.Pytester) -> None:
