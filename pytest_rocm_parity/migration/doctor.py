@@ -251,14 +251,20 @@ def _tokens(value: str) -> list[str]:
     return [t.strip() for t in value.split(",") if t.strip()]
 
 
+# What CUDA accepts besides an index: a GPU UUID ("GPU-<uuid>", as nvidia-smi -L prints it) and a MIG
+# instance in either form nvidia-smi -L prints, depending on the driver: "MIG-<uuid>" and the older
+# "MIG-GPU-<gpu uuid>/<gpu instance>/<compute instance>".
+_DEVICE_UUID = re.compile(r"GPU-[0-9A-Za-z-]+|MIG-GPU-[0-9A-Za-z-]+/\d+/\d+|MIG-(?!GPU-)[0-9A-Za-z-]+")
+
+
 def _variable_problem(k: str, v: str) -> Check | None:
     """What is wrong with one visible-devices variable on its own, or None."""
     if v.strip() in ("", "-1", "none", "NoDevFiles") or not _tokens(v):
         return Check("visible-devices", "fail", f"{k}={v!r} hides every GPU", f"unset {k} or list device indices, e.g. {k}=0")
-    bad = [t for t in _tokens(v) if not (t.isdigit() or re.fullmatch(r"GPU-[0-9A-Za-z-]+", t))]
+    bad = [t for t in _tokens(v) if not (t.isdigit() or _DEVICE_UUID.fullmatch(t))]
     if bad:
-        return Check("visible-devices", "fail", f"{k}={v!r}: {bad[0]!r} is neither an index nor a GPU-UUID; later entries are dropped",
-                     f"use comma-separated indices or GPU-UUIDs in {k}")
+        return Check("visible-devices", "fail", f"{k}={v!r}: {bad[0]!r} is neither an index, a GPU-UUID nor a MIG-UUID; "
+                     "later entries are dropped", f"use comma-separated indices, GPU-UUIDs or MIG-UUIDs in {k}")
     if len(set(_tokens(v))) != len(_tokens(v)):
         return Check("visible-devices", "warn", f"{k}={v!r} lists a device twice", f"remove the duplicate from {k}")
     return None
@@ -280,6 +286,10 @@ def _rocm_combination_problems(present: dict[str, str], shown: str) -> list[Chec
             out.append(Check("visible-devices", "fail",
                              f"{shown}: HIP indices are relative to ROCR's {len(r)} device(s); index {out_of_range[0]} is out of range, {what}",
                              f"use HIP_VISIBLE_DEVICES={','.join(str(i) for i in range(min(len(r), len(h))))} or unset one of the two"))
+    mig = [(k, t) for k, v in present.items() for t in _tokens(v) if t.startswith("MIG-")]
+    if mig:
+        out.append(Check("visible-devices", "warn", f"{shown}: {mig[0][1]!r} in {mig[0][0]} is an NVIDIA MIG instance; "
+                         "AMD GPUs have none, so it matches no device here", "use indices or GPU-UUIDs on AMD machines"))
     if hip is not None and cuda is not None and _tokens(hip) != _tokens(cuda):
         out.append(Check("visible-devices", "warn", f"{shown}: HIP_VISIBLE_DEVICES wins on ROCm, CUDA_VISIBLE_DEVICES is ignored",
                          "set both to the same list or unset CUDA_VISIBLE_DEVICES"))

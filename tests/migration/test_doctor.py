@@ -149,6 +149,7 @@ def test_cuda_build_is_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"HIP_VISIBLE_DEVICES": "0,1", "CUDA_VISIBLE_DEVICES": "2"}, "warn", "HIP_VISIBLE_DEVICES wins"),
         ({"HIP_VISIBLE_DEVICES": "0,0"}, "warn", "twice"),
         ({"HIP_VISIBLE_DEVICES": "0,gpu1"}, "fail", "neither an index"),
+        ({"CUDA_VISIBLE_DEVICES": "MIG-GPU-aa/1/0"}, "warn", "AMD GPUs have none"),
         ({"ROCR_VISIBLE_DEVICES": "2,3", "HIP_VISIBLE_DEVICES": "1"}, "ok", "torch sees"),
         ({}, "ok", "all GPUs visible"),
     ],
@@ -158,6 +159,23 @@ def test_visible_devices(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], s
     c = by_name(doctor.check_visible_devices(facts(env)), "visible-devices")
     assert c.status == status and phrase in c.detail, c
     assert c.status == "ok" or c.fix
+
+
+@pytest.mark.parametrize("entry", ["MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f",
+                                   "MIG-GPU-5c3b2a1e-7f0d-4c2e-9b8a-1d2e3f4a5b6c/1/0",
+                                   "0", "GPU-5c3b2a1e-7f0d-4c2e-9b8a-1d2e3f4a5b6c"])
+def test_cuda_visible_devices_accepts_mig_uuids(monkeypatch: pytest.MonkeyPatch, entry: str) -> None:
+    """nvidia-smi -L prints MIG instances as MIG-<uuid> (older drivers: MIG-GPU-<uuid>/<gi>/<ci>); CUDA takes both."""
+    patch_torch(monkeypatch, H100, hip=None, cuda="12.4", version="2.6.0+cu124")
+    assert doctor.check_visible_devices(facts({"CUDA_VISIBLE_DEVICES": entry})) == [
+        Check("visible-devices", "ok", f"CUDA_VISIBLE_DEVICES={entry!r}")]
+
+
+@pytest.mark.parametrize("entry", ["MIG-GPU-5c3b2a1e-7f0d", "MIG-", "MIG-GPU-aa/1"])
+def test_cuda_visible_devices_rejects_malformed_mig_uuids(monkeypatch: pytest.MonkeyPatch, entry: str) -> None:
+    patch_torch(monkeypatch, H100, hip=None, cuda="12.4", version="2.6.0+cu124")
+    (c,) = doctor.check_visible_devices(facts({"CUDA_VISIBLE_DEVICES": entry}))
+    assert c.status == "fail" and "nor a MIG-UUID" in c.detail, c
 
 
 @pytest.mark.parametrize(
