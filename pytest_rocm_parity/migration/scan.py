@@ -350,35 +350,95 @@ def iter_files(root: Path, include_vendored: bool, skipped: Counter[str]) -> Ite
 # --------------------------------------------------------------------------- matching
 
 
-NEVER = 1 << 62
+_LITERAL_END = {'"': re.compile(r'[\\"]'), "'": re.compile(r"[\\']")}
+# The characters at which a literal or a comment can start: the walk jumps between them.
+_LITERAL_OR_COMMENT = {False: re.compile(r"[\"'/]"), True: re.compile(r"[\"'#]")}
 
 
-def _comment_from(line: str, hash_comments: bool) -> int:
-    """The first column of ``line`` from which a match sits in a comment (NEVER when none).
+def _closing_quote(line: str, i: int, quote: str) -> int:
+    """The index just past the literal opened by the ``quote`` at ``i`` (len(line) when it runs on)."""
+    end = _LITERAL_END[quote]
+    j = i + 1
+    while (m := end.search(line, j)) is not None:
+        if m.group() == quote:
+            return m.end()
+        j = m.end() + 1   # a backslash escapes the next character
+    return len(line)
 
-    Computed once per line, so that many matches on one long line cost O(1) each.
+
+def _raw_string_end(line: str, i: int) -> int | None:
+    """The index just past the C++ raw string ``R"delim(...)delim"`` whose quote is at ``i``; None
+    when the text after the quote is no raw-string opening."""
+    paren = line.find("(", i + 1, i + 18)
+    if paren < 0 or any(c in ' ()\\\t"' for c in line[i + 1:paren]):
+        return None
+    close = line.find(")" + line[i + 1:paren] + '"', paren)
+    return len(line) if close < 0 else close + paren - i + 1
+
+
+def _token_start(line: str, i: int, lo: int) -> int:
+    """The start (not before ``lo``) of the identifier or number that ends just before ``i``."""
+    j = i
+    while j > lo and (line[j - 1].isalnum() or line[j - 1] == "_"):
+        j -= 1
+    return j
+
+
+_NUMBER_REST = re.compile(r"[\w']*")
+
+
+def _comment_spans(line: str, hash_comments: bool) -> tuple[tuple[int, int], ...]:
+    """The ``[start, end)`` column spans of ``line`` that are comment text, outside string and char
+    literals: ``printf("http://x")`` holds no comment, and code after it is code.
+
+    C and C++: ``//`` to the end, ``/* ... */`` (to the end when it does not close on the line), and a
+    line that starts with ``/*`` or ``*`` (inside a block comment). Python and CMake: ``#`` to the end.
+    Computed once per line, so that many matches on one long line cost little each.
     """
-    if hash_comments:
-        hash_at = line.find("#")
-        if hash_at < 0:
-            return NEVER
-        quoted = line[:hash_at]  # a '#' inside a string literal is not a comment
-        return hash_at + 1 if quoted.count('"') % 2 == 0 and quoted.count("'") % 2 == 0 else NEVER
-    at = NEVER
-    slashes = line.find("//")
-    if slashes >= 0:
-        at = slashes + 2
-    indent = len(line) - len(line.lstrip())
-    if line.startswith("/*", indent):
-        at = min(at, indent + 2)
-    elif line.startswith("*", indent):
-        at = min(at, indent + 1)
-    return at
+    n = len(line)
+    if not hash_comments:
+        indent = n - len(line.lstrip())
+        if line.startswith("*", indent) and not line.startswith("*/", indent):
+            return ((indent, n),)
+    spans: list[tuple[int, int]] = []
+    interesting = _LITERAL_OR_COMMENT[hash_comments]
+    i = 0
+    while (m := interesting.search(line, i)) is not None:
+        # between i and the match: plain code, walked back over at most once (the scan stays linear)
+        lo, i = i, m.start()
+        c = line[i]
+        if c == '"':
+            if not hash_comments and line[_token_start(line, i, lo):i] in ("R", "LR", "uR", "UR", "u8R"):
+                end = _raw_string_end(line, i)
+                if end is not None:
+                    i = end
+                    continue
+            i = _closing_quote(line, i, c)
+        elif c == "'":
+            # 1'000'000 and 0xffff'ffff: a C++14 digit separator inside a number, not a char literal
+            if not hash_comments and line[_token_start(line, i, lo):i][:1].isdigit():
+                rest = _NUMBER_REST.match(line, i)
+                i = rest.end() if rest else i + 1
+            else:
+                i = _closing_quote(line, i, c)
+        elif hash_comments:
+            return ((i, n),)
+        elif c == "/" and line.startswith("//", i):
+            spans.append((i, n))
+            break
+        elif c == "/" and line.startswith("/*", i):
+            close = line.find("*/", i + 2)
+            end = n if close < 0 else close + 2
+            spans.append((i, end))
+            i = end
+        else:
+            i += 1
+    return tuple(spans)
 
 
 def _in_comment(line: str, col: int, hash_comments: bool) -> bool:
     """Whether the match at ``col`` of ``line`` sits in a comment."""
-    return col >= _comment_from(line, hash_comments)
+    return any(a <= col < b for a, b in _comment_spans(line, hash_comments))
 
 
 SUPPRESS_MARK = "rocm-parity:"
@@ -428,7 +488,7 @@ def scan_text(text: str, rel: str, kinds: frozenset[str], rules: tuple[Rule, ...
     newlines: list[int] | None = None
     seen: set[tuple[str, int]] = set()
     lines: dict[int, str] = {}                    # line index -> text, sliced once per line
-    comment_from: dict[tuple[int, bool], int] = {}
+    comment_spans: dict[tuple[int, bool], tuple[tuple[int, int], ...]] = {}
     marked = SUPPRESS_MARK in text
     for rule in rules:
         if not (rule.kinds & kinds):
@@ -453,10 +513,10 @@ def scan_text(text: str, rel: str, kinds: frozenset[str], rules: tuple[Rule, ...
                 line_text = lines[idx] = text[start:end]
             col = m.start() - start
             hashes = hash_comments and not (python and rule.kinds == D)
-            at = comment_from.get((idx, hashes))
-            if at is None:
-                at = comment_from[(idx, hashes)] = _comment_from(line_text, hashes)
-            if col >= at:
+            spans = comment_spans.get((idx, hashes))
+            if spans is None:
+                spans = comment_spans[(idx, hashes)] = _comment_spans(line_text, hashes)
+            if spans and any(a <= col < b for a, b in spans):
                 continue
             if file_ok is None:
                 file_ok = rule.applies_to(text)

@@ -65,6 +65,32 @@ def test_comments_are_ignored() -> None:
     assert scan.scan_text("# import pynvml\nx = 1  # torch.version.cuda\n", "a.py", scan.P) == []
 
 
+@pytest.mark.parametrize("line", [
+    'printf("see http://x.y/z"); v += __shfl_xor_sync(0xffffffff, v, 1);',
+    'const char* s = "// x"; float v = __shfl_sync(0xffffffff, v, 0);',
+    "char c = '\"'; const char* s = \"/*\"; v = __shfl_sync(0xffffffff, v, 0);",
+    'auto s = R"x(a "// b)x"; v = __shfl_sync(0xffffffff, v, 0);',
+    "int n = 1'000; const char* u = \"a://b\"; v = __shfl_sync(0xffffffff, v, 0);",
+    "/* a */ v = __shfl_sync(0xffffffff, v, 0);",
+])
+def test_comment_markers_inside_literals_do_not_hide_code(line: str) -> None:
+    assert [f.rule for f in scan.scan_text(line + "\n", "a.cu", scan.D)] == ["RP101"]
+
+
+@pytest.mark.parametrize("line", [
+    'puts("a // b"); // v = __shfl_sync(0xffffffff, v, 0);',
+    "char c = '\\''; /* v = __shfl_sync(0xffffffff, v, 0); */",
+    'puts("\\\\"); // v = __shfl_sync(0xffffffff, v, 0);',
+])
+def test_comments_after_literals_are_still_comments(line: str) -> None:
+    assert scan.scan_text(line + "\n", "a.cu", scan.D) == []
+
+
+def test_hash_in_a_python_string_does_not_hide_the_comment_after_it() -> None:
+    assert scan.scan_text('x = "#"  # torch.version.cuda\n', "a.py", scan.P) == []
+    assert [f.rule for f in scan.scan_text('x = "#"; v = torch.version.cuda\n', "a.py", scan.P)] == ["RP222"]
+
+
 def test_vendored_and_build_dirs_are_skipped(tmp_path: Path) -> None:
     shutil.copytree(CORPUS, tmp_path / "c")
     result = scan.scan_path(tmp_path / "c")
