@@ -50,11 +50,6 @@ class GoldenLog:
         self.withheld.extend(other.get("withheld", []))
 
 
-def uses_parity(item: Any) -> bool:
-    """A test that runs parity checks: it asks for the ``parity`` fixture or carries the marker."""
-    return "parity" in getattr(item, "fixturenames", ()) or item.get_closest_marker("parity") is not None
-
-
 def test_file(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
@@ -63,12 +58,14 @@ def test_file(nodeid: str) -> str:
 class RunLog:
     """What this run collected and completed: which goldens it can call obsolete, and whether prune may act.
 
-    A test file counts as complete when every parity test collected from it passed (setup, call,
-    teardown) and none of them was deselected; only there does an unused golden prove obsolete.
+    Every test counts, not only those that name ``parity`` as an argument: a test may take the fixture
+    with ``request.getfixturevalue("parity")`` (after a ``pytest.skip``, say), which collection cannot
+    see. A test file counts as complete when every test collected from it passed (setup, call,
+    teardown) and none of its tests was deselected; only there does an unused golden prove obsolete.
     """
 
-    relevant: dict[str, set[str]] = field(default_factory=dict)   # test file -> parity test ids collected
-    partial: set[str] = field(default_factory=set)                # test files with parity tests left out
+    collected: dict[str, set[str]] = field(default_factory=dict)  # test file -> test ids collected
+    partial: set[str] = field(default_factory=set)                # test files with tests left out
     narrowed: set[str] = field(default_factory=set)               # why this run is a partial selection
     passed: set[str] = field(default_factory=set)                 # ids whose call phase passed
     incomplete: set[str] = field(default_factory=set)             # ids with a phase failed or skipped
@@ -76,17 +73,21 @@ class RunLog:
     ignored: bool = False                                         # --ignore or --ignore-glob skipped paths
 
     def complete_files(self) -> set[str]:
-        return {f for f, ids in self.relevant.items()
+        return {f for f, ids in self.collected.items()
                 if f not in self.partial and ids <= self.passed and not ids & self.incomplete}
 
+    def completed(self, test: str) -> bool:
+        """The test ran to its end and passed: every check it makes was reached."""
+        return test in self.passed and test not in self.incomplete
+
     def to_dict(self) -> dict[str, Any]:
-        return {"relevant": {f: sorted(ids) for f, ids in self.relevant.items()}, "partial": sorted(self.partial),
+        return {"collected": {f: sorted(ids) for f, ids in self.collected.items()}, "partial": sorted(self.partial),
                 "narrowed": sorted(self.narrowed), "owners": self.owners, "ignored": self.ignored}
 
     def merge(self, other: dict[str, Any]) -> list[str]:
         """Add a worker's log; returns the duplicate-name errors seen across workers."""
-        for f, ids in other.get("relevant", {}).items():
-            self.relevant.setdefault(f, set()).update(ids)
+        for f, ids in other.get("collected", {}).items():
+            self.collected.setdefault(f, set()).update(ids)
         self.partial.update(other.get("partial", []))
         self.narrowed.update(other.get("narrowed", []))
         self.ignored = self.ignored or bool(other.get("ignored"))
@@ -300,7 +301,7 @@ class ParitySession:
     def pytest_collection_modifyitems(self, items: list[Any]) -> Any:
         """A plugin or conftest that drops tests from ``items`` without reporting them deselected
         (a sharding plugin, an environment filter) leaves their files partial, as a deselection does."""
-        before = {item.nodeid: test_file(item.nodeid) for item in items if uses_parity(item)}
+        before = {item.nodeid: test_file(item.nodeid) for item in items}
         try:
             return (yield)
         finally:
@@ -312,9 +313,8 @@ class ParitySession:
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         config = session.config
-        for item in session.items:
-            if uses_parity(item):
-                self.run.relevant.setdefault(test_file(item.nodeid), set()).add(item.nodeid)
+        for item in session.items:   # every test: one may take ``parity`` through request.getfixturevalue
+            self.run.collected.setdefault(test_file(item.nodeid), set()).add(item.nodeid)
         for flag, dest in (("-k", "keyword"), ("-m", "markexpr"), ("--lf", "lf"), ("--sw", "stepwise")):
             if config.getoption(dest, None):
                 self.run.narrowed.add(flag)
@@ -334,8 +334,7 @@ class ParitySession:
         self.run.narrowed.add("deselected tests")
         self.deselected.update(item.nodeid for item in items)
         for item in items:
-            if uses_parity(item):
-                self.run.partial.add(test_file(item.nodeid))
+            self.run.partial.add(test_file(item.nodeid))
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.failed or report.skipped:
@@ -355,9 +354,9 @@ class ParitySession:
     def find_obsolete(self, session: pytest.Session | None = None, exitstatus: int = 0) -> None:
         """Name the goldens this run proves obsolete, and prune them when asked and safe.
 
-        Obsolete: no check of this run used the golden, and either its test file (its manifest's
-        ``test``) was collected and every parity test in it passed, or the whole suite ran unfiltered
-        and that file no longer exists. A golden whose test is gone from an existing file counts only
+        Obsolete: no check of this run used the golden, its test (its manifest's ``test``), where
+        collected or deselected, passed, and either its test file was collected and every test in it
+        passed, or the whole suite ran unfiltered and that file no longer exists. A golden whose test is gone from an existing file counts only
         when the whole suite ran too: its check may have moved, name and all, to another file.
         """
         if hasattr(self.store, "url"):
@@ -369,7 +368,7 @@ class ParitySession:
                                         f"record of the goldens its checks used went with it")
             return
         complete = self.run.complete_files()
-        collected = set().union(*self.run.relevant.values()) if self.run.relevant else set()
+        collected = set().union(*self.run.collected.values()) if self.run.collected else set()
         # The whole suite of the project that owns these goldens: unfiltered, and with at least one of
         # its checks using them. A run of another project (a trivial suite, a command run from the
         # wrong folder) has none of their test files, and must not read them as deleted.
@@ -380,7 +379,9 @@ class ParitySession:
             test = manifest.get("test") if manifest is not None else None
             if name in self.goldens.used or not isinstance(test, str):
                 continue
-            deleted = whole and test_file(test) not in self.run.relevant and not (root / test_file(test)).exists()
+            if (test in collected or test in self.deselected) and not self.run.completed(test):
+                continue   # its test is here but did not finish: it may not have reached this check
+            deleted = whole and test_file(test) not in self.run.collected and not (root / test_file(test)).exists()
             if test_file(test) not in complete and not deleted:
                 continue
             if test not in collected and not whole:

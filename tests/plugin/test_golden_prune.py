@@ -126,6 +126,39 @@ def test_skipped_parity_test_makes_its_file_incomplete(renamed: pytest.Pytester)
     assert goldens(renamed) == {"alpha", "alpha2", "other", "beta"}
 
 
+DYNAMIC = '''
+import os
+import pytest
+from conftest import make_model, make_inputs
+
+def test_static(parity):
+    parity.check(make_model(), make_inputs(), name="static", dtypes=["float32"])
+
+def test_dynamic(request):
+    if os.environ.get("SKIP_DYNAMIC"):
+        pytest.skip("GPU only")
+    parity = request.getfixturevalue("parity")
+    parity.check(make_model(), make_inputs(), name="dynamic", dtypes=["float32"])
+'''
+
+
+def test_a_skipped_test_that_takes_parity_through_getfixturevalue_keeps_its_golden(
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No collection-time look sees request.getfixturevalue("parity"): the skipped test still makes its
+    file prove nothing, and its golden is neither listed obsolete nor pruned."""
+    (project.path / "test_tiny.py").unlink()
+    project.makepyfile(test_dyn=DYNAMIC)
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=2)
+    monkeypatch.setenv("SKIP_DYNAMIC", "1")
+    result = project.runpytest("--rocm-parity", PRUNE)
+    result.assert_outcomes(passed=1, skipped=1)
+    assert goldens(project) == {"static", "dynamic"}
+    assert "goldens obsolete" not in result.stdout.str() and "rocm-parity: deleted" not in result.stdout.str()
+    monkeypatch.delenv("SKIP_DYNAMIC")
+    project.runpytest("--rocm-parity", PRUNE).assert_outcomes(passed=2)
+    assert goldens(project) == {"static", "dynamic"}
+
+
 def test_prune_only_deletes_directories_with_our_marker(renamed: pytest.Pytester) -> None:
     g = renamed.path / "goldens"
     m = g / "alpha" / "manifest.json"
