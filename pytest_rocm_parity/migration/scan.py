@@ -95,6 +95,9 @@ def _compile(pattern: str) -> re.Pattern[str]:
 
 
 D, P, B = frozenset({"device"}), frozenset({"python"}), frozenset({"python", "build"})
+# Assembly text that reads as PTX: a dotted mnemonic (cvt.rn, mov.u32), ';' or '{'. GCN/CDNA assembly
+# (v_cvt_f16_f32) and host asm ("pause") have none.
+_PTX_TEXT = r"(?:[a-z]\.[a-z0-9]|;|\{)"
 # Every rule runs in time linear in the length of a line: a span between two anchors is bounded
 # (256 characters; 512 for a call's arguments, which may span lines), and an identifier is consumed atomically ((?=(\w*))\N: the regex engine never
 # backtracks into it), so no rule tries every split of a long line (bench/bench_scan.py --long-lines).
@@ -147,9 +150,13 @@ RULES: tuple[Rule, ...] = (
          "manual"),
     Rule("RP109", "wavefront-size-macro", "note", D, ("__AMDGCN_WAVEFRONT_SIZE",), r"\b__AMDGCN_WAVEFRONT_SIZE\w*",
          "__AMDGCN_WAVEFRONT_SIZE is deprecated in recent LLVM", "manual"),
-    Rule("RP110", "inline-ptx", "error", D, ("asm",),
-         r"\b(?:asm|__asm__)\s*(?:volatile\s*|__volatile__\s*)?\(\s*(?://[^\n]*\n\s*)?\"[^\"\n]*(?:[a-z]\.[a-z0-9]|;|\{)",
-         "inline PTX assembly: HIP supports GCN/CDNA inline asm only (rewrite with HIP intrinsics / __builtin_amdgcn_*)",
+    Rule("RP110", "inline-ptx", "error", D | P, ("asm",),
+         r"\b(?:asm|__asm__)\s*(?:volatile\s*|__volatile__\s*)?\(\s*(?://[^\n]*\n\s*)?\"[^\"\n]*" + _PTX_TEXT
+         # Triton's inline asm: the asm string positional (first) or by keyword, in any quotes
+         + r"|\binline_asm_elementwise\s*\((?:\s*|(?:[^()]|\([^()]{0,256}\)){0,512}?\basm\s*=\s*)"
+           r"[rRbBuU]?(?:\"\"\"|'''|\"|')[^\"']{0,256}?" + _PTX_TEXT,
+         "inline PTX assembly: AMD GPUs do not run PTX; HIP and Triton take GCN/CDNA assembly only (rewrite with HIP "
+         "intrinsics / __builtin_amdgcn_*; in Triton, a tl op or an AMDGCN asm string for inline_asm_elementwise)",
          "manual"),
     Rule("RP111", "wmma", "error", D, ("wmma", "mma.h"),
          r"\bnvcuda::wmma\b|#\s*include\s*[<\"]mma\.h[>\"]|\bwmma::\w+",
@@ -252,7 +259,7 @@ RULES: tuple[Rule, ...] = (
          "fp32_precision 'bfx9' is NVIDIA-only and raises on ROCm", "manual"),
     Rule("RP228", "tf32-matmul", "note", P, ("allow_tf32", "float32_matmul_precision", "tf32"),
          r"\ballow_tf32\s*=\s*True\b|\bset_float32_matmul_precision\s*\(\s*[\"'](?:high|medium)[\"']"
-         r"|\bfp32_precision\s*=\s*[\"']tf32[\"']",
+         r"|\bfp32_precision\s*=\s*[\"']tf32[\"']|\binput_precision\s*=\s*[\"']tf32(?:x3)?[\"']",
          "float32 matmuls in TF32: on MI300 the same switch runs XF32, which rounds otherwise; judge the float32 rung "
          "with Tolerance(tf32=True), or turn it off where parity is checked", "manual"),
     Rule("RP225", "fp8-ocp-dtype", "warning", P, ("float8_e", "float8e"), r"\bfloat8_(?:e4m3fn|e5m2)\b|\btl\.float8e(?:4nv|5)\b",

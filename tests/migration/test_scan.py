@@ -347,3 +347,39 @@ def test_fp8_rules_are_suppressible() -> None:
     counts: Counter[str] = Counter()
     assert scan.scan_text(text, "quant.py", scan.P, suppressed=counts) == []
     assert counts == {"RP225": 1, "RP227": 1}
+
+
+TRITON_ASM = '''import triton
+import triton.language as tl
+
+
+@triton.jit
+def to_half(x_ptr, y_ptr):
+    x = tl.load(x_ptr)
+    y = tl.inline_asm_elementwise("cvt.rn.f16.f32 $0, $1;", "=h,r", [x], dtype=tl.float16, is_pure=True, pack=1)
+    w = tl.inline_asm_elementwise(
+        asm="""
+        mov.b32 $0, $1;
+        """, constraints="=r,r", args=[x], dtype=tl.int32, is_pure=True, pack=1)
+    v = tl.inline_asm_elementwise(constraints="=r,r", args=(x,), asm="prmt.b32 $0, $1, 0, 0x0123;", dtype=tl.int32,
+                                  is_pure=True, pack=1)
+    z = tl.inline_asm_elementwise(asm="v_cvt_f16_f32 $0, $1", constraints="=v,v", args=[x], dtype=tl.float16,
+                                  is_pure=True, pack=1)
+'''
+
+
+def test_triton_inline_ptx_is_flagged_and_amdgcn_asm_is_not() -> None:
+    found = [(f.rule, f.line) for f in scan.scan_text(TRITON_ASM, "k.py", scan.P) if f.rule != "RP205"]
+    assert found == [("RP110", 8), ("RP110", 9), ("RP110", 13)]
+    (f, *_) = [f for f in scan.scan_text(TRITON_ASM, "k.py", scan.P) if f.rule == "RP110"]
+    assert "AMD GPUs do not run PTX" in f.message and "tl op" in f.message and "AMDGCN" in f.message
+
+
+@pytest.mark.parametrize(("call", "rules"), [
+    ('c = tl.dot(a, b, input_precision="tf32")', ["RP228"]),
+    ("c = tl.dot(a, b, input_precision='tf32x3')", ["RP228"]),
+    ("c = tl.dot(a, b, allow_tf32=True)", ["RP228"]),
+    ('c = tl.dot(a, b, input_precision="ieee")', []),
+])
+def test_triton_dot_in_tf32_is_the_tf32_rule(call: str, rules: list[str]) -> None:
+    assert [f.rule for f in scan.scan_text(call + "\n", "k.py", scan.P)] == rules
