@@ -104,7 +104,34 @@ def _resolve_device(device: str | torch.device | None, cpu_hint: str = "pass dev
             f"device={str(dev)!r} was requested but torch {torch.__version__} sees no CUDA/ROCm device; "
             f"run on the GPU machine or {cpu_hint}"
         )
+    if dev.type == "meta":
+        raise InvalidArgument(f"device={str(dev)!r} holds shapes, not values, so there are no numbers to compare; "
+                              f"use cpu, cuda or cuda:N (ROCm builds use cuda too)")
+    if dev.type not in ("cpu", "cuda"):
+        problem = _backend_problem(dev)
+        if problem is not None:
+            rocm = " (ROCm builds name their GPUs cuda)" if dev.type == "hip" else ""
+            raise BackendUnavailable(
+                f"device={str(dev)!r} was requested but this torch build ({torch.__version__}) has no usable "
+                f"{dev.type} device: {problem}{rocm}; run on a machine whose torch has that backend or {cpu_hint}"
+            )
     return dev
+
+
+def _backend_problem(dev: torch.device) -> str | None:
+    """Why no tensor can live on ``dev`` (mps, xpu, ...), or None when one can."""
+    module = getattr(torch, dev.type, None)
+    is_available = getattr(module, "is_available", None)
+    if callable(is_available) and not is_available():
+        return f"torch.{dev.type}.is_available() is False"
+    try:
+        torch.empty(1, device=dev)
+    # each missing backend fails in its own way: NotImplementedError (mps, xla), AssertionError (xpu),
+    # RuntimeError (an index past the devices), ModuleNotFoundError (hpu)
+    except Exception as exc:  # noqa: BLE001
+        text = str(exc).strip()
+        return text.splitlines()[0].split(". ")[0][:200] if text else type(exc).__name__
+    return None
 
 
 # --------------------------------------------------------------------------- error model

@@ -267,3 +267,25 @@ def test_ops_on_a_missing_gpu_names_the_flag_that_picks_the_cpu(capsys: pytest.C
     assert cli.main(["ops", "--device", "cuda", "--ops", "silu"]) == 2
     err = capsys.readouterr().err
     assert "sees no CUDA/ROCm device" in err and "--device cpu" in err and "device='cpu'" not in err
+
+
+@pytest.mark.parametrize(("device", "phrase"), [
+    ("mps", "has no usable mps device"), ("xpu", "has no usable xpu device"), ("xpu:1", "has no usable xpu device"),
+    ("meta", "holds shapes, not values"),
+])
+def test_ops_on_a_device_this_torch_lacks_is_a_usage_error(device: str, phrase: str, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refused before any operator runs: no 'every operator failed' table, no failing examples stored."""
+    import torch
+
+    from pytest_rocm_parity import cli
+
+    for name in ("mps", "xpu"):
+        monkeypatch.setattr(getattr(torch, name), "is_available", lambda: False)
+    database = tmp_path / "db"
+    assert cli.main(["ops", "--device", device, "--ops", "silu", "--max-examples", "2",
+                     "--database", str(database)]) == 2
+    out, err = capsys.readouterr()
+    assert phrase in err and f"device={device!r}" in err and "cpu" in err, err
+    assert "failed" not in out and not database.exists()
