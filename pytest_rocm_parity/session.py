@@ -119,8 +119,9 @@ class StagingStore:
     Everything but writing is the real store's.
     """
 
-    def __init__(self, target: Any) -> None:
+    def __init__(self, target: Any, project: str | None = None) -> None:
         self.target = target
+        self.project = project   # written into each manifest: prune tells this project's goldens by it
         self._staged: dict[str, Any] = {}
 
     def __getattr__(self, attr: str) -> Any:
@@ -129,6 +130,10 @@ class StagingStore:
     def write(self, name: str, manifest: dict[str, Any], rungs: dict[str, Any], overwrite: bool) -> Path:
         """Stage the golden (its tensor files written, its manifest held); ``commit`` makes it the golden."""
         self.discard(name)
+        if self.project is not None:
+            from pytest_rocm_parity.golden.store import PROJECT_KEY
+
+            manifest[PROJECT_KEY] = self.project
         self._staged[name] = self.target.stage(name, manifest, rungs, overwrite)
         path: Path = self.target.dir_for(name) / "manifest.json"
         return path
@@ -179,7 +184,7 @@ class ParitySession:
             raise pytest.UsageError(f"rocm-parity: {GOLDEN_DIR}: {root} is a file, not a directory; point "
                                     f"{GOLDEN_DIR} (or the parity_golden_dir ini key) at the directory of the goldens")
         if options.mode is Mode.CAPTURE:
-            self.store = StagingStore(self.store)
+            self.store = StagingStore(self.store, self.project())
         self.pending: list[Pending] = []      # goldens captured by the test in progress, not yet written
         self.regen_matched_nothing = False
         self._shows_progress = False
@@ -191,6 +196,7 @@ class ParitySession:
         self.obsolete: list[str] = []
         self.leftovers: list[Path] = []   # files stopped captures left (GoldenStore.leftovers)
         self.pruned: list[str] = []
+        self.foreign: list[str] = []       # why a golden another project may own is not called obsolete
         self.run = RunLog()
         self.deselected: set[str] = set()     # node ids reported deselected (pytest_deselected)
         self.lost_worker = False              # an xdist worker went down without its report
@@ -221,6 +227,41 @@ class ParitySession:
     def regen_matches(self, name: str) -> bool:
         g = self.options.regen
         return g is not None and (g == REGEN_ALL or name == g or fnmatch.fnmatchcase(name, g))
+
+    def project(self) -> str | None:
+        """This run's project as a manifest records it: pytest's rootdir relative to the golden
+        directory (``..`` for goldens/ at the root), so it does not change with the checkout's place.
+        None for remote goldens, which are never pruned."""
+        root = getattr(self.store, "root", None)
+        if hasattr(self.store, "url") or not isinstance(root, Path):
+            return None
+        try:
+            return Path(os.path.relpath(Path(self.config.rootpath).resolve(), root.resolve())).as_posix()
+        except ValueError:   # another drive (Windows): no relative path
+            return None
+
+    def owned_here(self, d: Path, manifest: dict[str, Any]) -> str:
+        """'' when the golden at ``d`` is this project's to call obsolete, else why it is kept.
+
+        Its manifest's ``project`` must be this run's; a manifest without one (captured before it was
+        recorded) counts as this project's only where the golden directory lies inside the rootdir.
+        """
+        from pytest_rocm_parity.golden.store import PROJECT_KEY
+
+        here = self.project()
+        owner = manifest.get(PROJECT_KEY)
+        if isinstance(owner, str):
+            if owner == here:
+                return ""
+            return (f"its manifest records the project at {owner!r} (the rootdir relative to the golden directory) "
+                    f"as the one that captured it, and this run's is at {here!r}: a golden directory shared "
+                    f"with another project. Prune it from that project")
+        root = Path(self.config.rootpath).resolve()
+        if here is not None and Path(self.store.root).resolve().is_relative_to(root):
+            return ""
+        return (f"its manifest does not record which project captured it (an older capture), and the golden "
+                f"directory is outside this project's rootdir {root}, perhaps shared with another project. "
+                f"Regenerate it from its project ({REGEN}) to record that, or delete {d} by hand if it is obsolete")
 
     @property
     def capturing(self) -> bool:
@@ -354,10 +395,11 @@ class ParitySession:
     def find_obsolete(self, session: pytest.Session | None = None, exitstatus: int = 0) -> None:
         """Name the goldens this run proves obsolete, and prune them when asked and safe.
 
-        Obsolete: no check of this run used the golden, its test (its manifest's ``test``), where
-        collected or deselected, passed, and either its test file was collected and every test in it
-        passed, or the whole suite ran unfiltered and that file no longer exists. A golden whose test is gone from an existing file counts only
-        when the whole suite ran too: its check may have moved, name and all, to another file.
+        Obsolete: the golden is this project's (``owned_here``), no check of this run used it, its test
+        (its manifest's ``test``), where collected or deselected, passed, and either its test file was
+        collected and every test in it passed, or the whole suite ran unfiltered and that file no
+        longer exists. A golden whose test is gone from an existing file counts only when the whole
+        suite ran too: its check may have moved, name and all, to another file.
         """
         if hasattr(self.store, "url"):
             return   # remote goldens are never listed obsolete nor pruned: their manifests are not local
@@ -371,13 +413,14 @@ class ParitySession:
         collected = set().union(*self.run.collected.values()) if self.run.collected else set()
         # The whole suite of the project that owns these goldens: unfiltered, and with at least one of
         # its checks using them. A run of another project (a trivial suite, a command run from the
-        # wrong folder) has none of their test files, and must not read them as deleted.
+        # wrong folder) has none of their test files, and must not read them as deleted; nor may a
+        # project that shares the golden directory (owned_here).
         whole = self._whole_suite() and not self.run.narrowed and not self.run.ignored and bool(self.goldens.used)
         root = Path(self.config.rootpath)
         found = []
         for name, d, manifest in self.store.goldens_on_disk():
             test = manifest.get("test") if manifest is not None else None
-            if name in self.goldens.used or not isinstance(test, str):
+            if manifest is None or name in self.goldens.used or not isinstance(test, str):
                 continue
             if (test in collected or test in self.deselected) and not self.run.completed(test):
                 continue   # its test is here but did not finish: it may not have reached this check
@@ -386,10 +429,15 @@ class ParitySession:
                 continue
             if test not in collected and not whole:
                 continue
+            why_kept = self.owned_here(d, manifest)
+            if why_kept:   # a test path of another project's can match one of this project's, or none
+                self.foreign.append(f"rocm-parity: kept {name!r}: {why_kept}")
+                continue
             self.obsolete.append(name)
             found.append((name, d, manifest))
         if self.options.prune or self.options.prune_dry_run:
             self._prune_leftovers()
+            self.prune_lines.extend(self.foreign)
             self._prune(found, session, exitstatus)
 
     def _prune_leftovers(self) -> None:

@@ -57,6 +57,9 @@ ALIGN = 64   # bytes; what torch's CPU allocator guarantees
 # The marker of a golden this tool wrote: prune deletes only directories whose manifest holds it.
 TOOL_KEY = "tool"
 TOOL = "pytest-rocm-parity"
+# The project that captured a golden: its pytest rootdir relative to the golden directory. Prune
+# calls obsolete only the goldens of the project that runs it (a golden directory may be shared).
+PROJECT_KEY = "project"
 # Manifest keys that change on every capture without saying anything about the golden: a regen
 # that changes nothing else leaves the golden as it was (no diff for git).
 VOLATILE_KEYS = ("created", "tool_version")
@@ -766,6 +769,8 @@ def _manifest_problem(m: dict[str, Any]) -> str:
         return "'name' is not a string"
     if TOOL_KEY in m and not isinstance(m[TOOL_KEY], str):
         return f"{TOOL_KEY!r} is not a string"
+    if PROJECT_KEY in m and not isinstance(m[PROJECT_KEY], str):
+        return f"{PROJECT_KEY!r} is not a string"
     if not _str_map(m.get("fingerprint", {})):
         return "'fingerprint' is not a mapping of strings"
     layers = m.get("layers", [])

@@ -424,3 +424,43 @@ def test_a_capture_run_says_which_kept_goldens_no_longer_match_their_check(proje
                                   "'tiny': the model's weights changed. Regenerate *--parity-regen='tiny'*"])
     changed.stdout.fnmatch_lines(["goldens stale (*--parity-regen rewrites them): tiny"])
     assert "goldens kept" not in changed.stdout.str()
+
+
+SHARED_TEST = '''
+import torch
+
+def test_{name}(parity):
+    torch.manual_seed(0)
+    parity.check(torch.nn.Linear(4, 3), torch.ones(2, 4), name="{name}", dtypes=["float32"])
+'''
+
+
+def test_a_golden_dir_shared_by_two_projects_keeps_the_other_projects_goldens(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Projects a and b (both with tests/) capture into one golden directory outside both. A whole,
+    passing run of a with prune deletes a's obsolete golden and none of b's, whose test file is not in
+    a, and says why it kept them; so too for a golden of b's that records no project."""
+    shared = pytester.path / "shared"
+    for project, name in (("a", "alpha"), ("b", "beta")):
+        (pytester.path / project / "tests").mkdir(parents=True)
+        (pytester.path / project / "pytest.ini").write_text(f"[pytest]\nparity_golden_dir = {shared}\n")
+        (pytester.path / project / "tests" / f"test_{name}.py").write_text(SHARED_TEST.format(name=name))
+        monkeypatch.chdir(pytester.path / project)
+        pytester.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    assert json.loads((shared / "beta" / "manifest.json").read_text())["project"] == "../b"
+    monkeypatch.chdir(pytester.path / "a")
+    (pytester.path / "a" / "tests" / "test_alpha.py").write_text(SHARED_TEST.format(name="alpha2"))
+    pytester.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    result = pytester.runpytest("--rocm-parity", PRUNE)
+    result.assert_outcomes(passed=1)
+    assert {d.name for d in shared.iterdir()} == {"alpha2", "beta"}
+    result.stdout.fnmatch_lines(["goldens obsolete (*): alpha",
+                                 "rocm-parity: kept 'beta': its manifest records the project at '../b'*, and this "
+                                 "run's is at '../a': a golden directory shared with another project*"])
+    m = shared / "beta" / "manifest.json"
+    m.write_text(json.dumps({k: v for k, v in json.loads(m.read_text()).items() if k != "project"}))
+    result = pytester.runpytest("--rocm-parity", PRUNE)
+    result.assert_outcomes(passed=1)
+    assert m.exists()
+    result.stdout.fnmatch_lines(["rocm-parity: kept 'beta': its manifest does not record which project captured it "
+                                 "*outside this project's rootdir*"])
