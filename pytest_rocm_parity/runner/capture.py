@@ -619,6 +619,33 @@ def capture(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device
     return manifest
 
 
+@contextlib.contextmanager
+def no_random_draws(m: Any) -> Iterator[None]:
+    """CaptureError where the forward run inside draws random numbers: its outputs then change from
+    run to run and follow each backend's own random stream, so neither a golden nor a float64 truth
+    (which draws its own numbers) can stand for them, and every judgement would measure the noise."""
+    import torch
+
+    from pytest_rocm_parity.errors import CaptureError
+
+    gpus = torch.cuda.is_available() and torch.cuda.is_initialized()   # a GPU the forward runs on is
+
+    def states() -> list[Any]:
+        return [torch.default_generator.get_state(), *(torch.cuda.get_rng_state_all() if gpus else [])]
+
+    before = states()
+    yield
+    after = states()
+    if any(not torch.equal(a, b) for a, b in zip(before, after)):
+        which = "CPU" if not torch.equal(before[0], after[0]) else "GPU"
+        raise CaptureError(
+            f"the forward of {type(m).__name__} drew random numbers while it was recorded (torch's default "
+            f"{which} generator advanced), so its outputs change from run to run and follow each backend's "
+            f"own random stream: no golden can stand for them. Make the forward deterministic in eval mode "
+            f"(noise and sampling only when self.training), or draw the noise outside and pass it in as an "
+            f"input; nothing was written")
+
+
 def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected], rung: str,
                   device: str, tf32: bool, extra: Any = None, profile: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     import torch
@@ -631,7 +658,7 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
     m, was_training, args, kwargs = _rung_model_and_inputs(model, args0, kwargs0, device, dtype, tensors)
     const_in = constant_leaves({"args": args, "kwargs": kwargs})
     try:
-        with numerics(rung, tf32):
+        with numerics(rung, tf32), no_random_draws(m):
             rec = recording_pass(m, selected, *_copies(args, kwargs))
             rec.pool.check_repeats()
             if not rec.pool.repeats_unchanged():   # a tensor handed on was written: record again, snapshotting repeats
@@ -986,7 +1013,7 @@ def _capture_rung_sketch(model: Any, args0: Any, kwargs0: Any, selected: list[Se
 
     m, was_training, args, kwargs = _rung_model_and_inputs(model, args0, kwargs0, device, dtype, tensors)
     try:
-        with numerics(rung, tf32), Hooks(m, selected, None, rec_out) as hooks:
+        with numerics(rung, tf32), no_random_draws(m), Hooks(m, selected, None, rec_out) as hooks:
             out = _run(m, *_copies(args, kwargs))
             order = list(hooks.order)
         outputs: dict[str, Any] = {"out": {}, "const": constant_leaves(out)}

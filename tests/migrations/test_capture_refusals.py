@@ -86,3 +86,33 @@ def test_a_forward_patched_on_the_instance_is_named_when_the_float64_truth_fails
     with pytest.raises(CaptureError, match=r"has a forward assigned on the instance"):   # check_train: wrapped too
         capture_train(_lora_patched(), x, spec, GoldenStore(tempfile.mkdtemp()), "cpu",
                       loss=lambda out: out.square().mean())
+
+
+class Noisy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        return self.b(h + 0.1 * torch.rand_like(h))   # noise in eval mode: no two runs agree
+
+
+@pytest.mark.parametrize("sketch", [None, 4])
+def test_a_forward_that_draws_random_numbers_is_refused(sketch: int | None) -> None:
+    """Its reference error against a truth with other noise is the noise itself: every judgement
+    would pass a real bug (a 5% error in the parent's code passed)."""
+    torch.manual_seed(0)
+    store = GoldenStore(tempfile.mkdtemp())
+    with pytest.raises(CaptureError, match="drew random numbers.*CPU generator.*pass it in as an input"):
+        capture(Noisy().eval(), torch.randn(16, 8), CheckSpec(name="n", dtypes=["float32"], drill=0, sketch=sketch),
+                store, "cpu")
+    assert not store.exists("n")
+
+
+def test_dropout_in_eval_mode_draws_nothing_and_captures() -> None:
+    torch.manual_seed(0)
+    store = GoldenStore(tempfile.mkdtemp())
+    model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.3), nn.Linear(8, 8)).train()   # judged in eval mode
+    capture(model, torch.randn(16, 8), CheckSpec(name="n", dtypes=["float32"], drill=0), store, "cpu")
+    assert store.exists("n")
