@@ -816,6 +816,42 @@ def resolve_rules(names: list[str]) -> set[str]:
     return out
 
 
+_REPORT_SUFFIX = {"text": "txt", "json": "json", "sarif": "sarif"}
+
+
+def check_output(path: str, fmt: str) -> Path:
+    """``--output FILE`` as a path the report can be written to; InvalidArgument naming the path
+    and the fix when it cannot be (checked before the scan, which may take minutes)."""
+    out = Path(path)
+    example = f"scan.{_REPORT_SUFFIX.get(fmt, 'txt')}"
+    if out.is_dir():
+        raise InvalidArgument(f"--output {path} is a directory, and the report is one file; name a file in it "
+                              f"(-o {out / example})")
+    parent = out.parent
+    if not parent.exists():
+        raise InvalidArgument(f"--output {path}: the folder {parent} does not exist, and the scan does not create "
+                              f"folders; create it (mkdir -p {parent}) or name a file in an existing folder")
+    if not parent.is_dir():
+        raise InvalidArgument(f"--output {path}: {parent} is a file, not a folder; name a file in a folder "
+                              f"(-o {example})")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InvalidArgument(f"--output {path}: the folder {parent} is not writable here (read-only or no "
+                              f"permission); name a file in a writable folder (-o /tmp/{example})")
+    return out
+
+
+def write_report(out: Path, text: str, fmt: str) -> None:
+    """Write the report to ``out``; an OSError (a location checked too early to see the problem: a
+    read-only mount for root, a full disk) becomes an InvalidArgument naming the path."""
+    try:
+        atomic_write(out, text)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise InvalidArgument(f"--output {out}: the report cannot be written there ({reason}); name a file in a "
+                              f"writable folder (-o /tmp/scan.{_REPORT_SUFFIX.get(fmt, 'txt')}) or leave out "
+                              f"--output to print it") from None
+
+
 def exit_code(result: ScanResult, fail_on: str) -> int:
     if fail_on == "never":
         return 0
@@ -837,6 +873,7 @@ def run_scan(args: argparse.Namespace) -> int:
     if args.max_bytes <= 0:
         raise InvalidArgument(f"--max-bytes must be positive, got {args.max_bytes}")
     ignored = resolve_rules(args.ignore)
+    output = check_output(args.output, args.format) if args.output else None
     rules = tuple(r for r in RULES if r.id not in ignored)
     result = scan_path(args.path, include_vendored=args.include_vendored, max_bytes=args.max_bytes, rules=rules)
     result.ignored = tuple(sorted(ignored))
@@ -848,8 +885,8 @@ def run_scan(args: argparse.Namespace) -> int:
         out = json.dumps(to_sarif(result), indent=2)
     else:
         out = format_text(result, color)
-    if args.output:
-        atomic_write(args.output, out + "\n")
+    if output is not None:
+        write_report(output, out + "\n", args.format)
     else:
         sys.stdout.write(out + "\n")
     return exit_code(result, args.fail_on)

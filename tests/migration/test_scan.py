@@ -383,3 +383,40 @@ def test_triton_inline_ptx_is_flagged_and_amdgcn_asm_is_not() -> None:
 ])
 def test_triton_dot_in_tf32_is_the_tf32_rule(call: str, rules: list[str]) -> None:
     assert [f.rule for f in scan.scan_text(call + "\n", "k.py", scan.P)] == rules
+
+
+def _scan_to(capsys: pytest.CaptureFixture[str], output: str) -> tuple[int, str]:
+    from pytest_rocm_parity import cli
+
+    code = cli.main(["scan", str(CORPUS / "ops"), "--no-hipify", "--format", "sarif", "-o", output])
+    return code, capsys.readouterr().err
+
+
+def test_output_in_a_missing_folder_is_a_usage_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    target = tmp_path / "nonexistent" / "dir" / "x.sarif"
+    code, err = _scan_to(capsys, str(target))
+    assert code == 2 and "Traceback" not in err, err
+    assert f"--output {target}: the folder {target.parent} does not exist" in err and f"mkdir -p {target.parent}" in err
+
+
+def test_output_that_is_a_directory_is_a_usage_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, err = _scan_to(capsys, str(tmp_path))
+    assert code == 2 and f"--output {tmp_path} is a directory" in err and f"-o {tmp_path / 'scan.sarif'}" in err, err
+
+
+def test_output_in_a_read_only_folder_is_a_usage_error(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "x.sarif"
+    monkeypatch.setattr(scan.os, "access", lambda *a, **k: False)   # root may write in a 0555 folder
+    code, err = _scan_to(capsys, str(target))
+    assert code == 2 and f"the folder {tmp_path} is not writable" in err, err
+
+
+def test_output_that_fails_at_write_time_is_a_usage_error(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_: object, **__: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(scan, "atomic_write", refuse)
+    code, err = _scan_to(capsys, str(tmp_path / "x.sarif"))
+    assert code == 2 and "cannot be written there (Permission denied)" in err and "Traceback" not in err, err
