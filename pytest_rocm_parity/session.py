@@ -690,7 +690,8 @@ class ParitySession:
 
     def write_reports(self, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
-        doc = {"schema": 1, "checks": sorted(self.results, key=lambda r: (r["test"], r["name"], r["dtype"])),
+        doc = {"schema": 1, "mode": self.options.mode.value,
+               "checks": sorted(self.results, key=lambda r: (r["test"], r["name"], r["dtype"])),
                "goldens": {**self.goldens.to_dict(), "obsolete": self.obsolete, "pruned": self.pruned}}
         from pytest_rocm_parity.atomic import atomic_write
 

@@ -149,6 +149,13 @@ def _env_brief(env: Mapping[str, Any]) -> str:
                                      f"torch {env.get('torch', '')}", ver) if x).strip()
 
 
+# checks.csv's columns, written as its header even when no check ran (a capture run), so that
+# pandas.read_csv reads an empty table instead of raising EmptyDataError
+CHECK_COLUMNS = ("test", "check", "dtype", "kind", "passed", "culprit", "culprit_block", "first_divergent", "layers",
+                 "failing_isolated", "failing_propagated", "failing_outputs", "undecided", "reference", "candidate",
+                 "profile_flags", "golden", "notes", "error", "error_message")
+
+
 def check_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for c in doc.get("checks", []):
@@ -171,17 +178,13 @@ def check_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
-    return write_csv(rows, path)
-
-
 def _write_layers_csv(doc: Mapping[str, Any], out: Path) -> Path:
     rows = layer_rows(doc)
     return write_csv(rows, out / LAYERS_CSV, layer_columns(rows))
 
 
 def _write_checks_csv(doc: Mapping[str, Any], out: Path) -> Path:
-    return _write_csv(check_rows(doc), out / CHECKS_CSV)
+    return write_csv(check_rows(doc), out / CHECKS_CSV, CHECK_COLUMNS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -760,7 +763,9 @@ def render_html(doc: Mapping[str, Any], out_dir: str | os.PathLike[str] = ".") -
         glines.append(f"<tr><td>not {'updated' if w.get('existed') else 'created'}</td>"
                       f"<td>{e(str(w.get('name')))}: {e(str(w.get('reason')))}</td></tr>")
     errors = f", {n_err} error{'' if n_err == 1 else 's'}" if n_err else ""
-    body = [f'<header><h1>rocm-parity report</h1><p>{len(checks)} checks, {n_fail} failing{errors} · '
+    capture = doc.get("mode") == "capture"
+    title = "rocm-parity report" + (" (capture run)" if capture else "")
+    body = [f'<header><h1>{e(title)}</h1><p>{len(checks)} checks, {n_fail} failing{errors} · '
             f'schema {e(str(doc.get("schema", "")))} · tables: <a style="color:#9cd" href="{CHECKS_CSV}">{CHECKS_CSV}</a>, '
             f'<a style="color:#9cd" href="{LAYERS_CSV}">{LAYERS_CSV}</a>, '
             f'<a style="color:#9cd" href="parity-report.json">parity-report.json</a></p></header><main>']
@@ -768,6 +773,9 @@ def render_html(doc: Mapping[str, Any], out_dir: str | os.PathLike[str] = ".") -
         body.append('<div class="scroll"><table class="summary"><tr><th>verdict</th><th>check</th><th>dtype</th><th>culprit</th>'
                     '<th>first divergent</th><th>profile flags</th><th>reference</th><th>candidate</th></tr>'
                     + "".join(summary_rows) + "</table></div>")
+    elif capture:
+        body.append('<p class="muted">A capture run writes goldens and judges no check: the goldens it wrote and '
+                    'kept are below. Replay (without --parity-mode=capture) for verdicts.</p>')
     else:
         body.append('<p class="muted">No parity check ran in this session.</p>')
     if glines:
@@ -777,7 +785,7 @@ def render_html(doc: Mapping[str, Any], out_dir: str | os.PathLike[str] = ".") -
     body += [_check_section(c, out) for c in order]
     body.append("</main>")
     counts = ", ".join(x for x in (f"{n_fail} failing" if n_fail else "", errors.lstrip(", ")) if x)
-    return _page("rocm-parity report" + (f" — {counts}" if counts else ""), "".join(body))
+    return _page(title + (f" — {counts}" if counts else ""), "".join(body))
 
 
 def _write_html(doc: Mapping[str, Any], out: Path) -> Path:

@@ -61,3 +61,20 @@ def test_reports_that_cannot_be_written_at_the_end_are_a_run_error_and_the_summa
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["*rocm-parity summary*", "PASS tiny*",
                                  "rocm-parity: error: --parity-report *out: the reports could not be written*"])
+
+
+def test_a_capture_run_writes_a_report_that_says_capture_with_a_readable_checks_csv(project: pytest.Pytester) -> None:
+    """A capture judges no check: its report says capture, lists the goldens it wrote, and its
+    checks.csv is a header that pandas reads as an empty table."""
+    pd = pytest.importorskip("pandas")
+    project.runpytest("--rocm-parity", "--parity-mode=capture", "--parity-report=out").assert_outcomes(passed=1)
+    out = project.path / "out"
+    doc = json.loads((out / "parity-report.json").read_text())
+    assert doc["mode"] == "capture" and doc["checks"] == [] and doc["goldens"]["created"] == ["tiny"]
+    checks = pd.read_csv(out / "checks.csv")
+    assert checks.empty and {"test", "check", "dtype", "passed", "culprit", "error"} <= set(checks.columns)
+    html = (out / "parity-report.html").read_text()
+    assert "<title>rocm-parity report (capture run)</title>" in html and "judges no check" in html
+    project.runpytest("--rocm-parity", "--parity-report=out").assert_outcomes(passed=1)
+    assert json.loads((out / "parity-report.json").read_text())["mode"] == "replay"
+    assert len(pd.read_csv(out / "checks.csv")) == 1
