@@ -27,6 +27,7 @@ from pytest_rocm_parity.runner.engine import (
     OUTPUT,
     _dev,
     CheckSpec,
+    ForwardWrap,
     Hooks,
     _run,
     substitute,
@@ -34,6 +35,7 @@ from pytest_rocm_parity.runner.engine import (
     fingerprint,
     home_device,
     normalize_inputs,
+    mode_sensitive,
     numerics,
     prepare_model,
     submodule,
@@ -429,6 +431,7 @@ class DataFlow:
         # id -> weak reference (tensors compare elementwise, so no WeakSet); a dead id is dropped
         self._carriers: dict[int, Any] = {}
         self._paused = 0
+        self.blinded = 0   # inside blind(): no operation is seen
         # operations that made a discrete choice on activations so far (_decides); a module call
         # that ran none cannot flip at a near-tie (judging.md, "Confined faults fail")
         self.decisions = 0
@@ -471,6 +474,22 @@ class DataFlow:
     def carries(self, t: Any) -> bool:
         r = self._carriers.get(id(t))
         return r is not None and r() is t
+
+    @contextlib.contextmanager
+    def blind(self) -> Iterator[None]:
+        """The mode off while a module whose fused path it would turn off runs (engine.mode_sensitive);
+        its inputs' floating leaves count as activations meanwhile, as nothing inside is traced."""
+        import torch.overrides as overrides
+
+        self.blinded += 1
+        try:
+            if overrides._get_current_function_mode() is self._mode:
+                with overrides._pop_mode_temporarily():
+                    yield
+            else:
+                yield
+        finally:
+            self.blinded -= 1
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -553,7 +572,8 @@ def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any, res
             inputs[key] = leaves
             entries[key] = {"name": sel.name, "key": key, "level": sel.level, "primary": sel.primary,
                             "in": {p: pool.add(t) for p, t in leaves.items()}, "const_in": consts, "in_tree": kinds,
-                            "act": sorted(p for p, t in leaves.items() if flow.carries(t))}
+                            "act": sorted(p for p, t in leaves.items() if flow.carries(t)
+                                          or flow.blinded and (t.is_floating_point() or t.is_complex()))}
             started[key] = flow.decisions
         return None
 
@@ -566,9 +586,22 @@ def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any, res
             entries[key]["decides"] = flow.decisions > started.pop(key)
             flow.mark(leaves)
 
-    with Hooks(m, selected, rec_in, rec_out) as hooks, flow:
-        out = _run(m, args, kwargs)
-        order = list(hooks.order)
+    def unseen(inner: Callable[..., Any]) -> Callable[..., Any]:
+        def forward(*a: Any, **kw: Any) -> Any:
+            carried = flow._any_carrier(a, kw)
+            with flow.blind():
+                out = inner(*a, **kw)
+            if carried:
+                flow.mark(_leaves_of(out), floating_only=True)
+            return out
+        return forward
+
+    with contextlib.ExitStack() as stack:
+        for mod in mode_sensitive(unwrap(m)):
+            stack.callback(ForwardWrap(mod, unseen).remove)
+        with Hooks(m, selected, rec_in, rec_out) as hooks, flow:
+            out = _run(m, args, kwargs)
+            order = list(hooks.order)
     outputs = {"out": {p: pool.add(t) for p, t in tensor_leaves(out).items()}, "const": constant_leaves(out)}
     pool.release()
     return Recording(entries, outputs, order, pool)

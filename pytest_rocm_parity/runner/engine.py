@@ -454,9 +454,13 @@ class Hooks:
 
         model = unwrap(model)
         pre, post = outside_dynamo(self._pre), outside_dynamo(self._post)
+        fused = hook_sensitive(model)
         for sel in selected:
             mod = submodule(model, sel.name)
             self._selected[id(mod)] = sel
+            if id(mod) in fused:
+                self.handles.append(ForwardWrap(mod, _hooked(mod, pre, post)))
+                continue
             self.handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
             self.handles.append(mod.register_forward_hook(post, with_kwargs=True))
 
@@ -478,6 +482,12 @@ class Hooks:
     def _post(self, mod: Any, _args: Any, _kwargs: Any, output: Any) -> Any:
         sel = self._selected[id(mod)]
         key = self._current[sel.name].pop()
+        if any(getattr(t, "is_nested", False) for t in (output if isinstance(output, (tuple, list)) else (output,))):
+            raise InvalidArgument(
+                f"{sel.name} returned a nested tensor (nn.TransformerEncoder(enable_nested_tensor=True) given a "
+                f"src_key_padding_mask hands its layers one), whose padded positions are not stored, so it "
+                f"cannot be compared position by position. Judge the encoder as a whole (layers=[its name], "
+                f"drill=0: its output is a padded tensor again), or build it with enable_nested_tensor=False")
         if self.on_output is not None:
             return self.on_output(key, sel, output)   # not None: replaces the module's output
         return None
@@ -506,6 +516,65 @@ class Hooks:
 
     def __exit__(self, *exc: object) -> None:
         self.remove()
+
+
+# torch.nn modules whose forward takes its fused inference path only when no hook is registered on
+# it or on a module inside it (TransformerEncoderLayer's "forward pre-/hooks are attached to the
+# module") and no torch function mode is active (TransformerEncoder's nested-tensor path too):
+# instrumented that way, the candidate would be judged on a Python path it does not run in production
+_HOOK_SENSITIVE = ("TransformerEncoderLayer",)
+_MODE_SENSITIVE = ("TransformerEncoder", "TransformerEncoderLayer")
+
+
+def hook_sensitive(model: Any) -> set[int]:
+    """ids of the modules of ``model`` that a registered hook would take off a fused path."""
+    import torch
+
+    kinds = tuple(getattr(torch.nn, n) for n in _HOOK_SENSITIVE)
+    return {id(sub) for m in model.modules() if isinstance(m, kinds) for sub in m.modules()}
+
+
+def mode_sensitive(model: Any) -> list[Any]:
+    """The outermost modules of ``model`` whose fused path a torch function mode turns off."""
+    import torch
+
+    kinds = tuple(getattr(torch.nn, n) for n in _MODE_SENSITIVE)
+    inside: set[int] = set()
+    found = []
+    for m in model.modules():   # parents before children
+        if isinstance(m, kinds) and id(m) not in inside:
+            found.append(m)
+            inside.update(id(sub) for sub in m.modules())
+    return found
+
+
+class ForwardWrap:
+    """``wrap(forward)`` set as one module's forward on the instance, where neither the hook check of
+    a fused path nor a module's own hooks see it; ``remove`` puts the forward back."""
+
+    def __init__(self, mod: Any, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        self.mod, self.own = mod, vars(mod).get("forward")
+        mod.forward = wrap(mod.forward)
+
+    def remove(self) -> None:
+        if self.own is not None:
+            self.mod.forward = self.own
+        else:
+            vars(self.mod).pop("forward", None)
+
+
+def _hooked(mod: Any, pre: Callable[..., Any], post: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A forward that calls ``pre`` and ``post`` as forward hooks with kwargs would be called."""
+    def wrap(inner: Callable[..., Any]) -> Callable[..., Any]:
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            swapped = pre(mod, args, kwargs)
+            if swapped is not None:
+                args, kwargs = swapped
+            out = inner(*args, **kwargs)
+            replaced = post(mod, args, kwargs, out)
+            return out if replaced is None else replaced
+        return forward
+    return wrap
 
 
 def _run(model: Any, args: Any, kwargs: Any) -> Any:

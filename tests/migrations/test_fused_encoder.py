@@ -1,0 +1,82 @@
+"""nn.TransformerEncoderLayer runs a fused kernel in inference only when no hook is registered in it
+and no torch function mode is active: the plugin's instrumentation must leave that path to run, or a
+bug in the kernel the candidate runs in production goes unjudged."""
+from __future__ import annotations
+
+import tempfile
+
+import pytest
+import torch
+from torch import nn
+
+from parity_models import capture_then_replay, verdicts
+from pytest_rocm_parity.errors import InvalidArgument
+from pytest_rocm_parity.golden.store import GoldenStore
+from pytest_rocm_parity.judging.records import CheckResult
+from pytest_rocm_parity.runner.capture import capture
+from pytest_rocm_parity.runner.engine import CheckSpec
+from pytest_rocm_parity.runner.replay import replay
+
+
+class Encoder(nn.Module):
+    def __init__(self, nested: bool) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(30, 16)
+        layer = nn.TransformerEncoderLayer(16, 4, 32, batch_first=True)
+        self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=nested)
+        self.out = nn.Linear(16, 3)
+
+    def forward(self, ids: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        return self.out(self.enc(self.emb(ids), src_key_padding_mask=pad))
+
+
+def encoder(nested: bool = False) -> Encoder:
+    torch.manual_seed(0)
+    return Encoder(nested).eval()
+
+
+def inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.randint(0, 30, (3, 12), generator=torch.Generator().manual_seed(1))
+    pad = torch.zeros(3, 12, dtype=torch.bool)
+    pad[1, 8:] = True
+    pad[2, 5:] = True
+    return ids, pad
+
+
+def replay_with_kernel_bug(nested: bool, spec: CheckSpec, monkeypatch: pytest.MonkeyPatch) -> list[CheckResult]:
+    """Capture the encoder, then replay it with a 1% error in the fused kernel only (torch's own
+    op, patched where the layer looks it up), which must run."""
+    store = GoldenStore(tempfile.mkdtemp(prefix="parity-fused-"))
+    capture(encoder(nested), inputs(), spec, store, "cpu")
+    calls: list[int] = []
+    real = torch._transformer_encoder_layer_fwd
+
+    def buggy(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(1)
+        return real(*args, **kwargs) * 1.01
+
+    monkeypatch.setattr(torch, "_transformer_encoder_layer_fwd", buggy)
+    res = replay(encoder(nested), inputs(), spec, store, "cpu")
+    assert calls, "the candidate's fused path did not run"
+    return res
+
+
+@pytest.mark.parametrize("mode", ["fast", "full"])
+def test_a_bug_in_the_fused_kernel_is_named_in_either_replay(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = CheckSpec(name="enc", dtypes=["float32"], replay=mode)
+    res = capture_then_replay(encoder, encoder(), inputs(), spec)
+    assert res[0].passed, verdicts(res)
+    res = replay_with_kernel_bug(False, spec, monkeypatch)
+    assert not res[0].passed and res[0].culprit == "enc.layers.0", verdicts(res)
+    if mode == "full":   # the propagated pass runs the fused path too
+        assert res[0].first_divergent == "enc.layers.0", verdicts(res)
+
+
+def test_the_nested_path_is_judged_through_the_encoder_and_refused_inside_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(InvalidArgument, match="nested tensor.*enable_nested_tensor=False"):
+        capture_then_replay(lambda: encoder(nested=True), encoder(nested=True), inputs())
+    spec = CheckSpec(name="enc", dtypes=["float32"], layers=["enc"], drill=0)
+    res = capture_then_replay(lambda: encoder(nested=True), encoder(nested=True), inputs(), spec)
+    assert res[0].passed, verdicts(res)
+    res = replay_with_kernel_bug(True, spec, monkeypatch)
+    assert not res[0].passed and res[0].culprit == "enc", verdicts(res)
