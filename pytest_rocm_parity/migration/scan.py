@@ -11,6 +11,7 @@ Exit codes: 0 when no finding is at or above ``--fail-on`` (default ``error``),
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import re
@@ -52,6 +53,7 @@ PATHS = {
     "triton": "Triton rewrite (portable across CUDA and ROCm)",
     "rocm-library": "ROCm library (hipBLASLt, MIOpen, rocWMMA, composable_kernel, amdsmi)",
     "fork": "maintained ROCm fork of the package",
+    "comment": "correct the rocm-parity: ignore[...] comment (rule ids and names: rocm-parity scan --list-rules)",
 }
 
 
@@ -117,7 +119,14 @@ _FP8_MAX_448 = (r"[/*][ \t]*" + _448 + r"|(?<![\w.])448(?:\.0*)?[fF]?[ \t]*/(?![
                 + r"|\b(?:clamp|clip|clamp_|minimum|fmin|fminf)[ \t]*\([^;\n]{0,256}?" + _448
                 + r"|\bfinfo\s*\(\s*(?:torch\.)?float8_e4m3fn\s*\)\s*\.\s*max\b")
 
+UNKNOWN_SUPPRESSION = "RP001"
+
 RULES: tuple[Rule, ...] = (
+    # ---- the scan's own comments: no regex (no kinds); scan_text reports it where a comment's
+    # ignore[...] names no rule, which would otherwise silence nothing without a word
+    Rule(UNKNOWN_SUPPRESSION, "unknown-suppression", "warning", frozenset(), (), r"(?!)",
+         "rocm-parity: ignore[...] names no rule, so it silences nothing (a typo leaves the finding it meant to "
+         "silence reported): name a rule id or name that rocm-parity scan --list-rules lists", "comment"),
     # ---- device code (rocm.md 3.1)
     Rule("RP101", "warp-mask-32bit", "error", D, ("_sync",), _SYNC + _MASK32,
          "32-bit lane mask in a *_sync warp intrinsic: HIP requires a 64-bit mask (compile error, wrong lanes on wave64)",
@@ -467,11 +476,56 @@ def _comment_only(line: str) -> bool:
 
 
 def _is_suppressed(rule: Rule, line: str, previous: str) -> bool:
-    """An inline suppression on the finding's line, or on a comment-only line right above it."""
+    """An inline suppression on the finding's line, or on a comment-only line right above it
+    (rule ids and names in any case, as --ignore takes them)."""
     names = suppressions(line)
     if not names and previous and _comment_only(previous):
         names = suppressions(previous)
-    return bool(names) and ("*" in names or rule.id in names or rule.name in names)
+    wanted = {n.upper() for n in names}
+    return bool(wanted) and ("*" in wanted or rule.id in wanted or rule.name.upper() in wanted)
+
+
+def _known_rules() -> dict[str, str]:
+    """Every rule id and name, upper-cased, to its spelling in --list-rules."""
+    return {k.upper(): k for r in RULES for k in (r.id, r.name)}
+
+
+_DIGIT_LOOKALIKES = str.maketrans("OIL", "011")
+
+
+def _closest_rule(name: str, known: dict[str, str]) -> str | None:
+    """The rule an unknown upper-cased ``name`` most likely means: an id with a letter typed for a
+    digit (RP1O1), else a rule name a few letters off (warp-size-23); None when nothing is near."""
+    if name[:2] == "RP":
+        rid = "RP" + name[2:].translate(_DIGIT_LOOKALIKES)
+        return known.get(rid)
+    names = [k for k in known if not k.startswith("RP")]
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.75)
+    return known[close[0]] if close else None
+
+
+def unknown_suppressions(text: str, rel: str, hash_comments: bool) -> list[Finding]:
+    """An UNKNOWN_SUPPRESSION finding for each name in a comment's ``rocm-parity: ignore[...]`` that is
+    no rule id or name (a marker in a string or docstring is prose, not a suppression to check)."""
+    rule, known = RULES_BY_ID[UNKNOWN_SUPPRESSION], _known_rules()
+    out: list[Finding] = []
+    for m in _SUPPRESS.finditer(text):
+        start = text.rfind("\n", 0, m.start()) + 1
+        end = text.find("\n", m.end())
+        line = text[start:] if end < 0 else text[start:end]
+        col = m.start() - start
+        if not any(a <= col < b for a, b in _comment_spans(line, hash_comments)):
+            continue
+        for name in (x for x in re.split(r"[,\s]+", m.group(1)) if x):
+            if name == "*" or name.upper() in known:
+                continue
+            guess = _closest_rule(name.upper(), known)
+            hint = f" (did you mean {guess}?)" if guess else ""
+            message = (f"ignore[{name}]: {name!r} is no rule{hint}, so this comment silences nothing; rule ids and "
+                       f"names are listed by rocm-parity scan --list-rules")
+            out.append(Finding(rule.id, rule.name, rule.severity, rel, text.count("\n", 0, start) + 1,
+                               m.start(1) - start + m.group(1).find(name) + 1, line.strip()[:160], message, rule.path))
+    return out
 
 
 # CUDA source embedded in a Python file (load_inline, CuPy): a __global__/__device__ function with a
@@ -484,8 +538,9 @@ def scan_text(text: str, rel: str, kinds: frozenset[str], rules: tuple[Rule, ...
     """Findings in one file's text.  Python files embedding CUDA source get device rules too.
 
     A finding whose line (or the comment-only line above it) says ``rocm-parity: ignore[RULE]``
-    is left out and counted in ``suppressed`` (RULE: the rule's id or name, several separated by
-    commas, or ``*``).
+    is left out and counted in ``suppressed`` (RULE: the rule's id or name in any case, several
+    separated by commas, or ``*``). A RULE in such a comment that names no rule is itself a finding
+    (UNKNOWN_SUPPRESSION, unless ``rules`` leaves it out).
     """
     python = "python" in kinds
     hash_comments = python or "build" in kinds
@@ -541,6 +596,8 @@ def scan_text(text: str, rel: str, kinds: frozenset[str], rules: tuple[Rule, ...
                     continue
             out.append(Finding(rule.id, rule.name, rule.severity, rel, idx + 1, col + 1,
                                line_text.strip()[:160], rule.message, rule.path))
+    if marked and any(r.id == UNKNOWN_SUPPRESSION for r in rules):
+        out += unknown_suppressions(text, rel, hash_comments)
     return out
 
 
@@ -653,6 +710,9 @@ def format_text(result: ScanResult, color: bool = False) -> str:
         for rule_id, n in sorted(Counter(f.rule for f in result.findings).items()):
             rule = RULES_BY_ID[rule_id]
             lines.append(f"  {rule_id} {rule.name} ({n}): {rule.message}")
+            # a finding with its own words (the unknown rule a comment names) is listed with them
+            lines += [f"      {f.path}:{f.line}: {f.message}" for f in result.findings
+                      if f.rule == rule_id and f.message != rule.message]
             lines.append(f"      suggested route: {PATHS[rule.path]}")
     else:
         lines.append("No CUDA-only constructs found.")
@@ -808,7 +868,7 @@ def resolve_rules(names: list[str]) -> set[str]:
         for x in (s.strip() for s in item.split(",")):
             if not x:
                 continue
-            rid = x.upper() if x.upper() in RULES_BY_ID else by_name.get(x)
+            rid = x.upper() if x.upper() in RULES_BY_ID else by_name.get(x.lower())
             if rid is None:
                 raise InvalidArgument(f"--ignore {x}: no such rule; rule ids and names are listed by "
                                       f"rocm-parity scan --list-rules (e.g. RP104 or warp-size-32)")

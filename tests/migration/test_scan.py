@@ -47,7 +47,8 @@ def test_precision_and_recall_on_corpus() -> None:
 
 def test_every_rule_has_a_labelled_example() -> None:
     labelled = {rule for _, _, rule in expected()}
-    assert set(scan.RULES_BY_ID) - labelled == {"RP109"}  # checked below
+    # RP109 is checked below; RP001 (a comment's unknown rule) in test_unknown_rule_in_an_ignore_comment_is_reported
+    assert set(scan.RULES_BY_ID) - labelled == {"RP109", scan.UNKNOWN_SUPPRESSION}
     (f,) = scan.scan_text("#if __AMDGCN_WAVEFRONT_SIZE == 64\n#endif\n", "k.cu", scan.D)
     assert f.rule == "RP109"
 
@@ -420,3 +421,27 @@ def test_output_that_fails_at_write_time_is_a_usage_error(capsys: pytest.Capture
     monkeypatch.setattr(scan, "atomic_write", refuse)
     code, err = _scan_to(capsys, str(tmp_path / "x.sarif"))
     assert code == 2 and "cannot be written there (Permission denied)" in err and "Traceback" not in err, err
+
+
+def test_ignore_comments_take_rule_ids_and_names_in_any_case() -> None:
+    text = ("v = __shfl_xor_sync(0xffffffff, v, 1);  // rocm-parity: ignore[rp101]\n"
+            "// rocm-parity: ignore[Warp-Mask-32BIT]\n"
+            "v = __shfl_xor_sync(0xffffffff, v, 2);\n")
+    counts: Counter[str] = Counter()
+    assert scan.scan_text(text, "k.cu", scan.D, suppressed=counts) == []
+    assert counts == {"RP101": 2}
+    assert scan.scan_text("import pycuda  # rocm-parity: ignore[rp204]\n", "m.py", scan.P) == []
+
+
+def test_unknown_rule_in_an_ignore_comment_is_reported(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "k.cu").write_text("v = __shfl_xor_sync(0xffffffff, v, 1);  // rocm-parity: ignore[RP1O1]\n"
+                                   'const char* doc = "rocm-parity: ignore[RULE]";\n')
+    (tmp_path / "m.py").write_text('x = 1  # rocm-parity: ignore[warp-size-23, *]\n"""rocm-parity: ignore[RULE]"""\n')
+    found = [(f.rule, f.path, f.line, f.column) for f in scan.scan_path(tmp_path).findings]
+    assert found == [("RP001", "k.cu", 1, 64), ("RP101", "k.cu", 1, 5), ("RP001", "m.py", 1, 30)]
+    code, out = _run(capsys, str(tmp_path), "--no-hipify")
+    assert "k.cu:1: ignore[RP1O1]: 'RP1O1' is no rule (did you mean RP101?), so this comment silences nothing" in out
+    assert "m.py:1: ignore[warp-size-23]: 'warp-size-23' is no rule (did you mean warp-size-32?)" in out
+    assert code == 1
+    code, out = _run(capsys, str(tmp_path / "m.py"), "--no-hipify", "--ignore", "unknown-suppression")
+    assert code == 0 and "No CUDA-only constructs found." in out
