@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
+import shlex
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from pytest_rocm_parity.runner.engine import OUTPUT
-from pytest_rocm_parity.errors import GoldenExists, InvalidArgument
+from pytest_rocm_parity.errors import GoldenError, GoldenExists, InvalidArgument
 from pytest_rocm_parity.judging import dtypes as dt
-from pytest_rocm_parity.golden.store import GoldenStore, RungReader, expected_digest
+from pytest_rocm_parity.golden.store import MANIFEST, GoldenStore, RungReader, expected_digest, load_manifest
 
 
 def derive(src: GoldenStore, name: str, dst: GoldenStore, new_name: str, dtypes: Sequence[str],
@@ -28,6 +31,7 @@ def derive(src: GoldenStore, name: str, dst: GoldenStore, new_name: str, dtypes:
     source itself. ``test``: the node id of the test that uses it, recorded as its owner; without one
     it has none (not the source's: a run of the source's test file would prove it obsolete and
     --parity-prune-obsolete delete it), and prune never deletes it."""
+    check_new_name(new_name)
     if new_name == name and src.root.resolve() == dst.root.resolve():
         raise InvalidArgument(f"--to {new_name!r}: that is the golden derived from; deriving in place would replace "
                               f"it with less. Derive to another name, then replace the old one yourself if you mean to")
@@ -58,6 +62,25 @@ def derive(src: GoldenStore, name: str, dst: GoldenStore, new_name: str, dtypes:
     producers = {d: _rung(src, name, m, d, drill, new) for d in dtypes}
     dst.write(new_name, new, producers, overwrite=dst.exists(new_name))
     return new
+
+
+def check_new_name(new_name: str) -> None:
+    """InvalidArgument unless ``new_name`` is a golden's name: not blank, and no path (a name maps to
+    one directory under the golden directory; ``../x`` would be written as ``x-<hash>`` inside it,
+    not where it points)."""
+    if not new_name.strip():
+        raise InvalidArgument(f"--to {new_name!r}: the derived golden needs a name (the check name its test "
+                              f"passes, e.g. --to mlp-float32)")
+    if "/" in new_name or "\\" in new_name or new_name.strip() in (".", ".."):
+        raise InvalidArgument(f"--to {new_name!r}: a golden's name is not a path; the derived golden is written "
+                              f"in the golden directory, beside its source, under its name: give a plain name "
+                              f"(e.g. --to {_plain(new_name)})")
+
+
+def _plain(name: str) -> str:
+    """``name`` as a plain golden name: its last path component, or a placeholder."""
+    last = name.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+    return last if last.strip() and last not in (".", "..") else "NEW_NAME"
 
 
 def _rung(src: GoldenStore, name: str, m: dict[str, Any], dtype: str, drill: int, new: dict[str, Any]) -> Any:
@@ -97,6 +120,9 @@ def run_derive(a: argparse.Namespace) -> int:
     store = GoldenStore(a.golden_dir)
     if not store.root.is_dir():
         raise InvalidArgument(f"{a.golden_dir}: no such golden directory")
+    check_new_name(a.to)
+    if not store.exists(a.name) and (store.root / MANIFEST).is_file():
+        raise InvalidArgument(_golden_not_goldens_folder(a))
     dtypes = ([d.strip() for d in a.dtypes.split(",") if d.strip()] if a.dtypes is not None
               else list(store.read_manifest(a.name)["rungs"]))
     derive(store, a.name, store, a.to, dtypes, a.drill, a.test, force=a.force)
@@ -104,6 +130,25 @@ def run_derive(a: argparse.Namespace) -> int:
           " (no owning test recorded: --parity-prune-obsolete never deletes it; derive again with --test NODEID "
           "to let prune tell when that test stops using it)"))
     return 0
+
+
+def _golden_not_goldens_folder(a: argparse.Namespace) -> str:
+    """What to say when GOLDEN_DIR is one golden's directory rather than the folder of goldens."""
+    root = Path(a.golden_dir)
+    try:
+        held = load_manifest(root / MANIFEST).get("name")
+    except GoldenError:
+        held = None
+    name = held if isinstance(held, str) and held else a.name
+    parent = root.resolve().parent
+    shown = os.path.relpath(parent) if not root.is_absolute() else str(parent)
+    argv = ["rocm-parity", "golden", "derive", shown, name, "--to", a.to]
+    for flag, value in (("--dtypes", a.dtypes), ("--drill", a.drill), ("--test", a.test)):
+        if value is not None:
+            argv += [flag, str(value)]
+    argv += ["--force"] if a.force else []
+    return (f"{a.golden_dir} is the directory of the golden {name!r} (it holds {MANIFEST}), not the folder of "
+            f"goldens; the first argument is that folder, its parent: {shlex.join(argv)}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -113,3 +113,39 @@ def test_prune_refuses_a_directory_that_holds_no_golden(tmp_path: Path, capsys: 
     assert cli_main(["golden", "prune", str(tmp_path)]) == 2
     out = capsys.readouterr()
     assert "holds no golden" in out.err and "running" not in out.out
+
+
+@pytest.mark.parametrize(("to", "says"), [
+    ("", "--to '': the derived golden needs a name"),
+    ("   ", "--to '   ': the derived golden needs a name"),
+    ("../escape", "--to '../escape': a golden's name is not a path"),
+    ("sub/name", "(e.g. --to name)"),
+    ("..", "--to '..': a golden's name is not a path"),
+])
+def test_derive_refuses_a_blank_or_path_name(tmp_path: Path, capsys: pytest.CaptureFixture[str], to: str,
+                                             says: str) -> None:
+    from pytest_rocm_parity.cli import main as cli_main
+
+    store = GoldenStore(tmp_path / "goldens")
+    capture(_model(), torch.randn(4, 8), CheckSpec(name="g", dtypes=["float32"], drill=0), store, "cpu", env={})
+    before = _snapshot(tmp_path)
+    assert cli_main(["golden", "derive", str(tmp_path / "goldens"), "g", "--to", to]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err, err
+    assert _snapshot(tmp_path) == before
+    with pytest.raises(InvalidArgument, match="not a path"):
+        derive(store, "g", store, "../x", ["float32"], 0)
+
+
+def test_derive_from_a_golden_directory_gives_the_corrected_command(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_rocm_parity.cli import main as cli_main
+
+    store = GoldenStore(tmp_path / "goldens")
+    capture(_model(), torch.randn(4, 8), CheckSpec(name="tiny-llama", dtypes=["float32"], drill=0), store, "cpu", env={})
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(["golden", "derive", "goldens/tiny-llama", "tiny-llama", "--to", "slim", "--drill", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "goldens/tiny-llama is the directory of the golden 'tiny-llama' (it holds manifest.json)" in err, err
+    assert "rocm-parity golden derive goldens tiny-llama --to slim --drill 0" in err, err
+    assert cli_main(["golden", "derive", "goldens", "tiny-llama", "--to", "slim", "--drill", "0"]) == 0
