@@ -263,6 +263,10 @@ def replay_one(spec: OpSpec, dtype_name: str, device: str, golden_dir: Path) -> 
 def _require_goldens(d: Path, names: Sequence[str], dtype_names: Sequence[str]) -> None:
     """InvalidArgument unless ``--replay DIR`` holds a golden of at least one op and dtype asked for:
     a mistyped folder would otherwise replay nothing and pass."""
+    if d.is_file():
+        raise InvalidArgument(f"--replay {d}: a file, not a directory; name the folder the reference machine wrote "
+                              f"with rocm-parity ops --record DIR (the one that holds the <op>-<dtype>.json goldens"
+                              f"{', here ' + str(d.parent) if d.suffix == '.json' else ''})")
     if not d.is_dir():
         raise InvalidArgument(f"--replay {d}: no such directory; name the folder the reference machine wrote with "
                               f"rocm-parity ops --record DIR")

@@ -21,6 +21,7 @@ pickle is ever loaded) and print JSON with ``--json``.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import math
 import sys
@@ -71,10 +72,48 @@ def resolve_golden(path: str | Path) -> tuple[Path, dict[str, Any]]:
             listed = ", ".join(inside[:8]) + (f" and {len(inside) - 8} more" if len(inside) > 8 else "")
             hint = f"; it is a folder of goldens: name one of them, e.g. {p / inside[0]} ({listed})"
         if not p.exists():
+            named = _golden_named(p)
+            if named is not None:
+                return named
             raise GoldenNotFound(f"{path}: no such file or directory; name a golden's directory (GOLDEN_DIR/NAME) "
                                  f"or its manifest.json")
         raise GoldenNotFound(f"{path}: no golden here{hint}")
+    if m.name != MANIFEST:
+        # any other file (pyproject.toml, a report) is read as a manifest only if it is one; its JSON
+        # error would otherwise say "recapture this golden" of a file that never was one
+        try:
+            return m.parent, load_manifest(m)
+        except GoldenCorrupt:
+            raise GoldenNotFound(f"{path}: not a golden directory or manifest (a file that does not read as a "
+                                 f"golden's {MANIFEST}); name a golden's directory (GOLDEN_DIR/NAME) or its "
+                                 f"{MANIFEST}") from None
     return m.parent, load_manifest(m)
+
+
+def _golden_named(p: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The golden whose check name is ``p`` taken as GOLDEN_DIR/NAME (``goldens/test_mlp.py::test_mlp``:
+    NAME is the check name, its directory ``test_mlp.py_test_mlp-<hash>``); None when the nearest existing
+    folder above ``p`` holds no goldens. GoldenNotFound, listing the names it holds, when it holds others."""
+    from pytest_rocm_parity.golden.store import GoldenStore
+
+    folder = next((a for a in p.parents if a.is_dir()), None)
+    if folder is None:
+        return None
+    name = p.relative_to(folder).as_posix()
+    store = GoldenStore(folder)
+    on_disk = list(store.names_on_disk())
+    if not on_disk:
+        return None
+    hits = [d for n, d in on_disk if n == name] or [d for d in (store.dir_for(name),) if (d / MANIFEST).is_file()]
+    if hits:
+        return hits[0], load_manifest(hits[0] / MANIFEST)
+    names = sorted(n for n, _ in on_disk)
+    dirs = dict(on_disk)
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    near = f" Did you mean {close[0]!r}: rocm-parity show {folder / dirs[close[0]].name}?" if close else ""
+    listed = ", ".join(repr(n) for n in names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+    raise GoldenNotFound(f"{p}: no such file or directory, and no golden in {folder} has the check name {name!r} "
+                         f"(it holds {listed}); name a golden's directory (GOLDEN_DIR/NAME) or its {MANIFEST}.{near}")
 
 
 def _rung_path(d: Path, manifest: dict[str, Any], rung: str) -> Path:
@@ -762,6 +801,10 @@ def run_golden(args: argparse.Namespace) -> int:
 
         return run_derive(args)
     root = Path(args.golden_dir)
+    if root.is_file():
+        example = root.parent.parent if root.name == MANIFEST else Path("goldens")   # GOLDEN_DIR/NAME/manifest.json
+        raise GoldenNotFound(f"{args.golden_dir}: a file, not a directory; pass the folder of goldens the suite's "
+                             f"{GOLDEN_DIR} names (default: <rootdir>/goldens), e.g. rocm-parity golden prune {example}")
     if not root.is_dir():
         raise GoldenNotFound(f"{args.golden_dir}: no such golden directory; pass the directory the suite's "
                              f"{GOLDEN_DIR} names (default: <rootdir>/goldens)")

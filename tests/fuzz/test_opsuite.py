@@ -57,6 +57,12 @@ def test_record_then_replay(tmp_path, capsys):
     assert opsuite.main(["--device", "cpu", "--ops", "rms_norm", "--dtypes", "float16", "--replay",
                          str(tmp_path / "goldenz")]) == 2
     assert "--replay " + str(tmp_path / "goldenz") + ": no such directory" in capsys.readouterr().err
+    # one golden file instead of its folder: said so, with the folder to pass
+    golden_file = golden_dir / "rms_norm-float16.json"
+    assert opsuite.main(["--device", "cpu", "--ops", "rms_norm", "--dtypes", "float16", "--replay",
+                         str(golden_file)]) == 2
+    err = capsys.readouterr().err
+    assert f"--replay {golden_file}: a file, not a directory" in err and f"here {golden_dir}" in err, err
     with pytest.raises(InvalidArgument, match=r"no operator golden for the ops and dtypes asked \(softmax x float16\); "
                                               r"it holds rms_norm-float16"):
         opsuite.run_ops(parse("--device", "cpu", "--ops", "softmax", "--dtypes", "float16", "--replay", str(golden_dir)))

@@ -86,3 +86,46 @@ def test_show_names_the_unreadable_rung_and_shows_the_others(tmp_path: Path,
     assert "UNREADABLE: GoldenCorrupt: " in line and str(damaged) in line
     assert main(["show", str(store.dir_for("two")), "--dtype", "float32"]) == 2   # nothing readable: the error
     assert "error:" in capsys.readouterr().err
+
+
+def _two_goldens(root: Path) -> None:
+    import torch
+
+    from pytest_rocm_parity.golden.store import GoldenStore
+    from pytest_rocm_parity.runner.capture import capture
+    from pytest_rocm_parity.runner.engine import CheckSpec
+
+    torch.manual_seed(0)
+    for name in ("test_mlp.py::test_mlp_renamed", "two-linears"):
+        capture(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)), torch.randn(2, 4),
+                CheckSpec(name=name, dtypes=["float32"]), GoldenStore(root), "cpu")
+
+
+def test_show_takes_a_check_name_in_the_golden_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`show goldens/test_mlp.py::test_mlp_renamed` names the check, whose directory is test_mlp.py_..-<hash>."""
+    _two_goldens(tmp_path / "goldens")
+    assert main(["show", str(tmp_path / "goldens" / "test_mlp.py::test_mlp_renamed"), "--no-stats"]) == 0
+    assert "test_mlp.py::test_mlp_renamed  (" in capsys.readouterr().out
+    assert main(["show", str(tmp_path / "goldens" / "test_mlp.py::test_mlp_renamd"), "--no-stats"]) == 2
+    err = capsys.readouterr().err
+    assert "no golden in" in err and "has the check name 'test_mlp.py::test_mlp_renamd'" in err, err
+    assert "Did you mean 'test_mlp.py::test_mlp_renamed': rocm-parity show " in err and "_renamed-" in err, err
+    assert "'two-linears'" in err
+
+
+def test_show_of_a_file_that_is_no_manifest_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    assert main(["show", str(tmp_path / "pyproject.toml")]) == 2
+    err = capsys.readouterr().err
+    assert "pyproject.toml: not a golden directory or manifest" in err and "recapture" not in err, err
+
+
+def test_prune_of_a_file_says_it_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _two_goldens(tmp_path / "goldens")
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    assert main(["golden", "prune", str(tmp_path / "pyproject.toml")]) == 2
+    assert "pyproject.toml: a file, not a directory" in capsys.readouterr().err
+    manifest = next((tmp_path / "goldens").glob("two-linears*/manifest.json"))
+    assert main(["golden", "prune", str(manifest)]) == 2
+    err = capsys.readouterr().err
+    assert "a file, not a directory" in err and f"rocm-parity golden prune {tmp_path / 'goldens'}" in err, err
