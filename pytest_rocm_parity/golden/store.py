@@ -727,7 +727,7 @@ def load_manifest(path: Path) -> dict[str, Any]:
         raise GoldenCorrupt(f"{path}: cannot read manifest ({exc.strerror or exc})", path) from exc
     if _is_pickle(raw):
         raise GoldenCorrupt(f"{path}: this is a pickle/torch.save file, not a JSON manifest; it was not "
-                            f"loaded (pickles can run code). Recapture the golden.", path)
+                            f"loaded (pickles can run code); recapture this golden", path)
     try:
         m = _json(raw)
     except (UnicodeDecodeError, ValueError) as exc:
@@ -868,7 +868,7 @@ def _framing(path: Path) -> tuple[dict[str, Any], int]:
                     f"`lfs: true`, docs/ci.md)", path)
             if _is_pickle_not_safetensors(head, size):
                 raise GoldenCorrupt(f"{path}: pickle/torch.save data where a safetensors file belongs; "
-                                    f"it was not loaded (pickles can run code). Recapture the golden.", path)
+                                    f"it was not loaded (pickles can run code); recapture this golden", path)
             if len(head) < 8:
                 raise GoldenCorrupt(f"{path}: truncated ({size} bytes); recapture this golden", path)
             (n,) = struct.unpack("<Q", head[:8])

@@ -381,6 +381,9 @@ def test_fixture_shows_one_clean_error(pytester: pytest.Pytester, monkeypatch: p
     ], consecutive=False)
     out = result.stdout.str()
     assert "Traceback" not in out and "golden.py:" not in out and "engine.py:" not in out
+    # the store's words and the command that replaces the golden read as two sentences, one full stop
+    assert "(pickles can run code); recapture this golden. On the reference machine: pytest" in out
+    assert ".. On the reference machine" not in out
     newer = [l for l in out.splitlines() if "golden format 99 is newer" in l]
     assert newer and not [l for l in newer if "--parity-regen" in l]   # an upgrade, never a downgrade
 
