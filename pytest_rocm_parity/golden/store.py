@@ -30,6 +30,7 @@ from pytest_rocm_parity.atomic import atomic_write, commit, sync, temp_beside
 from pytest_rocm_parity.errors import (
     GoldenCorrupt, GoldenExists, GoldenMissing, GoldenStale, GoldenTooNew, GoldenWriteError, InvalidArgument,
 )
+from pytest_rocm_parity.judging.dtypes import FLOAT_NAMES
 from pytest_rocm_parity.progress import megabytes, progress
 from pytest_rocm_parity.runner.tree import CONTAINER_KINDS
 
@@ -773,9 +774,21 @@ def _manifest_problem(m: dict[str, Any]) -> str:
         return f"{PROJECT_KEY!r} is not a string"
     if not _str_map(m.get("fingerprint", {})):
         return "'fingerprint' is not a mapping of strings"
-    layers = m.get("layers", [])
-    if not isinstance(layers, list) or not all(isinstance(x, dict) and isinstance(x.get("name"), str) for x in layers):
-        return "'layers' is not a list of {name: str}"
+    if "layers" not in m:   # read as "no layers", every layer of the model would look added: stale, not corrupt
+        return "'layers' (the modules it recorded) is missing"
+    layers = m["layers"]
+    if not isinstance(layers, list) or not all(isinstance(x, dict) and isinstance(x.get("name"), str)
+                                               and _is_int(x.get("level")) and isinstance(x.get("primary"), str)
+                                               for x in layers):
+        return "'layers' is not a list of {name: str, level: int, primary: str}"
+    dtypes = m.get("dtypes")
+    if not isinstance(dtypes, list) or not all(isinstance(d, str) for d in dtypes):
+        return "'dtypes' (the precisions it holds) is missing or not a list of names"
+    unknown = [d for d in [*dtypes, *m["rungs"]] if d not in FLOAT_NAMES]
+    if unknown:
+        return f"'dtypes' or 'rungs' names {unknown[0]!r}, not a precision (one of {', '.join(FLOAT_NAMES)})"
+    if sorted(dtypes) != sorted(m["rungs"]):
+        return f"'dtypes' lists {', '.join(dtypes) or 'none'}, but 'rungs' holds {', '.join(m['rungs']) or 'none'}"
     for key in ("sketch", "drill"):
         v = m.get(key)
         if v is not None and (not _is_int(v) or v < 0):

@@ -106,3 +106,28 @@ def test_errors_from_xdist_workers_reach_the_report(two: pytest.Pytester) -> Non
     doc = json.loads((two.path / "rep" / "parity-report.json").read_text())
     assert {c["name"]: c.get("error", {}).get("kind") for c in doc["checks"]} == {"broken": "corrupt", "fine": None}
     assert doc["goldens"]["corrupt"] == ["broken"]
+
+
+def _edit_manifest(golden: Path, edit: Callable[[dict[str, object]], None]) -> None:
+    m = golden / "manifest.json"
+    doc = json.loads(m.read_text())
+    edit(doc)
+    m.write_text(json.dumps(doc, indent=1, sort_keys=True))
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda doc: doc.pop("layers"), "'layers'"),
+    (lambda doc: doc.update(dtypes=["float33"]), "'dtypes'*'float33'"),
+    (lambda doc: doc.update(dtypes=["float32", "float16"]), "'dtypes' lists float32, float16, but 'rungs' holds float32"),
+], ids=["layers-deleted", "unknown-dtype", "dtypes-without-rung"])
+def test_a_manifest_field_deleted_or_unknown_is_corrupt_naming_the_file_and_the_field(
+        two: pytest.Pytester, edit: Callable[[dict[str, object]], None], field: str) -> None:
+    """Read as "no layers", a deleted 'layers' would make every layer look added (stale); an unknown
+    dtype name would pass unread. Both are a damaged manifest."""
+    _edit_manifest(two.path / "goldens" / "broken", edit)
+    result = two.runpytest("--rocm-parity")
+    result.assert_outcomes(passed=1, failed=1)
+    manifest = two.path / "goldens" / "broken" / "manifest.json"
+    result.stdout.fnmatch_lines([f"      golden corrupt: {manifest}: manifest does not describe a golden: *{field}*",
+                                 "goldens corrupt (*): broken"])
+    assert "stale" not in result.stdout.str()
