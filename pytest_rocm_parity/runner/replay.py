@@ -87,7 +87,7 @@ def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: R
 
     prop: dict[str, list[LeafMetrics]] = {}
     with Hooks(m, selected, None, lambda k, s, o: prop.__setitem__(k, judge_leaves(k, o, layers[k]["out"]))
-               if k in layers else None):
+               if k in layers else None, golden=layers):
         out = _run(m, args0, kwargs0)
     result = CheckResult(test=spec.test, name=spec.name, dtype=rung, passed=True)
     for key, rec in _records_in_order(meta, layers):
@@ -687,7 +687,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
                           lambda: (args, kwargs), keep_call if len(levels) > 1 else None)
             deeper = levels[1:]
         else:
-            with Hooks(inner, selected, keep_call, on_prop):
+            with Hooks(inner, selected, keep_call, on_prop, golden=layers):
                 out = _run(model, args, kwargs)
             judge.flush()
             outs = _compare_outputs(out, meta, reader, judge, tol, notes)
@@ -875,7 +875,7 @@ def _hooked_level(model: Any, inner: Any, selected: list[Selected], level: int, 
         if sel.level == level:
             compare(key, direct.pop(key, out), "truth", iso)
 
-    with Hooks(inner, selected, sub, keep) as hooks:
+    with Hooks(inner, selected, sub, keep, golden=layers) as hooks:
         _run(model, *stored_inputs())
     judge.flush()
 
