@@ -19,6 +19,7 @@ import os
 import re
 import stat
 import struct
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -384,7 +385,16 @@ class GoldenStore:
                     if callable(tensors):
                         progress(f"{dtype}: reference run, float64 truth ...", verbose=1)
                         tensors = tensors()
-                    tmp = write_tensors_tmp(d, tensors, {"format": str(FORMAT_VERSION), "name": name, "dtype": dtype})
+                    meta = {"format": str(FORMAT_VERSION), "name": name, "dtype": dtype}
+                    unwritable: OSError | None = None
+                    try:
+                        tmp = write_tensors_tmp(d, tensors, meta)
+                    except OSError as exc:
+                        # a directory this process cannot write (a read-only mount or checkout): a
+                        # rung whose bytes are there already needs no write, so learn its name
+                        # from a copy written elsewhere
+                        unwritable = exc
+                        tmp = write_tensors_tmp(Path(tempfile.gettempdir()), tensors, meta)
                     del tensors
                     staged.written.append(tmp)
                     digest, fast = file_digests(tmp)
@@ -393,6 +403,8 @@ class GoldenStore:
                         # the bytes are there already: replacing them would only touch the file
                         tmp.unlink()
                         staged.written.pop()
+                    elif unwritable is not None:
+                        raise unwritable
                     else:
                         if final.exists():
                             staged.repaired.append(final)
