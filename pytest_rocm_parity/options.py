@@ -126,10 +126,15 @@ def check_ini_keys(config: pytest.Config) -> None:
         keys = list(_ini_file(config))
     except Exception:   # an ini pytest could not read is pytest's to report
         return
+    # pytest merges -o/--override-ini KEY=VALUE into the ini keys: name the option, not the file
+    overrides = {o.split("=", 1)[0].strip(): o for o in (config.getoption("override_ini", None) or [])}
     for key in keys:
         if (key.startswith("parity_") or key.startswith("rocm_parity")) and key not in INI_KEYS:
             close = difflib.get_close_matches(key, sorted(INI_KEYS), n=1)
-            where = f" in {config.inipath}" if config.inipath else ""
+            if key in overrides:
+                where = f" given with -o {overrides[key]}"
+            else:
+                where = f" in {config.inipath}" if config.inipath else ""
             raise pytest.UsageError(f"ini key {key}{where} is not a pytest-rocm-parity setting"
                                     + (f"; did you mean {close[0]}?" if close else "")
                                     + f" The settings: {', '.join(sorted(INI_KEYS))}")

@@ -113,3 +113,12 @@ def test_a_misspelled_setting_is_a_usage_error_with_the_right_name(project: pyte
     result.stderr.fnmatch_lines(["*ini key parity_golden_dirs in *tox.ini is not a pytest-rocm-parity setting; "
                                  "did you mean parity_golden_dir?*"])
     assert not (project.path / "goldens").exists() and not (project.path / "elsewhere").exists()
+
+
+def test_a_misspelled_setting_given_with_o_names_the_option_not_the_ini_file(project: pytest.Pytester) -> None:
+    project.makeini("[pytest]\nparity_dtypes = float32\n")
+    result = project.runpytest("--rocm-parity", "-o", "parity_golden_dri=x")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*ini key parity_golden_dri given with -o parity_golden_dri=x is not a "
+                                 "pytest-rocm-parity setting; did you mean parity_golden_dir?*"])
+    assert "tox.ini" not in result.stderr.str()
