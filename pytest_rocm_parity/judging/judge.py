@@ -288,6 +288,7 @@ def finish(result: CheckResult, tol: Tolerance) -> CheckResult:
         result.notes.append(
             "model outputs drifted beyond budget although no single layer is out of bounds in isolation: "
             "accumulated drift (see first divergent layer)" if div is not None else
-            "model outputs beyond budget although every selected layer passed, isolated and propagated: the "
+            f"model outputs beyond budget although every selected layer passed"
+            f"{', isolated and propagated' if any(l.prop is not None for l in result.layers) else ''}: the "
             "difference arises after the last selected module, in the code that makes the outputs from it")
     return result

@@ -683,8 +683,17 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         if fast:
             # one teacher-forced forward: the outermost level judged in isolation, in the candidate's
             # own (compiled) forward, and every call kept for the deeper levels
-            _hooked_level(model, inner, selected, levels[0], layers, acts, golden, compare, iso, judge, notes, rerouted,
-                          lambda: (args, kwargs), keep_call if len(levels) > 1 else None)
+            seen: set[int] = set()
+            out = _hooked_level(model, inner, selected, levels[0], layers, acts, golden, compare, iso, judge, notes,
+                                rerouted, lambda: (args, kwargs), keep_call if len(levels) > 1 else None, seen)
+            # A model output that is no judged module's own tensor was computed by code outside them
+            # (a final logit softcap, a scale after the head): judged teacher-forced, against the
+            # propagated truth, which the reference's own propagated error dominates for a correct
+            # candidate. One that is a judged module's output was judged with it.
+            got = aligned_leaves(tensor_leaves(out), meta["outputs"]["out"])
+            outs = _compare_outputs(out, meta, reader, judge, tol, notes,
+                                    skip={p for p, t in got.items() if id(t) in seen})
+            del out, got
             deeper = levels[1:]
         else:
             with Hooks(inner, selected, keep_call, on_prop, golden=layers):
@@ -731,8 +740,8 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         result.notes.extend(notes)
         if fast:
             result.notes.append("fast replay (--parity-replay=fast): every module judged in isolation, the outermost "
-                                "ones inside one teacher-forced run of the candidate's forward; propagated drift "
-                                "and the model outputs not judged")
+                                "ones inside one teacher-forced run of the candidate's forward, and the model outputs "
+                                "that code outside them computes; propagated drift not judged")
         finish(result, tol)
         built = _caller_built_inputs(result.culprit, layers, acts, calls, reader.get)
         calls.clear()
@@ -846,10 +855,12 @@ def _hooked_level(model: Any, inner: Any, selected: list[Selected], level: int, 
                   acts: dict[str, dict[str, str]], golden: Callable[[str, str], Any], compare: Callable[..., None],
                   iso: dict[str, list[LeafMetrics]], judge: _Judge, notes: list[str], rerouted: list[str],
                   stored_inputs: Callable[[], tuple[Any, Any]],
-                  keep_call: Callable[[str, Selected, Any, Any], None] | None = None) -> None:
+                  keep_call: Callable[[str, Selected, Any, Any], None] | None = None,
+                  outputs_seen: set[int] | None = None) -> Any:
     """One level through the candidate's whole forward: every module runs in its caller's context
-    (a cache, a BlockMask built by that forward), its activation inputs swapped by a pre-hook.
-    ``keep_call``: also sees every selected call as the candidate made it."""
+    (a cache, a BlockMask built by that forward), its activation inputs swapped by a pre-hook; returns
+    the forward's output. ``keep_call``: also sees every selected call as the candidate made it;
+    ``outputs_seen``: gets the ids of the judged modules' output tensors."""
     def sub(key: str, sel: Selected, a: Any, kw: Any) -> Any:
         if keep_call is not None:
             keep_call(key, sel, a, kw)
@@ -873,11 +884,14 @@ def _hooked_level(model: Any, inner: Any, selected: list[Selected], level: int, 
 
     def keep(key: str, sel: Selected, out: Any) -> None:
         if sel.level == level:
+            if outputs_seen is not None:
+                outputs_seen.update(id(t) for t in tensor_leaves(out).values())
             compare(key, direct.pop(key, out), "truth", iso)
 
     with Hooks(inner, selected, sub, keep, golden=layers) as hooks:
-        _run(model, *stored_inputs())
+        out = _run(model, *stored_inputs())
     judge.flush()
+    return out
 
 
 def _caller_built_inputs(culprit: str | None, layers: dict[str, dict[str, Any]], acts: dict[str, dict[str, str]],
@@ -925,15 +939,18 @@ def _per_position(c: Any, r: Any, t: Any) -> tuple[Any, Any]:
 
 
 def _compare_outputs(out: Any, meta: dict[str, Any], reader: RungReader, judge: _Judge, tol: Tolerance,
-                     notes: list[str]) -> list[LayerRecord]:
-    """The model's outputs judged against the float64 truth of the whole model. An optional output
-    that only the reference produces (optional_leaf: caches, attention weights, hidden-state tuples)
-    is a note; any other missing output fails."""
+                     notes: list[str], skip: set[str] | frozenset[str] = frozenset()) -> list[LayerRecord]:
+    """The model's outputs (but those in ``skip``) judged against the float64 truth of the whole
+    model, in one flush. An optional output that only the reference produces (optional_leaf: caches,
+    attention weights, hidden-state tuples) is a note; any other missing output fails."""
     recs = []
     got = aligned_leaves(tensor_leaves(out), meta["outputs"]["out"])
     rung = _rung_of(reader)
     missing = []
+    sinks: list[tuple[LayerRecord, list[Any]]] = []
     for p, gk in meta["outputs"]["out"].items():
+        if p in skip:
+            continue
         ref = reader.get(gk)
         c = got.get(p)
         rec = LayerRecord(name=f"{OUTPUT}.{p}")
@@ -947,10 +964,12 @@ def _compare_outputs(out: Any, meta: dict[str, Any], reader: RungReader, judge: 
             sink: list[Any] = []
             truth = reader.get(f"gtruth/{OUTPUT}/{p}") if ref.is_floating_point() or ref.is_complex() else None
             judge.leaf(sink, OUTPUT, p, c.detach(), ref, truth, tol, False, f"{OUTPUT}/{p}/propagated")
-            judge.flush()
-            judge_layer(rec, [], sink, Rule.of(tol.for_layer(rec.name), rung))
-            rec.passed = rec.prop_passed
+            sinks.append((rec, sink))
         recs.append(rec)
+    judge.flush()
+    for rec, sink in sinks:
+        judge_layer(rec, [], sink, Rule.of(tol.for_layer(rec.name), rung))
+        rec.passed = rec.prop_passed
     notes += optional_notes({}, missing)
     return recs
 
