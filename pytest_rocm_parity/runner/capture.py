@@ -653,6 +653,22 @@ def capture(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device
 
 
 @contextlib.contextmanager
+def _patched_failures(m: Any, rung: str) -> Iterator[None]:
+    """A failure of the rung's run where the model has forwards patched on the instance is a
+    CaptureError that names them (the likely cause), with the model's own line."""
+    try:
+        yield
+    except Exception as exc:
+        from pytest_rocm_parity.errors import CaptureError, ParityError
+
+        hint = patched_forwards(m, f"{rung} copy of the model")
+        if isinstance(exc, ParityError) or not hint:
+            raise
+        raise CaptureError(f"the {rung} recording run of {type(m).__name__} failed: {type(exc).__name__}: "
+                           f"{str(exc)[:300]}{_model_frame(exc)}.{hint} Nothing was written.") from exc
+
+
+@contextlib.contextmanager
 def no_random_draws(m: Any) -> Iterator[None]:
     """CaptureError where the forward run inside draws random numbers: its outputs then change from
     run to run and follow each backend's own random stream, so neither a golden nor a float64 truth
@@ -691,7 +707,7 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
     m, was_training, args, kwargs = _rung_model_and_inputs(model, args0, kwargs0, device, dtype, tensors)
     const_in = constant_leaves({"args": args, "kwargs": kwargs})
     try:
-        with numerics(rung, tf32), no_random_draws(m):
+        with numerics(rung, tf32), no_random_draws(m), _patched_failures(m, rung):
             rec = recording_pass(m, selected, *_copies(args, kwargs))
             rec.pool.check_repeats()
             if not rec.pool.repeats_unchanged():   # a tensor handed on was written: record again, snapshotting repeats
@@ -1190,14 +1206,7 @@ def truth_errors(tm: Any, selected: list[Selected]) -> Iterator[None]:
         if isinstance(exc, ParityError):
             raise
         where = stack[-1] if stack else type(tm).__name__
-        # a forward assigned on an instance (m.forward = lambda x: ...) is copied as the same function:
-        # its closure still calls the original model's modules, in the reference's dtype
-        patched = [n or type(tm).__name__ for n, m in tm.named_modules() if "forward" in vars(m)]
-        hint = (f" {', '.join(patched[:3])}{' ...' if len(patched) > 3 else ''} "
-                f"{'have forwards' if len(patched) > 1 else 'has a forward'} assigned on the instance: the float64 "
-                f"copy calls the same function, whose closure may hold the original modules and their weights in "
-                f"the reference's dtype; make the patch a module (a wrapper nn.Module or a subclass) so that "
-                f"copies carry it." if patched else "")
+        hint = patched_forwards(tm, "float64 copy")
         raise CaptureError(
             f"the float64 truth run failed in {where}: {type(exc).__name__}: {str(exc)[:300]}{_model_frame(exc)}.{hint} "
             f"The plugin runs every selected module in float64 on {_device_of(tm)} for its truth. Usual causes: "
@@ -1209,6 +1218,20 @@ def truth_errors(tm: Any, selected: list[Selected]) -> Iterator[None]:
     finally:
         for h in handles:
             h.remove()
+
+
+def patched_forwards(m: Any, copy_name: str) -> str:
+    """' NAMES have forwards assigned on the instance: ...' where ``m`` has any, else ''. Such a forward
+    (m.forward = lambda x: ...) is copied as the same function: its closure still calls the original
+    model's modules, in the reference's dtype, which a rung's or the truth's copy does not expect."""
+    patched = [n or type(m).__name__ for n, sub in m.named_modules()
+               if "forward" in vars(sub) and not getattr(vars(sub)["forward"], "parity_wrapper", False)]
+    if not patched:
+        return ""
+    return (f" {', '.join(patched[:3])}{' ...' if len(patched) > 3 else ''} "
+            f"{'have forwards' if len(patched) > 1 else 'has a forward'} assigned on the instance: the {copy_name} "
+            f"calls the same function, whose closure may hold the original modules and their weights in the "
+            f"reference's dtype; make the patch a module (a wrapper nn.Module or a subclass) so that copies carry it.")
 
 
 def _model_frame(exc: BaseException) -> str:

@@ -600,7 +600,9 @@ class ForwardWrap:
 
     def __init__(self, mod: Any, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
         self.mod, self.own = mod, vars(mod).get("forward")
-        mod.forward = wrap(mod.forward)
+        forward = wrap(mod.forward)
+        forward.parity_wrapper = True   # type: ignore[attr-defined]   # not the user's patch (capture.patched_forwards)
+        mod.forward = forward
 
     def remove(self) -> None:
         if self.own is not None:

@@ -116,3 +116,16 @@ def test_dropout_in_eval_mode_draws_nothing_and_captures() -> None:
     model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.3), nn.Linear(8, 8)).train()   # judged in eval mode
     capture(model, torch.randn(16, 8), CheckSpec(name="n", dtypes=["float32"], drill=0), store, "cpu")
     assert store.exists("n")
+
+
+def test_a_forward_patched_on_the_instance_is_named_when_a_rungs_copy_fails() -> None:
+    """The bf16 rung runs a copy of the model: a patch's closure still holds the float32 module."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+    first = model[0]
+    first.forward = lambda x: torch.nn.functional.linear(x, first.weight) * 1.01   # type: ignore[method-assign]
+    store = GoldenStore(tempfile.mkdtemp())
+    with pytest.raises(CaptureError, match=r"bfloat16 recording run.*0 has a forward assigned on the instance.*"
+                                           r"make the patch a module"):
+        capture(model, torch.randn(4, 8), CheckSpec(name="n", dtypes=["bfloat16"], drill=0), store, "cpu")
+    assert not store.exists("n")
