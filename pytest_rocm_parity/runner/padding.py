@@ -7,7 +7,8 @@ hard part is which outputs that mask runs along. An encoder-decoder model's mask
 the decoder's outputs run over the decoder's tokens (``decoder_attention_mask``, or all of them),
 even when the two lengths are equal. And a (batch, n) output is a sequence only when n is not one
 of the model's feature widths: a pooler's (batch, hidden) output with hidden equal to the padded
-length would otherwise lose the columns of the padded positions.
+length would otherwise lose the columns of the padded positions. The towers of a multimodal model
+that read no text (named for vision, image, audio or speech) are judged whole.
 """
 from __future__ import annotations
 
@@ -58,6 +59,8 @@ class Padding:
 
     def of_leaf(self, key: str, leaf: str) -> Any:
         """The (batch, seq) mask of module call ``key``'s output ``leaf`` (OUTPUT: the model's own)."""
+        if _other_modality(leaf if key == OUTPUT else key.split("#", 1)[0]):
+            return None
         if not self.encoder_decoder:
             return self.valid
         if key == OUTPUT:
@@ -102,6 +105,16 @@ class Padding:
         if self.decoder_valid is not None:
             parts.append(f"{int((~self.decoder_valid).sum())} of the decoder's (decoder_attention_mask == 0)")
         return f"{' and '.join(parts)} not judged"
+
+
+# Name parts of the towers of a multimodal model that read no text (CLIP's vision_model, a VLM's
+# vision_tower, image_embeds): the text's attention_mask says nothing about their positions, even
+# where their token count equals the text's length
+_OTHER_MODALITIES = ("vision", "visual", "image", "audio", "speech")
+
+
+def _other_modality(path: str) -> bool:
+    return any(m in part for part in path.lower().split(".") for m in _OTHER_MODALITIES)
 
 
 def _encoder_decoder(model: Any) -> bool:

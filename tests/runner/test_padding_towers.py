@@ -1,0 +1,49 @@
+"""The text's attention_mask leaves out padded positions of the text's outputs only: a multimodal
+model's vision tower is judged whole, even where its token count equals the text's length."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from parity_models import capture_then_replay, verdicts
+from pytest_rocm_parity.runner.engine import CheckSpec
+
+SEQ = 17   # the vision tower's tokens: 16 patches and the class token
+
+
+def clip() -> nn.Module:
+    import transformers
+
+    torch.manual_seed(0)
+    text = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                max_position_embeddings=32)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=16,
+                  patch_size=4)
+    return transformers.CLIPModel(transformers.CLIPConfig(text_config=text, vision_config=vision,
+                                                          projection_dim=16)).eval()
+
+
+def inputs() -> dict[str, torch.Tensor]:
+    mask = torch.ones(2, SEQ, dtype=torch.long)
+    mask[:, 6:] = 0
+    return {"input_ids": torch.randint(0, 64, (2, SEQ), generator=torch.Generator().manual_seed(1)),
+            "attention_mask": mask, "pixel_values": torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(2))}
+
+
+def tail_bug(model: nn.Module, name: str) -> nn.Module:
+    """A 1% error on the token positions the text pads (6 and later) of one vision module's output."""
+    def scale(_m: nn.Module, _a: object, out: torch.Tensor) -> torch.Tensor:
+        f = torch.ones(out.shape[1], 1)
+        f[6:] = 1.01
+        return out * f
+    model.get_submodule(name).register_forward_hook(scale)
+    return model
+
+
+def test_a_vision_tower_is_judged_at_the_positions_the_text_pads() -> None:
+    spec = CheckSpec(name="clip", dtypes=["float32"])
+    res = capture_then_replay(clip, clip(), inputs(), spec)
+    assert res[0].passed, verdicts(res)
+    name = "vision_model.encoder.layers.1.mlp.fc2"
+    res = capture_then_replay(clip, tail_bug(clip(), name), inputs(), spec)
+    assert not res[0].passed and res[0].culprit == name, verdicts(res)
