@@ -66,15 +66,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if "parity" in getattr(item, "fixturenames", ()) or item.get_closest_marker("parity") is not None:
             item.add_marker(skip)
             skipped += 1
+    ignored = _ignored_under_ci(config)
+    if ignored and skipped:
+        # a forgotten --rocm-parity would turn a CI job green with every parity test skipped
+        raise pytest.UsageError(
+            f"{_ignored_message(ignored)}. Under CI=true this fails the run: the parity tests would be skipped and "
+            f"the job would pass without judging anything (counted at collection: {skipped}, those that name the "
+            f"parity fixture as an argument or carry the parity marker; a test that takes the fixture through "
+            f"request.getfixturevalue is seen only when it runs, and fails then)")
+
+
+def _ignored_under_ci(config: pytest.Config) -> list[str]:
+    """The parity options given without --rocm-parity when CI=true, which make skipped parity tests an
+    error; [] otherwise."""
     ignored = list(config.stash.get(IGNORED_KEY, None) or [])
     if config.getoption(opt.FLAG_DESTS[opt.DEVICE], None) is not None:
         # not warned about (the parity_ops fixture honours it alone), but a CI job that sets it for
         # parity tests meant to run them
         ignored.append(opt.DEVICE)
-    if ignored and skipped and opt.from_config(config).ci:
-        # a forgotten --rocm-parity would turn a CI job green with every parity test skipped
-        raise pytest.UsageError(f"{_ignored_message(ignored)}. Under CI=true this fails the run: {skipped} parity "
-                                f"test(s) would be skipped and the job would pass without judging anything")
+    return ignored if ignored and opt.from_config(config).ci else []
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
@@ -102,6 +112,10 @@ def parity(request: pytest.FixtureRequest) -> Any:
     """Per-layer cross-backend parity: ``parity.check(model, inputs)``; see the README."""
     session = request.config.stash.get(SESSION_KEY, None)
     if session is None:
+        ignored = _ignored_under_ci(request.config)
+        if ignored:   # a test that takes the fixture through request.getfixturevalue: collection did not see it
+            pytest.fail(f"{_ignored_message(ignored)}. Under CI=true this fails the test: skipped, it would let the "
+                        f"job pass without judging anything", pytrace=False)
         pytest.skip(SKIP_REASON)
     from pytest_rocm_parity.api import Parity
 

@@ -46,6 +46,10 @@ class GoldenLog:
     def merge(self, other: dict[str, Any]) -> None:
         for k in NAME_LISTS:
             getattr(self, k).extend(x for x in other.get(k, []) if x not in getattr(self, k))
+        # two workers that capture one name (a duplicate, said as an error): one writes it, the other
+        # finds it written and keeps it; the run wrote it, so it is listed once, as written
+        written = set(self.created) | set(self.updated)
+        self.kept = [x for x in self.kept if x not in written]
         self.used.update(other.get("used", []))
         self.withheld.extend(other.get("withheld", []))
 

@@ -78,3 +78,31 @@ def test_a_crashed_worker_leaves_no_golden_called_obsolete(project: pytest.Pytes
     result.assert_outcomes(passed=1, failed=1)
     assert "goldens obsolete" not in result.stdout.str(), result.stdout.str()
     assert (project.path / "goldens" / "used" / "manifest.json").exists()
+
+
+SAME_NAME = '''
+from conftest import make_model, make_inputs
+
+def test_{i}(parity):
+    parity.check(make_model(), make_inputs(), name="dup", dtypes=["float32"])
+'''
+
+
+def test_two_workers_capturing_one_name_list_it_once(project: pytest.Pytester) -> None:
+    """Each worker captures 'dup' (a duplicate name, an error of the run); one writes it and the other
+    finds it written: the summary lists it as created only, not also as kept."""
+    project.makepyfile(test_d1=SAME_NAME.format(i=1), test_d2=SAME_NAME.format(i=2))
+    result = project.runpytest_subprocess("-n", "2", "--dist", "loadfile", "--rocm-parity", "--parity-mode=capture",
+                                          "test_d1.py", "test_d2.py")
+    result.stdout.fnmatch_lines(["goldens created: dup", "rocm-parity: error: check name 'dup' is used by *"])
+    assert "goldens kept" not in result.stdout.str()
+
+
+def test_merged_golden_logs_list_a_name_written_by_one_worker_and_kept_by_another_once() -> None:
+    from pytest_rocm_parity.session import GoldenLog
+
+    for first, second in (({"created": ["dup"]}, {"kept": ["dup"]}), ({"kept": ["dup"]}, {"updated": ["dup"]})):
+        log = GoldenLog()
+        log.merge(first)
+        log.merge(second)
+        assert log.kept == [] and log.created + log.updated == ["dup"]

@@ -205,15 +205,37 @@ def test_parity_options_without_enable_fail_under_ci(project: pytest.Pytester, m
     monkeypatch.setenv("CI", "true")
     result = project.runpytest("--parity-mode=replay")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["ERROR: rocm-parity: --parity-mode given without --rocm-parity*CI=true*1 parity "
-                                 "test(s) would be skipped*"])
+    result.stderr.fnmatch_lines(["ERROR: rocm-parity: --parity-mode given without --rocm-parity*CI=true*the parity "
+                                 "tests would be skipped*(counted at collection: 1, *request.getfixturevalue*)"])
     project.runpytest().assert_outcomes(skipped=1)   # no parity option given: the plain skip
     # --parity-device alone is not warned about (parity_ops honours it), but under CI=true it skips
     # the parity tests a job that names a candidate device meant to run
     device = project.runpytest("--parity-device=cpu")
     assert device.ret == pytest.ExitCode.USAGE_ERROR
-    device.stderr.fnmatch_lines(["ERROR: rocm-parity: --parity-device given without --rocm-parity*1 parity test(s) "
+    device.stderr.fnmatch_lines(["ERROR: rocm-parity: --parity-device given without --rocm-parity*the parity tests "
                                  "would be skipped*"])
+
+
+DYNAMIC_ONLY = '''
+from conftest import make_model, make_inputs
+
+def test_dynamic(request):
+    parity = request.getfixturevalue("parity")
+    parity.check(make_model(), make_inputs(), name="tiny", dtypes=["float32"])
+'''
+
+
+def test_a_test_that_takes_parity_through_getfixturevalue_fails_under_ci_without_enable(
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Collection cannot see request.getfixturevalue("parity"): such a test, skipped, would let a CI job
+    with --parity-* options but without --rocm-parity pass; it fails when it asks for the fixture."""
+    project.makepyfile(test_tiny=DYNAMIC_ONLY)
+    monkeypatch.setenv("CI", "true")
+    result = project.runpytest("--parity-mode=replay")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*rocm-parity: --parity-mode given without --rocm-parity*Under CI=true this fails "
+                                 "the test*"])
+    project.runpytest().assert_outcomes(skipped=1)   # no parity option given: the plain skip
 
 
 def test_parity_device_alone_is_for_parity_ops(project: pytest.Pytester) -> None:
