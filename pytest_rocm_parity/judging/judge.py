@@ -1,6 +1,7 @@
 """Turn leaf metrics into per-layer verdicts, the culprit and the first divergent layer."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -131,8 +132,11 @@ def _worst(mr: tuple[LeafMetrics, str]) -> tuple[bool, bool, float]:
     return bool(why), m.kind != "exact", m.ratio_lo if why else (m.ratio if math.isfinite(m.ratio) else 0.0)
 
 
-def judge_layer(rec: LayerRecord, iso: list[LeafMetrics], prop: list[LeafMetrics], r: Rule) -> None:
-    """The record's verdicts from its leaves' metrics, by its layer's rule (Rule.of)."""
+def judge_layer(rec: LayerRecord, iso: list[LeafMetrics], prop: list[LeafMetrics], r: Rule,
+                sketch: bool = False) -> None:
+    """The record's verdicts from its leaves' metrics, by its layer's rule (Rule.of). The record's
+    propagated leaf shows the ratio its verdict used (Rule.propagated_ratio: floored at one rounding),
+    except a sketch golden's, judged like an isolated one (Rule.sketch_failure)."""
     rec.budget = r.budget
     rec.prop_budget = r.k
     iso_reasons = _leaf_reasons(iso, r, True)
@@ -150,6 +154,8 @@ def judge_layer(rec: LayerRecord, iso: list[LeafMetrics], prop: list[LeafMetrics
         rec.prop = prop[0] if len(prop) == 1 else max(prop_reasons, key=lambda mr: (bool(mr[1]), mr[0].ratio))[0]
         if rec.prop.noise > rec.prop.err_ref:
             rec.prop_budget = r.quant_noise
+        elif rec.prop.kind == "float" and not rec.prop.nonfinite and not sketch:
+            rec.prop = dataclasses.replace(rec.prop, ratio=r.propagated_ratio(rec.prop))
     if first_iso:
         # the reason of the leaf the record shows (its worst), named when the module has several outputs
         shown = r.failure(rec.iso, True) if rec.iso is not None else ""

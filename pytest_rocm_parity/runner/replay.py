@@ -92,7 +92,7 @@ def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: R
     result = CheckResult(test=spec.test, name=spec.name, dtype=rung, passed=True)
     for key, rec in _records_in_order(meta, layers):
         rule = Rule.of(tol.for_layer(layers[key]["name"]), rung)   # the module's, for each of its calls
-        judge_layer(rec, [], prop.get(key, []), rule)
+        judge_layer(rec, [], prop.get(key, []), rule, sketch=True)
         reasons = [rule.sketch_failure(mm) for mm in prop.get(key, [])]
         rec.prop_passed = rec.iso_passed = rec.passed = not any(reasons)
         rec.budget = rule.sketch_budget
@@ -101,7 +101,7 @@ def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: R
     for mm in judge_leaves(OUTPUT, out, meta["outputs"]["out"]):
         rec = LayerRecord(name=f"{OUTPUT}.{mm.leaf}")
         rule = Rule.of(tol.for_layer(rec.name), rung)
-        judge_layer(rec, [], [mm], rule)
+        judge_layer(rec, [], [mm], rule, sketch=True)
         rec.reason = rule.sketch_failure(mm)
         rec.passed = rec.prop_passed = not rec.reason
         result.outputs.append(rec)
