@@ -364,12 +364,25 @@ def where_unjudged(model: Any, spec: CheckSpec, results: list[CheckResult]) -> l
         region = unselected_region(model, r, spec.layers)
         if region is not None:
             r.extra["unselected_region"] = region
-            if region["modules"]:   # unjudged modules explain it: not "no single layer" accumulating drift
+            if region["modules"] or _jumps(r):   # not "no single layer" accumulating drift
                 r.notes = [n for n in r.notes if "accumulated drift" not in n]
         note = unselected_children(model, r, spec.drill) if not spec.layers else ""
         if note:
             r.notes.append(note)
     return results
+
+
+# A first divergence this many times over its propagated budget is one fault in the code before it,
+# not errors that each module kept within bounds adding up (accumulated drift crosses its budget
+# gradually, a layer or a few at a time)
+JUMP = 100.0
+
+
+def _jumps(r: CheckResult) -> bool:
+    """Whether the propagated error leaps where it first diverges: the first divergent layer, or else
+    a failing model output, is over JUMP times its budget."""
+    rows = [l for l in r.layers if l.name == r.first_divergent] or [o for o in r.outputs if not o.prop_passed]
+    return any(l.prop is not None and l.prop_budget > 0 and l.prop.ratio > JUMP * l.prop_budget for l in rows)
 
 
 DEFAULT_GOLDEN_SIZE_LIMIT = 50_000_000   # bytes, for a spec without golden_size_limit (options' default)

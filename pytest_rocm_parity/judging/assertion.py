@@ -279,7 +279,7 @@ def message(result: CheckResult) -> str:
         lines.append("  first divergent layer (propagated): none, every selected layer within its propagated budget")
     elif result.layers:   # a fast replay runs no propagated pass
         lines.append("  first divergent layer (propagated): not judged by the fast replay (--parity-replay=full "
-                     "judges it and the model outputs)")
+                     "judges it and every model output)")
     bad_out = [o for o in result.outputs if not o.passed or not o.prop_passed]
     # the worst first (a training check's optimizer rows come one per module, in name order)
     bad_out.sort(key=lambda o: -max([m.ratio for m in (o.iso, o.prop) if m is not None] or [math.inf]))

@@ -711,6 +711,10 @@ def _check_section(c: Mapping[str, Any], out: Path) -> str:
                    + (f' (block <code>{e(str(c.get("culprit_block")))}</code>)' if c.get("culprit_block") else "")
                    + (f"<br>{e(str(reason))}" if reason else "")
                    + (f'<br><span class="muted">would pass with Tolerance(ratio={_fmt_num(wp)})</span>' if wp else "")))
+    elif not passed and isinstance((c.get("extra") or {}).get("unselected_region"), dict):
+        from pytest_rocm_parity.runner.selection import region_text
+
+        kv.append(("culprit", f'none among the selected modules; {e(region_text(c["extra"]["unselected_region"]))}'))
     elif not passed:
         kv.append(("culprit", '<span class="muted">none in isolation</span>'))
     if first:

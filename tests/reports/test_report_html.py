@@ -227,3 +227,31 @@ def test_environment_flags_read_in_one_order_on_both_sides() -> None:
     assert cells[1] == cells[2] == "flash yes; math yes; mem_efficient yes"
     assert 'class="diff"' not in _env_block(ref, same)
     assert 'class="diff"' in _env_block(ref, {"sdpa": {**same, "flash": False}})
+
+
+class _ParentBug(torch.nn.Module):
+    """Two linears; the parent's own code between them scales by ``factor`` (no module computes it)."""
+
+    def __init__(self, factor: float = 1.0) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b, self.factor = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), factor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x) * self.factor)
+
+
+def test_a_fault_in_the_parents_code_is_located_in_the_html_and_not_called_drift(tmp_path: Path) -> None:
+    from parity_models import capture_then_replay
+    from pytest_rocm_parity.api import where_unjudged
+    from pytest_rocm_parity.runner.engine import CheckSpec
+
+    spec = CheckSpec(name="m", dtypes=["float32"])
+    x = torch.randn(16, 8, generator=torch.Generator().manual_seed(2))
+    results = where_unjudged(_ParentBug(1.05), spec, capture_then_replay(_ParentBug, _ParentBug(1.05), x, spec))
+    res = results[0]
+    assert not res.passed and res.culprit is None
+    assert not any("accumulated drift" in n for n in res.notes), res.notes   # one jump, not drift
+    report.write_all({"schema": 1, "checks": [res.to_dict()]}, tmp_path)
+    html = (tmp_path / "parity-report.html").read_text()
+    assert "the fault lies between a (last agreeing) and b (first divergent), in no module" in html
