@@ -94,6 +94,12 @@ def validate(model: Any, input_ids: Any, attention_mask: Any, generate: Any) -> 
             raise InputError(f"attention_mask: shape {shape} does not match input_ids {tuple(input_ids.shape)}")
         if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
             raise InputError("attention_mask: values must be 0 or 1")
+        short = (attention_mask.sum(dim=1) < 2).nonzero().flatten().tolist()
+        if short:
+            raise InputError(f"attention_mask: row{'s' if len(short) > 1 else ''} {', '.join(map(str, short[:5]))} "
+                             f"{'have' if len(short) > 1 else 'has'} fewer than 2 real tokens (mask 1), so nothing "
+                             f"of {'them' if len(short) > 1 else 'it'} would be judged; drop such rows or give each "
+                             f"at least 2 tokens")
     elif _is_hf(model):
         pad = getattr(model.config, "pad_token_id", None)
         if pad is not None and input_ids.shape[0] > 1 and bool((input_ids == pad).any()):

@@ -129,6 +129,8 @@ def test_bad(parity):
     ("parity.check_lm(m, torch.ones((2, 4), dtype=torch.long), attention_mask=torch.ones((2, 5)))", "*attention_mask: shape (2, 5) does not match input_ids (2, 4)*"),
     ("m.config.pad_token_id = 0; parity.check_lm(m, torch.tensor([[5, 6, 0, 0], [1, 2, 3, 4]]))", "*batch contains padding (pad_token_id=0) but no attention_mask*"),
     ("parity.check_lm(m, torch.randn(2, 4))", "*expected integer token ids*"),
+    ("parity.check_lm(m, torch.ones((2, 4), dtype=torch.long), attention_mask=torch.tensor([[1, 1, 1, 1], [0, 0, 0, 0]]))",
+     "*InputError: attention_mask: row 1 has fewer than 2 real tokens*"),
     ("parity.check_lm(m, torch.ones((1, 4), dtype=torch.long), top_k=0)",
      "*InvalidArgument: check_lm: top_k=0 must be a positive integer*"),
     # a base model without its LM head: refused when captured, not when the golden is replayed
