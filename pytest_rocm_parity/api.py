@@ -236,8 +236,9 @@ class Parity:
                 # the test id completes a capture command; after other advice it is only noise
                 (f"no golden for {spec.name!r}: {no_dir}"
                  + (f" {spec.test}" if no_dir.endswith("--parity-mode=capture") else "")).rstrip() if no_dir else
-                f"no golden for {spec.name!r} in {s.store.root}. Capture it on the reference machine (CUDA) and "
-                f"commit it: pytest --rocm-parity {s.options.command_flags}--parity-mode=capture {spec.test}".rstrip(),
+                f"no golden for {spec.name!r} in {s.store.root}.{_close_goldens(s.store, spec.name)} Capture it on "
+                f"the reference machine (CUDA) and commit it: pytest --rocm-parity {s.options.command_flags}"
+                f"--parity-mode=capture {spec.test}".rstrip(),
                 s.store.manifest_path(spec.name))
             self._error(spec, missing, kind)
             fail_once(missing)
@@ -350,6 +351,18 @@ def replay_kind_of(model: Any, kind: Any) -> str:
     if kind == "auto":
         return "fast" if sum(p.numel() for p in model.parameters()) > AUTO_DRILL_MAX_PARAMS else "full"
     return str(kind)
+
+
+def _close_goldens(store: Any, name: str) -> str:
+    """' Goldens of close names here: ...' for a name that may be a typo of goldens on disk, else ''."""
+    import difflib
+
+    try:
+        names = [n for n, _ in store.names_on_disk()]
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.8)
+    return f" Goldens of close names here: {', '.join(map(repr, close))} (a changed name= ?)." if close else ""
 
 
 def where_unjudged(model: Any, spec: CheckSpec, results: list[CheckResult]) -> list[CheckResult]:

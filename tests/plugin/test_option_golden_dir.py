@@ -122,3 +122,12 @@ def test_a_misspelled_setting_given_with_o_names_the_option_not_the_ini_file(pro
     result.stderr.fnmatch_lines(["*ini key parity_golden_dri given with -o parity_golden_dri=x is not a "
                                  "pytest-rocm-parity setting; did you mean parity_golden_dir?*"])
     assert "tox.ini" not in result.stderr.str()
+
+
+def test_a_missing_golden_names_goldens_of_close_names(project: pytest.Pytester) -> None:
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    project.makepyfile(test_tiny=(project.path / "test_tiny.py").read_text().replace('name="tiny"', 'name="tinyy"'))
+    rep = project.runpytest("--rocm-parity")
+    rep.assert_outcomes(failed=1)
+    assert "no golden for 'tinyy' in" in rep.stdout.str()
+    assert "Goldens of close names here: 'tiny' (a changed name= ?)." in " ".join(rep.stdout.str().split())
