@@ -37,3 +37,4 @@ def test_a_passing_rows_propagated_ratio_is_within_its_budget() -> None:
     assert row.prop is not None and row.prop.err_ref < row.prop.err_cand, verdicts([res])   # an exact reference
     assert row.prop_passed == (row.prop.ratio <= row.prop_budget), (row.prop.ratio, row.prop_budget)
     assert res.to_frame().set_index("layer").loc["d", "prop_ratio"] == row.prop.ratio
+
