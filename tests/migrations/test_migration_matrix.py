@@ -207,6 +207,26 @@ def test_experts_that_a_router_sends_other_tokens_are_judged_on_the_golden_token
         assert not fp32.passed and fp32.culprit.endswith("moe.gate"), verdicts([fp32])
 
 
+def test_a_router_named_the_culprit_excuses_no_output_as_near_ties() -> None:
+    """Routing weights left unnormalised in one layer: the router fails at both rungs, and the logits
+    it moves are not called tokens sent elsewhere at near-ties, as on a correct backend."""
+    import torch.nn.functional as F
+
+    model = mixtral()
+    gate = model.model.layers[1].mlp.gate
+
+    def forward(hidden: torch.Tensor, gate: nn.Module = gate) -> tuple[torch.Tensor, ...]:
+        logits = F.linear(hidden.reshape(-1, gate.hidden_dim), gate.weight)
+        top, index = torch.topk(torch.softmax(logits.float(), dim=-1), gate.top_k, dim=-1)
+        return logits, top.to(logits.dtype), index
+
+    gate.forward = forward
+    res = capture_then_replay(mixtral, model, tokens(batch=4, seq=32), CheckSpec(name="m", dtypes=["bfloat16", "float32"]))
+    for r in res:
+        assert not r.passed and r.culprit == "model.layers.1.mlp.gate", verdicts(res)
+        assert not any(n.startswith("<output>") and "discrete choices" in n for n in r.notes), r.notes
+
+
 def _softmax_in_bf16(model: nn.Module) -> nn.Module:
     """Mixtral's router with its softmax and top-k left in the activations' dtype, not float32:
     bf16 probabilities tie, so tokens go to other experts, and every routing weight rounds."""
