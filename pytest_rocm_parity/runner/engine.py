@@ -161,11 +161,15 @@ def fingerprint(model: Any, classes: bool = False, weights: bool = True,
                 n = samples[i][1].numel()
                 on_host[i] = flat_all[at:at + n]
                 at += n
+        digests = []   # each tensor's own, so that a mismatch can be named (weights_changed)
         for i, (name, _t) in enumerate(samples):
             w.update(name.encode())
             w.update(on_host[i].tobytes())
+            digests.append(f"{name}={hashlib.sha256(on_host[i].tobytes()).hexdigest()[:8]}")
     out = {"structure": s.hexdigest()[:16], "weights": w.hexdigest()[:16] if weights else "",
            "tensors": ";".join(entries), "dtypes": ",".join(sorted(dtypes))}
+    if weights:
+        out["weight_digests"] = ";".join(digests)
     if not computed_buffers:
         out["weights_of"] = WEIGHTS_OF
     return out
@@ -177,21 +181,43 @@ WEIGHTS_OF = "checkpoint"
 
 def same_weights(model: Any, recorded: dict[str, Any]) -> bool:
     """Whether ``model`` has the weights a golden's fingerprint recorded, hashed as that golden hashed them."""
-    old = recorded.get("weights_of") != WEIGHTS_OF
-    return fingerprint(model, computed_buffers=old)["weights"] == recorded.get("weights")
+    return _weights_now(model, recorded)["weights"] == recorded.get("weights")
+
+
+def _weights_now(model: Any, recorded: dict[str, Any]) -> dict[str, str]:
+    return fingerprint(model, computed_buffers=recorded.get("weights_of") != WEIGHTS_OF)
 
 
 def weights_changed(model: Any, recorded: dict[str, Any]) -> str:
     """'' when ``model`` has the weights a golden's fingerprint recorded, else what changed, in words:
-    a model loaded in another dtype than the captured one is named as such."""
-    if same_weights(model, recorded):
+    a model loaded in another dtype than the captured one is named as such, else the tensors whose
+    sampled values differ (goldens that recorded each tensor's digest)."""
+    now_fp = _weights_now(model, recorded)
+    if now_fp["weights"] == recorded.get("weights"):
         return ""
-    was, now = recorded.get("dtypes"), fingerprint(model, weights=False)["dtypes"]
+    was, now = recorded.get("dtypes"), now_fp["dtypes"]
     if isinstance(was, str) and was and now and now != was:
         return (f"the model's weights changed: its floating parameters are {now.replace(',', ', ')}, the captured "
                 f"model's were {was.replace(',', ', ')}. Give the replay the model in the dtype it was captured "
                 f"from (the replay casts it to each rung itself)")
-    return "the model's weights changed"
+    before = _digests(recorded.get("weight_digests"))
+    if not before:
+        return "the model's weights changed"
+    after = _digests(now_fp.get("weight_digests"))
+    differ = [n for n, d in after.items() if before.get(n, d) != d]
+    if not differ:
+        return "the model's weights changed"
+    names = f"{', '.join(differ[:3])}{f' and {len(differ) - 3} more' if len(differ) > 3 else ''}"
+    return (f"the model's weights changed: {names} ({len(differ)} of {len(after)} tensors) "
+            f"{'differs' if len(differ) == 1 else 'differ'} from the captured model's (a checkpoint loaded or "
+            f"converted otherwise on this machine fails the same way: compare those tensors with the reference's "
+            f"before regenerating)")
+
+
+def _digests(text: Any) -> dict[str, str]:
+    if not isinstance(text, str) or not text:
+        return {}
+    return dict(part.rsplit("=", 1) for part in text.split(";") if "=" in part)
 
 
 def structure_changes(model: Any, recorded: dict[str, Any]) -> str:

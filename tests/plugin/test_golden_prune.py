@@ -421,7 +421,7 @@ def test_a_capture_run_says_which_kept_goldens_no_longer_match_their_check(proje
     changed = project.runpytest("--rocm-parity", "--parity-mode=capture", "-rs")
     changed.assert_outcomes(skipped=1)
     changed.stdout.fnmatch_lines(["*kept, and no longer matches this check: stale golden */tiny/manifest.json for "
-                                  "'tiny': the model's weights changed. Regenerate *--parity-regen='tiny'*"])
+                                  "'tiny': the model's weights changed: *Regenerate *--parity-regen='tiny'*"])
     changed.stdout.fnmatch_lines(["goldens stale (*--parity-regen rewrites them): tiny"])
     assert "goldens kept" not in changed.stdout.str()
 

@@ -175,7 +175,7 @@ def test_model(parity):
                                  "default to this name*name='b/test_model.py::test_model'*"])
     replayed = project.runpytest("--rocm-parity", "b")
     replayed.assert_outcomes(failed=1)
-    replayed.stdout.fnmatch_lines(["*GoldenStale: stale golden*the model's weights changed. It was captured by "
+    replayed.stdout.fnmatch_lines(["*GoldenStale: stale golden*the model's weights changed* It was captured by "
                                    "a/test_model.py::test_model, and this check runs in b/test_model.py::test_model*"
                                    "own name= instead of regenerating. Regenerate*"])
 

@@ -65,7 +65,8 @@ def test_weight_nudged_by_one_ulp(golden: Golden) -> None:
     m = tiny()
     with torch.no_grad():
         m.fc2.weight[0, 0] = torch.nextafter(m.fc2.weight[0, 0], torch.tensor(1.0))
-    stale(golden, "weights changed", model=m)
+    stale(golden, "weights changed: fc2.weight (1 of 4 tensors) differs from the captured model's",
+          "a checkpoint loaded or converted otherwise", model=m)
 
 
 def test_a_module_without_parameters_added_is_judged_with_a_note(golden: Golden) -> None:
@@ -214,7 +215,7 @@ def test_stale_message_regenerates_that_model_only(two: pytest.Pytester, monkeyp
     result = two.runpytest("--rocm-parity")
     result.assert_outcomes(failed=1, passed=2)
     result.stdout.fnmatch_lines(["*GoldenStale: stale golden */goldens/alpha/manifest.json for 'alpha': "
-                                 "the model's weights changed. Regenerate*--parity-regen='alpha'*"])
+                                 "the model's weights changed: * from the captured model's*Regenerate*--parity-regen='alpha'*"])
     two.runpytest(*_regen_args(result.stdout.str(), "alpha")).assert_outcomes(passed=1)
     after = _manifests(two.path)
     assert after["alpha"] != before["alpha"]
