@@ -76,10 +76,6 @@ def builtin_ops() -> dict[str, OpSpec]:
     def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
         return F.gelu(x, approximate="tanh")
 
-    def gelu_magnitude(x: torch.Tensor) -> torch.Tensor:
-        # x * 0.5 * (1 + erf(x / sqrt 2)): for x << 0 the sum cancels, so judge against |x|
-        return x.abs()
-
     def log_softmax_magnitude(x: torch.Tensor, dim: int) -> torch.Tensor:
         # x - max - log(sum exp(x - max)): the sum is at least 1, so its rounding reaches the output as
         # an absolute error of about one unit roundoff (x = [-4, 0]: -0.0181 off by 4 ulps of itself)
@@ -114,9 +110,9 @@ def builtin_ops() -> dict[str, OpSpec]:
                "scatter_add with repeated indices"),
         OpSpec("add", S.binary_args, torch.add, torch.add, "broadcasting add"),
         OpSpec("mul", S.binary_args, torch.mul, torch.mul, "broadcasting mul"),
-        OpSpec("gelu", lambda dt: with_magnitude(S.unary_args(dt, max_magnitude=big), gelu_magnitude),
+        OpSpec("gelu", lambda dt: S.unary_args(dt, max_magnitude=big, magnitude=S.abs_magnitude),
                F.gelu, F.gelu, "exact (erf) GELU"),
-        OpSpec("gelu_tanh", lambda dt: with_magnitude(S.unary_args(dt, max_magnitude=big), gelu_magnitude),
+        OpSpec("gelu_tanh", lambda dt: S.unary_args(dt, max_magnitude=big, magnitude=S.abs_magnitude),
                gelu_tanh, gelu_tanh, "tanh-approximate GELU"),
         OpSpec("silu", lambda dt: S.unary_args(dt, max_magnitude=big), F.silu, F.silu, "SiLU"),
     ]

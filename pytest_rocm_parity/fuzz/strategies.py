@@ -33,6 +33,7 @@ __all__ = [
     "LAYOUTS",
     "OpArgs",
     "REGIMES",
+    "abs_magnitude",
     "binary_args",
     "dtypes",
     "embedding_args",
@@ -691,10 +692,18 @@ def binary_args(draw: st.DrawFn, dtype: DtypeArg = None) -> OpArgs:
                   magnitude=None, names=("a", "b"))
 
 
+def abs_magnitude(x: torch.Tensor) -> torch.Tensor:
+    """|x|: the scale to judge an activation's error against where its formula cancels, as
+    ``x * 0.5 * (1 + erf(x / sqrt 2))`` (GELU) does for x << 0: its result is tiny, the rounding of the
+    sum is not; public because a failure's reproduction script names it."""
+    return x.abs()
+
+
 @st.composite
 def unary_args(draw: st.DrawFn, dtype: DtypeArg = None, *, max_magnitude: float | None = None,
-               ordinary: float = 8.0) -> OpArgs:
-    """One tensor for an elementwise op (activations)."""
+               ordinary: float = 8.0, magnitude: Callable[..., torch.Tensor] | None = None) -> OpArgs:
+    """One tensor for an elementwise op (activations); ``magnitude``: the scale its error is judged
+    against (abs_magnitude for GELU-like activations), else the truth's own."""
     dt = draw(_dtype_strategy(dtype))
     x = draw(tensors(dt, elements=values(dt, ordinary=ordinary, max_magnitude=max_magnitude)))
-    return OpArgs((x,), names=("x",))
+    return OpArgs((x,), magnitude=magnitude, names=("x",))

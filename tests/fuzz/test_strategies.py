@@ -147,3 +147,17 @@ def test_op_args_repr_is_a_reproduction_aid(data):
     case = data.draw(S.rms_norm_args(torch.float16, max_side=8))
     text = repr(case)
     assert text.startswith("OpArgs(x=float16[") and "K=" in text
+
+
+def test_gelu_judged_against_abs_magnitude_passes_where_it_cancels() -> None:
+    """The documented GELU recipe: torch's own F.gelu at x = -3 fails against its truth's own scale
+    (1 + erf cancels) and passes against |x|."""
+    import torch.nn.functional as F
+
+    from pytest_rocm_parity.fuzz.harness import check_op
+
+    x = torch.tensor([-3.0, -5.0, 0.5])
+    assert not check_op(F.gelu, F.gelu, x, device="cpu").passed
+    case = find(S.unary_args(torch.float32, max_magnitude=3e37, magnitude=S.abs_magnitude), lambda c: True)
+    assert case.magnitude is S.abs_magnitude
+    assert check_op(F.gelu, F.gelu, S.OpArgs((x,), magnitude=S.abs_magnitude, names=("x",)), device="cpu").passed
