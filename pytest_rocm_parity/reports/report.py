@@ -145,7 +145,8 @@ def _env_brief(env: Mapping[str, Any]) -> str:
     if not env:
         return ""
     ver = " ".join(f"{k} {env[k]}" for k in ("cuda", "hip") if env.get(k))
-    return " ".join(str(x) for x in (env.get("backend", ""), env.get("device_name", ""), env.get("arch", ""),
+    arch = env.get("arch", "") if env.get("arch") != env.get("device_name") else ""   # a CPU's name is its arch
+    return " ".join(str(x) for x in (env.get("backend", ""), env.get("device_name", ""), arch,
                                      f"torch {env.get('torch', '')}", ver) if x).strip()
 
 

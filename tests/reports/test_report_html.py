@@ -255,3 +255,11 @@ def test_a_fault_in_the_parents_code_is_located_in_the_html_and_not_called_drift
     report.write_all({"schema": 1, "checks": [res.to_dict()]}, tmp_path)
     html = (tmp_path / "parity-report.html").read_text()
     assert "the fault lies between a (last agreeing) and b (first divergent), in no module" in html
+
+
+def test_a_cpus_environment_is_said_once_in_checks_csv(report_doc: dict[str, Any]) -> None:
+    """A CPU's device name is its arch: the tables say it once, as the failure message does."""
+    env = {"backend": "cpu", "device": "cpu", "device_name": "x86_64", "arch": "x86_64", "torch": "2.13.0+cpu"}
+    doc = {**report_doc, "checks": [{**report_doc["checks"][0], "reference_env": env, "candidate_env": env}]}
+    row = report.check_rows(doc)[0]
+    assert row["reference"] == row["candidate"] == "cpu x86_64 torch 2.13.0+cpu"

@@ -51,7 +51,7 @@ def test_show_json_accepts_manifest_path(goldens: dict[str, Path], capsys: pytes
     assert inspect_cmd.run_show(args) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["name"] == "tiny" and info["format"] == 1 and info["dtypes"] == ["float32"]
-    assert set(info["fingerprint"]) == {"structure", "weights", "weights_of", "tensors", "dtypes"} and info["reference_env"]["backend"] == "cpu"
+    assert set(info["fingerprint"]) == {"structure", "weights", "weights_of", "tensors", "dtypes", "weight_digests"} and info["reference_env"]["backend"] == "cpu"
     rows = {r["layer"]: r for r in info["rungs"]["float32"]["layers"]}
     assert set(rows) >= {"inp", "blocks.0", "blocks.2.fc2", "head", "<output>"}
     r = rows["blocks.0.fc1"]
