@@ -1209,12 +1209,13 @@ def truth_errors(tm: Any, selected: list[Selected]) -> Iterator[None]:
         hint = patched_forwards(tm, "float64 copy")
         raise CaptureError(
             f"the float64 truth run failed in {where}: {type(exc).__name__}: {str(exc)[:300]}{_model_frame(exc)}.{hint} "
-            f"The plugin runs every selected module in float64 on {_device_of(tm)} for its truth. Usual causes: "
-            f"a kernel without a float64 version there, or code that assumes the reference's dtype (a cast to "
-            f"it, a dtype check). Fix: capture with an implementation that runs in float64 (Hugging Face: "
-            f"attn_implementation=\"sdpa\" instead of flex_attention; experts_implementation=\"eager\" for "
-            f"MoE experts; the candidate may still use the fast kernel), or select fewer layers around it with "
-            f"layers=[...]; docs/migrations.md lists the known cases.") from exc
+            f"The plugin runs the whole model in float64 on {_device_of(tm)} for its truth, every module its "
+            f"forward calls, whatever layers= selects. Usual causes: a kernel without a float64 version there, "
+            f"or code that assumes the reference's dtype (a cast to it, a dtype check). Fix: capture with an "
+            f"implementation that runs in float64 (Hugging Face: attn_implementation=\"sdpa\" instead of "
+            f"flex_attention; experts_implementation=\"eager\" for MoE experts; the candidate may still use "
+            f"the fast kernel), or give the custom op a float64 path (a reference implementation it falls back "
+            f"to for float64); docs/migrations.md lists the known cases.") from exc
     finally:
         for h in handles:
             h.remove()
