@@ -71,8 +71,13 @@ def require_model(model: Any) -> None:
 
 
 def require_inputs(inputs: Any) -> None:
-    """InputError for a tensor input on the meta device (shapes without values: nothing to run)."""
+    """InvalidArgument for inputs of no supported form (a generator, a set), InputError for a tensor
+    input on the meta device (shapes without values: nothing to run): before any golden is looked
+    up, so that neither a capture nor a replay sends the user to the other first."""
+    from pytest_rocm_parity.runner.engine import normalize_inputs
     from pytest_rocm_parity.runner.tree import tensor_leaves
+
+    normalize_inputs(inputs)
 
     on_meta = [p for p, t in tensor_leaves(inputs).items() if t.is_meta]
     if on_meta:

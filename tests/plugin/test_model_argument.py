@@ -104,3 +104,18 @@ def test_bad_arguments_are_our_errors_naming_the_argument(project: pytest.Pytest
     out = rep.stdout.str()
     assert "NotImplementedError" not in out and "element 0 of tensors" not in out, out
     assert not any((project.path / "goldens" / n).exists() for n in ("meta-in", "frozen", "unreduced"))
+
+
+def test_inputs_of_no_supported_form_are_refused_before_the_golden_is_looked_up(project: pytest.Pytester) -> None:
+    """A replay with no golden yet must not send the user to capture what capture will refuse."""
+    project.makepyfile(test_gen='''
+from conftest import make_model, make_inputs
+
+def test_gen(parity):
+    parity.check(make_model(), (t for t in [make_inputs()]), name="gen", dtypes=["float32"])
+''')
+    rep = project.runpytest("--rocm-parity", "test_gen.py")
+    rep.assert_outcomes(failed=1)
+    rep.stdout.fnmatch_lines(["*InvalidArgument: inputs: expected a tensor, a tuple of positional inputs or a dict*"
+                              "got generator*"])
+    assert "GoldenMissing" not in rep.stdout.str()
