@@ -677,7 +677,7 @@ def no_random_draws(m: Any) -> Iterator[None]:
 
     from pytest_rocm_parity.errors import CaptureError
 
-    gpus = torch.cuda.is_available() and torch.cuda.is_initialized()   # a GPU the forward runs on is
+    gpus = torch.cuda.is_available() and torch.cuda.is_initialized()   # a forward on a GPU has set it up
 
     def states() -> list[Any]:
         return [torch.default_generator.get_state(), *(torch.cuda.get_rng_state_all() if gpus else [])]
