@@ -21,7 +21,7 @@ from typing import Any
 from pytest_rocm_parity.runner.engine import OUTPUT
 from pytest_rocm_parity.errors import GoldenError, GoldenExists, InvalidArgument
 from pytest_rocm_parity.judging import dtypes as dt
-from pytest_rocm_parity.golden.store import MANIFEST, GoldenStore, RungReader, expected_digest, load_manifest
+from pytest_rocm_parity.golden.store import MANIFEST, PROJECT_KEY, GoldenStore, RungReader, expected_digest, load_manifest
 
 
 def derive(src: GoldenStore, name: str, dst: GoldenStore, new_name: str, dtypes: Sequence[str],
@@ -59,6 +59,10 @@ def derive(src: GoldenStore, name: str, dst: GoldenStore, new_name: str, dtypes:
     new.update(name=new_name, dtypes=list(dtypes), drill=drill, rungs={},
                layers=[l for l in m["layers"] if int(l["level"]) <= drill])
     new["test"] = test
+    project = m.get(PROJECT_KEY)
+    if isinstance(project, str) and Path(src.root).resolve() != Path(dst.root).resolve():
+        # the project is the rootdir relative to the golden directory: say it from the new one
+        new[PROJECT_KEY] = Path(os.path.relpath((Path(src.root) / project).resolve(), Path(dst.root).resolve())).as_posix()
     producers = {d: _rung(src, name, m, d, drill, new) for d in dtypes}
     dst.write(new_name, new, producers, overwrite=dst.exists(new_name))
     return new

@@ -149,3 +149,21 @@ def test_derive_from_a_golden_directory_gives_the_corrected_command(tmp_path: Pa
     assert "goldens/tiny-llama is the directory of the golden 'tiny-llama' (it holds manifest.json)" in err, err
     assert "rocm-parity golden derive goldens tiny-llama --to slim --drill 0" in err, err
     assert cli_main(["golden", "derive", "goldens", "tiny-llama", "--to", "slim", "--drill", "0"]) == 0
+
+
+def test_a_golden_derived_into_another_folder_keeps_its_project(tmp_path: Path) -> None:
+    """The project is the rootdir relative to the golden folder (prune tells this project's goldens
+    by it): derived into another folder, it is said from there."""
+    import json
+
+    from pytest_rocm_parity.golden.store import PROJECT_KEY
+
+    src, dst = GoldenStore(tmp_path / "proj" / "goldens"), GoldenStore(tmp_path / "shared" / "goldens")
+    capture(_model(), torch.randn(4, 8), CheckSpec(name="full", dtypes=["float32"], drill=1), src, "cpu", env={})
+    manifest = src.read_manifest("full")
+    manifest[PROJECT_KEY] = ".."
+    src.manifest_path("full").write_text(json.dumps(manifest))
+    derive(src, "full", dst, "slim", ["float32"], 0)
+    assert dst.read_manifest("slim")[PROJECT_KEY] == "../../proj"
+    derive(src, "full", src, "slim", ["float32"], 0)
+    assert src.read_manifest("slim")[PROJECT_KEY] == ".."
