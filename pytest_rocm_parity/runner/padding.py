@@ -67,20 +67,22 @@ class Padding:
             return self.valid if leaf.split(".", 1)[0].startswith("encoder_") else self.decoder_valid
         return self.valid if "encoder" in key.split("#", 1)[0].split(".") else self.decoder_valid
 
-    def seq_dim(self, t: Any, valid: Any) -> int | None:
+    def seq_dim(self, t: Any, valid: Any, leaf: str = "") -> int | None:
         """The dim of ``t`` that runs over the sequence of the (batch, seq) ``valid`` mask: 1 in a
         (batch, seq, ...) leaf, 2 in a (batch, heads, seq, ...) one (attention weights, whose padded
-        query rows a float64 softmax leaves NaN); None where ``t`` has neither layout."""
+        query rows a float64 softmax leaves NaN); None where ``t`` has neither layout. A (batch, n)
+        leaf as wide as a feature width is features, unless its name is a per-token field."""
         if valid is None or t.dim() < 2 or t.shape[0] != valid.shape[0]:
             return None
-        if t.shape[1] == valid.shape[1] and not (t.dim() == 2 and t.shape[1] in self.widths):
+        if t.shape[1] == valid.shape[1] and not (t.dim() == 2 and t.shape[1] in self.widths
+                                                 and leaf.rpartition(".")[2] not in _PER_TOKEN):
             return 1
         return 2 if t.dim() >= 3 and t.shape[2] == valid.shape[1] else None
 
     def padded(self, key: str, leaf: str, t: Any) -> Any:
         """A bool mask that broadcasts over ``t``, true at its padded positions; None where none apply."""
         valid = self.of_leaf(key, leaf)
-        d = self.seq_dim(t, valid)
+        d = self.seq_dim(t, valid, leaf)
         if d is None:
             return None
         shape = [1] * t.dim()
@@ -91,7 +93,7 @@ class Padding:
         """``ts`` (of one shape) with their padded positions left out, flattened over (batch, seq)."""
         valid = self.of_leaf(key, leaf)
         ref = ts[1] if len(ts) > 1 else ts[0]
-        d = self.seq_dim(ref, valid)
+        d = self.seq_dim(ref, valid, leaf)
         if d is None or any(tuple(t.shape) != tuple(ref.shape) for t in ts):
             return ts
         return tuple(t.movedim(d, 1)[valid.to(t.device)] for t in ts)
@@ -106,6 +108,11 @@ class Padding:
             parts.append(f"{int((~self.decoder_valid).sum())} of the decoder's (decoder_attention_mask == 0)")
         return f"{' and '.join(parts)} not judged"
 
+
+# Hugging Face output fields of one value per token: (batch, seq) whatever the feature widths, so a
+# question-answering model's span logits leave out their padded positions even where the padded
+# length equals hidden_size
+_PER_TOKEN = frozenset({"start_logits", "end_logits"})
 
 # Name parts of the towers of a multimodal model that read no text (CLIP's vision_model, a VLM's
 # vision_tower, image_embeds): the text's attention_mask says nothing about their positions, even

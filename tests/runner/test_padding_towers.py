@@ -47,3 +47,33 @@ def test_a_vision_tower_is_judged_at_the_positions_the_text_pads() -> None:
     name = "vision_model.encoder.layers.1.mlp.fc2"
     res = capture_then_replay(clip, tail_bug(clip(), name), inputs(), spec)
     assert not res[0].passed and res[0].culprit == name, verdicts(res)
+
+
+def qa() -> nn.Module:
+    from transformers import BertConfig, BertForQuestionAnswering
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+    return BertForQuestionAnswering(cfg).eval()
+
+
+def padded_positions_elsewhere(model: nn.Module, mask: torch.Tensor) -> nn.Module:
+    """Span logits that differ at the padded positions only (an unpadded attention kernel leaves
+    them zero): a correct candidate, since padding is not judged."""
+    def zero(_m: nn.Module, _a: object, out: torch.Tensor) -> torch.Tensor:
+        return out * mask[..., None].to(out.dtype)
+    model.get_submodule("qa_outputs").register_forward_hook(zero)
+    return model
+
+
+def test_span_logits_leave_out_padding_where_the_length_equals_the_hidden_size() -> None:
+    """start_logits and end_logits are (batch, seq) with seq == hidden_size == 64: per-token fields,
+    not features."""
+    inputs = {"input_ids": torch.randint(3, 64, (2, 64), generator=torch.Generator().manual_seed(1)),
+              "attention_mask": torch.ones(2, 64, dtype=torch.long)}
+    inputs["attention_mask"][1, -4:] = 0
+    res = capture_then_replay(qa, padded_positions_elsewhere(qa(), inputs["attention_mask"]), inputs,
+                              CheckSpec(name="qa", dtypes=["float32"]))
+    assert res[0].passed, verdicts(res)
+    spans = [o for o in res[0].outputs if o.name in ("<output>.start_logits", "<output>.end_logits")]
+    assert len(spans) == 2 and all(o.prop is not None and o.prop.numel == 2 * 64 - 4 for o in spans)
