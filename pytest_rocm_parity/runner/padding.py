@@ -39,6 +39,7 @@ class Padding:
     decoder_valid: Any = None   # of decoder_attention_mask, in an encoder-decoder model
     encoder_decoder: bool = False
     widths: frozenset[int] = frozenset()
+    channel_first: frozenset[str] = frozenset()   # convolutions: (batch, channels, time, ...) outputs
 
     @classmethod
     def of(cls, model: Any, args: Any, kwargs: Any) -> Padding | None:
@@ -55,7 +56,12 @@ class Padding:
                 return None
         config = getattr(model, "config", None)
         widths = frozenset(v for a in _WIDTHS if isinstance(v := getattr(config, a, None), int))
-        return cls(valid, dec, enc_dec, widths)
+        import torch
+
+        convs = (torch.nn.modules.conv._ConvNd,)
+        channel_first = frozenset(n for n, m in model.named_modules() if isinstance(m, convs)) \
+            if hasattr(model, "named_modules") else frozenset()
+        return cls(valid, dec, enc_dec, widths, channel_first)
 
     def of_leaf(self, key: str, leaf: str) -> Any:
         """The (batch, seq) mask of module call ``key``'s output ``leaf`` (OUTPUT: the model's own)."""
@@ -67,22 +73,24 @@ class Padding:
             return self.valid if leaf.split(".", 1)[0].startswith("encoder_") else self.decoder_valid
         return self.valid if "encoder" in key.split("#", 1)[0].split(".") else self.decoder_valid
 
-    def seq_dim(self, t: Any, valid: Any, leaf: str = "") -> int | None:
+    def seq_dim(self, t: Any, valid: Any, leaf: str = "", key: str = "") -> int | None:
         """The dim of ``t`` that runs over the sequence of the (batch, seq) ``valid`` mask: 1 in a
         (batch, seq, ...) leaf, 2 in a (batch, heads, seq, ...) one (attention weights, whose padded
-        query rows a float64 softmax leaves NaN); None where ``t`` has neither layout. A (batch, n)
-        leaf as wide as a feature width is features, unless its name is a per-token field."""
+        query rows a float64 softmax leaves NaN) or in a convolution's (batch, channels, seq)
+        output; None where ``t`` has neither layout. A (batch, n) leaf as wide as a feature width
+        is features, unless its name is a per-token field."""
         if valid is None or t.dim() < 2 or t.shape[0] != valid.shape[0]:
             return None
-        if t.shape[1] == valid.shape[1] and not (t.dim() == 2 and t.shape[1] in self.widths
-                                                 and leaf.rpartition(".")[2] not in _PER_TOKEN):
+        conv = key.split("#", 1)[0] in self.channel_first
+        if t.shape[1] == valid.shape[1] and not conv and not (t.dim() == 2 and t.shape[1] in self.widths
+                                                              and leaf.rpartition(".")[2] not in _PER_TOKEN):
             return 1
         return 2 if t.dim() >= 3 and t.shape[2] == valid.shape[1] else None
 
     def padded(self, key: str, leaf: str, t: Any) -> Any:
         """A bool mask that broadcasts over ``t``, true at its padded positions; None where none apply."""
         valid = self.of_leaf(key, leaf)
-        d = self.seq_dim(t, valid, leaf)
+        d = self.seq_dim(t, valid, leaf, key)
         if d is None:
             return None
         shape = [1] * t.dim()
@@ -93,7 +101,7 @@ class Padding:
         """``ts`` (of one shape) with their padded positions left out, flattened over (batch, seq)."""
         valid = self.of_leaf(key, leaf)
         ref = ts[1] if len(ts) > 1 else ts[0]
-        d = self.seq_dim(ref, valid, leaf)
+        d = self.seq_dim(ref, valid, leaf, key)
         if d is None or any(tuple(t.shape) != tuple(ref.shape) for t in ts):
             return ts
         return tuple(t.movedim(d, 1)[valid.to(t.device)] for t in ts)

@@ -77,3 +77,33 @@ def test_span_logits_leave_out_padding_where_the_length_equals_the_hidden_size()
     assert res[0].passed, verdicts(res)
     spans = [o for o in res[0].outputs if o.name in ("<output>.start_logits", "<output>.end_logits")]
     assert len(spans) == 2 and all(o.prop is not None and o.prop.numel == 2 * 64 - 4 for o in spans)
+
+
+class ConvOverTokens(nn.Module):
+    """Token embeddings, then a Conv1d over time whose channel count equals the sequence length:
+    its (batch, channels, time) output runs over the sequence along dim 2, not dim 1."""
+
+    def __init__(self, bug: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.conv, self.head = nn.Embedding(64, 16), nn.Conv1d(16, 32, 3, padding=1), nn.Linear(32, 8)
+        if bug:   # wrong in the last three channels of the padded row
+            def hook(_m: nn.Module, _a: object, out: torch.Tensor) -> torch.Tensor:
+                f = torch.ones_like(out)
+                f[1, 29:] = 1.05
+                return out * f
+            self.conv.register_forward_hook(hook)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        h = self.conv(self.emb(input_ids).transpose(1, 2))
+        return self.head(h.transpose(1, 2))
+
+
+def test_a_convolutions_channels_are_no_positions_where_their_count_equals_the_length() -> None:
+    inputs = {"input_ids": torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(1)),
+              "attention_mask": torch.ones(2, 32, dtype=torch.long)}
+    inputs["attention_mask"][1, -3:] = 0
+    spec = CheckSpec(name="conv", dtypes=["float32"], layers=["emb", "conv", "head"], drill=0)
+    assert capture_then_replay(ConvOverTokens, ConvOverTokens(), inputs, spec)[0].passed
+    res = capture_then_replay(ConvOverTokens, ConvOverTokens(bug=True), inputs, spec)
+    assert not res[0].passed and res[0].culprit == "conv", verdicts(res)
