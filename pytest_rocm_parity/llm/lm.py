@@ -364,6 +364,11 @@ def _judge(prompt_len: int, generate: int, top_k: int, ids_cpu: Any, mask_cpu: A
                                                                       reader.get("extra/cached_logits"), lt[:, span], qn)
                         if why:
                             fails.append(why)
+            else:
+                result.notes.append(f"lm: generate={generate}: the golden holds no cached decoding (the model "
+                                    f"returned no KV cache at capture: a recurrent state such as RWKV's, or a "
+                                    f"cache kept inside the model), so decoding step by step with a cache is not "
+                                    f"judged; the full forward and greedy generation are")
             if conf_div:
                 n_div = sum(1 for j in steps if j is not None)
                 fails.append(f"greedy generation diverged in {n_div} of {len(steps)} sequences, {conf_div} of them "

@@ -176,3 +176,25 @@ def test_a_bug_only_in_kv_cache_decoding_is_caught(lm_project: pytest.Pytester, 
     crash = lm_project.runpytest("--rocm-parity", "-k", "llama")
     crash.assert_outcomes(failed=1, deselected=2)
     crash.stdout.fnmatch_lines(["*lm: KV-cache decoding raised RuntimeError: HIP error: an illegal memory access*"])
+
+
+def test_generate_on_a_model_with_no_kv_cache_says_its_cached_decoding_is_not_judged(
+        lm_project: pytest.Pytester) -> None:
+    """RWKV returns a recurrent `state`, no KV cache: its step-by-step decoding cannot be replayed
+    against the golden, and the result says so instead of passing in silence."""
+    lm_project.makepyfile(test_lm='''
+import torch
+import transformers as tf
+
+def test_rwkv(parity):
+    torch.manual_seed(0)
+    cfg = tf.RwkvConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, attention_hidden_size=32,
+                        intermediate_size=64, context_length=64)
+    ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(0))
+    parity.check_lm(tf.RwkvForCausalLM(cfg).eval(), ids, name="rwkv", dtypes=["float32"], generate=3)
+''')
+    lm_project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    result = lm_project.runpytest("--rocm-parity", "--parity-report=rep")
+    result.assert_outcomes(passed=1)
+    doc = json.loads((lm_project.path / "rep" / "parity-report.json").read_text())
+    assert any("generate=3: the golden holds no cached decoding" in n for n in doc["checks"][0]["notes"]), doc
