@@ -745,7 +745,7 @@ def replay_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, d
         raise GoldenStale(f"golden {mpath} for {spec.name!r} was captured with other parameters trainable: the "
                           f"candidate {'; '.join(differ)}. Set requires_grad as the reference did, or if the change "
                           f"is intended, regenerate: {regen}", mpath)
-    setting_notes = _setting_notes(manifest, optimizer, clip_grad_norm)
+    setting_notes = _setting_notes(manifest, optimizer, clip_grad_norm) + _mode_notes(inner)
     autocast = autocast_note(manifest, device)
     setting_notes += [autocast] if autocast else []
     factory = optimizer_factory(optimizer)
@@ -779,6 +779,23 @@ def replay_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, d
             result.extra["setting"] = autocast
         results.append(result)
     return results
+
+
+def _mode_notes(model: Any) -> list[str]:
+    """A note where the model came in training mode with modules whose training forward differs
+    from the judged one (BatchNorm on the batch's statistics, dropout): the step runs in eval mode
+    (docs/training.md), so that path is not judged, and a user who passed a model in train() would
+    otherwise believe it was."""
+    import torch
+
+    kinds = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.modules.dropout._DropoutNd)
+    mods = [n for n, m in model.named_modules() if m.training and isinstance(m, kinds)]
+    if not mods:
+        return []
+    return [f"the model came in training mode: {', '.join(mods[:3])}{' ...' if len(mods) > 3 else ''} "
+            f"{'were' if len(mods) > 1 else 'was'} judged in eval mode (BatchNorm on its running statistics, "
+            f"dropout off), as every training check runs, so their training-mode path (the batch's statistics) "
+            f"is not judged; docs/training.md says why"]
 
 
 def _trainable(model: Any) -> list[str]:

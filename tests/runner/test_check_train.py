@@ -440,3 +440,20 @@ def test_a_failing_training_check_saves_the_failing_modules_gradients(golden, tm
     assert "model.layers.1.mlp.down_proj/grad model.layers.1.mlp.down_proj.weight/isolated" in saved
     # the backward reaches the head before the bug: its gradients pass, and are not exported
     assert not any(k.startswith("lm_head/") for k in saved)
+
+
+def test_a_model_in_training_mode_with_batchnorm_is_told_its_batch_statistics_are_not_judged(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    def cnn() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                   torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 4))
+
+    x = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    spec = CheckSpec(name="cnn", dtypes=["float32"])
+    store = GoldenStore(tmp_path)
+    loss = lambda out: out.square().mean()  # noqa: E731
+    capture_train(cnn(), x, spec, store, "cpu", loss=loss)
+    res = replay_train(cnn().train(), x, spec, store, "cpu", loss=loss)[0]
+    assert res.passed and any(n.startswith("the model came in training mode: 1 was judged in eval mode") for n in res.notes), \
+        res.notes
+    assert not any("came in training mode" in n for n in replay_train(cnn().eval(), x, spec, store, "cpu", loss=loss)[0].notes)
