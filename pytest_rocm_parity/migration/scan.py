@@ -879,6 +879,11 @@ def resolve_rules(names: list[str]) -> set[str]:
 _REPORT_SUFFIX = {"text": "txt", "json": "json", "sarif": "sarif"}
 
 
+def _elsewhere(fmt: str) -> str:
+    """The fix for an unwritable --output: a file of the format's name in a folder one can write."""
+    return f"name a file in a folder you can write (-o DIR/scan.{_REPORT_SUFFIX.get(fmt, 'txt')})"
+
+
 def check_output(path: str, fmt: str) -> Path:
     """``--output FILE`` as a path the report can be written to; InvalidArgument naming the path
     and the fix when it cannot be (checked before the scan, which may take minutes)."""
@@ -896,7 +901,7 @@ def check_output(path: str, fmt: str) -> Path:
                               f"(-o {example})")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise InvalidArgument(f"--output {path}: the folder {parent} is not writable here (read-only or no "
-                              f"permission); name a file in a writable folder (-o /tmp/{example})")
+                              f"permission); {_elsewhere(fmt)}")
     return out
 
 
@@ -907,9 +912,8 @@ def write_report(out: Path, text: str, fmt: str) -> None:
         atomic_write(out, text)
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
-        raise InvalidArgument(f"--output {out}: the report cannot be written there ({reason}); name a file in a "
-                              f"writable folder (-o /tmp/scan.{_REPORT_SUFFIX.get(fmt, 'txt')}) or leave out "
-                              f"--output to print it") from None
+        raise InvalidArgument(f"--output {out}: the report cannot be written there ({reason}); "
+                              f"{_elsewhere(fmt)}, or leave out --output to print it") from None
 
 
 def exit_code(result: ScanResult, fail_on: str) -> int:

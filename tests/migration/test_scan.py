@@ -411,6 +411,7 @@ def test_output_in_a_read_only_folder_is_a_usage_error(capsys: pytest.CaptureFix
     monkeypatch.setattr(scan.os, "access", lambda *a, **k: False)   # root may write in a 0555 folder
     code, err = _scan_to(capsys, str(target))
     assert code == 2 and f"the folder {tmp_path} is not writable" in err, err
+    assert "-o DIR/scan.sarif" in err and "/tmp/" not in err, err   # no path of the machine that wrote the hint
 
 
 def test_output_that_fails_at_write_time_is_a_usage_error(capsys: pytest.CaptureFixture[str], tmp_path: Path,
@@ -421,6 +422,7 @@ def test_output_that_fails_at_write_time_is_a_usage_error(capsys: pytest.Capture
     monkeypatch.setattr(scan, "atomic_write", refuse)
     code, err = _scan_to(capsys, str(tmp_path / "x.sarif"))
     assert code == 2 and "cannot be written there (Permission denied)" in err and "Traceback" not in err, err
+    assert "-o DIR/scan.sarif" in err, err
 
 
 def test_ignore_comments_take_rule_ids_and_names_in_any_case() -> None:
