@@ -411,7 +411,7 @@ def test_output_in_a_read_only_folder_is_a_usage_error(capsys: pytest.CaptureFix
     monkeypatch.setattr(scan.os, "access", lambda *a, **k: False)   # root may write in a 0555 folder
     code, err = _scan_to(capsys, str(target))
     assert code == 2 and f"the folder {tmp_path} is not writable" in err, err
-    assert "-o DIR/scan.sarif" in err and "/tmp/" not in err, err   # no path of the machine that wrote the hint
+    assert "-o DIR/scan.sarif" in err, err
 
 
 def test_output_that_fails_at_write_time_is_a_usage_error(capsys: pytest.CaptureFixture[str], tmp_path: Path,
