@@ -355,13 +355,10 @@ def replay_kind_of(model: Any, kind: Any) -> str:
 
 def _close_goldens(store: Any, name: str) -> str:
     """' Goldens of close names here: ...' for a name that may be a typo of goldens on disk, else ''."""
-    import difflib
-
     try:
-        names = [n for n, _ in store.names_on_disk()]
+        close = store.close_names(name)
     except OSError:
         return ""
-    close = difflib.get_close_matches(name, names, n=3, cutoff=0.8)
     return f" Goldens of close names here: {', '.join(map(repr, close))} (a changed name= ?)." if close else ""
 
 

@@ -199,6 +199,12 @@ class GoldenStore:
                 except (GoldenCorrupt, GoldenStale, GoldenTooNew):
                     yield d.name, d
 
+    def close_names(self, name: str, n: int = 3) -> list[str]:
+        """Names of goldens on disk close to ``name`` (a typo, a renamed check), closest first."""
+        import difflib
+
+        return difflib.get_close_matches(name, [g for g, _ in self.names_on_disk()], n=n, cutoff=0.6)
+
     # -- reading ---------------------------------------------------------------------------
     def _inside(self, path: Path) -> Path:
         real = path.resolve()

@@ -21,7 +21,6 @@ pickle is ever loaded) and print JSON with ``--json``.
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import math
 import sys
@@ -109,7 +108,7 @@ def _golden_named(p: Path) -> tuple[Path, dict[str, Any]] | None:
         return hits[0], load_manifest(hits[0] / MANIFEST)
     names = sorted(n for n, _ in on_disk)
     dirs = dict(on_disk)
-    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    close = store.close_names(name, n=1)
     near = f" Did you mean {close[0]!r}: rocm-parity show {folder / dirs[close[0]].name}?" if close else ""
     listed = ", ".join(repr(n) for n in names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
     raise GoldenNotFound(f"{p}: no such file or directory, and no golden in {folder} has the check name {name!r} "
