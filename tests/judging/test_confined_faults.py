@@ -45,4 +45,6 @@ def test_a_zeroed_tail_beside_a_reordered_gemm_fails_and_is_named(mode: str) -> 
     res, = capture_then_replay(Stack, Stack(zeroed=128), x, spec)   # 4% of blocks.0's outputs
     assert not res.passed and res.culprit == "blocks.0", verdicts([res])
     row = next(l for l in res.layers if l.name == "blocks.0")
+    assert row.iso is not None
+    print(f"{mode}: blocks.0: ratio {row.iso.ratio:.3g}x, bound {row.iso.ratio_lo:.3g}x, z={row.iso.z:+.1f}")   # docs/judging.md (-s)
     assert row.iso is not None and row.iso.z <= 3 and "part of its output is computed wrong" in row.reason, row.reason

@@ -93,6 +93,7 @@ def test_a_pooled_output_as_wide_as_the_padded_sequence_is_judged_whole() -> Non
     assert not bug[0].passed and bug[0].first_divergent == "pooler" and bug[0].culprit == "pooler", verdicts(bug)
     pooler = next(l for l in bug[0].layers if l.name == "pooler")
     assert pooler.iso is not None and pooler.iso.numel == 2 * 64   # every column judged
+    print(f"pooler: ratio {pooler.iso.ratio:.3g}x, bound {pooler.iso.ratio_lo:.3g}x, z={pooler.iso.z:+.1f}")   # docs/judging.md (-s)
 
 
 def test_attention_swap_at_bf16_keeps_the_ladder_and_passes() -> None:
