@@ -71,6 +71,13 @@ def validate(model: Any, input_ids: Any, attention_mask: Any, generate: Any) -> 
         raise InputError(f"input_ids: expected a torch.LongTensor of token ids, got {type(input_ids).__name__}")
     if input_ids.is_floating_point() or input_ids.dtype == torch.bool:
         raise InputError(f"input_ids: expected integer token ids, got dtype {input_ids.dtype}; pass ids, not embeddings")
+    if _is_hf(model) and getattr(model.config, "is_encoder_decoder", False):
+        # its logits at position t predict the decoder's token t from the encoder's whole input, so
+        # the causal next-token perplexity and generation check_lm judges would measure nothing
+        raise InvalidArgument(
+            f"check_lm: {type(model).__name__} is an encoder-decoder (config.is_encoder_decoder): its logits are "
+            f"the decoder's, not next-token predictions over input_ids. Judge it with parity.check(model, "
+            f"{{'input_ids': ..., 'decoder_input_ids': ...}}), which compares every layer and the logits")
     if input_ids.dim() == 1:
         input_ids = input_ids.unsqueeze(0)
         if attention_mask is not None and attention_mask.dim() == 1:

@@ -133,6 +133,11 @@ def test_bad(parity):
      "*InputError: attention_mask: row 1 has fewer than 2 real tokens*"),
     ("parity.check_lm(m, torch.ones((1, 4), dtype=torch.long), top_k=0)",
      "*InvalidArgument: check_lm: top_k=0 must be a positive integer*"),
+    # an encoder-decoder's logits are its decoder's: no next-token perplexity over input_ids
+    ("import transformers as tf; parity.check_lm(tf.BartForConditionalGeneration(tf.BartConfig(vocab_size=96, "
+     "d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2, "
+     "encoder_ffn_dim=32, decoder_ffn_dim=32)), torch.ones((1, 4), dtype=torch.long))",
+     "*InvalidArgument: check_lm: BartForConditionalGeneration is an encoder-decoder*parity.check(model*"),
     # a base model without its LM head: refused when captured, not when the golden is replayed
     ("parity.check_lm(m.model, torch.ones((1, 4), dtype=torch.long))",
      "*InvalidArgument: check_lm: the model returned BaseModelOutputWithPast; expected logits*"),
