@@ -168,6 +168,9 @@ def fingerprint(model: Any, classes: bool = False, weights: bool = True,
             digests.append(f"{name}={hashlib.sha256(on_host[i].tobytes()).hexdigest()[:8]}")
     out = {"structure": s.hexdigest()[:16], "weights": w.hexdigest()[:16] if weights else "",
            "tensors": ";".join(entries), "dtypes": ",".join(sorted(dtypes))}
+    adapted = adapter_modules(model)
+    if adapted:
+        out["adapted"] = ";".join(adapted)
     if weights:
         out["weight_digests"] = ";".join(digests)
     if not computed_buffers:
@@ -188,10 +191,29 @@ def _weights_now(model: Any, recorded: dict[str, Any]) -> dict[str, str]:
     return fingerprint(model, computed_buffers=recorded.get("weights_of") != WEIGHTS_OF)
 
 
-def weights_changed(model: Any, recorded: dict[str, Any]) -> str:
+def adapter_modules(model: Any) -> list[str]:
+    """Names of the modules that carry a PEFT adapter (wrappers.is_adapter_layer)."""
+    from pytest_rocm_parity.runner.wrappers import is_adapter_layer
+
+    if not hasattr(model, "named_modules"):
+        return []
+    return [n for n, m in model.named_modules() if is_adapter_layer(m)]
+
+
+def merged_adapters(model: Any, recorded: dict[str, Any]) -> list[str]:
+    """Modules that carry an adapter on one side only: merged into the base weight on the other
+    (``merge_and_unload`` for serving), so their weights differ by the merge while they compute
+    the same function, which the replay judges by their outputs."""
+    was = recorded.get("adapted")
+    before = set(was.split(";")) if isinstance(was, str) and was else set()
+    return sorted(before.symmetric_difference(adapter_modules(model)))
+
+
+def weights_changed(model: Any, recorded: dict[str, Any], merged: list[str] | tuple[str, ...] = ()) -> str:
     """'' when ``model`` has the weights a golden's fingerprint recorded, else what changed, in words:
     a model loaded in another dtype than the captured one is named as such, else the tensors whose
-    sampled values differ (goldens that recorded each tensor's digest)."""
+    sampled values differ (goldens that recorded each tensor's digest). ``merged``: modules whose
+    own tensors may differ (merged_adapters)."""
     now_fp = _weights_now(model, recorded)
     if now_fp["weights"] == recorded.get("weights"):
         return ""
@@ -207,6 +229,9 @@ def weights_changed(model: Any, recorded: dict[str, Any]) -> str:
     differ = [n for n, d in after.items() if before.get(n, d) != d]
     if not differ:
         return "the model's weights changed"
+    differ = [n for n in differ if n.rpartition(".")[0] not in merged]
+    if not differ:
+        return ""
     names = f"{', '.join(differ[:3])}{f' and {len(differ) - 3} more' if len(differ) > 3 else ''}"
     return (f"the model's weights changed: {names} ({len(differ)} of {len(after)} tensors) "
             f"{'differs' if len(differ) == 1 else 'differ'} from the captured model's (a checkpoint loaded or "

@@ -31,6 +31,8 @@ from pytest_rocm_parity.runner.engine import (
     same_structure,
     structure_changes,
     shell_quote,
+    merged_adapters,
+    same_weights,
     weights_changed,
     submodule,
     walk_model,
@@ -167,9 +169,16 @@ def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, An
                             "the model's structure (module names, parameter names or shapes) changed")
     # a quantized model's weights are its codes times scales in a format of the candidate's choosing:
     # judged by what they mean (quant/diagnosis.py), not matched by value
-    changed = "" if problems or _quantized(model, manifest) else weights_changed(model, old)
+    merged = merged_adapters(model, old)
+    changed = "" if problems or _quantized(model, manifest) else weights_changed(model, old, merged)
     if changed:
         problems.append(changed)
+    elif merged and not problems and not same_weights(model, old):
+        notes.append(f"adapter{'s' if len(merged) > 1 else ''} on {', '.join(merged[:3])}"
+                     f"{f' and {len(merged) - 3} more' if len(merged) > 3 else ''} "
+                     f"{'are' if len(merged) > 1 else 'is'} merged into the base weights on one side and not on "
+                     f"the other (merge_and_unload): those weights differ by the merge, and the modules are "
+                     f"judged by their outputs")
     selected = [s.name for s in select(model, spec.layers, spec.drill)]
     old_layers = [l["name"] for l in manifest.get("layers", [])]
     gd = manifest.get("drill")

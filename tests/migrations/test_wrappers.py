@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from parity_models import capture_then_replay, llama, plant, tokens, verdicts
+from pytest_rocm_parity import CheckSpec, GoldenStale
 
 
 def test_data_parallel_candidate_passes_and_a_bug_is_named_by_the_plain_name() -> None:
@@ -31,6 +32,39 @@ def test_peft_wrapped_candidate_maps_to_the_base_model_names() -> None:
         cand.base_model.model.model.layers[1].self_attn.v_proj.lora_B["default"].weight.normal_(0, 0.05)
     res = capture_then_replay(lambda: llama("sdpa"), cand, tokens())
     assert not res[0].passed and res[0].culprit == "model.layers.1.self_attn.v_proj", verdicts(res)
+
+
+def _trained_lora() -> torch.nn.Module:
+    """The 2-layer Llama with a LoRA adapter on q and v whose B matrices are not zero (trained)."""
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(llama("sdpa"), peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
+                                                                lora_alpha=8, init_lora_weights=False))
+    return model.eval()
+
+
+def test_an_adapter_merged_on_one_side_is_judged_by_its_outputs_and_a_wrong_merge_is_named() -> None:
+    """Serving merges the adapter into the base weights (merge_and_unload): those weights differ by
+    the merge, not as another checkpoint, and the modules compute what the adapter did, so the
+    replay judges them (both ways round). A merge that forgets the adapter's scale is named; a
+    changed weight of a module without an adapter is still another model."""
+    res = capture_then_replay(_trained_lora, _trained_lora().merge_and_unload().eval(), tokens(),
+                              CheckSpec(name="m", dtypes=["float32", "bfloat16"]))
+    assert all(r.passed for r in res), verdicts(res)
+    assert any("merged into the base weights on one side" in n for n in res[0].notes), res[0].notes
+    res = capture_then_replay(lambda: _trained_lora().merge_and_unload().eval(), _trained_lora(), tokens())
+    assert res[0].passed, verdicts(res)
+
+    wrong = _trained_lora()
+    for layer in wrong.base_model.model.model.layers:
+        layer.self_attn.v_proj.scaling["default"] = 1.0   # alpha / r = 2 forgotten by the merge
+    res = capture_then_replay(_trained_lora, wrong.merge_and_unload().eval(), tokens())
+    assert not res[0].passed and res[0].culprit == "model.layers.0.self_attn.v_proj", verdicts(res)
+
+    other = _trained_lora().merge_and_unload().eval()
+    with torch.no_grad():
+        other.model.layers[1].mlp.down_proj.weight.mul_(1.01)
+    with pytest.raises(GoldenStale, match=r"weights changed: model\.layers\.1\.mlp\.down_proj\.weight "):
+        capture_then_replay(_trained_lora, other, tokens())
 
 
 def test_accelerate_hooks_on_the_candidate_pass() -> None:
