@@ -385,7 +385,8 @@ def activation_paths(layers: dict[str, dict[str, Any]]) -> dict[str, dict[str, s
     candidate's run. A golden without ``act`` (captured before it was recorded) feeds every recorded
     input, as it was judged then: recapture it to judge another attention implementation fairly.
     """
-    return {key: {p: p for p in (e["act"] if "act" in e else e.get("in", {}))} for key, e in layers.items()}
+    return {key: {p: e.get("in", {}).get(p, p) for p in (e["act"] if "act" in e else e.get("in", {}))}
+            for key, e in layers.items()}
 
 
 class _Judge:
@@ -823,17 +824,26 @@ def _direct_level(inner: Any, keys: list[str], layers: dict[str, dict[str, Any]]
 
 def _swap(key: str, a: Any, kw: Any, paths: dict[str, str], golden: Callable[[str, str], Any],
           notes: list[str], standalone: bool = False) -> tuple[Any, Any, list[str]]:
-    """The call ``(a, kw)`` with each activation leaf (``paths``: path -> path) replaced by its golden
-    value, and the paths whose golden value has another shape than the candidate's.
+    """The call ``(a, kw)`` with each activation leaf (``paths``: path -> its golden tensor's key)
+    replaced by its golden value, and the paths whose golden value has another shape than the
+    candidate's.
 
     Such a leaf keeps the candidate's value, unless the call is ``standalone`` (made on its own, not
     inside its caller's forward): a router that sent the module other tokens changes the shape of
-    what it is called with, and the module on the golden inputs is what its truth is of."""
+    what it is called with, and the module on the golden inputs is what its truth is of.
+
+    One tensor passed at several paths whose golden is one stored tensor (``attn(h, h, h)``) is
+    replaced by one copy: a module may choose its kernel by that identity (nn.MultiheadAttention
+    takes its fused self-attention path only when query is key is value)."""
     import torch
 
     reshaped: list[str] = []
+    same: dict[tuple[int, str], Any] = {}
 
     def fn(p: str, t: Any) -> Any:
+        hit = same.get((id(t), paths[p]))
+        if hit is not None:
+            return hit
         g = golden(key, p)
         if g.shape != t.shape:
             reshaped.append(p)
@@ -841,7 +851,9 @@ def _swap(key: str, a: Any, kw: Any, paths: dict[str, str], golden: Callable[[st
                 notes.append(f"{key}: input {p} is {tuple(t.shape)} on the candidate, {tuple(g.shape)} in the "
                              f"golden; the candidate's value was used")
                 return t
-        return g if g.device == t.device else g.to(t.device)
+        g = g if g.device == t.device else g.to(t.device)
+        same[(id(t), paths[p])] = g
+        return g
     try:   # the usual calls (tensors in plain tuples, lists and dicts): every planned path is found
         root = _patch({"args": a, "kwargs": kw}, _plan(paths), fn, torch.Tensor)
     except _NotPlain:

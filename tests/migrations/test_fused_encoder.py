@@ -1,6 +1,7 @@
-"""nn.TransformerEncoderLayer runs a fused kernel in inference only when no hook is registered in it
-and no torch function mode is active: the plugin's instrumentation must leave that path to run, or a
-bug in the kernel the candidate runs in production goes unjudged."""
+"""torch's fused inference kernels run only under conditions the plugin's instrumentation could
+break: nn.TransformerEncoderLayer's when no hook is registered in it and no torch function mode is
+active, nn.MultiheadAttention's when query is key is value. The plugin must leave those paths to
+run, or a bug in the kernel the candidate runs in production goes unjudged."""
 from __future__ import annotations
 
 import tempfile
@@ -80,3 +81,44 @@ def test_the_nested_path_is_judged_through_the_encoder_and_refused_inside_it(mon
     assert res[0].passed, verdicts(res)
     res = replay_with_kernel_bug(True, spec, monkeypatch)
     assert not res[0].passed and res[0].culprit == "enc", verdicts(res)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Linear(16, 32)
+        self.attn = nn.MultiheadAttention(32, 4, batch_first=True)
+        self.head = nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.emb(x)
+        a, _ = self.attn(h, h, h, need_weights=False)
+        return self.head(a + h)
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+def test_a_bug_in_the_fused_self_attention_kernel_names_the_attention(mode: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """nn.MultiheadAttention takes its fused kernel only when query is key is value: the isolated
+    call on the golden inputs must pass one copy at the three places, as the candidate's forward
+    did, or the isolated call runs the unfused path and the kernel's bug is blamed on no module."""
+    def model() -> SelfAttention:
+        torch.manual_seed(0)
+        return SelfAttention().eval()
+
+    x = torch.randn(2, 10, 16, generator=torch.Generator().manual_seed(1))
+    spec = CheckSpec(name="mha", dtypes=["float32"], replay=mode)
+    assert capture_then_replay(model, model(), {"x": x}, spec)[0].passed
+    calls: list[int] = []
+    real = torch._native_multi_head_attention
+
+    def buggy(*args: object, **kwargs: object) -> tuple[torch.Tensor, ...]:
+        calls.append(1)
+        out = real(*args, **kwargs)
+        return (out[0] * 1.01, *out[1:])
+
+    store = GoldenStore(tempfile.mkdtemp(prefix="parity-fused-"))
+    capture(model(), {"x": x}, spec, store, "cpu")
+    monkeypatch.setattr(torch, "_native_multi_head_attention", buggy)
+    res = replay(model(), {"x": x}, spec, store, "cpu")
+    assert calls and not res[0].passed and res[0].culprit == "attn", verdicts(res)
