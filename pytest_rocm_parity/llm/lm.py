@@ -400,13 +400,15 @@ def _logits_leaf(meta: dict[str, Any]) -> str:
 
 
 def _first_layer_at(result: Any, b: int, s: int) -> str | None:
-    """First layer (execution order) whose propagated error at (b, s) exceeds its budget there."""
+    """First layer (execution order) whose propagated error at (b, s) exceeds its budget there,
+    against the reference's error or the FP8 activation-quantization noise the layer's verdict
+    allows (LeafMetrics.allow_noise), whichever is larger, as the verdict judges it."""
     pos = result.extra.get("_pos_err", {})
     for rec in result.layers:
         e = pos.get(rec.name)
         if e is None:
             continue
         ec, er = float(e[0][b, s]), float(e[1][b, s])
-        if ec > rec.prop_budget * er + 1e-30:
+        if ec > rec.prop_budget * max(er, rec.prop.noise if rec.prop is not None else 0.0) + 1e-30:
             return rec.name
     return None

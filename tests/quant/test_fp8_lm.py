@@ -40,3 +40,40 @@ def test_check_lm_on_an_fnuz_port(pytester: pytest.Pytester, monkeypatch: pytest
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*culprit: model.layers.1.mlp.down_proj*",
                                  "*likely cause: its dequantized weight is 0.5x the reference's*"])
+
+
+QWEN3_TEST = '''
+import os
+import torch
+import transformers as tf
+from pytest_rocm_parity import convert_to_fnuz, quantize_model
+
+def test_lm(parity):
+    torch.manual_seed(0)
+    cfg = tf.Qwen3Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, head_dim=8,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    m = quantize_model(tf.Qwen3ForCausalLM(cfg).eval(), "e4m3fn", weight="channel", activation="token")
+    if os.environ.get("FNUZ"):
+        convert_to_fnuz(m)
+        m.model.layers[1].mlp.down_proj.weight_scale.data /= 2   # the scale not doubled
+    ids = torch.randint(2, 128, (2, 24), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    ids[1, :15], mask[1, :15] = 0, 0
+    parity.check_lm(m, ids, attention_mask=mask, name="qwen3-fp8", dtypes=["bfloat16"], generate=3)
+'''
+
+
+def test_the_flip_is_located_beyond_the_quantization_noise_only(pytester: pytest.Pytester,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the tokens first flip confidently, a layer is named only where its error there exceeds
+    what its own verdict allows, the FNUZ port's activation-quantization noise included: the
+    correctly converted layers before the culprit carry that noise at every position."""
+    pytester.makepyfile(test_qwen3=QWEN3_TEST)
+    monkeypatch.delenv("FNUZ", raising=False)
+    pytester.runpytest("--rocm-parity", "--parity-mode=capture", "-p", "no:cacheprovider").assert_outcomes(passed=1)
+    monkeypatch.setenv("FNUZ", "1")
+    result = pytester.runpytest("--rocm-parity", "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*culprit: model.layers.1.mlp.down_proj*"])
+    located = [line for line in result.stdout.lines if "layer that diverged first there" in line]
+    assert located and not any("model.layers.0" in line for line in located), located
