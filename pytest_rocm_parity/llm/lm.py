@@ -9,7 +9,9 @@ that position.  docs/lm.md gives the rule's numbers.
 """
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from typing import Any
 
 from pytest_rocm_parity.judging import dtypes as dt
@@ -48,6 +50,22 @@ def _require_logits(model: Any, args: Any, kwargs: Any) -> None:
             f"check_lm: {type(model).__name__} returned {tuple(logits.shape)} {logits.dtype} where next-token logits "
             f"(batch, tokens, {vocab if vocab is not None else 'vocabulary'}) belong: not a language model's head. "
             f"Pass the model with its LM head (e.g. AutoModelForCausalLM), or use parity.check for other models")
+
+
+@contextlib.contextmanager
+def _positions_past_the_model(model: Any, prompt_len: int, generate: int) -> Iterator[None]:
+    """An InputError where greedy decoding fails past the model's max_position_embeddings: a
+    learned position table (OPT, GPT-2) has no row for them, and its IndexError says nothing of it."""
+    try:
+        yield
+    except (IndexError, RuntimeError) as exc:
+        limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        if not isinstance(limit, int) or prompt_len + generate <= limit:
+            raise
+        raise InputError(f"generate={generate}: the prompt's {prompt_len} tokens and {generate} generated ones "
+                         f"run past the model's max_position_embeddings={limit}, where decoding failed "
+                         f"({type(exc).__name__}: {str(exc)[:120]}); give a prompt of at most "
+                         f"{limit - generate} tokens or generate at most {max(0, limit - prompt_len)}") from exc
 
 
 def _is_hf(model: Any) -> bool:
@@ -228,6 +246,10 @@ def check_lm(parity: Any, model: Any, input_ids: Any, *, name: str | None = None
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
             raise InvalidArgument(f"check_lm: top_k={top_k!r} must be a positive integer: the k of the mutual top-k "
                                   f"containment of the candidate's and the reference's tokens (default 5)")
+        if (v := vocab_size(model)) is not None and top_k >= v:
+            raise InvalidArgument(f"check_lm: top_k={top_k} is not below the model's vocabulary of {v} tokens, so "
+                                  f"every token would be in the top k and the containment would judge nothing; "
+                                  f"give a k below {v} (default 5)")
         input_ids, attention_mask = validate(model, input_ids, attention_mask, generate)
         spec = parity._spec(model, name, dtypes, layers, tolerance, drill, ladder=ladder,
                             inputs={"input_ids": input_ids, "attention_mask": attention_mask})
@@ -252,7 +274,7 @@ def check_lm(parity: Any, model: Any, input_ids: Any, *, name: str | None = None
         if generate:
             m32 = prepare_model(model, parity.device, torch.float32).eval()
             home = home_device(m32, parity.device)
-            with numerics("float32"):
+            with numerics("float32"), _positions_past_the_model(model, prompt_len, generate):
                 cont, _ = greedy(m32, input_ids.to(home),
                                  None if attention_mask is None else attention_mask.to(home), generate)
             cont = cont.cpu()

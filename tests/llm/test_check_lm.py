@@ -133,6 +133,14 @@ def test_bad(parity):
      "*InputError: attention_mask: row 1 has fewer than 2 real tokens*"),
     ("parity.check_lm(m, torch.ones((1, 4), dtype=torch.long), top_k=0)",
      "*InvalidArgument: check_lm: top_k=0 must be a positive integer*"),
+    ("parity.check_lm(m, torch.ones((1, 4), dtype=torch.long), top_k=96)",
+     "*InvalidArgument: check_lm: top_k=96 is not below the model's vocabulary of 96 tokens*"),
+    # learned positions (OPT) have no row past max_position_embeddings
+    ("import transformers as tf; parity.check_lm(tf.OPTForCausalLM(tf.OPTConfig(vocab_size=96, hidden_size=16, "
+     "num_hidden_layers=1, ffn_dim=32, num_attention_heads=2, word_embed_proj_dim=16, "
+     "max_position_embeddings=12)), torch.ones((1, 10), dtype=torch.long), generate=4)",
+     "*InputError: generate=4: the prompt's 10 tokens and 4 generated ones run past the model's "
+     "max_position_embeddings=12*give a prompt of at most 8 tokens or generate at most 2*"),
     # an encoder-decoder's logits are its decoder's: no next-token perplexity over input_ids
     ("import transformers as tf; parity.check_lm(tf.BartForConditionalGeneration(tf.BartConfig(vocab_size=96, "
      "d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2, "
