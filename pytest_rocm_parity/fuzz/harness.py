@@ -31,6 +31,7 @@ import math
 import os
 import sys
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -76,6 +77,7 @@ _PRECISION: dict[torch.dtype, tuple[int, int]] = {
     torch.float16: (11, -14),
     torch.bfloat16: (8, -126),
 }
+_PRECISION_NAMES = frozenset(_dname(d) for d in _PRECISION)
 # default ulps for the final-rounding term: low-precision results are rounded once
 # from a float32 value (0.5 ulp, doubled for safety); float32 results come from
 # libm/fast intrinsics (CUDA expf: 2 ulp; __expf and ex2.approx more) and short op chains.
@@ -294,7 +296,8 @@ def _build_message(result: OpResult) -> str:
             if o.judged_as == "structure":
                 lines.append(f"  {o.path}: {o.reason}")
                 continue
-            lines.append(f"  {o.path}: shape {list(o.shape)}, {o.dtype}"
+            written = "" if o.path.startswith("out") else " (an argument both functions write; they returned None)"
+            lines.append(f"  {o.path}{written}: shape {list(o.shape)}, {o.dtype}"
                          + (f" judged as {o.judged_as}" if o.judged_as != "shape" else ""))
             if o.reason:
                 lines.append(f"    {o.reason}")
@@ -304,20 +307,42 @@ def _build_message(result: OpResult) -> str:
             if o.worst_index is not None:
                 lines.append(f"    Greatest error/tolerance: {o.max_ratio:.3g} at index {o.worst_index}: "
                              f"candidate {o.worst_candidate!r}, truth {o.worst_truth!r}, tol {o.worst_tol:.3g}")
-                lines.append(f"    Greatest absolute difference: {o.max_abs_err:.6g}")
+                special = not all(math.isfinite(v) for v in (o.worst_candidate or 0.0, o.worst_truth or 0.0))
+                lines.append(f"    Greatest absolute difference{' among finite elements' if special else ''}: "
+                             f"{o.max_abs_err:.6g}")
+        worst = _worst_seen()
+        if worst is not None and worst.ratio > result.max_ratio:
+            lines.append(f"Worst seen in this search: err/tol {worst.ratio:.3g} with {worst.where}; Hypothesis "
+                         f"reports the smallest failing example it shrank to, not the worst "
+                         f"(err/tol {result.max_ratio:.3g} here)")
     lines.append(f"Candidate: {result.candidate} on {result.device}; truth: {result.reference} in float64 on cpu")
-    floating = any(o.judged_as not in ("exact", "shape", "structure") for o in result.outputs)
-    lines.append(f"Error model: {result.model}" if floating or result.error else
-                 "Error model: exact (no floating output: integer, bool and other values must match)")
+    lines.append(_model_line(result))
     lines.append("Inputs:")
     lines.extend(f"  {text}" for text in result.inputs)
     if result.reproduction:
         lines.append("Reproduce:")
         lines.extend(f"  {line}" for line in result.reproduction.splitlines())
-    if _under_hypothesis():
-        lines.append("Hypothesis keeps this failing example in its database (.hypothesis/) and replays it first "
+    database = _hypothesis_database()
+    if database is not None:
+        lines.append(f"Hypothesis keeps this failing example in its database ({database}) and replays it first "
                      "on the next run; settings(print_blob=True) prints a @reproduce_failure line.")
     return "\n".join(lines)
+
+
+def _model_line(result: OpResult) -> str:
+    """The "Error model:" line: the tolerance where a floating value was or would have been judged, else
+    what was compared instead."""
+    unmatched = [o for o in result.outputs if o.judged_as in ("shape", "structure")]
+    floating = [o for o in result.outputs
+                if o.judged_as in _PRECISION_NAMES or (o.judged_as == "shape" and o.dtype in _PRECISION_NAMES)]
+    if result.error or floating:
+        its = "its" if len(unmatched) == 1 else "their"
+        note = (f" (not applied to {', '.join(o.path for o in unmatched)}: {its} shape or structure differs from "
+                f"the truth's, so no value there was compared)") if unmatched else ""
+        return f"Error model: {result.model}{note}"
+    if any(o.judged_as == "exact" for o in result.outputs):
+        return "Error model: exact (no floating output: integer, bool and other values must match)"
+    return ("Error model: not applied: no output has the truth's shape and structure, so no value was compared")
 
 
 def _under_hypothesis() -> bool:
@@ -327,6 +352,85 @@ def _under_hypothesis() -> bool:
         return bool(hyp is not None and hyp.currently_in_test_context())
     except Exception:   # an older Hypothesis without the function
         return False
+
+
+def _hypothesis_database() -> str | None:
+    """Where the running Hypothesis test saves failing examples, or None where it saves none
+    (``database=None``, ``derandomize=True``) or no Hypothesis test runs this comparison."""
+    if not _under_hypothesis():
+        return None
+    from hypothesis import settings
+
+    database = settings.default.database   # inside a test: the settings that test runs with
+    if database is None:
+        return None
+    path = getattr(database, "path", None)
+    if path is None:
+        return type(database).__name__
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd())) + os.sep
+    except ValueError:
+        return str(path) + os.sep
+
+
+@dataclass
+class _Worst:
+    """The worst err/tol one Hypothesis run has seen; ``run``: that run's random generator, its identity."""
+
+    run: Any
+    ratio: float
+    where: str
+
+
+# per Hypothesis test function; a test shrinks a failure to its smallest input, which for an error that
+# grows with the input (an accumulation in bf16) sits just over the threshold: the threshold problem,
+# https://github.com/HypothesisWorks/hypothesis/issues/2180
+_WORST: weakref.WeakKeyDictionary[Any, _Worst] = weakref.WeakKeyDictionary()
+
+
+def _search_context() -> tuple[Any, Any] | None:
+    """(the Hypothesis test function, its run) when a Hypothesis test runs this comparison, else None."""
+    if not _under_hypothesis():
+        return None
+    from hypothesis.control import current_build_context
+
+    context = current_build_context()
+    test = getattr(context, "wrapped_test", None)
+    if test is None:
+        return None
+    return test, getattr(context.data, "_random", None)
+
+
+def _observe_search(result: OpResult, named: Sequence[tuple[str, Any]]) -> None:
+    """Under Hypothesis: keep the worst err/tol of this run, with its inputs' shapes, for the message.
+
+    Not ``hypothesis.target``: its optimiser hill-climbs through failing examples element by element
+    once the search is half done (a bf16-accumulating softmax: 1160 failing examples, 148 s against 11 s);
+    docs/fuzzing.md shows how a test opts in."""
+    found = _search_context()
+    if found is None or result.error or not result.outputs:
+        return
+    test, run = found
+    try:
+        worst = _WORST.get(test)
+        if worst is not None and worst.run is run and worst.ratio >= result.max_ratio:
+            return
+        where = "; ".join(f"{label}: {_short(v)}" for label, v in named if isinstance(v, torch.Tensor))
+        _WORST[test] = _Worst(run, result.max_ratio, f"{result.candidate}({where})")
+    except TypeError:   # a test object that takes no weak reference: no worst kept
+        pass
+
+
+def _worst_seen() -> _Worst | None:
+    """The worst err/tol the running Hypothesis test has seen in this run."""
+    found = _search_context()
+    if found is None:
+        return None
+    try:
+        worst = _WORST.get(found[0])
+    except TypeError:
+        return None
+    return worst if worst is not None and worst.run is found[1] else None
 
 
 def _raise(result: OpResult) -> None:
@@ -388,8 +492,12 @@ def _callable_expr(fn: Any) -> tuple[set[str], str] | None:
             return None
         parts = [inner[1], *map(repr, fn.args), *(f"{k}={v!r}" for k, v in fn.keywords.items())]
         return inner[0] | {"functools"}, f"functools.partial({', '.join(parts)})"
-    if isinstance(fn, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-        return {"torch"}, f"torch.ops.{fn}"
+    op = _operator(fn)
+    if op is not None:
+        module = _registering_module(op[0], fn)
+        if module == "__main__":
+            return None
+        return {"torch"} | ({module} if module else set()), f"torch.ops.{op[0].replace('::', '.')}{op[1]}"
     module, qual = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
     name = getattr(fn, "__name__", None)
     tries: list[tuple[str, str]] = []
@@ -409,6 +517,56 @@ def _callable_expr(fn: Any) -> tuple[set[str], str] | None:
     return None
 
 
+def _custom_op_type() -> Any:
+    """torch.library's ``CustomOpDef`` (what ``@torch.library.custom_op`` returns), where torch has it."""
+    try:
+        from torch._library.custom_ops import CustomOpDef
+    except ImportError:
+        return None
+    return CustomOpDef
+
+
+def _operator(fn: Any) -> tuple[str, str] | None:
+    """(``ns::name``, ``""`` or ``".overload"``) of a torch operator (an ``OpOverloadPacket``, an
+    ``OpOverload``) or a ``torch.library`` custom op, else None."""
+    custom = _custom_op_type()
+    if custom is not None and isinstance(fn, custom):
+        return str(fn._qualname), ""
+    if isinstance(fn, torch._ops.OpOverloadPacket):
+        return str(fn._qualified_op_name), ""
+    if isinstance(fn, torch._ops.OpOverload):
+        return str(fn.overloadpacket._qualified_op_name), f".{fn._overloadname}"
+    return None
+
+
+# namespaces whose operators exist once torch is imported
+_TORCH_OP_NAMESPACES = frozenset({"aten", "prims", "prim", "quantized", "_quantized", "c10d", "_c10d_functional",
+                                  "mkldnn", "onednn", "sparse", "profiler", "inductor", "higher_order",
+                                  "rngprims", "debugprims", "quantized_decomposed"})
+
+
+def _registering_module(qualname: str, fn: Any) -> str | None:
+    """The Python module whose import registers the operator ``qualname`` (a ``torch.library.custom_op``'s
+    decorated function's module, or the module holding the ``torch.library.Library`` that defines it), or
+    None where none is known (torch's own operators, a C++ extension's)."""
+    custom = _custom_op_type()
+    from torch._library import custom_ops
+
+    is_definition = custom is not None and isinstance(fn, custom)
+    definition = fn if is_definition else getattr(custom_ops, "OPDEFS", {}).get(qualname)
+    init = getattr(definition, "_init_fn", None)
+    module = getattr(init, "__module__", None)
+    if isinstance(module, str):
+        return module
+    library_type = torch.library.Library
+    for name, mod in list(sys.modules.items()):
+        for value in list(getattr(mod, "__dict__", {}).values()):
+            # type(), not isinstance(): a deprecation shim warns when its __class__ is read
+            if issubclass(type(value), library_type) and qualname in getattr(value, "_op_defs", ()):
+                return name
+    return None
+
+
 def _assignment(name: str, fn: Any, imports: set[str]) -> str:
     """``name = <expression>``, adding the modules it needs to ``imports``; a placeholder the user fills
     where ``fn`` cannot be named from a fresh interpreter."""
@@ -417,6 +575,9 @@ def _assignment(name: str, fn: Any, imports: set[str]) -> str:
         return (f"{name} = ...  # {_qualname(fn)} is not importable (a lambda, local function, bound method or "
                 f"object, or defined in __main__): assign it here")
     imports |= found[0]
+    op = _operator(fn)
+    if op is not None and found[0] == {"torch"} and op[0].split("::")[0] not in _TORCH_OP_NAMESPACES:
+        return f"{name} = {found[1]}  # import the module that registers {op[0]} above this line"
     return f"{name} = {found[1]}"
 
 
@@ -510,6 +671,9 @@ def _variables() -> list[str]:
 
 
 def _qualname(fn: Callable[..., Any]) -> str:
+    op = _operator(fn)
+    if op is not None:   # torch's own spelling: trial::bad_rms, aten::add.Tensor
+        return op[0] + ("" if op[1] == ".default" else op[1])
     module = getattr(fn, "__module__", None) or ""
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
     return f"{module}.{name}" if module and module not in ("builtins", "__main__") else name
@@ -632,10 +796,12 @@ def _verdict(c: torch.Tensor, t: torch.Tensor, scale: Any, model: ErrorModel, ju
 def _judge(path: str, cand: Any, truth: Any, scale: Any, model: ErrorModel, judged: torch.dtype | None,
            k: int, tf32: bool, alternative: tuple[Any, Any] | None = None) -> OutputRecord:
     if not isinstance(truth, torch.Tensor) or not isinstance(cand, torch.Tensor):
-        same = (type(cand) is type(truth) and cand == truth) or (
-            isinstance(cand, float) and isinstance(truth, float) and math.isnan(cand) and math.isnan(truth))
+        if isinstance(cand, torch.Tensor) or isinstance(truth, torch.Tensor) or type(cand) is not type(truth):
+            return OutputRecord(path, False, (), type(cand).__name__, "structure",
+                                reason=f"candidate returned {_short(cand)}; truth {_short(truth)}")
+        same = cand == truth or (isinstance(cand, float) and math.isnan(cand) and math.isnan(truth))
         return OutputRecord(path, bool(same), (), type(cand).__name__, "exact",
-                            reason="" if same else f"candidate {cand!r} != truth {truth!r}")
+                            reason="" if same else f"candidate {_short(cand)} != truth {_short(truth)}")
     shape = tuple(cand.shape)
     rec = OutputRecord(path, True, shape, _dname(cand.dtype), "exact", numel=cand.numel())
     if tuple(truth.shape) != shape:
@@ -676,9 +842,38 @@ def _judge(path: str, cand: Any, truth: Any, scale: Any, model: ErrorModel, judg
     err = (c - t).abs()
     finite_err = err[torch.isfinite(err)]
     rec.max_abs_err = float(finite_err.max()) if finite_err.numel() else math.inf
-    if not rec.passed and not bool(torch.isfinite(c).all()) and bool(torch.isfinite(t).all()):
-        rec.reason = "candidate produced NaN/inf where the truth is finite (overflow or 0/0 in the kernel?)"
+    if not rec.passed:
+        rec.reason = _special_reason(c, t, ok)
     return rec
+
+
+def _special_reason(c: torch.Tensor, t: torch.Tensor, ok: torch.Tensor) -> str:
+    """What the failing NaN/inf elements did: a NaN/inf the kernel made, or one of the truth it lost."""
+    reasons = []
+    made = ~ok & torch.isfinite(t) & ~torch.isfinite(c)
+    if bool(made.any()):
+        reasons.append(f"candidate produced NaN/inf where the truth is finite at {_count(made)} (overflow or 0/0 "
+                       f"in the kernel?)")
+    lost = ~ok & ~torch.isfinite(t)
+    if bool(lost.any()):
+        idx = tuple(int(i) for i in lost.nonzero()[0])
+        reasons.append(f"candidate returned another value where the truth is NaN/inf at {_count(lost)} (first at "
+                       f"index {idx}: candidate {float(c[idx])!r}, truth {float(t[idx])!r}): the kernel lost a "
+                       f"NaN/inf of its inputs (a nan_to_num, clamp, masked max or where() that drops it?)")
+    return "; ".join(reasons)
+
+
+def _count(mask: torch.Tensor) -> str:
+    n = int(mask.sum())
+    return f"{n} element{'s' if n != 1 else ''}"
+
+
+def _short(value: Any) -> str:
+    """One line naming ``value``: a tensor's dtype and shape, never its elements."""
+    if isinstance(value, torch.Tensor):
+        return f"{_dname(value.dtype)}{list(value.shape)}"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _judge_outputs(result: OpResult, cand_out: Any, truth_out: Any, scale_out: Any, model: ErrorModel,
@@ -697,11 +892,109 @@ def _judge_outputs(result: OpResult, cand_out: Any, truth_out: Any, scale_out: A
     alt_scales = _leaves_like(truth_leaves, alternative[1]) if alternative else {}
     for (path, c), (_, t) in zip(cand_leaves, truth_leaves):
         judged = None
+        alt = (alt_truths[path], alt_scales.get(path)) if path in alt_truths else None
+        if type(c) is float and type(t) is float:
+            # a Python float (``.item()``) was computed in the inputs' precision: judge it as a 0-dim tensor
+            record = _judge(path, _as_float64(c), _as_float64(t), scales.get(path), model,
+                            _lowest(in_dtypes) or torch.float64, k, tf32,
+                            (_as_float64(alt[0]), alt[1]) if alt is not None else None)
+            record.dtype = "float"
+            result.outputs.append(record)
+            continue
         if isinstance(c, torch.Tensor) and c.dtype.is_floating_point:
             judged = _lowest([c.dtype, *in_dtypes])
-        alt = (alt_truths[path], alt_scales.get(path)) if path in alt_truths else None
         result.outputs.append(_judge(path, c, t, scales.get(path), model, judged, k, tf32, alt))
     result.passed = all(o.passed for o in result.outputs)
+
+
+def _as_float64(value: Any) -> Any:
+    """A Python float as a 0-dim float64 tensor, so the error model can judge it; anything else as is."""
+    return torch.tensor(value, dtype=torch.float64) if type(value) is float else value
+
+
+def _argument_leaves(args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[tuple[str, torch.Tensor]]:
+    """Each tensor among the arguments with its path (``args[0]``, ``args[1][2]``, ``kwargs['out']``)."""
+    leaves = [leaf for i, a in enumerate(args) for leaf in _flatten(a, f"args[{i}]")]
+    leaves += [leaf for key, v in kwargs.items() for leaf in _flatten(v, f"kwargs[{key!r}]")]
+    return [(path, v) for path, v in leaves if isinstance(v, torch.Tensor)]
+
+
+def _same_values(before: torch.Tensor, after: torch.Tensor) -> bool:
+    """Whether ``after`` (a copy of ``before`` that an op was given) still holds ``before``'s values."""
+    if tuple(before.shape) != tuple(after.shape):
+        return False
+    if not (before.dtype.is_floating_point or after.dtype.is_floating_point):
+        return bool(torch.equal(before.detach().cpu(), after.detach().to("cpu", before.dtype)))
+    x = before.detach().to("cpu", torch.float64)
+    y = after.detach().to("cpu", torch.float64)
+    return bool(((x == y) | (torch.isnan(x) & torch.isnan(y))).all())
+
+
+def _reference_writes(reference: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> set[str]:
+    """Paths of the arguments ``reference`` writes, whatever it writes: a write of the value already
+    there (``out`` zeros, the sum of zeros) changes nothing, yet is a result to compare. Read from the
+    schemas of the operators it dispatches (``Tensor(a!)``), on float64 copies."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    a = _map(tuple(args), _to_truth_input)
+    kw = _map(dict(kwargs), _to_truth_input)
+    written: set[int] = set()
+
+    class _Writes(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            for i, arg in enumerate(func._schema.arguments):
+                if arg.alias_info is not None and arg.alias_info.is_write:
+                    value = args[i] if i < len(args) else kwargs.get(arg.name)
+                    _map(value, lambda t: written.add(t.untyped_storage().data_ptr()))
+            return func(*args, **kwargs)
+
+    with torch.no_grad(), _Writes():
+        reference(*a, **kw)
+    return {path for path, t in _argument_leaves(a, kw)
+            if t.numel() and t.untyped_storage().data_ptr() in written}
+
+
+def _judge_written(result: OpResult, reference: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any],
+                   cand_args: Sequence[Any], cand_kwargs: Mapping[str, Any], truth: _Truth, model: ErrorModel,
+                   in_dtypes: Sequence[torch.dtype], k: int, tf32: bool) -> None:
+    """Both functions returned None: judge the arguments they write (``kernel(x, out)``), each side's own
+    copies after its call, with the error model of outputs."""
+    given = _argument_leaves(args, kwargs)
+    cand = _argument_leaves(cand_args, cand_kwargs)
+    ref = _argument_leaves(truth.args, truth.kwargs)
+    flushed = _argument_leaves(truth.flushed.args, truth.flushed.kwargs) if truth.flushed is not None else None
+    judged = [i for i, (_, t) in enumerate(given) if not (_same_values(t, ref[i][1]) and _same_values(t, cand[i][1]))]
+    if not judged:
+        writes = _reference_writes(reference, args, kwargs)
+        judged = [i for i, (path, _) in enumerate(given) if path in writes]
+    if not judged:
+        raise InvalidArgument(
+            f"compare_op: both {result.candidate} and {result.reference} returned None and changed no argument: "
+            f"nothing compared; return the output or pass it as an argument the function writes (a launcher "
+            f"kernel(x, out) is judged by the out it fills)")
+    one = len(judged) == 1 and isinstance(truth.scale, torch.Tensor)
+    for i in judged:
+        path, c = cand[i]
+        t = ref[i][1]
+        scale = truth.scale if one and _broadcasts(truth.scale, t) else None
+        alt = None
+        if flushed is not None and truth.flushed is not None:
+            alt_scale = truth.flushed.scale if one and _broadcasts(truth.flushed.scale, t) else None
+            alt = (flushed[i][1], alt_scale)
+        dtype = _lowest([c.dtype, *in_dtypes]) if c.dtype.is_floating_point else None
+        result.outputs.append(_judge(path, c, t, scale, model, dtype, k, tf32, alt))
+    result.passed = all(o.passed for o in result.outputs)
+
+
+def _broadcasts(scale: Any, t: torch.Tensor) -> bool:
+    """Whether a magnitude tensor describes ``t`` elementwise (broadcasts to its shape)."""
+    if not isinstance(scale, torch.Tensor):
+        return False
+    try:
+        return bool(torch.broadcast_shapes(tuple(scale.shape), tuple(t.shape)) == tuple(t.shape))
+    except RuntimeError:
+        return False
 
 
 def _leaves_like(truth_leaves: list[tuple[str, Any]], value: Any) -> dict[str, Any]:
@@ -726,21 +1019,39 @@ def _has_subnormals(args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
     return any(found)
 
 
+@dataclass
+class _Truth:
+    """The reference's float64 run: its output, the term magnitudes, and its own copies of the arguments
+    after the call (what an op that writes into an argument wrote); ``flushed``: the same run on inputs
+    with their subnormals flushed to zero, where they hold any."""
+
+    out: Any
+    scale: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    flushed: _Truth | None = None
+
+    def alternative(self) -> tuple[Any, Any] | None:
+        """(truth, scale) of the flush-to-zero run, the form ``_judge`` takes."""
+        return (self.flushed.out, self.flushed.scale) if self.flushed is not None else None
+
+
 def _truth(reference: Callable[..., Any], model: ErrorModel, args: Sequence[Any], kwargs: Mapping[str, Any],
-           ) -> tuple[Any, Any, tuple[Any, Any] | None]:
+           ) -> _Truth:
     """Float64 truth, term magnitudes and, if inputs hold subnormals, the flush-to-zero truth."""
 
-    def run(prep: Callable[[torch.Tensor], torch.Tensor]) -> tuple[Any, Any]:
+    def run(prep: Callable[[torch.Tensor], torch.Tensor]) -> _Truth:
         a = _map(tuple(args), lambda t: _to_truth_input(prep(t)))
         kw = _map(dict(kwargs), lambda t: _to_truth_input(prep(t)))
         out = reference(*a, **kw)
         scale = model.magnitude(*a, **kw) if model.magnitude is not None else None
-        return out, scale
+        return _Truth(out, scale, a, kw)
 
     with torch.no_grad():
-        truth, scale = run(lambda t: t)
-        alternative = run(_flush_subnormals) if model.allow_flush_to_zero and _has_subnormals(args, kwargs) else None
-    return truth, scale, alternative
+        truth = run(lambda t: t)
+        if model.allow_flush_to_zero and _has_subnormals(args, kwargs):
+            truth.flushed = run(_flush_subnormals)
+    return truth
 
 
 # --------------------------------------------------------------------------- public entry points
@@ -791,17 +1102,27 @@ def check_op(candidate: Callable[..., Any], reference: Callable[..., Any], *args
     result = OpResult(passed=False, candidate=_qualname(candidate), reference=_qualname(reference), device=str(dev),
                       inputs=[f"{n}: {describe_value(v)}" for n, v in _named(args, kwargs, names)],
                       reduction_length=k, model=model.describe(judged, k, tf32))
-    truth, scale, alternative = _truth(reference, model, args, kwargs)
-    _refuse_complex("the reference's output", truth)
+    truth = _truth(reference, model, args, kwargs)
+    _refuse_complex("the reference's output", truth.out)
+    cand_args = _map(args, lambda t: place(t, dev))
+    cand_kwargs = _map(kwargs, lambda t: place(t, dev))
     with torch.no_grad():
         try:
-            cand_out = candidate(*_map(args, lambda t: place(t, dev)), **_map(kwargs, lambda t: place(t, dev)))
+            cand_out = candidate(*cand_args, **cand_kwargs)
             _synchronize(dev)
         except Exception as exc:  # the op itself failing on the backend is a parity failure
             result.error = f"{type(exc).__name__}: {exc}"
             result.reproduction = _reproduction(candidate, reference, args, kwargs, dev, model)
             return result
-    _judge_outputs(result, cand_out, truth, scale, model, in_dtypes, k, tf32, alternative)
+    if cand_out is None and truth.out is None:
+        _judge_written(result, reference, args, kwargs, cand_args, cand_kwargs, truth, model, in_dtypes, k, tf32)
+    else:
+        _judge_outputs(result, cand_out, truth.out, truth.scale, model, in_dtypes, k, tf32, truth.alternative())
+    if judged is None:
+        floating = [getattr(torch, o.judged_as) for o in result.outputs if o.judged_as in _PRECISION_NAMES]
+        if floating:   # a floating output of integer inputs (or a Python float) is judged in its own precision
+            result.model = model.describe(_lowest(floating), k, tf32)
+    _observe_search(result, _named(args, kwargs, names))
     if not result.passed:
         result.reproduction = _reproduction(candidate, reference, args, kwargs, dev, model)
     return result
@@ -1033,14 +1354,19 @@ def record_golden(path: str | os.PathLike[str], candidate: Callable[..., Any], r
         if case.inter is not None:
             model = replace(model, inter=max(model.inter, case.inter))
         args, kwargs = tuple(case.args), dict(case.kwargs)
-        truth, scale, alternative = _truth(reference, model, args, kwargs)
+        truth = _truth(reference, model, args, kwargs)
+        if truth.out is None:
+            raise InvalidArgument(
+                f"record_golden: the reference {_qualname(reference)} returned None, and a golden stores returned "
+                f"outputs only, so its replay would compare nothing; record a wrapper that returns what the op "
+                f"writes, e.g. lambda out, a, b: (op(out, a, b), out)[1], for the candidate and the reference")
         with torch.no_grad():
             out = candidate(*_map(args, lambda t: place(t, dev)), **_map(kwargs, lambda t: place(t, dev)))
             _synchronize(dev)
         entries.append({
             "args": packer.pack(args, f"{i}.args"), "kwargs": packer.pack(kwargs, f"{i}.kwargs"),
-            "truth": packer.pack(truth, f"{i}.truth"), "scale": packer.pack(scale, f"{i}.scale"),
-            "flushed": packer.pack(alternative, f"{i}.ftz"),
+            "truth": packer.pack(truth.out, f"{i}.truth"), "scale": packer.pack(truth.scale, f"{i}.scale"),
+            "flushed": packer.pack(truth.alternative(), f"{i}.ftz"),
             "reference_output": packer.pack(_map(out, lambda t: t.detach().cpu()), f"{i}.ref"),
             "reduction_length": case.reduction_length,
             "inter": case.inter,

@@ -114,12 +114,13 @@ def test_failure_message_describes_inputs_for_reproduction():
     assert "Hypothesis" not in msg   # a plain test or a pasted reproduction keeps no Hypothesis database
 
 
-def test_a_failure_under_hypothesis_says_where_it_keeps_the_example():
+def _message_under_hypothesis(**options: object) -> str:
+    """The failure message of a comparison run inside a one-example Hypothesis test with these settings."""
     from hypothesis import given, settings, strategies as st
 
     messages: list[str] = []
 
-    @settings(max_examples=1, database=None)
+    @settings(max_examples=1, **options)  # type: ignore[arg-type]
     @given(st.just(0))
     def fuzzed(_x: int) -> None:
         try:
@@ -128,7 +129,22 @@ def test_a_failure_under_hypothesis_says_where_it_keeps_the_example():
             messages.append(str(exc))
 
     fuzzed()
-    assert messages and "Hypothesis keeps this failing example in its database" in messages[0]
+    assert messages
+    return messages[0]
+
+
+def test_a_failure_under_hypothesis_says_where_it_keeps_the_example(tmp_path) -> None:
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    msg = _message_under_hypothesis(database=DirectoryBasedExampleDatabase(tmp_path / "examples"))
+    assert f"Hypothesis keeps this failing example in its database ({tmp_path / 'examples'}" in msg
+
+
+@pytest.mark.parametrize("options", [{"database": None}, {"derandomize": True}], ids=["database=None", "derandomize"])
+def test_a_failure_under_hypothesis_without_a_database_claims_none(options: dict[str, object]) -> None:
+    """database=None and derandomize=True save nothing: the message must not promise a replay."""
+    msg = _message_under_hypothesis(**options)
+    assert "Operator outputs are not close" in msg and "database" not in msg and "replays it" not in msg
 
 
 def test_candidate_exceptions_become_parity_failures():
@@ -227,3 +243,78 @@ def test_a_failure_describes_a_one_element_shape_as_the_tuple_it_is() -> None:
     result = check_op(lambda x, shape: F.layer_norm(x, shape) * 1.1, F.layer_norm, torch.randn(4, 8), (8,),
                       device="cpu")
     assert not result.passed and "args[1]: (8,)" in result.message()
+
+
+def test_a_python_float_output_is_judged_in_the_inputs_precision() -> None:
+    """``x.sum().item()`` of a float32 x was computed in float32: the float32 model judges it, not equality."""
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    result = check_op(lambda t: t.sum().item(), lambda t: t.sum().item(), x, device="cpu")
+    assert result.passed, result.message()
+    assert (result.outputs[0].dtype, result.outputs[0].judged_as) == ("float", "float32")
+    wrong = check_op(lambda t: t.sum().item() * 1.001, lambda t: t.sum().item(), x, device="cpu")
+    assert not wrong.passed and wrong.max_ratio > 1
+    assert "Error model: tol = 8 ulp_float32(truth)" in wrong.message()
+    ints = torch.arange(10)   # no floating input: a Python float is a float64 value
+    assert check_op(lambda t: float(t.sum()), lambda t: float(t.sum()), ints, device="cpu").outputs[0].judged_as \
+        == "float64"
+
+
+def test_a_missing_output_is_named_in_one_line() -> None:
+    x = torch.randn(1000)
+    result = check_op(lambda t: None, lambda t: t * 2, x, device="cpu")
+    assert not result.passed and result.outputs[0].reason == "candidate returned None; truth float64[1000]"
+    flipped = check_op(lambda t: t * 2, lambda t: None, x, device="cpu")
+    assert flipped.outputs[0].reason == "candidate returned float32[1000]; truth None"
+    msg = result.message()
+    assert "  out: candidate returned None; truth float64[1000]\n" in msg and "tensor(" not in msg
+    assert "Error model: not applied" in msg
+
+
+def test_a_wrong_shape_of_a_float_output_does_not_claim_an_exact_model() -> None:
+    msg = check_op(lambda t: t[:2], lambda t: t, torch.randn(4), device="cpu").message()
+    assert "  out: shape [2], float32\n    shape [2] but the truth has shape [4]\n" in msg
+    assert "exact (no floating output" not in msg
+    assert "Error model: tol = 8 ulp_float32(truth)" in msg and "not applied to out: its shape" in msg
+
+
+def test_a_nan_of_the_truth_that_the_candidate_lost_is_named() -> None:
+    x = torch.tensor([[1.0, float("nan"), 2.0], [1.0, 2.0, 3.0]])
+    result = check_op(lambda t, d: torch.softmax(t, d).nan_to_num(0.0), torch.softmax, x, -1, device="cpu")
+    record = result.outputs[0]
+    assert not result.passed and record.mismatches == 3
+    assert record.reason.startswith("candidate returned another value where the truth is NaN/inf at 3 elements "
+                                    "(first at index (0, 0): candidate 0.0, truth nan)")
+    msg = result.message()
+    assert "Greatest absolute difference among finite elements:" in msg
+    made = check_op(lambda t: t / 0, lambda t: t, torch.tensor([1.0, float("inf")]), device="cpu").outputs[0]
+    assert made.reason.startswith("candidate produced NaN/inf where the truth is finite at 1 element")
+
+
+def test_a_failure_under_hypothesis_reports_the_worst_ratio_seen() -> None:
+    """An error that grows with the size shrinks to the threshold size, just over 1x: the message also
+    gives the worst err/tol the search met, with that example's shape."""
+    from hypothesis import strategies as st
+
+    def drifting(x: torch.Tensor) -> torch.Tensor:
+        return x * (1 + 1e-9 * x.numel() ** 2)   # relative error n^2/1e9: fails from n ~ 50
+
+    messages: list[str] = []
+
+    @settings(max_examples=100, derandomize=True, database=None, deadline=None)
+    @given(st.integers(1, 2048))
+    def search(n: int) -> None:
+        result = check_op(drifting, lambda x: x, torch.ones(n), device="cpu")
+        if not result.passed:
+            messages.append(result.message())
+            raise AssertionError(messages[-1])
+
+    with pytest.raises(AssertionError):
+        search()
+    final = messages[-1]
+    shrunk = float(final.split("Greatest error/tolerance: ", 1)[1].split(" ", 1)[0])
+    line = next(line for line in final.splitlines() if line.startswith("Worst seen in this search: err/tol "))
+    worst = float(line.removeprefix("Worst seen in this search: err/tol ").split(" ", 1)[0])
+    assert shrunk < 2 and worst > 10 * shrunk, final
+    assert "args[0]: float32[" in line
+    plain = check_op(drifting, lambda x: x, torch.ones(1024), device="cpu").message()
+    assert "Worst seen" not in plain

@@ -146,3 +146,64 @@ def test_reproduction_sets_the_triton_interpreter_the_failing_process_ran(monkey
     monkeypatch.delenv("TRITON_INTERPRET")
     script = check_op(lambda t: torch.softmax(t, -1) + 1, torch.softmax, torch.ones(3), -1, device="cpu").reproduction
     assert "TRITON_INTERPRET" not in script
+
+
+CUSTOM_OPS = '''
+import torch
+
+
+@torch.library.custom_op("rpfuzz::bad_rms", mutates_args=())
+def bad_rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """eps 1e-3 where the caller asked for eps."""
+    r = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-3)
+    return (x.float() * r * weight.float()).to(x.dtype)
+
+
+def rms_ref(x, weight, eps):
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+_lib = torch.library.Library("rpfuzzlib", "DEF")
+_lib.define("scale(Tensor x) -> Tensor")
+_lib.impl("scale", lambda x: x * 1.01, "CompositeExplicitAutograd")
+'''
+
+
+@pytest.fixture(scope="module")
+def custom_ops(tmp_path_factory: pytest.TempPathFactory):
+    """``rpfuzz_ops``: a user's module that registers torch.library operators on import (once per
+    process: torch refuses a second registration)."""
+    root = tmp_path_factory.mktemp("customops")
+    (root / "rpfuzz_ops.py").write_text(CUSTOM_OPS)
+    sys.path.insert(0, str(root))
+    try:
+        import rpfuzz_ops  # noqa: PLC0415
+
+        yield root, rpfuzz_ops
+    finally:
+        sys.path.remove(str(root))
+
+
+@pytest.mark.parametrize("form", ["packet", "overload", "custom_op_def"])
+def test_a_custom_op_is_named_and_its_reproduction_imports_its_module(custom_ops, form: str) -> None:
+    root, module = custom_ops
+    candidate = {"packet": torch.ops.rpfuzz.bad_rms, "overload": torch.ops.rpfuzz.bad_rms.default,
+                 "custom_op_def": module.bad_rms}[form]
+    result = check_op(candidate, module.rms_ref, torch.full((1, 4), 0.01), torch.ones(4), 1e-6, device="cpu")
+    assert not result.passed and result.candidate == "rpfuzz::bad_rms"
+    script = result.reproduction
+    expected = "torch.ops.rpfuzz.bad_rms.default" if form == "overload" else "torch.ops.rpfuzz.bad_rms"
+    assert "import rpfuzz_ops" in script.splitlines() and f"candidate = {expected}" in script.splitlines()
+    proc = _run_pasted(script, root)
+    assert proc.returncode == 1 and "Operator outputs are not close" in proc.stderr, proc.stderr
+    worst = [line.strip() for line in result.message().splitlines() if "Greatest error/tolerance" in line]
+    assert worst and all(line in proc.stderr for line in worst), proc.stderr
+
+
+def test_an_op_defined_through_a_library_object_imports_its_module(custom_ops) -> None:
+    root, _ = custom_ops
+    result = check_op(torch.ops.rpfuzzlib.scale, torch.clone, torch.ones(3), device="cpu")
+    assert not result.passed and result.candidate == "rpfuzzlib::scale"
+    assert "import rpfuzz_ops" in result.reproduction.splitlines()
+    proc = _run_pasted(result.reproduction, root)
+    assert proc.returncode == 1 and "Operator outputs are not close" in proc.stderr, proc.stderr
