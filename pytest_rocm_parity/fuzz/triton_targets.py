@@ -20,6 +20,8 @@ process may have Triton in interpreter mode (TRITON_INTERPRET=1), which compiles
 """
 from __future__ import annotations
 
+import ast
+import builtins
 import dataclasses
 import inspect
 import json
@@ -28,6 +30,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 from typing import Any
 
 from pytest_rocm_parity.errors import InvalidArgument, ParityError
@@ -86,6 +89,8 @@ def launch_signature(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any])
     """(signature, constexprs) of a launch of ``kernel`` with these arguments, in Triton's notation
     ("*fp32" for a float32 tensor, "i32"/"i64" for an int, "fp32" for a float, "constexpr")."""
     fn = _python_function(kernel)
+    if fn is kernel:
+        _refuse_host_function(fn)
     params = list(inspect.signature(fn).parameters.values())
     try:
         bound = inspect.signature(fn).bind(*args, **kwargs)
@@ -163,21 +168,69 @@ def assert_compiles_for(kernel: Any, *args: Any, targets: tuple[str, ...] | list
                  f"it does for {', '.join(b.target for b in builds if b.ok) or 'none of the targets'}."]
         for b in bad:
             lines.append(f"  {b.target}: {b.error}")
-        lines.append(f"Fix: {_advice(source, bad)}")
+        lines.append(f"Fix: {_advice(source, builds)}")
         raise TritonTargetError("\n".join(lines))
     return builds
 
 
-def _advice(source: str, bad: list[TargetBuild]) -> str:
-    if "inline_asm" in source:
+def _advice(source: str, builds: list[TargetBuild]) -> str:
+    """What to change, from which targets failed: a kernel no target builds is wrong for every GPU
+    (its code or the launch's constants), so AMD-specific advice would mislead there."""
+    bad = [b for b in builds if not b.ok]
+    amd = [b for b in bad if b.target.startswith("gfx")]
+    if len(bad) == len(builds) and len(amd) < len(bad):
+        return ("the kernel does not compile for any target, NVIDIA's included, so the cause is in the kernel or "
+                "the launch's arguments (a constexpr such as a non-power-of-2 BLOCK), not in the port to AMD: "
+                "correct what the compiler's message above names.")
+    if "inline_asm" in source and amd:
         return ("inline assembly is written for one instruction set (PTX is not AMDGCN): use tl ops, or give "
                 "each backend its own asm, chosen by triton.runtime.driver.active.get_current_target().backend.")
-    if "extra.cuda" in source or "libdevice" in source:
+    if ("extra.cuda" in source or "libdevice" in source) and amd:
         return "call tl.extra.libdevice (it dispatches per backend) or tl.math instead of CUDA's libdevice."
-    if any(b.target.startswith("gfx") for b in bad):
+    if amd and len(amd) == len(bad) and len(bad) < len(builds):
         return ("read the compiler message above; AMD wavefronts are 64 lanes on gfx9 (CDNA), so shapes that "
                 "assume 32 lanes per warp, and num_warps tuned for NVIDIA, are the usual suspects.")
+    if amd and len(bad) == len(builds):
+        return ("read the compiler message above; only AMD targets were named, so add an NVIDIA one (sm_90) to "
+                "tell a kernel bug (fails there too) from an AMD-specific one.")
     return "read the compiler message above."
+
+
+_MESSAGE_CHARS = 700
+
+
+def _compiler_message(exc: BaseException) -> str:
+    """The compiler's refusal on one bounded line, with its cause.
+
+    Triton's frontend errors read "at L:C:", the kernel's source, a caret, then the cause; a failing
+    call into a @triton.jit helper carries the helper's error as __cause__. Each level gives its
+    location and offending source line, the innermost its cause (arange's range must be a power of 2).
+    Other errors keep every non-empty line; past the bound the middle goes, since the cause is last.
+    """
+    where: list[str] = []
+    cause = ""
+    err: BaseException | None = exc
+    for _ in range(8):
+        if err is None:
+            break
+        lines = [ln.rstrip() for ln in str(err).strip().splitlines()]
+        caret = next((i for i in range(len(lines) - 1, 0, -1)
+                      if lines[i].strip() and set(lines[i].strip()) <= set("^~")), None)
+        if not (lines and re.fullmatch(r"at \d+:\d+:", lines[0].strip()) and caret is not None):
+            text = " | ".join(ln.strip() for ln in lines if ln.strip())
+            cause = text if err is exc or not where else f"{type(err).__name__}: {text}"
+            break
+        defs = [m.group(1) for ln in lines[1:caret] for m in [re.match(r"\s*def\s+(\w+)", ln)] if m]
+        where.append(f"{'in ' + defs[0] + ' ' if defs else ''}{lines[0].strip()[:-1]} `{lines[caret - 1].strip()}`")
+        cause = " ".join(ln.strip() for ln in lines[caret + 1:] if ln.strip())
+        if cause:
+            break
+        err = err.__cause__ or err.__context__
+    message = f"{type(exc).__name__}: " + " -> ".join(where) + (": " if where and cause else "") + cause
+    if len(message) > _MESSAGE_CHARS:
+        half = _MESSAGE_CHARS // 2 - 2
+        message = f"{message[:half]} ... {message[-half:]}"
+    return message
 
 
 def _python_function(kernel: Any) -> Any:
@@ -192,6 +245,81 @@ def _python_function(kernel: Any) -> Any:
     if not inspect.isfunction(fn):
         raise InvalidArgument(f"kernel={kernel!r}: expected a @triton.jit function")
     return fn
+
+
+def _is_kernel_object(obj: Any) -> bool:
+    """A @triton.jit kernel (JITFunction, InterpretedFunction, under autotune/heuristics wrappers)."""
+    return type(obj).__module__.startswith("triton") and hasattr(obj, "fn")
+
+
+def _resolve(fn: Any, node: ast.expr) -> Any:
+    """The object a Name or dotted Attribute in ``fn``'s body refers to, or None where it is not static."""
+    names: list[str] = []
+    while isinstance(node, ast.Attribute):
+        names.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    scope = {**fn.__globals__, **inspect.getclosurevars(fn).nonlocals}
+    obj = scope.get(node.id, getattr(builtins, node.id, None))
+    for name in reversed(names):
+        obj = getattr(obj, name, None)
+    return obj
+
+
+def _host_calls(fn: Any, depth: int = 3) -> tuple[list[str], list[str]]:
+    """(kernels launched as ``kernel[grid](...)``, host functions called) by ``fn``; the launches are
+    followed ``depth`` calls deep into host functions, so a wrapper of a wrapper names the kernel too."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return [], []
+    launched: list[str] = []
+    called: list[str] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        if isinstance(node.func, ast.Subscript):
+            target = _resolve(fn, node.func.value)
+            if _is_kernel_object(target):
+                launched.append(f"{_python_function(target).__module__}.{_python_function(target).__qualname__}")
+            continue
+        target = _resolve(fn, node.func)
+        root = node.func
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        # torch's C functions carry no __module__: the module their name is looked up in says it
+        module = getattr(target, "__module__", None) or getattr(_resolve(fn, root), "__name__", None) or ""
+        if target is None or _is_kernel_object(target) or module.startswith("triton") or module == "builtins":
+            continue
+        if inspect.isfunction(target) or module.split(".")[0] in ("torch", "numpy"):
+            called.append(ast.unparse(node.func) if not inspect.isfunction(target) else
+                          f"{module}.{target.__qualname__}")
+            if inspect.isfunction(target) and depth > 1:
+                launched += _host_calls(target, depth - 1)[0]
+    return list(dict.fromkeys(launched)), list(dict.fromkeys(called))
+
+
+def _refuse_host_function(fn: Any) -> None:
+    """Refuse a plain function that launches kernels or calls host code: a wrapper, not a kernel.
+
+    Why: an undecorated kernel is accepted (triton_stats keeps its own so), so a wrapper passed by
+    mistake would reach Triton's compiler, whose "Unsupported function referenced" names no fix.
+    """
+    launched, called = _host_calls(fn)
+    if not launched and not called:
+        return
+    name = f"{fn.__module__}.{fn.__qualname__}"
+    if launched:
+        kernel = launched[0].rsplit(".", 1)[-1]
+        raise InvalidArgument(
+            f"kernel={name} is not a @triton.jit kernel: it is a Python function that launches "
+            f"{', '.join(launched)}. Pass the kernel it launches, with that launch's arguments without the grid: "
+            f"for `{kernel}[grid](x, y, n, BLOCK=128)`, assert_compiles_for({kernel}, x, y, n, BLOCK=128, targets=...)")
+    raise InvalidArgument(
+        f"kernel={name} is not a @triton.jit kernel: it calls {', '.join(called[:3])}, which a Triton kernel "
+        f"cannot call. Pass the @triton.jit kernel itself (for a wrapper, the `kernel` of its `kernel[grid](...)` "
+        f"launch, with that launch's arguments without the grid)")
 
 
 def _is_constexpr(annotation: Any) -> bool:
@@ -287,7 +415,7 @@ def _worker() -> None:
                 else:
                     row["resources"]["shared_bytes"] = int(getattr(built.metadata, "shared", 0) or 0)
             except Exception as exc:   # the compiler's refusal is the result
-                row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}"
+                row["error"] = _compiler_message(exc)
             finally:
                 sys.stderr.flush()
                 os.dup2(saved, 2)

@@ -2,7 +2,8 @@
 
 A migration usually fails before any number is compared: a visible-devices variable
 that hides every GPU, PYTORCH_ROCM_ARCH missing the device's gfx, a Triton that does
-not match torch.  Each check here is ``ok``, ``warn`` or ``fail`` with a one-line fix.
+not match torch.  Each check here is ``ok``, ``warn`` or ``fail`` with a one-line fix, or
+``skip`` with why it could not run here (a CPU build has no ROCm arch list to read).
 Facts are gathered once (:func:`gather_facts`); checks are pure functions of them so
 tests can feed recorded facts.  Exit code: 0 when no check fails, 1 otherwise
 (``--strict``: warnings fail too); 2 for usage errors (from the CLI).
@@ -28,8 +29,9 @@ from pytest_rocm_parity.migration.rocm_tools import ToolsReport, probe_tools
 from pytest_rocm_parity.quant.formats import FAMILY_FORMATS, FORMATS, native_fp8_family
 from pytest_rocm_parity.tables import text_table
 
-Status = Literal["ok", "warn", "fail"]
+Status = Literal["ok", "warn", "fail", "skip"]
 _RANK = {"ok": 0, "warn": 1, "fail": 2}
+STATUSES: tuple[Status, ...] = ("ok", "warn", "fail", "skip")
 GIB = 1024**3
 VISIBLE_VARS = ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL")
 ARCH_VARS = ("GPU_ARCHS", "HIP_ARCHITECTURES", "FX_GFX_ARCHS")  # flash-attn, mamba/xformers, vLLM
@@ -46,6 +48,33 @@ class Check:
     status: Status
     detail: str
     fix: str = ""
+
+
+def _skipped(names: tuple[str, ...] | list[str], why: str) -> list[Check]:
+    """A row per check that could not run here, saying why: a report that leaves a check out
+    silently reads as if it had passed."""
+    return [Check(n, "skip", f"not checked: {why}") for n in names]
+
+
+_BUILD_NAMES = {"cpu": "CPU", "cuda": "CUDA", "rocm": "ROCm"}
+
+
+def _build(info: BackendInfo) -> str:
+    return f"{_BUILD_NAMES.get(info.backend, info.backend)} build of torch"
+
+
+def _no_gpu_reason(info: BackendInfo) -> str:
+    if info.torch_version is None:
+        return "torch is not importable"
+    if info.backend == "cpu":
+        return "CPU build of torch, no GPU to query"
+    return f"{_build(info)} sees no GPU"
+
+
+def _no_rocm_reason(info: BackendInfo) -> str:
+    if info.torch_version is None:
+        return "torch is not importable"
+    return f"{_build(info)}, not a ROCm build"
 
 
 @dataclass
@@ -170,7 +199,7 @@ def check_backend(f: Facts) -> list[Check]:
 def check_devices(f: Facts) -> list[Check]:
     info = f.info
     if not info.devices:
-        return []
+        return _skipped(["devices"], _no_gpu_reason(info))
     out = []
     for d in info.devices:
         cc = f"cc {d.capability[0]}.{d.capability[1]}" + (" (gfx-derived: CUDA-style gates misfire)" if info.backend == "rocm" else "")
@@ -305,7 +334,11 @@ def check_visible_devices(f: Facts) -> list[Check]:
     env, backend = f.env, f.info.backend
     present = {k: env[k] for k in VISIBLE_VARS if k in env}
     if not present:
-        return [Check("visible-devices", "ok", "no visible-devices variable set: all GPUs visible")]
+        if not f.info.devices:
+            return [Check("visible-devices", "ok", f"no visible-devices variable set, so none hides a GPU "
+                          f"({_no_gpu_reason(f.info)})")]
+        return [Check("visible-devices", "ok", f"no visible-devices variable set: all GPUs visible "
+                      f"(torch sees {len(f.info.devices)})")]
     shown = ", ".join(f"{k}={v!r}" for k, v in present.items())
     out: list[Check] = []
     readable: dict[str, str] = {}
@@ -335,11 +368,14 @@ def _arch_tokens(value: str) -> list[str]:
 
 def check_rocm_arch(f: Facts) -> list[Check]:
     info, env = f.info, f.env
-    if info.backend != "rocm":
+    if info.backend != "rocm" or info.torch_version is None:
+        out = _skipped(["arch-list", "arch-rocm"], _no_rocm_reason(info)) + check_hsa_override(f)
         if "PYTORCH_ROCM_ARCH" in env:
-            return [Check("pytorch-rocm-arch", "ok", f"PYTORCH_ROCM_ARCH={env['PYTORCH_ROCM_ARCH']!r} (unused by a {info.backend} build)")]
-        return []
+            out.append(Check("pytorch-rocm-arch", "ok", f"PYTORCH_ROCM_ARCH={env['PYTORCH_ROCM_ARCH']!r} (unused by a {info.backend} build)"))
+        return out
     out = []
+    if not info.archs:
+        out += _skipped(["arch-list", "arch-rocm"], _no_gpu_reason(info))
     built = {a.split(":")[0] for a in info.arch_list}
     for arch in info.archs:
         if built and arch not in built:
@@ -352,9 +388,7 @@ def check_rocm_arch(f: Facts) -> list[Check]:
         v = compat.check_arch_rocm(arch, info.hip_version)
         if v is not None and v.status != "ok":
             out.append(Check("arch-rocm", v.status, v.detail, v.fix))
-    if "HSA_OVERRIDE_GFX_VERSION" in env:
-        out.append(Check("hsa-override", "warn", f"HSA_OVERRIDE_GFX_VERSION={env['HSA_OVERRIDE_GFX_VERSION']!r} runs kernels built for another gfx",
-                         "unset HSA_OVERRIDE_GFX_VERSION for parity runs; it is a consumer-GPU workaround, not a production setting"))
+    out += check_hsa_override(f)
     value = env.get("PYTORCH_ROCM_ARCH")
     need = info.archs
     if value is None:
@@ -386,6 +420,35 @@ def check_rocm_arch(f: Facts) -> list[Check]:
     return out
 
 
+def _override_arch(value: str) -> str | None:
+    """The gfx target HSA_OVERRIDE_GFX_VERSION names ("11.0.0" -> gfx1100, "9.0.10" -> gfx90a)."""
+    m = re.fullmatch(r"\s*(\d+)\.(\d+)\.(\d+)\s*", value)
+    return f"gfx{int(m.group(1))}{int(m.group(2))}{int(m.group(3)):x}" if m else None
+
+
+def check_hsa_override(f: Facts) -> list[Check]:
+    """HSA_OVERRIDE_GFX_VERSION, reported on every build.
+
+    Why: on ROCm it makes the runtime load code objects built for another ISA on this GPU, a classic
+    cause of wrong results and crashes; a CPU or CUDA build ignores it, but the same environment
+    (a container, a CI job's variables) running a ROCm torch does not.
+    """
+    value = f.env.get("HSA_OVERRIDE_GFX_VERSION")
+    if value is None:
+        return [Check("hsa-override", "ok", "HSA_OVERRIDE_GFX_VERSION unset: the runtime uses each GPU's own ISA")]
+    arch = _override_arch(value)
+    target = f"code built for {arch}" if arch else "code built for another gfx"
+    fix = ("unset HSA_OVERRIDE_GFX_VERSION for parity runs; it is a consumer-GPU workaround, not a production setting")
+    if f.info.backend == "rocm":
+        on = f" on {', '.join(f.info.archs)}" if f.info.archs else ""
+        return [Check("hsa-override", "warn", f"HSA_OVERRIDE_GFX_VERSION={value!r} runs {target}{on}: wrong results or "
+                      "crashes where the ISAs differ", fix)]
+    build = "torch (not importable)" if f.info.torch_version is None else _build(f.info)
+    return [Check("hsa-override", "warn", f"HSA_OVERRIDE_GFX_VERSION={value!r} is set: unused by this {build}, but "
+                  f"under a ROCm build it runs {target} on every GPU (wrong results or crashes where the ISAs differ)",
+                  fix)]
+
+
 def _triton(f: Facts) -> tuple[str | None, str | None]:
     for dist in TRITON_DISTS:  # the ROCm distribution first: both may be installed
         v = f.packages.get(dist)
@@ -397,9 +460,11 @@ def _triton(f: Facts) -> tuple[str | None, str | None]:
 def check_versions(f: Facts) -> list[Check]:
     info = f.info
     out = []
-    if info.backend == "rocm":
+    if info.backend == "rocm" and info.torch_version is not None:
         v = compat.check_torch_rocm(info.torch_version, info.hip_version)
         out.append(Check("torch-rocm", v.status, v.detail, v.fix))
+    else:
+        out += _skipped(["torch-rocm"], _no_rocm_reason(info))
     dist, tv = _triton(f)
     pin = f.packages.get("torch:triton-pin")
     if info.backend == "cpu" and not pin:
@@ -414,12 +479,14 @@ def check_versions(f: Facts) -> list[Check]:
     if info.backend == "rocm" and nvml and not f.packages.get("amdsmi"):
         out.append(Check("nvml", "warn", f"pynvml/nvidia-ml-py {nvml} installed without amdsmi: some torch versions fail device_count()",
                          "pip uninstall pynvml nvidia-ml-py, or pip install amdsmi (pytorch #133259)"))
+    elif info.backend != "rocm":
+        out += _skipped(["nvml"], _no_rocm_reason(info))
     return out
 
 
 def check_tools(f: Facts) -> list[Check]:
     if f.tools is None:
-        return []
+        return _skipped(["tools"], "--no-tools, so rocminfo, rocm-smi and amd-smi were not run")
     out = []
     for run in f.tools.runs:
         name = " ".join(run.argv[:2]) if run.argv[0] == "amd-smi" else run.argv[0]
@@ -480,6 +547,9 @@ def check_memory(f: Facts) -> list[Check]:
         else:
             out.append(Check(name, "fail", f"{detail}: too little headroom for a parity run",
                              "stop the processes holding this GPU (rocm-smi --showpids) or pick another device"))
+    if not mem:
+        why = (_no_gpu_reason(f.info) if not f.info.devices else "torch.cuda.mem_get_info failed")
+        out += _skipped(["memory"], why + ("" if f.tools is not None else "; rocm-smi not run: --no-tools"))
     for var in ("PYTORCH_NO_HIP_MEMORY_CACHING", "PYTORCH_NO_CUDA_MEMORY_CACHING"):
         if f.env.get(var, "0") not in ("", "0"):
             out.append(Check("memory-caching", "warn", f"{var}={f.env[var]!r} disables the caching allocator (slow)",
@@ -489,8 +559,10 @@ def check_memory(f: Facts) -> list[Check]:
 
 def check_numerics(f: Facts) -> list[Check]:
     info, env, s = f.info, f.env, f.info.settings
+    gpu_only = ["blas", "fp16-alt-impl", "attention", "determinism", "debug-env"]
     if info.torch_version is None or not s:
-        return []
+        return _skipped(["tf32", *gpu_only], "torch is not importable" if info.torch_version is None
+                        else "torch's numerics settings could not be read")
     out = []
     rocm = info.backend == "rocm"
     tf32 = bool(s.get("tf32_matmul")) or s.get("float32_matmul_precision") not in (None, "highest")
@@ -504,7 +576,7 @@ def check_numerics(f: Facts) -> list[Check]:
     if info.backend not in ("cuda", "rocm"):
         # the GPU BLAS, SDPA, cuDNN and launch settings mean nothing to a CPU candidate (torch
         # reports cublas and every SDPA backend enabled there too); the matmul precision does
-        return out
+        return out + _skipped(gpu_only, "CPU build of torch; these settings are read by GPU runs only")
     blas = s.get("blas_library")
     detail = f"preferred_blas_library={blas}"
     for var in ("TORCH_BLAS_PREFER_HIPBLASLT", "TORCH_BLAS_PREFER_CUBLASLT"):
@@ -557,7 +629,9 @@ def check_triton_kernels(f: Facts) -> list[Check]:
     subprocess: seconds per arch, docs/doctor.md), it is a line of the checklist instead.
     """
     if not f.kernels:
-        return []
+        return _skipped(["triton-kernels"], "--no-kernels")
+    if not f.info.archs:
+        return _skipped(["triton-kernels"], _no_gpu_reason(f.info))
     return [Check(f"triton-kernels[{arch}]", *stats_kernel_build(arch)) for arch in f.info.archs]
 
 
@@ -617,29 +691,44 @@ def run_checks(facts: Facts) -> list[Check]:
 
 
 def worst(checks: list[Check]) -> Status:
-    return max((c.status for c in checks), key=_RANK.__getitem__, default="ok")
+    """The worst verdict; a skipped check is no verdict."""
+    return max((c.status for c in checks if c.status != "skip"), key=_RANK.__getitem__, default="ok")
+
+
+def _summary(checks: list[Check]) -> dict[str, int]:
+    return {s: sum(c.status == s for c in checks) for s in STATUSES}
 
 
 # --------------------------------------------------------------------------- output
 
 
 def format_table(checks: list[Check]) -> str:
-    """Fixed-width text table; a ``fix:`` line under each non-ok row."""
+    """Fixed-width text table; a ``fix:`` line under each non-ok row; the skipped checks at the end,
+    one row per reason, and counted in the summary line."""
     rows: list[tuple[str, str, str]] = []
     for c in checks:
+        if c.status == "skip":
+            continue
         rows.append((c.status.upper(), c.name, c.detail))
         if c.fix and c.status != "ok":
             rows.append(("", "", f"fix: {c.fix}"))
+    skipped: dict[str, list[str]] = {}
+    for c in checks:
+        if c.status == "skip":
+            skipped.setdefault(c.detail, []).append(c.name)
     lines = text_table(rows, ("STATUS", "CHECK", "DETAIL"), widths=(6, None, None))
-    counts = {s: sum(c.status == s for c in checks) for s in _RANK}
-    lines.append(f"{counts['ok']} ok, {counts['warn']} warn, {counts['fail']} fail")
+    lines += [f"{'SKIP':<6}  not checked: {', '.join(names)}; why: {detail.removeprefix('not checked: ')}"
+              for detail, names in skipped.items()]
+    counts = _summary(checks)
+    lines.append(f"{counts['ok']} ok, {counts['warn']} warn, {counts['fail']} fail"
+                 + (f", {counts['skip']} not checked" if counts["skip"] else ""))
     return "\n".join(lines)
 
 
 def to_json(checks: list[Check], facts: Facts) -> dict[str, Any]:
     return {
         "status": worst(checks),
-        "summary": {s: sum(c.status == s for c in checks) for s in _RANK},
+        "summary": _summary(checks),
         "checks": [asdict(c) for c in checks],
         "backend": facts.info.to_dict(),
         "packages": facts.packages,
@@ -693,7 +782,7 @@ def header_lines() -> list[str]:
             d = info.devices[0]
             lines[0] += f"; {len(info.devices)} x {d.name or '<unnamed>'} [{', '.join(info.archs)}, warp {d.warp_size}]"
         checks = run_checks(facts)
-        bad = [c for c in checks if c.status != "ok"]
+        bad = [c for c in checks if c.status in ("warn", "fail")]
         if bad:
             fails = sum(c.status == "fail" for c in bad)
             names = ", ".join(dict.fromkeys(c.name for c in bad))

@@ -11,6 +11,7 @@ Exit codes: 0 when no finding is at or above ``--fail-on`` (default ``error``),
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
 import json
 import os
@@ -18,6 +19,7 @@ import re
 import subprocess
 import sys
 import time
+import warnings
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterator
@@ -104,7 +106,11 @@ _PTX_TEXT = r"(?:[a-z]\.[a-z0-9]|;|\{)"
 # (256 characters; 512 for a call's arguments, which may span lines), and an identifier is consumed atomically ((?=(\w*))\N: the regex engine never
 # backtracks into it), so no rule tries every split of a long line (bench/bench_scan.py --long-lines).
 _WARP_IDENT = r"(?=\w*?(?i:warp_?size|threads_per_warp))(?=(\w*))\{0}"
-_SYNC = r"\b__(?:shfl(?:_up|_down|_xor)?|ballot|all|any|match_any|match_all|reduce_(?:add|min|max|and|or|xor))_sync\s*\(\s*"
+# The whitespace before the mask, newlines included, and up to two comments (each bounded, so a
+# match's span stays linear) are consumed atomically: RP102's "not a 32-bit literal" lookahead must
+# look at the mask itself, not at a space before it (one call, one finding).
+_SYNC = (r"\b__(?:shfl(?:_up|_down|_xor)?|ballot|all|any|match_any|match_all|reduce_(?:add|min|max|and|or|xor))_sync"
+         r"\s*\((?=(?P<ws>\s*(?:(?://[^\n]{0,256}\n|/\*(?:[^*]|\*(?!/)){0,256}\*/)\s*){0,2}))(?P=ws)")
 _MASK32 = r"(?:0x[fF]{8}(?![0-9a-fA-F])[uUlL]*|\(\s*(?:uint32_t|unsigned(?:\s+int)?)\s*\)\s*-1|(?:uint32_t|unsigned)\s*\(\s*-1\s*\)|~0[uU]?\b|-1[uU]?\b)"
 
 # A file that names an FNUZ dtype or asks the platform for its FP8 dtype has a branch for MI300.
@@ -267,8 +273,8 @@ RULES: tuple[Rule, ...] = (
     Rule("RP224", "fp32-precision-bfx9", "error", P, ("bfx9",), r"[\"']bfx9[\"']",
          "fp32_precision 'bfx9' is NVIDIA-only and raises on ROCm", "manual"),
     Rule("RP228", "tf32-matmul", "note", P, ("allow_tf32", "float32_matmul_precision", "tf32"),
-         r"\ballow_tf32\s*=\s*True\b|\bset_float32_matmul_precision\s*\(\s*[\"'](?:high|medium)[\"']"
-         r"|\bfp32_precision\s*=\s*[\"']tf32[\"']|\binput_precision\s*=\s*[\"']tf32(?:x3)?[\"']",
+         r"\b(?<!cudnn\.)allow_tf32\s*=\s*True\b|\bset_float32_matmul_precision\s*\(\s*[\"'](?:high|medium)[\"']"
+         r"|\b(?<!cudnn\.)(?<!conv\.)(?<!rnn\.)fp32_precision\s*=\s*[\"']tf32[\"']|\binput_precision\s*=\s*[\"']tf32(?:x3)?[\"']",
          "float32 matmuls in TF32: on MI300 the same switch runs XF32, which rounds otherwise; judge the float32 rung "
          "with Tolerance(tf32=True), or turn it off where parity is checked", "manual"),
     Rule("RP225", "fp8-ocp-dtype", "warning", P, ("float8_e", "float8e"), r"\bfloat8_(?:e4m3fn|e5m2)\b|\btl\.float8e(?:4nv|5)\b",
@@ -528,6 +534,144 @@ def unknown_suppressions(text: str, rel: str, hash_comments: bool) -> list[Findi
     return out
 
 
+# --------------------------------------------------------------------------- ROCm-guarded code
+
+# A Python name that tests for ROCm (is_rocm, IS_HIP, use_rocm, torch.version.hip, current_platform.is_rocm()).
+_ROCM_NAME = re.compile(r"_?(?:(?:is|use|on|using|has)_?)?(?:rocm|hip)", re.IGNORECASE)
+_ROCM_NAME_IN_TEXT = re.compile(r"(?i:\b_?(?:(?:is|use|on|using|has)_?)?(?:rocm|hip)\b)")
+# Macros defined on a ROCm build only (not __HIP_PLATFORM_NVIDIA__: HIP on NVIDIA; not
+# __HIP_DEVICE_COMPILE__: its #else is ROCm's host pass).
+_ROCM_MACROS = ("USE_ROCM", "__HIP_PLATFORM_AMD__", "__HIP_PLATFORM_HCC__", "__HIPCC__", "__HIP__")
+_MACRO = r"(?:" + "|".join(_ROCM_MACROS) + r")"
+_POSITIVE = re.compile(r"(?:defined\(" + _MACRO + r"\)|defined" + _MACRO + r"|" + _MACRO + r")")
+_NEGATIVE = re.compile(r"!defined\(" + _MACRO + r"\)|!defined" + _MACRO)
+_DIRECTIVE = re.compile(r"^[ \t]*#[ \t]*(if|ifdef|ifndef|elif|else|endif)\b(.*)$")
+
+
+def _branches(test: ast.expr) -> tuple[bool, bool]:
+    """(body, else) of a conditional on ``test``: whether each runs off ROCm only.
+
+    A plain ROCm check (``torch.version.hip``, ``is_rocm``, ``x.is_rocm()``, ``... is not None``),
+    negated with ``not`` or ``is None``, or joined by ``and``/``or``; anything else: (False, False).
+    """
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        body, other = _branches(test.operand)
+        return other, body
+    if isinstance(test, ast.BoolOp):
+        parts = [_branches(v) for v in test.values]
+        if isinstance(test.op, ast.And):      # runs only if every operand holds: one off-ROCm operand suffices
+            return any(b for b, _ in parts), False
+        return False, any(o for _, o in parts)   # or: the else needs every operand false
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.comparators[0], ast.Constant) \
+            and test.comparators[0].value is None:
+        body, other = _branches(test.left)
+        if isinstance(test.ops[0], (ast.IsNot, ast.NotEq)):
+            return body, other
+        return (other, body) if isinstance(test.ops[0], (ast.Is, ast.Eq)) else (False, False)
+    if isinstance(test, ast.Call) and not test.args and not test.keywords:
+        test = test.func
+    name = test.attr if isinstance(test, ast.Attribute) else test.id if isinstance(test, ast.Name) else ""
+    return (False, True) if _ROCM_NAME.fullmatch(name) else (False, False)
+
+
+Span = tuple[int, int, int, int]   # first line, its byte column, last line, end byte column (ast's)
+
+
+def _python_off_rocm(text: str) -> list[Span]:
+    """The spans of the branches of Python if/else statements and conditional expressions that run off
+    ROCm only (``else`` of ``if torch.version.hip:``, ``b`` of ``a if is_rocm else b``). A file that does
+    not parse has none."""
+    if "version.hip" not in text and _ROCM_NAME_IN_TEXT.search(text) is None:
+        return []
+    try:
+        with warnings.catch_warnings():     # other people's invalid escapes ("\d") are not the scan's to report
+            warnings.simplefilter("ignore")
+            tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return []
+    spans: list[Span] = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.If, ast.IfExp)):
+            body_off, else_off = _branches(node.test)
+            for off, part in ((body_off, node.body), (else_off, node.orelse)):
+                nodes = part if isinstance(part, list) else [part]
+                if off and nodes:
+                    first, last = nodes[0], nodes[-1]
+                    spans.append((first.lineno, first.col_offset, last.end_lineno or last.lineno,
+                                  last.end_col_offset if last.end_col_offset is not None else 1 << 30))
+    return spans
+
+
+def _rocm_condition(directive: str, condition: str) -> bool | None:
+    """True: a ``#if``/``#ifdef`` whose first branch is ROCm's (so its later branches are not); False:
+    one whose first branch is not ROCm's; None: neither (another macro, or mixed with one)."""
+    cond = re.sub(r"//.*|/\*.*?\*/|\s+", "", condition)
+    if directive == "ifdef":
+        return True if re.fullmatch(_MACRO, cond) else None
+    if directive == "ifndef":
+        return False if re.fullmatch(_MACRO, cond) else None
+    while cond.startswith("(") and cond.endswith(")") and cond.count("(") == 1:
+        cond = cond[1:-1]
+    if cond and all(_POSITIVE.fullmatch(t) for t in cond.split("||")):
+        return True
+    if cond and all(_NEGATIVE.fullmatch(t) for t in cond.split("&&")):
+        return False
+    return None
+
+
+def _preprocessor_off_rocm(text: str) -> set[int]:
+    """The 1-based lines in a preprocessor branch that a ROCm build does not compile: the ``#else``
+    (and ``#elif``) of ``#ifdef USE_ROCM``, the first branch of ``#ifndef USE_ROCM``."""
+    if not any(m in text for m in _ROCM_MACROS):
+        return set()
+    off: set[int] = set()
+    stack: list[tuple[bool | None, int]] = []     # (the #if's ROCm condition, branch index)
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines):
+        line, first = lines[i], i
+        m = _DIRECTIVE.match(line)
+        if m:
+            while line.endswith("\\") and i + 1 < len(lines):     # a directive continued on the next line
+                i += 1
+                line = line[:-1] + lines[i]
+            m = _DIRECTIVE.match(line)
+        if m:
+            kind, rest = m.group(1), m.group(2)
+            # a directive inside a branch ROCm skips is never read there; nor is an #elif after ROCm's branch
+            enclosing = stack if kind in ("if", "ifdef", "ifndef") else stack[:-1]
+            if any((rocm is True and branch > 0) or (rocm is False and branch == 0) for rocm, branch in enclosing) \
+                    or (kind == "elif" and stack and stack[-1][0] is True):
+                off.update(range(first + 1, i + 2))
+            if kind in ("if", "ifdef", "ifndef"):
+                stack.append((_rocm_condition(kind, rest), 0))
+            elif kind in ("elif", "else") and stack:
+                stack[-1] = (stack[-1][0], stack[-1][1] + 1)
+            elif kind == "endif" and stack:
+                stack.pop()
+        elif any((rocm is True and branch > 0) or (rocm is False and branch == 0) for rocm, branch in stack):
+            off.update(range(first + 1, i + 2))
+        i += 1
+    return off
+
+
+class _Guards:
+    """Where a ROCm build never goes, computed for a file at its first finding."""
+
+    def __init__(self, text: str, python: bool) -> None:
+        self.spans = _python_off_rocm(text) if python else []
+        self.lines = set() if python else _preprocessor_off_rocm(text)
+
+    def off_rocm(self, line: int, line_text: str, col: int) -> bool:
+        if line in self.lines:
+            return True
+        if not self.spans:
+            return False
+        col = max(col, len(line_text) - len(line_text.lstrip()))   # a match may start in the indentation
+        byte_col = len(line_text[:col].encode("utf-8"))    # ast's columns count UTF-8 bytes
+        return any((a, b) <= (line, byte_col) < (c, d) for a, b, c, d in self.spans)
+
+
 # CUDA source embedded in a Python file (load_inline, CuPy): a __global__/__device__ function with a
 # body. A docstring that only names a __device__ function is prose, not device code.
 _EMBEDDED_KERNEL = re.compile(r"__(?:global|device)__[^\n;{}()]*\([^)]*\)\s*\{")
@@ -552,6 +696,7 @@ def scan_text(text: str, rel: str, kinds: frozenset[str], rules: tuple[Rule, ...
     lines: dict[int, str] = {}                    # line index -> text, sliced once per line
     comment_spans: dict[tuple[int, bool], tuple[tuple[int, int], ...]] = {}
     marked = SUPPRESS_MARK in text
+    guards: _Guards | None = None
     for rule in rules:
         if not (rule.kinds & kinds):
             continue
@@ -588,6 +733,10 @@ def scan_text(text: str, rel: str, kinds: frozenset[str], rules: tuple[Rule, ...
                 seen.add(key)   # the whole line is guarded: every match on it is
                 continue
             seen.add(key)
+            if guards is None:
+                guards = _Guards(text, python)
+            if guards.off_rocm(idx + 1, line_text, col):
+                continue
             if marked:
                 prev = text[(newlines[idx - 2] + 1 if idx >= 2 else 0):newlines[idx - 1]] if idx else ""
                 if _is_suppressed(rule, line_text, prev):

@@ -103,6 +103,54 @@ def test_inline_ptx_compiles_for_nvidia_and_is_refused_for_amd_with_the_assemble
     assert "inline assembly" in text          # the fix names the construct
 
 
+def test_a_kernel_no_target_builds_gets_the_compilers_cause_and_no_amd_advice() -> None:
+    """BLOCK=300 fails on every GPU (tl.arange needs a power of 2): the error keeps the cause and the
+    offending line, and the fix does not blame AMD's wavefronts."""
+    x = torch.zeros(300)
+    builds = compile_for(_scale, x, x, 300, 2.0, OUT_DTYPE=tl.float32, BLOCK=300, targets=("gfx942", "sm_90"))
+    for b in builds:
+        assert not b.ok and "power of 2" in b.error and "tl.arange(0, BLOCK)" in b.error, b.error
+        assert "in _scale at 2:" in b.error and len(b.error) <= 700, b.error
+    with pytest.raises(TritonTargetError) as info:
+        assert_compiles_for(_scale, x, x, 300, 2.0, OUT_DTYPE=tl.float32, BLOCK=300, targets=("gfx942", "sm_90"))
+    text = str(info.value)
+    assert "does not compile for any target" in text and "power of 2" in text, text
+    assert "wavefront" not in text and "num_warps" not in text, text
+
+
+def launch_scale(x: "torch.Tensor") -> "torch.Tensor":
+    """A host wrapper, as users write them around their kernels."""
+    y = torch.empty_like(x)
+    _scale[(1,)](x, y, x.numel(), 2.0, OUT_DTYPE=tl.float32, BLOCK=64)
+    return y
+
+
+def call_launch_scale(x: "torch.Tensor") -> "torch.Tensor":
+    return launch_scale(x)
+
+
+@pytest.mark.parametrize("wrapper", [launch_scale, call_launch_scale])
+def test_a_wrapper_passed_for_its_kernel_is_refused_naming_the_kernel(wrapper) -> None:  # noqa: ANN001
+    with pytest.raises(InvalidArgument) as info:
+        assert_compiles_for(wrapper, torch.zeros(8), targets=("gfx942",))
+    text = str(info.value)
+    assert f"{wrapper.__name__} is not a @triton.jit kernel" in text, text
+    assert "launches tests.fuzz.test_triton_targets._scale" in text or "launches test_triton_targets._scale" in text
+    assert "assert_compiles_for(_scale," in text and "wavefront" not in text, text
+
+
+def double_on_host(x: "torch.Tensor") -> "torch.Tensor":
+    return torch.mul(x, 2)
+
+
+def test_a_host_function_that_launches_nothing_is_refused_naming_what_it_calls() -> None:
+    with pytest.raises(InvalidArgument) as info:
+        compile_for(double_on_host, torch.zeros(8), targets=("gfx942",))
+    text = str(info.value)
+    assert "double_on_host is not a @triton.jit kernel: it calls torch.mul" in text, text
+    assert "kernel[grid](...)" in text, text
+
+
 def test_a_launch_maps_to_tritons_signature() -> None:
     x = torch.zeros(8, dtype=torch.bfloat16)
     y = torch.zeros(8, dtype=torch.int64)

@@ -60,7 +60,8 @@ def test_triton_builds_the_statistics_kernel_for_each_visible_arch(monkeypatch: 
     """Real compiles (Triton's AMD and NVIDIA compilers, on this CPU) for the patched devices' archs."""
     pytest.importorskip("triton")
     patch_torch(monkeypatch, MI300X, n=8)
-    assert not [c for c in doctor.run_checks(facts()) if c.name.startswith("triton-kernels")]   # --no-kernels
+    assert [(c.name, c.status, c.detail) for c in doctor.run_checks(facts()) if c.name.startswith("triton-kernels")] == [
+        ("triton-kernels", "skip", "not checked: --no-kernels")]
     (c,) = [c for c in doctor.run_checks(facts(kernels=True)) if c.name.startswith("triton-kernels")]
     assert c.name == "triton-kernels[gfx942]" and c.status == "ok" and "VGPRs, 0 spills" in c.detail, c
     patch_torch(monkeypatch, H100, hip=None, cuda="12.4", version="2.6.0+cu124")
@@ -349,9 +350,11 @@ def test_a_cpu_build_gets_no_gpu_settings_lines(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(torch.version, "hip", None)
     monkeypatch.setattr(torch.version, "cuda", None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    names = [c.name for c in doctor.run_checks(facts())]
-    assert "tf32" in names
-    assert not {"blas", "attention", "determinism", "debug-env"} & set(names), names
+    checks = doctor.run_checks(facts())
+    assert by_name(checks, "tf32").status == "ok"
+    for name in ("blas", "attention", "determinism", "debug-env", "fp16-alt-impl"):
+        c = by_name(checks, name)
+        assert c.status == "skip" and "read by GPU runs only" in c.detail, c
 
 
 def test_numerics_settings(monkeypatch: pytest.MonkeyPatch, set_torch_flag: Any) -> None:
@@ -399,7 +402,70 @@ def test_run_doctor_json_and_exit_code(monkeypatch: pytest.MonkeyPatch, capsys: 
     assert doctor.run_doctor(_args("--no-tools", "--no-kernels")) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0].split() == ["STATUS", "CHECK", "DETAIL"]
-    assert "triton-kernels" not in out   # --no-kernels
+    assert "not checked: triton-kernels; why: --no-kernels" in out and "OK      triton-kernels" not in out
+
+
+def _cpu_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    for var in (*doctor.VISIBLE_VARS, "HSA_OVERRIDE_GFX_VERSION", "PYTORCH_ROCM_ARCH"):
+        monkeypatch.delenv(var, raising=False)
+
+
+ROCM_ONLY = ("arch-list", "arch-rocm", "torch-rocm")
+GPU_ONLY = ("devices", "triton-kernels", "memory", "blas", "attention", "fp16-alt-impl", "determinism", "debug-env")
+
+
+def test_a_cpu_build_says_what_it_did_not_check_and_why(monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """The command on a CPU build of torch: every check it cannot run here is a skip row with its reason,
+    in the JSON and in the table; skips neither fail --strict nor count as ok."""
+    from pytest_rocm_parity import cli
+
+    _cpu_build(monkeypatch)
+    monkeypatch.setattr(doctor, "_packages", lambda: {})
+    assert cli.main(["doctor", "--json", "--no-tools"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    skipped = {c["name"]: c["detail"] for c in data["checks"] if c["status"] == "skip"}
+    for name in ROCM_ONLY:
+        assert skipped.get(name) == "not checked: CPU build of torch, not a ROCm build", (name, skipped)
+    for name in GPU_ONLY:
+        assert skipped.get(name, "").startswith("not checked: CPU build of torch"), (name, skipped)
+    assert data["summary"]["skip"] == len(skipped) and data["status"] == "warn"       # the CPU-only backend
+    assert [c["name"] for c in data["checks"] if c["status"] in ("warn", "fail")] == ["backend"]
+    assert {"ok", "warn", "fail", "skip"} == set(data["summary"])
+    assert cli.main(["doctor", "--no-tools", "--strict"]) == 1          # the CPU-only backend warns
+    out = capsys.readouterr().out
+    assert "not checked: arch-list, arch-rocm, torch-rocm, nvml; why: CPU build of torch, not a ROCm build" in out
+    assert f"{len(skipped)} not checked" in out.splitlines()[-1], out
+
+
+def test_visible_devices_does_not_claim_gpus_where_torch_sees_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    _cpu_build(monkeypatch)
+    (c,) = doctor.check_visible_devices(facts())
+    assert c.status == "ok" and "all GPUs visible" not in c.detail and "no GPU" in c.detail, c
+    patch_torch(monkeypatch, MI300X, n=2)
+    (c,) = doctor.check_visible_devices(facts())
+    assert "all GPUs visible (torch sees 2)" in c.detail, c
+
+
+@pytest.mark.parametrize("build", ["cpu", "cuda", "rocm"])
+def test_hsa_override_is_reported_on_every_build(monkeypatch: pytest.MonkeyPatch, build: str) -> None:
+    """HSA_OVERRIDE_GFX_VERSION makes ROCm run code for another ISA: the row names that ISA on every
+    build, since the same environment may run a ROCm torch next."""
+    if build == "cpu":
+        _cpu_build(monkeypatch)
+    elif build == "cuda":
+        patch_torch(monkeypatch, H100, hip=None, cuda="12.4", version="2.6.0+cu124")
+    else:
+        patch_torch(monkeypatch, MI300X)
+    checks = doctor.run_checks(facts({"HSA_OVERRIDE_GFX_VERSION": "11.0.0"}))
+    c = by_name(checks, "hsa-override")
+    assert c.status == "warn" and "gfx1100" in c.detail and "unset HSA_OVERRIDE_GFX_VERSION" in c.fix, c
+    assert ("on gfx942" in c.detail) == (build == "rocm"), c
+    assert by_name(doctor.run_checks(facts()), "hsa-override").status == "ok"
 
 
 def test_strict_fails_on_warnings() -> None:

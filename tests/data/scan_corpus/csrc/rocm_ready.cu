@@ -5,7 +5,7 @@
 constexpr int kWarpSize = 64;
 #define FULL_MASK64 0xffffffffffffffffull
 #else
-constexpr int kWarpSize = 32;  // correct on the CUDA branch: a known false positive
+constexpr int kWarpSize = 32;  // the CUDA branch of #ifdef USE_ROCM: not flagged
 #endif
 
 // Old code used __shfl_xor_sync(0xffffffff, v, m) with lane = tid & 31; kept as a note.
