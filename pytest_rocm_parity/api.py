@@ -205,6 +205,10 @@ class Parity:
                     pytest.skip(f"golden for {spec.name!r} exists but is corrupt ({exc}); capture never overwrites: "
                                 f"replace it with {spec.regen_command}")
                 why = _stale_reason(stale, manifest)
+                owner = s.other_project(manifest) if why else ""
+                if owner:   # not stale: another project's model under this check's name
+                    s.goldens.foreign.append(spec.name)
+                    pytest.skip(f"kept: {s.foreign_message(spec, owner, regen=False)}")
                 if why:
                     s.goldens.stale.append(spec.name)
                     pytest.skip(f"kept, and no longer matches this check: {why} (capture never overwrites a golden)")
@@ -217,6 +221,10 @@ class Parity:
                 fail_once(WriteForbidden(
                     f"refusing to write the golden for {spec.name!r} into {s.store.root} because CI=true; goldens "
                     f"are captured on the reference machine and committed. Pass --parity-allow-write to override."))
+            owner = s.owner_of(spec.name) if exists and not s.options.allow_reference_change else ""
+            if owner:
+                s.goldens.foreign.append(spec.name)
+                fail_once(ReferenceChange(s.foreign_message(spec, owner, regen=True), s.store.manifest_path(spec.name)))
             change = s.reference_change(spec.name) if exists and not s.options.allow_reference_change else ""
             if change:
                 fail_once(ReferenceChange(change, s.store.manifest_path(spec.name)))
@@ -231,14 +239,12 @@ class Parity:
             return []
         if not exists:
             s.goldens.missing.append(spec.name)
-            no_dir = s.store.missing_root()
+            capture_it = s.capture_command(spec.test)
+            no_dir = s.store.missing_root(capture_it)
             missing = GoldenMissing(
-                # the test id completes a capture command; after other advice it is only noise
-                (f"no golden for {spec.name!r}: {no_dir}"
-                 + (f" {spec.test}" if no_dir.endswith("--parity-mode=capture") else "")).rstrip() if no_dir else
+                f"no golden for {spec.name!r}: {no_dir}" if no_dir else
                 f"no golden for {spec.name!r} in {s.store.root}.{_close_goldens(s.store, spec.name)} Capture it on "
-                f"the reference machine (CUDA) and commit it: pytest --rocm-parity {s.options.command_flags}"
-                f"--parity-mode=capture {spec.test}".rstrip(),
+                f"the reference machine (CUDA) and commit it: {capture_it}",
                 s.store.manifest_path(spec.name))
             self._error(spec, missing, kind)
             fail_once(missing)
@@ -251,6 +257,12 @@ class Parity:
                     restore = "" if "git lfs pull" in str(exc) else "; or restore the committed file (git checkout, git lfs pull)"
                     raise GoldenCorrupt(f"{exc}. On the reference machine: {spec.regen_command}{restore}",
                                         exc.path) from None
+                except GoldenStale as exc:   # another project's golden is not stale: it was never this check's
+                    owner = s.owner_of(spec.name)
+                    if not owner:
+                        raise
+                    s.goldens.foreign.append(spec.name)
+                    raise GoldenStale(s.foreign_message(spec, owner, regen=False), exc.path) from None
             except Exception as exc:   # no verdict: listed as an error, so no report looks all-green
                 self._error(spec, exc, kind)
                 raise

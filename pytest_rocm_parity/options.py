@@ -55,6 +55,16 @@ def parse_mode(value: str) -> Mode:
         raise pytest.UsageError(f"{MODE}={value!r}: allowed values are replay, capture") from None
 
 
+def parse_regen(value: str) -> str:
+    """A --parity-regen glob; an empty one (``--parity-regen=$MODEL`` with MODEL unset) names no check."""
+    if not value.strip():
+        raise pytest.UsageError(
+            f"{REGEN}={value!r}: the glob of check names to regenerate is empty (a shell variable that is not set, "
+            f"as in {REGEN}=$MODEL?), so it names no check. Pass a check name or a glob of names, "
+            f"{REGEN}='NAME_GLOB', or {REGEN} alone to regenerate the golden of every check the run reaches")
+    return value
+
+
 def parse_device(value: str) -> str:
     v = value.strip()
     base = v.split(":", 1)[0]
@@ -153,6 +163,7 @@ def addoption(parser: pytest.Parser) -> None:
     add(MODE, "parity_mode", "replay (default): judge against goldens; capture: record goldens on the reference machine",
         type=parse_mode, metavar="replay|capture")
     group.addoption(REGEN, dest="parity_regen", nargs="?", const=REGEN_ALL, default=None, metavar="GLOB",
+                    type=parse_regen,
                     help="rewrite the goldens of models whose name matches GLOB (all without GLOB); a golden is "
                          "written only when its test passes")
     add(GOLDEN_DIR, "parity_golden_dir", "golden directory (default: <rootdir>/goldens)", metavar="DIR")
@@ -183,7 +194,8 @@ def addoption(parser: pytest.Parser) -> None:
     add(PRUNE_DRY_RUN, "parity_prune_dry_run", f"with {PRUNE}: list what it would delete, delete nothing",
         ini_type="bool", default=False, action="store_true")
     add(ALLOW_REFERENCE_CHANGE, "parity_allow_reference_change", "let --parity-regen replace a golden captured "
-        "on another device kind (cuda, rocm, cpu) or torch major version", ini_type="bool", default=False,
+        "on another device kind (cuda, rocm, cpu) or torch major version, or by another project sharing the golden "
+        "directory", ini_type="bool", default=False,
         action="store_true")
     add(GOLDEN_SIZE_LIMIT, "parity_golden_size_limit", "warn when a captured golden is larger than this many MB "
         f"(default {DEFAULT_GOLDEN_SIZE_LIMIT_MB:g}; 0: never)", type=parse_size_limit, metavar="MB")

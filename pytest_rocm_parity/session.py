@@ -14,8 +14,8 @@ import pytest
 
 from pytest_rocm_parity import progress as progress_lines
 from pytest_rocm_parity.options import (
-    ALLOW_REFERENCE_CHANGE, ALLOW_WRITE, ENABLE, GOLDEN_DIR, GOLDEN_SIZE_LIMIT, PRUNE, REGEN, REGEN_ALL, REPORT, Mode,
-    ParityOptions,
+    ALLOW_REFERENCE_CHANGE, ALLOW_WRITE, ENABLE, GOLDEN_DIR, GOLDEN_SIZE_LIMIT, MODE, PRUNE, REGEN, REGEN_ALL, REPORT,
+    Mode, ParityOptions,
     resolve_device, xdist_worker_index,
 )
 
@@ -24,7 +24,7 @@ WORKER_KEY = "rocm_parity_results"
 GITHUB_FILE_LIMIT = 100 * 1000 * 1000
 
 
-NAME_LISTS = ("created", "updated", "missing", "corrupt", "stale", "kept", "unchanged")
+NAME_LISTS = ("created", "updated", "missing", "corrupt", "stale", "kept", "unchanged", "foreign")
 
 
 @dataclass
@@ -36,6 +36,8 @@ class GoldenLog:
     stale: list[str] = field(default_factory=list)       # a replay found the golden describes another model
     kept: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)   # regenerated, identical: left untouched
+    # another project's golden under this check's name (a shared golden directory): not judged, not written
+    foreign: list[str] = field(default_factory=list)
     used: set[str] = field(default_factory=set)
     # captured, then not written because the test failed: {name, test, existed, reason}
     withheld: list[dict[str, Any]] = field(default_factory=list)
@@ -200,10 +202,12 @@ class ParitySession:
         self.obsolete: list[str] = []
         self.leftovers: list[Path] = []   # files stopped captures left (GoldenStore.leftovers)
         self.pruned: list[str] = []
-        self.foreign: list[str] = []       # why a golden another project may own is not called obsolete
+        self.kept_why: list[str] = []      # why a golden that looks unused is kept: another project's, or unchecked
+        self.unchecked: list[str] = []     # goldens whose test ran and passed without making any check
         self.run = RunLog()
         self.deselected: set[str] = set()     # node ids reported deselected (pytest_deselected)
         self.lost_worker = False              # an xdist worker went down without its report
+        self._merged_workers: set[str] = set()   # xdist workers whose report is merged
         self.prune_lines: list[str] = []      # every path deleted (or, dry, that would be), and why not
         self.errors: list[str] = []           # run-level errors for the summary (duplicates across workers)
         self._regen_not_a_path(config)
@@ -267,6 +271,52 @@ class ParitySession:
                 f"directory is outside this project's rootdir {root}, perhaps shared with another project. "
                 f"Regenerate it from its project ({REGEN}) to record that, or delete {d} by hand if it is obsolete")
 
+    def capture_command(self, test: str = "") -> str:
+        """The command that captures ``test``'s goldens (every test's without one), repeating the flags
+        that decide where and what it writes (ParityOptions.command_flags); the test id quoted, as
+        parametrize brackets are globs to a shell."""
+        from pytest_rocm_parity.runner.engine import shell_quote
+
+        return (f"pytest {ENABLE} {self.options.command_flags}{MODE}=capture"
+                + (f" {shell_quote(test)}" if test else ""))
+
+    def other_project(self, manifest: dict[str, Any]) -> str:
+        """The folder of the project that captured a golden whose manifest records another project than
+        this run's; '' for this project's, for one that records none (an older capture) and for
+        remote goldens. Check names are golden names, so two projects sharing a golden directory
+        under one name would replay and overwrite each other's golden."""
+        from pytest_rocm_parity.golden.store import PROJECT_KEY
+
+        owner = manifest.get(PROJECT_KEY)
+        here = self.project()
+        if not isinstance(owner, str) or here is None or owner == here:
+            return ""
+        return os.path.normpath(Path(self.store.root).resolve() / owner)
+
+    def owner_of(self, name: str) -> str:
+        """other_project of the golden ``name`` on disk; '' where it cannot be read (the replay or
+        capture names that itself)."""
+        from pytest_rocm_parity.errors import ParityError
+
+        try:
+            return self.other_project(self.store.read_manifest(name))
+        except ParityError:
+            return ""
+
+    def foreign_message(self, spec: Any, owner: str, regen: bool) -> str:
+        """Why the golden of ``spec.name`` is not this project's to judge against (``regen``: to
+        overwrite), and the fixes."""
+        ours = f"{Path(self.config.rootpath).name}-{spec.name}"
+        what = ("regenerating it would overwrite that project's golden" if regen else
+                "it describes that project's model, not this check's")
+        return (f"{self.store.manifest_path(spec.name)}: the golden for {spec.name!r} belongs to another project: "
+                f"its manifest records the project {owner} as the one that captured it, and this run's is "
+                f"{Path(self.config.rootpath).resolve()}. The golden directory {self.store.root} is shared, and "
+                f"checks of both projects are named {spec.name!r}; {what}. Give this check a name of its own, "
+                f"e.g. parity.check(..., name={ours!r}), and capture it, or give each project a golden directory "
+                f"of its own ({GOLDEN_DIR}, ini parity_golden_dir). If {owner} is this project checked out at "
+                f"another place, replace the golden on purpose: {spec.regen_command} {ALLOW_REFERENCE_CHANGE}")
+
     @property
     def capturing(self) -> bool:
         return self.options.mode is Mode.CAPTURE
@@ -283,6 +333,8 @@ class ParitySession:
 
         why = next((w for t, w in ((GoldenMissing, "missing"), (GoldenCorrupt, "corrupt"), (GoldenStale, "stale"))
                     if isinstance(exc, t)), "error")
+        if spec.name in self.goldens.foreign:
+            why = "foreign"
         if why in ("corrupt", "stale") and spec.name not in getattr(self.goldens, why):
             getattr(self.goldens, why).append(spec.name)
         path = getattr(exc, "path", None) if isinstance(exc, GoldenError) else None
@@ -335,7 +387,10 @@ class ParitySession:
         if error is not None or not data:
             # a worker that crashed took its record of the goldens its checks used with it
             self.lost_worker = True
-        if data:
+        # xdist may report one worker down twice (finished, then interrupted), with the same output
+        worker = str(getattr(getattr(node, "gateway", None), "id", id(node)))
+        if data and worker not in self._merged_workers:
+            self._merged_workers.add(worker)
             payload = json.loads(data)
             self.results.extend(payload["results"])
             self.goldens.merge(payload["goldens"])
@@ -421,6 +476,7 @@ class ParitySession:
         # project that shares the golden directory (owned_here).
         whole = self._whole_suite() and not self.run.narrowed and not self.run.ignored and bool(self.goldens.used)
         root = Path(self.config.rootpath)
+        checked = set(self.run.owners.values())   # the tests that made a check in this run
         found = []
         for name, d, manifest in self.store.goldens_on_disk():
             test = manifest.get("test") if manifest is not None else None
@@ -435,13 +491,21 @@ class ParitySession:
                 continue
             why_kept = self.owned_here(d, manifest)
             if why_kept:   # a test path of another project's can match one of this project's, or none
-                self.foreign.append(f"rocm-parity: kept {name!r}: {why_kept}")
+                self.kept_why.append(f"rocm-parity: kept {name!r}: {why_kept}")
+                continue
+            if test in collected and test not in checked:
+                # its test ran and passed without any check (a return behind a feature flag): its check
+                # may come back, and a test that stops without one gives no sign that it is gone for good
+                self.unchecked.append(name)
+                self.kept_why.append(f"rocm-parity: kept {name!r}: its test {test} ran and passed without checking "
+                                    f"it (it made no parity check at all); a golden is obsolete once its test is "
+                                    f"gone or checks other names. Delete {d} by hand if its check is gone for good")
                 continue
             self.obsolete.append(name)
             found.append((name, d, manifest))
         if self.options.prune or self.options.prune_dry_run:
             self._prune_leftovers()
-            self.prune_lines.extend(self.foreign)
+            self.prune_lines.extend(self.kept_why)
             self._prune(found, session, exitstatus)
 
     def _prune_leftovers(self) -> None:
@@ -696,7 +760,8 @@ class ParitySession:
         out.mkdir(parents=True, exist_ok=True)
         doc = {"schema": 1, "mode": self.options.mode.value,
                "checks": sorted(self.results, key=lambda r: (r["test"], r["name"], r["dtype"])),
-               "goldens": {**self.goldens.to_dict(), "obsolete": self.obsolete, "pruned": self.pruned}}
+               "goldens": {**self.goldens.to_dict(), "obsolete": self.obsolete, "unchecked": self.unchecked,
+                           "pruned": self.pruned}}
         from pytest_rocm_parity.atomic import atomic_write
 
         atomic_write(out / "parity-report.json", json.dumps(doc, indent=1, default=str))

@@ -18,8 +18,8 @@ from typing import Any
 
 from pytest_rocm_parity.atomic import commit, temp_beside
 from pytest_rocm_parity.errors import BackendUnavailable, GoldenCorrupt, GoldenError, GoldenMissing, ParityError
-from pytest_rocm_parity.golden.store import (MANIFEST, MAX_MANIFEST_BYTES, GoldenStore, Staged, digest_matches,
-                                             expected_digest, load_manifest, safe_name)
+from pytest_rocm_parity.golden.store import (CAPTURE_COMMAND, MANIFEST, MAX_MANIFEST_BYTES, GoldenStore, Staged,
+                                             digest_matches, expected_digest, load_manifest, safe_name, verify_sha)
 
 
 def is_url(path: object) -> bool:
@@ -137,10 +137,24 @@ class RemoteGoldenStore(GoldenStore):
                     raise GoldenError(f"{where}: named by the manifest but cannot be fetched ({exc}); check the URL, "
                                       f"the credentials and the network, and run again", rm) from exc
                 commit(tmp_file, local)
+                if expected:
+                    self._verify_fetched(local, expected, f"{self.url}/{safe_name(name)}/{fname}")
             commit(tmp, d / MANIFEST)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+
+    @staticmethod
+    def _verify_fetched(local: Path, expected: str, where: str) -> None:
+        """The digest check of a file just fetched, its damage named by its URL (the cache path is a
+        copy): the replay's own check would name only the copy. A verified file is not hashed again."""
+        try:
+            verify_sha(local, expected)
+        except GoldenCorrupt:
+            local.unlink(missing_ok=True)   # the next run fetches it again
+            raise GoldenCorrupt(f"{where}: content hash differs from the manifest's (edited or damaged in the "
+                                f"store; its copy fetched to {local} is removed); recapture and upload this golden",
+                                where) from None
 
     def exists(self, name: str) -> bool:
         try:
@@ -148,7 +162,7 @@ class RemoteGoldenStore(GoldenStore):
         except OSError:
             return super().exists(name)
 
-    def missing_root(self) -> str:
+    def missing_root(self, capture: str = CAPTURE_COMMAND) -> str:
         try:
             if self.fs.isdir(self.remote_root):
                 return ""
@@ -156,7 +170,7 @@ class RemoteGoldenStore(GoldenStore):
             return f"the golden directory {self.url} cannot be read ({exc}); check the URL and credentials"
         return (f"the golden directory {self.url} does not exist: point --parity-golden-dir (or the "
                 f"parity_golden_dir ini key) at the URL holding the goldens, or create it by capturing on the "
-                f"reference machine: pytest --rocm-parity --parity-mode=capture")
+                f"reference machine: {capture}")
 
     def read_manifest(self, name: str) -> dict[str, Any]:
         self._fetch(name)

@@ -65,6 +65,8 @@ PROJECT_KEY = "project"
 # Manifest keys that change on every capture without saying anything about the golden: a regen
 # that changes nothing else leaves the golden as it was (no diff for git).
 VOLATILE_KEYS = ("created", "tool_version")
+# What captures goldens, where a message has no run's flags to repeat (ParitySession.capture_command)
+CAPTURE_COMMAND = "pytest --rocm-parity --parity-mode=capture"
 # Goldens one store keeps pinned at a time (see GoldenStore.read_manifest).
 PINNED_GOLDENS = 8
 # A tensor file of ours: <dtype>-<12 hex digits of its SHA-256>.safetensors
@@ -245,16 +247,18 @@ class GoldenStore:
                 path)
         self._inside(path)
         check_size(path, rung)
+        check_listed(path, manifest, dtype, self.manifest_path(name))
         return path
 
-    def missing_root(self) -> str:
-        """'' when the golden directory exists, else a sentence naming it and how to point or create it."""
+    def missing_root(self, capture: str = CAPTURE_COMMAND) -> str:
+        """'' when the golden directory exists, else a sentence naming it and how to point or create it
+        (``capture``: the command that captures into it, the golden directory's flag included)."""
         if self.root.is_dir():
             return ""
         what = "is not a directory" if self.root.exists() else "does not exist"
         return (f"the golden directory {self.root} {what}: point --parity-golden-dir (or the parity_golden_dir "
                 f"ini key) at the directory holding the goldens, or create it by capturing on the reference "
-                f"machine: pytest --rocm-parity --parity-mode=capture")
+                f"machine: {capture}")
 
     # -- pins: a replay racing a regeneration reads the old golden whole -------------------------
     def _pin(self, name: str, d: Path, manifest: dict[str, Any]) -> None:
@@ -856,6 +860,11 @@ def _manifest_problem(m: dict[str, Any]) -> str:
         if unordered:   # a replay judges the calls 'order' lists: the others would pass unjudged
             return (f"{where} has an 'order' that leaves out {len(unordered)} of its layer entries "
                     f"({', '.join(unordered[:3])}{' ...' if len(unordered) > 3 else ''})")
+        keys = {e["key"] for e in r["layers"]}
+        lacking = [k for k in order if k not in keys]
+        if lacking:   # a capture writes an entry for every call it orders: the replay would skip these
+            return (f"{where} has an 'order' that names {len(lacking)} module call(s) without a layer entry "
+                    f"({_few([repr(k) for k in lacking])}), which a replay would leave unjudged")
         if not isinstance(r.get("extra", {}), dict):
             return f"{where} has an 'extra' that is not a mapping"
         if r.get("sketch") is not None and (not _is_int(r["sketch"]) or r["sketch"] < 1):
@@ -866,6 +875,67 @@ def _manifest_problem(m: dict[str, Any]) -> str:
         if not isinstance(inputs, dict) or not isinstance(inputs.get("const", {}), dict):
             return f"{where} has an 'inputs' that is not a mapping with a 'const' mapping"
     return ""
+
+
+def _few(items: list[str], n: int = 3) -> str:
+    return ", ".join(items[:n]) + (" ..." if len(items) > n else "")
+
+
+# Tensor-key prefixes of a forward golden that hold a module call's (or the model output's) values:
+# <prefix>/<call key>/<leaf>, or <prefix>/<output>/<leaf> for the model's outputs
+_CALL_PREFIXES = ("truth/", "gtruth/", "sk/", "skt/", "x/")
+
+
+def unlisted(header: dict[str, Any], manifest: dict[str, Any], dtype: str) -> str:
+    """What a rung's tensor file holds that its manifest entry does not list ('' when nothing): a
+    module call's truth without a layer entry, or a model output's without an ``outputs.out`` leaf.
+
+    A capture lists every call and output it stores, so such a tensor means an edited manifest (or
+    one that belongs to other tensors), whose calls a replay would leave unjudged and still pass.
+    Training goldens name their tensors otherwise and are not checked here.
+    """
+    if manifest.get("kind", "forward") != "forward":
+        return ""
+    from pytest_rocm_parity.runner.engine import OUTPUT
+
+    rung = manifest["rungs"][dtype]
+    calls = {e["key"] for e in rung["layers"]}
+    outs = set(rung["outputs"]["out"])
+    no_entry: dict[str, None] = {}
+    no_leaf: dict[str, None] = {}
+    for k in header:
+        prefix = next((p for p in _CALL_PREFIXES if k.startswith(p)), None)
+        if prefix is None:
+            continue
+        rest = k[len(prefix):]
+        if rest.startswith(OUTPUT + "/"):
+            if rest[len(OUTPUT) + 1:] not in outs:
+                no_leaf[rest[len(OUTPUT) + 1:]] = None
+        elif not any(rest[:i] in calls for i, c in enumerate(rest) if c == "/"):   # a module name may hold '/'
+            no_entry[rest.rsplit("/", 1)[0]] = None
+    problems = []
+    if no_entry:
+        problems.append(f"module call(s) {_few([repr(k) for k in no_entry])} with no entry in rungs.{dtype}.layers")
+    if no_leaf:
+        problems.append(f"model output(s) {_few([repr(k) for k in no_leaf])} missing from rungs.{dtype}.outputs.out"
+                        + (" (which is empty)" if not outs else ""))
+    return "; ".join(problems)
+
+
+def check_listed(path: Path, manifest: dict[str, Any], dtype: str, mpath: Path) -> None:
+    """GoldenCorrupt naming the file and the manifest where the tensor file holds values the manifest
+    does not list (``unlisted``); damaged bytes are named as such first."""
+    header, _ = _framing(path)
+    problem = unlisted(header, manifest, dtype)
+    if not problem:
+        return
+    expected = expected_digest(manifest["rungs"][dtype])
+    if expected is not None:
+        verify_sha(path, expected)   # a damaged file: say that, not what the damage looks like
+    raise GoldenCorrupt(
+        f"{path}: holds the recorded values of {problem}, so the manifest {mpath} does not describe this file "
+        f"(edited, or copied from another golden); a replay would leave them unjudged. Restore the committed "
+        f"manifest (git checkout), else recapture this golden", mpath)
 
 
 def check_safetensors(path: Path, expected_sha: str | None = None) -> dict[str, Any]:

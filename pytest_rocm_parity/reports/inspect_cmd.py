@@ -240,7 +240,15 @@ def _show_golden(path: str | Path, dtypes: list[str] | None, stats: bool) -> dic
         missing = [x for x in dtypes if x not in m.get("rungs", {})]
         if missing:
             raise GoldenNotFound(f"{d}: no {', '.join(missing)} rung (it holds {', '.join(m.get('rungs', {}))})")
-    info: dict[str, Any] = {
+    info = _manifest_info(d, m)
+    for rung in rungs:
+        info["rungs"][rung] = _show_rung(d, m, rung, stats)
+    return info
+
+
+def _manifest_info(d: Path, m: dict[str, Any]) -> dict[str, Any]:
+    """What show prints of the manifest itself, the rungs left empty."""
+    return {
         "path": str(d), "name": m.get("name"), "format": m.get("format"), "test": m.get("test"),
         "model_class": m.get("model_class"), "tool_version": m.get("tool_version"), "created": m.get("created"),
         "fingerprint": m.get("fingerprint", {}), "dtypes": m.get("dtypes", list(m.get("rungs", {}))),
@@ -250,9 +258,6 @@ def _show_golden(path: str | Path, dtypes: list[str] | None, stats: bool) -> dic
         # what the golden selects, per nesting level, a stack's members folded (selection.describe)
         "selects": [{"level": lv, "modules": n, "names": names} for lv, n, names in describe(m.get("layers", []))],
     }
-    for rung in rungs:
-        info["rungs"][rung] = _show_rung(d, m, rung, stats)
-    return info
 
 
 def _show_rung(d: Path, m: dict[str, Any], rung: str, stats: bool) -> dict[str, Any]:
@@ -389,23 +394,27 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def _show_readable_rungs(args: argparse.Namespace, whole: ParityError) -> dict[str, Any]:
-    """A golden one of whose rungs cannot be read: the others shown, that one named with its error
-    (a damaged float32 file says nothing about the bf16 one beside it). ``whole``: the error of
-    reading it all, raised again where no rung can be read or the manifest itself cannot."""
-    _d, m = resolve_golden(args.golden)
-    rungs = [r for r in m.get("rungs", {}) if not args.dtype or r in args.dtype]
+    """A golden one of whose rungs cannot be read: the manifest and the others shown, that one named
+    with its error (a damaged float32 file says nothing about the bf16 one beside it, nor about the
+    manifest, even where it is the only rung). ``whole``: the error of reading it all, raised again
+    where no rung is damaged (a --dtype the golden lacks) or the manifest itself cannot be read."""
+    d, m = resolve_golden(args.golden)
+    wanted = _rung_names(args.dtype)
+    rungs = [r for r in m.get("rungs", {}) if not wanted or r in wanted]
     parts: dict[str, dict[str, Any]] = {}
-    info: dict[str, Any] | None = None
     for rung in rungs:
         try:
             one = show_golden(args.golden, [rung], stats=not args.no_stats)
         except ParityError as exc:
             parts[rung] = {"file": str(m["rungs"][rung].get("file", "")), "error": f"{type(exc).__name__}: {exc}"}
             continue
-        info = info or one
         parts[rung] = one["rungs"][rung]
-    if info is None:
-        raise whole
+    if not any("error" in p for p in parts.values()):
+        raise whole   # not a rung's damage (a --dtype the golden lacks): the error as it is
+    try:   # every rung unreadable still shows the manifest, each rung with its error
+        info = _manifest_info(d, m)
+    except _INCONSISTENT as exc:
+        raise _inconsistent(d, exc) from None
     info["rungs"] = parts
     return info
 

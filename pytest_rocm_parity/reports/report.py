@@ -760,8 +760,10 @@ def render_html(doc: Mapping[str, Any], out_dir: str | os.PathLike[str] = ".") -
             f'<td>{e(_env_brief(c.get("reference_env") or {}))}</td><td>{e(_env_brief(c.get("candidate_env") or {}))}</td></tr>')
     g = doc.get("goldens") or {}
     glines = []
-    for label in ("created", "updated", "missing", "corrupt", "stale", "kept", "obsolete", "pruned"):
-        items = g.get(label) or []
+    for key in ("created", "updated", "missing", "corrupt", "stale", "foreign", "kept", "obsolete", "unchecked",
+                "pruned"):
+        items = g.get(key) or []
+        label = "of another project" if key == "foreign" else key
         if items:
             glines.append(f"<tr><td>{label}</td><td>{e(', '.join(map(str, items)))}</td></tr>")
     for w in g.get("withheld") or []:

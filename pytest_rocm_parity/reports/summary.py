@@ -34,7 +34,8 @@ def error_text(r: Mapping[str, Any]) -> str:
     """What kept an error entry from a verdict, in one line: ``golden corrupt: <the exception's message>``."""
     err = r.get("error") or {}
     kind = str(err.get("kind", "error"))
-    what = f"golden {kind}" if kind in ("missing", "corrupt", "stale") else str(err.get("type") or "error")
+    what = (f"golden {kind}" if kind in ("missing", "corrupt", "stale") else "golden of another project"
+            if kind == "foreign" else str(err.get("type") or "error"))
     return f"{what}: " + " ".join(str(err.get("message", "")).split())
 
 
@@ -97,6 +98,10 @@ def _listed(items: list[str]) -> str:
     return ", ".join(items[:MAX_LISTED]) + (f" ... (+{len(items) - MAX_LISTED})" if len(items) > MAX_LISTED else "")
 
 
+FOREIGN_LABEL = ("of another project (a shared golden directory holds its golden under the same check name; "
+                 "neither judged nor written: give these checks names of their own, see each error or skip reason)")
+
+
 def kept_label(regen: str | None) -> str:
     """Why existing goldens were kept: a run given --parity-regen already uses the flag."""
     if regen is None:
@@ -108,11 +113,13 @@ def summary_lines(session: Any) -> list[str]:
     res = session.results
     g = session.goldens
     obsolete = list(getattr(session, "obsolete", []) or [])
+    unchecked = list(getattr(session, "unchecked", []) or [])
     pruned = list(getattr(session, "pruned", []) or [])
     withheld = list(getattr(g, "withheld", []) or [])
     leftovers = list(getattr(session, "leftovers", []) or [])
+    foreign = list(getattr(g, "foreign", []) or [])
     if not res and not (g.created or g.updated or g.missing or g.corrupt or g.stale or g.kept or obsolete or pruned or withheld
-                        or leftovers):
+                        or leftovers or foreign or unchecked):
         return []
     lines = ["", "=" * 20 + " rocm-parity summary " + "=" * 20]
     order = {"ERROR": 0, "FAIL": 1, "PASS": 2}
@@ -133,8 +140,12 @@ def summary_lines(session: Any) -> list[str]:
                          ("stale (they describe another model, inputs or setting: see each error or skip "
                           "reason; --parity-regen rewrites them)",
                           getattr(g, "stale", [])),
+                         (FOREIGN_LABEL, foreign),
                          (kept_label(getattr(getattr(session, "options", None), "regen", None)), g.kept),
-                         ("obsolete (no collected test uses them; --parity-prune-obsolete deletes)", obsolete),
+                         ("obsolete (no check of this run uses them: their test is gone or checks other names; "
+                          "--parity-prune-obsolete deletes)", obsolete),
+                         ("unchecked (their test ran and passed without making any check, as one that returns early "
+                          "does; kept, not obsolete: pytest.skip such a test)", unchecked),
                          ("pruned", pruned)):
         if items:
             lines.append(f"goldens {label}: {_listed(list(items))}")
@@ -142,7 +153,9 @@ def summary_lines(session: Any) -> list[str]:
     if leftovers:
         lines.append(f"leftover files of stopped captures (no manifest names them; --parity-prune-obsolete "
                      f"deletes): {_listed([str(p) for p in leftovers])}")
-    no_dir = session.store.missing_root() if g.missing and hasattr(session, "store") else ""
+    capture = getattr(session, "capture_command", None)
+    no_dir = (session.store.missing_root(*([capture()] if capture is not None else []))
+              if g.missing and hasattr(session, "store") else "")
     if no_dir:
         lines.append(no_dir[0].upper() + no_dir[1:])
     report_dir = getattr(getattr(session, "options", None), "report_dir", None)

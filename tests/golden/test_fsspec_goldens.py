@@ -77,6 +77,25 @@ def test_tampered_remote_tensor_is_refused(url: str, tmp_path: Path) -> None:
                "cpu", env={})
 
 
+def test_a_remote_tensor_file_with_a_bad_hash_is_named_by_its_url(tmp_path: Path) -> None:
+    """A file:// store whose tensor file was damaged in place (its size unchanged): the error names the
+    file's URL and the cache copy, which is removed so that the next run fetches it again."""
+    url = f"file://{tmp_path / 'remote'}"
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(1))
+    capture(_model(), x, CheckSpec(name="mlp", dtypes=["float32"]), RemoteGoldenStore(url, cache_dir=tmp_path / "a"),
+            "cpu", env={})
+    (tensor,) = (tmp_path / "remote" / "mlp").glob("*.safetensors")
+    data = bytearray(tensor.read_bytes())
+    data[-1] ^= 0xFF
+    tensor.write_bytes(bytes(data))
+    reader = RemoteGoldenStore(url, cache_dir=tmp_path / "b")
+    with pytest.raises(GoldenCorrupt, match="content hash differs") as info:
+        replay(_model(), x, CheckSpec(name="mlp", dtypes=["float32"]), reader, "cpu", env={})
+    cached = reader.dir_for("mlp") / tensor.name
+    assert str(info.value).startswith(f"{url}/mlp/{tensor.name}: ") and str(cached) in str(info.value)
+    assert info.value.path == f"{url}/mlp/{tensor.name}" and not cached.exists()
+
+
 def test_open_store_dispatch(tmp_path: Path) -> None:
     assert isinstance(open_store("memory://x/y"), RemoteGoldenStore)
     assert not isinstance(open_store(tmp_path), RemoteGoldenStore)

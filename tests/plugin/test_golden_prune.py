@@ -464,3 +464,42 @@ def test_a_golden_dir_shared_by_two_projects_keeps_the_other_projects_goldens(
     assert m.exists()
     result.stdout.fnmatch_lines(["rocm-parity: kept 'beta': its manifest does not record which project captured it "
                                  "*outside this project's rootdir*"])
+
+
+FLAGGED = '''
+import os
+from conftest import make_model, make_inputs
+
+def test_flagged(parity):
+    if os.environ.get("SKIP_CHECK"):
+        return   # a feature flag: the check is off for now
+    parity.check(make_model(), make_inputs(), name="flagged", dtypes=["float32"])
+
+def test_other(parity):
+    parity.check(make_model(), make_inputs(), name="other", dtypes=["float32"])
+'''
+
+
+def test_a_golden_whose_test_returned_early_is_kept_and_said_unchecked(project: pytest.Pytester,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its test was collected and passed without any check (a return behind a feature flag): the golden
+    is not obsolete, prune keeps it and says why; once the test checks another name, it is obsolete."""
+    (project.path / "test_tiny.py").unlink()
+    project.makepyfile(test_flagged=FLAGGED)
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=2)
+    monkeypatch.setenv("SKIP_CHECK", "1")
+    result = project.runpytest("--rocm-parity", PRUNE)
+    result.assert_outcomes(passed=2)
+    assert (project.path / "goldens" / "flagged" / "manifest.json").exists()
+    out = result.stdout.str()
+    assert "goldens obsolete" not in out and "deleted" not in out.replace("deleted no", "")
+    result.stdout.fnmatch_lines([
+        "goldens unchecked (their test ran and passed without making any check*): flagged",
+        "rocm-parity: kept 'flagged': its test test_flagged.py::test_flagged ran and passed without checking it*"])
+    monkeypatch.delenv("SKIP_CHECK")
+    project.makepyfile(test_flagged=FLAGGED.replace('name="flagged"', 'name="flagged2"'))
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1, skipped=1)
+    result = project.runpytest("--rocm-parity", PRUNE)
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["goldens obsolete (*their test is gone or checks other names*): flagged"])
+    assert goldens(project) == {"flagged2", "other"}

@@ -53,12 +53,44 @@ def test_missing_directory_is_named_in_the_error_and_the_summary(project: pytest
     assert not where.exists()
 
 
+def printed_command(out: str, after: str) -> list[str]:
+    """The arguments of the pytest command a message prints after ``after``, as a shell splits them."""
+    import shlex
+
+    line = next(l for l in out.splitlines() if after in l)
+    return shlex.split(line.split(after, 1)[1])[1:]   # without "pytest"
+
+
+def test_the_missing_directory_message_captures_into_that_directory(project: pytest.Pytester) -> None:
+    """The capture command of the missing-directory message keeps --parity-golden-dir and quotes a
+    parametrized test id: run as printed (split as a shell would), it creates the goldens the replay reads."""
+    project.makepyfile(test_tiny='''
+import pytest
+from conftest import make_model, make_inputs
+
+@pytest.mark.parametrize("dtype", ["float32"])
+def test_tiny(parity, dtype):
+    parity.check(make_model(), make_inputs(), dtypes=[dtype])
+''')
+    rep = project.runpytest("--rocm-parity", "--parity-golden-dir=gold_empty")
+    rep.assert_outcomes(failed=1)
+    out = rep.stdout.str()
+    assert ("the reference machine: pytest --rocm-parity --parity-golden-dir=gold_empty --parity-mode=capture "
+            "'test_tiny.py::test_tiny[float32]'") in out
+    summary = out.split("rocm-parity summary")[1]
+    assert "reference machine: pytest --rocm-parity --parity-golden-dir=gold_empty --parity-mode=capture" in summary
+    args = printed_command(out, "by capturing on the reference machine: ")
+    project.runpytest(*args).assert_outcomes(passed=1)
+    assert (project.path / "gold_empty").is_dir()
+    project.runpytest("--rocm-parity", "--parity-golden-dir=gold_empty").assert_outcomes(passed=1)
+
+
 def test_a_missing_golden_in_an_existing_directory_says_how_to_capture(project: pytest.Pytester) -> None:
     (project.path / "goldens").mkdir()
     rep = project.runpytest("--rocm-parity")
     rep.assert_outcomes(failed=1)
     out = rep.stdout.str()
-    assert "no golden for 'tiny' in" in out and "--parity-mode=capture test_tiny.py::test_tiny" in out
+    assert "no golden for 'tiny' in" in out and "--parity-mode=capture 'test_tiny.py::test_tiny'" in out
     assert "does not exist" not in out
 
 
@@ -67,7 +99,7 @@ def test_the_capture_and_regen_commands_repeat_a_golden_dir_flag(project: pytest
     (project.path / "my goldens").mkdir()
     rep = project.runpytest("--rocm-parity", "--parity-golden-dir=my goldens")
     rep.assert_outcomes(failed=1)
-    assert "pytest --rocm-parity --parity-golden-dir='my goldens' --parity-mode=capture test_tiny.py::test_tiny" \
+    assert "pytest --rocm-parity --parity-golden-dir='my goldens' --parity-mode=capture 'test_tiny.py::test_tiny'" \
         in rep.stdout.str()
     project.runpytest("--rocm-parity", "--parity-mode=capture", "--parity-golden-dir=my goldens").assert_outcomes(
         passed=1)

@@ -106,3 +106,25 @@ def test_merged_golden_logs_list_a_name_written_by_one_worker_and_kept_by_anothe
         log.merge(first)
         log.merge(second)
         assert log.kept == [] and log.created + log.updated == ["dup"]
+
+
+INTERRUPTED = '''
+from conftest import make_model, make_inputs
+
+def test_interrupted(parity):
+    parity.check(make_model(), make_inputs(), name="held", dtypes=["float32"])
+    raise KeyboardInterrupt
+'''
+
+
+def test_a_golden_withheld_by_an_interrupted_worker_is_listed_once(project: pytest.Pytester) -> None:
+    """xdist reports an interrupted worker down twice, each time with its output: the golden it
+    captured and did not write is one line of the summary and one entry of the report."""
+    project.makepyfile(test_interrupted=INTERRUPTED)
+    result = project.runpytest_subprocess("-n", "2", "--rocm-parity", "--parity-mode=capture", "--parity-report=rep",
+                                          "test_interrupted.py")
+    result.stdout.fnmatch_lines(["goldens not created (the run stopped before test_interrupted.py::test_interrupted "
+                                 "finished; nothing was written; *): held"])
+    doc = json.loads((project.path / "rep" / "parity-report.json").read_text())
+    assert [w["name"] for w in doc["goldens"]["withheld"]] == ["held"]
+    assert not (project.path / "goldens" / "held").exists()

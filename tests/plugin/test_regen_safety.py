@@ -73,6 +73,20 @@ def test_regen_given_a_path_is_a_usage_error(project: pytest.Pytester) -> None:
     assert manifest(project) == before
 
 
+@pytest.mark.parametrize("glob", ["", " "])
+def test_an_empty_regen_glob_is_a_usage_error_saying_so(project: pytest.Pytester, glob: str) -> None:
+    """``--parity-regen=$MODEL`` with MODEL unset: the glob is empty, not a path; the error names the
+    fixes (a name or glob, or the bare flag for every check) and writes nothing."""
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    before = manifest(project)
+    result = project.runpytest("--rocm-parity", f"{REGEN}={glob}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {REGEN}={glob!r}: the glob of check names to regenerate is empty*"
+                                 f"{REGEN}='NAME_GLOB', or {REGEN} alone to regenerate the golden of every check*"])
+    assert "is a path" not in result.stderr.str() and "  " not in result.stderr.str().strip()
+    assert manifest(project) == before
+
+
 def test_unchanged_golden_is_not_rewritten(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
     d = project.path / "goldens" / "tiny"

@@ -210,6 +210,40 @@ def test_manifest_whose_order_leaves_out_recorded_calls(golden: Golden) -> None:
     message_names(corrupt(golden, f"'order' that leaves out {len(dropped)} of its layer entries"), golden.manifest)
 
 
+def test_manifest_without_an_ordered_calls_entry(golden: Golden) -> None:
+    """The last call's layer entry and the model outputs cut from the manifest, 'order', 'selected' and
+    the top-level 'layers' still naming it: a fault there would pass unjudged, so the manifest is refused."""
+    m = golden.manifest_json()
+    rung = m["rungs"]["float32"]
+    rung["layers"] = [e for e in rung["layers"] if e["key"] != "fc2"]
+    rung["outputs"]["out"] = {}
+    golden.write_manifest(m)
+    message_names(corrupt(golden, "'order' that names 1 module call.s. without a layer entry .'fc2'."),
+                  golden.manifest, RECAPTURE)
+
+
+def test_manifest_without_a_calls_entry_its_tensor_file_holds(golden: Golden) -> None:
+    """The call dropped from 'order' too: the tensor file still holds its recorded values, which the
+    manifest no longer lists."""
+    m = golden.manifest_json()
+    rung = m["rungs"]["float32"]
+    rung["layers"] = [e for e in rung["layers"] if e["key"] != "fc2"]
+    rung["order"] = [k for k in rung["order"] if k != "fc2"]
+    golden.write_manifest(m)
+    exc = corrupt(golden, "module call.s. 'fc2' with no entry in rungs.float32.layers")
+    message_names(exc, golden.tensor_file(), str(golden.manifest), RECAPTURE)
+
+
+def test_manifest_with_its_model_outputs_emptied(golden: Golden) -> None:
+    """A capture lists every output it records the truth of: an emptied outputs.out is corrupt, not
+    an output left unjudged."""
+    m = golden.manifest_json()
+    m["rungs"]["float32"]["outputs"]["out"] = {}
+    golden.write_manifest(m)
+    exc = corrupt(golden, r"model output.s. '0' missing from rungs.float32.outputs.out \(which is empty\)")
+    message_names(exc, golden.tensor_file(), str(golden.manifest), RECAPTURE)
+
+
 def test_manifest_of_another_golden(golden: Golden) -> None:
     m = golden.manifest_json()
     m["name"] = "someone-else"

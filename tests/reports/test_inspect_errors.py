@@ -41,8 +41,9 @@ def test_shape_inconsistent_golden_raises_golden_errors(parity_results: dict[str
     with pytest.raises(GoldenError):
         diff_goldens(good, bad)
     assert main(["show", str(bad)]) == 2 and main(["diff", str(good), str(bad)]) == 2
-    err = capsys.readouterr().err
-    assert err.count("error:") == 2 and "Traceback" not in err
+    out, err = capsys.readouterr()
+    assert "UNREADABLE: GoldenCorrupt: " in out   # show: the manifest, each rung with its error
+    assert err.count("error:") == 1 and "Traceback" not in err
 
 
 def test_show_on_the_golden_folder_names_the_goldens_inside(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -84,8 +85,39 @@ def test_show_names_the_unreadable_rung_and_shows_the_others(tmp_path: Path,
     assert "[bfloat16] " in out and "rms(ref)" in out
     (line,) = [ln for ln in out.splitlines() if ln.startswith("[float32]")]
     assert "UNREADABLE: GoldenCorrupt: " in line and str(damaged) in line
-    assert main(["show", str(store.dir_for("two")), "--dtype", "float32"]) == 2   # nothing readable: the error
-    assert "error:" in capsys.readouterr().err
+    assert main(["show", str(store.dir_for("two")), "--dtype", "float32"]) == 2   # nothing readable: still listed
+    out = capsys.readouterr().out
+    assert "golden    two" in out and "[bfloat16]" not in out and "[float32] " in out and "UNREADABLE" in out
+
+
+@pytest.mark.parametrize("flags", [[], ["--no-stats"], ["--json"]])
+def test_show_of_a_one_rung_golden_whose_file_is_truncated_prints_its_manifest(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str]) -> None:
+    """docs/reports.md: the manifest, and the damaged rung listed UNREADABLE with its error; exit 2.
+    --no-stats reads the file's header, which a truncated file has no more than its data."""
+    import torch
+
+    from pytest_rocm_parity.golden.store import GoldenStore
+    from pytest_rocm_parity.runner.capture import capture
+    from pytest_rocm_parity.runner.engine import CheckSpec
+
+    torch.manual_seed(0)
+    store = GoldenStore(tmp_path)
+    capture(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 2)), torch.randn(4, 8),
+            CheckSpec(name="one", dtypes=["float32"]), store, "cpu")
+    damaged = store.dir_for("one") / store.read_manifest("one")["rungs"]["float32"]["file"]
+    damaged.write_bytes(damaged.read_bytes()[:len(damaged.read_bytes()) // 2])
+    assert main(["show", str(store.dir_for("one")), *flags]) == 2
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err and "error:" not in err
+    if flags == ["--json"]:
+        doc = json.loads(out)
+        assert doc["name"] == "one" and doc["dtypes"] == ["float32"]
+        assert str(damaged) in doc["rungs"]["float32"]["error"] and "truncated" in doc["rungs"]["float32"]["error"]
+        return
+    assert "golden    one" in out and "fingerprint structure=" in out
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("[float32]")]
+    assert "UNREADABLE: GoldenCorrupt: " in line and str(damaged) in line and "truncated" in line
 
 
 def _two_goldens(root: Path) -> None:

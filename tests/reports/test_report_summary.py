@@ -32,7 +32,8 @@ def test_summary_lists_checks_and_goldens(report_doc: dict[str, Any]) -> None:
     assert "goldens created: new_model" in text
     assert "goldens updated: tiny_ok" in text
     assert "goldens missing: absent_model" in text
-    assert "goldens obsolete (no collected test uses them; --parity-prune-obsolete deletes): old_model" in text
+    assert ("goldens obsolete (no check of this run uses them: their test is gone or checks other names; "
+            "--parity-prune-obsolete deletes): old_model") in text
     assert "report: rep/parity-report.html" in text
 
 

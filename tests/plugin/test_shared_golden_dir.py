@@ -1,0 +1,93 @@
+"""One golden directory shared by two projects whose checks have the same (default) name: each
+project's golden is its own. A replay of the other project's golden says whose it is (not "the
+weights changed"), and neither capture nor --parity-regen overwrites it unasked."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_rocm_parity.options import ALLOW_REFERENCE_CHANGE, REGEN
+
+# the default check name, test_model.py::test_model, is the same in both projects
+MODEL_TEST = '''
+import torch
+
+def test_model(parity):
+    torch.manual_seed({seed})
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 4)).eval()
+    parity.check(m, torch.randn(4, 8, generator=torch.Generator().manual_seed(1)), dtypes=["float32"])
+'''
+
+
+@pytest.fixture
+def shared(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Projects a and b, both with tests/test_model.py::test_model (other weights), both with
+    parity_golden_dir = <shared>; a has captured its golden there."""
+    shared = pytester.path / "shared"
+    for project, seed in (("a", 0), ("b", 9)):
+        (pytester.path / project / "tests").mkdir(parents=True)
+        (pytester.path / project / "pytest.ini").write_text(f"[pytest]\ntestpaths = tests\nparity_golden_dir = {shared}\n")
+        (pytester.path / project / "tests" / "test_model.py").write_text(MODEL_TEST.format(seed=seed))
+    monkeypatch.chdir(pytester.path / "a")
+    pytester.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    monkeypatch.chdir(pytester.path / "b")
+    return shared
+
+
+def snapshot(d: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def test_a_replay_of_another_projects_golden_says_whose_it_is(pytester: pytest.Pytester, shared: Path) -> None:
+    result = pytester.runpytest("--rocm-parity")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "weights changed" not in out
+    a = (pytester.path / "a").resolve()
+    result.stdout.fnmatch_lines([
+        "*GoldenStale: *manifest.json: the golden for 'test_model.py::test_model' belongs to another project: its "
+        f"manifest records the project {a} as the one that captured it*Give this check a name of its own, e.g. "
+        "parity.check(..., name='b-test_model.py::test_model')*or give each project a golden directory of its own*"
+        f"replace the golden on purpose: *{ALLOW_REFERENCE_CHANGE}",
+        "goldens of another project (*): test_model.py::test_model"])
+    assert "goldens stale" not in out
+
+
+def test_regen_refuses_to_overwrite_another_projects_golden(pytester: pytest.Pytester, shared: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stale message's old fix, --parity-regen=NAME, and the bare --parity-regen: refused, the
+    other project's golden byte for byte as it was, and its replay still passes."""
+    before = snapshot(shared)
+    for regen in (f"{REGEN}=test_model.py::test_model", REGEN):
+        result = pytester.runpytest("--rocm-parity", regen)
+        result.assert_outcomes(failed=1)
+        result.stdout.fnmatch_lines(["*ReferenceChange: *the golden for 'test_model.py::test_model' belongs to "
+                                     "another project*regenerating it would overwrite that project's golden*"])
+        assert snapshot(shared) == before
+    result = pytester.runpytest("--rocm-parity", "--parity-mode=capture", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["SKIPPED *kept: *belongs to another project*"])
+    assert snapshot(shared) == before
+    monkeypatch.chdir(pytester.path / "a")
+    pytester.runpytest("--rocm-parity").assert_outcomes(passed=1)
+
+
+def test_the_other_projects_golden_is_replaced_only_on_purpose(pytester: pytest.Pytester, shared: Path) -> None:
+    pytester.runpytest("--rocm-parity", REGEN, ALLOW_REFERENCE_CHANGE).assert_outcomes(passed=1)
+    (manifest,) = shared.glob("*/manifest.json")
+    assert json.loads(manifest.read_text())["project"] == "../b"
+    pytester.runpytest("--rocm-parity").assert_outcomes(passed=1)
+
+
+def test_a_golden_that_records_no_project_is_judged_as_before(pytester: pytest.Pytester, shared: Path) -> None:
+    """An older golden (no "project"): stale as it always was, and --parity-regen rewrites it."""
+    (manifest,) = shared.glob("*/manifest.json")
+    manifest.write_text(json.dumps({k: v for k, v in json.loads(manifest.read_text()).items() if k != "project"}))
+    result = pytester.runpytest("--rocm-parity")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*GoldenStale: *the model's weights changed*"])
+    assert "another project" not in result.stdout.str()
+    pytester.runpytest("--rocm-parity", REGEN).assert_outcomes(passed=1)
+    pytester.runpytest("--rocm-parity").assert_outcomes(passed=1)
