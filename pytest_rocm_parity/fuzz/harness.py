@@ -672,7 +672,7 @@ def _variables() -> list[str]:
 
 def _qualname(fn: Callable[..., Any]) -> str:
     op = _operator(fn)
-    if op is not None:   # torch's own spelling: trial::bad_rms, aten::add.Tensor
+    if op is not None:   # torch's own spelling: mylib::rms_norm, aten::add.Tensor
         return op[0] + ("" if op[1] == ".default" else op[1])
     module = getattr(fn, "__module__", None) or ""
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
