@@ -81,3 +81,33 @@ def test_compare_shares_bounds_ops_cut_from_the_reference_top_list() -> None:
     assert compare_shares(ref, cand) == [
         {"op": "e", "ref_share": 0.1, "cand_share": 0.25, "growth": pytest.approx(2.5), "factor": 2.0,
          "note": "not in the reference's top 3: its share there was at most 10.0%"}]
+
+
+def test_profiles_of_one_device_kind_far_apart_in_total_are_named_in_a_note(tmp_path: object) -> None:
+    """Operator shares taken while a CPU is busy (or under another thread count) describe that as much
+    as the code: a replay whose profile's total is far from the golden's on the same kind of device
+    says so beside its flags."""
+    import json
+
+    from pytest_rocm_parity import CheckSpec
+    from pytest_rocm_parity.golden.store import GoldenStore
+    from pytest_rocm_parity.runner.capture import capture
+    from pytest_rocm_parity.runner.replay import replay
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)).eval()
+    x = torch.randn(32, 64)
+    store = GoldenStore(str(tmp_path))
+    spec = CheckSpec(name="p", dtypes=["float32"], profile=True)
+    capture(model, {"input": x}, spec, store, "cpu")
+    (res,) = replay(model, {"input": x}, spec, store, "cpu")
+    assert res.extra["profile"]["candidate"]["total_us"] > 0
+    assert not any("profiler parity: the" in n for n in res.notes), res.notes
+
+    path = store.manifest_path("p")
+    manifest = json.loads(path.read_text())
+    manifest["rungs"]["float32"]["extra"]["profile"]["total_us"] *= 1000   # a reference profiled while busy
+    path.write_text(json.dumps(manifest))
+    (res,) = replay(model, {"input": x}, spec, store, "cpu")
+    assert any("profiler parity: the reference's forward took" in n and "OMP_NUM_THREADS" in n
+               for n in res.notes), res.notes
