@@ -31,7 +31,7 @@ from typing import Any
 from pytest_rocm_parity import __version__
 from pytest_rocm_parity.judging import dtypes as dt
 from pytest_rocm_parity.judging.compare import residual_metrics
-from pytest_rocm_parity.runner.capture import residual, truth_errors
+from pytest_rocm_parity.runner.capture import float64_kernels, residual, truth_errors
 from pytest_rocm_parity.runner.engine import (CheckSpec, Hooks, autocast_dtype, autocast_note, cast_inputs,
                                               explained_by, fingerprint, home_device, normalize_inputs,
                                               same_structure, structure_changes, weights_changed)
@@ -70,7 +70,15 @@ def optimizer_factory(optimizer: Any) -> Callable[[list[tuple[str, Any]]], Any] 
                               f"parameters; pass its class and settings instead, e.g. ({type(optimizer).__name__}, "
                               f"{{'lr': {optimizer.defaults.get('lr', 1e-3)!r}}}): the check builds one on copies")
     if callable(optimizer):
-        return lambda named: optimizer(list(named))
+        def built(named: list[tuple[str, Any]]) -> Any:
+            opt = optimizer(list(named))
+            if not isinstance(opt, torch.optim.Optimizer):
+                raise InvalidArgument(
+                    f"optimizer={describe(optimizer)} returned a {type(opt).__name__}, not a torch.optim optimizer "
+                    f"(a subclass of torch.optim.Optimizer, whose zero_grad() and step() the check runs); a "
+                    f"learning-rate scheduler is not judged: return the optimizer it would drive")
+            return opt
+        return built
     raise InvalidArgument(f"optimizer={optimizer!r}: give a torch.optim class (torch.optim.AdamW), a pair "
                           f"(torch.optim.AdamW, {{'lr': 1e-3}}) or a function of the (name, parameter) pairs")
 
@@ -83,6 +91,11 @@ def _probe_optimizer(cls: type, kw: dict[str, Any]) -> None:
     import torch
 
     shown = f"({cls.__name__}, {kw!r})" if kw else cls.__name__
+    if not issubclass(cls, torch.optim.Optimizer):
+        raise InvalidArgument(f"optimizer={shown}: {cls.__module__}.{cls.__qualname__} is not a torch.optim "
+                              f"optimizer (a subclass of torch.optim.Optimizer), whose zero_grad() and step() the "
+                              f"check runs; give one, e.g. (torch.optim.AdamW, {{'lr': 1e-3}}), or a function of "
+                              f"the (name, parameter) pairs that returns one")
     try:
         closure = inspect.signature(cls.step).parameters.get("closure")   # type: ignore[attr-defined]
     except (AttributeError, TypeError, ValueError):
@@ -371,6 +384,10 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise InvalidArgument(f"steps={steps!r}: the number of optimizer steps, an integer of at least 1")
+    if steps > 1 and optimizer is None:
+        raise InvalidArgument(f"steps={steps}: steps are optimizer steps, and no optimizer= is given, so every "
+                              f"step after the first would repeat it; give optimizer= (torch.optim.SGD, "
+                              f"{{'lr': 0.1}}) or leave steps at 1 to judge the gradients of one backward")
     inner = unwrap(model)
     factory = optimizer_factory(optimizer)
     clip = gradient_clipper(clip_grad_norm, optimizer)
@@ -403,6 +420,7 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
             t["loss"] = run.forward_backward(args, kwargs, loss, accumulate).to("cpu").reshape(1)
             # the float64 truth: the same weights (rounded to the rung), in float64 arithmetic
             tm = copy.deepcopy(ref).to(torch.float64)
+            float64_kernels(tm)   # MoE experts' grouped_mm has no float64: the truth takes the eager experts
             targs, tkwargs = cast_inputs(args, kwargs, torch.float64, device)
             truth = _Run(tm, selected)
             with truth_errors(tm, selected):

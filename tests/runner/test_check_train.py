@@ -252,6 +252,12 @@ def test_clipping_is_judged_with_the_optimizer_step(tmp_path) -> None:  # type: 
     ({"optimizer": (torch.optim.LBFGS, {"lr": 0.1})}, r"its step\(\) needs a closure .* not supported"),
     ({"optimizer": (torch.optim.SparseAdam, {"lr": 0.1})}, r"SparseAdam.step\(\) failed on the model's parameters"),
     ({"optimizer": "instance"}, r"got a SGD instance, built on the model's own parameters; pass its class"),
+    ({"optimizer": (torch.nn.Linear, {"in_features": 2})},
+     r"torch.nn.modules.linear.Linear is not a torch.optim optimizer"),
+    # a learning-rate scheduler from a factory: its "updates" would all be zero and pass
+    ({"optimizer": lambda named: torch.optim.lr_scheduler.StepLR(torch.optim.SGD([p for _, p in named], lr=0.1), 1)},
+     r"returned a StepLR, not a torch.optim optimizer .* a learning-rate scheduler is not judged"),
+    ({"steps": 3}, r"steps=3: steps are optimizer steps, and no optimizer= is given"),
 ])
 def test_training_settings_a_step_cannot_take_are_refused_by_name(tmp_path, kwargs, words) -> None:  # type: ignore[no-untyped-def]
     """Settings torch would refuse deep inside the capture are the check's argument errors, named."""
@@ -457,3 +463,15 @@ def test_a_model_in_training_mode_with_batchnorm_is_told_its_batch_statistics_ar
     assert res.passed and any(n.startswith("the model came in training mode: 1 was judged in eval mode") for n in res.notes), \
         res.notes
     assert not any("came in training mode" in n for n in replay_train(cnn().eval(), x, spec, store, "cpu", loss=loss)[0].notes)
+
+
+def test_a_moe_with_its_default_experts_kernel_trains_against_an_eager_float64_truth(tmp_path: Any) -> None:
+    """grouped_mm, the MoE experts' default kernel, has no float64: the truth of the training step
+    takes the eager experts, as the forward's does, and the model as the user built it passes."""
+    from parity_models import mixtral
+
+    spec = CheckSpec(name="moe", dtypes=["float32"], drill=0)
+    store = GoldenStore(tmp_path)
+    capture_train(mixtral(), _inputs(), spec, store, "cpu", optimizer=ADAMW)
+    (r,) = replay_train(mixtral(), _inputs(), spec, store, "cpu", optimizer=ADAMW)
+    assert r.passed, [(l.name, l.reason) for l in r.layers if not l.passed]
