@@ -522,4 +522,5 @@ def ladder_notes(results: list[CheckResult]) -> None:
             r.notes.append(f"found at float32 only: a change below the noise of {r.dtype} "
                            f"({_what_failed(f32)})")
             f32.notes.append(f"the {r.dtype} rung passed: this change is below the noise of {r.dtype} arithmetic; "
-                             f"the float32 rung of the precision ladder found it (a changed computation, not precision)")
+                             f"the float32 rung of the precision ladder found it: a changed computation, or a part of it "
+                             f"run below float32 (a float16 or bfloat16 accumulation or intermediate)")
