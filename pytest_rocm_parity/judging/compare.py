@@ -95,6 +95,8 @@ def float_metrics(leaf: str, cand: Any, ref: Any, truth: Any, unit_roundoff: flo
         c, r, t = c[keep], r[keep], t[keep]
     n = int(c.numel())
     if n == 0:
+        if m.nonfinite:   # no element where both are finite: nothing measures the error but its count
+            m.ratio = m.ratio_lo = math.inf
         return m
     if per == 2:
         e = t - r.to(torch.float64)

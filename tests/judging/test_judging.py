@@ -231,3 +231,15 @@ def test_a_layer_over_its_bound_that_the_sign_test_passes_gets_a_note(truth: tor
     result = finish(CheckResult(test="t", name="n", dtype="bfloat16", passed=True, layers=[rec]), Tolerance())
     (note,) = [n for n in result.notes if n.startswith("blocks.0:")]
     assert "near-ties" in note and "z=" not in note.split("passes.")[1]
+
+
+def test_a_leaf_that_is_non_finite_everywhere_shows_an_infinite_ratio_not_zero() -> None:
+    """With no element where both sides are finite nothing measures the error but the count of
+    non-finite ones; a ratio of 0 beside FAIL in the table reads as a contradiction."""
+    ref = torch.randn(4, 8)
+    m = float_metrics("0", torch.full_like(ref, float("nan")), ref, ref.double(), U_BF16)
+    assert m.nonfinite == 32 and m.ratio == m.ratio_lo == math.inf
+    partly = ref.clone()
+    partly[0, 0] = float("inf")
+    m = float_metrics("0", partly, ref, ref.double(), U_BF16)
+    assert m.nonfinite == 1 and math.isfinite(m.ratio)
