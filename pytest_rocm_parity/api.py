@@ -394,15 +394,11 @@ def where_unjudged(model: Any, spec: CheckSpec, results: list[CheckResult]) -> l
     return results
 
 
-# A first divergence this many times over its propagated budget is one fault in the code before it,
-# not errors that each module kept within bounds adding up (accumulated drift crosses its budget
-# gradually, a layer or a few at a time)
-JUMP = 100.0
-
-
 def _jumps(r: CheckResult) -> bool:
     """Whether the propagated error leaps where it first diverges: the first divergent layer, or else
-    a failing model output, is over JUMP times its budget."""
+    a failing model output, is over judge.JUMP times its budget."""
+    from pytest_rocm_parity.judging.judge import JUMP
+
     rows = [l for l in r.layers if l.name == r.first_divergent] or [o for o in r.outputs if not o.prop_passed]
     return any(l.prop is not None and l.prop_budget > 0 and l.prop.ratio > JUMP * l.prop_budget for l in rows)
 

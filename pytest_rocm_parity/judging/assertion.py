@@ -176,6 +176,8 @@ def headline(extra: Mapping[str, Any]) -> str:
     """What failed, in a few words, where no module is the culprit: the loss's scaling, the optimizer."""
     if extra.get("loss_factor") is not None:
         return f"loss off by one factor ({extra['loss_factor']:.4g}x)"
+    if extra.get("loss_otherwise") is not None:
+        return f"the loss computed otherwise ({extra['loss_otherwise']:.3g}x the reference's error)"
     if optimizer_groups(extra):
         return f"optimizer update out of bounds ({optimizer_share(extra)})"
     return lm_failure(extra) or "no culprit in isolation"
@@ -253,6 +255,10 @@ def message(result: CheckResult) -> str:
     elif result.extra.get("loss_factor") is not None:
         lines.append(f"  culprit: none among the modules: every gradient is {result.extra['loss_factor']:.4g}x the "
                      f"golden's, one factor: the loss or its scaling (see the note)")
+    elif result.extra.get("loss_otherwise") is not None:
+        lines.append(f"  culprit: the loss itself: {result.extra['loss_otherwise']:.3g}x the reference's error with "
+                     f"every module's backward within bounds: a term missing or added, or another reduction "
+                     f"(see the note)")
     elif optimizer_groups(result.extra):
         lines.append(f"  culprit: the optimizer: its update is out of bounds for {optimizer_share(result.extra)} "
                      f"(the note names the worst); every module's backward is within bounds")

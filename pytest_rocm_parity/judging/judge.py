@@ -210,6 +210,11 @@ def _few_blocks_note(l: LayerRecord) -> str:
 # to put it there
 CONFINED_BOUND_OVER = 10.0
 
+# A first divergence this many times over its propagated budget is one fault in the code before it,
+# not errors that each module kept within bounds adding up (accumulated drift crosses its budget
+# gradually, a layer or a few at a time)
+JUMP = 100.0
+
 
 def _fail_confined(result: CheckResult, tol: Tolerance) -> None:
     """Fail the layers whose reference call made no discrete choice and whose error is confined to

@@ -38,7 +38,7 @@ from pytest_rocm_parity.runner.engine import (CheckSpec, Hooks, autocast_dtype, 
 from pytest_rocm_parity.errors import GoldenStale, InvalidArgument
 from pytest_rocm_parity.golden.sketch import leaf_group
 from pytest_rocm_parity.golden.store import FORMAT_VERSION, GoldenStore, RungReader, expected_digest
-from pytest_rocm_parity.judging.judge import Rule, judge_layer, note_undecided
+from pytest_rocm_parity.judging.judge import JUMP, Rule, judge_layer, note_undecided
 from pytest_rocm_parity.judging.records import CheckResult, LayerRecord, LeafMetrics
 from pytest_rocm_parity.runner.selection import Selected, select
 from pytest_rocm_parity.runner.tree import map_tensors, tensor_leaves
@@ -977,6 +977,14 @@ def _finish_train(result: CheckResult, factor_note: Callable[[], tuple[float, st
         result.passed = False
         result.extra["loss_factor"] = found[0]
         result.notes.append(found[1])
+    elif (loss := next((o for o in result.outputs if o.name == LOSS and not o.prop_passed and o.prop is not None
+                        and o.prop.ratio > JUMP * o.prop_budget), None)) is not None:
+        assert loss.prop is not None
+        result.extra["loss_otherwise"] = loss.prop.ratio
+        result.notes.append(f"the loss is {loss.prop.ratio:.3g}x the reference's error (budget {loss.prop_budget:g}x) "
+                            f"while every module's backward is within bounds in isolation: too far for rounding "
+                            f"that adds up. The loss is computed otherwise: a term missing or added (a router's "
+                            f"auxiliary loss, label smoothing, a regulariser), another reduction, or another loss=")
     elif not result.passed:
         result.notes.append("the loss drifted beyond budget although no module's backward is out of bounds in "
                             "isolation: accumulated drift")
