@@ -226,8 +226,10 @@ def _inside(result: CheckResult, culprit: LayerRecord) -> str:
                 + f" passed only under {'their' if len(loose) > 1 else 'its'} per-layer tolerance (budget "
                   f"{loose[0].budget:g}x, the culprit's {culprit.budget:g}x): look there first")
     inner = [l.name[len(culprit.name) + 1:] for l in records]
+    # a training check judges each module's backward: the fault is in the gradient of the parent's own code
+    what = "backward through its own" if result.kind == "train" else "own forward's"
     return (f"inside it: {', '.join(inner[:4])}{' ...' if len(inner) > 4 else ''} "
-            f"{'each pass' if len(inner) > 1 else 'passes'} in isolation, so the fault is in its own forward's "
+            f"{'each pass' if len(inner) > 1 else 'passes'} in isolation, so the fault is in its {what} "
             f"code between them (a softmax, mask, scale or residual add it computes itself, or a kernel that "
             f"replaced them)")
 

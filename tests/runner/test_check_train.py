@@ -489,3 +489,17 @@ def test_a_loss_computed_otherwise_is_named_as_the_loss_not_as_accumulated_drift
     assert not r.passed and r.culprit is None and r.extra["loss_otherwise"] > 300, r.notes
     assert "culprit: the loss itself" in message(r), message(r)
     assert not any("accumulated drift" in n for n in r.notes), r.notes
+
+
+def test_a_backward_bug_in_a_parents_own_code_points_inside_it_at_its_backward(golden) -> None:  # type: ignore[no-untyped-def]
+    """The gradient scaled between an MLP's children, in the MLP's own code: each child's backward
+    passes, and the culprit line says the fault is in the backward through the MLP's own code."""
+    from pytest_rocm_parity.judging.assertion import message
+
+    model = llama("sdpa")
+    mlp = model.model.layers[1].mlp
+    bug = scaled_grad()
+    mlp.forward = lambda x: mlp.down_proj(bug(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x)))
+    r = _replay(golden, model)
+    assert not r.passed and r.culprit == "model.layers.1.mlp", [(l.name, l.reason) for l in r.layers if not l.passed]
+    assert "so the fault is in its backward through its own code between them" in message(r), message(r)
