@@ -66,7 +66,7 @@ def optimizer_factory(optimizer: Any) -> Callable[[list[tuple[str, Any]]], Any] 
         _probe_optimizer(optimizer, {})
         return lambda named: optimizer([p for _, p in named])
     if isinstance(optimizer, torch.optim.Optimizer):
-        raise InvalidArgument(f"optimizer=: got a {type(optimizer).__name__} instance, built on the model's own "
+        raise InvalidArgument(f"optimizer=<a {type(optimizer).__name__} instance>: built on the model's own "
                               f"parameters; pass its class and settings instead, e.g. ({type(optimizer).__name__}, "
                               f"{{'lr': {optimizer.defaults.get('lr', 1e-3)!r}}}): the check builds one on copies")
     if callable(optimizer):

@@ -251,7 +251,7 @@ def test_clipping_is_judged_with_the_optimizer_step(tmp_path) -> None:  # type: 
      r"optimizer=\(AdamW, \{'learning_rate': 0.1\}\): AdamW refused these settings \(TypeError: .*learning_rate"),
     ({"optimizer": (torch.optim.LBFGS, {"lr": 0.1})}, r"its step\(\) needs a closure .* not supported"),
     ({"optimizer": (torch.optim.SparseAdam, {"lr": 0.1})}, r"SparseAdam.step\(\) failed on the model's parameters"),
-    ({"optimizer": "instance"}, r"got a SGD instance, built on the model's own parameters; pass its class"),
+    ({"optimizer": "instance"}, r"optimizer=<a SGD instance>: built on the model's own parameters; pass its class"),
     ({"optimizer": (torch.nn.Linear, {"in_features": 2})},
      r"torch.nn.modules.linear.Linear is not a torch.optim optimizer"),
     # a learning-rate scheduler from a factory: its "updates" would all be zero and pass
