@@ -124,6 +124,29 @@ def _shares_of(x: Mapping[str, Any]) -> tuple[dict[str, float], int | None]:
     return {str(k): float(v) for k, v in x.items()}, None
 
 
+# Totals of one forward on the same kind of device further apart than this: one profile ran on a busy
+# machine (a CPU's threads contending with other processes) or under another thread count
+PROFILE_TOTALS_APART = 10.0
+
+
+def totals_note(ref: Mapping[str, Any], cand: Mapping[str, Any]) -> str:
+    """A note where the reference's and the candidate's profiles, taken on the same kind of device,
+    differ in total time by over PROFILE_TOTALS_APART-fold: their operator shares then describe the
+    conditions as much as the code, so the flags may be spurious or missing."""
+    a, b = ref.get("total_us"), cand.get("total_us")
+    if ref.get("activity") != cand.get("activity") or not isinstance(a, (int, float)) \
+            or not isinstance(b, (int, float)) or min(a, b) <= 0:
+        return ""
+    apart = max(a, b) / min(a, b)
+    if apart <= PROFILE_TOTALS_APART:
+        return ""
+    which = "reference's" if a > b else "candidate's"
+    return (f"profiler parity: the {which} forward took {apart:.0f}x the other's ({a:.0f} us against {b:.0f} us "
+            f"on the same kind of device), so one profile ran on a busy machine or under another thread count "
+            f"(OMP_NUM_THREADS) and its operator shares describe that as much as the code: profile both on an "
+            f"otherwise idle machine with the same thread settings")
+
+
 def compare_shares(ref: Mapping[str, Any], cand: Mapping[str, Any], factor: float = DEFAULT_FACTOR,
                    min_share: float = DEFAULT_MIN_SHARE) -> list[dict[str, Any]]:
     """Operators whose share of time grew ``factor``-fold or more on the candidate.

@@ -32,7 +32,6 @@ from pytest_rocm_parity.runner.engine import (
     structure_changes,
     shell_quote,
     merged_adapters,
-    same_weights,
     weights_changed,
     submodule,
     walk_model,
@@ -173,11 +172,11 @@ def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, An
     changed = "" if problems or _quantized(model, manifest) else weights_changed(model, old, merged)
     if changed:
         problems.append(changed)
-    elif merged and not problems and not same_weights(model, old):
+    elif merged and not problems:
         notes.append(f"adapter{'s' if len(merged) > 1 else ''} on {', '.join(merged[:3])}"
                      f"{f' and {len(merged) - 3} more' if len(merged) > 3 else ''} "
                      f"{'are' if len(merged) > 1 else 'is'} merged into the base weights on one side and not on "
-                     f"the other (merge_and_unload): those weights differ by the merge, and the modules are "
+                     f"the other (merge_and_unload): those weights may differ by the merge, and the modules are "
                      f"judged by their outputs")
     selected = [s.name for s in select(model, spec.layers, spec.drill)]
     old_layers = [l["name"] for l in manifest.get("layers", [])]
@@ -764,13 +763,13 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
             result.notes.append("profiler parity (--parity-profile) not compared: the golden holds no operator "
                                 "profile; capture it with --parity-profile on the reference machine")
         elif spec.profile:
-            from pytest_rocm_parity.reports.profiling import compare_shares, profile_shares
+            from pytest_rocm_parity.reports.profiling import compare_shares, profile_shares, totals_note
 
             cand_prof = profile_shares(model, *stored_inputs(), home)
             ref_prof = meta["extra"]["profile"]
             result.extra["profile"] = {"flags": compare_shares(ref_prof, cand_prof),
                                        "reference": ref_prof, "candidate": cand_prof}
-            slower = _profile_spread(ref_prof, cand_prof)
+            slower = totals_note(ref_prof, cand_prof)
             if slower:
                 result.notes.append(slower)
         if spec.report_dir is not None and not result.passed and obtained:
@@ -784,29 +783,6 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
             finally:
                 result.extra.pop("_pos_err", None)
     return result
-
-
-# Totals of one forward on the same kind of device further apart than this: one profile ran on a busy
-# machine (a CPU's threads contending with other processes) or under another thread count
-PROFILE_TOTALS_APART = 10.0
-
-
-def _profile_spread(ref: dict[str, Any], cand: dict[str, Any]) -> str:
-    """A note where the reference's and the candidate's profiles, taken on the same kind of device,
-    differ in total time by over PROFILE_TOTALS_APART-fold: their operator shares then describe the
-    conditions as much as the code, so the flags may be spurious or missing."""
-    a, b = ref.get("total_us"), cand.get("total_us")
-    if ref.get("activity") != cand.get("activity") or not isinstance(a, (int, float)) \
-            or not isinstance(b, (int, float)) or min(a, b) <= 0:
-        return ""
-    apart = max(a, b) / min(a, b)
-    if apart <= PROFILE_TOTALS_APART:
-        return ""
-    which = "reference's" if a > b else "candidate's"
-    return (f"profiler parity: the {which} forward took {apart:.0f}x the other's ({a:.0f} us against {b:.0f} us "
-            f"on the same kind of device), so one profile ran on a busy machine or under another thread count "
-            f"(OMP_NUM_THREADS) and its operator shares describe that as much as the code: profile both on an "
-            f"otherwise idle machine with the same thread settings")
 
 
 def _direct_level(inner: Any, keys: list[str], layers: dict[str, dict[str, Any]], acts: dict[str, dict[str, str]],
