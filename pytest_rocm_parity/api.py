@@ -10,6 +10,7 @@ import pytest
 
 from pytest_rocm_parity.judging import dtypes as dt
 from pytest_rocm_parity.judging.assertion import headline, property_text, raise_if_failed
+from pytest_rocm_parity.judging.judge import JUMP
 from pytest_rocm_parity.runner.capture import capture
 from pytest_rocm_parity.runner.engine import CheckSpec, default_dtypes, shell_quote
 from pytest_rocm_parity.runner.replay import check_stale, replay as replay_golden
@@ -397,8 +398,6 @@ def where_unjudged(model: Any, spec: CheckSpec, results: list[CheckResult]) -> l
 def _jumps(r: CheckResult) -> bool:
     """Whether the propagated error leaps where it first diverges: the first divergent layer, or else
     a failing model output, is over judge.JUMP times its budget."""
-    from pytest_rocm_parity.judging.judge import JUMP
-
     rows = [l for l in r.layers if l.name == r.first_divergent] or [o for o in r.outputs if not o.prop_passed]
     return any(l.prop is not None and l.prop_budget > 0 and l.prop.ratio > JUMP * l.prop_budget for l in rows)
 
