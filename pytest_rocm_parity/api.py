@@ -10,7 +10,6 @@ import pytest
 
 from pytest_rocm_parity.judging import dtypes as dt
 from pytest_rocm_parity.judging.assertion import headline, property_text, raise_if_failed
-from pytest_rocm_parity.judging.judge import JUMP
 from pytest_rocm_parity.runner.capture import capture
 from pytest_rocm_parity.runner.engine import CheckSpec, default_dtypes, shell_quote
 from pytest_rocm_parity.runner.replay import check_stale, replay as replay_golden
@@ -122,8 +121,8 @@ class Parity:
 
         return self._run(spec, lambda: capture(model, inputs, spec, self._session.store, self.device,
                                                overwrite=self._session.store.exists(spec.name), env=self._session.env),
-                         lambda: where_unjudged(model, spec, replay_golden(model, inputs, spec, self._session.store,
-                                                                            self.device, env=self._session.env)),
+                         lambda: replay_golden(model, inputs, spec, self._session.store, self.device,
+                                               env=self._session.env),
                          stale=stale)
 
     def check_lm(self, model: Any, input_ids: Any, **kwargs: Any) -> list[CheckResult]:
@@ -373,33 +372,6 @@ def _close_goldens(store: Any, name: str) -> str:
     except OSError:
         return ""
     return f" Goldens of close names here: {', '.join(map(repr, close))} (a changed name= ?)." if close else ""
-
-
-def where_unjudged(model: Any, spec: CheckSpec, results: list[CheckResult]) -> list[CheckResult]:
-    """Failing results say where a fault the selection did not judge lies: the region between the last
-    agreeing and the first divergent selected module and the ``layers=`` globs that would judge it
-    (extra["unselected_region"], shown by assertion.message), or the culprit's unselected sub-modules."""
-    from pytest_rocm_parity.runner.selection import unselected_children, unselected_region
-
-    for r in results:
-        if r.passed:
-            continue
-        region = unselected_region(model, r, spec.layers)
-        if region is not None:
-            r.extra["unselected_region"] = region
-            if region["modules"] or _jumps(r):   # not "no single layer" accumulating drift
-                r.notes = [n for n in r.notes if "accumulated drift" not in n]
-        note = unselected_children(model, r, spec.drill) if not spec.layers else ""
-        if note:
-            r.notes.append(note)
-    return results
-
-
-def _jumps(r: CheckResult) -> bool:
-    """Whether the propagated error leaps where it first diverges: the first divergent layer, or else
-    a failing model output, is over judge.JUMP times its budget."""
-    rows = [l for l in r.layers if l.name == r.first_divergent] or [o for o in r.outputs if not o.prop_passed]
-    return any(l.prop is not None and l.prop_budget > 0 and l.prop.ratio > JUMP * l.prop_budget for l in rows)
 
 
 DEFAULT_GOLDEN_SIZE_LIMIT = 50_000_000   # bytes, for a spec without golden_size_limit (options' default)

@@ -51,6 +51,14 @@ class CheckSpec:
     golden_size_limit: int | None = None   # bytes a golden should stay under (--parity-golden-size-limit); None: no limit
     dtypes_from: str = ""            # "check" or "marker": the test set the dtypes itself, and options do not override them
 
+    def __post_init__(self) -> None:
+        if isinstance(self.dtypes, str):
+            self.dtypes = [self.dtypes]
+        self.dtypes = list(dict.fromkeys(dt.rung_name(d) for d in self.dtypes))   # 'bf16' -> 'bfloat16'
+        if not self.dtypes:   # an empty golden, and a replay that judges nothing and passes
+            raise InvalidArgument(f"check {self.name!r}: dtypes is empty, so nothing would be captured or judged; "
+                                  f"name at least one precision, e.g. dtypes=['bfloat16', 'float32']")
+
 
 def shell_quote(text: str) -> str:
     """Always single-quoted, safe to paste into a shell (test ids hold [ ] and * globs)."""

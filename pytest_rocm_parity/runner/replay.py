@@ -38,9 +38,9 @@ from pytest_rocm_parity.runner.engine import (
 )
 from pytest_rocm_parity.errors import GoldenCorrupt, GoldenStale
 from pytest_rocm_parity.golden.store import GoldenStore, RungReader, expected_digest
-from pytest_rocm_parity.judging.judge import Rule, finish, judge_layer, may_fail
+from pytest_rocm_parity.judging.judge import JUMP, Rule, finish, judge_layer, may_fail
 from pytest_rocm_parity.judging.records import NOT_CALLED, CheckResult, LayerRecord, LeafMetrics
-from pytest_rocm_parity.runner.selection import Selected, select
+from pytest_rocm_parity.runner.selection import Selected, select, unselected_children, unselected_region
 from pytest_rocm_parity.judging.tolerance import Tolerance
 from pytest_rocm_parity.runner.tree import constant_leaves, map_tensors, split_leaves, tensor_leaves
 from pytest_rocm_parity.quant.allowance import noise_allowance
@@ -316,7 +316,32 @@ def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device:
                 f"{r.dtype} {'passed' if r.passed else 'FAILED' + (f' (culprit {r.culprit})' if r.culprit else '')}"
                 for r in results), corrupt.path) from corrupt
         raise corrupt
+    return where_unjudged(model, spec, results)
+
+
+def where_unjudged(model: Any, spec: CheckSpec, results: list[CheckResult]) -> list[CheckResult]:
+    """Failing results say where a fault the selection did not judge lies: the region between the last
+    agreeing and the first divergent selected module and the ``layers=`` globs that would judge it
+    (extra["unselected_region"], shown by assertion.message), or the culprit's unselected sub-modules."""
+    for r in results:
+        if r.passed:
+            continue
+        region = unselected_region(model, r, spec.layers)
+        if region is not None:
+            r.extra["unselected_region"] = region
+            if region["modules"] or _jumps(r):   # not "no single layer" accumulating drift
+                r.notes = [n for n in r.notes if "accumulated drift" not in n]
+        note = unselected_children(model, r, spec.drill) if not spec.layers else ""
+        if note:
+            r.notes.append(note)
     return results
+
+
+def _jumps(r: CheckResult) -> bool:
+    """Whether the propagated error leaps where it first diverges: the first divergent layer, or else
+    a failing model output, is over judge.JUMP times its budget."""
+    rows = [l for l in r.layers if l.name == r.first_divergent] or [o for o in r.outputs if not o.prop_passed]
+    return any(l.prop is not None and l.prop_budget > 0 and l.prop.ratio > JUMP * l.prop_budget for l in rows)
 
 
 def _replay_one(model: Any, inner: Any, spec: CheckSpec, store: GoldenStore, manifest: dict[str, Any], mpath: str,

@@ -53,3 +53,28 @@ def test_tiny(parity):
     project.makeini("[pytest]\nparity_dtypes = bfloat16 float33\n")
     result = project.runpytest("--rocm-parity")
     result.stderr.fnmatch_lines(["*--parity-dtypes='bfloat16 float33' (or ini parity_dtypes): *unknown precision 'float33'*"])
+
+
+def test_a_check_without_dtypes_is_refused_not_passed(project: pytest.Pytester) -> None:
+    """An empty list would capture an empty golden and replay nothing, passing."""
+    project.makepyfile(test_none='''
+from conftest import make_model, make_inputs
+
+def test_none(parity):
+    parity.check(make_model(), make_inputs(), name="none", dtypes=[])
+''')
+    result = project.runpytest("--rocm-parity", "--parity-mode=capture", "test_none.py")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*InvalidArgument: check 'none': dtypes is empty, so nothing would be captured*"])
+    assert not (project.path / "goldens" / "none").exists()
+
+
+def test_the_plain_spec_takes_rung_names_as_the_fixture_does() -> None:
+    from pytest_rocm_parity import CheckSpec, InvalidArgument
+
+    assert CheckSpec(name="m", dtypes="bf16").dtypes == ["bfloat16"]
+    assert CheckSpec(name="m", dtypes=["fp32", "float32"]).dtypes == ["float32"]
+    with pytest.raises(InvalidArgument, match="dtypes is empty"):
+        CheckSpec(name="m")
+    with pytest.raises(InvalidArgument, match="unknown precision 'fp33'"):
+        CheckSpec(name="m", dtypes=["fp33"])

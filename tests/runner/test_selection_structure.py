@@ -123,7 +123,7 @@ def _replayed(tmp_path: Path, family: str, **spec: Any) -> Any:
     store = GoldenStore(tmp_path)
     capture(model, inputs, s, store, "cpu")
     fm.plant_family(model, family)
-    return api.where_unjudged(model, s, replay(model, inputs, s, store, "cpu"))[0]
+    return replay(model, inputs, s, store, "cpu")[0]
 
 
 def test_a_fault_outside_the_selection_names_its_region_and_glob(tmp_path: Path) -> None:
@@ -155,7 +155,7 @@ def test_a_selected_child_that_neither_side_called_is_not_offered_as_unselected(
     store = GoldenStore(tmp_path)
     capture(bert(), tokens(), s, store, "cpu")
     model = plant(bert(), "encoder.layer.1.attention.self")
-    result = api.where_unjudged(model, s, replay(model, tokens(), s, store, "cpu"))[0]
+    result = replay(model, tokens(), s, store, "cpu")[0]
     assert result.culprit == "encoder.layer.1.attention.self"
     assert not [n for n in result.notes if "did not select" in n]
 
