@@ -625,7 +625,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
     def stored_inputs() -> tuple[tuple[Any, ...], dict[str, Any]]:
         # the template gives structure and constants; every tensor leaf is the stored one (a copy:
         # the model may write its inputs)
-        tmpl = map_tensors(inputs_template, lambda p, _t: reader.get(f"input/{p}").clone())
+        tmpl = map_tensors(inputs_template, lambda p, t: laid_out_as(reader.get(f"input/{p}").clone(), t))
         return tuple(tmpl["args"]), tmpl["kwargs"]
 
     def golden(key: str, path: str) -> Any:
@@ -879,7 +879,7 @@ def _swap(key: str, a: Any, kw: Any, paths: dict[str, str], golden: Callable[[st
                 notes.append(f"{key}: input {p} is {tuple(t.shape)} on the candidate, {tuple(g.shape)} in the "
                              f"golden; the candidate's value was used")
                 return t
-        g = g if g.device == t.device else g.to(t.device)
+        g = laid_out_as(g if g.device == t.device else g.to(t.device), t)
         same[(id(t), paths[p])] = g
         return g
     try:   # the usual calls (tensors in plain tuples, lists and dicts): every planned path is found
@@ -898,6 +898,17 @@ def _swap(key: str, a: Any, kw: Any, paths: dict[str, str], golden: Callable[[st
             notes.append(f"{key}: activation input {', '.join(missing)} is not where the golden recorded it on "
                          f"the candidate's call; the candidate's own inputs were used there")
     return tuple(root["args"]), root["kwargs"], reshaped
+
+
+def laid_out_as(g: Any, t: Any) -> Any:
+    """The golden value ``g`` in the memory layout of the candidate's ``t`` (channels_last, a transposed
+    view): a kernel may take another path on another layout, or be wrong on one only, and a module is
+    judged on what the candidate gives it. A golden is stored contiguous."""
+    if t.is_contiguous() or g.shape != t.shape:
+        return g
+    import torch
+
+    return torch.empty_like(t, dtype=g.dtype, device=g.device).copy_(g)   # t's strides where t is dense
 
 
 def _hooked_level(model: Any, inner: Any, selected: list[Selected], level: int, layers: dict[str, dict[str, Any]],
