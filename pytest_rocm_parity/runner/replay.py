@@ -553,7 +553,10 @@ def optional_leaf(path: str) -> bool:
     attention's weights, a block's cache) and the optional fields of a Hugging Face output. The first
     item of a tuple and any other field are the output itself."""
     head = path.split(".", 1)[0]
-    return head in OPTIONAL_FIELDS or head.isdigit() and head != "0"
+    # output_hidden_states= and output_attentions= add fields of these names in every family
+    # (Swin's reshaped_hidden_states, a vision-language model's vision_attentions)
+    flagged = head.endswith(("hidden_states", "attentions")) and not head.startswith("last_")
+    return head in OPTIONAL_FIELDS or flagged or head.isdigit() and head != "0"
 
 
 _PLAIN_CONSTS = (type(None), bool, int, float, str)

@@ -462,6 +462,23 @@ def test_call_flags_in_the_inputs_are_calling_conventions() -> None:
     assert any("use_cache=True" in n and "calling convention" in n for n in res[0].notes)
 
 
+def test_output_hidden_states_only_in_the_reference_is_a_calling_convention() -> None:
+    """Swin adds reshaped_hidden_states beside hidden_states under output_hidden_states=True: a
+    candidate called without the flag drops both, which are notes, not a missing main output."""
+    import transformers
+
+    def swin() -> nn.Module:
+        torch.manual_seed(0)
+        return transformers.SwinModel(transformers.SwinConfig(
+            image_size=16, patch_size=4, num_channels=3, embed_dim=8, depths=[1, 1], num_heads=[2, 2],
+            window_size=2)).eval()
+    px = image()
+    res = capture_then_replay(swin, swin(), {"pixel_values": px},
+                              reference_inputs={"pixel_values": px, "output_hidden_states": True})
+    assert res[0].passed, verdicts(res)
+    assert any("reshaped_hidden_states.0" in n and "reference only" in n for n in res[0].notes), res[0].notes
+
+
 @pytest.mark.parametrize("reference_dict", [True, False], ids=["golden-fields", "golden-tuple"])
 @pytest.mark.parametrize("route", [{}, {"replay": "fast"}, {"sketch": 64}], ids=["full", "fast", "sketch"])
 def test_return_dict_in_the_inputs_is_a_calling_convention(reference_dict: bool, route: dict[str, Any]) -> None:
