@@ -280,8 +280,10 @@ def _inputs_changed(args0: Any, kwargs0: Any, reader: RungReader, rung: str, met
         return f"input names changed ({sorted(given)} vs stored {sorted(stored)})"
     for p, t in given.items():
         g = reader.get(f"input/{p}").to("cpu")
-        if g.shape != t.shape or g.dtype != t.dtype:
-            return f"input {p}: shape/dtype {tuple(t.shape)}/{t.dtype} vs stored {tuple(g.shape)}/{g.dtype}"
+        if g.shape != t.shape:
+            return f"input {p}: shape {tuple(t.shape)} vs stored {tuple(g.shape)}"
+        if g.dtype != t.dtype:   # both as cast for the rung: a float input is the rung's dtype on both sides
+            return f"input {p}: dtype {t.dtype} vs stored {g.dtype}"
         if not torch.equal(g, t) and not (t.is_floating_point() and torch.equal(g.isnan(), t.isnan())
                                           and torch.equal(g.nan_to_num(), t.nan_to_num())):
             return f"input {p}: values differ from the stored inputs"

@@ -277,6 +277,10 @@ def activation_sizes(model: Any, inputs: Any) -> Activations:
     from pytest_rocm_parity.runner.tree import map_tensors
 
     args, kwargs = normalize_inputs(inputs)
+    floats = [p.dtype for p in model.parameters() if p.is_floating_point()]
+    if floats:   # float inputs in the model's dtype, as the capture casts them with it to each rung
+        args, kwargs = (map_tensors(x, lambda _p, t: t.to(floats[0]) if t.is_floating_point() else t)
+                        for x in (args, kwargs))
     try:
         meta = {n: torch.empty_like(t, device="meta") for n, t in
                 [*model.named_parameters(), *model.named_buffers()]}   # a tied weight once: call ties the rest

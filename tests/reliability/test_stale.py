@@ -140,11 +140,12 @@ def test_dtype_not_captured_beside_a_changed_model_is_stale(golden: Golden) -> N
 
 @pytest.mark.parametrize("x,why", [
     (tiny_inputs(seed=1), "values differ from the stored inputs"),
-    (torch.randn(5, 4), "shape/dtype (5, 4)"),
-    (torch.ones(3, 4, dtype=torch.float64).to(torch.int64).float()[:2], "shape/dtype"),
+    (torch.randn(5, 4), "input args.0: shape (5, 4) vs stored (3, 4)"),
+    (torch.ones(3, 4, dtype=torch.float64).to(torch.int64).float()[:2], "shape (2, 4) vs stored (3, 4)"),
+    (torch.ones(3, 4, dtype=torch.int64), "input args.0: dtype torch.int64 vs stored torch.float32"),
     ((tiny_inputs(), tiny_inputs()), "input names changed"),
     ({"x": tiny_inputs()}, "input names changed"),
-], ids=["values", "shape", "fewer-rows", "extra-positional", "as-keyword"])
+], ids=["values", "shape", "fewer-rows", "integer", "extra-positional", "as-keyword"])
 def test_inputs_changed(golden: Golden, x: Any, why: str) -> None:
     stale(golden, why, x=x)
 

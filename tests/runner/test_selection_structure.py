@@ -103,6 +103,16 @@ def test_default_drill_is_the_deepest_within_the_budget() -> None:
     assert api.default_drill(model, inputs, ["float32"], 1) == 0
 
 
+def test_a_half_model_given_float32_inputs_gets_its_default_depth() -> None:
+    """The capture casts float inputs to each rung; the size estimate must too, or a half model given
+    float32 pixels died in it with torch's dtype error."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1)).eval().half()
+    x = torch.randn(2, 3, 16, 16)
+    assert activation_sizes(model, x).where == "meta"
+    rungs = ["float16", "float32"]
+    assert api.default_drill(model, x, rungs, 50 * 1024 * 1024) == api.default_drill(model, x, rungs, None)
+
+
 def test_shape_pass_falls_back_to_the_forward() -> None:
     class DataDependent(nn.Module):
         def __init__(self) -> None:
