@@ -41,7 +41,7 @@ from pytest_rocm_parity.runner.engine import (
     submodule,
 )
 from pytest_rocm_parity.golden.store import FORMAT_VERSION, GoldenStore
-from pytest_rocm_parity.runner.padding import Padding
+from pytest_rocm_parity.runner.padding import Padding, mask_input
 from pytest_rocm_parity.runner.selection import Selected, select
 from pytest_rocm_parity.runner.tree import constant_leaves, map_tensors, split_leaves, tensor_leaves
 from pytest_rocm_parity.runner.wrappers import inlines_compiled_children, plain_copy, unwrap
@@ -563,7 +563,8 @@ def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any, res
     started: dict[str, int] = {}   # the data flow's decision count at each open call's start
 
     flow = DataFlow()
-    flow.mark(tensor_leaves({"args": args, "kwargs": kwargs}), floating_only=True)
+    flow.mark({p: t for p, t in tensor_leaves({"args": args, "kwargs": kwargs}).items() if not mask_input(p)},
+              floating_only=True)
 
     def rec_in(key: str, sel: Selected, a: Any, kw: Any) -> None:
         with flow.paused():

@@ -21,10 +21,33 @@ from pytest_rocm_parity.runner.engine import OUTPUT
 _WIDTHS = ("hidden_size", "d_model", "n_embd", "num_labels", "projection_dim", "vocab_size")
 
 
+# the model inputs that say which positions are padding (1 or True: a token, 0: padding)
+MASK_INPUTS = ("attention_mask", "decoder_attention_mask")
+
+
+def mask_input(path: str) -> bool:
+    """Whether input leaf ``path`` (``kwargs.attention_mask``, or ``args.0.attention_mask`` in a dict
+    passed positionally) is a padding mask: its values are a convention, not an activation, even
+    where it is a float 0/1 tensor."""
+    return path.rpartition(".")[2] in MASK_INPUTS
+
+
+def mask_inputs(args: Any, kwargs: Any) -> dict[str, Any]:
+    """The padding masks of a call, by name: keywords, or the keys of a dict passed as the only
+    positional argument (a sentence-transformers model called with its features dict)."""
+    found = {k: v for k, v in (kwargs if isinstance(kwargs, dict) else {}).items() if k in MASK_INPUTS}
+    if not found and isinstance(args, (tuple, list)) and len(args) == 1 and isinstance(args[0], dict):
+        found = {k: v for k, v in args[0].items() if k in MASK_INPUTS}
+    return found
+
+
 def valid_positions(mask: Any) -> Any:
-    """The (batch, seq) positions to judge: where ``mask`` is nonzero; None when it is no 2-D integer
-    or bool mask, or has no padding."""
-    if mask is None or not hasattr(mask, "dim") or mask.dim() != 2 or mask.is_floating_point():
+    """The (batch, seq) positions to judge: where ``mask`` is nonzero; None when it is no 2-D mask of
+    0/1 (integer, bool or float) values, or has no padding. An additive float mask (0 and -inf) is
+    not this convention."""
+    if mask is None or not hasattr(mask, "dim") or mask.dim() != 2:
+        return None
+    if mask.is_floating_point() and not bool(((mask == 0) | (mask == 1)).all()):
         return None
     valid = mask != 0
     return None if bool(valid.all()) else valid
@@ -40,11 +63,12 @@ class Padding:
     encoder_decoder: bool = False
     widths: frozenset[int] = frozenset()
     channel_first: frozenset[str] = frozenset()   # convolutions: (batch, channels, time, ...) outputs
+    frames: Any = None          # (batch, frames) bool: the mask over a speech encoder's frames, or None
 
     @classmethod
     def of(cls, model: Any, args: Any, kwargs: Any) -> Padding | None:
         """The padding of ``model`` called on ``(args, kwargs)``; None where nothing is padded."""
-        kw = kwargs if isinstance(kwargs, dict) else {}
+        kw = mask_inputs(args, kwargs)
         valid = valid_positions(kw.get("attention_mask"))
         dec = valid_positions(kw.get("decoder_attention_mask"))
         if valid is None and dec is None:
@@ -54,14 +78,16 @@ class Padding:
             dec = None
             if valid is None:
                 return None
-        config = getattr(model, "config", None)
-        widths = frozenset(v for a in _WIDTHS if isinstance(v := getattr(config, a, None), int))
+        # every config's: a wrapper without one (sentence-transformers) holds the model that has it
+        configs = [getattr(m, "config", None) for m in _modules(model)]
+        widths = frozenset(v for c in configs if c is not None for a in _WIDTHS
+                           if isinstance(v := getattr(c, a, None), int) and not isinstance(v, bool))
         import torch
 
         convs = (torch.nn.modules.conv._ConvNd,)
         channel_first = frozenset(n for n, m in model.named_modules() if isinstance(m, convs)) \
             if hasattr(model, "named_modules") else frozenset()
-        return cls(valid, dec, enc_dec, widths, channel_first)
+        return cls(valid, dec, enc_dec, widths, channel_first, _frames(model, kw.get("attention_mask"), valid))
 
     def of_leaf(self, key: str, leaf: str) -> Any:
         """The (batch, seq) mask of module call ``key``'s output ``leaf`` (OUTPUT: the model's own)."""
@@ -87,10 +113,19 @@ class Padding:
             return 1
         return 2 if t.dim() >= 3 and t.shape[2] == valid.shape[1] else None
 
-    def padded(self, key: str, leaf: str, t: Any) -> Any:
-        """A bool mask that broadcasts over ``t``, true at its padded positions; None where none apply."""
+    def _matching(self, key: str, leaf: str, t: Any) -> tuple[Any, int | None]:
+        """The mask of ``t``'s positions and the dim it runs along: the input's, or over a speech
+        encoder's frames where ``t`` runs over those."""
         valid = self.of_leaf(key, leaf)
         d = self.seq_dim(t, valid, leaf, key)
+        if d is None and valid is not None and valid is self.valid and self.frames is not None:
+            valid = self.frames
+            d = self.seq_dim(t, valid, leaf, key)
+        return valid, d
+
+    def padded(self, key: str, leaf: str, t: Any) -> Any:
+        """A bool mask that broadcasts over ``t``, true at its padded positions; None where none apply."""
+        valid, d = self._matching(key, leaf, t)
         if d is None:
             return None
         shape = [1] * t.dim()
@@ -99,9 +134,8 @@ class Padding:
 
     def unpadded(self, key: str, leaf: str, *ts: Any) -> tuple[Any, ...]:
         """``ts`` (of one shape) with their padded positions left out, flattened over (batch, seq)."""
-        valid = self.of_leaf(key, leaf)
         ref = ts[1] if len(ts) > 1 else ts[0]
-        d = self.seq_dim(ref, valid, leaf, key)
+        valid, d = self._matching(key, leaf, ref)
         if d is None or any(tuple(t.shape) != tuple(ref.shape) for t in ts):
             return ts
         return tuple(t.movedim(d, 1)[valid.to(t.device)] for t in ts)
@@ -112,6 +146,8 @@ class Padding:
         if self.valid is not None:
             parts.append(f"{int((~self.valid).sum())} padded positions (attention_mask == 0)"
                          + (" of the encoder's outputs" if self.encoder_decoder else ""))
+        if self.frames is not None:
+            parts.append(f"{int((~self.frames).sum())} padded frames of the encoder (derived from it)")
         if self.decoder_valid is not None:
             parts.append(f"{int((~self.decoder_valid).sum())} of the decoder's (decoder_attention_mask == 0)")
         return f"{' and '.join(parts)} not judged"
@@ -126,6 +162,29 @@ _PER_TOKEN = frozenset({"start_logits", "end_logits"})
 # vision_tower, image_embeds): the text's attention_mask says nothing about their positions, even
 # where their token count equals the text's length
 _OTHER_MODALITIES = ("vision", "visual", "image", "audio", "speech")
+
+
+def _frames(model: Any, mask: Any, valid: Any) -> Any:
+    """The mask over the frames of a speech encoder whose input mask is per sample (Wav2Vec2, HuBERT,
+    WavLM): the model's own conversion (Hugging Face's _get_feature_vector_attention_mask), where
+    the two lengths differ; None elsewhere."""
+    if valid is None:
+        return None
+    for m in _modules(model):
+        lengths = getattr(m, "_get_feat_extract_output_lengths", None)
+        to_frames = getattr(m, "_get_feature_vector_attention_mask", None)
+        if callable(lengths) and callable(to_frames):
+            try:
+                n = int(lengths(valid.shape[1]))
+                frames = to_frames(n, mask.long()).bool()
+            except Exception:   # another signature: its frames are judged whole
+                return None
+            return frames if n != valid.shape[1] and tuple(frames.shape) == (valid.shape[0], n) else None
+    return None
+
+
+def _modules(model: Any) -> list[Any]:
+    return [m for _, m in model.named_modules()] if hasattr(model, "named_modules") else [model]
 
 
 def _other_modality(path: str) -> bool:

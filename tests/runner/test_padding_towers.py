@@ -107,3 +107,114 @@ def test_a_convolutions_channels_are_no_positions_where_their_count_equals_the_l
     assert capture_then_replay(ConvOverTokens, ConvOverTokens(), inputs, spec)[0].passed
     res = capture_then_replay(ConvOverTokens, ConvOverTokens(bug=True), inputs, spec)
     assert not res[0].passed and res[0].culprit == "conv", verdicts(res)
+
+
+def bert_model(attn: str = "sdpa") -> nn.Module:
+    import transformers
+
+    torch.manual_seed(0)
+    return transformers.BertModel(transformers.BertConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        attn_implementation=attn)).eval()
+
+
+def padded_tokens(dtype: torch.dtype = torch.long) -> dict[str, torch.Tensor]:
+    mask = torch.ones(3, 12, dtype=dtype)
+    mask[1, 8:] = 0
+    mask[2, 5:] = 0
+    ids = torch.randint(3, 64, (3, 12), generator=torch.Generator().manual_seed(1)) * mask.long()
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def zero_padded_rows(model: nn.Module, mask: torch.Tensor) -> nn.Module:
+    """An attention that never computes padded query rows (a varlen kernel): correct, since padding
+    is not judged."""
+    for layer in model.encoder.layer:
+        def zero(_m: nn.Module, _a: object, out: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+            return (out[0] * (mask[..., None] != 0).to(out[0].dtype), *out[1:])
+        layer.attention.self.register_forward_hook(zero)
+    return model
+
+
+def test_a_float_attention_mask_is_a_padding_mask_not_an_activation() -> None:
+    """Transformers takes a float 0/1 mask: its padded positions are left out, and it is built by the
+    candidate (another attention implementation converts it its own way), not fed from the golden."""
+    x = padded_tokens(torch.float32)
+    spec = CheckSpec(name="bert", dtypes=["float32"])
+    swapped = capture_then_replay(lambda: bert_model("sdpa"), bert_model("eager"), x, spec)
+    assert swapped[0].passed, verdicts(swapped)
+    rows = capture_then_replay(lambda: bert_model("sdpa"), zero_padded_rows(bert_model(), x["attention_mask"]), x, spec)
+    assert rows[0].passed and "padded positions (attention_mask == 0) not judged" in " ".join(rows[0].notes), \
+        verdicts(rows)
+
+
+class Embedder(nn.Module):
+    """sentence-transformers' calling convention: one features dict in, mean-pooled embedding out,
+    and no config of its own (the encoder inside has it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bert = bert_model()
+        self.dense = nn.Linear(32, 32)
+
+    def forward(self, features: dict[str, torch.Tensor] | None = None, **kw: torch.Tensor) -> torch.Tensor:
+        features = features or kw
+        h = self.bert(**features).last_hidden_state
+        m = features["attention_mask"][..., None].to(h.dtype)
+        return self.dense((h * m).sum(1) / m.sum(1))
+
+
+def test_a_features_dict_passed_positionally_carries_its_padding() -> None:
+    x = padded_tokens()
+    cand = Embedder()
+    zero_padded_rows(cand.bert, x["attention_mask"])
+    res = capture_then_replay(Embedder, cand, (x,), CheckSpec(name="st", dtypes=["float32"]))
+    assert res[0].passed, verdicts(res)
+
+
+def test_a_pooled_output_as_wide_as_the_padded_length_is_features_in_a_wrapper_without_config() -> None:
+    """The embedding is (batch, 32), 32 the padded length and the encoder's hidden size; the wrapper
+    has no config of its own, and the encoder's still tells a (batch, hidden) output from a sequence:
+    a bug in the embedding's columns at the padded positions' indices is judged."""
+    mask = torch.ones(2, 32, dtype=torch.long)
+    mask[:, 24:] = 0
+    x = {"input_ids": torch.randint(3, 64, (2, 32), generator=torch.Generator().manual_seed(1)) * mask,
+         "attention_mask": mask}
+
+    def bug(_m: nn.Module, _a: object, out: torch.Tensor) -> torch.Tensor:
+        f = torch.ones(out.shape[1])
+        f[24:] = 1.05
+        return out * f
+    cand = Embedder()
+    cand.dense.register_forward_hook(bug)
+    res = capture_then_replay(Embedder, cand, x, CheckSpec(name="st", dtypes=["float32"]))
+    assert not res[0].passed and res[0].culprit == "dense", verdicts(res)
+
+
+def wav2vec2() -> nn.Module:
+    import transformers
+
+    torch.manual_seed(0)
+    return transformers.Wav2Vec2Model(transformers.Wav2Vec2Config(
+        vocab_size=32, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=8,
+        num_conv_pos_embedding_groups=4, feat_extract_norm="layer", do_stable_layer_norm=True,
+        mask_time_prob=0.0, attn_implementation="sdpa")).eval()
+
+
+def test_a_speech_encoders_padded_frames_are_left_out() -> None:
+    """The mask is per sample (330), the encoder runs per frame (32): the frames that the model's own
+    conversion marks as padding are not judged."""
+    mask = torch.ones(3, 330, dtype=torch.long)
+    mask[1, 250:] = 0
+    mask[2, 150:] = 0
+    x = {"input_values": torch.randn(3, 330, generator=torch.Generator().manual_seed(0)) * mask, "attention_mask": mask}
+    cand = wav2vec2()
+    frames = cand._get_feature_vector_attention_mask(32, mask)
+    for layer in cand.encoder.layers:
+        def zero(_m: nn.Module, _a: object, out: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+            return (out[0] * frames[..., None].to(out[0].dtype), *out[1:])
+        layer.attention.register_forward_hook(zero)
+    res = capture_then_replay(wav2vec2, cand, x, CheckSpec(name="w2v2", dtypes=["float32"]))
+    assert res[0].passed, verdicts(res)
+    assert any("padded frames of the encoder" in n for n in res[0].notes), res[0].notes
