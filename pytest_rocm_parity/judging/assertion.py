@@ -150,7 +150,7 @@ def tolerance_hint(result: CheckResult) -> str:
     for l in failing:
         if not l.would_pass_ratio or not l.budget or l.would_pass_ratio > SUGGEST_WITHIN * l.budget:
             return ""
-        fixes[l.name] = l.would_pass_ratio
+        fixes[l.module] = max(fixes.get(l.module, 0.0), l.would_pass_ratio)   # per-layer keys are module names
     worst = max(fixes.values())
     return (f"  would have passed with tolerance=Tolerance(ratio={worst:g}) (or per layer: "
             + ", ".join(f'"{k}": Tolerance(ratio={v:g})' for k, v in list(fixes.items())[:3]) + ")")
@@ -213,7 +213,7 @@ def property_text(result: CheckResult) -> str:
 def _inside(result: CheckResult, culprit: LayerRecord) -> str:
     """Where inside the culprit to look, when modules inside it were judged: all pass (else one of
     them would be the culprit), so the fault is in the culprit's own code. '' when none was."""
-    records = [l for l in result.layers if l.name.startswith(culprit.name + ".") and l.iso is not None]
+    records = [l for l in result.layers if culprit.holds(l) and l.iso is not None]
     if not records:
         return ""
     # a module inside that passed only under a looser per-layer tolerance than the culprit's
@@ -221,11 +221,11 @@ def _inside(result: CheckResult, culprit: LayerRecord) -> str:
     loose = [l for l in records if culprit.budget and l.budget > culprit.budget and l.iso is not None
              and l.iso.ratio_lo > culprit.budget]
     if loose:
-        return ("inside it, " + ", ".join(f"{l.name[len(culprit.name) + 1:]} ({l.iso.ratio:.3g}x the reference's "
+        return ("inside it, " + ", ".join(f"{l.name[len(culprit.module) + 1:]} ({l.iso.ratio:.3g}x the reference's "
                                           f"error)" for l in loose[:3] if l.iso is not None)
                 + f" passed only under {'their' if len(loose) > 1 else 'its'} per-layer tolerance (budget "
                   f"{loose[0].budget:g}x, the culprit's {culprit.budget:g}x): look there first")
-    inner = [l.name[len(culprit.name) + 1:] for l in records]
+    inner = [l.name[len(culprit.module) + 1:] for l in records]
     # a training check judges each module's backward: the fault is in the gradient of the parent's own code
     what = "backward through its own" if result.kind == "train" else "own forward's"
     return (f"inside it: {', '.join(inner[:4])}{' ...' if len(inner) > 4 else ''} "

@@ -33,13 +33,13 @@ class Rule:
     z: float             # isolated: the sign test's z a failure also needs
     confidence: float    # the z of the ratio's lower bound, as reported
     k: float             # propagated: Dynamo's multiplier
-    floor: float         # propagated: the rung's unit roundoff, the additive floor per unit of RMS
+    floor: float         # propagated: the additive floor per unit of RMS (Tolerance.propagated_floor)
     quant_noise: float = 3.0   # both: allowed error in units of a leaf's activation-quantization noise
 
     @classmethod
     def of(cls, tol: Tolerance, rung: str) -> Rule:
         """``tol`` as resolved for the layer already (Tolerance.for_layer)."""
-        return cls(tol.ratio_for(rung), tol.z, tol.confidence, tol.propagated_for(rung), tol.unit_roundoff(rung),
+        return cls(tol.ratio_for(rung), tol.z, tol.confidence, tol.propagated_for(rung), tol.propagated_floor(rung),
                    tol.quant_noise)
 
     def propagated_ratio(self, m: LeafMetrics) -> float:
@@ -318,16 +318,23 @@ def note_over_bound(result: CheckResult, tol: Tolerance) -> None:
     result.notes += over[:3]
 
 
+def minimal_failing(failing: list[LayerRecord]) -> list[LayerRecord]:
+    """The failing modules with no failing module inside them, in order: where a fault is its own.
+    A module called several times counts any call of a module inside it (a shared block's second
+    call holds its children's second calls)."""
+    return [l for l in failing if not any(o is not l and l.holds(o) for o in failing)]
+
+
 def finish(result: CheckResult, tol: Tolerance) -> CheckResult:
     """Culprit = the first (in execution order) failing module with no failing selected descendant."""
     _fail_confined(result, tol)
     failing = [l for l in result.layers if not l.iso_passed]
-    minimal = [l for l in failing if not any(o is not l and o.name.startswith(l.name + ".") for o in failing)]
+    minimal = minimal_failing(failing)
     result.culprit = minimal[0].name if minimal else None
     result.culprit_block = minimal[0].primary if minimal else None
     div = next((l for l in result.layers if not l.prop_passed), None)
     while div is not None:  # a block is entered before its children: descend to the earliest failing child
-        child = next((l for l in result.layers if not l.prop_passed and l.name.startswith(div.name + ".")), None)
+        child = next((l for l in result.layers if not l.prop_passed and div.holds(l)), None)
         if child is None:
             break
         div = child

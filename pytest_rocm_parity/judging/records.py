@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -50,6 +51,13 @@ class LeafMetrics:
         self.err_ref = max(self.err_ref, spread)
 
 
+def module_of(key: str) -> str:
+    """The module name of a call key (``blocks.0.proj#1`` -> ``blocks.0.proj``)."""
+    return _CALL.sub("", key)
+
+
+_CALL = re.compile(r"#\d+$")
+
 NOT_CALLED = "not called in the candidate (fused or bypassed): judged through its parent and the outputs"
 
 
@@ -72,6 +80,16 @@ class LayerRecord:
     # whether the reference's call made a discrete choice on its activations (a comparison, top-k,
     # rounding: capture's data flow); None for a golden that did not record it
     decides: bool | None = None
+
+    @property
+    def module(self) -> str:
+        """The module's name: a module called several times has a record per call, ``name#1`` for its
+        second (golden-format.md)."""
+        return module_of(self.name)
+
+    def holds(self, other: LayerRecord) -> bool:
+        """Whether ``other`` is a module inside this one (any call of it)."""
+        return other.module.startswith(self.module + ".")
 
     @property
     def not_called(self) -> bool:

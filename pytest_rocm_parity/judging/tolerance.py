@@ -109,6 +109,14 @@ class Tolerance:
             return UNIT_ROUNDOFF["tf32"] * (TF32_FLOOR_ULPS / FLOOR_ULPS)
         return UNIT_ROUNDOFF[rung]
 
+    def propagated_floor(self, rung: str) -> float:
+        """The propagated rule's floor per unit of the output's RMS: one rounding of the rung; under tf32
+        TF32_FLOOR_ULPS TF32 roundoffs, so that the outputs may drift TF32_PROPAGATED times that."""
+        rung = canonical_name(rung)
+        if self.tf32 and rung == "float32":
+            return UNIT_ROUNDOFF["tf32"] * TF32_FLOOR_ULPS
+        return UNIT_ROUNDOFF[rung]
+
     def describe(self) -> dict[str, Any]:
         return {"ratio": self.ratio, "propagated": self.propagated, "z": self.z,
                 "confidence": self.confidence, "tf32": self.tf32, "nan": self.nan,

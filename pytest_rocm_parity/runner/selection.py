@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_rocm_parity.errors import LayerSelectionError
+from pytest_rocm_parity.judging.records import module_of
 
 
 @dataclass(frozen=True)
@@ -379,13 +380,6 @@ def deepest_drill(model: Any, acts: Activations | None, rungs: Sequence[str], li
 # ---------------------------------------------------------------------------------------------
 # where a fault lies that the selection did not cover
 
-_CALL = re.compile(r"#\d+$")
-
-
-def _module_of(key: str) -> str:
-    return _CALL.sub("", key)
-
-
 def _globs_for(model: Any, name: str) -> list[str]:
     """The ``layers=`` globs that judge ``name`` and everything below it."""
     mod = model.get_submodule(name)
@@ -414,11 +408,11 @@ def unselected_region(model: Any, result: Any, patterns: Sequence[str] | None = 
         return None
     end = bad if bad is not None else len(top)
     ok = next((top[i] for i in range(end - 1, -1, -1) if top[i].prop_passed), None)
-    after = _module_of(ok.name) if ok is not None else None
-    before = _module_of(top[bad].name) if bad is not None else None
+    after = module_of(ok.name) if ok is not None else None
+    before = module_of(top[bad].name) if bad is not None else None
     named = _named(model)
     order = {n: i for i, (n, _) in enumerate(named)}
-    selected = {_module_of(l.name) for l in result.layers}
+    selected = {module_of(l.name) for l in result.layers}
     lo = order.get(after, -1) if after is not None else -1
     hi = order.get(before, len(named)) if before is not None else len(named)
     if lo >= hi:     # executed out of registration order: everything registered before the divergent one
@@ -456,14 +450,14 @@ def unselected_children(model: Any, result: Any, drill: int) -> str:
     """A note when the culprit has sub-modules the golden did not select: the culprit could be narrower."""
     if result.culprit is None:
         return ""
-    name = _module_of(result.culprit)
+    name = module_of(result.culprit)
     try:
         mod = model.get_submodule(name)
     except AttributeError:
         return ""
     # the golden's selection, not only the judged records: a selected module neither side called (a
     # dropout under sdpa) has no record, and drilling deeper would not judge it either
-    selected = {s.name for s in select(model, None, drill)} | {_module_of(l.name) for l in result.layers}
+    selected = {s.name for s in select(model, None, drill)} | {module_of(l.name) for l in result.layers}
     first = {id(m): n for n, m in reversed(_named(model))}
     kids = [c for c in _drill_children(model, name, first) if c not in selected]
     if not kids or not mod._modules:

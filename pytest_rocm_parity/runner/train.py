@@ -38,7 +38,7 @@ from pytest_rocm_parity.runner.engine import (CheckSpec, Hooks, autocast_dtype, 
 from pytest_rocm_parity.errors import GoldenStale, InvalidArgument
 from pytest_rocm_parity.golden.sketch import leaf_group
 from pytest_rocm_parity.golden.store import FORMAT_VERSION, GoldenStore, RungReader, expected_digest
-from pytest_rocm_parity.judging.judge import JUMP, Rule, judge_layer, note_undecided
+from pytest_rocm_parity.judging.judge import JUMP, Rule, judge_layer, minimal_failing, note_undecided
 from pytest_rocm_parity.judging.records import CheckResult, LayerRecord, LeafMetrics
 from pytest_rocm_parity.runner.selection import Selected, select
 from pytest_rocm_parity.runner.tree import map_tensors, tensor_leaves
@@ -963,7 +963,7 @@ def _finish_train(result: CheckResult, factor_note: Callable[[], tuple[float, st
     layer, in the backward's order (last module first), whose gradients drifted. With no module out
     of bounds and the step off, ``factor_note`` tells a loss off by one factor from accumulated drift."""
     failing = [l for l in result.layers if not l.iso_passed]
-    minimal = [l for l in failing if not any(o is not l and o.name.startswith(l.name + ".") for o in failing)]
+    minimal = minimal_failing(failing)
     result.culprit = minimal[-1].name if minimal else None
     result.culprit_block = minimal[-1].primary if minimal else None
     div = next((l for l in reversed(result.layers) if not l.prop_passed), None)

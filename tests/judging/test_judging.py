@@ -164,6 +164,17 @@ def test_tf32_policy_widens_only_fp32(truth: torch.Tensor) -> None:
     assert leaf_failure(policy, Tolerance(tf32=True), "float32", isolated=True) == ""
 
 
+@pytest.mark.parametrize("drift, fails", [(8, False), (35, True)])
+def test_tf32_policy_lets_outputs_drift_ten_tf32_roundoffs(truth: torch.Tensor, drift: float, fails: bool) -> None:
+    """Against an exact reference the outputs may drift TF32_PROPAGATED x TF32_FLOOR_ULPS = 10 TF32
+    roundoffs of their RMS (measured TF32 drift: 5.2-5.5), not 40."""
+    noise = torch.randn(truth.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    rms = float(truth.pow(2).mean().sqrt())
+    cand = truth + noise / float(noise.pow(2).mean().sqrt()) * drift * 2.0**-11 * rms
+    m = float_metrics("0", cand, truth.clone(), truth, Tolerance(tf32=True).unit_roundoff("float32"))
+    assert bool(leaf_failure(m, Tolerance(tf32=True), "float32", isolated=False)) == fails
+
+
 @pytest.mark.parametrize("bad", [{"ratio": 0.5}, {"propagated": -1}, {"nan": "ignore"}, {"bogus": 1}])
 def test_bad_tolerance_is_clear(bad: dict) -> None:
     with pytest.raises(InvalidArgument, match="Tolerance|tolerance"):

@@ -1,0 +1,68 @@
+"""A module called several times has a record per call (``block#1`` its second): the culprit is the
+smallest failing call, and a per-layer tolerance the message suggests names the module, as
+Tolerance(layers=...) matches module names."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from parity_models import capture_then_replay, verdicts
+from pytest_rocm_parity import Tolerance
+from pytest_rocm_parity.judging.assertion import message
+from pytest_rocm_parity.runner.engine import CheckSpec
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.act, self.down = nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(self.act(self.up(x)))
+
+
+class Shared(nn.Module):
+    """One block called twice (ALBERT's weight sharing)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.block, self.head = nn.Linear(32, 32), Block(), nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.block(self.block(self.embed(x))))
+
+
+def wrong_on_second_call(module: nn.Module, factor: float) -> None:
+    calls = {"n": 0}
+
+    def hook(_m: nn.Module, _a: Any, out: torch.Tensor) -> torch.Tensor:
+        calls["n"] += 1
+        return out * factor if calls["n"] % 2 == 0 else out
+    module.register_forward_hook(hook)
+
+
+def x() -> torch.Tensor:
+    return torch.randn(4, 16, 32, generator=torch.Generator().manual_seed(0))
+
+
+def test_a_fault_in_a_shared_blocks_second_call_is_named_at_the_child() -> None:
+    cand = Shared().eval()
+    wrong_on_second_call(cand.block.act, 1.01)
+    res = capture_then_replay(lambda: Shared().eval(), cand, x(), CheckSpec(name="m", dtypes=["float32"]))
+    assert res[0].culprit == "block.act#1", verdicts(res)
+
+
+def test_the_suggested_per_layer_tolerance_names_the_module_and_is_accepted() -> None:
+    cand = Shared().eval()
+    wrong_on_second_call(cand.block.down, 1 + 2.0**-7)
+    spec = CheckSpec(name="m", dtypes=["bfloat16"])
+    res = capture_then_replay(lambda: Shared().eval(), cand, x(), spec)
+    assert res[0].culprit == "block.down#1", verdicts(res)
+    text = message(res[0])
+    assert '"block.down": Tolerance(ratio=' in text and "#1\": Tolerance" not in text, text
+    ratio = float(text.split('"block.down": Tolerance(ratio=')[1].split(")")[0])
+    loose = CheckSpec(name="m", dtypes=["bfloat16"], tolerance=Tolerance(layers={"block.down": Tolerance(ratio=ratio)}))
+    assert capture_then_replay(lambda: Shared().eval(), cand, x(), loose)[0].passed
