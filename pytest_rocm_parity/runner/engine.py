@@ -400,7 +400,11 @@ def eval_mode(model: Any, walk: ModelWalk | None = None) -> Iterator[None]:
         yield
         return
     flags = [(mod, mod.training) for mod in mods]
-    model.eval()
+    try:
+        model.eval()
+    except NotImplementedError:   # torch.export's module: the mode it was exported in is in its graph
+        for mod in mods:
+            mod.training = False
     try:
         yield
     finally:

@@ -204,6 +204,13 @@ def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, An
                 notes.append(f"module{'s' if len(added) > 1 else ''} without parameters {added[:5]}"
                              f"{' ...' if len(added) > 5 else ''} of the candidate {'are' if len(added) > 1 else 'is'} "
                              f"not in the golden: not judged on {'their' if len(added) > 1 else 'its'} own")
+        elif type(model).__name__ == "_StatefulGraphModule" or hasattr(model, "_guards_fn"):
+            # torch.export's module: the same weights under its own tree, so no regeneration is the fix
+            raise GoldenStale(
+                f"golden {golden_path} for {spec.name!r}: the candidate is a torch.export program's module, whose "
+                f"module tree ({added[:3]} ...) is not the eager model's the golden was captured from, so its "
+                f"layers cannot be matched. Check the eager model, or capture the golden from the exported "
+                f"module on the reference too (then both sides have its tree)", golden_path)
         else:
             problems.append(f"the layer list changed (added {added[:5]}, removed {removed[:5]})")
     if int(manifest.get("sketch") or 0) != int(spec.sketch or 0):

@@ -14,6 +14,8 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, cast
 
+from pytest_rocm_parity.errors import InvalidArgument
+
 
 def unwrap(model: Any) -> Any:
     """The plain ``nn.Module`` under compile, data-parallel and PEFT wrappers (itself when none)."""
@@ -63,12 +65,25 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def inlines_compiled_children(fn: F) -> F:
-    """``fn(model, ...)`` run inside compiled_children_inlined(unwrap(model))."""
+    """``fn(model, ...)`` run inside compiled_children_inlined(unwrap(model)), for a model it can run."""
     @functools.wraps(fn)
     def run(model: Any, *args: Any, **kwargs: Any) -> Any:
+        refuse_graphs(unwrap(model))
         with compiled_children_inlined(unwrap(model)):
             return fn(model, *args, **kwargs)
     return cast(F, run)
+
+
+def refuse_graphs(model: Any) -> None:
+    """InvalidArgument for a TorchScript module (torch.jit.trace/script/freeze): its submodules run
+    inside one graph, so no module hook sees a call and nothing could be judged per layer."""
+    import torch
+
+    if isinstance(model, torch.jit.ScriptModule):
+        raise InvalidArgument(
+            f"model: a TorchScript module ({type(model).__name__}) runs its submodules inside one graph, where "
+            f"no hook sees them, so no layer can be captured or judged. Check the eager model it was made from; "
+            f"to judge compiled code, torch.compile it (docs/migrations.md)")
 
 
 def plain_copy(model: Any) -> Any:

@@ -131,3 +131,67 @@ def test_a_forward_patched_on_the_instance_is_named_when_a_rungs_copy_fails() ->
                                            r"make the patch a module"):
         capture(model, torch.randn(4, 8), CheckSpec(name="n", dtypes=["bfloat16"], drill=0), store, "cpu")
     assert not store.exists("n")
+
+
+class Pair(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_a_torchscript_module_is_refused_by_name() -> None:
+    """Its submodules run inside one graph, where no hook sees them (the walk crashed with KeyError: 0)."""
+    from pytest_rocm_parity.errors import InvalidArgument
+    from pytest_rocm_parity.runner.replay import replay
+
+    x = torch.randn(3, 8)
+    store = GoldenStore(tempfile.mkdtemp())
+    spec = CheckSpec(name="m", dtypes=["float32"])
+    capture(Pair().eval(), x, spec, store, "cpu")
+    traced = torch.jit.trace(Pair().eval(), (x,))
+    with pytest.raises(InvalidArgument, match=r"TorchScript module \(TopLevelTracedModule\).*Check the eager model"):
+        replay(traced, x, spec, store, "cpu")
+    with pytest.raises(InvalidArgument, match="TorchScript"):
+        capture(traced, x, CheckSpec(name="t", dtypes=["float32"]), store, "cpu")
+
+
+def test_an_exported_module_is_judged_where_its_tree_is_the_eager_models() -> None:
+    """torch.export's module refuses eval(): the mode it was exported in is in its graph."""
+    from pytest_rocm_parity.runner.replay import replay
+
+    x = torch.randn(3, 8)
+    store = GoldenStore(tempfile.mkdtemp())
+    spec = CheckSpec(name="m", dtypes=["float32"])
+    capture(Pair().eval(), x, spec, store, "cpu")
+    assert replay(torch.export.export(Pair().eval(), (x,)).module(), x, spec, store, "cpu")[0].passed
+
+
+class HFWrapped(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        import transformers
+
+        torch.manual_seed(0)
+        self.m = transformers.BertModel(transformers.BertConfig(
+            vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)).eval()
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.m(input_ids=input_ids).last_hidden_state
+
+
+def test_an_exported_module_of_another_tree_says_why_not_to_regenerate() -> None:
+    from pytest_rocm_parity.errors import GoldenStale
+    from pytest_rocm_parity.runner.replay import replay
+
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+    store = GoldenStore(tempfile.mkdtemp())
+    spec = CheckSpec(name="m", dtypes=["float32"])
+    capture(HFWrapped().eval(), ids, spec, store, "cpu")
+    exported = torch.export.export(HFWrapped().eval(), (ids,)).module()
+    with pytest.raises(GoldenStale, match="torch.export program's module") as info:
+        replay(exported, ids, spec, store, "cpu")
+    assert "Regenerate" not in str(info.value)
