@@ -23,21 +23,24 @@ _WIDTHS = ("hidden_size", "d_model", "n_embd", "num_labels", "projection_dim", "
 
 # the model inputs that say which positions are padding (1 or True: a token, 0: padding)
 MASK_INPUTS = ("attention_mask", "decoder_attention_mask")
+# ... in PyTorch's convention (nn.TransformerEncoder, nn.MultiheadAttention): True is padding
+PAD_INPUTS = ("src_key_padding_mask", "key_padding_mask")
 
 
 def mask_input(path: str) -> bool:
     """Whether input leaf ``path`` (``kwargs.attention_mask``, or ``args.0.attention_mask`` in a dict
     passed positionally) is a padding mask: its values are a convention, not an activation, even
     where it is a float 0/1 tensor."""
-    return path.rpartition(".")[2] in MASK_INPUTS
+    return path.rpartition(".")[2] in MASK_INPUTS + PAD_INPUTS
 
 
 def mask_inputs(args: Any, kwargs: Any) -> dict[str, Any]:
     """The padding masks of a call, by name: keywords, or the keys of a dict passed as the only
     positional argument (a sentence-transformers model called with its features dict)."""
-    found = {k: v for k, v in (kwargs if isinstance(kwargs, dict) else {}).items() if k in MASK_INPUTS}
+    names = MASK_INPUTS + PAD_INPUTS
+    found = {k: v for k, v in (kwargs if isinstance(kwargs, dict) else {}).items() if k in names}
     if not found and isinstance(args, (tuple, list)) and len(args) == 1 and isinstance(args[0], dict):
-        found = {k: v for k, v in args[0].items() if k in MASK_INPUTS}
+        found = {k: v for k, v in args[0].items() if k in names}
     return found
 
 
@@ -64,12 +67,17 @@ class Padding:
     widths: frozenset[int] = frozenset()
     channel_first: frozenset[str] = frozenset()   # convolutions: (batch, channels, time, ...) outputs
     frames: Any = None          # (batch, frames) bool: the mask over a speech encoder's frames, or None
+    said: str = "attention_mask == 0"   # which input said so, for the note
 
     @classmethod
     def of(cls, model: Any, args: Any, kwargs: Any) -> Padding | None:
         """The padding of ``model`` called on ``(args, kwargs)``; None where nothing is padded."""
         kw = mask_inputs(args, kwargs)
         valid = valid_positions(kw.get("attention_mask"))
+        said = "attention_mask == 0"
+        pad = next((kw[n] for n in PAD_INPUTS if n in kw), None)
+        if valid is None and getattr(pad, "dtype", None) is not None and not pad.is_floating_point():
+            valid, said = valid_positions(pad == 0), f"{next(n for n in PAD_INPUTS if n in kw)} true"
         dec = valid_positions(kw.get("decoder_attention_mask"))
         if valid is None and dec is None:
             return None
@@ -87,7 +95,7 @@ class Padding:
         convs = (torch.nn.modules.conv._ConvNd,)
         channel_first = frozenset(n for n, m in model.named_modules() if isinstance(m, convs)) \
             if hasattr(model, "named_modules") else frozenset()
-        return cls(valid, dec, enc_dec, widths, channel_first, _frames(model, kw.get("attention_mask"), valid))
+        return cls(valid, dec, enc_dec, widths, channel_first, _frames(model, kw.get("attention_mask"), valid), said)
 
     def of_leaf(self, key: str, leaf: str) -> Any:
         """The (batch, seq) mask of module call ``key``'s output ``leaf`` (OUTPUT: the model's own)."""
@@ -144,7 +152,7 @@ class Padding:
         """What the verdict left out, in words."""
         parts = []
         if self.valid is not None:
-            parts.append(f"{int((~self.valid).sum())} padded positions (attention_mask == 0)"
+            parts.append(f"{int((~self.valid).sum())} padded positions ({self.said})"
                          + (" of the encoder's outputs" if self.encoder_decoder else ""))
         if self.frames is not None:
             parts.append(f"{int((~self.frames).sum())} padded frames of the encoder (derived from it)")

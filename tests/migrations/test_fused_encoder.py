@@ -83,6 +83,33 @@ def test_the_nested_path_is_judged_through_the_encoder_and_refused_inside_it(mon
     assert not res[0].passed and res[0].culprit == "enc", verdicts(res)
 
 
+class KeywordEncoder(Encoder):
+    """Called with PyTorch's padding convention by name (True: padding)."""
+
+    def forward(self, ids: torch.Tensor, src_key_padding_mask: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return super().forward(ids, src_key_padding_mask)
+
+
+def keyword_encoder(nested: bool) -> KeywordEncoder:
+    torch.manual_seed(0)
+    return KeywordEncoder(nested).eval()
+
+
+def test_src_key_padding_mask_marks_padding_the_nested_path_leaves_zero() -> None:
+    """The nested path returns zeros at padded positions, the padded path computes them: a correct
+    candidate either way, since padding is not judged; a bug at real positions still fails."""
+    ids, pad = inputs()
+    x = {"ids": ids, "src_key_padding_mask": pad}
+    spec = CheckSpec(name="enc", dtypes=["float32"], layers=["enc"], drill=0)
+    res = capture_then_replay(lambda: keyword_encoder(True), keyword_encoder(False), x, spec)
+    assert res[0].passed, verdicts(res)
+    assert any("padded positions (src_key_padding_mask true) not judged" in n for n in res[0].notes), res[0].notes
+    bug = keyword_encoder(False)
+    bug.enc.layers[1].linear2.register_forward_hook(lambda _m, _a, out: out * 1.01)
+    res = capture_then_replay(lambda: keyword_encoder(True), bug, x, spec)
+    assert not res[0].passed and res[0].culprit == "enc", verdicts(res)
+
+
 class SelfAttention(nn.Module):
     def __init__(self) -> None:
         super().__init__()
