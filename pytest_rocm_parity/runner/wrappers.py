@@ -145,7 +145,7 @@ def cast_in_place(model: Any, device: Any, dtype: Any, modules: list[Any] | None
         yield
         return
     params: dict[int, tuple[Any, Any]] = {}
-    buffers: list[tuple[Any, str, Any]] = []
+    buffers: list[tuple[Any, str, Any, Any]] = []
 
     def moved(t: Any, quantized: bool) -> Any:
         cast = t.is_floating_point() and not quantized
@@ -161,14 +161,18 @@ def cast_in_place(model: Any, device: Any, dtype: Any, modules: list[Any] | None
                     p.data = moved(p.data, id(p) in kept())
                 for name, b in list(mod._buffers.items()):
                     if b is not None and off(b):
-                        buffers.append((mod, name, b))
                         mod._buffers[name] = moved(b, id(b) in kept())
+                        buffers.append((mod, name, b, mod._buffers[name]))
         yield
     finally:
         for p, old in params.values():
             p.data = old
-        for mod, name, old in buffers:
-            mod._buffers[name] = old
+        for mod, name, old, new in buffers:
+            now = mod._buffers.get(name)
+            # a module that replaced its buffer meanwhile moved its own state on (a dynamic rotary
+            # embedding grown for a longer sequence, with the length it was grown to kept beside it):
+            # putting the old one back would leave the two disagreeing
+            mod._buffers[name] = old if now is new or now is None else now.to(device=old.device, dtype=old.dtype)
 
 
 def _on(t: Any, target: Any) -> bool:

@@ -80,3 +80,28 @@ def test_a_module_swapped_in_after_eval_is_named_not_the_model(tmp_path: Path) -
     assert res.passed
     assert any(n.startswith("module 1 of the model in eval mode was in training mode") for n in res.notes), res.notes
     assert not any("the model was in training mode" in n for n in res.notes), res.notes
+
+
+def test_a_buffer_the_model_replaces_while_replayed_is_kept_not_put_back(tmp_path: Path) -> None:
+    """A dynamic-NTK rotary embedding grows inv_freq on its first long sequence and records the length
+    beside it: the replay casts the buffer per rung, and putting the old one back afterwards left the
+    two disagreeing (the float32 rung failed an unchanged model, and the user's model kept wrong
+    tables)."""
+    from parity_models import llama, tokens
+
+    def dynamic() -> nn.Module:
+        return llama(max_position_embeddings=8, rope_scaling={"rope_type": "dynamic", "factor": 4.0})
+
+    x = tokens(seq=24)
+    spec = CheckSpec(name="dyn", dtypes=["bfloat16", "float32"], drill=0)
+    store = GoldenStore(tmp_path)
+    capture(dynamic(), x, spec, store, "cpu")
+    model = dynamic()
+    res = replay(model, x, spec, store, "cpu")
+    assert all(r.passed for r in res), [(r.dtype, r.culprit) for r in res]
+    fresh = dynamic()
+    with torch.no_grad():
+        want = fresh(**x).logits
+        got = model(**x).logits
+    assert torch.equal(model.model.rotary_emb.inv_freq, fresh.model.rotary_emb.inv_freq)
+    assert torch.equal(got, want)
