@@ -123,12 +123,16 @@ class Padding:
 
     def _matching(self, key: str, leaf: str, t: Any) -> tuple[Any, int | None]:
         """The mask of ``t``'s positions and the dim it runs along: the input's, or over a speech
-        encoder's frames where ``t`` runs over those."""
+        encoder's frames where ``t`` runs over those; dim 0 with the mask flattened where ``t``'s
+        first dim is every token of the batch (a MoE router's (batch * seq, experts) logits and
+        top-k indices)."""
         valid = self.of_leaf(key, leaf)
         d = self.seq_dim(t, valid, leaf, key)
         if d is None and valid is not None and valid is self.valid and self.frames is not None:
             valid = self.frames
             d = self.seq_dim(t, valid, leaf, key)
+        if d is None and valid is not None and t.dim() >= 1 and valid.shape[1] > 1 and t.shape[0] == valid.numel():
+            return valid.reshape(-1), 0
         return valid, d
 
     def padded(self, key: str, leaf: str, t: Any) -> Any:
@@ -137,7 +141,10 @@ class Padding:
         if d is None:
             return None
         shape = [1] * t.dim()
-        shape[0], shape[d] = valid.shape
+        if d == 0:
+            shape[0] = valid.shape[0]
+        else:
+            shape[0], shape[d] = valid.shape
         return ~valid.to(t.device).reshape(shape)
 
     def unpadded(self, key: str, leaf: str, *ts: Any) -> tuple[Any, ...]:
@@ -146,6 +153,8 @@ class Padding:
         valid, d = self._matching(key, leaf, ref)
         if d is None or any(tuple(t.shape) != tuple(ref.shape) for t in ts):
             return ts
+        if d == 0:
+            return tuple(t[valid.to(t.device)] for t in ts)
         return tuple(t.movedim(d, 1)[valid.to(t.device)] for t in ts)
 
     def note(self) -> str:

@@ -218,3 +218,23 @@ def test_a_speech_encoders_padded_frames_are_left_out() -> None:
     res = capture_then_replay(wav2vec2, cand, x, CheckSpec(name="w2v2", dtypes=["float32"]))
     assert res[0].passed, verdicts(res)
     assert any("padded frames of the encoder" in n for n in res[0].notes), res[0].notes
+
+
+def test_a_routers_flattened_tokens_leave_out_padding() -> None:
+    """Mixtral's router returns (batch * seq, ...) logits and top-k indices: its padded tokens are
+    left out as a (batch, seq) leaf's are. Here the candidate routes the padded tokens elsewhere
+    (their hidden states are whatever an attention kernel left there)."""
+    from parity_models import mixtral, tokens
+
+    x = tokens("left")
+    pad = (x["attention_mask"] == 0).reshape(-1)
+    cand = mixtral()
+    for layer in cand.model.layers:
+        def elsewhere(_m: nn.Module, _a: object, out: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+            logits, scores, idx = out
+            idx = idx.clone()
+            idx[pad] = (idx[pad] + 1) % 4
+            return logits, scores, idx
+        layer.mlp.gate.register_forward_hook(elsewhere)
+    res = capture_then_replay(mixtral, cand, x, CheckSpec(name="moe", dtypes=["float32"]))
+    assert res[0].passed, verdicts(res)
