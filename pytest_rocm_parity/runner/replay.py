@@ -47,7 +47,8 @@ from pytest_rocm_parity.quant.allowance import noise_allowance
 from pytest_rocm_parity.quant.diagnosis import quant_notes
 from pytest_rocm_parity.quant.storage import quantized_tensor_ids
 from pytest_rocm_parity.runner.padding import Padding
-from pytest_rocm_parity.runner.wrappers import cast_in_place, inlines_compiled_children, training_modules, unwrap
+from pytest_rocm_parity.runner.wrappers import (cast_in_place, inlines_compiled_children, training_modules,
+                                                training_paths, unwrap)
 
 
 def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: RungReader, rung: str,
@@ -723,6 +724,15 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
                      f"{'modules' if len(training) > 1 else 'module'} {some} of the model in eval mode "
                      f"{'were' if len(training) > 1 else 'was'} in training mode (built after model.eval()?); "
                      f"judged in eval mode, as the golden was captured")
+        differs = training_paths(inner) if not inner.training else []
+        if differs:   # a passing check shows no notes: a port that serves them so must hear of it
+            import warnings
+
+            warnings.warn(f"rocm-parity: {spec.name}: {', '.join(differs[:3])}{' ...' if len(differs) > 3 else ''} "
+                          f"of a model in eval mode {'are' if len(differs) > 1 else 'is'} in training mode (swapped in "
+                          f"after model.eval()?), where BatchNorm uses the batch's statistics and dropout is on; the "
+                          f"replay judged eval mode only. If the served model runs them so, call .eval() after the "
+                          f"swap", stacklevel=2)
     with cast_in_place(inner, place, dtype, walk.modules, walk.stamp()), eval_mode(inner, walk), numerics(rung, tol.tf32):
         outs: list[LayerRecord] = []
         pending = None

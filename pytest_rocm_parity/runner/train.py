@@ -42,7 +42,7 @@ from pytest_rocm_parity.judging.judge import JUMP, Rule, judge_layer, minimal_fa
 from pytest_rocm_parity.judging.records import CheckResult, LayerRecord, LeafMetrics
 from pytest_rocm_parity.runner.selection import Selected, select
 from pytest_rocm_parity.runner.tree import map_tensors, tensor_leaves
-from pytest_rocm_parity.runner.wrappers import inlines_compiled_children, plain_copy, unwrap
+from pytest_rocm_parity.runner.wrappers import inlines_compiled_children, plain_copy, training_paths, unwrap
 
 LOSS = "<loss>"
 OPTIMIZER = "optimizer"
@@ -804,10 +804,7 @@ def _mode_notes(model: Any) -> list[str]:
     from the judged one (BatchNorm on the batch's statistics, dropout): the step runs in eval mode
     (docs/training.md), so that path is not judged, and a user who passed a model in train() would
     otherwise believe it was."""
-    import torch
-
-    kinds = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.modules.dropout._DropoutNd)
-    mods = [n for n, m in model.named_modules() if m.training and isinstance(m, kinds)]
+    mods = training_paths(model)
     if not mods:
         return []
     return [f"the model came in training mode: {', '.join(mods[:3])}{' ...' if len(mods) > 3 else ''} "

@@ -200,6 +200,15 @@ def training_modules(model: Any, modules: list[Any] | None = None) -> list[str]:
     return [n or type(model).__name__ for n, m in model.named_modules() if m.training]
 
 
+def training_paths(model: Any) -> list[str]:
+    """Names of the modules in training mode whose training forward differs from the judged (eval)
+    one: BatchNorm on the batch's statistics, dropout on."""
+    import torch
+
+    kinds = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.modules.dropout._DropoutNd)
+    return [n for n, m in model.named_modules() if m.training and isinstance(m, kinds)]
+
+
 def is_adapter_layer(mod: Any) -> bool:
     """A PEFT tuner layer (LoRA and its kin): the plain module it replaced is its ``base_layer``."""
     return hasattr(mod, "base_layer") and type(mod).__module__.startswith("peft.")

@@ -76,7 +76,8 @@ def test_a_module_swapped_in_after_eval_is_named_not_the_model(tmp_path: Path) -
     store = GoldenStore(tmp_path)
     capture(net, x, spec, store, "cpu", env={})
     net[1] = nn.Dropout(0.5)          # the candidate swaps a module in, left in training mode
-    (res,) = replay(net, x, spec, store, "cpu", env={})
+    with pytest.warns(UserWarning, match="dropout is on"):
+        (res,) = replay(net, x, spec, store, "cpu", env={})
     assert res.passed
     assert any(n.startswith("module 1 of the model in eval mode was in training mode") for n in res.notes), res.notes
     assert not any("the model was in training mode" in n for n in res.notes), res.notes
@@ -105,3 +106,27 @@ def test_a_buffer_the_model_replaces_while_replayed_is_kept_not_put_back(tmp_pat
         got = model(**x).logits
     assert torch.equal(model.model.rotary_emb.inv_freq, fresh.model.rotary_emb.inv_freq)
     assert torch.equal(got, want)
+
+
+def test_a_batchnorm_swapped_in_after_eval_is_warned_of_though_the_check_passes(tmp_path: Path) -> None:
+    """A module built after model.eval() is in training mode, where BatchNorm uses the batch's
+    statistics; the replay judges eval mode, so a passing check would hide it: a warning says so."""
+    def model() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).eval()
+
+    x = torch.randn(2, 3, 8, 8)
+    spec = CheckSpec(name="bn", dtypes=["float32"])
+    store = GoldenStore(tmp_path)
+    capture(model(), x, spec, store, "cpu")
+    cand = model()
+    swapped = nn.BatchNorm2d(4)   # a fresh module: training mode
+    swapped.load_state_dict(cand[1].state_dict())
+    cand[1] = swapped
+    with pytest.warns(UserWarning, match=r"rocm-parity: bn: 1 of a model in eval mode is in training mode"):
+        assert replay(cand, x, spec, store, "cpu")[0].passed
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert replay(model(), x, spec, store, "cpu")[0].passed   # all in eval mode: no warning
