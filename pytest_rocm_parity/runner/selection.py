@@ -197,14 +197,27 @@ def check_tolerance_layers(model: Any, patterns: Sequence[str]) -> None:
 
 
 def _select(model: Any, layers: Sequence[str] | None, drill: int) -> list[Selected]:
+    from pytest_rocm_parity.runner.wrappers import is_dispatched_experts
+
     all_names = [n for n, _ in model.named_modules() if n]
     if layers:
+        # below an experts module the calls are its implementation's (one grouped GEMM, or a loop
+        # over experts with each one's tokens), not the model's: a golden of them cannot judge another
+        experts = [n for n, m in model.named_modules() if n and is_dispatched_experts(m)]
         chosen: list[str] = []
         for pattern in layers:
             hits = [n for n in all_names if fnmatch.fnmatchcase(n, pattern)]
             if not hits:
                 raise _no_module_matches(model, pattern, all_names, "layers")
-            chosen.extend(h for h in hits if h not in chosen)
+            inside = {h: e for h in hits for e in experts if h.startswith(e + ".")}
+            if len(inside) == len(hits):
+                h, e = next(iter(inside.items()))
+                raise LayerSelectionError(
+                    f"layers: {pattern!r} selects only modules inside an experts module ({h} inside {e}): what "
+                    f"runs below it depends on its experts implementation (a grouped GEMM, or a loop over the "
+                    f"experts with each one's tokens), not on the model, so no golden of it could judge another "
+                    f"implementation. Select the experts module itself: {e!r}")
+            chosen.extend(h for h in hits if h not in chosen and h not in inside)
     else:
         chosen = [n for level in _drilled(model, drill) for n in level]
     order = {n: i for i, n in enumerate(all_names)}

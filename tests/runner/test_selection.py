@@ -76,3 +76,17 @@ def test_auto_drill_depends_on_size() -> None:
     assert drill_for(small, 5) == 5                      # any depth; a depth past the leaves selects them all
     with pytest.raises(Exception, match="drill=-1"):
         drill_for(small, -1)
+
+
+def test_a_glob_leaves_out_what_runs_inside_an_experts_module() -> None:
+    """An experts module's children run as its implementation chooses (one grouped GEMM, or a loop
+    with each expert's tokens): a broad glob stops at the experts module, and a glob that selects only
+    inside one is refused, naming the module to select."""
+    from parity_models import mixtral
+
+    m = mixtral()
+    names = [s.name for s in select(m, ["model.layers.*"])]
+    assert "model.layers.0.mlp.experts" in names and not any(".experts." in n for n in names)
+    with pytest.raises(LayerSelectionError, match=r"inside an experts module .*Select the experts module itself: "
+                                                  r"'model.layers.0.mlp.experts'"):
+        select(m, ["model.layers.*.mlp.experts.*"])
