@@ -68,6 +68,10 @@ class Padding:
     channel_first: frozenset[str] = frozenset()   # convolutions: (batch, channels, time, ...) outputs
     frames: Any = None          # (batch, frames) bool: the mask over a speech encoder's frames, or None
     said: str = "attention_mask == 0"   # which input said so, for the note
+    # calls whose (batch * seq, ...) leaves are the batch's tokens flattened: those the golden records
+    # making a discrete choice (a MoE router); elsewhere a first dim of batch * seq may be anything
+    # (a time-major model's (seq * batch, ...), another input's rows)
+    flat_keys: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, model: Any, args: Any, kwargs: Any) -> Padding | None:
@@ -76,7 +80,8 @@ class Padding:
         valid = valid_positions(kw.get("attention_mask"))
         said = "attention_mask == 0"
         pad = next((kw[n] for n in PAD_INPUTS if n in kw), None)
-        if valid is None and getattr(pad, "dtype", None) is not None and not pad.is_floating_point():
+        if valid is None and getattr(pad, "dtype", None) is not None and not pad.is_floating_point() \
+                and _batch_first(model):
             valid, said = valid_positions(pad == 0), f"{next(n for n in PAD_INPUTS if n in kw)} true"
         dec = valid_positions(kw.get("decoder_attention_mask"))
         if valid is None and dec is None:
@@ -124,14 +129,15 @@ class Padding:
     def _matching(self, key: str, leaf: str, t: Any) -> tuple[Any, int | None]:
         """The mask of ``t``'s positions and the dim it runs along: the input's, or over a speech
         encoder's frames where ``t`` runs over those; dim 0 with the mask flattened where ``t``'s
-        first dim is every token of the batch (a MoE router's (batch * seq, experts) logits and
-        top-k indices)."""
+        first dim is every token of the batch in a call of ``flat_keys`` (a MoE router's
+        (batch * seq, experts) logits and top-k indices)."""
         valid = self.of_leaf(key, leaf)
         d = self.seq_dim(t, valid, leaf, key)
         if d is None and valid is not None and valid is self.valid and self.frames is not None:
             valid = self.frames
             d = self.seq_dim(t, valid, leaf, key)
-        if d is None and valid is not None and t.dim() >= 1 and valid.shape[1] > 1 and t.shape[0] == valid.numel():
+        if d is None and valid is not None and key in self.flat_keys and t.dim() >= 1 and valid.shape[1] > 1 \
+                and t.shape[0] == valid.numel():
             return valid.reshape(-1), 0
         return valid, d
 
@@ -198,6 +204,15 @@ def _frames(model: Any, mask: Any, valid: Any) -> Any:
                 return None
             return frames if n != valid.shape[1] and tuple(frames.shape) == (valid.shape[0], n) else None
     return None
+
+
+def _batch_first(model: Any) -> bool:
+    """Whether the model's attentions run (batch, seq, ...): nn.MultiheadAttention's default is
+    (seq, batch, ...), which a (batch, seq) mask cannot tell apart where the two lengths are equal."""
+    import torch
+
+    attns = [m for m in _modules(model) if isinstance(m, torch.nn.MultiheadAttention)]
+    return bool(attns) and all(m.batch_first for m in attns)
 
 
 def _modules(model: Any) -> list[Any]:

@@ -6,6 +6,7 @@ fed the golden inputs), comparing on the device against goldens loaded straight 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -312,14 +313,17 @@ def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device:
     tree_notes += [autocast] if autocast else []
     args0, kwargs0 = normalize_inputs(inputs)
     cand_env = env or collect_env(str(home_device(inner, device)))
-    results = []
+    judged: dict[str, CheckResult] = {}
     corrupt: GoldenCorrupt | None = None
-    for rung in spec.dtypes:
+    # float32 first: state a module builds on its first long input (a rotary cache grown in the
+    # input's dtype) is then built at full precision, and kept for the other rungs (cast_in_place)
+    for rung in sorted(spec.dtypes, key=lambda r: r != "float32"):
         try:
-            results.append(_replay_one(model, inner, spec, store, manifest, mpath, rung, device, args0, kwargs0,
-                                       autocast, tree_notes, cand_env))
+            judged[rung] = _replay_one(model, inner, spec, store, manifest, mpath, rung, device, args0, kwargs0,
+                                       autocast, tree_notes, cand_env)
         except GoldenCorrupt as exc:   # the other rungs are judged all the same: the error says what they found
             corrupt = corrupt or exc
+    results = [judged[r] for r in spec.dtypes if r in judged]
     if corrupt is not None:
         if results:
             raise GoldenCorrupt(f"{corrupt}. The intact rungs were judged: " + "; ".join(
@@ -657,6 +661,8 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
     fast = spec.replay == "fast" and spec.extra_judge is None
     args, kwargs = stored_inputs()
     padding = Padding.of(inner, args, kwargs)
+    if padding is not None:
+        padding = dataclasses.replace(padding, flat_keys=frozenset(k for k, e in layers.items() if e.get("decides")))
     obtained: dict[str, Any] | None = {} if spec.report_dir is not None else None
     judge = _Judge(rung, tol.unit_roundoff(rung), padding, obtained, noise_allowance(meta, inner))
     prop: dict[str, list[LeafMetrics]] = {}

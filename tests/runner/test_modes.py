@@ -130,3 +130,39 @@ def test_a_batchnorm_swapped_in_after_eval_is_warned_of_though_the_check_passes(
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert replay(model(), x, spec, store, "cpu")[0].passed   # all in eval mode: no warning
+
+
+class GrownCache(nn.Module):
+    """The classic rotary cache: cos rebuilt in the input's dtype when a longer sequence comes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp, self.out = nn.Linear(8, 16), nn.Linear(16, 4)
+        self.max_len = 4
+        self.register_buffer("cos", torch.arange(4.0)[:, None].expand(4, 16).cos(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        if h.shape[1] > self.max_len:
+            self.max_len = h.shape[1]
+            pos = torch.arange(h.shape[1], dtype=torch.float32)[:, None] * torch.linspace(0.1, 1.0, 16)
+            self.register_buffer("cos", pos.cos().to(h.dtype), persistent=False)
+        return self.out(h * self.cos[:h.shape[1]].to(h.dtype))
+
+
+def test_a_cache_grown_during_the_replay_is_grown_at_float32(tmp_path: Path) -> None:
+    """The float32 rung runs first, so the cache is built at full precision and kept for the bf16
+    rung; built in the bf16 rung and kept, it failed the float32 rung of the unchanged model."""
+    x = torch.randn(2, 24, 8, generator=torch.Generator().manual_seed(1))
+    spec = CheckSpec(name="rope", dtypes=["bfloat16", "float32"])
+    store = GoldenStore(tmp_path)
+    capture(GrownCache().eval(), x, spec, store, "cpu")
+    cand = GrownCache().eval()
+    res = replay(cand, x, spec, store, "cpu")
+    assert [r.dtype for r in res] == ["bfloat16", "float32"] and all(r.passed for r in res), \
+        [(r.dtype, r.culprit) for r in res]
+    plain = GrownCache().eval()
+    with torch.no_grad():
+        plain(x)
+    assert torch.equal(cand.cos, plain.cos)

@@ -238,3 +238,55 @@ def test_a_routers_flattened_tokens_leave_out_padding() -> None:
         layer.mlp.gate.register_forward_hook(elsewhere)
     res = capture_then_replay(mixtral, cand, x, CheckSpec(name="moe", dtypes=["float32"]))
     assert res[0].passed, verdicts(res)
+
+
+class TimeMajor(nn.Module):
+    """A token model that runs time-major (CTC style): (seq * batch, ...) rows that are not the batch's
+    tokens in batch-major order, and no discrete choice, so nothing is left out of them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.proj, self.out = nn.Embedding(40, 32), nn.Linear(32, 32), nn.Linear(32, 40)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        x = self.emb(input_ids) * attention_mask[..., None]
+        b, s, h = x.shape
+        return self.out(torch.tanh(self.proj(x.transpose(0, 1).reshape(s * b, h))))
+
+
+def test_rows_as_many_as_the_tokens_are_not_taken_for_them_in_a_module_that_chooses_nothing() -> None:
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, 4:] = 0   # batch-major flat rows 12..15 would be padding; time-major row 12 is (batch 0, seq 6)
+    x = {"input_ids": torch.randint(0, 40, (2, 8), generator=torch.Generator().manual_seed(1)), "attention_mask": mask}
+    cand = TimeMajor().eval()
+
+    def bug(_m: nn.Module, _a: object, out: torch.Tensor) -> torch.Tensor:
+        f = torch.ones_like(out)
+        f[12] = 1.01
+        return out * f
+    cand.proj.register_forward_hook(bug)
+    res = capture_then_replay(lambda: TimeMajor().eval(), cand, x, CheckSpec(name="tm", dtypes=["float32"]))
+    assert not res[0].passed and res[0].culprit == "proj", verdicts(res)
+
+
+def test_a_key_padding_mask_of_a_sequence_first_encoder_marks_no_positions() -> None:
+    """nn.TransformerEncoder's default layout is (seq, batch, ...): where the two lengths are equal a
+    (batch, seq) mask would be read across it, leaving real positions out."""
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.TransformerEncoder(nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0), 2,
+                                     enable_nested_tensor=False).eval()
+
+    pad = torch.zeros(6, 6, dtype=torch.bool)
+    pad[5, 3:] = True
+    x = {"src": torch.randn(6, 6, 32, generator=torch.Generator().manual_seed(1)), "src_key_padding_mask": pad}
+    cand = build()
+
+    def bug(_m: nn.Module, _a: object, out: torch.Tensor) -> torch.Tensor:
+        f = torch.ones_like(out)
+        f[5, 3] = 1.01   # seq 5 of sample 3: a real token
+        return out * f
+    cand.layers[1].linear2.register_forward_hook(bug)
+    res = capture_then_replay(build, cand, x, CheckSpec(name="enc", dtypes=["float32"]))
+    assert not res[0].passed and res[0].culprit == "layers.1.linear2", verdicts(res)
