@@ -54,7 +54,7 @@ class CheckSpec:
     def __post_init__(self) -> None:
         if isinstance(self.dtypes, str):
             self.dtypes = [self.dtypes]
-        self.dtypes = list(dict.fromkeys(dt.rung_name(d) for d in self.dtypes))   # 'bf16' -> 'bfloat16'
+        self.dtypes = list(dict.fromkeys(dt.canonical_name(d) for d in self.dtypes))   # 'bf16' -> 'bfloat16'
         if not self.dtypes:   # an empty golden, and a replay that judges nothing and passes
             raise InvalidArgument(f"check {self.name!r}: dtypes is empty, so nothing would be captured or judged; "
                                   f"name at least one precision, e.g. dtypes=['bfloat16', 'float32']")
