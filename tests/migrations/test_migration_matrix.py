@@ -187,11 +187,15 @@ def test_moe_at_every_depth_and_the_bf16_ladder_passes(experts: str | None) -> N
 
 
 def _router_noise(model: nn.Module, relative: float) -> nn.Module:
-    """Router scores perturbed at ``relative`` size: a GEMM that rounds otherwise flips near-ties."""
-    g = torch.Generator().manual_seed(5)
+    """Router scores perturbed at ``relative`` size: a GEMM that rounds otherwise flips near-ties. The
+    draws are each rung's own (one generator per dtype), whatever order the rungs run in."""
+    gens: dict[torch.dtype, torch.Generator] = {}
+
+    def noise(_m: nn.Module, _a: Any, out: torch.Tensor) -> torch.Tensor:
+        g = gens.setdefault(out.dtype, torch.Generator().manual_seed(5))
+        return out * (1 + relative * torch.randn(out.shape, generator=g).to(out.dtype))
     for block in model.blocks:
-        block.moe.gate.register_forward_hook(
-            lambda _m, _a, out: out * (1 + relative * torch.randn(out.shape, generator=g).to(out.dtype)))
+        block.moe.gate.register_forward_hook(noise)
     return model
 
 
