@@ -59,8 +59,11 @@ def known_keywords(fn: F) -> F:
 def require_model(model: Any) -> None:
     import torch
 
+    from pytest_rocm_parity.runner.wrappers import refuse_graphs, unwrap
+
     if not isinstance(model, torch.nn.Module):
         raise InvalidArgument(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    refuse_graphs(unwrap(model))
     on_meta = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
     if on_meta:
         raise InvalidArgument(

@@ -44,7 +44,8 @@ from pytest_rocm_parity.golden.store import FORMAT_VERSION, GoldenStore
 from pytest_rocm_parity.runner.padding import Padding, mask_input
 from pytest_rocm_parity.runner.selection import Selected, select
 from pytest_rocm_parity.runner.tree import constant_leaves, map_tensors, split_leaves, tensor_leaves
-from pytest_rocm_parity.runner.wrappers import inlines_compiled_children, plain_copy, unwrap
+from pytest_rocm_parity.errors import InvalidArgument
+from pytest_rocm_parity.runner.wrappers import inlines_compiled_children, is_exported, plain_copy, unwrap
 from pytest_rocm_parity.quant.storage import cast_module, quantized_tensor_ids
 
 # Where the float64 truth model is built: None decides by the device's free memory; True builds it
@@ -618,6 +619,11 @@ def capture(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device
 
     args0, kwargs0 = normalize_inputs(inputs)
     model = unwrap(model)
+    if is_exported(model):   # the truth runs a float64 copy in eval mode, which such a module refuses
+        raise InvalidArgument(
+            "model: a torch.export program's module cannot be captured (its mode and dtypes are fixed in its "
+            "graph). Capture the eager model it was exported from; the exported module replays against that "
+            "golden where its module tree is the eager model's")
     if any(getattr(mod, "_compiled_call_impl", None) is not None for mod in model.modules()):
         model = plain_copy(model)   # copies of it must not call compiled code bound to the original
     selected = select(model, spec.layers, spec.drill)

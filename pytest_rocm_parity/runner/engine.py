@@ -54,6 +54,8 @@ class CheckSpec:
     def __post_init__(self) -> None:
         if isinstance(self.dtypes, str):
             self.dtypes = [self.dtypes]
+        elif self.dtypes is None:
+            self.dtypes = []
         self.dtypes = list(dict.fromkeys(dt.canonical_name(d) for d in self.dtypes))   # 'bf16' -> 'bfloat16'
         if not self.dtypes:   # an empty golden, and a replay that judges nothing and passes
             raise InvalidArgument(f"check {self.name!r}: dtypes is empty, so nothing would be captured or judged; "
@@ -385,6 +387,17 @@ def _dev(device: Any) -> Any:
 _TRAINING = operator.attrgetter("training")
 
 
+def set_eval(model: Any) -> Any:
+    """``model.eval()``, or each module's flag set where the model refuses eval() (torch.export's
+    module: the mode it was exported in is in its graph); returns the model."""
+    try:
+        model.eval()
+    except NotImplementedError:
+        for mod in model.modules():
+            mod.training = False
+    return model
+
+
 @contextlib.contextmanager
 def eval_mode(model: Any, walk: ModelWalk | None = None) -> Iterator[None]:
     """Eval mode for the block, each module's own flag restored afterwards.
@@ -400,11 +413,7 @@ def eval_mode(model: Any, walk: ModelWalk | None = None) -> Iterator[None]:
         yield
         return
     flags = [(mod, mod.training) for mod in mods]
-    try:
-        model.eval()
-    except NotImplementedError:   # torch.export's module: the mode it was exported in is in its graph
-        for mod in mods:
-            mod.training = False
+    set_eval(model)
     try:
         yield
     finally:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_rocm_parity.runner.engine import OUTPUT
+from pytest_rocm_parity.runner.tree import tensor_leaves
 
 # config attributes that give the width of a (batch, width) output that is not a sequence
 _WIDTHS = ("hidden_size", "d_model", "n_embd", "num_labels", "projection_dim", "vocab_size")
@@ -28,19 +29,19 @@ PAD_INPUTS = ("src_key_padding_mask", "key_padding_mask")
 
 
 def mask_input(path: str) -> bool:
-    """Whether input leaf ``path`` (``kwargs.attention_mask``, or ``args.0.attention_mask`` in a dict
-    passed positionally) is a padding mask: its values are a convention, not an activation, even
-    where it is a float 0/1 tensor."""
+    """Whether input leaf ``path`` is a padding mask, by its name wherever it is passed
+    (``kwargs.attention_mask``, ``args.0.attention_mask`` in a features dict): its values are a
+    convention, not an activation, even where it is a float 0/1 tensor."""
     return path.rpartition(".")[2] in MASK_INPUTS + PAD_INPUTS
 
 
 def mask_inputs(args: Any, kwargs: Any) -> dict[str, Any]:
-    """The padding masks of a call, by name: keywords, or the keys of a dict passed as the only
-    positional argument (a sentence-transformers model called with its features dict)."""
-    names = MASK_INPUTS + PAD_INPUTS
-    found = {k: v for k, v in (kwargs if isinstance(kwargs, dict) else {}).items() if k in names}
-    if not found and isinstance(args, (tuple, list)) and len(args) == 1 and isinstance(args[0], dict):
-        found = {k: v for k, v in args[0].items() if k in names}
+    """The padding masks of a call by name (mask_input), the shallowest of each name: keywords, or
+    the keys of a dict passed in them (a sentence-transformers model called with its features)."""
+    leaves = tensor_leaves({"args": args, "kwargs": kwargs})
+    found: dict[str, Any] = {}
+    for path in sorted((p for p in leaves if mask_input(p)), key=lambda p: p.count(".")):
+        found.setdefault(path.rpartition(".")[2], leaves[path])
     return found
 
 
@@ -50,8 +51,8 @@ def valid_positions(mask: Any) -> Any:
     not this convention."""
     if mask is None or not hasattr(mask, "dim") or mask.dim() != 2:
         return None
-    if mask.is_floating_point() and not bool(((mask == 0) | (mask == 1)).all()):
-        return None
+    if mask.is_floating_point() and not (bool(((mask == 0) | (mask == 1)).all()) and bool((mask == 1).any())):
+        return None   # additive (0 and -inf, or all 0: nothing masked), not 0/1
     valid = mask != 0
     return None if bool(valid.all()) else valid
 

@@ -48,8 +48,8 @@ from pytest_rocm_parity.quant.allowance import noise_allowance
 from pytest_rocm_parity.quant.diagnosis import quant_notes
 from pytest_rocm_parity.quant.storage import quantized_tensor_ids
 from pytest_rocm_parity.runner.padding import Padding
-from pytest_rocm_parity.runner.wrappers import (cast_in_place, inlines_compiled_children, training_modules,
-                                                training_paths, unwrap)
+from pytest_rocm_parity.runner.wrappers import (cast_in_place, inlines_compiled_children, is_exported,
+                                                training_modules, training_paths, unwrap)
 
 
 def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: RungReader, rung: str,
@@ -206,13 +206,14 @@ def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, An
                 notes.append(f"module{'s' if len(added) > 1 else ''} without parameters {added[:5]}"
                              f"{' ...' if len(added) > 5 else ''} of the candidate {'are' if len(added) > 1 else 'is'} "
                              f"not in the golden: not judged on {'their' if len(added) > 1 else 'its'} own")
-        elif type(model).__name__ == "_StatefulGraphModule" or hasattr(model, "_guards_fn"):
+        elif is_exported(model):
             # torch.export's module: the same weights under its own tree, so no regeneration is the fix
             raise GoldenStale(
                 f"golden {golden_path} for {spec.name!r}: the candidate is a torch.export program's module, whose "
                 f"module tree ({added[:3]} ...) is not the eager model's the golden was captured from, so its "
-                f"layers cannot be matched. Check the eager model, or capture the golden from the exported "
-                f"module on the reference too (then both sides have its tree)", golden_path)
+                f"layers cannot be matched. Check the eager model it was exported from (the exported graph runs "
+                f"the same ops; to judge compiled code, torch.compile the eager model: docs/migrations.md)",
+                golden_path)
         else:
             problems.append(f"the layer list changed (added {added[:5]}, removed {removed[:5]})")
     if int(manifest.get("sketch") or 0) != int(spec.sketch or 0):
@@ -330,7 +331,7 @@ def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device:
                 f"{r.dtype} {'passed' if r.passed else 'FAILED' + (f' (culprit {r.culprit})' if r.culprit else '')}"
                 for r in results), corrupt.path) from corrupt
         raise corrupt
-    return where_unjudged(model, spec, results)
+    return where_unjudged(inner, spec, results)
 
 
 def where_unjudged(model: Any, spec: CheckSpec, results: list[CheckResult]) -> list[CheckResult]:

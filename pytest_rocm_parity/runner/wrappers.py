@@ -75,15 +75,26 @@ def inlines_compiled_children(fn: F) -> F:
 
 
 def refuse_graphs(model: Any) -> None:
-    """InvalidArgument for a TorchScript module (torch.jit.trace/script/freeze): its submodules run
-    inside one graph, so no module hook sees a call and nothing could be judged per layer."""
+    """InvalidArgument for a TorchScript module in ``model`` (torch.jit.trace/script/freeze, the model
+    or a part): its submodules run inside one graph, where no module hook sees a call, so nothing in
+    it could be judged per layer."""
     import torch
 
-    if isinstance(model, torch.jit.ScriptModule):
+    name = next((n for n, m in model.named_modules() if isinstance(m, torch.jit.ScriptModule)), None) \
+        if isinstance(model, torch.nn.Module) else None
+    if name is not None:
+        what = "the model" if not name else f"its module {name}"
         raise InvalidArgument(
-            f"model: a TorchScript module ({type(model).__name__}) runs its submodules inside one graph, where "
-            f"no hook sees them, so no layer can be captured or judged. Check the eager model it was made from; "
-            f"to judge compiled code, torch.compile it (docs/migrations.md)")
+            f"model: {what} is a TorchScript module ({type(model.get_submodule(name)).__name__}), which runs its "
+            f"submodules inside one graph where no hook sees them, so no layer of it can be captured or judged. "
+            f"Check the eager model it was made from; to judge compiled code, torch.compile it "
+            f"(docs/migrations.md)")
+
+
+def is_exported(model: Any) -> bool:
+    """A torch.export program's module (``torch.export.export(...).module()``): its own module tree,
+    its mode fixed in its graph (it refuses eval() and train())."""
+    return type(model).__name__ == "_StatefulGraphModule" or hasattr(model, "_guards_fn")
 
 
 def plain_copy(model: Any) -> Any:

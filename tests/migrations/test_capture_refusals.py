@@ -195,3 +195,37 @@ def test_an_exported_module_of_another_tree_says_why_not_to_regenerate() -> None
     with pytest.raises(GoldenStale, match="torch.export program's module") as info:
         replay(exported, ids, spec, store, "cpu")
     assert "Regenerate" not in str(info.value)
+
+
+def test_a_scripted_part_is_refused_by_name_in_the_fixture(pytester: pytest.Pytester) -> None:
+    """The fixture's default depth walks the model before capture: a TorchScript part crashed that
+    walk with KeyError: 0."""
+    pytester.makeini("[pytest]\n")
+    pytester.makepyfile(test_ts='''
+import torch
+from torch import nn
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.jit.script(nn.Sequential(nn.Linear(8, 8), nn.ReLU()))
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.head(self.inner(x))
+
+def test_ts(parity):
+    parity.check(Net().eval(), torch.randn(3, 8), name="ts", dtypes=["float32"])
+''')
+    result = pytester.runpytest("--rocm-parity", "--parity-mode=capture")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*InvalidArgument: model: its module inner is a TorchScript module*"])
+
+
+def test_an_exported_module_is_refused_at_capture() -> None:
+    from pytest_rocm_parity.errors import InvalidArgument
+
+    x = torch.randn(3, 8)
+    with pytest.raises(InvalidArgument, match="Capture the eager model it was exported from"):
+        capture(torch.export.export(Pair().eval(), (x,)).module(), x, CheckSpec(name="m", dtypes=["float32"]),
+                GoldenStore(tempfile.mkdtemp()), "cpu")

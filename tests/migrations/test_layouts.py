@@ -76,3 +76,22 @@ def test_a_kernel_wrong_only_on_a_layout_the_candidate_never_runs_passes() -> No
     cand.stem.to(memory_format=torch.channels_last)
     res = capture_then_replay(lambda: Net().eval(), cand, image(), CheckSpec(name="m", dtypes=["float32"], drill=1))[0]
     assert res.passed, [(l.name, l.reason) for l in res.layers if not l.passed]
+
+
+class NormFirst(nn.Module):
+    """A norm on the model's own input, then a conv: only the input's layout decides the norm's path."""
+
+    def __init__(self, norm: type[nn.BatchNorm2d] = nn.BatchNorm2d) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.norm, self.conv = norm(3).eval(), nn.Conv2d(3, 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(self.norm(x))
+
+
+def test_the_models_own_input_keeps_the_layout_the_test_passed() -> None:
+    x = image().contiguous(memory_format=torch.channels_last)
+    cand = NormFirst(WrongOnChannelsLast).eval()
+    res = capture_then_replay(lambda: NormFirst().eval(), cand, x, CheckSpec(name="m", dtypes=["float32"]))[0]
+    assert not res.passed and res.culprit == "norm", (res.culprit, [(l.name, l.reason) for l in res.layers])

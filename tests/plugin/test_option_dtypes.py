@@ -76,5 +76,7 @@ def test_the_plain_spec_takes_rung_names_as_the_fixture_does() -> None:
     assert CheckSpec(name="m", dtypes=["fp32", "float32"]).dtypes == ["float32"]
     with pytest.raises(InvalidArgument, match="dtypes is empty"):
         CheckSpec(name="m")
+    with pytest.raises(InvalidArgument, match="dtypes is empty"):
+        CheckSpec(name="m", dtypes=None)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument, match="unknown precision 'fp33'"):
         CheckSpec(name="m", dtypes=["fp33"])

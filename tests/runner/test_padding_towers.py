@@ -290,3 +290,25 @@ def test_a_key_padding_mask_of_a_sequence_first_encoder_marks_no_positions() -> 
     cand.layers[1].linear2.register_forward_hook(bug)
     res = capture_then_replay(build, cand, x, CheckSpec(name="enc", dtypes=["float32"]))
     assert not res[0].passed and res[0].culprit == "layers.1.linear2", verdicts(res)
+
+
+def test_an_additive_float_mask_masking_nothing_leaves_no_position_out() -> None:
+    """All zeros is an additive mask that masks nothing (0: attend), not a 0/1 mask padding everything."""
+    from pytest_rocm_parity.runner.padding import Padding
+
+    assert Padding.of(nn.Linear(2, 2), (), {"attention_mask": torch.zeros(2, 6)}) is None
+    assert Padding.of(nn.Linear(2, 2), (), {"attention_mask": torch.tensor([[0.0, float("-inf")]])}) is None
+
+
+def test_a_features_dict_passed_by_keyword_carries_its_padding() -> None:
+    """The same rule finds the mask that is kept out of the activations: by its name, in a dict
+    passed as a keyword as well as positionally."""
+    x = padded_tokens()
+
+    class ByKeyword(Embedder):
+        def forward(self, features: dict[str, torch.Tensor] | None = None, **kw: torch.Tensor) -> torch.Tensor:
+            return super().forward(features)
+    keyword = ByKeyword()
+    zero_padded_rows(keyword.bert, x["attention_mask"])
+    res = capture_then_replay(ByKeyword, keyword, {"features": x}, CheckSpec(name="st", dtypes=["float32"]))
+    assert res[0].passed, verdicts(res)
