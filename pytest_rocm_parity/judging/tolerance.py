@@ -91,31 +91,28 @@ class Tolerance:
     def ratio_for(self, rung: str) -> float:
         return float(self.ratio if self.ratio is not None else DEFAULT_RATIO[canonical_name(rung)])
 
+    def _tf32(self, rung: str) -> bool:
+        """Whether ``rung`` is judged as TF32 arithmetic (the policy, on the float32 rung)."""
+        return self.tf32 and canonical_name(rung) == "float32"
+
     def propagated_for(self, rung: str) -> float:
         if self.propagated is not None:
             return float(self.propagated)
-        rung = canonical_name(rung)
-        if self.tf32 and rung == "float32":
-            return TF32_PROPAGATED
-        return float(DEFAULT_PROPAGATED[rung])
+        return TF32_PROPAGATED if self._tf32(rung) else float(DEFAULT_PROPAGATED[canonical_name(rung)])
 
     def unit_roundoff(self, rung: str) -> float:
         """The noise unit of the rung's arithmetic: the judging floor is FLOOR_ULPS of it times the output RMS.
 
         Under tf32 the float32 rung's unit is scaled so that the floor is TF32_FLOOR_ULPS TF32 unit roundoffs.
         """
-        rung = canonical_name(rung)
-        if self.tf32 and rung == "float32":
+        if self._tf32(rung):
             return UNIT_ROUNDOFF["tf32"] * (TF32_FLOOR_ULPS / FLOOR_ULPS)
-        return UNIT_ROUNDOFF[rung]
+        return UNIT_ROUNDOFF[canonical_name(rung)]
 
     def propagated_floor(self, rung: str) -> float:
         """The propagated rule's floor per unit of the output's RMS: one rounding of the rung; under tf32
         TF32_FLOOR_ULPS TF32 roundoffs, so that the outputs may drift TF32_PROPAGATED times that."""
-        rung = canonical_name(rung)
-        if self.tf32 and rung == "float32":
-            return UNIT_ROUNDOFF["tf32"] * TF32_FLOOR_ULPS
-        return UNIT_ROUNDOFF[rung]
+        return UNIT_ROUNDOFF["tf32"] * TF32_FLOOR_ULPS if self._tf32(rung) else UNIT_ROUNDOFF[canonical_name(rung)]
 
     def describe(self) -> dict[str, Any]:
         return {"ratio": self.ratio, "propagated": self.propagated, "z": self.z,

@@ -80,10 +80,9 @@ class Padding:
         kw = mask_inputs(args, kwargs)
         valid = valid_positions(kw.get("attention_mask"))
         said = "attention_mask == 0"
-        pad = next((kw[n] for n in PAD_INPUTS if n in kw), None)
-        if valid is None and getattr(pad, "dtype", None) is not None and not pad.is_floating_point() \
-                and _batch_first(model):
-            valid, said = valid_positions(pad == 0), f"{next(n for n in PAD_INPUTS if n in kw)} true"
+        named = next((n for n in PAD_INPUTS if n in kw), None)   # mask_inputs: tensors only
+        if valid is None and named is not None and not kw[named].is_floating_point() and _batch_first(model):
+            valid, said = valid_positions(kw[named] == 0), f"{named} true"
         dec = valid_positions(kw.get("decoder_attention_mask"))
         if valid is None and dec is None:
             return None

@@ -33,4 +33,4 @@ def test_integer_model_outputs_may_flip_at_near_ties_where_the_floating_outputs_
                for n in res.notes), res.notes
     res, = capture_then_replay(Classifier, Classifier(flips=20).eval(), x, spec)
     label = next(o for o in res.outputs if o.name == "<output>.label")
-    assert not res.passed and "more than the 1% (or 2 of at least 100) that near-ties" in label.reason, verdicts([res])
+    assert not res.passed and "more than the 1% of its elements, or 2 of at least 100, that near-ties" in label.reason, verdicts([res])
