@@ -66,3 +66,25 @@ def test_the_suggested_per_layer_tolerance_names_the_module_and_is_accepted() ->
     ratio = float(text.split('"block.down": Tolerance(ratio=')[1].split(")")[0])
     loose = CheckSpec(name="m", dtypes=["bfloat16"], tolerance=Tolerance(layers={"block.down": Tolerance(ratio=ratio)}))
     assert capture_then_replay(lambda: Shared().eval(), cand, x(), loose)[0].passed
+
+
+def test_a_shared_blocks_second_call_wrong_in_its_own_code_says_where_inside_it() -> None:
+    """Every child of the second call passes: the fault is the block's own code, and the message
+    names the children judged inside it; the propagated divergence descends to the second call."""
+    class OwnCode(Block):
+        calls = 0
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            OwnCode.calls += 1
+            out = super().forward(x)
+            return out * 1.01 if OwnCode.calls % 2 == 0 else out   # the residual add of the second call
+
+    cand = Shared().eval()
+    own = OwnCode()
+    own.load_state_dict(cand.block.state_dict())
+    cand.block = own
+    res = capture_then_replay(lambda: Shared().eval(), cand, x(), CheckSpec(name="m", dtypes=["float32"]))
+    assert res[0].culprit == "block#1", verdicts(res)
+    text = message(res[0])
+    assert "inside it: up, act, down" in text and "so the fault is in its own forward's code" in text, text
+    assert res[0].first_divergent == "block#1", verdicts(res)
