@@ -343,6 +343,7 @@ def where_unjudged(model: Any, spec: CheckSpec, results: list[CheckResult]) -> l
             continue
         region = unselected_region(model, r, spec.layers)
         if region is not None:
+            region["padded"] = any(n.endswith("not judged") and "padded" in n for n in r.notes)
             r.extra["unselected_region"] = region
             if region["modules"] or _jumps(r):   # not "no single layer" accumulating drift
                 r.notes = [n for n in r.notes if "accumulated drift" not in n]

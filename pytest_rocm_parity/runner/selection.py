@@ -453,7 +453,10 @@ def region_text(region: dict[str, Any]) -> str:
     before = region["before"] or "the model's outputs"
     if not region["modules"]:
         return (f"the fault lies between {after} (last agreeing) and {before} (first divergent), in no module: "
-                f"the forward code of their parent that runs between them")
+                f"the forward code of their parent that runs between them"
+                + (f", or padded positions, left out of every verdict, that {before} reads (a pooler's first "
+                   f"token under left padding: whatever an attention leaves at padding reaches it)"
+                   if region.get("padded") else ""))
     return (f"the fault lies between {after} (last agreeing) and {before} (first divergent), in modules the "
             f"golden did not select: {', '.join(region['modules'])}; layers={region['layers']!r} would judge "
             f"them (or leave layers= out for the default selection)")

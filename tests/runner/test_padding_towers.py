@@ -312,3 +312,31 @@ def test_a_features_dict_passed_by_keyword_carries_its_padding() -> None:
     zero_padded_rows(keyword.bert, x["attention_mask"])
     res = capture_then_replay(ByKeyword, keyword, {"features": x}, CheckSpec(name="st", dtypes=["float32"]))
     assert res[0].passed, verdicts(res)
+
+
+def test_a_pooler_reading_a_left_padded_position_is_told_apart_from_the_parents_code() -> None:
+    """Left padding puts BERT's pooled first token on a padded position: a port that leaves padded rows
+    zero changes the classifier's output (a failure), and the message says padding may be what the
+    pooler read, not only the parent's code."""
+    import transformers
+
+    from pytest_rocm_parity.judging.assertion import message
+
+    def classifier() -> nn.Module:
+        torch.manual_seed(0)
+        return transformers.BertForSequenceClassification(transformers.BertConfig(
+            vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            num_labels=3)).eval()
+
+    mask = torch.ones(3, 12, dtype=torch.long)
+    mask[1, :4] = 0
+    mask[2, :7] = 0
+    x = {"input_ids": torch.randint(3, 64, (3, 12), generator=torch.Generator().manual_seed(1)) * mask,
+         "attention_mask": mask}
+    cand = classifier()
+    for layer in cand.bert.encoder.layer:
+        layer.attention.self.register_forward_hook(
+            lambda _m, _a, out: (out[0] * (mask[..., None] != 0).to(out[0].dtype), *out[1:]))
+    res = capture_then_replay(classifier, cand, x, CheckSpec(name="cls", dtypes=["float32"]))
+    assert not res[0].passed and res[0].first_divergent == "bert.pooler", verdicts(res)
+    assert "or padded positions, left out of every verdict, that bert.pooler reads" in message(res[0])
