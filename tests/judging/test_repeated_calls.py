@@ -88,3 +88,19 @@ def test_a_shared_blocks_second_call_wrong_in_its_own_code_says_where_inside_it(
     text = message(res[0])
     assert "inside it: up, act, down" in text and "so the fault is in its own forward's code" in text, text
     assert res[0].first_divergent == "block#1", verdicts(res)
+
+
+def test_the_suggested_tolerance_of_a_module_covers_every_failing_call_of_it() -> None:
+    cand = Shared().eval()
+    calls = {"n": 0}
+
+    def hook(_m: nn.Module, _a: Any, out: torch.Tensor) -> torch.Tensor:
+        calls["n"] += 1
+        return out * (1 + (2.0**-6 if calls["n"] % 2 else 2.0**-7))   # the first call the worse
+    cand.block.down.register_forward_hook(hook)
+    res = capture_then_replay(lambda: Shared().eval(), cand, x(), CheckSpec(name="m", dtypes=["bfloat16"]))
+    text = message(res[0])
+    assert '"block.down": Tolerance(ratio=' in text, text
+    ratio = float(text.split('"block.down": Tolerance(ratio=')[1].split(")")[0])
+    worst = max(l.would_pass_ratio or 0.0 for l in res[0].layers if l.module == "block.down")
+    assert ratio == worst and sum(1 for l in res[0].layers if l.module == "block.down" and not l.passed) == 2, text
