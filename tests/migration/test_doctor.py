@@ -488,6 +488,25 @@ def test_header_lines(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "without running rocminfo/rocm-smi or compiling kernels" in lines[1]
 
 
+def test_skipped_checks_neither_fail_strict_nor_reach_the_header(monkeypatch: pytest.MonkeyPatch) -> None:
+    checks = [Check("a", "ok", ""), *doctor._skipped(["b", "c"], "no GPU")]
+    assert doctor.exit_code(checks) == 0 and doctor.exit_code(checks, strict=True) == 0
+    monkeypatch.setattr(doctor, "run_checks", lambda _f: [Check("backend", "warn", "x", "y"),
+                                                          *doctor._skipped(["devices"], "no GPU")])
+    lines = doctor.header_lines()
+    assert "(backend)" in lines[1] and "devices" not in lines[1], lines
+
+
+def test_no_tools_is_a_skip_row_saying_so() -> None:
+    row = by_name(doctor.run_checks(facts()), "tools")
+    assert row.status == "skip" and "--no-tools" in row.detail, row
+
+
+@pytest.mark.parametrize("value, arch", [("11.0.0", "gfx1100"), ("9.0.10", "gfx90a"), ("9.4.2", "gfx942")])
+def test_the_override_names_its_isa_with_a_hex_stepping(value: str, arch: str) -> None:
+    assert doctor._override_arch(value) == arch
+
+
 def test_header_lines_never_raise(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(doctor, "gather_facts", lambda **kw: 1 / 0)
     assert doctor.header_lines()[0].startswith("rocm-parity: environment check failed")

@@ -453,6 +453,8 @@ def test_unknown_rule_in_an_ignore_comment_is_reported(capsys: pytest.CaptureFix
 @pytest.mark.parametrize(("line", "rules"), [
     ("torch.backends.cudnn.allow_tf32 = True", []),                 # PyTorch's default; convolutions
     ("torch.backends.cudnn.conv.fp32_precision = 'tf32'", []),
+    ("torch.backends.cudnn.rnn.fp32_precision = 'tf32'", []),
+    ("torch.backends.cudnn.fp32_precision = 'tf32'", []),
     ("torch.backends.cuda.matmul.allow_tf32 = True", ["RP228"]),
     ("torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True", ["RP228"]),
     ("torch.backends.fp32_precision = 'tf32'", ["RP228"]),          # every backend, matmuls included
