@@ -538,7 +538,7 @@ def unknown_suppressions(text: str, rel: str, hash_comments: bool) -> list[Findi
 
 # A Python name that tests for ROCm (is_rocm, IS_HIP, use_rocm, torch.version.hip, current_platform.is_rocm()).
 _ROCM_NAME = re.compile(r"_?(?:(?:is|use|on|using|has)_?)?(?:rocm|hip)", re.IGNORECASE)
-_ROCM_NAME_IN_TEXT = re.compile(r"(?i:\b_?(?:(?:is|use|on|using|has)_?)?(?:rocm|hip)\b)")
+_ROCM_NAME_IN_TEXT = re.compile(r"\b" + _ROCM_NAME.pattern + r"\b", re.IGNORECASE)
 # Macros defined on a ROCm build only (not __HIP_PLATFORM_NVIDIA__: HIP on NVIDIA; not
 # __HIP_DEVICE_COMPILE__: its #else is ROCm's host pass).
 _ROCM_MACROS = ("USE_ROCM", "__HIP_PLATFORM_AMD__", "__HIP_PLATFORM_HCC__", "__HIPCC__", "__HIP__")
@@ -581,7 +581,7 @@ def _python_off_rocm(text: str) -> list[Span]:
     """The spans of the branches of Python if/else statements and conditional expressions that run off
     ROCm only (``else`` of ``if torch.version.hip:``, ``b`` of ``a if is_rocm else b``). A file that does
     not parse has none."""
-    if "version.hip" not in text and _ROCM_NAME_IN_TEXT.search(text) is None:
+    if _ROCM_NAME_IN_TEXT.search(text) is None:   # finds version.hip too
         return []
     try:
         with warnings.catch_warnings():     # other people's invalid escapes ("\d") are not the scan's to report
