@@ -231,6 +231,11 @@ CONFINED_BOUND_OVER = 10.0
 JUMP = 100.0
 
 
+def jumped(l: LayerRecord) -> bool:
+    """Whether a record's propagated error is over JUMP times its budget: one fault, not drift."""
+    return l.prop is not None and l.prop_budget > 0 and l.prop.ratio > JUMP * l.prop_budget
+
+
 def _fail_confined(result: CheckResult, tol: Tolerance) -> None:
     """Fail the layers whose reference call made no discrete choice and whose error is confined to
     part of the tensor: with no near-tie to flip, such an error is a fault there (a block or tile of a

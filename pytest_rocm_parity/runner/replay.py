@@ -39,7 +39,7 @@ from pytest_rocm_parity.runner.engine import (
 )
 from pytest_rocm_parity.errors import GoldenCorrupt, GoldenStale
 from pytest_rocm_parity.golden.store import GoldenStore, RungReader, expected_digest
-from pytest_rocm_parity.judging.judge import JUMP, Rule, finish, judge_layer, may_fail
+from pytest_rocm_parity.judging.judge import Rule, finish, judge_layer, jumped, may_fail
 from pytest_rocm_parity.judging.records import NOT_CALLED, CheckResult, LayerRecord, LeafMetrics
 from pytest_rocm_parity.runner.selection import Selected, select, unselected_children, unselected_region
 from pytest_rocm_parity.judging.tolerance import Tolerance
@@ -357,7 +357,7 @@ def _jumps(r: CheckResult) -> bool:
     """Whether the propagated error leaps where it first diverges: the first divergent layer, or else
     a failing model output, is over judge.JUMP times its budget."""
     rows = [l for l in r.layers if l.name == r.first_divergent] or [o for o in r.outputs if not o.prop_passed]
-    return any(l.prop is not None and l.prop_budget > 0 and l.prop.ratio > JUMP * l.prop_budget for l in rows)
+    return any(jumped(l) for l in rows)
 
 
 def _replay_one(model: Any, inner: Any, spec: CheckSpec, store: GoldenStore, manifest: dict[str, Any], mpath: str,

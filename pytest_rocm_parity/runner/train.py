@@ -38,7 +38,7 @@ from pytest_rocm_parity.runner.engine import (CheckSpec, Hooks, autocast_dtype, 
 from pytest_rocm_parity.errors import GoldenStale, InvalidArgument
 from pytest_rocm_parity.golden.sketch import leaf_group
 from pytest_rocm_parity.golden.store import FORMAT_VERSION, GoldenStore, RungReader, expected_digest
-from pytest_rocm_parity.judging.judge import JUMP, Rule, judge_layer, minimal_failing, note_undecided
+from pytest_rocm_parity.judging.judge import Rule, judge_layer, jumped, minimal_failing, note_undecided
 from pytest_rocm_parity.judging.records import CheckResult, LayerRecord, LeafMetrics
 from pytest_rocm_parity.runner.selection import Selected, select
 from pytest_rocm_parity.runner.tree import map_tensors, tensor_leaves
@@ -974,8 +974,8 @@ def _finish_train(result: CheckResult, factor_note: Callable[[], tuple[float, st
         result.passed = False
         result.extra["loss_factor"] = found[0]
         result.notes.append(found[1])
-    elif (loss := next((o for o in result.outputs if o.name == LOSS and not o.prop_passed and o.prop is not None
-                        and o.prop.ratio > JUMP * o.prop_budget), None)) is not None:
+    elif (loss := next((o for o in result.outputs if o.name == LOSS and not o.prop_passed and jumped(o)),
+                       None)) is not None:
         assert loss.prop is not None
         result.extra["loss_otherwise"] = loss.prop.ratio
         result.notes.append(f"the loss is {loss.prop.ratio:.3g}x the reference's error (budget {loss.prop_budget:g}x) "
