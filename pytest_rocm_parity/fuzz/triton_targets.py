@@ -228,7 +228,7 @@ def _compiler_message(exc: BaseException) -> str:
         err = err.__cause__ or err.__context__
     message = f"{type(exc).__name__}: " + " -> ".join(where) + (": " if where and cause else "") + cause
     if len(message) > _MESSAGE_CHARS:
-        half = _MESSAGE_CHARS // 2 - 2
+        half = (_MESSAGE_CHARS - len(" ... ")) // 2
         message = f"{message[:half]} ... {message[-half:]}"
     return message
 

@@ -249,3 +249,11 @@ def test_a_script_that_compiles_at_its_top_level_is_told_to_guard_it(tmp_path: P
                        timeout=300)
     assert p.returncode != 0
     assert "TritonTargetError" in p.stderr and 'if __name__ == "__main__":' in p.stderr, p.stderr[-2000:]
+
+
+def test_a_long_compiler_message_keeps_its_head_and_its_cause() -> None:
+    """The error is one bounded line: past the bound the middle goes, since the cause comes last."""
+    from pytest_rocm_parity.fuzz.triton_targets import _MESSAGE_CHARS, _compiler_message
+
+    text = _compiler_message(RuntimeError("head " + "x" * 5000 + " the cause"))
+    assert len(text) <= _MESSAGE_CHARS and text.startswith("RuntimeError: head") and text.endswith("the cause")
