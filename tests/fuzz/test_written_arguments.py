@@ -41,6 +41,12 @@ def test_an_op_that_writes_nothing_into_out_fails() -> None:
     assert torch.equal(out, torch.zeros(4))   # the caller's tensor is untouched: each side wrote a copy
 
 
+def test_each_side_writes_its_own_copy_of_the_callers_tensor() -> None:
+    out, a, b = _operands()
+    assert check_op(add_into, add_into_ref, out, a, b, device="cpu").passed
+    assert torch.equal(out, torch.zeros(4))
+
+
 def test_a_correct_write_into_out_passes_and_is_what_was_judged() -> None:
     out, a, b = _operands(33)
     result = compare_op(add_into, add_into_ref, out.bfloat16(), a.bfloat16(), b.bfloat16(), device="cpu")
