@@ -404,9 +404,8 @@ def _search_context() -> tuple[Any, Any] | None:
 def _observe_search(result: OpResult, named: Sequence[tuple[str, Any]]) -> None:
     """Under Hypothesis: keep the worst err/tol of this run, with its inputs' shapes, for the message.
 
-    Not ``hypothesis.target``: its optimiser hill-climbs through failing examples element by element
-    once the search is half done, which multiplies a failing search's time (docs/fuzzing.md, where a
-    test opts in)."""
+    Not ``hypothesis.target``: its optimiser keeps running failing examples after the first, which
+    lengthens a failing search (docs/fuzzing.md, where a test opts in)."""
     found = _search_context()
     if found is None or result.error or not result.outputs:
         return
