@@ -1118,13 +1118,19 @@ def check_op(candidate: Callable[..., Any], reference: Callable[..., Any], *args
     else:
         _judge_outputs(result, cand_out, truth.out, truth.scale, model, in_dtypes, k, tf32, truth.alternative())
     if judged is None:
-        floating = [getattr(torch, o.judged_as) for o in result.outputs if o.judged_as in _PRECISION_NAMES]
-        if floating:   # a floating output of integer inputs (or a Python float) is judged in its own precision
-            result.model = model.describe(_lowest(floating), k, tf32)
+        _describe_floating_outputs(result, model, k, tf32)
     _observe_search(result, _named(args, kwargs, names))
     if not result.passed:
         result.reproduction = _reproduction(candidate, reference, args, kwargs, dev, model)
     return result
+
+
+def _describe_floating_outputs(result: OpResult, model: ErrorModel, k: int, tf32: bool, recorded: bool = False) -> None:
+    """The error model in words where the inputs have no floating precision: a floating output of
+    integer inputs (or a Python float) is judged in its own precision, not exactly."""
+    floating = [getattr(torch, o.judged_as) for o in result.outputs if o.judged_as in _PRECISION_NAMES]
+    if floating:
+        result.model = model.describe(_lowest(floating), k, tf32, recorded=recorded)
 
 
 def compare_op(candidate: Callable[..., Any], reference: Callable[..., Any], *args: Any,
@@ -1271,6 +1277,8 @@ class GoldenExample:
                 return result
         alt = tuple(self.flushed) if self.flushed is not None and model.allow_flush_to_zero else None
         _judge_outputs(result, out, self.truth, self.scale, model, in_dtypes, k, tf32, alt)
+        if _lowest(in_dtypes) is None:
+            _describe_floating_outputs(result, model, k, tf32, recorded=True)
         if self.reference_output is not None:
             ref = OpResult(passed=False, candidate="reference device", reference="truth", device="recorded")
             _judge_outputs(ref, self.reference_output, self.truth, self.scale, model, in_dtypes, k, tf32, alt)

@@ -71,3 +71,16 @@ def test_missing_stale_corrupt_and_existing_goldens(golden, tmp_path):
     golden.write_text(json.dumps(manifest))
     with pytest.raises(GoldenStale, match="re-record"):
         load_golden(golden)
+
+
+def test_a_floating_output_of_integer_inputs_is_described_alike_live_and_from_a_golden(tmp_path):
+    """Both routes judge it in its own precision, and both messages say so (the golden's said
+    "exact equality" while it judged with a tolerance)."""
+    def third(t: torch.Tensor) -> torch.Tensor:
+        return t.float() / 3
+
+    ints = st.builds(lambda n: torch.arange(n), st.integers(4, 16))
+    golden = record_golden(tmp_path / "third", third, third, ints, max_examples=2, seed=1, device="cpu")
+    for result in replay_golden(golden, lambda t: third(t) * 1.01, device="cpu"):
+        assert not result.passed and "exact equality" not in result.message(), result.message()
+        assert "ulp_float32" in result.model, result.model
