@@ -662,14 +662,20 @@ class _Guards:
         self.spans = _python_off_rocm(text) if python else []
         self.lines = set() if python else _preprocessor_off_rocm(text)
 
-    def off_rocm(self, line: int, line_text: str, col: int) -> bool:
+    def off_rocm(self, line: int, line_text: str, col: int, end: int) -> bool:
+        """Whether the match at ``col:end`` of ``line`` starts or ends in code a ROCm build skips (its
+        end: ``WARP_SIZE = 32 if not is_rocm else 64`` matches from the name, the 32 is guarded)."""
         if line in self.lines:
             return True
         if not self.spans:
             return False
         col = max(col, len(line_text) - len(line_text.lstrip()))   # a match may start in the indentation
-        byte_col = len(line_text[:col].encode("utf-8"))    # ast's columns count UTF-8 bytes
-        return any((a, b) <= (line, byte_col) < (c, d) for a, b, c, d in self.spans)
+        last = min(max(end, col + 1), len(line_text)) - 1
+        for c in (col, last):
+            byte_col = len(line_text[:c].encode("utf-8"))    # ast's columns count UTF-8 bytes
+            if any((a, b) <= (line, byte_col) < (e, d) for a, b, e, d in self.spans):
+                return True
+        return False
 
 
 # CUDA source embedded in a Python file (load_inline, CuPy): a __global__/__device__ function with a
@@ -735,7 +741,7 @@ def scan_text(text: str, rel: str, kinds: frozenset[str], rules: tuple[Rule, ...
             seen.add(key)
             if guards is None:
                 guards = _Guards(text, python)
-            if guards.off_rocm(idx + 1, line_text, col):
+            if guards.off_rocm(idx + 1, line_text, col, m.end() - start):
                 continue
             if marked:
                 prev = text[(newlines[idx - 2] + 1 if idx >= 2 else 0):newlines[idx - 1]] if idx else ""

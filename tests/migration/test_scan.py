@@ -556,3 +556,12 @@ def test_device_code_in_the_non_rocm_branch_of_a_preprocessor_check_is_not_flagg
 ])
 def test_device_code_that_a_rocm_build_compiles_is_still_flagged(text: str, line: int) -> None:
     assert [(f.rule, f.line) for f in scan.scan_text(text, "k.cu", scan.D)] == [("RP104", line)], text
+
+
+@pytest.mark.parametrize(("line", "rules"), [
+    ("WARP_SIZE = 32 if not is_rocm else 64\n", []),          # the 32 is the branch ROCm skips
+    ("WARP_SIZE = 32 if is_rocm else 64\n", ["RP208"]),       # ROCm runs the 32
+])
+def test_a_match_that_ends_in_a_branch_rocm_skips_is_not_flagged(line: str, rules: list[str]) -> None:
+    """The rule matches from the name; what decides is where its offending literal lies."""
+    assert [f.rule for f in scan.scan_text(line, "m.py", scan.P)] == rules
