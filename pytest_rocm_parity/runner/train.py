@@ -382,12 +382,7 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
 
     from pytest_rocm_parity.migration.backend import collect_env
 
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise InvalidArgument(f"steps={steps!r}: the number of optimizer steps, an integer of at least 1")
-    if steps > 1 and optimizer is None:
-        raise InvalidArgument(f"steps={steps}: steps are optimizer steps, and no optimizer= is given, so every "
-                              f"step after the first would repeat it; give optimizer= (torch.optim.SGD, "
-                              f"{{'lr': 0.1}}) or leave steps at 1 to judge the gradients of one backward")
+    _check_steps(steps, optimizer)
     inner = unwrap(model)
     factory = optimizer_factory(optimizer)
     clip = gradient_clipper(clip_grad_norm, optimizer)
@@ -723,6 +718,7 @@ def replay_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, d
     from pytest_rocm_parity.migration.backend import collect_env
     from pytest_rocm_parity.runner.engine import shell_quote
 
+    _check_steps(steps, optimizer)
     inner = unwrap(model)
     micro_batches(*normalize_inputs(inputs), accumulate)   # refuse inputs that do not split before any work
     manifest = store.read_manifest(spec.name)
@@ -797,6 +793,16 @@ def replay_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, d
             result.extra["setting"] = autocast
         results.append(result)
     return results
+
+
+def _check_steps(steps: Any, optimizer: Any) -> None:
+    """InvalidArgument for a ``steps`` that is no count of optimizer steps, at capture and replay alike."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise InvalidArgument(f"steps={steps!r}: the number of optimizer steps, an integer of at least 1")
+    if steps > 1 and optimizer is None:
+        raise InvalidArgument(f"steps={steps}: steps are optimizer steps, and no optimizer= is given, so every "
+                              f"step after the first would repeat it; give optimizer= (torch.optim.SGD, "
+                              f"{{'lr': 0.1}}) or leave steps at 1 to judge the gradients of one backward")
 
 
 def _mode_notes(model: Any) -> list[str]:

@@ -503,3 +503,13 @@ def test_a_backward_bug_in_a_parents_own_code_points_inside_it_at_its_backward(g
     r = _replay(golden, model)
     assert not r.passed and r.culprit == "model.layers.1.mlp", [(l.name, l.reason) for l in r.layers if not l.passed]
     assert "so the fault is in its backward through its own code between them" in message(r), message(r)
+
+
+@pytest.mark.parametrize("steps, words", [("2", r"steps='2': the number of optimizer steps"),
+                                          (3, r"steps=3: steps are optimizer steps, and no optimizer= is given")])
+def test_a_replay_refuses_the_steps_a_capture_refuses(tmp_path, steps, words) -> None:  # type: ignore[no-untyped-def]
+    from pytest_rocm_parity.errors import InvalidArgument
+
+    spec = CheckSpec(name="t", dtypes=["float32"], drill=0)
+    with pytest.raises(InvalidArgument, match=words):
+        replay_train(llama("sdpa"), _inputs(), spec, GoldenStore(tmp_path), "cpu", steps=steps)
