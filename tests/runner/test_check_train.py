@@ -491,6 +491,16 @@ def test_a_loss_computed_otherwise_is_named_as_the_loss_not_as_accumulated_drift
     assert not any("accumulated drift" in n for n in r.notes), r.notes
 
 
+def test_a_loss_within_jump_of_its_budget_is_drift_not_the_loss_named(golden) -> None:  # type: ignore[no-untyped-def]
+    """The same term 50x smaller: beyond the loss's budget but within what rounding that adds up to
+    can reach (judge.JUMP), so it is called drift, and the loss is not named."""
+    store, spec = golden
+    (r,) = replay_train(llama("sdpa"), _inputs(), spec, store, "cpu", optimizer=ADAMW,
+                        loss=lambda out: out.loss + 1e-3 * out.logits.float().pow(2).mean())
+    assert not r.passed and r.culprit is None and "loss_otherwise" not in r.extra, r.notes
+    assert any("the loss drifted beyond budget" in n for n in r.notes), r.notes
+
+
 def test_a_backward_bug_in_a_parents_own_code_points_inside_it_at_its_backward(golden) -> None:  # type: ignore[no-untyped-def]
     """The gradient scaled between an MLP's children, in the MLP's own code: each child's backward
     passes, and the culprit line says the fault is in the backward through the MLP's own code."""
