@@ -369,7 +369,7 @@ def _arch_tokens(value: str) -> list[str]:
 def check_rocm_arch(f: Facts) -> list[Check]:
     info, env = f.info, f.env
     if info.backend != "rocm" or info.torch_version is None:
-        out = _skipped(["arch-list", "arch-rocm"], _no_rocm_reason(info)) + check_hsa_override(f)
+        out = _skipped(["arch-list", "arch-rocm"], _no_rocm_reason(info))
         if "PYTORCH_ROCM_ARCH" in env:
             out.append(Check("pytorch-rocm-arch", "ok", f"PYTORCH_ROCM_ARCH={env['PYTORCH_ROCM_ARCH']!r} (unused by a {info.backend} build)"))
         return out
@@ -388,7 +388,6 @@ def check_rocm_arch(f: Facts) -> list[Check]:
         v = compat.check_arch_rocm(arch, info.hip_version)
         if v is not None and v.status != "ok":
             out.append(Check("arch-rocm", v.status, v.detail, v.fix))
-    out += check_hsa_override(f)
     value = env.get("PYTORCH_ROCM_ARCH")
     need = info.archs
     if value is None:
@@ -673,7 +672,7 @@ def _build_stats_kernel(arch: str) -> tuple[Status, str, str]:
 
 
 CHECKS: tuple[Callable[[Facts], list[Check]], ...] = (
-    check_backend, check_devices, check_fp8, check_visible_devices, check_rocm_arch,
+    check_backend, check_devices, check_fp8, check_visible_devices, check_rocm_arch, check_hsa_override,
     check_versions, check_triton_kernels, check_tools, check_memory, check_numerics,
 )
 

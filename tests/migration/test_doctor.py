@@ -222,7 +222,7 @@ def test_rocm_arch_missing_from_env_var(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_arch_not_in_torch_arch_list(monkeypatch: pytest.MonkeyPatch) -> None:
     patch_torch(monkeypatch, dict(MI300X, gcnArchName="gfx1201"), archs=["gfx90a", "gfx942"])
-    checks = doctor.check_rocm_arch(facts({"HSA_OVERRIDE_GFX_VERSION": "11.0.0", "GPU_ARCHS": "gfx90a"}))
+    checks = doctor.run_checks(facts({"HSA_OVERRIDE_GFX_VERSION": "11.0.0", "GPU_ARCHS": "gfx90a"}))
     c = by_name(checks, "arch-list")
     assert c.status == "fail" and "invalid device function" in c.detail and "roc-obj-ls" in c.fix
     assert by_name(checks, "hsa-override").status == "warn"
