@@ -11,7 +11,7 @@ import pytest
 from pytest_rocm_parity.judging import dtypes as dt
 from pytest_rocm_parity.judging.assertion import headline, property_text, raise_if_failed
 from pytest_rocm_parity.runner.capture import capture
-from pytest_rocm_parity.runner.engine import CheckSpec, default_dtypes, shell_quote
+from pytest_rocm_parity.runner.engine import CheckSpec, default_dtypes
 from pytest_rocm_parity.runner.replay import check_stale, replay as replay_golden
 from pytest_rocm_parity.runner.selection import check_tolerance_layers
 from pytest_rocm_parity.runner.wrappers import unwrap
@@ -23,6 +23,7 @@ from pytest_rocm_parity.guards import (clean_errors, fail_once, known_keywords, 
                                        require_trainable)
 from pytest_rocm_parity.judging.records import CheckResult
 from pytest_rocm_parity.judging.tolerance import coerce
+from pytest_rocm_parity.options import capture_command
 
 
 class Parity:
@@ -88,8 +89,7 @@ class Parity:
             report_dir=self._session.options.report_dir,
             golden_size_limit=self._session.options.golden_size_limit, dtypes_from=dtypes_from,
             replay=replay_kind_of(model, replay_kind or self._defaults.get("replay") or self._session.options.replay),
-            regen_command=(f"pytest --rocm-parity {self._session.options.command_flags}--parity-regen={shell_quote(nm)} "
-                           f"{shell_quote(self._node.nodeid) if self._node else ''}").strip(),
+            command_flags=self._session.options.command_flags,
         )
         check_tolerance_layers(unwrap(model), list(spec.tolerance.layers))
         spec.drill = resolve_drill(model, inputs, spec, explicit, self._session.store, self._session.capturing)
@@ -207,8 +207,7 @@ class Parity:
                 why = _stale_reason(stale, manifest)
                 owner = s.other_project(manifest) if why else ""
                 if owner:   # not stale: another project's model under this check's name
-                    s.goldens.foreign.append(spec.name)
-                    pytest.skip(f"kept: {s.foreign_message(spec, owner, regen=False)}")
+                    pytest.skip(f"kept: {s.foreign(spec, owner, regen=False)}")
                 if why:
                     s.goldens.stale.append(spec.name)
                     pytest.skip(f"kept, and no longer matches this check: {why} (capture never overwrites a golden)")
@@ -223,8 +222,7 @@ class Parity:
                     f"are captured on the reference machine and committed. Pass --parity-allow-write to override."))
             owner = s.owner_of(spec.name) if exists and not s.options.allow_reference_change else ""
             if owner:
-                s.goldens.foreign.append(spec.name)
-                fail_once(ReferenceChange(s.foreign_message(spec, owner, regen=True), s.store.manifest_path(spec.name)))
+                fail_once(ReferenceChange(s.foreign(spec, owner, regen=True), s.store.manifest_path(spec.name)))
             change = s.reference_change(spec.name) if exists and not s.options.allow_reference_change else ""
             if change:
                 fail_once(ReferenceChange(change, s.store.manifest_path(spec.name)))
@@ -239,7 +237,7 @@ class Parity:
             return []
         if not exists:
             s.goldens.missing.append(spec.name)
-            capture_it = s.capture_command(spec.test)
+            capture_it = capture_command(spec.test, s.options.command_flags)
             no_dir = s.store.missing_root(capture_it)
             missing = GoldenMissing(
                 f"no golden for {spec.name!r}: {no_dir}" if no_dir else
@@ -261,8 +259,7 @@ class Parity:
                     owner = s.owner_of(spec.name)
                     if not owner:
                         raise
-                    s.goldens.foreign.append(spec.name)
-                    raise GoldenStale(s.foreign_message(spec, owner, regen=False), exc.path) from None
+                    raise GoldenStale(s.foreign(spec, owner, regen=False), exc.path) from None
             except Exception as exc:   # no verdict: listed as an error, so no report looks all-green
                 self._error(spec, exc, kind)
                 raise

@@ -330,6 +330,23 @@ _GOLDEN_SHAPING = ((GOLDEN_DIR, "parity_golden_dir"), (DTYPES, "parity_dtypes"),
                    (PROFILE, "parity_profile"))
 
 
+def shell_quote(text: str) -> str:
+    """Always single-quoted, safe to paste into a shell (test ids hold [ ] and * globs)."""
+    q = shlex.quote(text)
+    return q if q.startswith("'") else f"'{text}'"
+
+
+def capture_command(test: str = "", flags: str = "") -> str:
+    """The command that captures ``test``'s goldens (every test's without one); ``flags``: those the
+    command must repeat (ParityOptions.command_flags)."""
+    return f"pytest {ENABLE} {flags}{MODE}=capture" + (f" {shell_quote(test)}" if test else "")
+
+
+def regen_command(name: str, test: str = "", flags: str = "") -> str:
+    """The command that regenerates the golden ``name`` of ``test``; ``flags`` as capture_command's."""
+    return f"pytest {ENABLE} {flags}{REGEN}={shell_quote(name)}" + (f" {shell_quote(test)}" if test else "")
+
+
 def _command_flags(config: pytest.Config) -> str:
     out = []
     for flag, dest in _GOLDEN_SHAPING:

@@ -14,7 +14,7 @@ import pytest
 
 from pytest_rocm_parity import progress as progress_lines
 from pytest_rocm_parity.options import (
-    ALLOW_REFERENCE_CHANGE, ALLOW_WRITE, ENABLE, GOLDEN_DIR, GOLDEN_SIZE_LIMIT, MODE, PRUNE, REGEN, REGEN_ALL, REPORT,
+    ALLOW_REFERENCE_CHANGE, ALLOW_WRITE, ENABLE, GOLDEN_DIR, GOLDEN_SIZE_LIMIT, PRUNE, REGEN, REGEN_ALL, REPORT,
     Mode, ParityOptions,
     resolve_device, xdist_worker_index,
 )
@@ -271,15 +271,6 @@ class ParitySession:
                 f"directory is outside this project's rootdir {root}, perhaps shared with another project. "
                 f"Regenerate it from its project ({REGEN}) to record that, or delete {d} by hand if it is obsolete")
 
-    def capture_command(self, test: str = "") -> str:
-        """The command that captures ``test``'s goldens (every test's without one), repeating the flags
-        that decide where and what it writes (ParityOptions.command_flags); the test id quoted, as
-        parametrize brackets are globs to a shell."""
-        from pytest_rocm_parity.runner.engine import shell_quote
-
-        return (f"pytest {ENABLE} {self.options.command_flags}{MODE}=capture"
-                + (f" {shell_quote(test)}" if test else ""))
-
     def other_project(self, manifest: dict[str, Any]) -> str:
         """The folder of the project that captured a golden whose manifest records another project than
         this run's; '' for this project's, for one that records none (an older capture) and for
@@ -303,9 +294,10 @@ class ParitySession:
         except ParityError:
             return ""
 
-    def foreign_message(self, spec: Any, owner: str, regen: bool) -> str:
-        """Why the golden of ``spec.name`` is not this project's to judge against (``regen``: to
-        overwrite), and the fixes."""
+    def foreign(self, spec: Any, owner: str, regen: bool) -> str:
+        """Lists the golden of ``spec.name`` as another project's (``owner``, other_project) and says why
+        it is not this project's to judge against (``regen``: to overwrite), and the fixes."""
+        self.goldens.foreign.append(spec.name)
         ours = f"{Path(self.config.rootpath).name}-{spec.name}"
         what = ("regenerating it would overwrite that project's golden" if regen else
                 "it describes that project's model, not this check's")

@@ -18,7 +18,7 @@ from typing import Any
 
 from pytest_rocm_parity.atomic import commit, temp_beside
 from pytest_rocm_parity.errors import BackendUnavailable, GoldenCorrupt, GoldenError, GoldenMissing, ParityError
-from pytest_rocm_parity.golden.store import (CAPTURE_COMMAND, MANIFEST, MAX_MANIFEST_BYTES, GoldenStore, Staged,
+from pytest_rocm_parity.golden.store import (MANIFEST, MAX_MANIFEST_BYTES, GoldenStore, Staged,
                                              digest_matches, expected_digest, load_manifest, safe_name, verify_sha)
 
 
@@ -162,7 +162,7 @@ class RemoteGoldenStore(GoldenStore):
         except OSError:
             return super().exists(name)
 
-    def missing_root(self, capture: str = CAPTURE_COMMAND) -> str:
+    def missing_root(self, capture: str) -> str:
         try:
             if self.fs.isdir(self.remote_root):
                 return ""

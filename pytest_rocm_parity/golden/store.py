@@ -65,8 +65,6 @@ PROJECT_KEY = "project"
 # Manifest keys that change on every capture without saying anything about the golden: a regen
 # that changes nothing else leaves the golden as it was (no diff for git).
 VOLATILE_KEYS = ("created", "tool_version")
-# What captures goldens, where a message has no run's flags to repeat (ParitySession.capture_command)
-CAPTURE_COMMAND = "pytest --rocm-parity --parity-mode=capture"
 # Goldens one store keeps pinned at a time (see GoldenStore.read_manifest).
 PINNED_GOLDENS = 8
 # A tensor file of ours: <dtype>-<12 hex digits of its SHA-256>.safetensors
@@ -250,7 +248,7 @@ class GoldenStore:
         check_listed(path, manifest, dtype, self.manifest_path(name))
         return path
 
-    def missing_root(self, capture: str = CAPTURE_COMMAND) -> str:
+    def missing_root(self, capture: str) -> str:
         """'' when the golden directory exists, else a sentence naming it and how to point or create it
         (``capture``: the command that captures into it, the golden directory's flag included)."""
         if self.root.is_dir():

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import math
 
-import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_rocm_parity.judging.records import CheckResult, LayerRecord
+from pytest_rocm_parity.options import regen_command
 from pytest_rocm_parity.tables import text_table
 
 MAX_ROWS = 24
@@ -116,11 +116,6 @@ def same_platform(ref: dict[str, Any], cand: dict[str, Any]) -> bool:
     return bool(ref) and bool(cand) and bool(ref.get("device")) and _device_kind(ref) == _device_kind(cand)
 
 
-def regen_command(result: CheckResult) -> str:
-    cmd = f"pytest --rocm-parity --parity-regen={shlex.quote(result.name)}"
-    return f"{cmd} {shlex.quote(result.test)}" if result.test else cmd
-
-
 def regen_hint(result: CheckResult) -> str:
     """The regenerate line, or '' when the failure is likely a backend difference, not an old golden.
 
@@ -131,7 +126,7 @@ def regen_hint(result: CheckResult) -> str:
     if result.passed or not same_platform(result.reference_env, result.candidate_env):
         return ""
     return (f"  this run used the same kind of device as the capture, so the difference comes from the model, its "
-            f"code or its inputs; if this change is intended, regenerate with {regen_command(result)}")
+            f"code or its inputs; if this change is intended, regenerate with {regen_command(result.name, result.test)}")
 
 
 SUGGEST_WITHIN = 10.0   # a tolerance is suggested only up to this multiple of the layer's budget

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_rocm_parity.judging.assertion import headline
+from pytest_rocm_parity.options import capture_command
 from pytest_rocm_parity.tables import text_table
 
 MAX_LISTED = 20
@@ -153,8 +154,7 @@ def summary_lines(session: Any) -> list[str]:
     if leftovers:
         lines.append(f"leftover files of stopped captures (no manifest names them; --parity-prune-obsolete "
                      f"deletes): {_listed([str(p) for p in leftovers])}")
-    capture = getattr(session, "capture_command", None)
-    no_dir = (session.store.missing_root(*([capture()] if capture is not None else []))
+    no_dir = (session.store.missing_root(capture_command(flags=session.options.command_flags))
               if g.missing and hasattr(session, "store") else "")
     if no_dir:
         lines.append(no_dir[0].upper() + no_dir[1:])

@@ -9,7 +9,6 @@ import contextlib
 import copy
 import hashlib
 import operator
-import shlex
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -36,7 +35,7 @@ class CheckSpec:
     layers: Sequence[str] | None = None
     drill: int = 2
     tolerance: Tolerance = field(default_factory=Tolerance)
-    regen_command: str = ""
+    command_flags: str = ""   # the flags a printed command repeats (ParityOptions.command_flags)
     # (batch, seq) of token inputs: per-position errors are kept for layers shaped (batch, seq, ...)
     positions: tuple[int, int] | None = None
     # capture: fn(rung, model, args, kwargs) -> (json meta, {key: tensor}) stored under "extra/"
@@ -61,11 +60,12 @@ class CheckSpec:
             raise InvalidArgument(f"check {self.name!r}: dtypes is empty, so nothing would be captured or judged; "
                                   f"name at least one precision, e.g. dtypes=['bfloat16', 'float32']")
 
+    @property
+    def regen_command(self) -> str:
+        """What regenerates this check's golden, for messages."""
+        from pytest_rocm_parity.options import regen_command
 
-def shell_quote(text: str) -> str:
-    """Always single-quoted, safe to paste into a shell (test ids hold [ ] and * globs)."""
-    q = shlex.quote(text)
-    return q if q.startswith("'") else f"'{text}'"
+        return regen_command(self.name, self.test, self.command_flags)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -31,13 +31,13 @@ from pytest_rocm_parity.runner.engine import (
     numerics,
     same_structure,
     structure_changes,
-    shell_quote,
     merged_adapters,
     weights_changed,
     submodule,
     walk_model,
 )
 from pytest_rocm_parity.errors import GoldenCorrupt, GoldenStale
+from pytest_rocm_parity.options import shell_quote
 from pytest_rocm_parity.golden.store import GoldenStore, RungReader, expected_digest
 from pytest_rocm_parity.judging.judge import Rule, finish, judge_layer, jumped, may_fail
 from pytest_rocm_parity.judging.records import NOT_CALLED, CheckResult, LayerRecord, LeafMetrics
@@ -155,7 +155,7 @@ def _dtypes_advice(spec: CheckSpec, held: list[str]) -> str:
 def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, Any], golden_path: str) -> list[str]:
     """Raise GoldenStale where the golden describes another model, selection or setting; returns notes
     on what differs and is judged all the same (modules without parameters fused away or added)."""
-    regen = spec.regen_command or f"pytest --rocm-parity --parity-regen={shell_quote(spec.name)}"
+    regen = spec.regen_command
     old = manifest.get("fingerprint", {})
     problems = []
     notes: list[str] = []
@@ -373,7 +373,7 @@ def _replay_one(model: Any, inner: Any, spec: CheckSpec, store: GoldenStore, man
         if why:
             raise GoldenStale(
                 f"stale golden {mpath} for {spec.name!r}: {why}. A replay judges the candidate on the inputs the golden "
-                f"stored, so the test must build the same ones; if the test's inputs changed on purpose, regenerate: {spec.regen_command or 'pytest --rocm-parity --parity-regen=' + shell_quote(spec.name)}. "
+                f"stored, so the test must build the same ones; if the test's inputs changed on purpose, regenerate: {spec.regen_command}. "
                 f"If they differ only by backend RNG, build them on the CPU with a seeded torch.Generator.", mpath)
         with explained_by(spec.name, autocast):
             result = _replay_rung(model, spec, meta, reader, rung, device, {"args": args0, "kwargs": kwargs0})
@@ -800,7 +800,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         if layers and not any("act" in e for e in layers.values()):
             notes.append("golden without recorded data flow: the isolated pass fed every module input from the "
                          "golden, masks and position tables included; recapture it so that a candidate with another "
-                         f"attention implementation builds its own ({spec.regen_command or 'pytest --parity-regen'})")
+                         f"attention implementation builds its own ({spec.regen_command})")
         result.notes.extend(notes)
         if fast:
             result.notes.append("fast replay (--parity-replay=fast): every module judged in isolation, the outermost "

@@ -716,14 +716,12 @@ def replay_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, d
     import torch
 
     from pytest_rocm_parity.migration.backend import collect_env
-    from pytest_rocm_parity.runner.engine import shell_quote
-
     _check_steps(steps, optimizer)
     inner = unwrap(model)
     micro_batches(*normalize_inputs(inputs), accumulate)   # refuse inputs that do not split before any work
     manifest = store.read_manifest(spec.name)
     mpath = str(store.manifest_path(spec.name))
-    regen = spec.regen_command or f"pytest --rocm-parity --parity-regen={shell_quote(spec.name)}"
+    regen = spec.regen_command
     if manifest.get("kind") != "train":
         raise GoldenStale(f"{mpath}: the golden of {spec.name!r} is not a training golden; regenerate: {regen}", mpath)
     recorded = manifest.get("fingerprint", {})

@@ -159,11 +159,11 @@ def test_regen_hint_only_when_the_candidate_runs_where_the_golden_was_captured()
     assert "regenerate" not in message(cross)   # H200 golden, MI300 candidate: a backend difference
     same = _result(_deep().layers, "blocks.20", "blocks.20", ref=CPU, cand=dict(CPU))
     text = message(same)
-    assert ("if this change is intended, regenerate with pytest --rocm-parity --parity-regen=m "
-            "tests/test_m.py::test_m") in text
+    assert ("if this change is intended, regenerate with pytest --rocm-parity --parity-regen='m' "
+            "'tests/test_m.py::test_m'") in text
     # another GPU index of the same kind is the same platform
     gpu = _result(_deep().layers, "blocks.20", "blocks.20", ref=H200, cand={**H200, "device": "cuda:3"})
-    assert "--parity-regen=m" in message(gpu)
+    assert "--parity-regen='m'" in message(gpu)
 
 
 def test_no_python_values_in_messages_or_junit_properties() -> None:
@@ -229,7 +229,7 @@ def test_failure_through_pytest_regen_hint_and_clean_junit(project: pytest.Pytes
     rep.assert_outcomes(failed=1)
     out = rep.stdout.str()
     # captured and replayed on this CPU: the golden may simply be out of date
-    assert "if this change is intended, regenerate with pytest --rocm-parity --parity-regen=tiny" in out
+    assert "if this change is intended, regenerate with pytest --rocm-parity --parity-regen='tiny'" in out
     assert "15 more ok (passed isolated; 3 of them propagated too)" in out and "more layers passed" not in out
     assert not re.search(r"\bNone\b", out)
     props = {p.get("name"): p.get("value") for p in ET.parse(project.path / "bad.xml").iter("property")}
