@@ -209,10 +209,13 @@ def _inconsistent(path: Any, exc: BaseException) -> GoldenCorrupt:
         f"on the reference machine (pytest --rocm-parity --parity-mode=capture --parity-regen=NAME).", path)
 
 
-def show_golden(path: str | Path, dtypes: list[str] | None = None, stats: bool = True) -> dict[str, Any]:
-    """Everything ``show`` prints, as a JSON-able dict; an unreadable golden raises GoldenError."""
+def show_golden(path: str | Path, dtypes: list[str] | None = None, stats: bool = True,
+                each_rung: bool = False) -> dict[str, Any]:
+    """Everything ``show`` prints, as a JSON-able dict; an unreadable golden raises GoldenError.
+    ``each_rung``: a rung that cannot be read is shown with its error beside the readable ones (a
+    damaged float32 file says nothing about the bf16 one beside it, nor about the manifest)."""
     try:
-        return _show_golden(path, dtypes, stats)
+        return _show_golden(path, dtypes, stats, each_rung)
     except ParityError:
         raise
     except _INCONSISTENT as exc:
@@ -232,7 +235,7 @@ def _rung_names(dtypes: list[str] | None) -> list[str] | None:
     return [canon(x) for x in dtypes] if dtypes else dtypes
 
 
-def _show_golden(path: str | Path, dtypes: list[str] | None, stats: bool) -> dict[str, Any]:
+def _show_golden(path: str | Path, dtypes: list[str] | None, stats: bool, each_rung: bool) -> dict[str, Any]:
     dtypes = _rung_names(dtypes)
     d, m = resolve_golden(path)
     rungs = [r for r in m.get("rungs", {}) if not dtypes or r in dtypes]
@@ -242,7 +245,14 @@ def _show_golden(path: str | Path, dtypes: list[str] | None, stats: bool) -> dic
             raise GoldenNotFound(f"{d}: no {', '.join(missing)} rung (it holds {', '.join(m.get('rungs', {}))})")
     info = _manifest_info(d, m)
     for rung in rungs:
-        info["rungs"][rung] = _show_rung(d, m, rung, stats)
+        try:
+            info["rungs"][rung] = _show_rung(d, m, rung, stats)
+        except (ParityError, *_INCONSISTENT) as exc:
+            if not each_rung:
+                raise
+            err = exc if isinstance(exc, ParityError) else _inconsistent(path, exc)
+            info["rungs"][rung] = {"file": str(m["rungs"][rung].get("file", "")),
+                                   "error": f"{type(err).__name__}: {err}"}
     return info
 
 
@@ -381,42 +391,13 @@ def format_show(info: dict[str, Any]) -> list[str]:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    try:
-        info = show_golden(args.golden, args.dtype, stats=not args.no_stats)
-    except ParityError as whole:
-        info = _show_readable_rungs(args, whole)
+    info = show_golden(args.golden, args.dtype, stats=not args.no_stats, each_rung=True)
     if args.json:
         print(json.dumps(info, indent=1, default=str))
     else:
         print("\n".join(format_show(info)), flush=True)
     # an unreadable rung is shown beside the readable ones, and the exit code of an unreadable golden
     return 2 if any(r.get("error") for r in info["rungs"].values()) else 0
-
-
-def _show_readable_rungs(args: argparse.Namespace, whole: ParityError) -> dict[str, Any]:
-    """A golden one of whose rungs cannot be read: the manifest and the others shown, that one named
-    with its error (a damaged float32 file says nothing about the bf16 one beside it, nor about the
-    manifest, even where it is the only rung). ``whole``: the error of reading it all, raised again
-    where no rung is damaged (a --dtype the golden lacks) or the manifest itself cannot be read."""
-    d, m = resolve_golden(args.golden)
-    wanted = _rung_names(args.dtype)
-    rungs = [r for r in m.get("rungs", {}) if not wanted or r in wanted]
-    parts: dict[str, dict[str, Any]] = {}
-    for rung in rungs:
-        try:
-            one = show_golden(args.golden, [rung], stats=not args.no_stats)
-        except ParityError as exc:
-            parts[rung] = {"file": str(m["rungs"][rung].get("file", "")), "error": f"{type(exc).__name__}: {exc}"}
-            continue
-        parts[rung] = one["rungs"][rung]
-    if not any("error" in p for p in parts.values()):
-        raise whole   # not a rung's damage (a --dtype the golden lacks): the error as it is
-    try:   # every rung unreadable still shows the manifest, each rung with its error
-        info = _manifest_info(d, m)
-    except _INCONSISTENT as exc:
-        raise _inconsistent(d, exc) from None
-    info["rungs"] = parts
-    return info
 
 
 # ---------------------------------------------------------------------------------------------
