@@ -900,10 +900,16 @@ def _judge_outputs(result: OpResult, cand_out: Any, truth_out: Any, scale_out: A
             record.dtype = "float"
             result.outputs.append(record)
             continue
-        if isinstance(c, torch.Tensor) and c.dtype.is_floating_point:
-            judged = _lowest([c.dtype, *in_dtypes])
+        if isinstance(c, torch.Tensor):
+            judged = _judged_dtype(c, in_dtypes)
         result.outputs.append(_judge(path, c, t, scales.get(path), model, judged, k, tf32, alt))
     result.passed = all(o.passed for o in result.outputs)
+
+
+def _judged_dtype(c: torch.Tensor, in_dtypes: Sequence[torch.dtype]) -> torch.dtype | None:
+    """The precision a floating output is judged at: the lowest of its own and the inputs' (an op
+    given bf16 inputs that returns float32 is held to bf16); None for an exact output."""
+    return _lowest([c.dtype, *in_dtypes]) if c.dtype.is_floating_point else None
 
 
 def _as_float64(value: Any) -> Any:
@@ -981,8 +987,7 @@ def _judge_written(result: OpResult, reference: Callable[..., Any], args: Sequen
         if flushed is not None and truth.flushed is not None:
             alt_scale = truth.flushed.scale if one and _broadcasts(truth.flushed.scale, t) else None
             alt = (flushed[i][1], alt_scale)
-        dtype = _lowest([c.dtype, *in_dtypes]) if c.dtype.is_floating_point else None
-        result.outputs.append(_judge(path, c, t, scale, model, dtype, k, tf32, alt))
+        result.outputs.append(_judge(path, c, t, scale, model, _judged_dtype(c, in_dtypes), k, tf32, alt))
     result.passed = all(o.passed for o in result.outputs)
 
 
