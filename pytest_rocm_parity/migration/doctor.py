@@ -57,6 +57,7 @@ def _skipped(names: tuple[str, ...] | list[str], why: str) -> list[Check]:
 
 
 _BUILD_NAMES = {"cpu": "CPU", "cuda": "CUDA", "rocm": "ROCm"}
+NO_TORCH = "torch is not importable"   # why a check of the torch build was not made
 
 
 def _build(info: BackendInfo) -> str:
@@ -65,7 +66,7 @@ def _build(info: BackendInfo) -> str:
 
 def _no_gpu_reason(info: BackendInfo) -> str:
     if info.torch_version is None:
-        return "torch is not importable"
+        return NO_TORCH
     if info.backend == "cpu":
         return "CPU build of torch, no GPU to query"
     return f"{_build(info)} sees no GPU"
@@ -73,7 +74,7 @@ def _no_gpu_reason(info: BackendInfo) -> str:
 
 def _no_rocm_reason(info: BackendInfo) -> str:
     if info.torch_version is None:
-        return "torch is not importable"
+        return NO_TORCH
     return f"{_build(info)}, not a ROCm build"
 
 
@@ -168,7 +169,7 @@ def check_backend(f: Facts) -> list[Check]:
     info = f.info
     amd_seen = bool(f.tools and f.tools.gpus)
     if info.torch_version is None:
-        return [Check("backend", "fail", info.error or "torch is not importable",
+        return [Check("backend", "fail", info.error or NO_TORCH,
                       "pip install torch --index-url https://download.pytorch.org/whl/rocm6.4 (pick your ROCm)")]
     versions = f"torch {info.torch_version}, " + (
         f"HIP {info.hip_version}" if info.backend == "rocm" else
@@ -560,7 +561,7 @@ def check_numerics(f: Facts) -> list[Check]:
     info, env, s = f.info, f.env, f.info.settings
     gpu_only = ["blas", "fp16-alt-impl", "attention", "determinism", "debug-env"]
     if info.torch_version is None or not s:
-        return _skipped(["tf32", *gpu_only], "torch is not importable" if info.torch_version is None
+        return _skipped(["tf32", *gpu_only], NO_TORCH if info.torch_version is None
                         else "torch's numerics settings could not be read")
     out = []
     rocm = info.backend == "rocm"

@@ -619,6 +619,12 @@ def _rocm_condition(directive: str, condition: str) -> bool | None:
     return None
 
 
+def _skipped_by_rocm(stack: list[tuple[bool | None, int]]) -> bool:
+    """Whether a ROCm build skips code inside these open branches: where any is a later branch of an #if
+    whose first is ROCm's, or the first branch of one whose first is not."""
+    return any((rocm is True and branch > 0) or (rocm is False and branch == 0) for rocm, branch in stack)
+
+
 def _preprocessor_off_rocm(text: str) -> set[int]:
     """The 1-based lines in a preprocessor branch that a ROCm build does not compile: the ``#else``
     (and ``#elif``) of ``#ifdef USE_ROCM``, the first branch of ``#ifndef USE_ROCM``."""
@@ -640,8 +646,7 @@ def _preprocessor_off_rocm(text: str) -> set[int]:
             kind, rest = m.group(1), m.group(2)
             # a directive inside a branch ROCm skips is never read there; nor is an #elif after ROCm's branch
             enclosing = stack if kind in ("if", "ifdef", "ifndef") else stack[:-1]
-            if any((rocm is True and branch > 0) or (rocm is False and branch == 0) for rocm, branch in enclosing) \
-                    or (kind == "elif" and stack and stack[-1][0] is True):
+            if _skipped_by_rocm(enclosing) or (kind == "elif" and stack and stack[-1][0] is True):
                 off.update(range(first + 1, i + 2))
             if kind in ("if", "ifdef", "ifndef"):
                 stack.append((_rocm_condition(kind, rest), 0))
@@ -649,7 +654,7 @@ def _preprocessor_off_rocm(text: str) -> set[int]:
                 stack[-1] = (stack[-1][0], stack[-1][1] + 1)
             elif kind == "endif" and stack:
                 stack.pop()
-        elif any((rocm is True and branch > 0) or (rocm is False and branch == 0) for rocm, branch in stack):
+        elif _skipped_by_rocm(stack):
             off.update(range(first + 1, i + 2))
         i += 1
     return off
