@@ -488,9 +488,12 @@ def test_a_golden_whose_test_returned_early_is_kept_and_said_unchecked(project: 
     project.makepyfile(test_flagged=FLAGGED)
     project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=2)
     monkeypatch.setenv("SKIP_CHECK", "1")
-    result = project.runpytest("--rocm-parity", PRUNE)
+    result = project.runpytest("--rocm-parity", PRUNE, "--parity-report=rep")
     result.assert_outcomes(passed=2)
     assert (project.path / "goldens" / "flagged" / "manifest.json").exists()
+    doc = json.loads((project.path / "rep" / "parity-report.json").read_text())
+    assert doc["goldens"]["unchecked"] == ["flagged"] and doc["goldens"]["obsolete"] == []
+    assert "<tr><td>unchecked</td><td>flagged</td></tr>" in (project.path / "rep" / "parity-report.html").read_text()
     out = result.stdout.str()
     assert "goldens obsolete" not in out and "deleted" not in out.replace("deleted no", "")
     result.stdout.fnmatch_lines([

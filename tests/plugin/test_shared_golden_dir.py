@@ -41,7 +41,7 @@ def snapshot(d: Path) -> dict[str, bytes]:
 
 
 def test_a_replay_of_another_projects_golden_says_whose_it_is(pytester: pytest.Pytester, shared: Path) -> None:
-    result = pytester.runpytest("--rocm-parity")
+    result = pytester.runpytest("--rocm-parity", "--parity-report=rep")
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
     assert "weights changed" not in out
@@ -53,6 +53,12 @@ def test_a_replay_of_another_projects_golden_says_whose_it_is(pytester: pytest.P
         f"replace the golden on purpose: *{ALLOW_REFERENCE_CHANGE}",
         "goldens of another project (*): test_model.py::test_model"])
     assert "goldens stale" not in out
+    # the reports list it too, beside the check's error
+    doc = json.loads((pytester.path / "b" / "rep" / "parity-report.json").read_text())
+    assert doc["goldens"]["foreign"] == ["test_model.py::test_model"] and not doc["goldens"]["stale"]
+    assert doc["checks"][0]["error"]["kind"] == "foreign"
+    html = (pytester.path / "b" / "rep" / "parity-report.html").read_text()
+    assert "<tr><td>of another project</td><td>test_model.py::test_model</td></tr>" in html
 
 
 def test_regen_refuses_to_overwrite_another_projects_golden(pytester: pytest.Pytester, shared: Path,
