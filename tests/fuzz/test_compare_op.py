@@ -318,3 +318,37 @@ def test_a_failure_under_hypothesis_reports_the_worst_ratio_seen() -> None:
     assert "args[0]: float32[" in line
     plain = check_op(drifting, lambda x: x, torch.ones(1024), device="cpu").message()
     assert "Worst seen" not in plain
+
+
+def test_the_worst_ratio_seen_is_of_this_run_of_the_search_only() -> None:
+    """A second run of the same Hypothesis test (pytest's rerun, a loop over settings) reports its own
+    worst, not one a run before it met."""
+    from hypothesis import strategies as st
+
+    scale = [1e-6]
+
+    def drifting(x: torch.Tensor) -> torch.Tensor:
+        return x * (1 + scale[0] * x.numel() ** 2)
+
+    messages: list[str] = []
+
+    @settings(max_examples=100, derandomize=True, database=None, deadline=None)
+    @given(st.integers(1, 2048))
+    def search(n: int) -> None:
+        result = check_op(drifting, lambda x: x, torch.ones(n), device="cpu")
+        if not result.passed:
+            messages.append(result.message())
+            raise AssertionError(messages[-1])
+
+    def worst_line() -> float:
+        line = next(line for line in messages[-1].splitlines() if line.startswith("Worst seen in this search"))
+        return float(line.removeprefix("Worst seen in this search: err/tol ").split(" ", 1)[0])
+
+    with pytest.raises(AssertionError):
+        search()
+    first = worst_line()
+    scale[0] = 1e-9   # the same search, errors a thousand times smaller
+    with pytest.raises(AssertionError):
+        search()
+    second = worst_line()
+    assert second < first / 100, (first, second)
