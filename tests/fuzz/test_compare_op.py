@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -290,31 +291,48 @@ def test_a_nan_of_the_truth_that_the_candidate_lost_is_named() -> None:
     assert made.reason.startswith("candidate produced NaN/inf where the truth is finite at 1 element")
 
 
-def test_a_failure_under_hypothesis_reports_the_worst_ratio_seen() -> None:
-    """An error that grows with the size shrinks to the threshold size, just over 1x: the message also
-    gives the worst err/tol the search met, with that example's shape."""
+def _size_search(op: Callable[[torch.Tensor], torch.Tensor]) -> tuple[Callable[[], None], list[str]]:
+    """A Hypothesis search over the size of ``op``'s input, and the failure messages it collects."""
     from hypothesis import strategies as st
-
-    def drifting(x: torch.Tensor) -> torch.Tensor:
-        return x * (1 + 1e-9 * x.numel() ** 2)   # relative error n^2/1e9: fails from n ~ 50
 
     messages: list[str] = []
 
     @settings(max_examples=100, derandomize=True, database=None, deadline=None)
     @given(st.integers(1, 2048))
     def search(n: int) -> None:
-        result = check_op(drifting, lambda x: x, torch.ones(n), device="cpu")
+        result = check_op(op, lambda x: x, torch.ones(n), device="cpu")
         if not result.passed:
             messages.append(result.message())
             raise AssertionError(messages[-1])
 
+    return search, messages
+
+
+def _fails(search: Callable[[], None]) -> None:
     with pytest.raises(AssertionError):
         search()
+
+
+def _worst_seen(message: str) -> str:
+    return next(line for line in message.splitlines() if line.startswith("Worst seen in this search: err/tol "))
+
+
+def _ratio(line: str) -> float:
+    return float(line.removeprefix("Worst seen in this search: err/tol ").split(" ", 1)[0])
+
+
+def test_a_failure_under_hypothesis_reports_the_worst_ratio_seen() -> None:
+    """An error that grows with the size shrinks to the threshold size, just over 1x: the message also
+    gives the worst err/tol the search met, with that example's shape."""
+    def drifting(x: torch.Tensor) -> torch.Tensor:
+        return x * (1 + 1e-9 * x.numel() ** 2)   # relative error n^2/1e9: fails from n ~ 50
+
+    search, messages = _size_search(drifting)
+    _fails(search)
     final = messages[-1]
     shrunk = float(final.split("Greatest error/tolerance: ", 1)[1].split(" ", 1)[0])
-    line = next(line for line in final.splitlines() if line.startswith("Worst seen in this search: err/tol "))
-    worst = float(line.removeprefix("Worst seen in this search: err/tol ").split(" ", 1)[0])
-    assert shrunk < 2 and worst > 10 * shrunk, final
+    line = _worst_seen(final)
+    assert shrunk < 2 and _ratio(line) > 10 * shrunk, final
     assert "args[0]: float32[" in line
     plain = check_op(drifting, lambda x: x, torch.ones(1024), device="cpu").message()
     assert "Worst seen" not in plain
@@ -323,32 +341,15 @@ def test_a_failure_under_hypothesis_reports_the_worst_ratio_seen() -> None:
 def test_the_worst_ratio_seen_is_of_this_run_of_the_search_only() -> None:
     """A second run of the same Hypothesis test (pytest's rerun, a loop over settings) reports its own
     worst, not one a run before it met."""
-    from hypothesis import strategies as st
-
     scale = [1e-6]
 
     def drifting(x: torch.Tensor) -> torch.Tensor:
         return x * (1 + scale[0] * x.numel() ** 2)
 
-    messages: list[str] = []
-
-    @settings(max_examples=100, derandomize=True, database=None, deadline=None)
-    @given(st.integers(1, 2048))
-    def search(n: int) -> None:
-        result = check_op(drifting, lambda x: x, torch.ones(n), device="cpu")
-        if not result.passed:
-            messages.append(result.message())
-            raise AssertionError(messages[-1])
-
-    def worst_line() -> float:
-        line = next(line for line in messages[-1].splitlines() if line.startswith("Worst seen in this search"))
-        return float(line.removeprefix("Worst seen in this search: err/tol ").split(" ", 1)[0])
-
-    with pytest.raises(AssertionError):
-        search()
-    first = worst_line()
+    search, messages = _size_search(drifting)
+    _fails(search)
+    first = _ratio(_worst_seen(messages[-1]))
     scale[0] = 1e-9   # the same search, errors a thousand times smaller
-    with pytest.raises(AssertionError):
-        search()
-    second = worst_line()
+    _fails(search)
+    second = _ratio(_worst_seen(messages[-1]))
     assert second < first / 100, (first, second)
