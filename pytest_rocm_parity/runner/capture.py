@@ -43,7 +43,7 @@ from pytest_rocm_parity.runner.engine import (
 from pytest_rocm_parity.golden.store import FORMAT_VERSION, GoldenStore
 from pytest_rocm_parity.runner.padding import Padding, mask_input
 from pytest_rocm_parity.runner.selection import Selected, select
-from pytest_rocm_parity.runner.tree import constant_leaves, map_tensors, split_leaves, tensor_leaves
+from pytest_rocm_parity.runner.tree import constant_leaves, map_tensors, named_fields, split_leaves, tensor_leaves
 from pytest_rocm_parity.errors import InvalidArgument
 from pytest_rocm_parity.runner.wrappers import inlines_compiled_children, is_exported, plain_copy, unwrap
 from pytest_rocm_parity.quant.storage import cast_module, quantized_tensor_ids
@@ -584,6 +584,7 @@ def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any, res
             ins = {pool.key_of(t) for t in inputs.pop(key, {}).values()} - {None}
             leaves, consts = split_leaves(out)
             entries[key]["out"] = {p: pool.add(t, fresh=pool.key_of(t) in ins) for p, t in leaves.items()}
+            entries[key]["fields"] = named_fields(leaves)
             entries[key]["const_out"] = consts
             entries[key]["decides"] = flow.decisions > started.pop(key)
             flow.mark(leaves)
@@ -604,7 +605,9 @@ def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any, res
         with Hooks(m, selected, rec_in, rec_out) as hooks, flow:
             out = _run(m, args, kwargs)
             order = list(hooks.order)
-    outputs = {"out": {p: pool.add(t) for p, t in tensor_leaves(out).items()}, "const": constant_leaves(out)}
+    outs = tensor_leaves(out)
+    outputs = {"out": {p: pool.add(t) for p, t in outs.items()}, "fields": named_fields(outs),
+               "const": constant_leaves(out)}
     pool.release()
     return Recording(entries, outputs, order, pool)
 
@@ -1066,6 +1069,7 @@ def _capture_rung_sketch(model: Any, args0: Any, kwargs0: Any, selected: list[Se
         entries[key] = {"name": sel.name, "key": key, "level": sel.level, "primary": sel.primary,
                         "in": {}, "out": {}, "const_in": {}, "const_out": constant_leaves(out)}
         keep("sk", key, out, entries[key]["out"])
+        entries[key]["fields"] = named_fields(entries[key]["out"])
 
     m, was_training, args, kwargs = _rung_model_and_inputs(model, args0, kwargs0, device, dtype, tensors)
     try:
@@ -1074,6 +1078,7 @@ def _capture_rung_sketch(model: Any, args0: Any, kwargs0: Any, selected: list[Se
             order = list(hooks.order)
         outputs: dict[str, Any] = {"out": {}, "const": constant_leaves(out)}
         keep("sk", OUTPUT, out, outputs["out"])
+        outputs["fields"] = named_fields(outputs["out"])
         del out
     finally:
         m.train(was_training)

@@ -43,7 +43,7 @@ from pytest_rocm_parity.judging.judge import Rule, finish, judge_layer, jumped, 
 from pytest_rocm_parity.judging.records import NOT_CALLED, CheckResult, LayerRecord, LeafMetrics
 from pytest_rocm_parity.runner.selection import Selected, select, unselected_children, unselected_region
 from pytest_rocm_parity.judging.tolerance import Tolerance
-from pytest_rocm_parity.runner.tree import constant_leaves, map_tensors, split_leaves, tensor_leaves
+from pytest_rocm_parity.runner.tree import constant_leaves, map_tensors, named_fields, split_leaves, tensor_leaves
 from pytest_rocm_parity.quant.allowance import noise_allowance
 from pytest_rocm_parity.quant.diagnosis import quant_notes
 from pytest_rocm_parity.quant.storage import quantized_tensor_ids
@@ -66,8 +66,9 @@ def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: R
 
     optional: dict[str, list[str]] = {}   # optional output leaf -> the calls only the reference returned it from
 
-    def judge_leaves(key: str, out: Any, names: dict[str, str]) -> list[LeafMetrics]:
-        got = aligned_leaves(tensor_leaves(out), names)
+    def judge_leaves(key: str, out: Any, entry: dict[str, Any]) -> list[LeafMetrics]:
+        names: dict[str, str] = entry["out"]
+        got = aligned_leaves(tensor_leaves(out), entry)
         res = []
         for p, gk in names.items():
             c = got.get(p)
@@ -89,7 +90,7 @@ def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: R
         return res
 
     prop: dict[str, list[LeafMetrics]] = {}
-    with Hooks(m, selected, None, lambda k, s, o: prop.__setitem__(k, judge_leaves(k, o, layers[k]["out"]))
+    with Hooks(m, selected, None, lambda k, s, o: prop.__setitem__(k, judge_leaves(k, o, layers[k]))
                if k in layers else None, golden=layers):
         out = _run(m, args0, kwargs0)
     result = CheckResult(test=spec.test, name=spec.name, dtype=rung, passed=True)
@@ -101,7 +102,7 @@ def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: R
         rec.budget = rule.sketch_budget
         rec.reason = next((r for r in reasons if r), "")
         result.layers.append(rec)
-    for mm in judge_leaves(OUTPUT, out, meta["outputs"]["out"]):
+    for mm in judge_leaves(OUTPUT, out, meta["outputs"]):
         rec = LayerRecord(name=f"{OUTPUT}.{mm.leaf}")
         rule = Rule.of(tol.for_layer(rec.name), rung)
         judge_layer(rec, [], [mm], rule, sketch=True)
@@ -578,26 +579,33 @@ def optional_leaf(path: str) -> bool:
 _PLAIN_CONSTS = (type(None), bool, int, float, str)
 
 
-def aligned_leaves(got: dict[str, Any], wanted: Any) -> dict[str, Any]:
-    """The candidate's output leaves ``got`` named as the golden's (``wanted``, its leaf paths) where
-    the two differ by calling convention alone: a tuple where the golden holds a ModelOutput
-    (``return_dict=False``), or the reverse. Their top-level items are matched by position, as
-    ModelOutput.to_tuple orders the fields that are set."""
-    wanted = list(wanted)
+def aligned_leaves(got: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
+    """The candidate's output leaves ``got`` named as the golden's (``entry``: its ``out`` leaf paths
+    and the ``fields`` order capture recorded) where the two differ by calling convention alone: a
+    tuple where the golden holds a ModelOutput (``return_dict=False``), or the reverse. Their
+    top-level items are matched by position, as ModelOutput.to_tuple orders the fields that are set
+    (a golden without ``fields`` has only its sorted names to go by)."""
+    wanted = list(entry["out"])
     if not got or all(p in got for p in wanted):
         return got
-
-    def tops(paths: Any) -> list[str]:
-        return list(dict.fromkeys(p.split(".", 1)[0] for p in paths))
-    g, w = tops(got), tops(wanted)
-    if not w or all(t.isdigit() for t in g) == all(t.isdigit() for t in w):
+    g, w = named_fields(got), entry.get("fields") or named_fields(wanted)
+    if bool(g) == bool(w):   # both named, or both positional: nothing to align
         return got
+    if not g:
+        g = _positions(got)
+    else:
+        w = _positions(wanted)
     rename = dict(zip(g, w))
     out = {}
     for p, t in got.items():
         top, dot, rest = p.partition(".")
         out[rename.get(top, top) + dot + rest] = t
     return out
+
+
+def _positions(paths: Any) -> list[str]:
+    """The top-level positions of positional leaf paths, in order (a manifest sorts "10" before "2")."""
+    return sorted(dict.fromkeys(p.split(".", 1)[0] for p in paths), key=int)
 
 
 def _callable_again(obj: Any) -> bool:
@@ -678,7 +686,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         e = layers.get(key)
         if e is None:
             return
-        got = {"0": out} if isinstance(out, torch.Tensor) else aligned_leaves(tensor_leaves(out), e["out"])
+        got = {"0": out} if isinstance(out, torch.Tensor) else aligned_leaves(tensor_leaves(out), e)
         res: list[Any] = []
         isolated = prefix == "truth"
         for p, gk in e["out"].items():
@@ -754,7 +762,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
             # (a final logit softcap, a scale after the head): judged teacher-forced, against the
             # propagated truth, which the reference's own propagated error dominates for a correct
             # candidate. One that is a judged module's output was judged with it.
-            got = aligned_leaves(tensor_leaves(out), meta["outputs"]["out"])
+            got = aligned_leaves(tensor_leaves(out), meta["outputs"])
             outs = _compare_outputs(out, meta, reader, judge, tol, notes,
                                     skip={p for p, t in got.items() if id(t) in seen})
             del out, got
@@ -1034,7 +1042,7 @@ def _compare_outputs(out: Any, meta: dict[str, Any], reader: RungReader, judge: 
     model, in one flush. An optional output that only the reference produces (optional_leaf: caches,
     attention weights, hidden-state tuples) is a note; any other missing output fails."""
     recs = []
-    got = aligned_leaves(tensor_leaves(out), meta["outputs"]["out"])
+    got = aligned_leaves(tensor_leaves(out), meta["outputs"])
     rung = _rung_of(reader)
     missing = []
     sinks: list[tuple[LayerRecord, list[Any]]] = []

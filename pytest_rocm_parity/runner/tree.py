@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from pytest_rocm_parity.errors import InvalidArgument
@@ -79,6 +79,15 @@ def iter_leaves(obj: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 def tensor_leaves(obj: Any) -> dict[str, Any]:
     return {p: v for p, v in iter_leaves(obj) if _is_tensor(v)}
+
+
+def named_fields(paths: Iterable[str]) -> list[str]:
+    """The top-level fields of leaf ``paths`` in their order, where any is a name (a ModelOutput or a
+    dict); [] where all are positions. A manifest's JSON sorts its keys, so capture records this
+    order: a replay that gets the output as a tuple (``return_dict=False``) matches the fields to
+    its items by it, as ModelOutput.to_tuple orders them."""
+    tops = list(dict.fromkeys(p.split(".", 1)[0] for p in paths))
+    return [] if all(t.isdigit() for t in tops) else tops
 
 
 def constant_leaves(obj: Any) -> dict[str, Any]:

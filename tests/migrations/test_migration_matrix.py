@@ -501,6 +501,20 @@ def test_return_dict_in_the_inputs_is_a_calling_convention(reference_dict: bool,
     assert not bug[0].passed and (bug[0].culprit or "").startswith("pooler"), verdicts(bug)
 
 
+@pytest.mark.parametrize("route", [{}, {"replay": "fast"}, {"sketch": 64}], ids=["full", "fast", "sketch"])
+def test_a_tuple_is_matched_to_fields_in_the_models_order_not_the_manifests(route: dict[str, Any]) -> None:
+    """T5's fields in its own order (last_hidden_state before encoder_last_hidden_state) are not the
+    manifest's sorted order: a return_dict=False candidate's tuple items are matched by the order
+    capture recorded, so a correct candidate passes and a bug in the encoder's last norm is named."""
+    spec = CheckSpec(name="m", dtypes=["float32"], **route)
+    cand_inputs = {**seq2seq_tokens(), "return_dict": False}
+    res = capture_then_replay(t5, t5(), cand_inputs, spec, reference_inputs=seq2seq_tokens())
+    assert res[0].passed, verdicts(res)
+    bug = capture_then_replay(t5, plant(t5(), "encoder.final_layer_norm", 1.02), cand_inputs, spec,
+                              reference_inputs=seq2seq_tokens())
+    assert not bug[0].passed and (bug[0].culprit or "").startswith("encoder.final_layer_norm"), verdicts(bug)
+
+
 def test_a_module_of_another_class_under_the_same_name_is_judged_not_refused() -> None:
     """A port swaps in its own LayerNorm class (same name, same weights): judged by its numbers; a
     subclass that computes the same passes, one with another epsilon is named."""
