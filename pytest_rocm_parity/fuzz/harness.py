@@ -670,12 +670,39 @@ def _variables() -> list[str]:
 
 
 def _qualname(fn: Callable[..., Any]) -> str:
+    """The name messages, results and golden manifests give ``fn``: ``module.qualname``, a
+    ``functools.partial`` as its function with the bound arguments (``mod.f(scale=1.01)``), an object by
+    its class; never a memory address, which differs between runs and says nothing to the reader."""
+    if isinstance(fn, functools.partial):
+        bound = [*map(_bound_value, fn.args), *(f"{k}={_bound_value(v)}" for k, v in fn.keywords.items())]
+        return f"{_qualname(fn.func)}({', '.join(bound)})"
     op = _operator(fn)
     if op is not None:   # torch's own spelling: mylib::rms_norm, aten::add.Tensor
         return op[0] + ("" if op[1] == ".default" else op[1])
-    module = getattr(fn, "__module__", None) or ""
-    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    # an instance (an nn.Module, a callable object) has no name of its own: its class names it
+    module = getattr(fn if isinstance(name, str) else type(fn), "__module__", None) or ""
+    if not isinstance(name, str):
+        name = _instance_text(fn)
     return f"{module}.{name}" if module and module not in ("builtins", "__main__") else name
+
+
+def _instance_text(obj: Any) -> str:
+    """``obj``'s repr where it is one short line without an address (``RMSNorm((16,), eps=1e-06)``), else its
+    class with the contents elided (``Sequential(...)``): a message line names the object, not its state."""
+    text = repr(obj)
+    if "\n" in text or " at 0x" in text or len(text) > 80:
+        return f"{type(obj).__qualname__}(...)"
+    return text
+
+
+def _bound_value(value: Any) -> str:
+    """A partial's bound argument in its name: a tensor by dtype and shape, a callable by its name."""
+    if isinstance(value, torch.Tensor):
+        return _short(value)
+    if callable(value) and not isinstance(value, type):
+        return _qualname(value)
+    return _instance_text(value)
 
 
 # --------------------------------------------------------------------------- moving inputs

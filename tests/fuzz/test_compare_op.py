@@ -1,6 +1,7 @@
 """compare_op/check_op: the error model's numbers, the message, devices and @given friendliness."""
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -353,3 +354,61 @@ def test_the_worst_ratio_seen_is_of_this_run_of_the_search_only() -> None:
     _fails(search)
     second = _ratio(_worst_seen(messages[-1]))
     assert second < first / 100, (first, second)
+
+
+def _scaled_rms_norm(x: torch.Tensor, shape: tuple[int, ...], w: torch.Tensor | None, eps: float, *,
+                     scale: float = 1.0) -> torch.Tensor:
+    return F.rms_norm(x, shape, w, eps) * scale
+
+
+class _Scaled:
+    """A callable object, as a user wraps a kernel launcher with its settings."""
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale
+
+
+def test_a_partial_is_named_by_its_function_and_bound_arguments() -> None:
+    """functools.partial has no name of its own: the candidate reads as the wrapped function with what
+    is bound, in the result, the header and the reproduction's note, never with a memory address."""
+    x, w = torch.linspace(-2, 2, 64).reshape(4, 16), torch.ones(16)
+    result = check_op(functools.partial(_scaled_rms_norm, scale=1.01), functools.partial(F.rms_norm, eps=1e-6),
+                      x, (16,), w, device="cpu")
+    assert result.candidate == f"{__name__}._scaled_rms_norm(scale=1.01)"
+    assert result.reference == "torch.nn.functional.rms_norm(eps=1e-06)"
+    message = result.message()
+    assert (f"Candidate: {__name__}._scaled_rms_norm(scale=1.01) on cpu; truth: torch.nn.functional.rms_norm"
+            f"(eps=1e-06) in float64 on cpu") in message
+    assert " at 0x" not in message and "functools" not in result.candidate
+    tensor_bound = check_op(functools.partial(_scaled_rms_norm, w=torch.ones(16), scale=1.01), F.rms_norm, x,
+                            (16,), eps=1e-6, device="cpu")
+    assert tensor_bound.candidate == f"{__name__}._scaled_rms_norm(w=float32[16], scale=1.01)"
+
+
+def test_objects_bound_methods_and_lambdas_are_named_without_addresses() -> None:
+    x = torch.ones(3)
+    assert check_op(_Scaled(1.01), lambda t: t, x, device="cpu").candidate == f"{__name__}._Scaled(...)"
+    assert check_op(_Scaled(1.01).apply, lambda t: t, x, device="cpu").candidate == f"{__name__}._Scaled.apply"
+    norm = torch.nn.RMSNorm(3)
+    assert check_op(norm, lambda t: t, x, device="cpu").candidate == \
+        "torch.nn.modules.normalization.RMSNorm((3,), eps=None, elementwise_affine=True)"
+    stack = torch.nn.Sequential(torch.nn.Identity(), torch.nn.Identity())   # a repr of many lines
+    assert check_op(stack, lambda t: t, x, device="cpu").candidate == "torch.nn.modules.container.Sequential(...)"
+    lam = check_op(lambda t: t * 2, lambda t: t, x, device="cpu")
+    assert lam.candidate.endswith("<locals>.<lambda>") and " at 0x" not in lam.message()
+
+
+def test_the_worst_seen_line_names_a_partial_by_its_function() -> None:
+    def drifting(x: torch.Tensor, *, rate: float) -> torch.Tensor:
+        return x * (1 + rate * x.numel() ** 2)
+
+    search, messages = _size_search(functools.partial(drifting, rate=1e-9))
+    _fails(search)
+    line = _worst_seen(messages[-1])
+    assert ".drifting(rate=1e-09)(args[0]: float32[" in line and " at 0x" not in line, line
