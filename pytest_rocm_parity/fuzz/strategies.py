@@ -539,14 +539,23 @@ def _layer_norm_magnitude(x: torch.Tensor, shape: Any, w: torch.Tensor | None, b
 @st.composite
 def rms_norm_args(draw: st.DrawFn, dtype: DtypeArg = None, *, max_side: int = 160,
                   max_magnitude: float | None = None, layouts: Sequence[str] = LAYOUTS,
-                  regimes: Sequence[str] = REGIMES) -> OpArgs:
-    """``F.rms_norm(x, (N,), weight, eps)``; magnitudes up to what float32 can square and sum."""
+                  regimes: Sequence[str] = REGIMES, affine: bool | None = None) -> OpArgs:
+    """``F.rms_norm(x, (N,), weight, eps)``; magnitudes up to what float32 can square and sum.
+
+    ``affine``: ``None`` draws the weight or ``weight=None`` (shrinking to None, the simpler call), so a
+    kernel that breaks without a weight is found; ``True`` always draws one, for a kernel whose contract
+    requires it (a Llama-style RMSNorm); ``False`` never does.
+    """
+    if affine not in (None, True, False):
+        raise InvalidArgument(f"rms_norm_args(affine={affine!r}) must be True (always a weight), False (never) "
+                              f"or None (sometimes)")
     dt = draw(_dtype_strategy(dtype))
     shp = draw(shapes(max_side=max_side))
     n = shp[-1]
     top = _scaled_max(dt, n) if max_magnitude is None else max_magnitude
     x = draw(tensors(dt, shp, elements=values(dt, max_magnitude=top, regimes=regimes), layouts=layouts))
-    w = draw(tensors(dt, (n,), elements=values(dt, regimes=("ordinary",)), layouts=layouts))
+    weight = tensors(dt, (n,), elements=values(dt, regimes=("ordinary",)), layouts=layouts)
+    w = draw(weight if affine else st.none() if affine is False else st.none() | weight)
     eps = draw(st.sampled_from([1e-6, 1e-5]))
     return OpArgs((x, (n,), w, eps), reduction_length=n, names=("x", "normalized_shape", "weight", "eps"))
 

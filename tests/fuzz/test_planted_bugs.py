@@ -30,13 +30,14 @@ def rms_norm_tail_bug(x, shape, w, eps):
     """Multi-tile path forgets the tail tile when N % BLOCK != 0 (rows <= BLOCK take a masked path)."""
     n = x.shape[-1]
     xf = x.float()
+    wf = _weight(w, n)
     if n <= BLOCK:
         ss = (xf * xf).sum(-1, keepdim=True)
-        return (xf * torch.rsqrt(ss / n + eps) * w.float()).to(x.dtype)
+        return (xf * torch.rsqrt(ss / n + eps) * wf).to(x.dtype)
     full = n // BLOCK * BLOCK
     ss = (xf[..., :full] ** 2).sum(-1, keepdim=True)
     out = torch.zeros_like(xf)
-    out[..., :full] = xf[..., :full] * torch.rsqrt(ss / n + eps) * w.float()[:full]
+    out[..., :full] = xf[..., :full] * torch.rsqrt(ss / n + eps) * wf[:full]
     return out.to(x.dtype)
 
 
@@ -47,7 +48,12 @@ def rms_norm_tiled(x, shape, w, eps):
     ss = torch.zeros(xf.shape[:-1] + (1,), dtype=torch.float32)
     for start in range(0, n, BLOCK):
         ss += (xf[..., start:start + BLOCK] ** 2).sum(-1, keepdim=True)
-    return (xf * torch.rsqrt(ss / n + eps) * w.float()).to(x.dtype)
+    return (xf * torch.rsqrt(ss / n + eps) * _weight(w, n)).to(x.dtype)
+
+
+def _weight(w: torch.Tensor | None, n: int) -> torch.Tensor:
+    """The weight in float32; ones where the call has none (``rms_norm_args`` draws weight=None too)."""
+    return torch.ones(n) if w is None else w.float()
 
 
 def softmax_without_max(x, dim=-1):

@@ -161,3 +161,48 @@ def test_gelu_judged_against_abs_magnitude_passes_where_it_cancels() -> None:
     case = find(S.unary_args(torch.float32, max_magnitude=3e37, magnitude=S.abs_magnitude), lambda c: True)
     assert case.magnitude is S.abs_magnitude
     assert check_op(F.gelu, F.gelu, S.OpArgs((x,), magnitude=S.abs_magnitude, names=("x",)), device="cpu").passed
+
+
+def test_rms_norm_args_finds_a_kernel_that_needs_a_weight() -> None:
+    """The affine parameter is optional as in F.rms_norm: a kernel that reads the weight unconditionally
+    fails on weight=None, and the failure says so."""
+    import torch.nn.functional as F
+
+    from pytest_rocm_parity.fuzz.harness import check_op
+
+    def needs_weight(x: torch.Tensor, shape: tuple[int, ...], w: torch.Tensor | None, eps: float) -> torch.Tensor:
+        return F.rms_norm(x, shape, w.to(x.dtype), eps)   # type: ignore[union-attr]
+
+    messages: list[str] = []
+
+    @FAST
+    @given(S.rms_norm_args(torch.float32, max_side=8))
+    def search(case: S.OpArgs) -> None:
+        result = check_op(needs_weight, F.rms_norm, case, device="cpu")
+        if not result.passed:
+            messages.append(result.message())
+            raise AssertionError(messages[-1])
+
+    with pytest.raises(AssertionError):
+        search()
+    assert "raised on cpu: AttributeError: 'NoneType' object has no attribute 'to'" in messages[-1], messages[-1]
+    assert "args[2] (weight): None" in messages[-1], messages[-1]
+
+
+def test_rms_norm_args_affine_draws_a_weight_always_never_or_sometimes() -> None:
+    """None (the default) shrinks to the simpler call without a weight; True keeps a kernel that requires
+    one fed; False leaves it out."""
+    quick = settings(max_examples=60, database=None)
+    weight = 2   # F.rms_norm(x, normalized_shape, weight, eps)
+    assert find(S.rms_norm_args(torch.float32), lambda c: True, settings=quick).args[weight] is None
+    assert isinstance(find(S.rms_norm_args(torch.float32), lambda c: c.args[weight] is not None,
+                           settings=quick).args[weight], torch.Tensor)
+    assert find(S.rms_norm_args(torch.float32, affine=True), lambda c: True, settings=quick).args[weight] is not None
+    from hypothesis.errors import NoSuchExample
+
+    with pytest.raises(NoSuchExample):
+        find(S.rms_norm_args(torch.float32, affine=True), lambda c: c.args[weight] is None, settings=quick)
+    with pytest.raises(NoSuchExample):
+        find(S.rms_norm_args(torch.float32, affine=False), lambda c: c.args[weight] is not None, settings=quick)
+    with pytest.raises(InvalidArgument, match="affine='yes'"):
+        find(S.rms_norm_args(torch.float32, affine="yes"), lambda c: True, settings=quick)  # type: ignore[arg-type]
