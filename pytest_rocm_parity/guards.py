@@ -81,12 +81,45 @@ def require_inputs(inputs: Any) -> None:
     from pytest_rocm_parity.runner.tree import tensor_leaves
 
     normalize_inputs(inputs)
+    from pytest_rocm_parity.runner.tree import iter_leaves
+
+    for path, leaf in iter_leaves(inputs):
+        if not isinstance(leaf, torch_tensor_type()) and _holds_tensors(leaf):
+            raise InvalidArgument(
+                f"inputs: {path or 'the input'} is an object of type {type(leaf).__name__} that holds tensors (a "
+                f"key/value cache, a mask object): a golden records the tensors of tuples, lists, dicts and dataclasses only, so the "
+                f"replay could not feed it the captured values, and a capture runs the model several times, "
+                f"each run changing a cache it is given. Pass what builds it instead: the whole sequence "
+                f"(prefix and new tokens) with use_cache=False; for a decoder's cached decoding, check_lm judges "
+                f"it (docs/lm.md)")
 
     on_meta = [p for p, t in tensor_leaves(inputs).items() if t.is_meta]
     if on_meta:
         raise InputError(f"inputs: {len(on_meta)} tensor(s) are on the meta device (first: {on_meta[0] or 'the input'}),"
                          f" which holds shapes but no values. Build the inputs on the CPU (a seeded torch.Generator "
                          f"keeps them the same on every machine)")
+
+
+def torch_tensor_type() -> type:
+    import torch
+
+    return torch.Tensor
+
+
+def _holds_tensors(obj: Any, depth: int = 4) -> bool:
+    """Whether an object the input walk keeps whole holds a tensor in its attributes, a few levels
+    down (a transformers Cache keeps them in layer objects)."""
+    if depth < 0 or obj is None or isinstance(obj, (bool, int, float, str, bytes, type)):
+        return False
+    if isinstance(obj, torch_tensor_type()):
+        return True
+    if isinstance(obj, dict):
+        items = list(obj.values())
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        items = list(obj)
+    else:
+        items = list(getattr(obj, "__dict__", {}).values())
+    return any(_holds_tensors(v, depth - 1) for v in items[:64])
 
 
 def require_trainable(model: Any) -> None:

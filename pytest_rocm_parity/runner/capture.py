@@ -618,8 +618,10 @@ def capture(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device
     """Record the golden for every rung of ``spec`` and write it; returns the manifest."""
     import torch
 
+    from pytest_rocm_parity.guards import require_inputs
     from pytest_rocm_parity.migration.backend import collect_env
 
+    require_inputs(inputs)
     args0, kwargs0 = normalize_inputs(inputs)
     model = unwrap(model)
     if is_exported(model):   # the truth runs a float64 copy in eval mode, which such a module refuses

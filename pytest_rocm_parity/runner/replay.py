@@ -305,8 +305,10 @@ def _inputs_changed(args0: Any, kwargs0: Any, reader: RungReader, rung: str, met
 def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device: str,
            env: dict[str, Any] | None = None) -> list[CheckResult]:
     """Judge the candidate against the golden, one CheckResult per rung."""
+    from pytest_rocm_parity.guards import require_inputs
     from pytest_rocm_parity.migration.backend import collect_env
 
+    require_inputs(inputs)
     inner = unwrap(model)
     manifest = store.read_manifest(spec.name)
     mpath = str(store.manifest_path(spec.name))

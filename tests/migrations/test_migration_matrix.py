@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import tempfile
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from torch import nn
 
 from parity_models import (bert, capture_then_replay, convnet, expected_culprit, falcon, image, llama, mixtral, mlp_lm,
                            moe_lm, plant, seq2seq_tokens, t5, tokens, verdicts)
-from pytest_rocm_parity.errors import GoldenStale
+from pytest_rocm_parity.errors import GoldenStale, InvalidArgument
 from pytest_rocm_parity.golden.store import GoldenStore
 from pytest_rocm_parity.runner.capture import capture
 from pytest_rocm_parity.runner.engine import CheckSpec
@@ -586,3 +587,22 @@ def test_the_culprits_line_says_where_inside_it_to_look() -> None:
     assert "inside it, o_proj (" in text and "passed only under its per-layer tolerance (budget 1e+09x, the " \
         "culprit's 10x): look there first" in text, text
     assert "own forward's code" not in text
+
+
+def test_a_cache_object_in_the_inputs_is_refused_untouched(tmp_path: Path) -> None:
+    """A decode step given a transformers Cache: its tensors are in no container a golden records, and
+    each of a capture's runs would append to it. Refused by capture and replay alike, naming the
+    input and what to pass instead, before the model runs (the caller's cache keeps its length)."""
+    model = t5()
+    ids = seq2seq_tokens()
+    with torch.no_grad():
+        cache = model(**ids, use_cache=True).past_key_values
+    length = cache.get_seq_length()
+    step = {"input_ids": ids["input_ids"], "decoder_input_ids": ids["decoder_input_ids"][:, -1:],
+            "past_key_values": cache, "use_cache": True}
+    store, spec = GoldenStore(tmp_path), CheckSpec(name="m", dtypes=["float32"])
+    for run in (capture, replay):
+        with pytest.raises(InvalidArgument, match=r"inputs: past_key_values is an object of type \w*Cache that holds "
+                                                  r"tensors.*use_cache=False.*check_lm"):
+            run(model, step, spec, store, "cpu")
+    assert cache.get_seq_length() == length
