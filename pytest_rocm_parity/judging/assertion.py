@@ -49,6 +49,10 @@ def verdict_label(iso_failed: bool, prop_failed: bool, judged_isolated: bool, fa
 
 
 def _verdict(l: LayerRecord) -> str:
+    if not l.passed and not l.prop_passed and l.prop is None:
+        # failed with no measurement behind it: a training step's gradient the candidate never
+        # produced (a detached forward, runner/train.py _judge_graph), which no ratio can show
+        return "FAIL no gradient"
     return verdict_label(not l.iso_passed, not l.prop_passed, l.iso is not None)
 
 
@@ -249,6 +253,12 @@ def message(result: CheckResult) -> str:
         inside_it = _inside(result, culprit)
         if inside_it:
             lines.append(f"    {inside_it}")
+    elif result.extra.get("no_gradient"):
+        n_params = len(result.extra["no_gradient"])
+        lines.append(f"  culprit: none among the selected modules' outputs: {n_params} "
+                     f"parameter{'s' if n_params > 1 else ''} "
+                     f"received no gradient on the candidate, the graph cut in code between the selected "
+                     f"modules (see the note)")
     elif result.extra.get("loss_factor") is not None:
         lines.append(f"  culprit: none among the modules: every gradient is {result.extra['loss_factor']:.4g}x the "
                      f"golden's, one factor: the loss or its scaling (see the note)")

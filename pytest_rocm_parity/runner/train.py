@@ -34,7 +34,7 @@ from pytest_rocm_parity.judging.compare import residual_metrics
 from pytest_rocm_parity.runner.capture import float64_kernels, residual, truth_errors
 from pytest_rocm_parity.runner.engine import (CheckSpec, Hooks, autocast_dtype, autocast_note, cast_inputs,
                                               explained_by, fingerprint, home_device, normalize_inputs,
-                                              same_structure, structure_changes, weights_changed)
+                                              same_structure, structure_changes, submodule, weights_changed)
 from pytest_rocm_parity.errors import GoldenStale, InvalidArgument
 from pytest_rocm_parity.golden.sketch import leaf_group
 from pytest_rocm_parity.golden.store import FORMAT_VERSION, GoldenStore, RungReader, expected_digest
@@ -251,6 +251,10 @@ class _Run:
         self.x: dict[str, Any] = {}
         self.g: dict[str, Any] = {}
         self.order: list[str] = []
+        # call key -> whether the module itself cut the autograd graph: its primary output carries none
+        # (no grad_fn) although an input or a parameter of it required grad (True), or because its
+        # inputs carried none, cut before it (False)
+        self.graphless: dict[str, bool] = {}
 
     def forward_backward(self, args: Any, kwargs: Any, loss: Callable[[Any], Any] | None,
                          accumulate: int = 1) -> Any:
@@ -270,9 +274,14 @@ class _Run:
         def post(key: str, sel: Selected, out: Any) -> None:
             leaves = {"0": out} if isinstance(out, torch.Tensor) else tensor_leaves(out)
             yp = _first_float(leaves)
-            if yp is None or key not in self.calls or not leaves[yp].requires_grad:
+            if yp is None or key not in self.calls:
                 return
             a, kw, xp, _ = self.calls[key]
+            if not leaves[yp].requires_grad:
+                mod = submodule(unwrap(self.model), sel.name)
+                self.graphless[key] = any(t.requires_grad for t in tensor_leaves({"a": a, "kw": kw}).values()) \
+                    or any(p.requires_grad for p in mod.parameters())
+                return
             self.calls[key] = (a, kw, xp, yp)
             leaves[yp].register_hook(lambda g, k=key: self.g.__setitem__(k, g.detach().clone()))
 
@@ -550,6 +559,73 @@ def _tag(leaf: str, key: str, name: str, calls: int) -> str:
     return leaf + key[len(name):] if calls > 1 else leaf
 
 
+# The cause and fix every record and note of a cut autograd graph names (_judge_graph, _graph_cut_note)
+DETACH_CAUSE = "a kernel without autograd (a raw Triton/HIP launch) or a no_grad/detach in the port"
+DETACH_FIX = ("give the kernel a backward (a torch.autograd.Function whose backward computes the gradients the "
+              "reference's autograd does) or remove the no_grad/detach")
+
+
+def no_gradient(params: list[str], grads: dict[str, Any], reader: RungReader, ref_key: str) -> list[str]:
+    """The parameters among ``params`` that received no gradient on the candidate while the reference's
+    (``<ref_key>/<parameter>`` in the golden) is nonzero. An absent gradient has no error to measure:
+    left unjudged, the parameters a detached forward stopped training would pass."""
+    return [pn for pn in params if pn not in grads and f"{ref_key}/{pn}" in reader.keys
+            and bool(reader.get(f"{ref_key}/{pn}").any())]
+
+
+def _detached(names: list[str]) -> str:
+    """The words for parameters left without a gradient, at a row and in the note alike."""
+    n = len(names)
+    listed = ", ".join(names[:6]) + (f" ... (+{n - 6})" if n > 6 else "")
+    return (f"{listed} received no gradient on the candidate: the forward detached {'it' if n == 1 else 'them'} "
+            f"— {DETACH_CAUSE}; the reference's {'gradient is' if n == 1 else 'gradients are'} nonzero")
+
+
+def _judge_graph(result: CheckResult, rec: LayerRecord, keys: list[str], run: _Run, missing: list[str]) -> None:
+    """A module's record where the candidate's forward cut the autograd graph, which no metric sees
+    (the values are right; the gradients are absent). A module whose own call cut it (its output has
+    no grad_fn although its input or parameters required grad, the reference's had one) fails as its
+    own backward does, so the culprit rule names the innermost such module; a module whose parameters
+    got no gradient (``missing``: no_gradient) fails propagated; a module called on an input already
+    cut is said so, not "no call recorded". ``result.extra`` lists both for _graph_cut_note."""
+    called = [k for k in keys if k in run.graphless]
+    if any(run.graphless[k] for k in called):
+        rec.passed = rec.iso_passed = rec.prop_passed = False
+        rec.reason = (f"its output carries no autograd graph on the candidate (no grad_fn) although its input or "
+                      f"its parameters required grad, while the reference's output carried one: the forward "
+                      f"detached it — {DETACH_CAUSE}; no gradient flows back through it, so its backward could not "
+                      f"be run in isolation. Fix: {DETACH_FIX}")
+        result.extra.setdefault("detached", []).append(rec.name)
+    elif missing:
+        rec.passed = rec.prop_passed = False
+        rec.reason = (f"{rec.reason}; " if not rec.iso_passed else "") + _detached(missing) + \
+            " (the graph is cut after this module)"
+    elif called and len(called) == len([k for k in keys if k in run.calls]):
+        rec.reason = ("called, but its output carries no autograd graph on the candidate because its input carries "
+                      "none (the graph was cut before it): its backward was not run in isolation")
+    if missing:
+        result.extra.setdefault("no_gradient", []).extend(missing)
+
+
+def _graph_cut_note(result: CheckResult) -> bool:
+    """The note naming the parameters the candidate's forward left without a gradient (_judge_graph)
+    and where the graph was cut; whether there are any. Such a step trains less of the model than the
+    reference's, so it fails whatever else passed. Called once the culprit is named."""
+    missing: list[str] = result.extra.get("no_gradient") or []
+    if not missing:
+        return False
+    from pytest_rocm_parity.reports.summary import plural
+
+    cut: list[str] = result.extra.get("detached") or []
+    at = result.culprit if result.culprit in cut else (cut[-1] if cut else None)
+    where = (f"The graph is cut at {at}, whose output has no grad_fn on the candidate" if at else
+             "No selected module's output lost its grad_fn, so the cut is in code between the selected modules, "
+             "downstream of these parameters (a parent's own forward, a .detach() on a hidden state); where it is "
+             "inside a module, selecting finer modules (layers=, drill=) names it")
+    result.notes.append(f"{plural(len(missing), 'parameter')}: {_detached(missing)}. {where}. Fix: {DETACH_FIX}")
+    return True
+
+
 def _replay_sketch(cand: Any, meta: dict[str, Any], reader: RungReader, spec: CheckSpec, rung: str, args: Any,
                    kwargs: Any, loss: Any, factory: Any, selected: list[Selected], group: int,
                    accumulate: int = 1, call: Any = None) -> CheckResult:
@@ -586,15 +662,19 @@ def _replay_sketch(cand: Any, meta: dict[str, Any], reader: RungReader, spec: Ch
         go_bad.update((key, why) for key, why in reasons if key and why)
         if any(why for key, why in reasons if not key):
             pg_bad.add(name)
+        _judge_graph(result, rec, [e["key"] for e in entries], run, no_gradient(params, grads, reader, "sk/pg"))
         records[name] = rec
         result.layers.append(rec)
     drifted = bool(go_bad or pg_bad) or not loss_rec.passed
-    found = _loss_factor_note(scales, loss_scale, accumulate) if drifted else None
-    first = None if found else _sketch_culprit(meta["layers"], go_bad, pg_bad, records)
+    missing = bool(result.extra.get("no_gradient"))
+    found = _loss_factor_note(scales, loss_scale, accumulate) if drifted and not missing else None
+    first = None if found else _sketch_culprit(meta["layers"], go_bad, pg_bad, records,
+                                               set(result.extra.get("detached") or []))
     result.culprit = first.name if first else None
     result.culprit_block = first.primary if first else None
     result.first_divergent = next((r.name for r in reversed(result.layers) if not r.passed), None)
-    result.passed = not found and first is None and loss_rec.passed
+    cut = _graph_cut_note(result)
+    result.passed = not found and first is None and not cut and loss_rec.passed
     if found:
         result.extra["loss_factor"] = found[0]
         result.notes.append(found[1])
@@ -620,9 +700,10 @@ def _judge_loss(result: CheckResult, value: Any, reader: RungReader, tol: Any, r
 
 
 def _sketch_culprit(calls: list[dict[str, Any]], go_bad: dict[str, str], pg_bad: set[str],
-                    records: dict[str, LayerRecord]) -> LayerRecord | None:
+                    records: dict[str, LayerRecord], cut: set[str]) -> LayerRecord | None:
     """Walking the backward's order (the last call first): a module whose own parameters' gradients
-    drifted while the gradients it received held is the culprit; a call whose output gradient
+    drifted while the gradients it received held, or whose output lost its grad_fn (``cut``:
+    _judge_graph), where the backward stops, is the culprit; a call whose output gradient
     drifted received it from the call that consumed its output, the next call after it (and after
     its own sub-modules) in the forward's order: that call's module is the culprit, its record says
     so. By calls, not modules: a module called twice in a block (a shared activation) consumes what
@@ -642,7 +723,7 @@ def _sketch_culprit(calls: list[dict[str, Any]], go_bad: dict[str, str], pg_bad:
             return rec
         if name not in seen:
             seen.add(name)
-            if name in pg_bad:
+            if name in pg_bad or name in cut:
                 return records[name]
     return None
 
@@ -931,7 +1012,8 @@ def _replay_rung(cand: Any, meta: dict[str, Any], reader: RungReader, spec: Chec
                 iso.append(_metric(tag("grad_input"), dx, reader, f"ix/{key}", f"truth/ix/{key}", u, tol.confidence))
             iso += [_metric(tag(f"grad {pn}"), dps[pn], reader, f"ip/{key}/{pn}", f"truth/ip/{key}/{pn}", u,
                             tol.confidence) for pn in e["params"] if pn in dps]
-        for pn in sorted({pn for e in entries for pn in e["params"]}):
+        params = sorted({pn for e in entries for pn in e["params"]})
+        for pn in params:
             if pn in grads:
                 prop.append(judged(_metric(f"grad {pn}", grads[pn], reader, f"pg/{pn}", f"gtruth/pg/{pn}", u,
                                            tol.confidence, scales), f"grad {pn}"))
@@ -939,6 +1021,7 @@ def _replay_rung(cand: Any, meta: dict[str, Any], reader: RungReader, spec: Chec
                     obtained[f"{name}/grad {pn}/propagated"] = grads[pn]
         rec = LayerRecord(name=name, level=entries[0]["level"], primary=entries[0]["primary"])
         judge_layer(rec, iso, prop, rule)
+        _judge_graph(result, rec, [e["key"] for e in entries], run, no_gradient(params, grads, reader, "pg"))
         if not iso:
             rec.reason = rec.reason or "its backward was not run in isolation (no call recorded on the candidate)"
         result.layers.append(rec)
@@ -960,9 +1043,11 @@ def _replay_rung(cand: Any, meta: dict[str, Any], reader: RungReader, spec: Chec
 
 
 def _finish_train(result: CheckResult, factor_note: Callable[[], tuple[float, str] | None]) -> None:
-    """Culprit: the smallest module whose own backward is out of bounds; first divergent: the first
-    layer, in the backward's order (last module first), whose gradients drifted. With no module out
-    of bounds and the step off, ``factor_note`` tells a loss off by one factor from accumulated drift."""
+    """Culprit: the smallest module whose own backward is out of bounds (or whose output lost its
+    grad_fn); first divergent: the first layer, in the backward's order (last module first), whose
+    gradients drifted. Parameters left without a gradient fail the step (_graph_cut_note). With no
+    module out of bounds and the step off, ``factor_note`` tells a loss off by one factor from
+    accumulated drift."""
     failing = [l for l in result.layers if not l.iso_passed]
     minimal = minimal_failing(failing)
     result.culprit = minimal[-1].name if minimal else None
@@ -970,8 +1055,9 @@ def _finish_train(result: CheckResult, factor_note: Callable[[], tuple[float, st
     div = next((l for l in reversed(result.layers) if not l.prop_passed), None)
     result.first_divergent = div.name if div else None
     drifted = div is not None or not all(o.passed for o in result.outputs)
-    result.passed = not failing and all(o.passed for o in result.outputs)
-    if failing or not drifted:
+    cut = _graph_cut_note(result)
+    result.passed = not failing and not cut and all(o.passed for o in result.outputs)
+    if failing or cut or not drifted:
         return
     found = factor_note()
     if found:
