@@ -104,7 +104,7 @@ def may_fail(m: LeafMetrics, tol: Tolerance, rung: str, isolated: bool) -> bool:
     blocks or by its bound, which fails a module that makes no discrete choice (_fail_confined)."""
     r = Rule.of(tol, rung)
     return bool(r.failure(m, isolated)) or (isolated and (
-        _over_on_few_blocks(m, r.budget, r.z) or _by_ratio(m) and m.ratio_lo > CONFINED_BOUND_OVER * r.budget))
+        _on_few_blocks(m, r.budget) or _by_ratio(m) and m.ratio_lo > CONFINED_BOUND_OVER * r.budget))
 
 
 # At most this share of an integer output's elements may differ where every floating output of the
@@ -197,11 +197,15 @@ def _by_ratio(m: LeafMetrics) -> bool:
     return m.kind == "float" and not m.nonfinite and not m.noise > m.err_ref
 
 
+def _on_few_blocks(m: LeafMetrics, budget: float) -> bool:
+    """The error is far over budget, yet its lower bound is within budget because the excess sits on
+    a few of the blocks: a few tokens routed to other experts, or a row a kernel computed wrong."""
+    return _by_ratio(m) and m.ratio > UNDECIDED_OVER * budget and m.ratio_lo <= budget
+
+
 def _over_on_few_blocks(m: LeafMetrics, budget: float, z: float) -> bool:
-    """The error is far over budget and consistent (the sign test), yet its lower bound is within
-    budget because the excess sits on a few of the blocks, as a few tokens routed to other experts
-    put it."""
-    return _by_ratio(m) and m.ratio > UNDECIDED_OVER * budget and m.ratio_lo <= budget and m.z > z
+    """_on_few_blocks, and consistent (the sign test): what near-ties upstream do to a module's output."""
+    return _on_few_blocks(m, budget) and m.z > z
 
 
 def _few_blocks(l: LayerRecord, z: float) -> bool:
@@ -240,13 +244,15 @@ def _fail_confined(result: CheckResult, tol: Tolerance) -> None:
     """Fail the layers whose reference call made no discrete choice and whose error is confined to
     part of the tensor: with no near-tie to flip, such an error is a fault there (a block or tile of a
     kernel computed wrong, a wavefront-size assumption), however few elements it covers. Confined:
-    far over budget on a few blocks (_few_blocks), or a bound far over budget (CONFINED_BOUND_OVER)
-    that the sign test does not find significant, since most elements differ by rounding only."""
+    far over budget on a few blocks (_on_few_blocks), whatever the sign test says (a port that rounds
+    once where the reference rounds twice is closer to the truth everywhere else, z < 0), or a bound
+    far over budget (CONFINED_BOUND_OVER) that the sign test does not find significant, since most
+    elements differ by rounding only."""
     for l in result.layers:
         if l.decides is not False or not l.iso_passed or l.iso is None or not _by_ratio(l.iso):
             continue
         m = l.iso
-        if _few_blocks(l, tol.for_layer(l.name).z):
+        if _on_few_blocks(m, l.budget):
             where = f"concentrated on a few blocks of the tensor (bound {m.ratio_lo:.3g}x)"
         elif m.ratio_lo > CONFINED_BOUND_OVER * l.budget:
             where = (f"its bound {m.ratio_lo:.3g}x, over {CONFINED_BOUND_OVER:g} times the budget, while most "

@@ -48,3 +48,52 @@ def test_a_zeroed_tail_beside_a_reordered_gemm_fails_and_is_named(mode: str) -> 
     assert row.iso is not None
     print(f"{mode}: blocks.0: ratio {row.iso.ratio:.3g}x, bound {row.iso.ratio_lo:.3g}x, z={row.iso.z:+.1f}")   # docs/judging.md (-s)
     assert row.iso is not None and row.iso.z <= 3 and "part of its output is computed wrong" in row.reason, row.reason
+
+
+class Norm(nn.Module):
+    """An RMSNorm as Hugging Face writes it: normalise in float32, round, then scale (two roundings).
+    ``port``: float32 throughout and one rounding, as a fused kernel does; ``bad_row``: that kernel
+    also writes row 0's result into the last row."""
+
+    def __init__(self, n: int, port: bool = False, bad_row: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(1 + 0.2 * torch.randn(n))
+        self.port, self.bad_row = port, bad_row
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        if not self.port:
+            return self.weight * h.to(x.dtype)
+        rows = h.reshape(-1, h.shape[-1]).clone()
+        if self.bad_row:
+            rows[-1] = rows[0]
+        return (rows.reshape(h.shape) * self.weight.float()).to(x.dtype)
+
+
+class NormStack(nn.Module):
+    def __init__(self, port: bool = False, bad_row: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.norm = Norm(96, port, bad_row)
+        self.fc = nn.Linear(96, 96)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.norm(x))
+
+
+def test_one_wrong_row_of_a_port_more_accurate_elsewhere_fails_and_is_named() -> None:
+    """At bf16 a fused port that rounds once is closer to the truth than the reference's two roundings
+    on every row but the one it computes wrong: the sign test is strongly negative and the bound
+    collapses onto the good rows, yet the error sits on a few blocks of a module that makes no
+    discrete choice, so the module fails. The same port without the wrong row passes."""
+    x = torch.randn(2, 48, 96, generator=torch.Generator().manual_seed(1))
+    spec = CheckSpec(name="m", dtypes=["bfloat16"], drill=1)
+    ok, = capture_then_replay(NormStack, NormStack(port=True), x, spec)
+    assert ok.passed, verdicts([ok])
+    res, = capture_then_replay(NormStack, NormStack(port=True, bad_row=True), x, spec)
+    row = next(l for l in res.layers if l.name == "norm")
+    assert row.iso is not None and row.iso.z < -3, (row.iso.z if row.iso else None)
+    print(f"norm: ratio {row.iso.ratio:.3g}x, bound {row.iso.ratio_lo:.2g}x, z={row.iso.z:+.1f}")   # docs/judging.md (-s)
+    assert not res.passed and res.culprit == "norm", verdicts([res])
+    assert "part of its output is computed wrong" in row.reason and "few blocks" in row.reason, row.reason
