@@ -833,7 +833,7 @@ def _manifest_problem(m: dict[str, Any]) -> str:
         outs = r.get("outputs")
         if not isinstance(outs, dict) or not _str_map(outs.get("out")):
             return f"{where} has no 'outputs.out' mapping of leaf -> tensor key"
-        if not _fields(outs):
+        if not _str_list(outs.get("fields", [])):
             return f"{where} has an 'outputs.fields' that is not a list of names"
         if not isinstance(r.get("layers"), list):
             return f"{where} has no 'layers' list"
@@ -852,7 +852,7 @@ def _manifest_problem(m: dict[str, Any]) -> str:
                 return f"{where} has a layer entry whose 'act' is not a list of its input paths"
             if not isinstance(e.get("decides", False), bool):
                 return f"{where} has a layer entry whose 'decides' is not true or false"
-            if not _fields(e):
+            if not _str_list(e.get("fields", [])):
                 return f"{where} has a layer entry whose 'fields' is not a list of names"
         order = r.get("order", [])
         if not isinstance(order, list) or not all(isinstance(k, str) for k in order):
@@ -876,14 +876,13 @@ def _manifest_problem(m: dict[str, Any]) -> str:
         inputs = r.get("inputs", {})
         if not isinstance(inputs, dict) or not isinstance(inputs.get("const", {}), dict):
             return f"{where} has an 'inputs' that is not a mapping with a 'const' mapping"
+        if not _str_list(inputs.get("unread", [])):
+            return f"{where} has an 'inputs.unread' that is not a list of input paths"
     return ""
 
 
-def _fields(entry: dict[str, Any]) -> bool:
-    """Whether an output's optional ``fields`` (its named top-level fields in the model's order) is a
-    list of strings."""
-    f = entry.get("fields", [])
-    return isinstance(f, list) and all(isinstance(x, str) for x in f)
+def _str_list(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
 
 
 def _few(items: list[str], n: int = 3) -> str:

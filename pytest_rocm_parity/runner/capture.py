@@ -401,6 +401,7 @@ class Recording:
     outputs: dict[str, Any]
     order: list[str]
     pool: RecordPool
+    unread: list[str]   # the padding-mask inputs no operation of the forward read (DataFlow.watch)
 
 
 def _raw(t: Any, wide: bool = False) -> Any:
@@ -436,6 +437,9 @@ class DataFlow:
         # operations that made a discrete choice on activations so far (_decides); a module call
         # that ran none cannot flip at a near-tie (judging.md, "Confined faults fail")
         self.decisions = 0
+        # the model inputs watched for a read (watch): id -> (path, tensor); the paths read so far
+        self._watched: dict[int, tuple[str, Any]] = {}
+        self.read: set[str] = set()
         outer = self
 
         class _Mode(torch.overrides.TorchFunctionMode):
@@ -443,6 +447,8 @@ class DataFlow:
                 out = func(*args, **(kwargs or {}))
                 if torch.compiler.is_compiling():   # a kernel compiled inside the model (FlexAttention)
                     return out
+                if outer._watched and not outer._paused:
+                    outer.saw(args, kwargs)
                 if not outer._paused and outer._carriers and outer._any_carrier(args, kwargs):
                     leaves = _leaves_of(out)
                     outer.mark(leaves)
@@ -475,6 +481,19 @@ class DataFlow:
     def carries(self, t: Any) -> bool:
         r = self._carriers.get(id(t))
         return r is not None and r() is t
+
+    def watch(self, inputs: dict[str, Any]) -> None:
+        """Note which of these model inputs (path -> tensor) any operation of the forward reads: a
+        padding mask the model never reads (Whisper's encoder ignores its attention_mask) pads
+        nothing, and its "padded" positions are computed like any other."""
+        self._watched.update((id(t), (p, t)) for p, t in inputs.items())
+
+    def saw(self, args: Any, kwargs: Any) -> None:
+        """Mark the watched inputs among an operation's (or a blinded module's) arguments as read."""
+        for x in _leaves_of((args, kwargs)):
+            hit = self._watched.get(id(x))
+            if hit is not None and hit[1] is x:
+                self.read.add(hit[0])
 
     @contextlib.contextmanager
     def blind(self) -> Iterator[None]:
@@ -564,8 +583,10 @@ def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any, res
     started: dict[str, int] = {}   # the data flow's decision count at each open call's start
 
     flow = DataFlow()
-    flow.mark({p: t for p, t in tensor_leaves({"args": args, "kwargs": kwargs}).items() if not mask_input(p)},
-              floating_only=True)
+    given = tensor_leaves({"args": args, "kwargs": kwargs})
+    flow.mark({p: t for p, t in given.items() if not mask_input(p)}, floating_only=True)
+    masks = {p: t for p, t in given.items() if mask_input(p)}
+    flow.watch(masks)
 
     def rec_in(key: str, sel: Selected, a: Any, kw: Any) -> None:
         with flow.paused():
@@ -592,6 +613,7 @@ def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any, res
     def unseen(inner: Callable[..., Any]) -> Callable[..., Any]:
         def forward(*a: Any, **kw: Any) -> Any:
             carried = flow._any_carrier(a, kw)
+            flow.saw(a, kw)   # nothing inside is seen: a mask it is given counts as read
             with flow.blind():
                 out = inner(*a, **kw)
             if carried:
@@ -609,7 +631,7 @@ def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any, res
     outputs = {"out": {p: pool.add(t) for p, t in outs.items()}, "fields": named_fields(outs),
                "const": constant_leaves(out)}
     pool.release()
-    return Recording(entries, outputs, order, pool)
+    return Recording(entries, outputs, order, pool, sorted(set(masks) - flow.read))
 
 
 @inlines_compiled_children
@@ -751,7 +773,7 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
         src = outputs["out"] if key == OUTPUT else entries[key]["out"]
         return pool.on(src[p], truth_dev)
 
-    padding = Padding.of(tm, args, kwargs)
+    padding = Padding.of(tm, args, kwargs, unread=frozenset(rec.unread))
 
     def put_truth(name: str, key: str, p: str, t: Any) -> None:
         if t.is_floating_point() or t.is_complex():
@@ -811,7 +833,8 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
     layers = [entries[k] for k in order if k in entries and "out" in entries[k]]
     for e in layers:
         e.pop("gtruth", None)
-    meta = {"inputs": {"const": const_in}, "layers": layers, "outputs": outputs,
+    meta = {"inputs": {"const": const_in, **({"unread": rec.unread} if rec.unread else {})},
+            "layers": layers, "outputs": outputs,
             "truth_encoding": "residual", "truth_dtype": dt.name_of(rdt), "tf32": tf32, "order": order,
             "selected": sorted(by_name), "extra": extra_meta}
     if quant:

@@ -35,12 +35,14 @@ def mask_input(path: str) -> bool:
     return path.rpartition(".")[2] in MASK_INPUTS + PAD_INPUTS
 
 
-def mask_inputs(args: Any, kwargs: Any) -> dict[str, Any]:
+def mask_inputs(args: Any, kwargs: Any, unread: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The padding masks of a call by name (mask_input), the shallowest of each name: keywords, or
-    the keys of a dict passed in them (a sentence-transformers model called with its features)."""
+    the keys of a dict passed in them (a sentence-transformers model called with its features).
+    ``unread``: input paths the reference's forward never read (capture.DataFlow.watch), which pad
+    nothing."""
     leaves = tensor_leaves({"args": args, "kwargs": kwargs})
     found: dict[str, Any] = {}
-    for path in sorted((p for p in leaves if mask_input(p)), key=lambda p: p.count(".")):
+    for path in sorted((p for p in leaves if mask_input(p) and p not in unread), key=lambda p: p.count(".")):
         found.setdefault(path.rpartition(".")[2], leaves[path])
     return found
 
@@ -75,9 +77,10 @@ class Padding:
     flat_keys: frozenset[str] = frozenset()
 
     @classmethod
-    def of(cls, model: Any, args: Any, kwargs: Any) -> Padding | None:
-        """The padding of ``model`` called on ``(args, kwargs)``; None where nothing is padded."""
-        kw = mask_inputs(args, kwargs)
+    def of(cls, model: Any, args: Any, kwargs: Any, unread: frozenset[str] = frozenset()) -> Padding | None:
+        """The padding of ``model`` called on ``(args, kwargs)``; None where nothing is padded.
+        ``unread``: as mask_inputs'."""
+        kw = mask_inputs(args, kwargs, unread)
         valid = valid_positions(kw.get("attention_mask"))
         said = "attention_mask == 0"
         named = next((n for n in PAD_INPUTS if n in kw), None)   # mask_inputs: tensors only

@@ -672,7 +672,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
 
     fast = spec.replay == "fast" and spec.extra_judge is None
     args, kwargs = stored_inputs()
-    padding = Padding.of(inner, args, kwargs)
+    padding = Padding.of(inner, args, kwargs, unread=frozenset(meta.get("inputs", {}).get("unread", ())))
     if padding is not None:
         padding = dataclasses.replace(padding, flat_keys=frozenset(k for k, e in layers.items() if e.get("decides")))
     obtained: dict[str, Any] | None = {} if spec.report_dir is not None else None

@@ -220,6 +220,39 @@ def test_a_speech_encoders_padded_frames_are_left_out() -> None:
     assert any("padded frames of the encoder" in n for n in res[0].notes), res[0].notes
 
 
+def whisper() -> nn.Module:
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    torch.manual_seed(0)
+    return WhisperForConditionalGeneration(WhisperConfig(
+        vocab_size=100, num_mel_bins=16, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, max_source_positions=16,
+        max_target_positions=32, pad_token_id=1, bos_token_id=2, eos_token_id=3, decoder_start_token_id=2)).eval()
+
+
+def test_a_mask_the_model_never_reads_pads_nothing() -> None:
+    """Whisper's encoder ignores its attention_mask (the feature extractor's, 0 past the audio): those
+    frames are computed like any other, so they are judged, and a bug in conv1 on them is named
+    there, not as a fault between conv1 and conv2."""
+    g = torch.Generator().manual_seed(1)
+    mask = torch.ones(2, 32, dtype=torch.long)
+    mask[1, 20:] = 0
+    x = {"input_features": torch.randn(2, 16, 32, generator=g), "attention_mask": mask,
+         "decoder_input_ids": torch.randint(4, 100, (2, 7), generator=g), "use_cache": False}
+    spec = CheckSpec(name="whisper", dtypes=["float32"])
+    ok = capture_then_replay(whisper, whisper(), x, spec)
+    assert ok[0].passed and not any("padded" in n for n in ok[0].notes), (verdicts(ok), ok[0].notes)
+    bug = whisper()
+
+    def late_frames(_m: nn.Module, _a: object, out: torch.Tensor) -> torch.Tensor:
+        out = out.clone()
+        out[1, :, 20:] *= 1.05
+        return out
+    bug.model.encoder.conv1.register_forward_hook(late_frames)
+    res = capture_then_replay(whisper, bug, x, spec)
+    assert not res[0].passed and res[0].culprit == "model.encoder.conv1", verdicts(res)
+
+
 def test_a_routers_flattened_tokens_leave_out_padding() -> None:
     """Mixtral's router returns (batch * seq, ...) logits and top-k indices: its padded tokens are
     left out as a (batch, seq) leaf's are. Here the candidate routes the padded tokens elsewhere
