@@ -68,6 +68,19 @@ def _positions_past_the_model(model: Any, prompt_len: int, generate: int) -> Ite
                          f"{limit - generate} tokens or generate at most {max(0, limit - prompt_len)}") from exc
 
 
+def _encoder_input(model: Any) -> str:
+    """The name of the encoder's input in an encoder-decoder's forward: input_ids for text, the speech
+    or image one where the model takes no token ids (Whisper's input_features)."""
+    import inspect
+
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return "input_ids"
+    return next((n for n in ("input_ids", "input_features", "input_values", "pixel_values") if n in params),
+                "input_ids")
+
+
 def _is_hf(model: Any) -> bool:
     return hasattr(model, "config") and hasattr(model.config, "vocab_size")
 
@@ -95,7 +108,8 @@ def validate(model: Any, input_ids: Any, attention_mask: Any, generate: Any) -> 
         raise InvalidArgument(
             f"check_lm: {type(model).__name__} is an encoder-decoder (config.is_encoder_decoder): its logits are "
             f"the decoder's, not next-token predictions over input_ids. Judge it with parity.check(model, "
-            f"{{'input_ids': ..., 'decoder_input_ids': ...}}), which compares every layer and the logits")
+            f"{{{_encoder_input(model)!r}: ..., 'decoder_input_ids': ...}}), which compares every layer and the "
+            f"logits")
     if input_ids.dim() == 1:
         input_ids = input_ids.unsqueeze(0)
         if attention_mask is not None and attention_mask.dim() == 1:

@@ -145,7 +145,16 @@ def test_bad(parity):
     ("import transformers as tf; parity.check_lm(tf.BartForConditionalGeneration(tf.BartConfig(vocab_size=96, "
      "d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2, "
      "encoder_ffn_dim=32, decoder_ffn_dim=32)), torch.ones((1, 4), dtype=torch.long))",
-     "*InvalidArgument: check_lm: BartForConditionalGeneration is an encoder-decoder*parity.check(model*"),
+     "*InvalidArgument: check_lm: BartForConditionalGeneration is an encoder-decoder*parity.check(model, "
+     "{'input_ids': ..., 'decoder_input_ids': ...})*"),
+    # a speech one is judged on its own input, which is not input_ids
+    ("import transformers as tf; parity.check_lm(tf.WhisperForConditionalGeneration(tf.WhisperConfig(vocab_size=96, "
+     "num_mel_bins=8, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, "
+     "decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_source_positions=8, "
+     "max_target_positions=16, pad_token_id=1, bos_token_id=2, eos_token_id=3, decoder_start_token_id=2)), "
+     "torch.ones((1, 4), dtype=torch.long))",
+     "*InvalidArgument: check_lm: WhisperForConditionalGeneration is an encoder-decoder*parity.check(model, "
+     "{'input_features': ..., 'decoder_input_ids': ...})*"),
     # a base model without its LM head: refused when captured, not when the golden is replayed
     ("parity.check_lm(m.model, torch.ones((1, 4), dtype=torch.long))",
      "*InvalidArgument: check_lm: the model returned BaseModelOutputWithPast; expected logits*"),
