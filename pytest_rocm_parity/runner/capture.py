@@ -485,7 +485,7 @@ class DataFlow:
     def watch(self, inputs: dict[str, Any]) -> None:
         """Note which of these model inputs (path -> tensor) any operation of the forward reads: a
         padding mask the model never reads (Whisper's encoder ignores its attention_mask) pads
-        nothing, and its "padded" positions are computed like any other."""
+        nothing, and its "padded" positions are computed like any other (ignored_masks confirms it)."""
         self._watched.update((id(t), (p, t)) for p, t in inputs.items())
 
     def saw(self, args: Any, kwargs: Any) -> None:
@@ -563,6 +563,24 @@ def _leaves_of(obj: Any) -> list[Any]:
         elif isinstance(x, dict):
             stack.extend(x.values())
     return out
+
+
+def ignored_masks(m: Any, args: Any, kwargs: Any, unread: list[str]) -> list[str]:
+    """The padding masks among ``unread`` (no operation the data flow saw read them) that the model
+    ignores: its outputs are the same, bit for bit, with each set to all ones. Code the torch function
+    mode cannot see (a C++ extension, TorchScript) may read a mask: then the outputs change, and the
+    mask pads as any other."""
+    if not unread:
+        return []
+    import torch
+
+    def ones(p: str, t: Any) -> Any:
+        return torch.ones_like(t) if p in unread else t
+    given = tensor_leaves(_run(m, *_copies(args, kwargs)))
+    unmasked = map_tensors({"args": args, "kwargs": kwargs}, ones)
+    ignoring = tensor_leaves(_run(m, *_copies(tuple(unmasked["args"]), unmasked["kwargs"])))
+    same = given.keys() == ignoring.keys() and all(torch.equal(given[k], ignoring[k]) for k in given)
+    return list(unread) if same else []
 
 
 def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any, resnap: bool = False) -> Recording:
@@ -747,6 +765,7 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
             if not rec.pool.repeats_unchanged():   # a tensor handed on was written: record again, snapshotting repeats
                 rec.pool.drop_device()
                 rec = recording_pass(m, selected, *_copies(args, kwargs), resnap=True)
+            unread = ignored_masks(m, args, kwargs, rec.unread)
         extra_meta: dict[str, Any] = {}
         if extra is not None:
             with numerics(rung, tf32):
@@ -773,7 +792,7 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
         src = outputs["out"] if key == OUTPUT else entries[key]["out"]
         return pool.on(src[p], truth_dev)
 
-    padding = Padding.of(tm, args, kwargs, unread=frozenset(rec.unread))
+    padding = Padding.of(tm, args, kwargs, unread=frozenset(unread))
 
     def put_truth(name: str, key: str, p: str, t: Any) -> None:
         if t.is_floating_point() or t.is_complex():
@@ -833,7 +852,7 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
     layers = [entries[k] for k in order if k in entries and "out" in entries[k]]
     for e in layers:
         e.pop("gtruth", None)
-    meta = {"inputs": {"const": const_in, **({"unread": rec.unread} if rec.unread else {})},
+    meta = {"inputs": {"const": const_in, **({"unread": unread} if unread else {})},
             "layers": layers, "outputs": outputs,
             "truth_encoding": "residual", "truth_dtype": dt.name_of(rdt), "tf32": tf32, "order": order,
             "selected": sorted(by_name), "extra": extra_meta}

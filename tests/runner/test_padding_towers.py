@@ -253,6 +253,43 @@ def test_a_mask_the_model_never_reads_pads_nothing() -> None:
     assert not res[0].passed and res[0].culprit == "model.encoder.conv1", verdicts(res)
 
 
+@torch.jit.script
+def _scripted_mask_bias(m: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return ((1 - m.to(like.dtype)) * -1e9)[:, None, None, :]
+
+
+class ScriptMasked(nn.Module):
+    """Attention whose mask bias is built by TorchScript, which no torch function mode sees read the
+    mask; ``varlen``: the port leaves padded query rows 0, as a varlen kernel never computes them."""
+
+    def __init__(self, varlen: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.qkv, self.o, self.varlen = nn.Linear(8, 32), nn.Linear(32, 96), nn.Linear(32, 32), varlen
+        self.eval()
+
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        h = self.emb(x)
+        bias = _scripted_mask_bias(attention_mask, h)
+        b, s, d = h.shape
+        q, k, v = self.qkv(h).view(b, s, 3, 4, d // 4).permute(2, 0, 3, 1, 4)
+        y = (torch.softmax(q @ k.transpose(-1, -2) / (d // 4) ** 0.5 + bias, -1) @ v).transpose(1, 2).reshape(b, s, d)
+        if self.varlen:
+            y = y * (bias[:, 0, 0, :, None] == 0)
+        return self.o(y)
+
+
+def test_a_mask_read_where_the_data_flow_cannot_see_still_pads() -> None:
+    """The data flow sees no operation read the mask (TorchScript builds the bias), but the outputs
+    change without it: it is read, so its padded positions are left out and a varlen port passes."""
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[1, :5] = 0
+    x = {"x": torch.randn(2, 12, 8, generator=torch.Generator().manual_seed(1)), "attention_mask": mask}
+    res = capture_then_replay(ScriptMasked, ScriptMasked(varlen=True), x, CheckSpec(name="m", dtypes=["float32"]))
+    assert res[0].passed, verdicts(res)
+    assert any("5 padded positions" in n for n in res[0].notes), res[0].notes
+
+
 def test_a_routers_flattened_tokens_leave_out_padding() -> None:
     """Mixtral's router returns (batch * seq, ...) logits and top-k indices: its padded tokens are
     left out as a (batch, seq) leaf's are. Here the candidate routes the padded tokens elsewhere
