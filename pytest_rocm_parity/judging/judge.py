@@ -222,6 +222,12 @@ def _few_blocks_note(l: LayerRecord) -> str:
             f"tell it from near-ties. To decide, capture more tokens or judge the modules inside it (drill)")
 
 
+# Below this many elements an error over budget on a few blocks, with the sign test short of
+# significance, may be a handful of roundings that chance put on one side (a 2-logit head: |z| is at
+# most sqrt(2)); from it on, each of the 64 blocks holds 16 elements or more, and a ratio twice the
+# budget is no rounding's
+CONFINED_NUMEL = 1024
+
 # A bound this many times over its budget is no correct backend's, whatever the sign test says: the
 # test falls short of significance where the excess sits on few elements among many that a correct
 # reordering puts on either side of the reference (a kernel's tail zeroed beside a GEMM summed in
@@ -244,15 +250,15 @@ def _fail_confined(result: CheckResult, tol: Tolerance) -> None:
     """Fail the layers whose reference call made no discrete choice and whose error is confined to
     part of the tensor: with no near-tie to flip, such an error is a fault there (a block or tile of a
     kernel computed wrong, a wavefront-size assumption), however few elements it covers. Confined:
-    far over budget on a few blocks (_on_few_blocks), whatever the sign test says (a port that rounds
-    once where the reference rounds twice is closer to the truth everywhere else, z < 0), or a bound
-    far over budget (CONFINED_BOUND_OVER) that the sign test does not find significant, since most
-    elements differ by rounding only."""
+    far over budget on a few blocks (_on_few_blocks), whatever the sign test says where the tensor has
+    CONFINED_NUMEL elements (a port that rounds once where the reference rounds twice is closer to the
+    truth everywhere else, z < 0), or a bound far over budget (CONFINED_BOUND_OVER) that the sign
+    test does not find significant, since most elements differ by rounding only."""
     for l in result.layers:
         if l.decides is not False or not l.iso_passed or l.iso is None or not _by_ratio(l.iso):
             continue
         m = l.iso
-        if _on_few_blocks(m, l.budget):
+        if _on_few_blocks(m, l.budget) and (m.z > tol.for_layer(l.name).z or m.numel >= CONFINED_NUMEL):
             where = f"concentrated on a few blocks of the tensor (bound {m.ratio_lo:.3g}x)"
         elif m.ratio_lo > CONFINED_BOUND_OVER * l.budget:
             where = (f"its bound {m.ratio_lo:.3g}x, over {CONFINED_BOUND_OVER:g} times the budget, while most "
