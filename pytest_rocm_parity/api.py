@@ -12,7 +12,7 @@ from pytest_rocm_parity.judging import dtypes as dt
 from pytest_rocm_parity.judging.assertion import headline, property_text, raise_if_failed
 from pytest_rocm_parity.runner.capture import capture
 from pytest_rocm_parity.runner.engine import CheckSpec, default_dtypes
-from pytest_rocm_parity.runner.replay import check_stale, replay as replay_golden
+from pytest_rocm_parity.runner.replay import check_inputs, check_stale, replay as replay_golden
 from pytest_rocm_parity.runner.selection import check_tolerance_layers
 from pytest_rocm_parity.runner.wrappers import unwrap
 from pytest_rocm_parity.errors import GoldenCorrupt, GoldenExists, GoldenMissing, GoldenStale, InvalidArgument, ParityError
@@ -118,6 +118,8 @@ class Parity:
             # at the golden's own depth: a capture run's default depth is not the one asked of a replay
             check_stale(unwrap(model), inputs, replace(spec, drill=int(manifest.get("drill", spec.drill))), manifest,
                         str(self._session.store.manifest_path(spec.name)))
+            if not hasattr(self._session.store, "url"):   # a remote store would fetch the tensors to read them
+                check_inputs(inputs, spec, self._session.store, manifest)
 
         return self._run(spec, lambda: capture(model, inputs, spec, self._session.store, self.device,
                                                overwrite=self._session.store.exists(spec.name), env=self._session.env),

@@ -301,6 +301,28 @@ def _inputs_changed(args0: Any, kwargs0: Any, reader: RungReader, rung: str, met
     return ""
 
 
+def _refuse_changed_inputs(why: str, spec: CheckSpec, mpath: str) -> None:
+    if why:
+        raise GoldenStale(
+            f"stale golden {mpath} for {spec.name!r}: {why}. A replay judges the candidate on the inputs the golden "
+            f"stored, so the test must build the same ones; if the test's inputs changed on purpose, regenerate: "
+            f"{spec.regen_command}. If they differ only by backend RNG, build them on the CPU with a seeded "
+            f"torch.Generator.", mpath)
+
+
+def check_inputs(inputs: Any, spec: CheckSpec, store: GoldenStore, manifest: dict[str, Any]) -> None:
+    """GoldenStale where ``inputs`` are not those the golden stored, as a replay would raise it: a
+    capture run that keeps the golden says so then, not only the next replay."""
+    mpath = str(store.manifest_path(spec.name))
+    rung = next(iter(manifest["rungs"]))
+    args0, kwargs0 = normalize_inputs(inputs)
+    reader = RungReader(store.rung_file(spec.name, manifest, rung), "cpu")
+    try:
+        _refuse_changed_inputs(_inputs_changed(args0, kwargs0, reader, rung, manifest["rungs"][rung]), spec, mpath)
+    finally:
+        reader.release()
+
+
 @inlines_compiled_children
 def replay(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device: str,
            env: dict[str, Any] | None = None) -> list[CheckResult]:
@@ -372,12 +394,7 @@ def _replay_one(model: Any, inner: Any, spec: CheckSpec, store: GoldenStore, man
     reader = RungReader(path, str(home_device(inner, device)), expected_digest(meta), background_verify=True)
     try:
         _preload(reader, spec)
-        why = _inputs_changed(args0, kwargs0, reader, rung, meta)
-        if why:
-            raise GoldenStale(
-                f"stale golden {mpath} for {spec.name!r}: {why}. A replay judges the candidate on the inputs the golden "
-                f"stored, so the test must build the same ones; if the test's inputs changed on purpose, regenerate: {spec.regen_command}. "
-                f"If they differ only by backend RNG, build them on the CPU with a seeded torch.Generator.", mpath)
+        _refuse_changed_inputs(_inputs_changed(args0, kwargs0, reader, rung, meta), spec, mpath)
         with explained_by(spec.name, autocast):
             result = _replay_rung(model, spec, meta, reader, rung, device, {"args": args0, "kwargs": kwargs0})
     except Exception:

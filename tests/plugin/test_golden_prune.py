@@ -426,6 +426,32 @@ def test_a_capture_run_says_which_kept_goldens_no_longer_match_their_check(proje
     assert "goldens kept" not in changed.stdout.str()
 
 
+TEST_INPUTS_CHANGED = '''
+import torch
+from conftest import make_model
+
+def test_tiny(parity):
+    ids = torch.randint(0, 40, {shape}, generator=torch.Generator().manual_seed({seed}))
+    parity.check(make_model(), ids, name="tiny", dtypes=["float32"])
+'''
+
+
+@pytest.mark.parametrize("shape,seed,why", [("(2, 9)", 0, "input args.0: shape (2, 9) vs stored (2, 8)"),
+                                            ("(2, 8)", 5, "input args.0: values differ from the stored inputs")],
+                         ids=["shape", "values"])
+def test_a_capture_run_says_a_kept_golden_was_captured_on_other_inputs(project: pytest.Pytester, shape: str,
+                                                                       seed: int, why: str) -> None:
+    """The test now builds other inputs: a replay would refuse the golden as stale, so the capture
+    run that keeps it lists it as stale and says why, not as merely kept."""
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    project.makepyfile(test_tiny=TEST_INPUTS_CHANGED.format(shape=shape, seed=seed))
+    changed = project.runpytest("--rocm-parity", "--parity-mode=capture", "-rs")
+    changed.assert_outcomes(skipped=1)
+    changed.stdout.fnmatch_lines([f"*kept, and no longer matches this check: stale golden */tiny/manifest.json for "
+                                  f"'tiny': {why}*--parity-regen='tiny'*"])
+    changed.stdout.fnmatch_lines(["goldens stale (*--parity-regen rewrites them): tiny"])
+
+
 SHARED_TEST = '''
 import torch
 
