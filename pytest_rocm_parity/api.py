@@ -20,7 +20,7 @@ from pytest_rocm_parity.errors import WriteForbidden
 from pytest_rocm_parity.errors import ReferenceChange
 from pytest_rocm_parity.progress import checking, progress
 from pytest_rocm_parity.guards import (clean_errors, fail_once, known_keywords, require_inputs, require_model,
-                                       require_trainable)
+                                       require_token_ids, require_trainable)
 from pytest_rocm_parity.judging.records import CheckResult
 from pytest_rocm_parity.judging.tolerance import coerce
 from pytest_rocm_parity.options import capture_command
@@ -113,6 +113,8 @@ class Parity:
         with clean_errors():
             require_model(model)
             require_inputs(inputs)
+            vocab = getattr(getattr(unwrap(model), "config", None), "vocab_size", None)
+            require_token_ids(inputs, vocab if isinstance(vocab, int) and not isinstance(vocab, bool) else None)
             spec = self._spec(model, name, dtypes, layers, tolerance, drill, sketch, replay, ladder, inputs=inputs)
         def stale(manifest: dict[str, Any]) -> None:
             # at the golden's own depth: a capture run's default depth is not the one asked of a replay

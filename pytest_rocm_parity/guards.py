@@ -100,6 +100,34 @@ def require_inputs(inputs: Any) -> None:
                          f"keeps them the same on every machine)")
 
 
+TOKEN_INPUTS = ("input_ids", "decoder_input_ids")
+
+
+def require_token_ids(inputs: Any, vocab: int | None) -> None:
+    """InputError for a token id outside [0, ``vocab``) in an input named as token ids: the embedding
+    lookup would fail inside the model, first in the meta-device pass that sizes the default depth,
+    whose error speaks of meta tensors."""
+    from pytest_rocm_parity.runner.tree import tensor_leaves
+
+    if vocab is None:
+        return
+    for path, t in tensor_leaves(inputs).items():
+        name = path.rpartition(".")[2]
+        if name not in TOKEN_INPUTS or t.is_floating_point() or t.is_complex() or t.dtype is torch_bool():
+            continue
+        bad = (t < 0) | (t >= vocab)
+        if bool(bad.any()):
+            idx = tuple(int(i) for i in bad.nonzero()[0])
+            raise InputError(f"{name}: token id {int(t[idx])} at index {idx} is outside the model's vocabulary "
+                             f"[0, {vocab}); check the tokenizer matches the model")
+
+
+def torch_bool() -> Any:
+    import torch
+
+    return torch.bool
+
+
 def torch_tensor_type() -> type:
     import torch
 

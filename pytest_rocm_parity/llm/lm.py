@@ -120,13 +120,9 @@ def validate(model: Any, input_ids: Any, attention_mask: Any, generate: Any) -> 
         raise InputError(f"input_ids: empty sequence (shape {tuple(input_ids.shape)}); give at least 2 tokens per row")
     if input_ids.shape[1] < 2:
         raise InputError("input_ids: perplexity needs at least 2 tokens per row")
-    v = vocab_size(model)
-    if v is not None:
-        bad = (input_ids < 0) | (input_ids >= v)
-        if bool(bad.any()):
-            idx = tuple(int(i) for i in bad.nonzero()[0])
-            raise InputError(f"input_ids: token id {int(input_ids[idx])} at index {idx} is outside the model's "
-                             f"vocabulary [0, {v}); check the tokenizer matches the model")
+    from pytest_rocm_parity.guards import require_token_ids
+
+    require_token_ids({"input_ids": input_ids}, vocab_size(model))
     if attention_mask is not None:
         if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != tuple(input_ids.shape):
             shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__

@@ -125,6 +125,9 @@ def test_bad(parity):
 
 @pytest.mark.parametrize("call,message", [
     ("parity.check_lm(m, torch.tensor([[1, 2, 500]]))", "*InputError: input_ids: token id 500 at index (0, 2) is outside the model's vocabulary [[]0, 96)*"),
+    # parity.check holds token ids to the same rule, before its default depth runs the model on meta
+    ("parity.check(m, {'input_ids': torch.tensor([[1, 2, 500]]), 'use_cache': False})",
+     "*InputError: input_ids: token id 500 at index (0, 2) is outside the model's vocabulary [[]0, 96)*"),
     ("parity.check_lm(m, torch.zeros((1, 0), dtype=torch.long))", "*InputError: input_ids: empty sequence*"),
     ("parity.check_lm(m, torch.ones((2, 4), dtype=torch.long), attention_mask=torch.ones((2, 5)))", "*attention_mask: shape (2, 5) does not match input_ids (2, 4)*"),
     ("m.config.pad_token_id = 0; parity.check_lm(m, torch.tensor([[5, 6, 0, 0], [1, 2, 3, 4]]))", "*batch contains padding (pad_token_id=0) but no attention_mask*"),
