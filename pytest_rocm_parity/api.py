@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import contextlib
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -54,8 +54,11 @@ class Parity:
             if not isinstance(name, str) or not name.strip():
                 raise InvalidArgument(f"name={name!r}: must be a non-empty string")
             return name
-        base = self._node.nodeid.split("/")[-1] if self._node is not None else "check"
+        base = self._default_name()
         return base if self._count == 1 else f"{base}#{self._count}"
+
+    def _default_name(self) -> str:
+        return self._node.nodeid.split("/")[-1] if self._node is not None else "check"
 
     def _spec(self, model: Any, name: str | None, dtypes: Sequence[str] | str | None,
               layers: Sequence[str] | str | None, tolerance: Any, drill: int | None,
@@ -110,7 +113,7 @@ class Parity:
         bugs below the low-precision noise show (ini ``parity_ladder``).
         """
         __tracebackhide__ = True
-        with clean_errors():
+        with self.refusing(name, dtypes):
             require_model(model)
             require_inputs(inputs)
             vocab = getattr(getattr(unwrap(model), "config", None), "vocab_size", None)
@@ -157,7 +160,7 @@ class Parity:
         __tracebackhide__ = True
         from pytest_rocm_parity.runner.train import capture_train, replay_train
 
-        with clean_errors():
+        with self.refusing(name, dtypes, "train"):
             require_model(model)
             require_trainable(model)
             require_inputs(inputs)
@@ -179,7 +182,22 @@ class Parity:
         return compare_op(candidate, reference, *args, **kwargs)
 
     # -- shared by check and check_lm -------------------------------------------------------
-    def _error(self, spec: CheckSpec, exc: BaseException, kind: str) -> None:
+    @contextlib.contextmanager
+    def refusing(self, name: Any, dtypes: Any, kind: str = "model") -> Iterator[None]:
+        """A check refused over its arguments (the model, the inputs, an option) before its spec
+        exists is an error entry too, so that no summary or report of the run looks all-green; the
+        error fails the test as it is."""
+        __tracebackhide__ = True
+        with clean_errors():
+            try:
+                yield
+            except ParityError as exc:
+                shown = name if isinstance(name, str) and name.strip() else self._default_name()
+                rungs = [dtypes] if isinstance(dtypes, str) else [d for d in dtypes or () if isinstance(d, str)]
+                self._error(_Refused(shown, self._node.nodeid if self._node is not None else "", rungs), exc, kind)
+                raise
+
+    def _error(self, spec: CheckSpec | _Refused, exc: BaseException, kind: str) -> None:
         """A check without a verdict: an error entry in the session's results and its JUnit property."""
         from pytest_rocm_parity.reports.summary import error_text
 
@@ -194,7 +212,11 @@ class Parity:
         __tracebackhide__ = True
         s = self._session
         with clean_errors():
-            s.claim(spec.name, spec.test, self._claimed)
+            try:
+                s.claim(spec.name, spec.test, self._claimed)
+            except ParityError as exc:
+                self._error(spec, exc, kind)
+                raise
         s.goldens.used.add(spec.name)
         exists = s.store.exists(spec.name)
         if s.capturing:
@@ -278,6 +300,15 @@ class Parity:
         ladder_notes(results)
         raise_if_failed(results)
         return results
+
+
+@dataclass(frozen=True)
+class _Refused:
+    """What names a check refused before its spec was built, for its error entry."""
+
+    name: str
+    test: str
+    dtypes: list[str]
 
 
 MARKER_OPTIONS = ("dtypes", "layers", "tolerance", "drill", "sketch", "replay", "ladder")

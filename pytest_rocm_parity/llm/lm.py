@@ -248,9 +248,9 @@ def check_lm(parity: Any, model: Any, input_ids: Any, *, name: str | None = None
              drill: int | None = None, top_k: int = 5, ladder: bool | None = None) -> list[Any]:
     """See Parity.check_lm."""
     __tracebackhide__ = True
-    from pytest_rocm_parity.guards import clean_errors, require_inputs, require_model
+    from pytest_rocm_parity.guards import require_inputs, require_model
 
-    with clean_errors():
+    with parity.refusing(name, dtypes):
         require_model(model)
         require_inputs({"input_ids": input_ids, "attention_mask": attention_mask})
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:

@@ -31,8 +31,9 @@ def test_meta_model_fails_with_the_fix(project: pytest.Pytester, mode: str) -> N
     rep = project.runpytest("--rocm-parity", f"--parity-mode={mode}", "test_meta.py")
     rep.assert_outcomes(failed=2)
     out = rep.stdout.str()
-    failures = out.split("= FAILURES =")[1].split("short test summary")[0]
+    failures = out.split("= FAILURES =")[1].split("rocm-parity summary")[0]
     assert failures.count("InvalidArgument: model: ") == 2, failures
+    rep.stdout.fnmatch_lines(["ERROR meta *", "ERROR meta-lm *", "2 checks: 0 passed, 0 failed, 2 errors"])
     assert "on the meta device (first: emb.weight)" in out and "model.to_empty(device='cpu')" in out
     assert "load_state_dict" in out
     assert "Traceback" not in out and "NotImplementedError" not in out and "api.py:" not in out

@@ -162,6 +162,28 @@ def test_two_checks_of_one_name_name_both_tests(project: pytest.Pytester) -> Non
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*DuplicateCheckName: check name 'same' is used by test_dup.py::test_first and "
                                  "again by test_dup.py::test_second*name=*"])
+    # the refused check is in the summary too: no run that failed one reads all-green there
+    result.stdout.fnmatch_lines(["ERROR same [[]float32[]]*", "1 check: 0 passed, 0 failed, 1 error*"])
+
+
+def test_a_check_refused_over_its_arguments_is_an_error_of_the_summary_and_report(project: pytest.Pytester) -> None:
+    """A model on the meta device is refused before the check has a spec: it is listed as an error
+    in the summary and the JSON report beside the check that ran, named as the check would be."""
+    project.makepyfile(test_meta='''
+import torch
+from conftest import make_inputs
+
+def test_meta(parity):
+    with torch.device("meta"):
+        m = torch.nn.Linear(8, 8)
+    parity.check(m, make_inputs(), name="on-meta", dtypes=["float32"])
+''')
+    result = project.runpytest("--rocm-parity", "--parity-mode=capture", "--parity-report=rep")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["ERROR on-meta [[]float32[]]*", "1 check: 0 passed, 0 failed, 1 error*"])
+    doc = json.loads((project.path / "rep" / "parity-report.json").read_text())
+    refused = [c for c in doc["checks"] if c["name"] == "on-meta"]
+    assert len(refused) == 1 and refused[0]["test"] == "test_meta.py::test_meta" and refused[0]["error"]["kind"] == "error"
 
 
 def test_two_test_files_of_one_name_in_two_directories_are_told_apart(project: pytest.Pytester) -> None:
