@@ -127,13 +127,32 @@ def run_derive(a: argparse.Namespace) -> int:
     check_new_name(a.to)
     if not store.exists(a.name) and (store.root / MANIFEST).is_file():
         raise InvalidArgument(_golden_not_goldens_folder(a))
+    name = a.name if store.exists(a.name) else _named_by_folder(store, a.name)
     dtypes = ([d.strip() for d in a.dtypes.split(",") if d.strip()] if a.dtypes is not None
-              else list(store.read_manifest(a.name)["rungs"]))
-    derive(store, a.name, store, a.to, dtypes, a.drill, a.test, force=a.force)
+              else list(store.read_manifest(name)["rungs"]))
+    derive(store, name, store, a.to, dtypes, a.drill, a.test, force=a.force)
     print(f"wrote {store.manifest_path(a.to)}" + (f" (owned by {a.test})" if a.test else
           " (no owning test recorded: --parity-prune-obsolete never deletes it; derive again with --test NODEID "
           "to let prune tell when that test stops using it)"))
     return 0
+
+
+def _named_by_folder(store: GoldenStore, given: str) -> str:
+    """The check name of the golden whose folder in ``store`` is ``given`` (what `ls goldens` shows:
+    ``test_x.py_test_m-<hash>``); InvalidArgument naming close check names where there is none."""
+    manifest = store.root / given / MANIFEST
+    if manifest.is_file():
+        try:
+            held = load_manifest(manifest).get("name")
+        except GoldenError:
+            held = None
+        if isinstance(held, str) and held:
+            return held
+    close = store.close_names(given, n=3)
+    near = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    raise InvalidArgument(f"{store.root}: no golden named {given!r}. NAME is the check's name (a default name is "
+                          f"the test's id without its directories, e.g. 'test_x.py::test_m') or a golden's folder "
+                          f"in {store.root}{near}")
 
 
 def _golden_not_goldens_folder(a: argparse.Namespace) -> str:

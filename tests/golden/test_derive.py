@@ -167,3 +167,23 @@ def test_a_golden_derived_into_another_folder_keeps_its_project(tmp_path: Path) 
     assert dst.read_manifest("slim")[PROJECT_KEY] == "../../proj"
     derive(src, "full", src, "slim", ["float32"], 0)
     assert src.read_manifest("slim")[PROJECT_KEY] == ".."
+
+
+def test_derive_takes_a_goldens_folder_name_and_names_close_checks_otherwise(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A default check name (test_x.py::test_m) lives in a folder named after it with a hash: derive
+    takes that folder's name, as `ls goldens` shows it, for the check; a name of neither kind is
+    refused with the close check names."""
+    from pytest_rocm_parity.cli import main as cli_main
+
+    store = GoldenStore(tmp_path / "goldens")
+    capture(_model(), torch.randn(4, 8), CheckSpec(name="test_x.py::test_m", dtypes=["float32"], drill=1), store,
+            "cpu", env={})
+    folder = store.dir_for("test_x.py::test_m").name
+    assert folder != "test_x.py::test_m"
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(["golden", "derive", "goldens", folder, "--to", "slim", "--drill", "0"]) == 0
+    assert store.read_manifest("slim")["drill"] == 0
+    assert cli_main(["golden", "derive", "goldens", "test_x.py::test_mm", "--to", "slim2"]) == 2
+    err = capsys.readouterr().err
+    assert "no golden named 'test_x.py::test_mm'" in err and "did you mean 'test_x.py::test_m'" in err, err
