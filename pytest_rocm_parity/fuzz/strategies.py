@@ -557,7 +557,18 @@ def rms_norm_args(draw: st.DrawFn, dtype: DtypeArg = None, *, max_side: int = 16
     weight = tensors(dt, (n,), elements=values(dt, regimes=("ordinary",)), layouts=layouts)
     w = draw(weight if affine else st.none() if affine is False else st.none() | weight)
     eps = draw(st.sampled_from([1e-6, 1e-5]))
+    if draw(st.booleans()):   # rows whose mean square is eps: only there does where eps is added show
+        _rows_near_eps(x, eps)
     return OpArgs((x, (n,), w, eps), reduction_length=n, names=("x", "normalized_shape", "weight", "eps"))
+
+
+def _rows_near_eps(x: torch.Tensor, eps: float) -> None:
+    """Scale each nonzero row of ``x``, in place and in its own layout, to a mean square of ``eps``: an
+    epsilon added after the square root, or dropped, changes such a row's output by a third, where in a
+    row of ordinary magnitude it changes nothing a rounding would not."""
+    wide = x.double()
+    ms = wide.pow(2).mean(-1, keepdim=True)
+    x.copy_(torch.where(ms > 0, wide * (eps / ms.clamp_min(1e-300)).sqrt(), wide).to(x.dtype))
 
 
 @st.composite

@@ -206,3 +206,26 @@ def test_rms_norm_args_affine_draws_a_weight_always_never_or_sometimes() -> None
         find(S.rms_norm_args(torch.float32, affine=False), lambda c: c.args[weight] is not None, settings=quick)
     with pytest.raises(InvalidArgument, match="affine='yes'"):
         find(S.rms_norm_args(torch.float32, affine="yes"), lambda c: True, settings=quick)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_rms_norm_args_finds_an_epsilon_added_after_the_square_root(dtype: torch.dtype) -> None:
+    """Where eps is added only shows in rows whose mean square is near it: the strategy draws such
+    rows, so a kernel computing x / (sqrt(mean(x^2)) + eps) fails within a short search."""
+    import torch.nn.functional as F
+
+    from pytest_rocm_parity.fuzz.harness import check_op
+
+    def eps_after_sqrt(x: torch.Tensor, shape: tuple[int, ...], w: torch.Tensor | None, eps: float) -> torch.Tensor:
+        h = x.float()
+        y = h / (h.pow(2).mean(-1, keepdim=True).sqrt() + eps)
+        return (y if w is None else y * w.float()).to(x.dtype)
+
+    @FAST
+    @given(S.rms_norm_args(dtype, max_side=32))
+    def search(case: S.OpArgs) -> None:
+        result = check_op(eps_after_sqrt, F.rms_norm, case, device="cpu")
+        assert result.passed, result.message()
+
+    with pytest.raises(AssertionError, match="Mismatched elements"):
+        search()
