@@ -87,11 +87,11 @@ def require_inputs(inputs: Any) -> None:
         if not isinstance(leaf, torch_tensor_type()) and _holds_tensors(leaf):
             raise InvalidArgument(
                 f"inputs: {path or 'the input'} is an object of type {type(leaf).__name__} that holds tensors (a "
-                f"key/value cache, a mask object): a golden records the tensors of tuples, lists, dicts and dataclasses only, so the "
-                f"replay could not feed it the captured values, and a capture runs the model several times, "
-                f"each run changing a cache it is given. Pass what builds it instead: the whole sequence "
-                f"(prefix and new tokens) with use_cache=False; for a decoder's cached decoding, check_lm judges "
-                f"it (docs/lm.md)")
+                f"key/value cache, a mask object): a golden records the tensors of tuples, lists, dicts and "
+                f"dataclasses only, so the replay could not feed it the captured values, and a capture runs the "
+                f"model several times, each run changing a cache it is given. Pass what builds it instead: the "
+                f"whole sequence (prefix and new tokens) with use_cache=False; for a decoder's cached decoding, "
+                f"check_lm judges it (docs/lm.md)")
 
     on_meta = [p for p, t in tensor_leaves(inputs).items() if t.is_meta]
     if on_meta:
