@@ -565,6 +565,14 @@ def _leaves_of(obj: Any) -> list[Any]:
     return out
 
 
+def _record_fields(entry: dict[str, Any], leaves: Any) -> None:
+    """``entry["fields"]``, the order of an output's named fields (tree.named_fields), where it has
+    any: a positional output needs none, and its manifest entry stays as it was."""
+    fields = named_fields(leaves)
+    if fields:
+        entry["fields"] = fields
+
+
 def ignored_masks(m: Any, args: Any, kwargs: Any, unread: list[str]) -> list[str]:
     """The padding masks among ``unread`` (no operation the data flow saw read them) that the model
     ignores: its outputs are the same, bit for bit, with each set to all ones. Code the torch function
@@ -623,7 +631,7 @@ def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any, res
             ins = {pool.key_of(t) for t in inputs.pop(key, {}).values()} - {None}
             leaves, consts = split_leaves(out)
             entries[key]["out"] = {p: pool.add(t, fresh=pool.key_of(t) in ins) for p, t in leaves.items()}
-            entries[key]["fields"] = named_fields(leaves)
+            _record_fields(entries[key], leaves)
             entries[key]["const_out"] = consts
             entries[key]["decides"] = flow.decisions > started.pop(key)
             flow.mark(leaves)
@@ -646,8 +654,8 @@ def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any, res
             out = _run(m, args, kwargs)
             order = list(hooks.order)
     outs = tensor_leaves(out)
-    outputs = {"out": {p: pool.add(t) for p, t in outs.items()}, "fields": named_fields(outs),
-               "const": constant_leaves(out)}
+    outputs = {"out": {p: pool.add(t) for p, t in outs.items()}, "const": constant_leaves(out)}
+    _record_fields(outputs, outs)
     pool.release()
     return Recording(entries, outputs, order, pool, sorted(set(masks) - flow.read))
 
@@ -1113,7 +1121,7 @@ def _capture_rung_sketch(model: Any, args0: Any, kwargs0: Any, selected: list[Se
         entries[key] = {"name": sel.name, "key": key, "level": sel.level, "primary": sel.primary,
                         "in": {}, "out": {}, "const_in": {}, "const_out": constant_leaves(out)}
         keep("sk", key, out, entries[key]["out"])
-        entries[key]["fields"] = named_fields(entries[key]["out"])
+        _record_fields(entries[key], entries[key]["out"])
 
     m, was_training, args, kwargs = _rung_model_and_inputs(model, args0, kwargs0, device, dtype, tensors)
     try:
@@ -1122,7 +1130,7 @@ def _capture_rung_sketch(model: Any, args0: Any, kwargs0: Any, selected: list[Se
             order = list(hooks.order)
         outputs: dict[str, Any] = {"out": {}, "const": constant_leaves(out)}
         keep("sk", OUTPUT, out, outputs["out"])
-        outputs["fields"] = named_fields(outputs["out"])
+        _record_fields(outputs, outputs["out"])
         del out
     finally:
         m.train(was_training)

@@ -643,3 +643,14 @@ def test_a_cache_object_in_the_inputs_is_refused_untouched(tmp_path: Path) -> No
                                                   r"tensors.*use_cache=False.*check_lm"):
             run(model, step, spec, store, "cpu")
     assert cache.get_seq_length() == length
+
+
+def test_only_named_outputs_record_their_field_order(tmp_path: Path) -> None:
+    """T5's ModelOutput records its fields in the model's order; a module returning a tensor or a
+    tuple records none, so its manifest entry is as it was."""
+    store = GoldenStore(tmp_path)
+    capture(t5(), seq2seq_tokens(), CheckSpec(name="m", dtypes=["float32"]), store, "cpu", env={})
+    rung = store.read_manifest("m")["rungs"]["float32"]
+    assert rung["outputs"]["fields"][:2] == ["last_hidden_state", "encoder_last_hidden_state"]
+    positional = [e for e in rung["layers"] if all(p.split(".")[0].isdigit() for p in e["out"])]
+    assert positional and not any("fields" in e for e in positional)
