@@ -76,15 +76,16 @@ def require_model(model: Any) -> None:
 def require_inputs(inputs: Any) -> None:
     """InvalidArgument for inputs of no supported form (a generator, a set), InputError for a tensor
     input on the meta device (shapes without values: nothing to run): before any golden is looked
-    up, so that neither a capture nor a replay sends the user to the other first."""
+    up, so that neither a capture nor a replay sends the user to the other first; and for an input
+    object that holds tensors where no golden records them (a key/value cache)."""
+    import torch
+
     from pytest_rocm_parity.runner.engine import normalize_inputs
-    from pytest_rocm_parity.runner.tree import tensor_leaves
+    from pytest_rocm_parity.runner.tree import iter_leaves, tensor_leaves
 
     normalize_inputs(inputs)
-    from pytest_rocm_parity.runner.tree import iter_leaves
-
     for path, leaf in iter_leaves(inputs):
-        if not isinstance(leaf, torch_tensor_type()) and _holds_tensors(leaf):
+        if not isinstance(leaf, torch.Tensor) and _holds_tensors(leaf):
             raise InvalidArgument(
                 f"inputs: {path or 'the input'} is an object of type {type(leaf).__name__} that holds tensors (a "
                 f"key/value cache, a mask object): a golden records the tensors of tuples, lists, dicts and "
@@ -107,13 +108,15 @@ def require_token_ids(inputs: Any, vocab: int | None) -> None:
     """InputError for a token id outside [0, ``vocab``) in an input named as token ids: the embedding
     lookup would fail inside the model, first in the meta-device pass that sizes the default depth,
     whose error speaks of meta tensors."""
+    import torch
+
     from pytest_rocm_parity.runner.tree import tensor_leaves
 
     if vocab is None:
         return
     for path, t in tensor_leaves(inputs).items():
         name = path.rpartition(".")[2]
-        if name not in TOKEN_INPUTS or t.is_floating_point() or t.is_complex() or t.dtype is torch_bool():
+        if name not in TOKEN_INPUTS or t.is_floating_point() or t.is_complex() or t.dtype is torch.bool:
             continue
         bad = (t < 0) | (t >= vocab)
         if bool(bad.any()):
@@ -122,24 +125,14 @@ def require_token_ids(inputs: Any, vocab: int | None) -> None:
                              f"[0, {vocab}); check the tokenizer matches the model")
 
 
-def torch_bool() -> Any:
-    import torch
-
-    return torch.bool
-
-
-def torch_tensor_type() -> type:
-    import torch
-
-    return torch.Tensor
-
-
 def _holds_tensors(obj: Any, depth: int = 4) -> bool:
     """Whether an object the input walk keeps whole holds a tensor in its attributes, a few levels
     down (a transformers Cache keeps them in layer objects)."""
     if depth < 0 or obj is None or isinstance(obj, (bool, int, float, str, bytes, type)):
         return False
-    if isinstance(obj, torch_tensor_type()):
+    import torch
+
+    if isinstance(obj, torch.Tensor):
         return True
     if isinstance(obj, dict):
         items = list(obj.values())
