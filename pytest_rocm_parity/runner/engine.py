@@ -495,13 +495,20 @@ def explained_by(name: str, why: str | None) -> Iterator[None]:
 def submodule(model: Any, name: str) -> Any:
     """``model.get_submodule(name)`` read from the ``_modules`` dicts: get_submodule's checks cost
     more than the lookup, for each selected module on every pass."""
+    return _descend(model, name)[0]
+
+
+def _descend(model: Any, name: str, kinds: tuple[type, ...] = ()) -> tuple[Any, bool]:
+    """Module ``name`` of ``model``, and whether it or a module on the way to it is one of ``kinds``."""
     mod = model
+    inside = isinstance(mod, kinds)
     for part in name.split(".") if name else ():
         nxt = mod._modules.get(part)
         if nxt is None:
-            return model.get_submodule(name)   # its error names what is missing
+            return model.get_submodule(name), False   # its error names what is missing
         mod = nxt
-    return mod
+        inside = inside or isinstance(mod, kinds)
+    return mod, inside
 
 
 class Hooks:
@@ -532,12 +539,13 @@ class Hooks:
 
         model = unwrap(model)
         pre, post = outside_dynamo(self._pre), outside_dynamo(self._post)
-        fused = hook_sensitive(model)
-        post_unnested = outside_dynamo(self._post_unnested) if fused else post
+        kinds = hook_sensitive_kinds()
+        post_unnested = None
         for sel in selected:
-            mod = submodule(model, sel.name)
+            mod, fused = _descend(model, sel.name, kinds)
             self._selected[id(mod)] = sel
-            if id(mod) in fused:
+            if fused:
+                post_unnested = post_unnested or outside_dynamo(self._post_unnested)
                 self.handles.append(ForwardWrap(mod, _hooked(mod, pre, post_unnested)))
                 continue
             self.handles.append(mod.register_forward_pre_hook(pre, with_kwargs=True))
@@ -629,10 +637,13 @@ def _canonical(consts: dict[str, Any]) -> str:
 
 
 def _calls_by_constant(golden: dict[str, dict[str, Any]]) -> dict[str, dict[str, str]]:
-    """Module name -> {key: canonical constants} where a module's recorded calls differ in them."""
-    by_name: dict[str, dict[str, str]] = {}
+    """Module name -> {key: canonical constants} where a module's recorded calls differ in them
+    (only a module called more than once can: the others are not canonicalised on every pass)."""
+    keys_of: dict[str, list[str]] = {}
     for key, entry in golden.items():
-        by_name.setdefault(entry["name"], {})[key] = _canonical(entry.get("const_in", {}))
+        keys_of.setdefault(entry["name"], []).append(key)
+    by_name = {n: {k: _canonical(golden[k].get("const_in", {})) for k in keys}
+               for n, keys in keys_of.items() if len(keys) > 1}
     return {n: calls for n, calls in by_name.items() if len(set(calls.values())) > 1}
 
 
@@ -644,12 +655,13 @@ _HOOK_SENSITIVE = ("TransformerEncoderLayer",)
 _MODE_SENSITIVE = ("TransformerEncoder", "TransformerEncoderLayer")
 
 
-def hook_sensitive(model: Any) -> set[int]:
-    """ids of the modules of ``model`` that a registered hook would take off a fused path."""
+def hook_sensitive_kinds() -> tuple[type, ...]:
+    """The module classes that a hook registered on them, or on a module inside them, would take
+    off a fused path: a selected module is wrapped instead of hooked when it is one of them or lies
+    inside one (found on the way down to it, not by walking the whole model on every pass)."""
     import torch
 
-    kinds = tuple(getattr(torch.nn, n) for n in _HOOK_SENSITIVE)
-    return {id(sub) for m in model.modules() if isinstance(m, kinds) for sub in m.modules()}
+    return tuple(getattr(torch.nn, n) for n in _HOOK_SENSITIVE)
 
 
 def mode_sensitive(model: Any) -> list[Any]:
