@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                                                   file_digests, sha256_file)
     from pytest_rocm_parity.runner.capture import capture
     from pytest_rocm_parity.runner.engine import CheckSpec, Hooks, _run
-    from pytest_rocm_parity.runner.replay import _preload, _replay_rung, _swap, activation_paths
+    from pytest_rocm_parity.runner.replay import _preload, _replay_rung, _SharedCopies, _swap, activation_paths
     from pytest_rocm_parity.runner.selection import select
 
     dev = a.device
@@ -286,15 +286,20 @@ def main(argv: list[str] | None = None) -> int:
     def golden(key: str, p: str) -> Any:   # a copy, as the pass makes of what the reader holds
         return reader.get(layers[key]["in"][p]).clone()
 
+    shared = _SharedCopies()
+
     def swapped_in(key: str, sel: Any, a: Any, kw: Any) -> Any:
         if key not in layers:
             return None
-        sa, skw, _ = _swap(key, a, kw, acts[key], golden, [], standalone=True)
+        sa, skw, _ = _swap(key, a, kw, acts[key], golden, [], standalone=True, shared=shared)
         return sa, skw
 
     def swap_only() -> None:
-        with Hooks(model, selected, swapped_in, lambda key, sel, out: None):
-            forward()
+        try:
+            with Hooks(model, selected, swapped_in, lambda key, sel, out: None):
+                forward()
+        finally:
+            shared.clear()
 
     full = CheckSpec(name=a.model, dtypes=["bfloat16"], drill=0, replay="full")
     wrapped = torch.nn.DataParallel(model, device_ids=[torch.device(dev).index or 0]) if dev.startswith("cuda") \

@@ -907,8 +907,34 @@ def _direct_level(inner: Any, keys: list[str], layers: dict[str, dict[str, Any]]
     return True
 
 
+class _SharedCopies:
+    """The golden copies handed out in one run of the candidate's forward: one per candidate tensor
+    object and golden tensor. Modules the candidate hands one tensor (a Llama's rotary tables, given
+    to every block) share one copy, as they share that tensor in its own run: a module that writes it
+    in place is seen by the next one as there, and each block does not pay for a copy of its own.
+    An entry lives as long as the candidate's tensor (a weak reference), so no copy outlives it."""
+
+    def __init__(self) -> None:
+        self._by: dict[tuple[int, str], tuple[Any, Any]] = {}
+
+    def get(self, t: Any, gkey: str) -> Any | None:
+        hit = self._by.get((id(t), gkey))
+        return hit[1] if hit is not None and hit[0]() is t else None
+
+    def put(self, t: Any, gkey: str, g: Any) -> None:
+        import weakref
+
+        k, by = (id(t), gkey), self._by
+        by[k] = (weakref.ref(t, lambda _r: by.pop(k, None)), g)
+
+    def clear(self) -> None:
+        """Every copy let go (the forward has returned)."""
+        self._by.clear()
+
+
 def _swap(key: str, a: Any, kw: Any, paths: dict[str, str], golden: Callable[[str, str], Any],
-          notes: list[str], standalone: bool = False) -> tuple[Any, Any, list[str]]:
+          notes: list[str], standalone: bool = False,
+          shared: _SharedCopies | None = None) -> tuple[Any, Any, list[str]]:
     """The call ``(a, kw)`` with each activation leaf (``paths``: path -> its golden tensor's key)
     replaced by its golden value, and the paths whose golden value has another shape than the
     candidate's.
@@ -919,14 +945,15 @@ def _swap(key: str, a: Any, kw: Any, paths: dict[str, str], golden: Callable[[st
 
     One tensor passed at several paths whose golden is one stored tensor (``attn(h, h, h)``) is
     replaced by one copy: a module may choose its kernel by that identity (nn.MultiheadAttention
-    takes its fused self-attention path only when query is key is value)."""
+    takes its fused self-attention path only when query is key is value); ``shared``: the copies
+    of the earlier calls of one forward, for a tensor the candidate hands several modules."""
     import torch
 
     reshaped: list[str] = []
-    same: dict[tuple[int, str], Any] = {}
+    same = shared if shared is not None else _SharedCopies()
 
     def fn(p: str, t: Any) -> Any:
-        hit = same.get((id(t), paths[p]))
+        hit = same.get(t, paths[p])
         if hit is not None:
             return hit
         g = golden(key, p)
@@ -937,7 +964,7 @@ def _swap(key: str, a: Any, kw: Any, paths: dict[str, str], golden: Callable[[st
                              f"golden; the candidate's value was used")
                 return t
         g = laid_out_as(g if g.device == t.device else g.to(t.device), t)
-        same[(id(t), paths[p])] = g
+        same.put(t, paths[p], g)
         return g
     try:   # the usual calls (tensors in plain tuples, lists and dicts): every planned path is found
         root = _patch({"args": a, "kwargs": kw}, _plan(paths), fn, torch.Tensor)
@@ -983,7 +1010,7 @@ def _hooked_level(model: Any, inner: Any, selected: list[Selected], level: int, 
             keep_call(key, sel, a, kw)
         if sel.level != level or key not in layers:
             return None
-        sa, skw, reshaped = _swap(key, a, kw, acts[key], golden, notes, standalone=True)
+        sa, skw, reshaped = _swap(key, a, kw, acts[key], golden, notes, standalone=True, shared=shared)
         if not reshaped:
             return sa, skw
         # The golden inputs have other shapes than the candidate's call (a router that chose other
@@ -993,11 +1020,12 @@ def _hooked_level(model: Any, inner: Any, selected: list[Selected], level: int, 
             direct[key] = hooks.standalone(submodule(inner, sel.name), sa, skw)
             rerouted.append(key)
         except Exception:
-            sa, skw, _ = _swap(key, a, kw, acts[key], golden, notes)
+            sa, skw, _ = _swap(key, a, kw, acts[key], golden, notes, shared=shared)
             return sa, skw
         return None
 
     direct: dict[str, Any] = {}
+    shared = _SharedCopies()
 
     def keep(key: str, sel: Selected, out: Any) -> None:
         if sel.level == level:
@@ -1005,8 +1033,11 @@ def _hooked_level(model: Any, inner: Any, selected: list[Selected], level: int, 
                 outputs_seen.update(id(t) for t in tensor_leaves(out).values())
             compare(key, direct.pop(key, out), "truth", iso)
 
-    with Hooks(inner, selected, sub, keep, golden=layers) as hooks:
-        out = _run(model, *stored_inputs())
+    try:
+        with Hooks(inner, selected, sub, keep, golden=layers) as hooks:
+            out = _run(model, *stored_inputs())
+    finally:
+        shared.clear()
     judge.flush()
     return out
 

@@ -374,3 +374,55 @@ def test_a_bug_in_a_model_that_scales_its_own_input_is_caught(tmp_path) -> None:
     (res,) = replay(model, x.clone(), spec, store, "cpu")
     assert not res.passed and res.culprit == "fc", [(l.name, l.reason) for l in res.layers]
     assert [o.passed for o in res.outputs] == [False], [(o.name, o.reason) for o in res.outputs]
+
+
+class _Table(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cos(x) + 1.5
+
+
+class _UsesTable(nn.Module):
+    def __init__(self, writes: bool = False) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.writes = writes
+
+    def forward(self, h: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        y = torch.tanh(self.lin(h) * table)
+        if self.writes:   # a port's kernel that reuses the table's memory once it has read it
+            table.mul_(2.0)
+        return y
+
+
+class _SharedTable(nn.Module):
+    """One table handed to every block, as a Llama hands its rotary tables."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = _Table()
+        self.blocks = nn.ModuleList(_UsesTable() for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = self.table(x)
+        for b in self.blocks:
+            x = b(x, t)
+        return x
+
+
+def test_blocks_handed_one_tensor_share_its_golden_copy_in_the_fast_pass(tmp_path) -> None:
+    """The port's first block writes the table it shares with the others: in the candidate's own run
+    the later blocks read the written table, and so they do in the fast pass, which hands the
+    blocks one golden copy where the candidate hands them one tensor (a copy per block would hide
+    the write: every block judged on a clean table, and the port passed)."""
+    torch.manual_seed(0)
+    model = _SharedTable().eval()
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
+    spec = CheckSpec(name="shared", dtypes=["float32"], replay="fast", drill=0)
+    store = GoldenStore(tmp_path)
+    capture(model, x, spec, store, "cpu")
+    (clean,) = replay(model, x, spec, store, "cpu")
+    assert clean.passed, [(l.name, l.reason) for l in clean.layers if not l.passed]
+    model.blocks[0].writes = True
+    (res,) = replay(model, x, spec, store, "cpu")
+    failing = {l.name for l in res.layers if not l.passed}
+    assert not res.passed and failing == {"blocks.1", "blocks.2"}, [(l.name, l.reason) for l in res.layers]
