@@ -449,6 +449,103 @@ def activation_paths(layers: dict[str, dict[str, Any]]) -> dict[str, dict[str, s
             for key, e in layers.items()}
 
 
+class _Decisions:
+    """The discrete choices (a MoE router's top-k) that selected modules made inside an isolated
+    call of one of their ancestors, against the golden's.
+
+    Why: an ancestor judged on golden inputs runs its router on its own children's outputs, which
+    differ from the reference's by rounding; a token at a near-tie of the router's scores goes to
+    other experts, and its output differs whole, as on a correct backend. Such tokens are scored as
+    the reference's in the ancestor's isolated verdict (and named in a note), up to half its tokens:
+    the router and every other child are judged on their own golden inputs, so a fault in them is
+    still named there, and a fault of the ancestor's own code shows on the tokens routed alike.
+    """
+
+    def __init__(self, layers: dict[str, dict[str, Any]], selected: list[Selected], reader: RungReader) -> None:
+        self.layers, self.reader = layers, reader
+        names = {e["name"] for e in layers.values() if e.get("decides")}
+        self.watched = [s for s in selected if s.name in names]
+        self.flips: dict[str, Any] = {}       # decider call -> (rows,) bool, where its choice differs
+        self.dropped: dict[str, tuple[Any, list[str]]] = {}   # judged call -> (rows scored as the reference's, deciders)
+
+    def deeper(self, level: int) -> list[Selected]:
+        """The watched modules below ``level``: those an isolated call at ``level`` runs in context."""
+        return [s for s in self.watched if s.level > level]
+
+    def saw(self, key: str, out: Any) -> None:
+        """A watched call's output in an isolated run of an ancestor: its exact leaves (choices, a
+        token's along the last dim) against the golden's, token by token, with no wait for the device."""
+        import torch
+
+        e = self.layers.get(key)
+        if e is None or not e.get("decides"):
+            return
+        got = {"0": out} if isinstance(out, torch.Tensor) else aligned_leaves(tensor_leaves(out), e)
+        rows = None
+        for p, gk in e["out"].items():
+            ref, c = self.reader.get(gk), got.get(p)
+            if c is None or ref.is_floating_point() or ref.is_complex() or ref.dim() == 0 \
+                    or tuple(c.shape) != tuple(ref.shape):
+                continue
+            differs = c.to(ref.device) != ref   # the last dim holds a token's choices (its top-k)
+            differs = (differs.any(-1) if differs.dim() >= 2 else differs).reshape(-1)
+            rows = differs if rows is None or rows.shape != differs.shape else rows | differs
+        if rows is not None:
+            self.flips[key] = rows
+
+    def take(self, key: str) -> Any:
+        """The (tokens,) rows that the choices inside call ``key`` sent elsewhere in this run (none
+        where more than half did: not near-ties, judged whole); None where no watched call ran in it."""
+        name = self.layers[key]["name"] + "."
+        inside = [d for d in self.flips if self.layers[d]["name"].startswith(name)]
+        rows = None
+        for d in inside:
+            r = self.flips.pop(d)
+            rows = r if rows is None else (rows | r if rows.shape == r.shape else rows)
+        if rows is None:
+            return None
+        rows = rows & (rows.sum() * 2 <= rows.numel())
+        self.dropped[key] = (rows, inside)
+        return rows
+
+    @staticmethod
+    def scored_as_reference(rows: Any, c: Any, ref: Any) -> Any:
+        """``c`` with the tokens ``rows`` set to the reference's values, where ``c`` runs over the
+        tokens ((tokens, ...) or (batch, seq, ...)); ``c`` itself elsewhere."""
+        import torch
+
+        n = rows.numel()
+        if c.dim() >= 1 and c.shape[0] == n:
+            shape = (n,) + (1,) * (c.dim() - 1)
+        elif c.dim() >= 2 and c.shape[0] * c.shape[1] == n:
+            shape = (c.shape[0], c.shape[1]) + (1,) * (c.dim() - 2)
+        else:
+            return c
+        return torch.where(rows.to(c.device).reshape(shape), ref.to(c.device, c.dtype), c)
+
+    def run_done(self) -> None:
+        """The choices of one isolated run are its own: the next run's ancestors see the next run's."""
+        self.flips.clear()
+
+    def notes(self) -> list[str]:
+        """One note per judged call some of whose tokens were scored as the reference's (one wait)."""
+        import torch
+
+        if not self.dropped:
+            return []
+        keys = list(self.dropped)
+        counts = torch.stack([self.dropped[k][0].sum().cpu() for k in keys]).tolist()
+        out = []
+        for key, n in zip(keys, counts):
+            if n:
+                rows, inside = self.dropped[key]
+                out.append(f"{key}: {n} of {rows.numel()} tokens took other choices at "
+                           f"{', '.join(self.layers[d]['name'] for d in inside[:2])} inside it than the reference's "
+                           f"on its golden inputs (near-ties of the choice's scores, moved by its children's "
+                           f"rounding): scored as the reference's in its isolated verdict")
+        return out[:3] + ([f"... and {len(out) - 3} more calls so"] if len(out) > 3 else [])
+
+
 class _Judge:
     """Comparisons of one pass, judged after it with one wait for the device (flush).
 
@@ -693,6 +790,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
     if padding is not None:
         padding = dataclasses.replace(padding, flat_keys=frozenset(k for k, e in layers.items() if e.get("decides")))
     obtained: dict[str, Any] | None = {} if spec.report_dir is not None else None
+    decisions = _Decisions(layers, selected, reader)
     judge = _Judge(rung, tol.unit_roundoff(rung), padding, obtained, noise_allowance(meta, inner))
     prop: dict[str, list[LeafMetrics]] = {}
     iso: dict[str, list[LeafMetrics]] = {}
@@ -708,6 +806,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         got = {"0": out} if isinstance(out, torch.Tensor) else aligned_leaves(tensor_leaves(out), e)
         res: list[Any] = []
         isolated = prefix == "truth"
+        drop = decisions.take(key) if isolated and decisions.flips else None
         for p, gk in e["out"].items():
             ref = reader.get(gk)
             c = got.get(p)
@@ -718,6 +817,8 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
                 else:
                     optional.setdefault(p, []).append(key)
                 continue
+            if drop is not None and tuple(c.shape) == tuple(ref.shape):
+                c = decisions.scored_as_reference(drop, c, ref)
             tname = f"{prefix}/{key}/{p}"
             truth: Any = None
             if ref.is_floating_point() or ref.is_complex():
@@ -776,7 +877,8 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
             # own (compiled) forward, and every call kept for the deeper levels
             seen: set[int] = set()
             out = _hooked_level(model, inner, selected, levels[0], layers, acts, golden, compare, iso, judge, notes,
-                                rerouted, lambda: (args, kwargs), keep_call if len(levels) > 1 else None, seen)
+                                rerouted, lambda: (args, kwargs), keep_call if len(levels) > 1 else None, seen,
+                                decisions)
             # A model output that is no judged module's own tensor was computed by code outside them
             # (a final logit softcap, a scale after the head): judged teacher-forced, against the
             # propagated truth, which the reference's own propagated error dominates for a correct
@@ -803,9 +905,9 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         for level in deeper:
             keys = [k for k in meta.get("order", list(layers)) if k in layers and layers[k]["level"] == level]
             if compiled or not _direct_level(inner, keys, layers, acts, calls, plain, golden, compare, iso, judge,
-                                             notes, rerouted, level):
+                                             notes, rerouted, level, decisions):
                 _hooked_level(model, inner, selected, level, layers, acts, golden, compare, iso, judge, notes, rerouted,
-                              stored_inputs)
+                              stored_inputs, decisions=decisions)
         if rerouted:
             notes.append(f"{len(rerouted)} module call{'s' if len(rerouted) > 1 else ''} ({', '.join(rerouted[:3])}"
                          f"{'...' if len(rerouted) > 3 else ''}) had inputs of other shapes on the candidate than in "
@@ -821,6 +923,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
             result.layers.append(rec)
         result.outputs = outs
         notes += optional_notes(optional, [])
+        notes += decisions.notes()
         if padding is not None:
             notes.append(padding.note())
         notes += convention_note(meta, inputs_template)
@@ -870,17 +973,20 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
 def _direct_level(inner: Any, keys: list[str], layers: dict[str, dict[str, Any]], acts: dict[str, dict[str, str]],
                   calls: dict[str, tuple[Any, Any]], plain: dict[str, bool], golden: Callable[[str, str], Any],
                   compare: Callable[..., None], iso: dict[str, list[LeafMetrics]], judge: _Judge,
-                  notes: list[str], rerouted: list[str], level: int) -> bool:
+                  notes: list[str], rerouted: list[str], level: int, decisions: _Decisions | None = None) -> bool:
     """One level by direct calls on the candidate's own calls, activations swapped for the golden
-    ones; False (nothing judged) where a call cannot be made again or raised: the hooked forward then."""
+    ones; False (nothing judged) where a call cannot be made again or raised: the hooked forward then.
+    ``decisions``: sees the choices that the calls make inside them (_Decisions)."""
     import torch
 
     if not all(plain.get(k) for k in keys if k in plain):
         return False
     todo = [k for k in keys if k in calls]
     before = set(iso)
+    watched = decisions.deeper(level) if decisions is not None else []
+    seen = (lambda key, sel, out: decisions.saw(key, out)) if decisions is not None else None
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), Hooks(inner, watched, None, seen) if watched else contextlib.nullcontext():
             for key in todo:
                 a, kw = calls[key]
                 mod = submodule(inner, layers[key]["name"])
@@ -895,9 +1001,14 @@ def _direct_level(inner: Any, keys: list[str], layers: dict[str, dict[str, Any]]
                     sa, skw, _ = _swap(key, a, kw, acts[key], golden, notes)
                     out = mod(*sa, **skw)
                 compare(key, out, "truth", iso)
+                if decisions is not None:
+                    decisions.run_done()
         judge.flush()
     except Exception as exc:   # a module that needs its caller's context
         judge.items.clear()
+        if decisions is not None:
+            decisions.run_done()
+            decisions.dropped = {k: v for k, v in decisions.dropped.items() if k not in todo}
         rerouted[:] = [k for k in rerouted if k not in todo]
         for k in set(iso) - before:
             del iso[k]
@@ -1000,7 +1111,7 @@ def _hooked_level(model: Any, inner: Any, selected: list[Selected], level: int, 
                   iso: dict[str, list[LeafMetrics]], judge: _Judge, notes: list[str], rerouted: list[str],
                   stored_inputs: Callable[[], tuple[Any, Any]],
                   keep_call: Callable[[str, Selected, Any, Any], None] | None = None,
-                  outputs_seen: set[int] | None = None) -> Any:
+                  outputs_seen: set[int] | None = None, decisions: _Decisions | None = None) -> Any:
     """One level through the candidate's whole forward: every module runs in its caller's context
     (a cache, a BlockMask built by that forward), its activation inputs swapped by a pre-hook; returns
     the forward's output. ``keep_call``: also sees every selected call as the candidate made it;
@@ -1028,6 +1139,8 @@ def _hooked_level(model: Any, inner: Any, selected: list[Selected], level: int, 
     shared = _SharedCopies()
 
     def keep(key: str, sel: Selected, out: Any) -> None:
+        if decisions is not None and sel.level > level:
+            decisions.saw(key, out)
         if sel.level == level:
             if outputs_seen is not None:
                 outputs_seen.update(id(t) for t in tensor_leaves(out).values())
@@ -1038,6 +1151,8 @@ def _hooked_level(model: Any, inner: Any, selected: list[Selected], level: int, 
             out = _run(model, *stored_inputs())
     finally:
         shared.clear()
+        if decisions is not None:
+            decisions.run_done()
     judge.flush()
     return out
 
