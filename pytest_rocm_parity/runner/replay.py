@@ -449,6 +449,14 @@ def activation_paths(layers: dict[str, dict[str, Any]]) -> dict[str, dict[str, s
             for key, e in layers.items()}
 
 
+# A token's choice moved inside an ancestor's isolated call is a near-tie where the reference's own
+# scores of its last chosen and first unchosen candidates lie within this many roundings of its RMS
+# score: what the rounding of the ancestor's children (an attention's, a norm's) moves them by. A
+# fault that changes the token (a residual add gone wrong) moves scores much further, and that token
+# stays judged.
+NEAR_TIE_ROUNDINGS = 8.0
+
+
 class _Decisions:
     """The discrete choices (a MoE router's top-k) that selected modules made inside an isolated
     call of one of their ancestors, against the golden's.
@@ -461,8 +469,9 @@ class _Decisions:
     still named there, and a fault of the ancestor's own code shows on the tokens routed alike.
     """
 
-    def __init__(self, layers: dict[str, dict[str, Any]], selected: list[Selected], reader: RungReader) -> None:
-        self.layers, self.reader = layers, reader
+    def __init__(self, layers: dict[str, dict[str, Any]], selected: list[Selected], reader: RungReader,
+                 u: float) -> None:
+        self.layers, self.reader, self.u = layers, reader, u
         names = {e["name"] for e in layers.values() if e.get("decides")}
         self.watched = [s for s in selected if s.name in names]
         self.flips: dict[str, Any] = {}       # decider call -> (rows,) bool, where its choice differs
@@ -481,17 +490,40 @@ class _Decisions:
         if e is None or not e.get("decides"):
             return
         got = {"0": out} if isinstance(out, torch.Tensor) else aligned_leaves(tensor_leaves(out), e)
+        golden = {p: self.reader.get(gk) for p, gk in e["out"].items()}
         rows = None
-        for p, gk in e["out"].items():
-            ref, c = self.reader.get(gk), got.get(p)
-            if c is None or ref.is_floating_point() or ref.is_complex() or ref.dim() == 0 \
+        for p, ref in golden.items():
+            c = got.get(p)
+            if c is None or ref.is_floating_point() or ref.is_complex() or ref.dim() < 2 \
                     or tuple(c.shape) != tuple(ref.shape):
                 continue
-            differs = c.to(ref.device) != ref   # the last dim holds a token's choices (its top-k)
-            differs = (differs.any(-1) if differs.dim() >= 2 else differs).reshape(-1)
-            rows = differs if rows is None or rows.shape != differs.shape else rows | differs
+            # the last dim holds a token's top-k, in any order: the same experts listed otherwise
+            # (two near-tied scores among the chosen) weigh the same outputs
+            differs = (c.to(ref.device).sort(-1).values != ref.sort(-1).values).any(-1).reshape(-1)
+            tied = self._tied(golden, ref)
+            if tied is None or tied.shape != differs.shape:
+                continue
+            moved = differs & tied
+            rows = moved if rows is None or rows.shape != moved.shape else rows | moved
         if rows is not None:
             self.flips[key] = rows
+
+    def _tied(self, golden: dict[str, Any], choices: Any) -> Any:
+        """Per token, whether the reference's own scores for ``choices`` (a (..., k) top-k) hold a
+        near-tie: a float output of the call over the same tokens and more than k candidates (a
+        router's logits) whose k-th and (k+1)-th largest lie within NEAR_TIE_ROUNDINGS roundings of
+        the token's RMS score. None where the call returns no such scores: its choices are then
+        taken as made, and the ancestor judged on every token."""
+        k = int(choices.shape[-1])
+        n = choices.numel() // k
+        for g in golden.values():
+            if not g.is_floating_point() or g.dim() < 2 or g.shape[-1] <= k or g.numel() // g.shape[-1] != n:
+                continue
+            s = g.reshape(n, -1).double()
+            top = s.topk(k + 1, dim=-1).values
+            margin = top[:, k - 1] - top[:, k]
+            return margin <= NEAR_TIE_ROUNDINGS * self.u * s.square().mean(-1).sqrt()
+        return None
 
     def take(self, key: str) -> Any:
         """The (tokens,) rows that the choices inside call ``key`` sent elsewhere in this run (none
@@ -790,7 +822,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
     if padding is not None:
         padding = dataclasses.replace(padding, flat_keys=frozenset(k for k, e in layers.items() if e.get("decides")))
     obtained: dict[str, Any] | None = {} if spec.report_dir is not None else None
-    decisions = _Decisions(layers, selected, reader)
+    decisions = _Decisions(layers, selected, reader, tol.unit_roundoff(rung))
     judge = _Judge(rung, tol.unit_roundoff(rung), padding, obtained, noise_allowance(meta, inner))
     prop: dict[str, list[LeafMetrics]] = {}
     iso: dict[str, list[LeafMetrics]] = {}

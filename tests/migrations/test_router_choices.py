@@ -117,3 +117,30 @@ def test_more_than_half_the_tokens_sent_elsewhere_is_judged_whole() -> None:
     block = next(l for l in res.layers if l.name == "blocks.0")
     assert not block.passed, verdicts([res])
     assert not any("took other choices" in n for n in res.notes), res.notes
+
+
+class MovesAToken(Block):
+    """A port whose block adds 2 to token 3's first feature before its router: its own code is
+    wrong, and the router sends that token elsewhere though the reference's scores for it are far
+    from a tie (they differ by 1)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.mix(x)
+        a.view(-1, H)[3, 0] += 2.0
+        _, idx = self.router(a)
+        flat = a.reshape(-1, H)
+        out = torch.where(idx == 0, self.experts[0](flat), self.experts[1](flat))
+        return x + out.reshape(x.shape)
+
+
+def test_a_fault_of_the_block_that_sends_a_token_elsewhere_is_not_a_near_tie() -> None:
+    """Only a choice the reference's own scores nearly tie is scored as the reference's: the block
+    that moves token 3 is named, whatever its router then does with it."""
+    candidate = _model()
+    wrong = MovesAToken()
+    wrong.load_state_dict(candidate.blocks[0].state_dict())
+    candidate.blocks[0] = wrong.eval()
+    spec = CheckSpec(name="m", dtypes=["bfloat16"], layers=["blocks.0", "blocks.0.*"], replay="fast")
+    (res,) = capture_then_replay(_model, candidate, _inputs([5]), spec)
+    assert not res.passed and res.culprit == "blocks.0", verdicts([res])
+    assert not any("took other choices" in n for n in res.notes), res.notes
