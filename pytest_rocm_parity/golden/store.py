@@ -56,8 +56,6 @@ _HASHED = re.compile(r"-[0-9a-f]{12}$")
 _RESERVED = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)), *(f"lpt{i}" for i in range(10))}
 MAX_NAME = 96
 ALIGN = 64   # bytes; what torch's CPU allocator guarantees
-# bytes per pinned buffer of a GPU preload (RungReader._stream_to_device; two of them)
-STREAM_CHUNK = 32 << 20
 # The marker of a golden this tool wrote: prune deletes only directories whose manifest holds it.
 TOOL_KEY = "tool"
 TOOL = "pytest-rocm-parity"
@@ -1155,8 +1153,10 @@ class RungReader:
             raise GoldenCorrupt(f"{path}: bad {BYTE_VIEWS_KEY!r} map in the header metadata (dtypes must be "
                                 f"among {', '.join(BYTE_VIEW_DTYPES)}); recapture this golden", path)
         self.byte_views: dict[str, str] = views
-        with open(path, "rb") as f:
-            self._data_start = 8 + struct.unpack("<Q", f.read(8))[0]
+        self._data_start = 0
+        if self.device == "cpu":
+            with open(path, "rb") as f:
+                self._data_start = 8 + struct.unpack("<Q", f.read(8))[0]
 
     def _read_cpu(self, key: str) -> Any:
         """One tensor read into a fresh (aligned) buffer, or None for dtypes torch reads only via safetensors.
@@ -1182,21 +1182,6 @@ class RungReader:
                                         f"this golden", self.path)
         return t
 
-    def _as_stored(self, key: str, t: Any) -> Any:
-        """A tensor as read from the file, viewed as what was stored: complex128 from its float64
-        pairs, a byte view (float8) in its dtype."""
-        import torch
-
-        if key in self.complex128:
-            return torch.view_as_complex(t)
-        if key in self.byte_views:
-            dtype = getattr(torch, self.byte_views[key], None)
-            if dtype is None:
-                raise GoldenCorrupt(f"{self.path}: tensor {key!r} is {self.byte_views[key]}, which this torch "
-                                    f"({torch.__version__}) lacks; upgrade torch to read this golden", self.path)
-            return t.view(dtype)
-        return t
-
     def nbytes(self, key: str) -> int:
         start, end = self.header[key]["data_offsets"]
         return int(end) - int(start)
@@ -1205,73 +1190,18 @@ class RungReader:
         """Load ``keys`` onto the device now, up to ``max_bytes``; get() then costs nothing.
 
         Why: a lazy load inside a forward hook is a blocking host-to-device copy per module, which
-        stalls the GPU's queue; loaded up front, comparisons run at the device's own pace. On a GPU
-        the bytes stream to it while the next are read (_stream_to_device).
+        stalls the GPU's queue; loaded up front, comparisons run at the device's own pace.
         """
         total = 0
-        chosen = []
         for k in keys:
             if k in self._cache or k not in self.keys:
                 continue
             size = self.nbytes(k)
             if total + size > max_bytes:
                 break
-            chosen.append(k)
-            total += size
-        if self.device.startswith("cuda"):
-            chosen = self._stream_to_device(chosen)
-        for k in chosen:
             self._cache[k] = self.get(k)
+            total += size
         return total
-
-    def _stream_to_device(self, keys: list[str]) -> list[str]:
-        """Read ``keys`` in file order through two pinned buffers onto the GPU, each buffer's copy
-        running while the other is filled; returns the keys left to get() (a dtype torch reads only
-        through safetensors).
-
-        Why: safetensors loads a tensor to a GPU by reading it and then copying it from pageable
-        memory, one after the other: a cold replay of a 1.1B golden paid the copy on top of the read.
-        """
-        import torch
-
-        left: list[str] = []
-        todo: list[str] = []
-        for k in keys:
-            dtype = _TORCH_DTYPES.get(self.header[k]["dtype"])
-            (todo if dtype is not None else left).append(k)
-        if not todo:
-            return left
-        dev = torch.device(self.device)
-        todo.sort(key=lambda k: self.header[k]["data_offsets"][0])
-        bufs = [torch.empty(STREAM_CHUNK, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
-        done: list[Any] = [None, None]   # each buffer's last copy, awaited before it is filled again
-        which, fill = 0, 0
-        with open(self.path, "rb") as f:
-            for k in todo:
-                info = self.header[k]
-                t = torch.empty(info["shape"], dtype=getattr(torch, _TORCH_DTYPES[info["dtype"]]), device=dev)
-                dst = t.reshape(-1).view(torch.uint8)
-                start, end = (int(x) for x in info["data_offsets"])
-                f.seek(self._data_start + start)
-                at = 0
-                while at < end - start:
-                    if fill == STREAM_CHUNK:
-                        done[which] = torch.cuda.Event()
-                        done[which].record(torch.cuda.current_stream(dev))
-                        which, fill = 1 - which, 0
-                        if done[which] is not None:
-                            done[which].synchronize()
-                    n = min(end - start - at, STREAM_CHUNK - fill)
-                    piece = bufs[which][fill:fill + n]
-                    if f.readinto(piece.numpy().data) != n:
-                        raise GoldenCorrupt(f"{self.path}: tensor {k!r} is cut short (file truncated); recapture "
-                                            f"this golden", self.path)
-                    dst[at:at + n].copy_(piece, non_blocking=True)
-                    at += n
-                    fill += n
-                self._cache[k] = self._as_stored(k, t)
-        torch.cuda.current_stream(dev).synchronize()   # the buffers are freed on return
-        return left
 
     def release(self) -> None:
         self._cache.clear()
@@ -1291,7 +1221,18 @@ class RungReader:
             t = self._read_cpu(key) if self.device == "cpu" else None
             if t is None:
                 t = self._f.get_tensor(key)
-            t = self._as_stored(key, t)
+            if key in self.complex128:
+                import torch
+
+                t = torch.view_as_complex(t)
+            elif key in self.byte_views:
+                import torch
+
+                dtype = getattr(torch, self.byte_views[key], None)
+                if dtype is None:
+                    raise GoldenCorrupt(f"{self.path}: tensor {key!r} is {self.byte_views[key]}, which this torch "
+                                        f"({torch.__version__}) lacks; upgrade torch to read this golden", self.path)
+                t = t.view(dtype)
             if t.device.type == "cpu" and t.data_ptr() % ALIGN:
                 # A tensor read from the file sits at its offset in it; CPU kernels pick their SIMD path
                 # by alignment, so an unaligned stored input would make a CPU replay differ from its
