@@ -32,6 +32,7 @@ class LeafMetrics:
     mismatches: int = 0          # exact kinds: differing elements
     note: str = ""
     noise: float = 0.0           # activation-quantization noise RMS the candidate may add (quant/allowance.py)
+    untied: int = 0              # exact kinds: tokens whose choices differ where the reference's scores do not tie
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -508,6 +508,20 @@ class _Decisions:
         if rows is not None:
             self.flips[key] = rows
 
+    def untied(self, key: str, c: Any, ref: Any, padded: Any) -> int:
+        """How many tokens' choices in ``c`` differ from the golden ``ref`` (a (..., k) top-k) where
+        the reference's own scores for them do not nearly tie (0 where the call returns no scores);
+        ``padded``: Padding.padded's mask of ``c``, or None. One wait for the device."""
+        if ref.dim() < 2 or tuple(c.shape) != tuple(ref.shape):
+            return 0
+        tied = self._tied({p: self.reader.get(gk) for p, gk in self.layers[key]["out"].items()}, ref)
+        if tied is None:
+            return 0
+        differs = (c.to(ref.device).sort(-1).values != ref.sort(-1).values).any(-1).reshape(-1)
+        if padded is not None and padded.shape[-1] == 1 and padded.numel() == differs.numel():
+            differs = differs & ~padded.to(differs.device).reshape(-1)
+        return int((differs & ~tied).sum()) if differs.shape == tied.shape else 0
+
     def _tied(self, golden: dict[str, Any], choices: Any) -> Any:
         """Per token, whether the reference's own scores for ``choices`` (a (..., k) top-k) hold a
         near-tie: a float output of the call over the same tokens and more than k candidates (a
@@ -861,6 +875,13 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
                 truth = ""
             judge.leaf(res, key, p, c, ref, truth, tols[key], isolated,
                        f"{key}/{p}/{'isolated' if isolated else 'propagated'}")
+            if truth is None and isolated and e.get("decides") and res[-1] is not None and res[-1].mismatches:
+                # a choice that differs where the reference's own scores do not tie is no near-tie
+                n = decisions.untied(key, c, ref, judge.padding.padded(key, p, c) if judge.padding else None)
+                if n:
+                    res[-1].untied = n
+                    res[-1].note += (f", {n} token{'s' if n > 1 else ''} of them where the reference's own scores "
+                                     f"do not tie")
             if (spec.positions is not None and not isolated and not isinstance(truth, str) and truth is not None
                     and ref.dim() >= 2 and tuple(ref.shape[:2]) == spec.positions
                     and tuple(c.shape) == tuple(ref.shape) and not ref.is_complex() and key not in pos_err):

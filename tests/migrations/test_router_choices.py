@@ -77,9 +77,9 @@ def _model() -> Net:
     return Net().eval()
 
 
-def _inputs(ties: list[int]) -> torch.Tensor:
+def _inputs(ties: list[int], tokens: tuple[int, int] = TOKENS) -> torch.Tensor:
     """Tokens far from a tie of the router's two scores, except ``ties``, whose two are equal."""
-    x = torch.randn(*TOKENS, H, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(*tokens, H, generator=torch.Generator().manual_seed(1))
     flat = x.view(-1, H)
     flat[:, 0] = flat[:, 1] + torch.where(torch.rand(flat.shape[0], generator=torch.Generator().manual_seed(2)) < 0.5,
                                           -1.0, 1.0)
@@ -144,3 +144,26 @@ def test_a_fault_of_the_block_that_sends_a_token_elsewhere_is_not_a_near_tie() -
     (res,) = capture_then_replay(_model, candidate, _inputs([5]), spec)
     assert not res.passed and res.culprit == "blocks.0", verdicts([res])
     assert not any("took other choices" in n for n in res.notes), res.notes
+
+
+class PicksWrongForOne(Router):
+    """A port of the router that returns the other expert for token 3, whose scores differ by 1."""
+
+    def forward(self, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scores, idx = super().forward(a)
+        idx = idx.clone()
+        idx[3] = 1 - idx[3]
+        return scores, idx
+
+
+def test_a_router_that_picks_another_expert_where_the_scores_do_not_tie_is_named() -> None:
+    """One choice of 128 differs: the near-tie allowance of integer outputs lets that many through
+    (judging.md), but the reference's own scores for that token are 1 apart, so it is no near-tie,
+    and the router is named."""
+    candidate = _model()
+    candidate.blocks[0].router = PicksWrongForOne().eval()
+    spec = CheckSpec(name="m", dtypes=["bfloat16"], layers=["blocks.0", "blocks.0.*"], replay="fast")
+    (res,) = capture_then_replay(_model, candidate, _inputs([], (4, 32)), spec)
+    assert not res.passed and res.culprit == "blocks.0.router", verdicts([res])
+    router = next(l for l in res.layers if l.name == "blocks.0.router")
+    assert "1 token of them where the reference's own scores do not tie" in router.reason, router.reason
