@@ -490,20 +490,13 @@ class _Decisions:
         if e is None or not e.get("decides"):
             return
         got = {"0": out} if isinstance(out, torch.Tensor) else aligned_leaves(tensor_leaves(out), e)
-        golden = {p: self.reader.get(gk) for p, gk in e["out"].items()}
         rows = None
-        for p, ref in golden.items():
+        for p, gk in e["out"].items():
             c = got.get(p)
-            if c is None or ref.is_floating_point() or ref.is_complex() or ref.dim() < 2 \
-                    or tuple(c.shape) != tuple(ref.shape):
+            found = None if c is None else self._choices(key, c, self.reader.get(gk))
+            if found is None:
                 continue
-            # the last dim holds a token's top-k, in any order: the same experts listed otherwise
-            # (two near-tied scores among the chosen) weigh the same outputs
-            differs = (c.to(ref.device).sort(-1).values != ref.sort(-1).values).any(-1).reshape(-1)
-            tied = self._tied(golden, ref)
-            if tied is None or tied.shape != differs.shape:
-                continue
-            moved = differs & tied
+            moved = found[0] & found[1]
             rows = moved if rows is None or rows.shape != moved.shape else rows | moved
         if rows is not None:
             self.flips[key] = rows
@@ -512,15 +505,25 @@ class _Decisions:
         """How many tokens' choices in ``c`` differ from the golden ``ref`` (a (..., k) top-k) where
         the reference's own scores for them do not nearly tie (0 where the call returns no scores);
         ``padded``: Padding.padded's mask of ``c``, or None. One wait for the device."""
-        if ref.dim() < 2 or tuple(c.shape) != tuple(ref.shape):
+        found = self._choices(key, c, ref)
+        if found is None:
             return 0
-        tied = self._tied({p: self.reader.get(gk) for p, gk in self.layers[key]["out"].items()}, ref)
-        if tied is None:
-            return 0
-        differs = (c.to(ref.device).sort(-1).values != ref.sort(-1).values).any(-1).reshape(-1)
+        differs, tied = found
         if padded is not None and padded.shape[-1] == 1 and padded.numel() == differs.numel():
             differs = differs & ~padded.to(differs.device).reshape(-1)
-        return int((differs & ~tied).sum()) if differs.shape == tied.shape else 0
+        return int((differs & ~tied).sum())
+
+    def _choices(self, key: str, c: Any, ref: Any) -> tuple[Any, Any] | None:
+        """Per token of call ``key``'s exact output ``ref`` (a (..., k) top-k): whether ``c`` chose
+        otherwise, and whether the reference's own scores nearly tie (_tied); None where ``ref`` is
+        no such output or the call returns no scores for it."""
+        if ref.is_floating_point() or ref.is_complex() or ref.dim() < 2 or tuple(c.shape) != tuple(ref.shape):
+            return None
+        tied = self._tied({p: self.reader.get(gk) for p, gk in self.layers[key]["out"].items()}, ref)
+        # the last dim holds a token's top-k, in any order: the same experts listed otherwise (two
+        # near-tied scores among the chosen) weigh the same outputs
+        differs = (c.to(ref.device).sort(-1).values != ref.sort(-1).values).any(-1).reshape(-1)
+        return None if tied is None or tied.shape != differs.shape else (differs, tied)
 
     def _tied(self, golden: dict[str, Any], choices: Any) -> Any:
         """Per token, whether the reference's own scores for ``choices`` (a (..., k) top-k) hold a
