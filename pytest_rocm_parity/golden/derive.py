@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pytest_rocm_parity.runner.choices import choice_like, watch_entry
 from pytest_rocm_parity.runner.engine import OUTPUT
 from pytest_rocm_parity.errors import GoldenError, GoldenExists, InvalidArgument
 from pytest_rocm_parity.judging import dtypes as dt
@@ -93,11 +94,24 @@ def _rung(src: GoldenStore, name: str, m: dict[str, Any], dtype: str, drill: int
         reader = RungReader(src.rung_file(name, m, dtype), "cpu", expected_digest(meta))
         layers = [e for e in meta["layers"] if int(e["level"]) <= drill]
         keys = {e["key"] for e in layers}
+        # a router below the new depth is watched, as a capture at that depth keeps it (choices.Decisions),
+        # at its level there: the number of kept modules around it
+        watch = meta.get("watch", []) + [
+            watch_entry(e) for e in meta["layers"] if int(e["level"]) > drill and e.get("decides")
+            and choice_like({p: reader.get(k) for p, k in e["out"].items()})]
+        kept = {e["name"] for e in layers}
+        for w in watch:
+            w["level"] = sum(1 for n in kept if w["name"].startswith(n + "."))
+        order = {k: i for i, k in enumerate(meta.get("order", []))}
         meta["layers"] = layers
+        if watch:
+            meta["watch"] = sorted(watch, key=lambda e: order.get(e["key"], len(order)))
         meta["order"] = [k for k in meta.get("order", []) if k in keys]
         meta["selected"] = sorted({e["name"] for e in layers})
         wanted = {k for k in reader.keys if k.startswith(("input/", "extra/", f"gtruth/{OUTPUT}/", "quant/", "qnoise/"))}
         wanted |= set(meta["outputs"]["out"].values())
+        for e in watch:
+            wanted |= set(e["out"].values())
         for e in layers:
             wanted |= set(e["in"].values()) | set(e["out"].values())
             wanted |= {k for k in reader.keys if k.startswith((f"truth/{e['key']}/", f"gtruth/{e['key']}/"))}

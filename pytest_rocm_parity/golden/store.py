@@ -854,6 +854,12 @@ def _manifest_problem(m: dict[str, Any]) -> str:
                 return f"{where} has a layer entry whose 'decides' is not true or false"
             if not _str_list(e.get("fields", [])):
                 return f"{where} has a layer entry whose 'fields' is not a list of names"
+        watch = r.get("watch", [])
+        if not (isinstance(watch, list) and all(
+                isinstance(e, dict) and isinstance(e.get("key"), str) and isinstance(e.get("name"), str)
+                and _is_int(e.get("level")) and isinstance(e.get("primary"), str) and _str_map(e.get("out"))
+                and _str_list(e.get("fields", [])) for e in watch)):
+            return f"{where} has a 'watch' that is not a list of {{key, name, level, primary, out}} entries"
         order = r.get("order", [])
         if not isinstance(order, list) or not all(isinstance(k, str) for k in order):
             return f"{where} has an 'order' that is not a list of layer keys"

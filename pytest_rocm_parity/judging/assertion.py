@@ -250,7 +250,8 @@ def message(result: CheckResult) -> str:
         cause = next((n[len(prefix):] for n in result.notes if n.startswith(prefix)), "")
         if cause:
             lines.append(f"    likely cause: {cause}")
-        inside_it = _inside(result, culprit)
+        # an input its caller built otherwise is where the difference starts, not the culprit's own code
+        inside_it = "" if "built by its caller" in cause else _inside(result, culprit)
         if inside_it:
             lines.append(f"    {inside_it}")
     elif result.extra.get("no_gradient"):

@@ -124,7 +124,7 @@ NEAR_TIE_TEXT = f"{NEAR_TIE_SHARE:.0%} of its elements, or {NEAR_TIE_ELEMENTS} o
 def near_ties(m: LeafMetrics) -> bool:
     """Whether an integer leaf that differs (not in shape) differs in few enough elements to be
     choices flipped at near-ties, and nowhere the reference's own scores for a token do not tie
-    (``untied``, where the call returns its scores: replay._Decisions)."""
+    (``untied``, where the call returns its scores: choices.Decisions)."""
     return m.kind == "exact" and bool(m.mismatches) and not m.note.startswith("shape") and not m.untied and \
         m.mismatches <= max(NEAR_TIE_SHARE * m.numel, min(NEAR_TIE_ELEMENTS, NEAR_TIE_CAP * m.numel))
 

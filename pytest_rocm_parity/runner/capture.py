@@ -42,6 +42,7 @@ from pytest_rocm_parity.runner.engine import (
 )
 from pytest_rocm_parity.golden.store import FORMAT_VERSION, GoldenStore
 from pytest_rocm_parity.runner.padding import Padding, mask_input
+from pytest_rocm_parity.runner.choices import choice_like, unselected_inside
 from pytest_rocm_parity.runner.selection import Selected, select
 from pytest_rocm_parity.runner.tree import constant_leaves, map_tensors, named_fields, split_leaves, tensor_leaves
 from pytest_rocm_parity.errors import InvalidArgument
@@ -402,6 +403,7 @@ class Recording:
     order: list[str]
     pool: RecordPool
     unread: list[str]   # the padding-mask inputs no operation of the forward read (DataFlow.watch)
+    watch: list[str]    # the calls of unselected modules that made choices (recording_pass), in order
 
 
 def _raw(t: Any, wide: bool = False) -> Any:
@@ -636,6 +638,33 @@ def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any, res
             entries[key]["decides"] = flow.decisions > started.pop(key)
             flow.mark(leaves)
 
+    # The unselected modules inside selected ones that make choices of their own (a router below the
+    # drill depth): their outputs are kept, that a replay may tell a near-tie moved inside an
+    # isolated ancestor from a fault (choices.Decisions). Per open call: the decision count at its
+    # start and the decisions made in watched calls inside it.
+    open_calls: list[list[int]] = []
+    watch: list[str] = []
+
+    def watch_in(key: str, sel: Selected, a: Any, kw: Any) -> None:
+        open_calls.append([flow.decisions, 0])
+        return None
+
+    def watch_out(key: str, sel: Selected, out: Any) -> None:
+        start, inside = open_calls.pop()
+        made = flow.decisions - start
+        if open_calls:
+            open_calls[-1][1] += made
+        if made <= inside:
+            return
+        with flow.paused():
+            leaves = tensor_leaves(out)
+            if not choice_like(leaves):
+                return
+            entries[key] = {"name": sel.name, "key": key, "level": sel.level, "primary": sel.primary,
+                            "out": {p: pool.add(t) for p, t in leaves.items()}}
+            _record_fields(entries[key], leaves)
+            watch.append(key)
+
     def unseen(inner: Callable[..., Any]) -> Callable[..., Any]:
         def forward(*a: Any, **kw: Any) -> Any:
             carried = flow._any_carrier(a, kw)
@@ -650,6 +679,7 @@ def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any, res
     with contextlib.ExitStack() as stack:
         for mod in mode_sensitive(unwrap(m)):
             stack.callback(ForwardWrap(mod, unseen).remove)
+        stack.enter_context(Hooks(m, unselected_inside(unwrap(m), selected), watch_in, watch_out))
         with Hooks(m, selected, rec_in, rec_out) as hooks, flow:
             out = _run(m, args, kwargs)
             order = list(hooks.order)
@@ -657,7 +687,7 @@ def recording_pass(m: Any, selected: list[Selected], args: Any, kwargs: Any, res
     outputs = {"out": {p: pool.add(t) for p, t in outs.items()}, "const": constant_leaves(out)}
     _record_fields(outputs, outs)
     pool.release()
-    return Recording(entries, outputs, order, pool, sorted(set(masks) - flow.read))
+    return Recording(entries, outputs, order, pool, sorted(set(masks) - flow.read), watch)
 
 
 @inlines_compiled_children
@@ -861,7 +891,7 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
     for e in layers:
         e.pop("gtruth", None)
     meta = {"inputs": {"const": const_in, **({"unread": unread} if unread else {})},
-            "layers": layers, "outputs": outputs,
+            "layers": layers, **({"watch": [entries[k] for k in rec.watch]} if rec.watch else {}), "outputs": outputs,
             "truth_encoding": "residual", "truth_dtype": dt.name_of(rdt), "tf32": tf32, "order": order,
             "selected": sorted(by_name), "extra": extra_meta}
     if quant:

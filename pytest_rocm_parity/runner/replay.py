@@ -41,9 +41,10 @@ from pytest_rocm_parity.options import shell_quote
 from pytest_rocm_parity.golden.store import GoldenStore, RungReader, expected_digest
 from pytest_rocm_parity.judging.judge import Rule, finish, judge_layer, jumped, may_fail
 from pytest_rocm_parity.judging.records import NOT_CALLED, CheckResult, LayerRecord, LeafMetrics
+from pytest_rocm_parity.runner.choices import Decisions, present
 from pytest_rocm_parity.runner.selection import Selected, select, unselected_children, unselected_region
 from pytest_rocm_parity.judging.tolerance import Tolerance
-from pytest_rocm_parity.runner.tree import constant_leaves, map_tensors, named_fields, split_leaves, tensor_leaves
+from pytest_rocm_parity.runner.tree import aligned_leaves, constant_leaves, map_tensors, split_leaves, tensor_leaves
 from pytest_rocm_parity.quant.allowance import noise_allowance
 from pytest_rocm_parity.quant.diagnosis import quant_notes
 from pytest_rocm_parity.quant.storage import quantized_tensor_ids
@@ -449,152 +450,6 @@ def activation_paths(layers: dict[str, dict[str, Any]]) -> dict[str, dict[str, s
             for key, e in layers.items()}
 
 
-# A token's choice moved inside an ancestor's isolated call is a near-tie where the reference's own
-# scores of its last chosen and first unchosen candidates lie within this many roundings of its RMS
-# score: what the rounding of the ancestor's children (an attention's, a norm's) moves them by. A
-# fault that changes the token (a residual add gone wrong) moves scores much further, and that token
-# stays judged.
-NEAR_TIE_ROUNDINGS = 8.0
-
-
-class _Decisions:
-    """The discrete choices (a MoE router's top-k) that selected modules made inside an isolated
-    call of one of their ancestors, against the golden's.
-
-    Why: an ancestor judged on golden inputs runs its router on its own children's outputs, which
-    differ from the reference's by rounding; a token at a near-tie of the router's scores goes to
-    other experts, and its output differs whole, as on a correct backend. Such tokens are scored as
-    the reference's in the ancestor's isolated verdict (and named in a note), up to half its tokens:
-    the router and every other child are judged on their own golden inputs, so a fault in them is
-    still named there, and a fault of the ancestor's own code shows on the tokens routed alike.
-    """
-
-    def __init__(self, layers: dict[str, dict[str, Any]], selected: list[Selected], reader: RungReader,
-                 u: float) -> None:
-        self.layers, self.reader, self.u = layers, reader, u
-        names = {e["name"] for e in layers.values() if e.get("decides")}
-        self.watched = [s for s in selected if s.name in names]
-        self.flips: dict[str, Any] = {}       # decider call -> (rows,) bool, where its choice differs
-        self.dropped: dict[str, tuple[Any, list[str]]] = {}   # judged call -> (rows scored as the reference's, deciders)
-
-    def deeper(self, level: int) -> list[Selected]:
-        """The watched modules below ``level``: those an isolated call at ``level`` runs in context."""
-        return [s for s in self.watched if s.level > level]
-
-    def saw(self, key: str, out: Any) -> None:
-        """A watched call's output in an isolated run of an ancestor: its exact leaves (choices, a
-        token's along the last dim) against the golden's, token by token, with no wait for the device."""
-        import torch
-
-        e = self.layers.get(key)
-        if e is None or not e.get("decides"):
-            return
-        got = {"0": out} if isinstance(out, torch.Tensor) else aligned_leaves(tensor_leaves(out), e)
-        rows = None
-        for p, gk in e["out"].items():
-            c = got.get(p)
-            found = None if c is None else self._choices(key, c, self.reader.get(gk))
-            if found is None:
-                continue
-            moved = found[0] & found[1]
-            rows = moved if rows is None or rows.shape != moved.shape else rows | moved
-        if rows is not None:
-            self.flips[key] = rows
-
-    def untied(self, key: str, c: Any, ref: Any, padded: Any) -> int:
-        """How many tokens' choices in ``c`` differ from the golden ``ref`` (a (..., k) top-k) where
-        the reference's own scores for them do not nearly tie (0 where the call returns no scores);
-        ``padded``: Padding.padded's mask of ``c``, or None. One wait for the device."""
-        found = self._choices(key, c, ref)
-        if found is None:
-            return 0
-        differs, tied = found
-        if padded is not None and padded.shape[-1] == 1 and padded.numel() == differs.numel():
-            differs = differs & ~padded.to(differs.device).reshape(-1)
-        return int((differs & ~tied).sum())
-
-    def _choices(self, key: str, c: Any, ref: Any) -> tuple[Any, Any] | None:
-        """Per token of call ``key``'s exact output ``ref`` (a (..., k) top-k): whether ``c`` chose
-        otherwise, and whether the reference's own scores nearly tie (_tied); None where ``ref`` is
-        no such output or the call returns no scores for it."""
-        if ref.is_floating_point() or ref.is_complex() or ref.dim() < 2 or tuple(c.shape) != tuple(ref.shape):
-            return None
-        tied = self._tied({p: self.reader.get(gk) for p, gk in self.layers[key]["out"].items()}, ref)
-        # the last dim holds a token's top-k, in any order: the same experts listed otherwise (two
-        # near-tied scores among the chosen) weigh the same outputs
-        differs = (c.to(ref.device).sort(-1).values != ref.sort(-1).values).any(-1).reshape(-1)
-        return None if tied is None or tied.shape != differs.shape else (differs, tied)
-
-    def _tied(self, golden: dict[str, Any], choices: Any) -> Any:
-        """Per token, whether the reference's own scores for ``choices`` (a (..., k) top-k) hold a
-        near-tie: a float output of the call over the same tokens and more than k candidates (a
-        router's logits) whose k-th and (k+1)-th largest lie within NEAR_TIE_ROUNDINGS roundings of
-        the token's RMS score. None where the call returns no such scores: its choices are then
-        taken as made, and the ancestor judged on every token."""
-        k = int(choices.shape[-1])
-        n = choices.numel() // k
-        for g in golden.values():
-            if not g.is_floating_point() or g.dim() < 2 or g.shape[-1] <= k or g.numel() // g.shape[-1] != n:
-                continue
-            s = g.reshape(n, -1).double()
-            top = s.topk(k + 1, dim=-1).values
-            margin = top[:, k - 1] - top[:, k]
-            return margin <= NEAR_TIE_ROUNDINGS * self.u * s.square().mean(-1).sqrt()
-        return None
-
-    def take(self, key: str) -> Any:
-        """The (tokens,) rows that the choices inside call ``key`` sent elsewhere in this run (none
-        where more than half did: not near-ties, judged whole); None where no watched call ran in it."""
-        name = self.layers[key]["name"] + "."
-        inside = [d for d in self.flips if self.layers[d]["name"].startswith(name)]
-        rows = None
-        for d in inside:
-            r = self.flips.pop(d)
-            rows = r if rows is None else (rows | r if rows.shape == r.shape else rows)
-        if rows is None:
-            return None
-        rows = rows & (rows.sum() * 2 <= rows.numel())
-        self.dropped[key] = (rows, inside)
-        return rows
-
-    @staticmethod
-    def scored_as_reference(rows: Any, c: Any, ref: Any) -> Any:
-        """``c`` with the tokens ``rows`` set to the reference's values, where ``c`` runs over the
-        tokens ((tokens, ...) or (batch, seq, ...)); ``c`` itself elsewhere."""
-        import torch
-
-        n = rows.numel()
-        if c.dim() >= 1 and c.shape[0] == n:
-            shape = (n,) + (1,) * (c.dim() - 1)
-        elif c.dim() >= 2 and c.shape[0] * c.shape[1] == n:
-            shape = (c.shape[0], c.shape[1]) + (1,) * (c.dim() - 2)
-        else:
-            return c
-        return torch.where(rows.to(c.device).reshape(shape), ref.to(c.device, c.dtype), c)
-
-    def run_done(self) -> None:
-        """The choices of one isolated run are its own: the next run's ancestors see the next run's."""
-        self.flips.clear()
-
-    def notes(self) -> list[str]:
-        """One note per judged call some of whose tokens were scored as the reference's (one wait)."""
-        import torch
-
-        if not self.dropped:
-            return []
-        keys = list(self.dropped)
-        counts = torch.stack([self.dropped[k][0].sum().cpu() for k in keys]).tolist()
-        out = []
-        for key, n in zip(keys, counts):
-            if n:
-                rows, inside = self.dropped[key]
-                out.append(f"{key}: {n} of {rows.numel()} tokens took other choices at "
-                           f"{', '.join(self.layers[d]['name'] for d in inside[:2])} inside it than the reference's "
-                           f"on its golden inputs (near-ties of the choice's scores, moved by its children's "
-                           f"rounding): scored as the reference's in its isolated verdict")
-        return out[:3] + ([f"... and {len(out) - 3} more calls so"] if len(out) > 3 else [])
-
-
 class _Judge:
     """Comparisons of one pass, judged after it with one wait for the device (flush).
 
@@ -744,35 +599,6 @@ def optional_leaf(path: str) -> bool:
 _PLAIN_CONSTS = (type(None), bool, int, float, str)
 
 
-def aligned_leaves(got: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
-    """The candidate's output leaves ``got`` named as the golden's (``entry``: its ``out`` leaf paths
-    and the ``fields`` order capture recorded) where the two differ by calling convention alone: a
-    tuple where the golden holds a ModelOutput (``return_dict=False``), or the reverse. Their
-    top-level items are matched by position, as ModelOutput.to_tuple orders the fields that are set
-    (a golden without ``fields`` has only its sorted names to go by)."""
-    wanted = list(entry["out"])
-    if not got or all(p in got for p in wanted):
-        return got
-    g, w = named_fields(got), entry.get("fields") or named_fields(wanted)
-    if bool(g) == bool(w):   # both named, or both positional: nothing to align
-        return got
-    if not g:
-        g = _positions(got)
-    else:
-        w = _positions(wanted)
-    rename = dict(zip(g, w))
-    out = {}
-    for p, t in got.items():
-        top, dot, rest = p.partition(".")
-        out[rename.get(top, top) + dot + rest] = t
-    return out
-
-
-def _positions(paths: Any) -> list[str]:
-    """The top-level positions of positional leaf paths, in order (a manifest sorts "10" before "2")."""
-    return sorted(dict.fromkeys(p.split(".", 1)[0] for p in paths), key=int)
-
-
 def _callable_again(obj: Any) -> bool:
     """Whether a recorded call can be made again as it is: tensors and plain constants in tuples,
     lists and dicts. Anything else (a KV cache the first call appended to, a BlockMask, a dataclass)
@@ -839,7 +665,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
     if padding is not None:
         padding = dataclasses.replace(padding, flat_keys=frozenset(k for k, e in layers.items() if e.get("decides")))
     obtained: dict[str, Any] | None = {} if spec.report_dir is not None else None
-    decisions = _Decisions(layers, selected, reader, tol.unit_roundoff(rung))
+    decisions = Decisions(layers, selected, reader, tol.unit_roundoff(rung), present(inner, meta.get("watch", [])))
     judge = _Judge(rung, tol.unit_roundoff(rung), padding, obtained, noise_allowance(meta, inner))
     prop: dict[str, list[LeafMetrics]] = {}
     iso: dict[str, list[LeafMetrics]] = {}
@@ -1029,10 +855,10 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
 def _direct_level(inner: Any, keys: list[str], layers: dict[str, dict[str, Any]], acts: dict[str, dict[str, str]],
                   calls: dict[str, tuple[Any, Any]], plain: dict[str, bool], golden: Callable[[str, str], Any],
                   compare: Callable[..., None], iso: dict[str, list[LeafMetrics]], judge: _Judge,
-                  notes: list[str], rerouted: list[str], level: int, decisions: _Decisions | None = None) -> bool:
+                  notes: list[str], rerouted: list[str], level: int, decisions: Decisions | None = None) -> bool:
     """One level by direct calls on the candidate's own calls, activations swapped for the golden
     ones; False (nothing judged) where a call cannot be made again or raised: the hooked forward then.
-    ``decisions``: sees the choices that the calls make inside them (_Decisions)."""
+    ``decisions``: sees the choices that the calls make inside them (Decisions)."""
     import torch
 
     if not all(plain.get(k) for k in keys if k in plain):
@@ -1167,7 +993,7 @@ def _hooked_level(model: Any, inner: Any, selected: list[Selected], level: int, 
                   iso: dict[str, list[LeafMetrics]], judge: _Judge, notes: list[str], rerouted: list[str],
                   stored_inputs: Callable[[], tuple[Any, Any]],
                   keep_call: Callable[[str, Selected, Any, Any], None] | None = None,
-                  outputs_seen: set[int] | None = None, decisions: _Decisions | None = None) -> Any:
+                  outputs_seen: set[int] | None = None, decisions: Decisions | None = None) -> Any:
     """One level through the candidate's whole forward: every module runs in its caller's context
     (a cache, a BlockMask built by that forward), its activation inputs swapped by a pre-hook; returns
     the forward's output. ``keep_call``: also sees every selected call as the candidate made it;
@@ -1197,13 +1023,14 @@ def _hooked_level(model: Any, inner: Any, selected: list[Selected], level: int, 
     def keep(key: str, sel: Selected, out: Any) -> None:
         if decisions is not None and sel.level > level:
             decisions.saw(key, out)
-        if sel.level == level:
+        if sel.level == level and key in layers:
             if outputs_seen is not None:
                 outputs_seen.update(id(t) for t in tensor_leaves(out).values())
             compare(key, direct.pop(key, out), "truth", iso)
 
     try:
-        with Hooks(inner, selected, sub, keep, golden=layers) as hooks:
+        with Hooks(inner, selected + decisions.extra if decisions is not None else selected, sub, keep,
+                   golden=layers) as hooks:
             out = _run(model, *stored_inputs())
     finally:
         shared.clear()
@@ -1213,14 +1040,22 @@ def _hooked_level(model: Any, inner: Any, selected: list[Selected], level: int, 
     return out
 
 
+# A float input that its caller builds (an ALiBi bias, a rotary table, an additive mask) differs
+# from the golden's where it differs by more than this many roundings of its dtype: a correct other
+# implementation computes it alike to a rounding or two, or in another form (a bool mask, another
+# shape, another fill value for masked positions), which is not compared.
+BUILT_ROUNDINGS = 8.0
+
+
 def _caller_built_inputs(culprit: str | None, layers: dict[str, dict[str, Any]], acts: dict[str, dict[str, str]],
                          calls: dict[str, tuple[Any, Any]], get: Callable[[str], Any]) -> str:
-    """A note when the culprit's inputs that its caller builds (positions, masks, bucket indices: not
-    computed from the model's inputs, so the isolated call keeps the candidate's) differ from the
-    golden's: the difference starts in the code that builds them, not in the module named.
+    """A note when the culprit's inputs that its caller builds (positions, masks, bucket indices,
+    an ALiBi bias: not computed from the model's inputs, so the isolated call keeps the candidate's)
+    differ from the golden's: the difference starts in the code that builds them, not in the module
+    named.
 
-    Integer and bool inputs only, which must be equal: a float one (an additive mask, a rotary table)
-    may be built in another form by a correct other implementation."""
+    Integer and bool inputs must be equal; a float one must agree within BUILT_ROUNDINGS where
+    neither holds a masked value (an infinity, or beyond half the dtype's range)."""
     import torch
 
     e = layers.get(culprit or "")
@@ -1230,12 +1065,16 @@ def _caller_built_inputs(culprit: str | None, layers: dict[str, dict[str, Any]],
     differ = []
     for p, key in e["in"].items():
         c = leaves.get(p)
-        if p in acts.get(culprit, {}) or not isinstance(c, torch.Tensor) or c.is_floating_point() or c.is_complex():
+        if p in acts.get(culprit, {}) or not isinstance(c, torch.Tensor) or c.is_complex():
             continue
         g = get(key)
-        if g.is_floating_point() or g.is_complex() or tuple(c.shape) != tuple(g.shape):
+        if g.is_complex() or g.is_floating_point() != c.is_floating_point() or tuple(c.shape) != tuple(g.shape):
             continue
-        bad = int((c.detach().to(g.device) != g.to(c.dtype)).sum())
+        c = c.detach().to(g.device)
+        if g.is_floating_point():
+            bad = _beyond_rounding(c, g)
+        else:
+            bad = int((c != g.to(c.dtype)).sum())
         if bad:
             differ.append(f"{p} ({bad} of {g.numel()} elements)")
     if not differ:
@@ -1244,6 +1083,24 @@ def _caller_built_inputs(culprit: str | None, layers: dict[str, dict[str, Any]],
             f"{'are' if len(differ) > 1 else 'is'} built by its caller, not computed from the model's inputs, and "
             f"differ{'' if len(differ) > 1 else 's'} from the golden's: the difference starts in the code that builds "
             f"{'them' if len(differ) > 1 else 'it'}, before this module")
+
+
+def _beyond_rounding(c: Any, g: Any) -> int:
+    """How many elements of float tensors ``c`` and ``g`` differ by more than BUILT_ROUNDINGS roundings
+    of the coarser dtype (of the element's magnitude plus the tensor's RMS), or are masked in one
+    and not the other."""
+    import torch
+
+    u = max(torch.finfo(c.dtype).eps, torch.finfo(g.dtype).eps) / 2
+    c64, g64 = c.to(torch.float64), g.to(torch.float64)
+    big = min(torch.finfo(c.dtype).max, torch.finfo(g.dtype).max) / 2
+    mc, mg = ~torch.isfinite(c64) | (c64.abs() > big), ~torch.isfinite(g64) | (g64.abs() > big)
+    both = ~mc & ~mg
+    if not bool(both.any()):
+        return int((mc != mg).sum())
+    rms = float(g64[both].square().mean().sqrt())
+    far = (c64 - g64).abs() > BUILT_ROUNDINGS * u * (g64.abs() + rms)
+    return int((mc != mg).sum() + (far & both).sum())
 
 
 def _per_position(c: Any, r: Any, t: Any) -> tuple[Any, Any]:

@@ -215,3 +215,32 @@ def _map(obj: Any, fn: Callable[[str, Any], Any], prefix: str, seen: frozenset[i
     for f in dataclasses.fields(obj):
         object.__setattr__(out, f.name, _map(getattr(obj, f.name), fn, join(f.name), seen))
     return out
+
+
+def aligned_leaves(got: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
+    """The candidate's output leaves ``got`` named as the golden's (``entry``: its ``out`` leaf paths
+    and the ``fields`` order capture recorded) where the two differ by calling convention alone: a
+    tuple where the golden holds a ModelOutput (``return_dict=False``), or the reverse. Their
+    top-level items are matched by position, as ModelOutput.to_tuple orders the fields that are set
+    (a golden without ``fields`` has only its sorted names to go by)."""
+    wanted = list(entry["out"])
+    if not got or all(p in got for p in wanted):
+        return got
+    g, w = named_fields(got), entry.get("fields") or named_fields(wanted)
+    if bool(g) == bool(w):   # both named, or both positional: nothing to align
+        return got
+    if not g:
+        g = _positions(got)
+    else:
+        w = _positions(wanted)
+    rename = dict(zip(g, w))
+    out = {}
+    for p, t in got.items():
+        top, dot, rest = p.partition(".")
+        out[rename.get(top, top) + dot + rest] = t
+    return out
+
+
+def _positions(paths: Any) -> list[str]:
+    """The top-level positions of positional leaf paths, in order (a manifest sorts "10" before "2")."""
+    return sorted(dict.fromkeys(p.split(".", 1)[0] for p in paths), key=int)

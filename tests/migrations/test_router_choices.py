@@ -4,6 +4,8 @@ there, and its output differs whole, as on a correct backend (docs/judging.md, "
 isolated call")."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -167,3 +169,61 @@ def test_a_router_that_picks_another_expert_where_the_scores_do_not_tie_is_named
     assert not res.passed and res.culprit == "blocks.0.router", verdicts([res])
     router = next(l for l in res.layers if l.name == "blocks.0.router")
     assert "1 token of them where the reference's own scores do not tie" in router.reason, router.reason
+
+
+@pytest.mark.parametrize("route", ["fast", "full"])
+def test_a_router_below_the_drill_depth_is_watched(route) -> None:
+    """With only the block selected (drill 0), the golden keeps its router's choices (a ``watch``
+    entry): the token moved at the tie is scored as the reference's in the block's isolated verdict
+    as above, though the router itself is not judged."""
+    candidate = _model()
+    candidate.blocks[0].mix = RoundsOtherwise([5]).eval()
+    spec = CheckSpec(name="m", dtypes=["bfloat16"], layers=["blocks.0"], drill=0, replay=route)
+    (res,) = capture_then_replay(_model, candidate, _inputs([5]), spec)
+    assert [l.name for l in res.layers] == ["blocks.0"] and res.layers[0].iso_passed, verdicts([res])
+    assert any(n.startswith("blocks.0: 1 of 16 tokens took other choices at blocks.0.router") for n in res.notes), res.notes
+
+
+def test_a_fault_of_the_block_below_the_drill_depth_is_still_named() -> None:
+    """The watched router's choice for token 3 differs where the reference's scores are 1 apart:
+    no near-tie, and the block fails."""
+    candidate = _model()
+    wrong = MovesAToken()
+    wrong.load_state_dict(candidate.blocks[0].state_dict())
+    candidate.blocks[0] = wrong.eval()
+    spec = CheckSpec(name="m", dtypes=["bfloat16"], layers=["blocks.0"], drill=0, replay="fast")
+    (res,) = capture_then_replay(_model, candidate, _inputs([5]), spec)
+    assert not res.passed and res.culprit == "blocks.0", verdicts([res])
+    assert not any("took other choices" in n for n in res.notes), res.notes
+
+
+def test_a_golden_derived_below_its_routers_watches_them(tmp_path) -> None:
+    """``golden derive --drill 0`` of a golden that selected the router keeps the router's choices
+    as a capture at drill 0 does (the same ``watch`` entry, the same tensors), and its replay scores
+    the moved token as the reference's."""
+    from pytest_rocm_parity.golden.derive import derive
+    from pytest_rocm_parity.golden.store import GoldenStore, RungReader, expected_digest
+    from pytest_rocm_parity.runner.capture import capture
+    from pytest_rocm_parity.runner.replay import replay
+
+    store = GoldenStore(tmp_path)
+    capture(_model(), _inputs([5]), CheckSpec(name="deep", dtypes=["bfloat16"], layers=["blocks.0", "blocks.0.*"]),
+            store, "cpu")
+    derive(store, "deep", store, "shallow", ["bfloat16"], drill=0)
+    shallow = CheckSpec(name="captured", dtypes=["bfloat16"], layers=["blocks.0"], drill=0)
+    capture(_model(), _inputs([5]), shallow, store, "cpu")
+
+    def watched(name: str) -> tuple[list[dict], dict[str, torch.Tensor]]:
+        m = store.read_manifest(name)
+        rung = m["rungs"]["bfloat16"]
+        reader = RungReader(store.rung_file(name, m, "bfloat16"), "cpu", expected_digest(rung))
+        return rung["watch"], {f"{e['name']}/{p}": reader.get(k) for e in rung["watch"] for p, k in e["out"].items()}
+    (derived, d_values), (captured, c_values) = watched("shallow"), watched("captured")
+    assert [(e["name"], e["level"], sorted(e["out"])) for e in derived] == \
+        [(e["name"], e["level"], sorted(e["out"])) for e in captured] == [("blocks.0.router", 1, ["0", "1"])]
+    assert d_values.keys() == c_values.keys() and all(torch.equal(d_values[k], c_values[k]) for k in d_values)
+
+    candidate = _model()
+    candidate.blocks[0].mix = RoundsOtherwise([5]).eval()
+    (res,) = replay(candidate, _inputs([5]), dataclasses.replace(shallow, name="shallow", replay="fast"), store, "cpu")
+    assert res.passed and any("took other choices at blocks.0.router" in n for n in res.notes), verdicts([res])

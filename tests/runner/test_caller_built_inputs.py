@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from parity_models import capture_then_replay, plant, verdicts
+from pytest_rocm_parity.judging.assertion import message
 from pytest_rocm_parity.runner.engine import CheckSpec
 
 
@@ -37,3 +38,58 @@ def test_a_bug_in_the_module_itself_gets_no_such_note() -> None:
     (r,) = capture_then_replay(PositionBias, plant(PositionBias(), "bias"), _x(), CheckSpec(name="m", dtypes=["float32"]))
     assert not r.passed and r.culprit == "bias", verdicts([r])
     assert not [n for n in r.notes if "built by its caller" in n]
+
+
+class Biased(nn.Module):
+    """An attention-like module given a float bias its caller builds (an ALiBi bias)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return self.proj(x) + bias
+
+
+class BuildsBias(nn.Module):
+    """The caller: builds the bias from positions and slopes (not from the model's input)."""
+
+    def __init__(self, slope: float = 0.5) -> None:
+        super().__init__()
+        self.inner = Biased()
+        self.slope = slope
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(x.shape[1], dtype=x.dtype)
+        bias = (self.slope * pos)[None, :, None].expand(x.shape[0], -1, 16)
+        return self.inner(x, bias)
+
+
+def test_a_float_input_the_caller_builds_otherwise_is_named_as_the_start() -> None:
+    """Slopes 2% off (an ALiBi built wrong by the model's own forward): the module given the bias
+    fails while its projection passes, and the failure names the bias, built before it, as the likely
+    cause, not the module's own code between its children."""
+    spec = CheckSpec(name="m", dtypes=["float32"], layers=["inner", "inner.*"])
+    (r,) = capture_then_replay(BuildsBias, BuildsBias(slope=0.51), _x(), spec)
+    assert not r.passed and r.culprit == "inner", verdicts([r])
+    (note,) = [n for n in r.notes if "built by its caller" in n]
+    assert note.startswith("inner: its input args.1 (224 of 256 elements)"), note
+    text = message(r)
+    assert "likely cause: its input args.1" in text and "own forward's code" not in text, text
+
+
+def test_a_float_input_built_alike_to_a_rounding_gets_no_such_note() -> None:
+    """The bias one rounding off everywhere (another formula for the same table) is not named; the
+    module's own bug is."""
+    class OneUlp(BuildsBias):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            pos = torch.arange(x.shape[1], dtype=x.dtype)
+            bias = torch.nextafter(self.slope * pos, torch.tensor(float("inf")))[None, :, None].expand(x.shape[0], -1, 16)
+            return self.inner(x, bias)
+    spec = CheckSpec(name="m", dtypes=["float32"], layers=["inner"])
+    candidate = OneUlp()
+    plant(candidate, "inner.proj")
+    (r,) = capture_then_replay(BuildsBias, candidate, _x(), spec)
+    assert not r.passed and r.culprit == "inner", verdicts([r])
+    assert not [n for n in r.notes if "built by its caller" in n], r.notes

@@ -1,0 +1,218 @@
+"""The discrete choices a module makes on its activations (a MoE router's top-k), compared inside an
+isolated call of an ancestor with the golden's, and the unselected modules whose choices a golden
+keeps for that (docs/judging.md, "Choices inside an isolated call")."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pytest_rocm_parity.golden.store import RungReader
+from pytest_rocm_parity.runner.engine import hook_sensitive_kinds
+from pytest_rocm_parity.runner.selection import Selected
+from pytest_rocm_parity.runner.tree import aligned_leaves, tensor_leaves
+
+
+def choice_like(leaves: dict[str, Any]) -> bool:
+    """Whether a call's output leaves hold choices beside their scores, as Decisions compares them:
+    an integer (..., k) tensor and a floating one over the same tokens with more than k candidates
+    (a router's top-k indices and its logits)."""
+    ints = [t for t in leaves.values() if not (t.is_floating_point() or t.is_complex()) and t.dim() >= 2
+            and t.shape[-1] > 0]
+    scores = [t for t in leaves.values() if t.is_floating_point() and t.dim() >= 2 and t.shape[-1] > 0]
+    return any(g.shape[-1] > c.shape[-1] and g.numel() // g.shape[-1] == c.numel() // c.shape[-1]
+               for c in ints for g in scores)
+
+
+def watch_entry(e: dict[str, Any]) -> dict[str, Any]:
+    """A rung's ``watch`` entry for call entry ``e``: what Decisions reads of it, its outputs."""
+    keep = ("key", "name", "level", "primary", "out", "fields")
+    return {k: e[k] for k in keep if k in e}
+
+
+def unselected_inside(model: Any, selected: list[Selected]) -> list[Selected]:
+    """The modules inside selected ones that are not selected themselves, as Hooks can watch them
+    (none inside a fused-path module, whose hooks would take it off that path), each with its
+    level (its selected ancestors) and primary (the outermost)."""
+    chosen = {s.name: s for s in selected}
+    kinds = hook_sensitive_kinds()
+    found: list[Selected] = []
+
+    def visit(mod: Any, name: str, ancestors: list[Selected]) -> None:
+        for part, child in mod._modules.items():
+            if child is None or isinstance(child, kinds):
+                continue
+            full = f"{name}.{part}" if name else part
+            sel = chosen.get(full)
+            if sel is None and ancestors:
+                found.append(Selected(name=full, level=len(ancestors), primary=ancestors[0].name))
+            visit(child, full, ancestors + [sel] if sel is not None else ancestors)
+    if not isinstance(model, kinds):
+        visit(model, "", [chosen[""]] if "" in chosen else [])
+    return found
+
+
+def present(model: Any, watch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``watch`` entries whose modules ``model`` has: a port that made its router part of
+    another module has none there to watch, and its ancestors are judged on every token."""
+    def has(name: str) -> bool:
+        try:
+            model.get_submodule(name)
+        except AttributeError:
+            return False
+        return True
+    return [e for e in watch if has(e["name"])]
+
+
+# A token's choice moved inside an ancestor's isolated call is a near-tie where the reference's own
+# scores of its last chosen and first unchosen candidates lie within this many roundings of its RMS
+# score: what the rounding of the ancestor's children (an attention's, a norm's) moves them by. A
+# fault that changes the token (a residual add gone wrong) moves scores much further, and that token
+# stays judged.
+NEAR_TIE_ROUNDINGS = 8.0
+
+
+class Decisions:
+    """The discrete choices (a MoE router's top-k) that modules made inside an isolated call of one
+    of their ancestors, against the golden's: selected modules, and the unselected ones whose
+    choices the golden keeps (``watch``).
+
+    Why: an ancestor judged on golden inputs runs its router on its own children's outputs, which
+    differ from the reference's by rounding; a token at a near-tie of the router's scores goes to
+    other experts, and its output differs whole, as on a correct backend. Such tokens are scored as
+    the reference's in the ancestor's isolated verdict (and named in a note), up to half its tokens:
+    a token whose choice differs where the reference's own scores do not nearly tie stays judged,
+    so a fault of the router or of the ancestor's own code that moves tokens shows, as it does on
+    the tokens routed alike; a selected router is judged on its own golden inputs besides.
+    """
+
+    def __init__(self, layers: dict[str, dict[str, Any]], selected: list[Selected], reader: RungReader,
+                 u: float, watch: Sequence[dict[str, Any]] = ()) -> None:
+        self.layers = {**layers, **{e["key"]: {**e, "decides": True} for e in watch}}
+        self.reader, self.u = reader, u
+        names = {e["name"] for e in layers.values() if e.get("decides")}
+        # ``watch``: the rung's unselected modules that made choices (capture.recording_pass), hooked
+        # for their outputs alone
+        self.extra = list({e["name"]: Selected(name=e["name"], level=int(e["level"]), primary=str(e["primary"]))
+                           for e in watch}.values())
+        self.watched = [s for s in selected if s.name in names] + self.extra
+        self.flips: dict[str, Any] = {}       # decider call -> (rows,) bool, where its choice differs
+        self.dropped: dict[str, tuple[Any, list[str]]] = {}   # judged call -> (rows scored as the reference's, deciders)
+
+    def deeper(self, level: int) -> list[Selected]:
+        """The watched modules below ``level``: those an isolated call at ``level`` runs in context."""
+        return [s for s in self.watched if s.level > level]
+
+    def saw(self, key: str, out: Any) -> None:
+        """A watched call's output in an isolated run of an ancestor: its exact leaves (choices, a
+        token's along the last dim) against the golden's, token by token, with no wait for the device."""
+        import torch
+
+        e = self.layers.get(key)
+        if e is None or not e.get("decides"):
+            return
+        got = {"0": out} if isinstance(out, torch.Tensor) else aligned_leaves(tensor_leaves(out), e)
+        rows = None
+        for p, gk in e["out"].items():
+            c = got.get(p)
+            found = None if c is None else self._choices(key, c, self.reader.get(gk))
+            if found is None:
+                continue
+            moved = found[0] & found[1]
+            rows = moved if rows is None or rows.shape != moved.shape else rows | moved
+        if rows is not None:
+            self.flips[key] = rows
+
+    def untied(self, key: str, c: Any, ref: Any, padded: Any) -> int:
+        """How many tokens' choices in ``c`` differ from the golden ``ref`` (a (..., k) top-k) where
+        the reference's own scores for them do not nearly tie (0 where the call returns no scores);
+        ``padded``: Padding.padded's mask of ``c``, or None. One wait for the device."""
+        found = self._choices(key, c, ref)
+        if found is None:
+            return 0
+        differs, tied = found
+        if padded is not None and padded.shape[-1] == 1 and padded.numel() == differs.numel():
+            differs = differs & ~padded.to(differs.device).reshape(-1)
+        return int((differs & ~tied).sum())
+
+    def _choices(self, key: str, c: Any, ref: Any) -> tuple[Any, Any] | None:
+        """Per token of call ``key``'s exact output ``ref`` (a (..., k) top-k): whether ``c`` chose
+        otherwise, and whether the reference's own scores nearly tie (_tied); None where ``ref`` is
+        no such output or the call returns no scores for it."""
+        if ref.is_floating_point() or ref.is_complex() or ref.dim() < 2 or tuple(c.shape) != tuple(ref.shape):
+            return None
+        tied = self._tied({p: self.reader.get(gk) for p, gk in self.layers[key]["out"].items()}, ref)
+        # the last dim holds a token's top-k, in any order: the same experts listed otherwise (two
+        # near-tied scores among the chosen) weigh the same outputs
+        differs = (c.to(ref.device).sort(-1).values != ref.sort(-1).values).any(-1).reshape(-1)
+        return None if tied is None or tied.shape != differs.shape else (differs, tied)
+
+    def _tied(self, golden: dict[str, Any], choices: Any) -> Any:
+        """Per token, whether the reference's own scores for ``choices`` (a (..., k) top-k) hold a
+        near-tie: a float output of the call over the same tokens and more than k candidates (a
+        router's logits) whose k-th and (k+1)-th largest lie within NEAR_TIE_ROUNDINGS roundings of
+        the token's RMS score. None where the call returns no such scores: its choices are then
+        taken as made, and the ancestor judged on every token."""
+        k = int(choices.shape[-1])
+        n = choices.numel() // k
+        for g in golden.values():
+            if not g.is_floating_point() or g.dim() < 2 or g.shape[-1] <= k or g.numel() // g.shape[-1] != n:
+                continue
+            s = g.reshape(n, -1).double()
+            top = s.topk(k + 1, dim=-1).values
+            margin = top[:, k - 1] - top[:, k]
+            return margin <= NEAR_TIE_ROUNDINGS * self.u * s.square().mean(-1).sqrt()
+        return None
+
+    def take(self, key: str) -> Any:
+        """The (tokens,) rows that the choices inside call ``key`` sent elsewhere in this run (none
+        where more than half did: not near-ties, judged whole); None where no watched call ran in it."""
+        name = self.layers[key]["name"] + "."
+        inside = [d for d in self.flips if self.layers[d]["name"].startswith(name)]
+        rows = None
+        for d in inside:
+            r = self.flips.pop(d)
+            rows = r if rows is None else (rows | r if rows.shape == r.shape else rows)
+        if rows is None:
+            return None
+        rows = rows & (rows.sum() * 2 <= rows.numel())
+        self.dropped[key] = (rows, inside)
+        return rows
+
+    @staticmethod
+    def scored_as_reference(rows: Any, c: Any, ref: Any) -> Any:
+        """``c`` with the tokens ``rows`` set to the reference's values, where ``c`` runs over the
+        tokens ((tokens, ...) or (batch, seq, ...)); ``c`` itself elsewhere."""
+        import torch
+
+        n = rows.numel()
+        if c.dim() >= 1 and c.shape[0] == n:
+            shape = (n,) + (1,) * (c.dim() - 1)
+        elif c.dim() >= 2 and c.shape[0] * c.shape[1] == n:
+            shape = (c.shape[0], c.shape[1]) + (1,) * (c.dim() - 2)
+        else:
+            return c
+        return torch.where(rows.to(c.device).reshape(shape), ref.to(c.device, c.dtype), c)
+
+    def run_done(self) -> None:
+        """The choices of one isolated run are its own: the next run's ancestors see the next run's."""
+        self.flips.clear()
+
+    def notes(self) -> list[str]:
+        """One note per judged call some of whose tokens were scored as the reference's (one wait)."""
+        import torch
+
+        if not self.dropped:
+            return []
+        keys = list(self.dropped)
+        counts = torch.stack([self.dropped[k][0].sum().cpu() for k in keys]).tolist()
+        out = []
+        for key, n in zip(keys, counts):
+            if n:
+                rows, inside = self.dropped[key]
+                out.append(f"{key}: {n} of {rows.numel()} tokens took other choices at "
+                           f"{', '.join(self.layers[d]['name'] for d in inside[:2])} inside it than the reference's "
+                           f"on its golden inputs (near-ties of the choice's scores, moved by its children's "
+                           f"rounding): scored as the reference's in its isolated verdict")
+        return out[:3] + ([f"... and {len(out) - 3} more calls so"] if len(out) > 3 else [])
+
+
