@@ -268,7 +268,7 @@ class Parity:
             missing = GoldenMissing(
                 f"no golden for {spec.name!r}: {no_dir}" if no_dir else
                 f"no golden for {spec.name!r} in {s.store.root}.{_close_goldens(s.store, spec.name)} Capture it on "
-                f"the reference machine (CUDA) and commit it: {capture_it}",
+                f"the reference machine and commit it: {capture_it}",
                 s.store.manifest_path(spec.name))
             self._error(spec, missing, kind)
             fail_once(missing)
