@@ -122,7 +122,8 @@ def fingerprint(model: Any, classes: bool = False, weights: bool = True,
     # Quantized storage (quant/storage.py) is judged by what it means, from the golden's
     # copy of it (docs/fp8.md): its codes count in the structure, its scales' layout and all its
     # values do not, so a correct conversion (OCP to FNUZ, per-tensor to per-channel scales) matches.
-    quantized = quantized_tensor_ids(model.modules()) if hasattr(model, "modules") else set()
+    modules = list(model.modules()) if hasattr(model, "modules") else []
+    quantized = quantized_tensor_ids(modules)
     s = hashlib.sha256()
     for name, cls in mods:
         s.update(f"{name}:{cls};".encode() if classes else f"{name};".encode())
@@ -130,8 +131,8 @@ def fingerprint(model: Any, classes: bool = False, weights: bool = True,
     # parameters, then buffers, as named_parameters() and named_buffers() list them (tied ones once)
     params = [(n, t) for n, t in tensors if isinstance(t, torch.nn.Parameter)]
     buffers = [(n, t) for n, t in tensors if not isinstance(t, torch.nn.Parameter)]
-    computed = set() if computed_buffers or not hasattr(model, "modules") else {
-        id(b) for m in model.modules() for n in m._non_persistent_buffers_set if (b := m._buffers.get(n)) is not None}
+    computed = set() if computed_buffers else {
+        id(b) for m in modules for n in m._non_persistent_buffers_set if (b := m._buffers.get(n)) is not None}
     seen: set[int] = set()
     entries: list[str] = []   # the hashed "name:shape" of each tensor, kept so a mismatch can be named
     samples: list[tuple[str, Any]] = []
@@ -194,10 +195,11 @@ WEIGHTS_OF = "checkpoint"
 
 def same_weights(model: Any, recorded: dict[str, Any]) -> bool:
     """Whether ``model`` has the weights a golden's fingerprint recorded, hashed as that golden hashed them."""
-    return _weights_now(model, recorded)["weights"] == recorded.get("weights")
+    return weights_now(model, recorded)["weights"] == recorded.get("weights")
 
 
-def _weights_now(model: Any, recorded: dict[str, Any]) -> dict[str, str]:
+def weights_now(model: Any, recorded: dict[str, Any]) -> dict[str, str]:
+    """``model``'s fingerprint, its weights hashed as the golden that recorded ``recorded`` hashed them."""
     return fingerprint(model, computed_buffers=recorded.get("weights_of") != WEIGHTS_OF)
 
 
@@ -210,21 +212,25 @@ def adapter_modules(model: Any) -> list[str]:
     return [n for n, m in model.named_modules() if is_adapter_layer(m)]
 
 
-def merged_adapters(model: Any, recorded: dict[str, Any]) -> list[str]:
+def merged_adapters(model: Any, recorded: dict[str, Any], now: dict[str, str] | None = None) -> list[str]:
     """Modules that carry an adapter on one side only: merged into the base weight on the other
     (``merge_and_unload`` for serving), so their weights differ by the merge while they compute
-    the same function, which the replay judges by their outputs."""
+    the same function, which the replay judges by their outputs. ``now``: the model's fingerprint,
+    where the caller has it (its adapters are listed there)."""
     was = recorded.get("adapted")
     before = set(was.split(";")) if isinstance(was, str) and was else set()
-    return sorted(before.symmetric_difference(adapter_modules(model)))
+    adapted = adapter_modules(model) if now is None else [n for n in now.get("adapted", "").split(";") if n]
+    return sorted(before.symmetric_difference(adapted))
 
 
-def weights_changed(model: Any, recorded: dict[str, Any], merged: list[str] | tuple[str, ...] = ()) -> str:
+def weights_changed(model: Any, recorded: dict[str, Any], merged: list[str] | tuple[str, ...] = (),
+                    now: dict[str, str] | None = None) -> str:
     """'' when ``model`` has the weights a golden's fingerprint recorded, else what changed, in words:
     a model loaded in another dtype than the captured one is named as such, else the tensors whose
     sampled values differ (goldens that recorded each tensor's digest). ``merged``: modules whose
-    own tensors may differ (merged_adapters)."""
-    now_fp = _weights_now(model, recorded)
+    own tensors may differ (merged_adapters); ``now``: weights_now(model, recorded), where the
+    caller has it."""
+    now_fp = now if now is not None else weights_now(model, recorded)
     if now_fp["weights"] == recorded.get("weights"):
         return ""
     was, now = recorded.get("dtypes"), now_fp["dtypes"]
@@ -271,10 +277,14 @@ def structure_changes(model: Any, recorded: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def same_structure(model: Any, recorded: dict[str, Any]) -> bool:
-    """Whether ``model`` has the structure a golden's fingerprint recorded (either hash: see fingerprint)."""
+def same_structure(model: Any, recorded: dict[str, Any], now: dict[str, str] | None = None) -> bool:
+    """Whether ``model`` has the structure a golden's fingerprint recorded (either hash: see
+    fingerprint); ``now``: the model's fingerprint without classes, where the caller has it."""
     want = recorded.get("structure")
-    return any(fingerprint(model, classes, weights=False)["structure"] == want for classes in (False, True))
+    if now is not None and now["structure"] == want:
+        return True
+    return any(fingerprint(model, classes, weights=False)["structure"] == want
+               for classes in ((True,) if now is not None else (False, True)))
 
 
 KEEP_PLACEMENT = "model"

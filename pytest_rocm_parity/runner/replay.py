@@ -33,6 +33,7 @@ from pytest_rocm_parity.runner.engine import (
     structure_changes,
     merged_adapters,
     weights_changed,
+    weights_now,
     submodule,
     walk_model,
 )
@@ -162,7 +163,10 @@ def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, An
     problems = []
     notes: list[str] = []
     same_tensors = False
-    if not same_structure(model, old):
+    # one walk of the model for the structure, the adapters and the sampled weights: a cold replay
+    # pays each walk, and each of the weights' reads from a GPU
+    now = weights_now(model, old)
+    if not same_structure(model, old, now):
         changes = structure_changes(model, old)
         # the same parameters and buffers under another module tree: a port that fused a module
         # without parameters (an MLP's activation into its kernel) or added one is the same model
@@ -172,8 +176,8 @@ def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, An
                             "the model's structure (module names, parameter names or shapes) changed")
     # a quantized model's weights are its codes times scales in a format of the candidate's choosing:
     # judged by what they mean (quant/diagnosis.py), not matched by value
-    merged = merged_adapters(model, old)
-    changed = "" if problems or _quantized(model, manifest) else weights_changed(model, old, merged)
+    merged = merged_adapters(model, old, now)
+    changed = "" if problems or _quantized(model, manifest) else weights_changed(model, old, merged, now)
     if changed:
         problems.append(changed)
     elif merged and not problems:
