@@ -233,9 +233,9 @@ def weights_changed(model: Any, recorded: dict[str, Any], merged: list[str] | tu
     now_fp = now if now is not None else weights_now(model, recorded)
     if now_fp["weights"] == recorded.get("weights"):
         return ""
-    was, now = recorded.get("dtypes"), now_fp["dtypes"]
-    if isinstance(was, str) and was and now and now != was:
-        return (f"the model's weights changed: its floating parameters are {now.replace(',', ', ')}, the captured "
+    was, dtypes = recorded.get("dtypes"), now_fp["dtypes"]
+    if isinstance(was, str) and was and dtypes and dtypes != was:
+        return (f"the model's weights changed: its floating parameters are {dtypes.replace(',', ', ')}, the captured "
                 f"model's were {was.replace(',', ', ')}. Give the replay the model in the dtype it was captured "
                 f"from (the replay casts it to each rung itself)")
     before = _digests(recorded.get("weight_digests"))
