@@ -239,11 +239,15 @@ def test_cli_golden_prune_dry_run(renamed: pytest.Pytester) -> None:
 
 
 def test_goldens_of_a_deleted_test_file_are_obsolete(renamed: pytest.Pytester) -> None:
-    """A whole-suite run proves a golden of a test file that no longer exists obsolete; a run of named files does not."""
+    """A whole-suite run proves a golden of a test file that no longer exists obsolete; a run of named
+    files does not, and says why it kept it."""
     (renamed.path / "test_b.py").unlink()
     result = renamed.runpytest("--rocm-parity", PRUNE, PRUNE_DRY_RUN, "test_a.py")
     result.assert_outcomes(passed=2)
-    assert "beta" not in result.stdout.str().split("rocm-parity summary", 1)[1]   # only test_a.py was collected
+    result.stdout.fnmatch_lines(["rocm-parity: kept 'beta': its test file test_b.py is gone, but this run did not "
+                                 "run the whole suite unfiltered*"])
+    (line,) = [l for l in result.outlines if l.startswith("goldens obsolete")]
+    assert line.endswith(": alpha"), line   # test_a.py was collected whole; beta's file was not
     result = renamed.runpytest("--rocm-parity", PRUNE)
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["goldens obsolete (*): alpha, beta",
@@ -532,3 +536,22 @@ def test_a_golden_whose_test_returned_early_is_kept_and_said_unchecked(project: 
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["goldens obsolete (*their test is gone or checks other names*): flagged"])
     assert goldens(project) == {"flagged2", "other"}
+
+
+def test_a_run_that_names_the_testpaths_is_the_whole_suite(renamed: pytest.Pytester) -> None:
+    """``pytest tests`` where the ini's testpaths is ``tests`` collects what a bare ``pytest`` does:
+    a golden of a deleted test file there is obsolete; naming one file of it is not the whole suite."""
+    tests = renamed.path / "tests"
+    tests.mkdir()
+    for f in ("test_a.py", "test_b.py"):
+        (renamed.path / f).rename(tests / f)
+    (renamed.path / "pytest.ini").write_text("[pytest]\ntestpaths = tests\n")
+    for d in ("alpha", "other", "beta", "alpha2"):   # the owners' node ids moved with the files
+        m = renamed.path / "goldens" / d / "manifest.json"
+        m.write_text(m.read_text().replace('"test_a.py::', '"tests/test_a.py::').replace('"test_b.py::', '"tests/test_b.py::'))
+    (tests / "test_b.py").unlink()
+    result = renamed.runpytest("--rocm-parity", PRUNE, PRUNE_DRY_RUN, "tests/test_a.py")
+    result.stdout.fnmatch_lines(["rocm-parity: kept 'beta': its test file tests/test_b.py is gone*"])
+    result = renamed.runpytest("--rocm-parity", PRUNE, PRUNE_DRY_RUN, "tests")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["goldens obsolete (*): alpha, beta"])
