@@ -598,9 +598,16 @@ def _diff_goldens(path_a: str | Path, path_b: str | Path, dtypes: list[str] | No
             rows.append(row)
         n_only = sum(1 for r in rows if r.get("problem"))
         layer_rows = [r for r in rows if r["layer"] != OUTPUT]
-        if layer_rows and all(r.get("problem") for r in layer_rows):   # nothing to agree: other models
+        if layer_rows and all(r.get("problem") for r in layer_rows):   # nothing to agree
             differs = True
-            res["warnings"].append(f"[{rung}] no layer in common: the goldens describe different models or selections")
+            if all(r["problem"].startswith("only in") for r in layer_rows):
+                res["warnings"].append(f"[{rung}] no layer in common: the goldens describe different models or "
+                                       f"selections")
+            else:   # the same layers, each of another shape or dtype: the model ran on other inputs or rungs
+                shown = next(r for r in layer_rows if not r["problem"].startswith("only in"))
+                res["warnings"].append(f"[{rung}] no layer with the same shape and dtype in both goldens (e.g. "
+                                       f"{shown['layer']}: {shown['problem']}): the same layers ran on inputs of "
+                                       f"other shapes, so no value can be compared")
         # in the golden's call order: every module after the first that computes another function
         # inherits its difference, so the first is where the references part; inside it, the
         # smallest module whose own truth parts on the same inputs (_changed_inside)

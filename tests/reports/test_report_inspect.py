@@ -204,6 +204,21 @@ def test_diff_of_goldens_with_no_layer_in_common_differs(goldens: dict[str, Path
     assert res["differs"] and any("no layer in common" in w for w in res["warnings"])
 
 
+def test_diff_of_one_model_on_inputs_of_other_shapes_says_so(goldens: dict[str, Path], tmp_path: Path) -> None:
+    """The same layers, every one of another shape (more tokens): not 'no layer in common', which
+    would send the user looking for another model."""
+    import torch
+
+    store = GoldenStore(tmp_path)
+    m, _ = parity_models.block_stack()
+    capture(m, torch.randn(24, 32, generator=torch.Generator().manual_seed(0)), CheckSpec(name="longer",
+                                                                                       dtypes=["float32"]), store, "cpu")
+    res = inspect_cmd.diff_goldens(goldens["a"], store.dir_for("longer"))
+    assert res["differs"] and not any("no layer in common" in w for w in res["warnings"]), res["warnings"]
+    assert any("no layer with the same shape" in w and "(16, 32) vs (24, 32)" in w for w in res["warnings"]), \
+        res["warnings"]
+
+
 def test_diff_text_names_the_layer(goldens: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     inspect_cmd.run_diff(_parse(inspect_cmd.add_diff_arguments, [str(goldens["a"]), str(goldens["b"])]))
     out = capsys.readouterr().out
