@@ -769,6 +769,10 @@ class ParitySession:
                "checks": sorted(self.results, key=lambda r: (r["test"], r["name"], r["dtype"])),
                "goldens": {**self.goldens.to_dict(), "obsolete": self.obsolete, "unchecked": self.unchecked,
                            "pruned": self.pruned}}
+        if self.lost_worker:
+            from pytest_rocm_parity.reports.summary import LOST_WORKER
+
+            doc["incomplete"] = LOST_WORKER
         from pytest_rocm_parity.atomic import atomic_write
 
         atomic_write(out / "parity-report.json", json.dumps(doc, indent=1, default=str))

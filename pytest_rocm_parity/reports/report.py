@@ -776,6 +776,8 @@ def render_html(doc: Mapping[str, Any], out_dir: str | os.PathLike[str] = ".") -
             f'schema {e(str(doc.get("schema", "")))} · tables: <a style="color:#9cd" href="{CHECKS_CSV}">{CHECKS_CSV}</a>, '
             f'<a style="color:#9cd" href="{LAYERS_CSV}">{LAYERS_CSV}</a>, '
             f'<a style="color:#9cd" href="parity-report.json">parity-report.json</a></p></header><main>']
+    if doc.get("incomplete"):
+        body.append(f'<p class="incomplete"><b>{e(str(doc["incomplete"]))}</b></p>')
     if checks:
         body.append('<div class="scroll"><table class="summary"><tr><th>verdict</th><th>check</th><th>dtype</th><th>culprit</th>'
                     '<th>first divergent</th><th>profile flags</th><th>reference</th><th>candidate</th></tr>'

@@ -110,6 +110,11 @@ def kept_label(regen: str | None) -> str:
     return f"kept (exists; --parity-regen={regen} does not match them)"
 
 
+# said by the summary and the report of a run in which an xdist worker went down without its report
+LOST_WORKER = ("incomplete: an xdist worker crashed, and the checks it ran went down with it: they are not in this "
+               "summary nor in the report; rerun to see them")
+
+
 def summary_lines(session: Any) -> list[str]:
     res = session.results
     g = session.goldens
@@ -120,7 +125,7 @@ def summary_lines(session: Any) -> list[str]:
     leftovers = list(getattr(session, "leftovers", []) or [])
     foreign = list(getattr(g, "foreign", []) or [])
     if not res and not (g.created or g.updated or g.missing or g.corrupt or g.stale or g.kept or obsolete or pruned or withheld
-                        or leftovers or foreign or unchecked):
+                        or leftovers or foreign or unchecked or getattr(session, "lost_worker", False)):
         return []
     lines = ["", "=" * 20 + " rocm-parity summary " + "=" * 20]
     order = {"ERROR": 0, "FAIL": 1, "PASS": 2}
@@ -135,6 +140,8 @@ def summary_lines(session: Any) -> list[str]:
         n_fail = sum(1 for r in res if not r.get("passed")) - n_err
         lines.append(f"{plural(len(res), 'check')}: {len(res) - n_fail - n_err} passed, {n_fail} failed"
                      + (f", {plural(n_err, 'error')}" if n_err else ""))
+    if getattr(session, "lost_worker", False):
+        lines.append(f"rocm-parity: {LOST_WORKER}")
     for label, items in (("created", g.created), ("updated", g.updated), ("missing", g.missing),
                          ("corrupt (unreadable: restore them, e.g. git lfs pull, or recapture)",
                           getattr(g, "corrupt", [])),

@@ -69,15 +69,21 @@ def test_crash():
 def test_a_crashed_worker_leaves_no_golden_called_obsolete(project: pytest.Pytester,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """The worker that ran test_used crashed later: its record of the goldens its checks used is
-    lost, so the golden test_used just passed against must not be listed obsolete."""
+    lost, so the golden test_used just passed against must not be listed obsolete, and the summary
+    and the report say that they lack its checks."""
     project.makepyfile(test_crash=CRASH)
     project.runpytest_subprocess("-n", "1", "--rocm-parity", "--parity-mode=capture",
                                  "test_crash.py").assert_outcomes(passed=2)
     monkeypatch.setenv("CRASH", "1")
-    result = project.runpytest_subprocess("-n", "1", "--rocm-parity", "-p", "no:randomly", "test_crash.py")
+    result = project.runpytest_subprocess("-n", "1", "--rocm-parity", "-p", "no:randomly", "--parity-report=rep",
+                                          "test_crash.py")
     result.assert_outcomes(passed=1, failed=1)
     assert "goldens obsolete" not in result.stdout.str(), result.stdout.str()
     assert (project.path / "goldens" / "used" / "manifest.json").exists()
+    result.stdout.fnmatch_lines(["rocm-parity: incomplete: an xdist worker crashed, and the checks it ran *"])
+    doc = json.loads((project.path / "rep" / "parity-report.json").read_text())
+    assert doc["incomplete"].startswith("incomplete: an xdist worker crashed")
+    assert "an xdist worker crashed" in (project.path / "rep" / "parity-report.html").read_text()
 
 
 SAME_NAME = '''
