@@ -23,7 +23,7 @@ from pytest_rocm_parity.guards import (clean_errors, fail_once, known_keywords, 
                                        require_token_ids, require_trainable)
 from pytest_rocm_parity.judging.records import CheckResult
 from pytest_rocm_parity.judging.tolerance import coerce
-from pytest_rocm_parity.options import capture_command
+from pytest_rocm_parity.options import capture_command, shell_quote
 
 
 class Parity:
@@ -267,7 +267,7 @@ class Parity:
             no_dir = s.store.missing_root(capture_it)
             missing = GoldenMissing(
                 f"no golden for {spec.name!r}: {no_dir}" if no_dir else
-                f"no golden for {spec.name!r} in {s.store.root}.{_close_goldens(s.store, spec.name)} Capture it on "
+                f"no golden for {spec.name!r} in {s.store.root}.{_close_goldens(s.store, spec.name, spec.test)} Capture it on "
                 f"the reference machine and commit it: {capture_it}",
                 s.store.manifest_path(spec.name))
             self._error(spec, missing, kind)
@@ -397,13 +397,19 @@ def replay_kind_of(model: Any, kind: Any) -> str:
     return str(kind)
 
 
-def _close_goldens(store: Any, name: str) -> str:
-    """' Goldens of close names here: ...' for a name that may be a typo of goldens on disk, else ''."""
+def _close_goldens(store: Any, name: str, test: str = "") -> str:
+    """' Goldens of close names here: ...' for a name that may be a typo of goldens on disk, else '';
+    with the command that copies the closest under the new name, for a check renamed on purpose."""
     try:
         close = store.close_names(name)
     except OSError:
         return ""
-    return f" Goldens of close names here: {', '.join(map(repr, close))} (a changed name= ?)." if close else ""
+    if not close:
+        return ""
+    copy = (f"rocm-parity golden derive {shell_quote(str(store.root))} {shell_quote(close[0])} --to "
+            f"{shell_quote(name)}{' --test ' + shell_quote(test) if test else ''}")
+    return (f" Goldens of close names here: {', '.join(map(repr, close))} (a changed name= ?). If the check was "
+            f"renamed on purpose, its golden is copied under the new name with no GPU: {copy}.")
 
 
 DEFAULT_GOLDEN_SIZE_LIMIT = 50_000_000   # bytes, for a spec without golden_size_limit (options' default)

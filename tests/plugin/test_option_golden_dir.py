@@ -162,4 +162,8 @@ def test_a_missing_golden_names_goldens_of_close_names(project: pytest.Pytester)
     rep = project.runpytest("--rocm-parity")
     rep.assert_outcomes(failed=1)
     assert "no golden for 'tinyy' in" in rep.stdout.str()
-    assert "Goldens of close names here: 'tiny' (a changed name= ?)." in " ".join(rep.stdout.str().split())
+    text = " ".join(rep.stdout.str().split())
+    assert "Goldens of close names here: 'tiny' (a changed name= ?)." in text
+    # a rename on purpose: the command that copies the golden under the new name
+    assert (f"its golden is copied under the new name with no GPU: rocm-parity golden derive "
+            f"'{project.path / 'goldens'}' 'tiny' --to 'tinyy' --test 'test_tiny.py::test_tiny'." in text), text
