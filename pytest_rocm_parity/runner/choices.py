@@ -12,15 +12,23 @@ from pytest_rocm_parity.runner.selection import Selected
 from pytest_rocm_parity.runner.tree import aligned_leaves, tensor_leaves
 
 
+def scores_of(choices: Any, leaves: dict[str, Any]) -> Any:
+    """Among a call's output ``leaves``, the scores its ``choices`` (an integer (..., k) top-k) were
+    made from: the first floating leaf over the same tokens with more than k candidates (a router's
+    logits); None where there is none."""
+    k = int(choices.shape[-1]) if choices.dim() >= 2 else 0
+    if k == 0:
+        return None
+    n = choices.numel() // k
+    return next((g for g in leaves.values() if g.is_floating_point() and g.dim() >= 2 and g.shape[-1] > k
+                 and g.numel() // g.shape[-1] == n), None)
+
+
 def choice_like(leaves: dict[str, Any]) -> bool:
-    """Whether a call's output leaves hold choices beside their scores, as Decisions compares them:
-    an integer (..., k) tensor and a floating one over the same tokens with more than k candidates
+    """Whether a call's output leaves hold choices beside their scores, as Decisions compares them
     (a router's top-k indices and its logits)."""
-    ints = [t for t in leaves.values() if not (t.is_floating_point() or t.is_complex()) and t.dim() >= 2
-            and t.shape[-1] > 0]
-    scores = [t for t in leaves.values() if t.is_floating_point() and t.dim() >= 2 and t.shape[-1] > 0]
-    return any(g.shape[-1] > c.shape[-1] and g.numel() // g.shape[-1] == c.numel() // c.shape[-1]
-               for c in ints for g in scores)
+    return any(scores_of(c, leaves) is not None for c in leaves.values()
+               if not (c.is_floating_point() or c.is_complex()))
 
 
 def watch_entry(e: dict[str, Any]) -> dict[str, Any]:
@@ -152,16 +160,14 @@ class Decisions:
         router's logits) whose k-th and (k+1)-th largest lie within NEAR_TIE_ROUNDINGS roundings of
         the token's RMS score. None where the call returns no such scores: its choices are then
         taken as made, and the ancestor judged on every token."""
+        g = scores_of(choices, golden)
+        if g is None:
+            return None
         k = int(choices.shape[-1])
-        n = choices.numel() // k
-        for g in golden.values():
-            if not g.is_floating_point() or g.dim() < 2 or g.shape[-1] <= k or g.numel() // g.shape[-1] != n:
-                continue
-            s = g.reshape(n, -1).double()
-            top = s.topk(k + 1, dim=-1).values
-            margin = top[:, k - 1] - top[:, k]
-            return margin <= NEAR_TIE_ROUNDINGS * self.u * s.square().mean(-1).sqrt()
-        return None
+        s = g.reshape(choices.numel() // k, -1).double()
+        top = s.topk(k + 1, dim=-1).values
+        margin = top[:, k - 1] - top[:, k]
+        return margin <= NEAR_TIE_ROUNDINGS * self.u * s.square().mean(-1).sqrt()
 
     def take(self, key: str) -> Any:
         """The (tokens,) rows that the choices inside call ``key`` sent elsewhere in this run (none

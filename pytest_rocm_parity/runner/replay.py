@@ -1046,8 +1046,9 @@ def _hooked_level(model: Any, inner: Any, selected: list[Selected], level: int, 
 
 # A float input that its caller builds (an ALiBi bias, a rotary table, an additive mask) differs
 # from the golden's where it differs by more than this many roundings of its dtype: a correct other
-# implementation computes it alike to a rounding or two, or in another form (a bool mask, another
-# shape, another fill value for masked positions), which is not compared.
+# implementation computes it alike to a rounding or two, or in another form that is not compared (a
+# bool mask, another shape) or compared as masked (an infinity or the dtype's lowest for a masked
+# position, beyond half its range, on both sides).
 BUILT_ROUNDINGS = 8.0
 
 
