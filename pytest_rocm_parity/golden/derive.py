@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pytest_rocm_parity.runner.capture import numbered_in_order, rename_tensor_keys
 from pytest_rocm_parity.runner.choices import choice_like, watch_entry
 from pytest_rocm_parity.runner.engine import OUTPUT
 from pytest_rocm_parity.errors import GoldenError, GoldenExists, InvalidArgument
@@ -117,12 +118,8 @@ def _rung(src: GoldenStore, name: str, m: dict[str, Any], dtype: str, drill: int
             wanted |= {k for k in reader.keys if k.startswith((f"truth/{e['key']}/", f"gtruth/{e['key']}/"))}
         # the recorded tensors renumbered t/0, t/1, ... in the order first seen, as a capture at this
         # depth numbers them (capture.merge_repeats): the same file, so a later regeneration rewrites nothing
-        kept_t = sorted((k for k in wanted if k.startswith("t/")), key=lambda k: int(k[2:]))
-        renumbered = {k: f"t/{i}" for i, k in enumerate(kept_t)}
-        for e in [*layers, *watch, meta["outputs"]]:
-            for side in ("in", "out"):
-                if side in e:
-                    e[side] = {p: renumbered.get(k, k) for p, k in e[side].items()}
+        renumbered = numbered_in_order(wanted)
+        rename_tensor_keys([*layers, *watch, meta["outputs"]], renumbered)
         new["rungs"][dtype] = meta
         return {renumbered.get(k, k): reader.get(k) for k in sorted(wanted)}
     return produce

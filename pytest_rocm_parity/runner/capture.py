@@ -958,12 +958,23 @@ def merge_repeats(pool: RecordPool, entries: dict[str, dict[str, Any]], outputs:
     same = pool.resolve()
     for k in same:
         tensors.pop(k, None)
-    kept = sorted((k for k in tensors if k.startswith("t/")), key=lambda k: int(k[2:]))
-    name = {k: f"t/{i}" for i, k in enumerate(kept)}
+    name = numbered_in_order(tensors)
+    moved = {name[k]: tensors.pop(k) for k in list(name)}
     name.update({k: name[root] for k, root in same.items()})
-    moved = {name[k]: tensors.pop(k) for k in kept}
     tensors.update(moved)
-    for e in [*entries.values(), outputs]:
+    rename_tensor_keys([*entries.values(), outputs], name)
+
+
+def numbered_in_order(keys: Any) -> dict[str, str]:
+    """The recorded tensors' keys among ``keys`` (t/N) renumbered t/0, t/1, ... in their order: how a
+    capture names them, and a golden derived from one (golden/derive.py)."""
+    kept = sorted((k for k in keys if k.startswith("t/")), key=lambda k: int(k[2:]))
+    return {k: f"t/{i}" for i, k in enumerate(kept)}
+
+
+def rename_tensor_keys(entries: Any, name: dict[str, str]) -> None:
+    """Each entry's ``in`` and ``out`` tensor keys renamed by ``name``, in place."""
+    for e in entries:
         for side in ("in", "out"):
             if side in e:
                 e[side] = {p: name.get(k, k) for p, k in e[side].items()}
