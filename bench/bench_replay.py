@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         def run() -> None:
             r = RungReader(path, dev)
             if preload:
-                _preload(r, spec)
+                _preload(r, spec, meta)
             _replay_rung(model, spec, meta, r, "bfloat16", dev, tmpl)
             r.release()
         return run

@@ -398,7 +398,7 @@ def _replay_one(model: Any, inner: Any, spec: CheckSpec, store: GoldenStore, man
     path = store.rung_file(spec.name, manifest, rung)
     reader = RungReader(path, str(home_device(inner, device)), expected_digest(meta), background_verify=True)
     try:
-        _preload(reader, spec)
+        _preload(reader, spec, meta)
         _refuse_changed_inputs(_inputs_changed(args0, kwargs0, reader, rung, meta), spec, mpath)
         with explained_by(spec.name, autocast):
             result = _replay_rung(model, spec, meta, reader, rung, device, {"args": args0, "kwargs": kwargs0})
@@ -422,8 +422,9 @@ PRELOAD_FRACTION = 0.5
 CPU_PRELOAD_BYTES = 256 << 20
 
 
-def _preload(reader: RungReader, spec: CheckSpec) -> None:
-    """The goldens the passes read, loaded before the forward: on a GPU up to half its free memory,
+def _preload(reader: RungReader, spec: CheckSpec, meta: dict[str, Any]) -> None:
+    """The goldens the passes read, loaded in a thread while the forward runs (RungReader.preload),
+    in the order the passes ask for them (``meta``: the rung's): on a GPU up to half its free memory,
     on the CPU up to CPU_PRELOAD_BYTES.
 
     Why: a lazy load inside a hook is a blocking host-to-device copy per module, which stalls the
@@ -433,13 +434,69 @@ def _preload(reader: RungReader, spec: CheckSpec) -> None:
     import torch
 
     dev = torch.device(reader.device)
-    skip = "gtruth/" if spec.replay == "fast" else None
-    keys = sorted(k for k in reader.keys if not (skip and k.startswith(skip) and not k.startswith(f"gtruth/{OUTPUT}")))
+    fast = spec.replay == "fast"
+    keys = [k for k in reader.keys if not (fast and k.startswith("gtruth/") and not k.startswith(f"gtruth/{OUTPUT}"))]
+    keys = in_use_order(meta, keys, fast)
     if dev.type == "cuda":
         free, _ = torch.cuda.mem_get_info(dev)
-        reader.preload(keys, int(free * PRELOAD_FRACTION))
+        reader.preload(keys, int(free * PRELOAD_FRACTION), background=True)
     elif dev.type == "cpu" and sum(reader.nbytes(k) for k in keys) <= CPU_PRELOAD_BYTES:
-        reader.preload(keys, CPU_PRELOAD_BYTES)
+        reader.preload(keys, CPU_PRELOAD_BYTES, background=True)
+
+
+def in_use_order(meta: dict[str, Any], keys: list[str], fast: bool) -> list[str]:
+    """``keys`` in the order a replay of rung ``meta`` first reads them: the model's inputs, then
+    each pass's reads as its hooks make them, a call's inputs as it starts and its outputs and truth
+    as it returns (the choices of a watched call inside a judged one with them): in a full replay
+    first the propagated pass, then one pass per level; in a fast one the first level's pass, the
+    model's outputs, then the deeper levels. Keys no pass names come last, in sorted order."""
+    rank: dict[str, int] = {}
+
+    def add(*ks: str) -> None:
+        for k in ks:
+            rank.setdefault(k, len(rank))
+    add(*sorted(k for k in keys if k.startswith("input/")))
+    judged = {e["key"]: e for e in meta.get("layers", [])}
+    watched = {e["key"]: e for e in meta.get("watch", [])}
+    events: list[tuple[bool, dict[str, Any]]] = []   # (returns, entry) in the order the hooks see them
+    open_: list[dict[str, Any]] = []
+    unplaced = [e for k, e in watched.items() if k not in judged]   # no place in the order: in their caller
+
+    def close() -> None:
+        done = open_.pop()
+        for w in [w for w in unplaced if inside(w, done)]:
+            events.extend([(False, w), (True, w)])
+            unplaced.remove(w)
+        events.append((True, done))
+
+    def inside(e: dict[str, Any], outer: dict[str, Any]) -> bool:
+        return not outer["name"] or e["name"].startswith(outer["name"] + ".")
+    for key in meta.get("order", list(judged)):
+        if key not in judged:
+            continue
+        while open_ and not inside(judged[key], open_[-1]):
+            close()
+        events.append((False, judged[key]))
+        open_.append(judged[key])
+    while open_:
+        close()
+    outputs = [k for p, gk in meta.get("outputs", {}).get("out", {}).items() for k in (gk, f"gtruth/{OUTPUT}/{p}")]
+    if not fast:
+        for _, e in (ev for ev in events if ev[0] and ev[1]["key"] in judged):
+            for p, gk in e.get("out", {}).items():
+                add(gk, f"gtruth/{e['key']}/{p}")
+        add(*outputs)
+    for level in sorted({int(e.get("level", 0)) for e in judged.values()}):
+        for returns, e in events:
+            here = int(e.get("level", 0)) == level and e["key"] in judged
+            if not returns and here:
+                add(*e.get("in", {}).values())
+            elif returns and here:
+                add(*(k for p, gk in e.get("out", {}).items() for k in (gk, f"truth/{e['key']}/{p}")))
+            elif returns and e["key"] in watched and int(e.get("level", 0)) > level:
+                add(*e.get("out", {}).values())
+        add(*outputs)   # the fast pass reads them after its first level
+    return sorted(sorted(keys), key=lambda k: rank.get(k, len(rank)))
 
 
 def activation_paths(layers: dict[str, dict[str, Any]]) -> dict[str, dict[str, str]]:

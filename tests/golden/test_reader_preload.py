@@ -42,12 +42,30 @@ def _golden(tmp_path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
     return store.rung_file("all", store.read_manifest("all"), "float32"), tensors
 
 
+@pytest.mark.parametrize("background", [False, True], ids=["now", "background"])
 @pytest.mark.parametrize("device", ["cpu", CUDA])
-def test_a_preload_holds_what_a_lazy_read_returns_for_every_stored_dtype(tmp_path: Path, device: str) -> None:
+def test_a_preload_holds_what_a_lazy_read_returns_for_every_stored_dtype(tmp_path: Path, device: str,
+                                                                         background: bool) -> None:
+    _held_as_read(tmp_path, device, background)
+
+
+@pytest.mark.parametrize("device", [CUDA])
+def test_a_gpu_background_load_through_buffers_smaller_than_its_tensors_holds_the_same(
+        tmp_path: Path, device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU's background load reads the file through two pinned buffers (golden.store.STREAM_CHUNK
+    bytes): a tensor split across as many fills as it needs and several small ones sharing one."""
+    from pytest_rocm_parity.golden import store
+
+    monkeypatch.setattr(store, "STREAM_CHUNK", 4096)
+    _held_as_read(tmp_path, device, True)
+
+
+def _held_as_read(tmp_path: Path, device: str, background: bool) -> None:
     path, tensors = _golden(tmp_path)
     held = RungReader(path, device)
     keys = sorted(tensors)
-    assert held.preload(reversed(keys), 1 << 40) == sum(held.nbytes(k) for k in keys)
+    # loaded in reverse order, asked for in order: the first asked for is the last loaded
+    assert held.preload(reversed(keys), 1 << 40, background=background) == sum(held.nbytes(k) for k in keys)
     lazy = RungReader(path, device)
     for key in keys:
         assert held.holds(key), key
@@ -60,12 +78,13 @@ def test_a_preload_holds_what_a_lazy_read_returns_for_every_stored_dtype(tmp_pat
         assert torch.equal(a.reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8)), key
 
 
-def test_a_preload_within_a_budget_loads_a_prefix_and_leaves_the_rest_lazy(tmp_path: Path) -> None:
+@pytest.mark.parametrize("background", [False, True], ids=["now", "background"])
+def test_a_preload_within_a_budget_loads_a_prefix_and_leaves_the_rest_lazy(tmp_path: Path, background: bool) -> None:
     path, tensors = _golden(tmp_path)
     r = RungReader(path, "cpu")
     keys = sorted(tensors)
     budget = r.nbytes(keys[0]) + r.nbytes(keys[1])
-    assert r.preload(keys, budget) == budget
+    assert r.preload(keys, budget, background=background) == budget
     assert [k for k in keys if r.holds(k)] == keys[:2]
     assert torch.equal(r.get(keys[2]), tensors[keys[2]]) and not r.holds(keys[2])   # read when asked
 
@@ -78,3 +97,35 @@ def test_a_file_cut_short_after_opening_is_named_corrupt_by_the_preload(tmp_path
     with pytest.raises(GoldenCorrupt, match="cut short") as e:
         r.preload(sorted(tensors), 1 << 40)
     assert str(path) in str(e.value)
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_a_file_cut_short_is_named_corrupt_by_a_background_load_for_every_tensor_it_did_not_load(
+        tmp_path: Path, device: str) -> None:
+    """The thread's error reaches the replay's thread when it asks for a tensor the load never
+    reached; a tensor loaded before the damage is served."""
+    path, tensors = _golden(tmp_path)
+    r = RungReader(path, device)
+    header_len = 8 + int.from_bytes(path.read_bytes()[:8], "little")
+    last = max(tensors, key=lambda k: r.header[k]["data_offsets"][1])
+    first = min((k for k in tensors if r.nbytes(k)), key=lambda k: r.header[k]["data_offsets"][0])
+    raw = path.read_bytes()
+    path.write_bytes(raw[:header_len + r.header[last]["data_offsets"][0] + 1])   # the last tensor's bytes cut
+    r.preload([first, last], 1 << 40, background=True)
+    assert torch.equal(r.get(first).cpu().reshape(-1).view(torch.uint8),
+                       tensors[first].contiguous().reshape(-1).view(torch.uint8))
+    with pytest.raises(GoldenCorrupt, match="cut short") as e:
+        r.get(last)
+    assert str(path) in str(e.value)
+    with pytest.raises(GoldenCorrupt, match="cut short"):   # asked again: the same error, no hang
+        r.get(last)
+    r.release()
+
+
+def test_a_reader_released_while_it_loads_stops_and_holds_nothing(tmp_path: Path) -> None:
+    path, tensors = _golden(tmp_path)
+    r = RungReader(path, "cpu")
+    r.preload(sorted(tensors), 1 << 40, background=True)
+    r.release()
+    assert not any(r.holds(k) for k in tensors)
+    assert torch.equal(r.get("f/large"), tensors["f/large"])   # read when asked again
