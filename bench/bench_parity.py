@@ -151,7 +151,8 @@ def bench_one(name: str, device: str, batch: int, seq: int, reps: int, drill: in
 
     from pytest_rocm_parity.runner.capture import capture, recording_pass
     from pytest_rocm_parity.runner.engine import CheckSpec, _run, numerics
-    from pytest_rocm_parity.golden.store import GoldenStore, RungReader
+    from pytest_rocm_parity.golden.reader import RungReader
+    from pytest_rocm_parity.golden.store import GoldenStore
     from pytest_rocm_parity.runner.replay import _replay_rung, replay
     from pytest_rocm_parity.runner.selection import select
 

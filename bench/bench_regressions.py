@@ -54,7 +54,7 @@ OURS = DATA + '''
 import json, os, resource, sys, time
 import torch
 from safetensors.torch import save_file
-from pytest_rocm_parity.golden.store import RungReader
+from pytest_rocm_parity.golden.reader import RungReader
 from pytest_rocm_parity.judging.compare import residual_metrics
 from pytest_rocm_parity.judging.judge import Rule, judge_layer, finish
 from pytest_rocm_parity.judging.records import CheckResult, LayerRecord

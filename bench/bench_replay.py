@@ -238,8 +238,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from pytest_rocm_parity.golden.store import (GoldenStore, RungReader, digest_matches, expected_digest,
-                                                  file_digests, sha256_file)
+    from pytest_rocm_parity.golden.reader import RungReader
+
+    from pytest_rocm_parity.golden.store import GoldenStore, digest_matches, expected_digest, file_digests, sha256_file
     from pytest_rocm_parity.runner.capture import capture
     from pytest_rocm_parity.runner.engine import CheckSpec, Hooks, _run
     from pytest_rocm_parity.runner.replay import _preload, _replay_rung, _SharedCopies, _swap, activation_paths

@@ -23,7 +23,8 @@ from pytest_rocm_parity.runner.choices import choice_like, watch_entry
 from pytest_rocm_parity.runner.engine import OUTPUT
 from pytest_rocm_parity.errors import GoldenError, GoldenExists, InvalidArgument
 from pytest_rocm_parity.judging import dtypes as dt
-from pytest_rocm_parity.golden.store import MANIFEST, PROJECT_KEY, GoldenStore, RungReader, expected_digest, load_manifest
+from pytest_rocm_parity.golden.reader import RungReader
+from pytest_rocm_parity.golden.store import MANIFEST, PROJECT_KEY, GoldenStore, expected_digest, load_manifest
 
 
 def derive(src: GoldenStore, name: str, dst: GoldenStore, new_name: str, dtypes: Sequence[str],

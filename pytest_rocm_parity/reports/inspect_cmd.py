@@ -30,8 +30,9 @@ from typing import Any
 from pytest_rocm_parity.colour import enabled, paint
 from pytest_rocm_parity.errors import GoldenCorrupt, ParityError
 from pytest_rocm_parity.judging.tolerance import FLOOR_ULPS
-from pytest_rocm_parity.golden.store import (MANIFEST, RungReader, check_safetensors, check_size, expected_digest,
-                                              load_manifest, verify_sha)
+from pytest_rocm_parity.golden.reader import RungReader
+from pytest_rocm_parity.golden.store import (MANIFEST, check_safetensors, check_size, expected_digest, load_manifest,
+                                              verify_sha)
 from pytest_rocm_parity.runner.selection import describe
 from pytest_rocm_parity.tables import text_table
 

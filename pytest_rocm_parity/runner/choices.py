@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_rocm_parity.golden.store import RungReader
+from pytest_rocm_parity.golden.reader import RungReader
 from pytest_rocm_parity.runner.engine import hook_sensitive_kinds
 from pytest_rocm_parity.runner.selection import Selected
 from pytest_rocm_parity.runner.tree import aligned_leaves, tensor_leaves

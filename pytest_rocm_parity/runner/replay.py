@@ -39,7 +39,8 @@ from pytest_rocm_parity.runner.engine import (
 )
 from pytest_rocm_parity.errors import GoldenCorrupt, GoldenStale
 from pytest_rocm_parity.options import shell_quote
-from pytest_rocm_parity.golden.store import GoldenStore, RungReader, expected_digest
+from pytest_rocm_parity.golden.reader import RungReader
+from pytest_rocm_parity.golden.store import GoldenStore, expected_digest
 from pytest_rocm_parity.judging.judge import Rule, finish, judge_layer, jumped, may_fail
 from pytest_rocm_parity.judging.records import NOT_CALLED, CheckResult, LayerRecord, LeafMetrics
 from pytest_rocm_parity.runner.choices import Decisions, present

@@ -37,7 +37,8 @@ from pytest_rocm_parity.runner.engine import (CheckSpec, Hooks, autocast_dtype, 
                                               same_structure, structure_changes, submodule, weights_changed)
 from pytest_rocm_parity.errors import GoldenStale, InvalidArgument
 from pytest_rocm_parity.golden.sketch import leaf_group
-from pytest_rocm_parity.golden.store import FORMAT_VERSION, GoldenStore, RungReader, expected_digest
+from pytest_rocm_parity.golden.reader import RungReader
+from pytest_rocm_parity.golden.store import FORMAT_VERSION, GoldenStore, expected_digest
 from pytest_rocm_parity.judging.judge import Rule, judge_layer, jumped, minimal_failing, note_undecided
 from pytest_rocm_parity.judging.records import CheckResult, LayerRecord, LeafMetrics
 from pytest_rocm_parity.runner.selection import Selected, select

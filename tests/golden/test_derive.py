@@ -13,7 +13,8 @@ from pytest_rocm_parity.runner.capture import capture
 from pytest_rocm_parity.runner.engine import CheckSpec
 from pytest_rocm_parity.runner.replay import replay
 from pytest_rocm_parity.errors import InvalidArgument
-from pytest_rocm_parity.golden.store import GoldenStore, RungReader
+from pytest_rocm_parity.golden.reader import RungReader
+from pytest_rocm_parity.golden.store import GoldenStore
 
 
 def _model() -> nn.Module:

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from pytest_rocm_parity.errors import GoldenCorrupt
-from pytest_rocm_parity.golden.store import GoldenStore, RungReader
+from pytest_rocm_parity.golden.reader import RungReader
+from pytest_rocm_parity.golden.store import GoldenStore
 
 DTYPES = ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu"]
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from pytest_rocm_parity.errors import GoldenCorrupt
-from pytest_rocm_parity.golden.store import GoldenStore, RungReader
+from pytest_rocm_parity.golden.reader import RungReader
+from pytest_rocm_parity.golden.store import GoldenStore
 
 CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
                                                                         reason="needs a CUDA or ROCm GPU")])

@@ -202,7 +202,8 @@ def test_a_golden_derived_below_its_routers_watches_them(tmp_path) -> None:
     as a capture at drill 0 does (the same ``watch`` entry, the same tensors), and its replay scores
     the moved token as the reference's."""
     from pytest_rocm_parity.golden.derive import derive
-    from pytest_rocm_parity.golden.store import GoldenStore, RungReader, expected_digest
+    from pytest_rocm_parity.golden.reader import RungReader
+    from pytest_rocm_parity.golden.store import GoldenStore, expected_digest
     from pytest_rocm_parity.runner.capture import capture
     from pytest_rocm_parity.runner.replay import replay
 

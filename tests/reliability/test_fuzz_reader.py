@@ -21,7 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_rocm_parity.errors import ParityError
-from pytest_rocm_parity.golden.store import MAX_HEADER_BYTES, MAX_MANIFEST_BYTES, RungReader, check_safetensors, load_manifest
+from pytest_rocm_parity.golden.reader import RungReader
+from pytest_rocm_parity.golden.store import MAX_HEADER_BYTES, MAX_MANIFEST_BYTES, check_safetensors, load_manifest
 from reliability_helpers import Golden, make_golden, read_header, write_with_header
 
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), database=None)

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from pytest_rocm_parity.errors import GoldenCorrupt
-from pytest_rocm_parity.golden.store import RungReader, check_safetensors
+from pytest_rocm_parity.golden.reader import RungReader
+from pytest_rocm_parity.golden.store import check_safetensors
 
 
 def _file_with_header_length(path: Path, n: int) -> Path:

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_rocm_parity.golden.store import MANIFEST, TOOL, TOOL_KEY, GoldenStore, RungReader
+from pytest_rocm_parity.golden.reader import RungReader
+
+from pytest_rocm_parity.golden.store import MANIFEST, TOOL, TOOL_KEY, GoldenStore
 from parity_models import tiny
 from reliability_helpers import ENV, Golden, make_golden
 

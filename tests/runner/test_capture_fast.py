@@ -21,7 +21,8 @@ from pytest_rocm_parity.runner import capture as cap
 from pytest_rocm_parity.judging import dtypes as dt
 from pytest_rocm_parity.runner.capture import RecordPool, residual, truth_model, capture, merge_repeats, recording_pass
 from pytest_rocm_parity.runner.engine import OUTPUT, CheckSpec, cast_inputs, normalize_inputs, prepare_model
-from pytest_rocm_parity.golden.store import GoldenStore, RungReader
+from pytest_rocm_parity.golden.reader import RungReader
+from pytest_rocm_parity.golden.store import GoldenStore
 from pytest_rocm_parity.runner.selection import select
 from pytest_rocm_parity.runner.tree import map_tensors, tensor_leaves
 

@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_rocm_parity.golden.store import GoldenStore, RungReader
+from pytest_rocm_parity.golden.reader import RungReader
+
+from pytest_rocm_parity.golden.store import GoldenStore
 from pytest_rocm_parity.runner.capture import capture
 from pytest_rocm_parity.runner.engine import CheckSpec
 from pytest_rocm_parity.runner.replay import in_use_order, replay
