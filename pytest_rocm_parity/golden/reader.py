@@ -113,10 +113,12 @@ class RungReader:
 
     def release(self) -> None:
         """Every loaded tensor let go, the background load stopped first."""
-        if self._loading is not None:
-            self._loading.close()
+        try:
+            if self._loading is not None:
+                self._loading.close()
+        finally:
             self._loading = None
-        self._cache.clear()
+            self._cache.clear()
 
     def holds(self, key: str) -> bool:
         """Whether get(key) returns the tensor preload holds (the same one each time), not a fresh read."""
@@ -139,7 +141,9 @@ class RungReader:
 
     def get(self, key: str) -> Any:
         if self._loading is not None and isinstance(key, str) and key in self._loading.keys:
-            return self._loading.take(key)
+            loaded = self._loading.take(key)
+            if loaded is not None:
+                return loaded
         hit = self._cache.get(key) if isinstance(key, str) else None
         if hit is not None:
             return hit
@@ -178,8 +182,10 @@ class _BackgroundLoad:
     load's own while the other fills, and each tensor's copy ends in an event: take() makes the
     caller's stream wait for it there, not the host. The tensors are allocated on the stream that
     started the load, where the replay uses and frees them, and each copy waits for the work that
-    stream held when its tensor was allocated. An error (a file cut short, a read that
-    fails) is raised by take() for every tensor not loaded before it.
+    stream held when its tensor was allocated. Damage (a file cut short, a read that fails) is
+    raised by take() for every tensor not loaded before it; any other failure (the device's memory
+    or pinned memory running out) leaves those tensors to be read when asked for, as without a
+    preload.
     """
 
     def __init__(self, reader: RungReader, keys: list[str]) -> None:
@@ -192,27 +198,37 @@ class _BackgroundLoad:
         self._events: dict[str, Any] = {}
         self._cond = threading.Condition()
         self._stop = False
-        self.error: BaseException | None = None
+        self.corrupt: GoldenCorrupt | None = None
+        self.failed: BaseException | None = None
         self.device = torch.device(reader.device)
         cuda = self.device.type == "cuda"
+        if cuda and self.device.index is None:   # the thread sets its device: an index, not "cuda"
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self._home = torch.cuda.current_stream(self.device) if cuda else None
         self._side = torch.cuda.Stream(self.device) if cuda else None
         self._thread = threading.Thread(target=self._run, daemon=True, name="parity-load")
         self._thread.start()
 
-    def take(self, key: str) -> Any:
-        """``key``'s tensor once loaded, the caller's stream made to wait for its copy."""
+    def take(self, key: str) -> Any | None:
+        """``key``'s tensor once loaded, the caller's stream made to wait for its copy (on every
+        call: a stream waits only for what it is told to); None where the load stopped before it."""
         with self._cond:
-            while key in self._pending and self.error is None:
+            while key in self._pending and self.corrupt is None and self.failed is None:
                 self._cond.wait()
             if key in self._pending:
-                raise self.error   # type: ignore[misc]
-            event = self._events.pop(key, None)
+                if self.corrupt is not None:
+                    raise GoldenCorrupt(str(self.corrupt), self.reader.path) from self.corrupt
+                return None
+            event = self._events.get(key)
+        t = self.reader._cache[key]
         if event is not None:
             import torch
 
-            torch.cuda.current_stream(self.device).wait_event(event)
-        return self.reader._cache[key]
+            now = torch.cuda.current_stream(self.device)
+            now.wait_event(event)
+            if now != self._home:   # freed on the home stream: not reused while this one reads it
+                t.record_stream(now)
+        return t
 
     def close(self) -> None:
         """Stop after the tensor being read, and wait for the copies already queued."""
@@ -231,13 +247,14 @@ class _BackgroundLoad:
             else:
                 self._stream()
         except BaseException as exc:   # handed to the replay's thread by take()
-            if isinstance(exc, GoldenCorrupt) or not (isinstance(exc, Exception) or is_panic(exc)):
-                err: BaseException = exc
-            else:
-                err = GoldenCorrupt(f"{self.reader.path}: cannot read its tensors ({exc}); recapture this golden",
-                                    self.reader.path)
             with self._cond:
-                self.error = err
+                if isinstance(exc, GoldenCorrupt):
+                    self.corrupt = exc
+                elif isinstance(exc, OSError) or is_panic(exc):
+                    self.corrupt = GoldenCorrupt(f"{self.reader.path}: cannot read its tensors ({exc}); recapture "
+                                                 f"this golden", self.reader.path)
+                else:
+                    self.failed = exc
                 self._cond.notify_all()
 
     def _publish(self, key: str, t: Any, event: Any) -> None:

@@ -435,9 +435,7 @@ def _preload(reader: RungReader, spec: CheckSpec, meta: dict[str, Any]) -> None:
     import torch
 
     dev = torch.device(reader.device)
-    fast = spec.replay == "fast"
-    keys = [k for k in reader.keys if not (fast and k.startswith("gtruth/") and not k.startswith(f"gtruth/{OUTPUT}"))]
-    keys = in_use_order(meta, keys, fast)
+    keys = preload_order(meta, sorted(reader.keys), fast_pass(spec))
     if dev.type == "cuda":
         free, _ = torch.cuda.mem_get_info(dev)
         reader.preload(keys, int(free * PRELOAD_FRACTION), background=True)
@@ -445,12 +443,25 @@ def _preload(reader: RungReader, spec: CheckSpec, meta: dict[str, Any]) -> None:
         reader.preload(keys, CPU_PRELOAD_BYTES, background=True)
 
 
-def in_use_order(meta: dict[str, Any], keys: list[str], fast: bool) -> list[str]:
-    """``keys`` in the order a replay of rung ``meta`` first reads them: the model's inputs, then
-    each pass's reads as its hooks make them, a call's inputs as it starts and its outputs and truth
-    as it returns (the choices of a watched call inside a judged one with them): in a full replay
-    first the propagated pass, then one pass per level; in a fast one the first level's pass, the
-    model's outputs, then the deeper levels. Keys no pass names come last, in sorted order."""
+def fast_pass(spec: CheckSpec) -> bool:
+    """Whether a replay runs the fast passes: asked for, and no extra judge (a language model's
+    check) that needs the propagated pass's outputs."""
+    return spec.replay == "fast" and spec.extra_judge is None
+
+
+def preload_order(meta: dict[str, Any], keys: list[str], fast: bool) -> list[str]:
+    """The ``keys`` a replay of rung ``meta`` reads, in the order it first reads them: the model's
+    inputs, then each pass's reads as its hooks make them, a call's activation inputs as it starts
+    and its outputs and truth as it returns (the choices of a watched call inside a judged one with
+    them): in a full replay first the propagated pass, then one pass per level; in a fast one the
+    first level's pass, the model's outputs, then the deeper levels. Keys no pass names (a language
+    model's extra tensors) come last.
+
+    Left out, read only if asked for: what a passing replay never reads. That is an input its
+    caller builds (position ids, a mask: compared only to explain a failure), and in a fast replay
+    the propagated truth, even a model output's where the output is a first-level module's own
+    tensor (a head's logits), which that module's verdict judges.
+    """
     rank: dict[str, int] = {}
 
     def add(*ks: str) -> None:
@@ -459,6 +470,7 @@ def in_use_order(meta: dict[str, Any], keys: list[str], fast: bool) -> list[str]
     add(*sorted(k for k in keys if k.startswith("input/")))
     judged = {e["key"]: e for e in meta.get("layers", [])}
     watched = {e["key"]: e for e in meta.get("watch", [])}
+    acts = activation_paths(judged)   # the inputs a pass swaps in; the others are the candidate's
     events: list[tuple[bool, dict[str, Any]]] = []   # (returns, entry) in the order the hooks see them
     open_: list[dict[str, Any]] = []
     unplaced = [e for k, e in watched.items() if k not in judged]   # no place in the order: in their caller
@@ -481,7 +493,10 @@ def in_use_order(meta: dict[str, Any], keys: list[str], fast: bool) -> list[str]
         open_.append(judged[key])
     while open_:
         close()
-    outputs = [k for p, gk in meta.get("outputs", {}).get("out", {}).items() for k in (gk, f"gtruth/{OUTPUT}/{p}")]
+    first = min((int(e.get("level", 0)) for e in judged.values()), default=0)
+    theirs = {gk for e in judged.values() if int(e.get("level", 0)) == first for gk in e.get("out", {}).values()}
+    outputs = [k for p, gk in meta.get("outputs", {}).get("out", {}).items()
+               for k in ((gk, f"gtruth/{OUTPUT}/{p}") if not (fast and gk in theirs) else (gk,))]
     if not fast:
         for _, e in (ev for ev in events if ev[0] and ev[1]["key"] in judged):
             for p, gk in e.get("out", {}).items():
@@ -491,13 +506,15 @@ def in_use_order(meta: dict[str, Any], keys: list[str], fast: bool) -> list[str]
         for returns, e in events:
             here = int(e.get("level", 0)) == level and e["key"] in judged
             if not returns and here:
-                add(*e.get("in", {}).values())
+                add(*acts.get(e["key"], {}).values())
             elif returns and here:
                 add(*(k for p, gk in e.get("out", {}).items() for k in (gk, f"truth/{e['key']}/{p}")))
-            elif returns and e["key"] in watched and int(e.get("level", 0)) > level:
+            elif returns and (e["key"] in watched or e.get("decides")) and int(e.get("level", 0)) > level:
                 add(*e.get("out", {}).values())
         add(*outputs)   # the fast pass reads them after its first level
-    return sorted(sorted(keys), key=lambda k: rank.get(k, len(rank)))
+    held = set(keys)
+    rest = [k for k in keys if k not in rank and not k.startswith(("t/", "truth/", "gtruth/"))]
+    return [k for k in rank if k in held] + rest   # a dict keeps the order of its keys' first add
 
 
 def activation_paths(layers: dict[str, dict[str, Any]]) -> dict[str, dict[str, str]]:
@@ -721,7 +738,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         sketched.notes += convention_note(meta, inputs_template)
         return sketched
 
-    fast = spec.replay == "fast" and spec.extra_judge is None
+    fast = fast_pass(spec)
     args, kwargs = stored_inputs()
     padding = Padding.of(inner, args, kwargs, unread=frozenset(meta.get("inputs", {}).get("unread", ())))
     if padding is not None:
