@@ -316,6 +316,28 @@ def _profile(fn: Any, device: str, profile_dir: str, title: str, sort: str = "to
         f.write(f"===== {title} =====\n{_portable(buf.getvalue())}")
 
 
+def runtime_profile(fns: dict[str, Any], device: str, profile_dir: str, reps: int = 5) -> None:
+    """torch.profiler's host-side table of each of ``fns`` (``reps`` calls after one unprofiled),
+    appended to profile_dir/profiles.txt: per aten op and per device-runtime call (kernel launches,
+    allocations, event waits) the count and the host time, which a cProfile cannot see inside
+    torch. Side by side, a pass's table against the plain forward's says what the pass adds."""
+    import torch
+
+    for label, fn in fns.items():
+        fn()
+        sync(device)
+        acts = [torch.profiler.ProfilerActivity.CPU]
+        if device.startswith("cuda"):   # the runtime's calls (launches, allocations) and the kernels
+            acts.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=acts) as prof:
+            for _ in range(reps):
+                fn()
+                sync(device)
+        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=60)
+        with open(os.path.join(profile_dir, "profiles.txt"), "a") as f:
+            f.write(f"===== {label}: torch.profiler, host time per op, {reps} calls =====\n{table}\n")
+
+
 def _portable(text: str) -> str:
     """File names relative to the repository or to site-packages: the profile is read elsewhere."""
     import re

@@ -34,7 +34,8 @@ One golden of a Llama shape (random init, bf16, batch x seq tokens, drill 0) is 
   (``cold_triton_import_s``, near zero where transformers imported it already:
   ``triton_imported_before``) and its first statistics launch, the kernel in Triton's disk cache
   (``cold_stats_launch_s``). With --profile-dir, a third new process writes a cProfile of its
-  replay, by caller, to profiles.txt.
+  replay, by caller, to profiles.txt, beside torch.profiler's tables of a plain forward and of a pass
+(per aten op and device-runtime call, the count and the host time: what a pass adds inside torch).
 
 Every timed arm runs in turn with a plain forward (a, b, a, b, ...) and reports the median of --reps.
 """
@@ -51,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_parity import SHAPES, _profile, build, interleaved, sync   # noqa: E402
+from bench_parity import SHAPES, _profile, build, interleaved, runtime_profile, sync   # noqa: E402
 
 COLD = """
 import json, sys, time
@@ -232,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=21)
     ap.add_argument("--lazy-reps", type=int, default=5)
     ap.add_argument("--no-cold", action="store_true", help="leave out the new-process replays")
-    ap.add_argument("--profile-dir", default=None, help="write cProfiles of one pass and of a cold replay here (profiles.txt)")
+    ap.add_argument("--profile-dir", default=None, help="write cProfiles of one pass and of a cold replay, and "
+                    "torch.profiler's tables of a pass and a plain forward, here (profiles.txt)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
 
@@ -327,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(a.profile_dir, exist_ok=True)
         _profile(one_pass, dev, a.profile_dir, f"{a.model} fast pass (replay._replay_rung, goldens loaded)")
         _profile(one_pass, dev, a.profile_dir, f"{a.model} fast pass, by caller", "cumulative")
+        runtime_profile({f"{a.model} plain forward": forward, f"{a.model} fast pass": one_pass}, dev, a.profile_dir)
     reader.release()
 
     def fresh(preload: bool) -> Any:
