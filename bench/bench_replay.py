@@ -34,8 +34,9 @@ One golden of a Llama shape (random init, bf16, batch x seq tokens, drill 0) is 
   (``cold_triton_import_s``, near zero where transformers imported it already:
   ``triton_imported_before``) and its first statistics launch, the kernel in Triton's disk cache
   (``cold_stats_launch_s``). With --profile-dir, a third new process writes a cProfile of its
-  replay, by caller, to profiles.txt, beside torch.profiler's tables of a plain forward and of a pass
-(per aten op and device-runtime call, the count and the host time: what a pass adds inside torch).
+  replay, by caller, to profiles.txt, beside torch.profiler's tables of a plain forward and of a
+  pass (per aten op and device-runtime call, the count and the host time: what a pass adds inside
+  torch).
 
 Every timed arm runs in turn with a plain forward (a, b, a, b, ...) and reports the median of --reps.
 """
