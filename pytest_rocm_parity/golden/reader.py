@@ -93,20 +93,20 @@ class RungReader:
         forward's own start in a new process (its kernels and libraries loaded on first use).
         """
         total = 0
-        chosen: list[str] = []
+        chosen: dict[str, None] = {}   # in order, once each
         for k in keys:
             if k in self._cache or k not in self.keys or k in chosen:
                 continue
             size = self.nbytes(k)
             if total + size > max_bytes:
                 break
-            chosen.append(k)
+            chosen[k] = None
             total += size
         if background and self._loading is None:
             streamed = [k for k in chosen if TORCH_DTYPES.get(self.header[k]["dtype"]) is not None]
             if streamed:
                 self._loading = _BackgroundLoad(self, streamed)
-            chosen = [k for k in chosen if k not in set(streamed)]
+            chosen = {k: None for k in chosen if k not in self._loading.keys} if self._loading else chosen
         for k in chosen:
             self._cache[k] = self.get(k)
         return total
