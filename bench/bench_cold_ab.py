@@ -6,6 +6,11 @@ repository in alternation: how a change to the cold path is measured (docs/perfo
 
 Either option may be given several times: every tree then runs in turn with this one.
 
+Each rep also starts a process that runs one plain forward (bench_replay.cold_forward), unless
+--no-floor: the floor of a cold replay is reading the golden's bytes plus that first forward, and
+the target (docs/performance.md) counts each tree's median over it in warm forwards of the same
+process (``over_floor_forwards``).
+
 The golden (a Llama shape, random init, bf16, batch x seq tokens, drill 0, fast replay) is captured
 once by this tree; then each rep runs ``replay()`` in a new process with the base tree and with this
 one, in turn, sharing one Triton cache folder (filled by a first, unreported round), or with
@@ -29,7 +34,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_replay import COLD   # noqa: E402
+from bench_replay import COLD, cold_forward   # noqa: E402
 
 CAPTURE = """
 import sys
@@ -76,6 +81,17 @@ def cold(tree: str, name: str, device: str, batch: int, seq: int, root: str, cac
     return dict(json.loads(p.stdout.strip().splitlines()[-1]))
 
 
+def read_s(root: str) -> float:
+    """Seconds to read every tensor file under ``root`` (the page cache holds them: they were just
+    read or written), as a cold replay must at least."""
+    t = time.perf_counter()
+    for path in sorted(Path(root).rglob("*.safetensors")):
+        with open(path, "rb") as f:
+            while f.read(1 << 24):
+                pass
+    return time.perf_counter() - t
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", action="append", default=[], help="a commit of this repository to compare against")
@@ -87,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--fresh-triton-cache", action="store_true",
                     help="every new process starts with an empty Triton cache folder")
+    ap.add_argument("--no-floor", action="store_true", help="leave out the floor's processes (a plain forward each)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     if not a.base and not a.base_tree:
@@ -105,7 +122,15 @@ def main(argv: list[str] | None = None) -> int:
         for tree in trees.values():   # fills Triton's cache for both; not reported
             cold(tree, a.model, a.device, a.batch, a.seq, root, cache)
         rows: dict[str, list[float]] = {k: [] for k in trees}
+        floor: dict[str, list[float]] = {"read_s": [], "cold_forward_s": [], "warm_forward_s": []}
         for rep in range(a.reps):
+            if not a.no_floor:
+                got = cold_forward(a.model, a.device, a.batch, a.seq, cache)
+                if "cold_forward_error" in got:
+                    raise SystemExit(f"the floor's forward failed:\n{got['cold_forward_error']}")
+                floor["cold_forward_s"].append(got["cold_forward_s"])
+                floor["warm_forward_s"].append(got["warm_forward_s"])
+                floor["read_s"].append(read_s(root))
             for i, (label, tree) in enumerate(trees.items()):
                 if a.fresh_triton_cache:
                     cache = os.path.join(work, f"triton-cache-{rep}-{i}")
@@ -117,6 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     out = {"date": time.strftime("%Y-%m-%d"), "model": a.model, "device": a.device,
            "triton_cache": "fresh per process" if a.fresh_triton_cache else "shared, filled",
            "cold_s": rows, "median_s": {k: statistics.median(v) for k, v in rows.items()}}
+    if not a.no_floor:
+        med = {k: statistics.median(v) for k, v in floor.items()}
+        out["floor"] = {**floor, "median_s": med, "floor_s": med["read_s"] + med["cold_forward_s"]}
+        out["over_floor_forwards"] = {k: (m - out["floor"]["floor_s"]) / med["warm_forward_s"]
+                                      for k, m in out["median_s"].items()}
     print(json.dumps(out))
     if a.out:
         with open(a.out, "w") as f:
