@@ -1,7 +1,7 @@
 """A replay's goldens load in a thread in the order the passes first read them, and only those a
 passing replay reads (replay.preload_order): a pass that asks for a tensor behind one it reads later
 waits for the load in between, and a tensor loaded but never read (a fast replay's logits truth is a
-quarter of a 1.1B golden) is time the cold replay spends for nothing."""
+ninth of a 1.1B golden) is time the cold replay spends for nothing."""
 from __future__ import annotations
 
 from pathlib import Path
