@@ -74,9 +74,13 @@ class RungReader:
             with open(self.path, "rb") as f:
                 f.seek(self._data_start + int(start))
                 if f.readinto(buf.data) != end - start:
-                    raise GoldenCorrupt(f"{self.path}: tensor {key!r} is cut short (file truncated); recapture "
-                                        f"this golden", self.path)
+                    raise self._cut_short(key)
         return t
+
+    def _cut_short(self, key: str) -> GoldenCorrupt:
+        """The error for tensor ``key`` whose bytes end before its header says: the file was truncated."""
+        return GoldenCorrupt(f"{self.path}: tensor {key!r} is cut short (file truncated); recapture this golden",
+                             self.path)
 
     def nbytes(self, key: str) -> int:
         start, end = self.header[key]["data_offsets"]
@@ -302,8 +306,7 @@ class _BackgroundLoad:
                             n = min(end - start - at, STREAM_CHUNK - fill)
                             piece = bufs[which][fill:fill + n]
                             if f.readinto(piece.numpy().data) != n:
-                                raise GoldenCorrupt(f"{r.path}: tensor {k!r} is cut short (file truncated); "
-                                                    f"recapture this golden", r.path)
+                                raise r._cut_short(k)
                             dst[at:at + n].copy_(piece, non_blocking=True)
                             at += n
                             fill += n
