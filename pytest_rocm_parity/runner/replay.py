@@ -497,10 +497,10 @@ def preload_order(meta: dict[str, Any], keys: list[str], fast: bool) -> list[str
     theirs = {gk for e in judged.values() if int(e.get("level", 0)) == first for gk in e.get("out", {}).values()}
     outputs = [k for p, gk in meta.get("outputs", {}).get("out", {}).items()
                for k in ((gk, f"gtruth/{OUTPUT}/{p}") if not (fast and gk in theirs) else (gk,))]
-    if not fast:
-        for _, e in (ev for ev in events if ev[0] and ev[1]["key"] in judged):
-            for p, gk in e.get("out", {}).items():
-                add(gk, f"gtruth/{e['key']}/{p}")
+    if not fast:   # the propagated pass: each judged call's outputs and their truth as it returns
+        for returns, e in events:
+            if returns and e["key"] in judged:
+                add(*(k for p, gk in e.get("out", {}).items() for k in (gk, f"gtruth/{e['key']}/{p}")))
         add(*outputs)
     for level in sorted({int(e.get("level", 0)) for e in judged.values()}):
         for returns, e in events:
