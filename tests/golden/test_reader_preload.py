@@ -109,8 +109,8 @@ def test_a_file_cut_short_after_opening_is_named_corrupt_by_the_preload(tmp_path
 @pytest.mark.parametrize("device", ["cpu", CUDA])
 def test_a_file_cut_short_is_named_corrupt_by_a_background_load_for_every_tensor_it_did_not_load(
         tmp_path: Path, device: str) -> None:
-    """The thread's error reaches the replay's thread when it asks for a tensor the load never
-    reached; a tensor loaded before the damage is served."""
+    """A tensor the load never reached is named corrupt when asked for, and again when asked again
+    (the replay's thread does not wait on a load that stopped); one loaded before the damage is served."""
     path, tensors = _golden(tmp_path)
     r = RungReader(path, device)
     header_len = 8 + int.from_bytes(path.read_bytes()[:8], "little")
