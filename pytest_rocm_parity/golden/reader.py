@@ -214,8 +214,9 @@ class _BackgroundLoad:
         self._thread.start()
 
     def take(self, key: str) -> Any | None:
-        """``key``'s tensor once loaded, the caller's stream made to wait for its copy (on every
-        call: a stream waits only for what it is told to); None where the load stopped before it."""
+        """``key``'s tensor once loaded, the caller's stream made to wait for its copy until the
+        copy is seen done (a stream waits only for what it is told to, so every call until then);
+        None where the load stopped before it."""
         with self._cond:
             while key in self._pending and self.corrupt is None and self.failed is None:
                 self._cond.wait()
@@ -224,22 +225,28 @@ class _BackgroundLoad:
                     raise GoldenCorrupt(str(self.corrupt), self.reader.path) from self.corrupt
                 return None
             event = self._events.get(key)
-        t = self.reader._cache[key]
+            if event is not None and event.query():
+                # landed: no stream need wait again (a replay reads each tensor several times a
+                # pass, and a wait costs the host more than this check)
+                del self._events[key]
+                event = None
         if event is not None:
             import torch
 
-            now = torch.cuda.current_stream(self.device)
-            now.wait_event(event)
-            if now != self._home:   # freed on the home stream: not reused while this one reads it
-                t.record_stream(now)
-        return t
+            torch.cuda.current_stream(self.device).wait_event(event)
+        return self.reader._cache[key]
 
     def close(self) -> None:
-        """Stop after the tensor being read, and wait for the copies already queued."""
+        """Stop after the tensor being read, and wait for the copies already queued and for every
+        stream's work: a tensor freed after this is read by no queued kernel, on whatever stream the
+        replay read it (so take() need not record_stream each read)."""
         self._stop = True
         self._thread.join()
         if self._side is not None:
+            import torch
+
             self._side.synchronize()
+            torch.cuda.synchronize(self.device)
 
     def _run(self) -> None:
         try:
