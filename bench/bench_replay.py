@@ -17,7 +17,9 @@ One golden of a Llama shape (random init, bf16, batch x seq tokens, drill 0) is 
   pass: what the host spends issuing it), beside ``forward_issue_ms``, the host's time to issue a
   plain forward. Where a forward is bound by the host, these parts are what the pass adds to it.
   ``forward_syncs`` / ``pass_syncs``: where each makes the host wait for the device (file:line of
-  the innermost frame outside torch).
+  the innermost frame outside torch). ``wall_ms``: the wall-clock time of the pass's parts, each
+  ended by a wait for the device (before its forward, its forward, its flush, after it), beside a
+  plain forward's: where the pass's time over the forward goes.
 * ``full_x`` / ``full_hooked_x``: the full replay (the propagated pass, then the isolated level) with
   each isolated module called directly on its recorded call, and with the isolated level run
   through the teacher-forced forward instead (the model handed in wrapped, as DataParallel, which
@@ -233,6 +235,56 @@ def host_parts(one_pass: Any, forward: Any, device: str, reps: int) -> dict[str,
             "host_ms": {k: round(v / reps * 1e3, 3) for k, v in sorted(spent.items(), key=lambda kv: -kv[1])}}
 
 
+def wall_parts(one_pass: Any, forward: Any, device: str, reps: int) -> dict[str, Any]:
+    """The wall-clock milliseconds of a pass's parts, each ended by a wait for the device, beside a
+    plain forward's (medians of ``reps`` alternations): before its forward (model walk, selection,
+    hooks), its hooked forward (``pass_forward_ms`` against ``forward_ms``), its flush (the statistics
+    and the formulas) and after it (the model outputs, the verdict). The waits add nothing a pass
+    overlaps: a pass waits for the device at its flush anyway."""
+    import statistics
+
+    from pytest_rocm_parity.runner import replay
+
+    marks: dict[str, float] = {}
+    run, flush = replay._run, replay._Judge.flush
+
+    def timed_run(*args: Any, **kwargs: Any) -> Any:
+        marks.setdefault("run", time.perf_counter())
+        out = run(*args, **kwargs)
+        sync(device)
+        marks["run_end"] = time.perf_counter()
+        return out
+
+    def timed_flush(judge: Any) -> None:
+        sync(device)
+        t = time.perf_counter()
+        flush(judge)
+        sync(device)
+        marks["flush"] = marks.get("flush", 0.0) + time.perf_counter() - t
+
+    rows: list[dict[str, float]] = []
+    replay._run, replay._Judge.flush = timed_run, timed_flush   # type: ignore[method-assign]
+    try:
+        for _ in range(reps):
+            marks.clear()
+            sync(device)
+            t = time.perf_counter()
+            one_pass()
+            sync(device)
+            end = time.perf_counter()
+            row = {"before_forward_ms": marks["run"] - t, "pass_forward_ms": marks["run_end"] - marks["run"],
+                   "flush_ms": marks["flush"], "after_ms": end - marks["run_end"] - marks["flush"]}
+            sync(device)
+            t = time.perf_counter()
+            forward()
+            sync(device)
+            row["forward_ms"] = time.perf_counter() - t
+            rows.append(row)
+    finally:
+        replay._run, replay._Judge.flush = run, flush   # type: ignore[method-assign]
+    return {"wall_ms": {k: round(statistics.median(r[k] for r in rows) * 1e3, 3) for k in rows[0]}}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
@@ -333,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         row[f"{k}_s"] = got[k]
         row[f"{k}_x"] = got[k] / got["forward"]
     row.update(host_parts(one_pass, forward, dev, a.reps))
+    row.update(wall_parts(one_pass, forward, dev, a.reps))
     row["forward_syncs"], row["pass_syncs"] = sync_points(forward, dev), sync_points(one_pass, dev)
     if a.profile_dir:
         os.makedirs(a.profile_dir, exist_ok=True)
