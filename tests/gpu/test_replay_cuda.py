@@ -147,3 +147,45 @@ def test_a_llama_on_the_gpu_passes_and_an_activation_bug_is_named(tmp_path, monk
     monkeypatch.setattr(act, "forward", lambda x: torch.nn.functional.silu(x) * 1.05)
     (bug,) = replay(model, inputs, spec, store, "cuda")
     assert not bug.passed and bug.culprit == "model.layers.2.mlp.act_fn"
+
+
+def test_a_fast_pass_copies_through_kernels_not_memcpy_calls(tmp_path) -> None:
+    """The golden inputs and the judged outputs are copied by kernels: a device memcpy call costs
+    the host about three times a launch, and a pass over a forward the host bounds pays it once per
+    module input and output (docs/performance.md). Counted with torch.profiler: the pass issues no
+    more memcpy calls than the plain forward, beyond the statistics' upload and download."""
+    pytest.importorskip("transformers")
+    from parity_models import llama
+
+    from pytest_rocm_parity.golden.reader import RungReader
+    from pytest_rocm_parity.runner.engine import _run
+    from pytest_rocm_parity.runner.replay import _replay_rung
+
+    model = llama(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8,
+                  max_position_embeddings=256).to("cuda", torch.bfloat16)
+    ids = torch.randint(0, 512, (2, 128), generator=torch.Generator().manual_seed(1))
+    inputs = {"input_ids": ids, "use_cache": False}
+    spec = CheckSpec(name="llama", dtypes=["bfloat16"], drill=0, replay="fast")
+    store = GoldenStore(tmp_path)
+    capture(model, inputs, spec, store, "cuda")
+    manifest = store.read_manifest("llama")
+    reader = RungReader(store.rung_file("llama", manifest, "bfloat16"), "cuda")
+    reader.preload(sorted(reader.keys), 1 << 40)
+    kernels.start_kernel()
+    meta = manifest["rungs"]["bfloat16"]
+    tmpl = {"args": (), "kwargs": inputs}
+    on_device = {"input_ids": ids.cuda(), "use_cache": False}
+
+    def memcpys(fn) -> int:
+        fn()
+        torch.cuda.synchronize()
+        acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=acts) as prof:
+            fn()
+            torch.cuda.synchronize()
+        return sum(e.count for e in prof.key_averages() if e.key in ("cudaMemcpyAsync", "hipMemcpyAsync"))
+
+    forward = memcpys(lambda: _run(model, (), on_device))
+    one_pass = memcpys(lambda: _replay_rung(model, spec, meta, reader, "bfloat16", "cuda", tmpl))
+    reader.release()
+    assert one_pass <= forward + 2, (one_pass, forward)
