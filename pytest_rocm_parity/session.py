@@ -90,8 +90,8 @@ class RunLog:
         return {"collected": {f: sorted(ids) for f, ids in self.collected.items()}, "partial": sorted(self.partial),
                 "narrowed": sorted(self.narrowed), "owners": self.owners, "ignored": self.ignored}
 
-    def merge(self, other: dict[str, Any]) -> list[str]:
-        """Add a worker's log; returns the duplicate-name errors seen across workers."""
+    def merge(self, other: dict[str, Any], capturing: bool) -> list[str]:
+        """Add a worker's log; returns the duplicate-name errors seen across workers (Session.claim's rule)."""
         for f, ids in other.get("collected", {}).items():
             self.collected.setdefault(f, set()).update(ids)
         self.partial.update(other.get("partial", []))
@@ -100,21 +100,32 @@ class RunLog:
         errors = []
         for name, test in other.get("owners", {}).items():
             prev = self.owners.setdefault(name, test)
-            if prev != test:
-                errors.append(duplicate_message(name, prev, test))
+            if prev != test and (capturing or name in (default_name(prev), default_name(test))):
+                errors.append(duplicate_message(name, prev, test, capturing))
         return errors
 
 
-def duplicate_message(name: str, first: str, second: str) -> str:
+def default_name(test: str) -> str:
+    """The check name a test gets without name=: its file and name, without the directory, so that it
+    does not change with the rootdir."""
+    return test.rsplit("/", 1)[-1]
+
+
+def duplicate_message(name: str, first: str, second: str, capturing: bool = True) -> str:
     where = f"by {first} and again by {second}" if first != second else f"twice by {first}"
-    if first != second and first.rsplit("/", 1)[-1] == second.rsplit("/", 1)[-1]:
-        # the default name leaves the directory out, so that it does not change with the rootdir
+    if first != second and default_name(first) == default_name(second):
         fix = (f"Both tests default to this name (a test's file and name, without its directory): give one of "
                f"them its own, e.g. parity.check(..., name={second!r})")
-    else:
-        fix = "Give each check its own name= (or leave name= out: the default is the test's file and name)"
-    return (f"check name {name!r} is used {where} in this run; one name is one golden, so the two checks would "
-            f"capture into and replay from the same files. {fix}")
+        return (f"check name {name!r} is used {where} in this run; one name is one golden, so the two checks would "
+                f"{'capture into' if capturing else 'replay'} the same files. {fix}")
+    if first != second:
+        # several tests replaying one golden is allowed (candidate variants); capturing it twice is not
+        return (f"check name {name!r} is used {where} in this capture run; one name is one golden, captured "
+                f"once. Capture it from one of the tests (select it with -k, or capture before adding the "
+                f"others); in a replay run every test that names it is judged against that golden. For two "
+                f"goldens, give each check its own name=")
+    return (f"check name {name!r} is used {where} in this run; one name is one golden, and one test judges it "
+            f"once. Give each check its own name= (or parametrize the test: several tests may replay one golden)")
 
 
 class StagingStore:
@@ -386,7 +397,7 @@ class ParitySession:
             payload = json.loads(data)
             self.results.extend(payload["results"])
             self.goldens.merge(payload["goldens"])
-            self.errors.extend(self.run.merge(payload.get("run", {})))
+            self.errors.extend(self.run.merge(payload.get("run", {}), self.capturing))
 
     # -- what ran: obsolete goldens and prune ------------------------------------------------------
     @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -579,12 +590,20 @@ class ParitySession:
 
     # -- checks: names, regeneration, sizes ---------------------------------------------------------
     def claim(self, name: str, test: str, names_of_this_test: set[str]) -> None:
-        """Refuse a second check of one name in this run (a rerun of the same test is not a second check)."""
+        """Refuse a second check of one name in this run (a rerun of the same test is not a second check),
+        except a replay of one golden by several tests that name it (the variants of a migration,
+        parametrized): a replay writes nothing. A capture run captures each name once, and two tests
+        whose default names clash (one file name in two directories) are told so in either mode."""
         from pytest_rocm_parity.errors import DuplicateCheckName
 
         prev = self.run.owners.get(name)
-        if name in names_of_this_test or (prev is not None and prev != test):
-            raise DuplicateCheckName(duplicate_message(name, prev or test, test))
+        if name in names_of_this_test:
+            raise DuplicateCheckName(duplicate_message(name, test, test))
+        if prev is not None and prev != test:
+            if self.capturing or name in (default_name(prev), default_name(test)):
+                raise DuplicateCheckName(duplicate_message(name, prev, test, capturing=self.capturing))
+            names_of_this_test.add(name)
+            return
         names_of_this_test.add(name)
         self.run.owners[name] = test
 

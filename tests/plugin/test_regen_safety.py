@@ -166,6 +166,40 @@ def test_two_checks_of_one_name_name_both_tests(project: pytest.Pytester) -> Non
     result.stdout.fnmatch_lines(["ERROR same [[]float32[]]*", "1 check: 0 passed, 0 failed, 1 error*"])
 
 
+VARIANTS = '''
+import pytest
+from conftest import make_model, make_inputs
+
+@pytest.mark.parametrize("variant", ["reference", "tanh-gelu"])
+def test_port(parity, variant):
+    m = make_model()
+    if variant == "tanh-gelu":
+        m.blocks[1].act.approximate = "tanh"
+    parity.check(m, make_inputs(), name="port", dtypes=["float32"])
+'''
+
+
+def test_candidate_variants_replay_one_golden_and_capture_it_once(project: pytest.Pytester) -> None:
+    """A migration's variants parametrized over one check name: a replay run judges each against the
+    one golden (the buggy one named), within one process and across xdist workers; a capture run
+    captures it once and says how to."""
+    project.makepyfile(test_port=VARIANTS)
+    both = project.runpytest("--rocm-parity", "--parity-mode=capture", "test_port.py")
+    both.assert_outcomes(passed=1, failed=1)
+    both.stdout.fnmatch_lines(["*DuplicateCheckName: check name 'port' is used by test_port.py::test_port[[]reference[]] "
+                               "and again by test_port.py::test_port[[]tanh-gelu[]] in this capture run*"
+                               "Capture it from one of the tests (select it with -k*"])
+    assert manifest(project, "port")["test"] == "test_port.py::test_port[reference]"   # the first test captured it
+    replayed = project.runpytest("--rocm-parity", "test_port.py")
+    replayed.assert_outcomes(passed=1, failed=1)
+    replayed.stdout.fnmatch_lines(["*culprit: blocks.1.act*"])
+    assert "DuplicateCheckName" not in replayed.stdout.str()
+    pytest.importorskip("xdist")
+    spread = project.runpytest_subprocess("-n", "2", "--rocm-parity", "test_port.py")
+    spread.assert_outcomes(passed=1, failed=1)
+    assert "is used by" not in spread.stdout.str()
+
+
 def test_a_check_refused_over_its_arguments_is_an_error_of_the_summary_and_report(project: pytest.Pytester) -> None:
     """A model on the meta device is refused before the check has a spec: it is listed as an error
     in the summary and the JSON report beside the check that ran, named as the check would be."""
