@@ -898,7 +898,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
                                 "ones inside one teacher-forced run of the candidate's forward, and the model outputs "
                                 "that code outside them computes; propagated drift not judged")
         finish(result, tol)
-        built = _caller_built_inputs(result.culprit, layers, acts, calls, reader.get)
+        built = _caller_built_inputs(result.culprit, layers, acts, calls, reader.get, padded=padding is not None)
         calls.clear()
         if built:
             result.notes.append(built)
@@ -1143,14 +1143,17 @@ BUILT_ROUNDINGS = 8.0
 
 
 def _caller_built_inputs(culprit: str | None, layers: dict[str, dict[str, Any]], acts: dict[str, dict[str, str]],
-                         calls: dict[str, tuple[Any, Any]], get: Callable[[str], Any]) -> str:
+                         calls: dict[str, tuple[Any, Any]], get: Callable[[str], Any], padded: bool = False) -> str:
     """A note when the culprit's inputs that its caller builds (positions, masks, bucket indices,
     an ALiBi bias: not computed from the model's inputs, so the isolated call keeps the candidate's)
     differ from the golden's: the difference starts in the code that builds them, not in the module
     named.
 
     Integer and bool inputs must be equal; a float one must agree within BUILT_ROUNDINGS where
-    neither holds a masked value (an infinity, or beyond half the dtype's range)."""
+    neither holds a masked value (an infinity, or beyond half the dtype's range). ``padded``: the
+    model's inputs pad positions, so a mask tensor the reference's call had and the candidate's lacks
+    is one that ignores the padding (unpadded, another attention implementation may rightly pass none
+    and mask causally inside its kernel)."""
     import torch
 
     e = layers.get(culprit or "")
@@ -1160,7 +1163,13 @@ def _caller_built_inputs(culprit: str | None, layers: dict[str, dict[str, Any]],
     differ = []
     for p, key in e["in"].items():
         c = leaves.get(p)
-        if p in acts.get(culprit, {}) or not isinstance(c, torch.Tensor) or c.is_complex():
+        if p in acts.get(culprit, {}):
+            continue
+        if c is None and padded and "mask" in p.rsplit(".", 1)[-1].lower():
+            differ.append(f"{p} (none on the candidate's call, where the reference's had one and the inputs are "
+                          f"padded: the padding is not masked)")
+            continue
+        if not isinstance(c, torch.Tensor) or c.is_complex():
             continue
         g = get(key)
         if g.is_complex() or g.is_floating_point() != c.is_floating_point() or tuple(c.shape) != tuple(g.shape):

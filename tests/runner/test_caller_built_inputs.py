@@ -93,3 +93,36 @@ def test_a_float_input_built_alike_to_a_rounding_gets_no_such_note() -> None:
     (r,) = capture_then_replay(BuildsBias, candidate, _x(), spec)
     assert not r.passed and r.culprit == "inner", verdicts([r])
     assert not [n for n in r.notes if "built by its caller" in n], r.notes
+
+
+def test_a_model_level_mask_that_drops_the_padding_is_named_as_the_start(monkeypatch) -> None:
+    """A left-padded Llama whose own forward builds its attention mask without the padding (the
+    mask builder given no attention_mask): every attention fails alike, and the culprit's note says
+    its mask, built by its caller, is missing where the reference's call had one."""
+    import tempfile
+
+    from transformers.models.llama import modeling_llama
+
+    from parity_models import llama
+    from pytest_rocm_parity.golden.store import GoldenStore
+    from pytest_rocm_parity.runner.capture import capture
+    from pytest_rocm_parity.runner.replay import replay
+
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 12, dtype=torch.long)
+    mask[0, :5] = 0
+    inputs = {"input_ids": ids, "attention_mask": mask, "use_cache": False}
+    spec = CheckSpec(name="m", dtypes=["float32"], drill=1, replay="full")
+    store = GoldenStore(tempfile.mkdtemp(prefix="parity-mask-"))
+    capture(llama(vocab_size=64), inputs, spec, store, "cpu")
+    built = modeling_llama.create_causal_mask
+
+    def without_padding(*args, **kwargs):
+        kwargs["attention_mask"] = None
+        return built(*args, **kwargs)
+    monkeypatch.setattr(modeling_llama, "create_causal_mask", without_padding)
+    (r,) = replay(llama(vocab_size=64), inputs, spec, store, "cpu")
+    assert not r.passed and r.culprit == "model.layers.0.self_attn", verdicts([r])
+    (note,) = [n for n in r.notes if "built by its caller" in n]
+    assert "attention_mask (none on the candidate's call" in note and "the padding is not masked" in note, note
+    assert "likely cause: its input kwargs.attention_mask" in message(r)
