@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     from pytest_rocm_parity.golden.store import GoldenStore, digest_matches, expected_digest, file_digests, sha256_file
     from pytest_rocm_parity.runner.capture import capture
     from pytest_rocm_parity.runner.engine import CheckSpec, Hooks, _run
-    from pytest_rocm_parity.runner.replay import _copy, _preload, _replay_rung, _SharedCopies, _swap, activation_paths
+    from pytest_rocm_parity.runner.replay import _preload, _replay_rung, _SharedCopies, _swap, activation_paths
     from pytest_rocm_parity.runner.selection import select
 
     dev = a.device
@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
             forward()
 
     def golden(key: str, p: str) -> Any:   # a copy, as the pass makes of what the reader holds
-        return _copy(reader.get(layers[key]["in"][p]))
+        return reader.get(layers[key]["in"][p]).clone()
 
     shared = _SharedCopies()
 

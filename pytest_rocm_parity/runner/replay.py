@@ -580,7 +580,7 @@ class _Judge:
                 and ref.is_contiguous() and res.is_contiguous():
             import torch
 
-            c = _copy(c)
+            c = c.clone(memory_format=torch.contiguous_format)
             self.items.append((sink, len(sink) - 1, leaf, None, c, ref, res, tol, isolated, tag))
             return
         st = block_stats(c, ref, res)
@@ -722,7 +722,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
     def stored_inputs() -> tuple[tuple[Any, ...], dict[str, Any]]:
         # the template gives structure and constants; every tensor leaf is the stored one (a copy:
         # the model may write its inputs)
-        tmpl = map_tensors(inputs_template, lambda p, t: laid_out_as(_copy(reader.get(f"input/{p}")), t))
+        tmpl = map_tensors(inputs_template, lambda p, t: laid_out_as(reader.get(f"input/{p}").clone(), t))
         return tuple(tmpl["args"]), tmpl["kwargs"]
 
     def golden(key: str, path: str) -> Any:
@@ -730,7 +730,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         # raw pointer no version counter sees); a tensor read for this call alone is its own
         gk = layers[key]["in"][path]
         t = reader.get(gk)
-        return _copy(t) if reader.holds(gk) else t
+        return t.clone() if reader.holds(gk) else t
 
     if meta.get("sketch"):
         with cast_in_place(inner, place, dtype, walk.modules, walk.stamp()), eval_mode(inner, walk), numerics(rung, tol.tf32):
@@ -1054,21 +1054,6 @@ def _swap(key: str, a: Any, kw: Any, paths: dict[str, str], golden: Callable[[st
             notes.append(f"{key}: activation input {', '.join(missing)} is not where the golden recorded it on "
                          f"the candidate's call; the candidate's own inputs were used there")
     return tuple(root["args"]), root["kwargs"], reshaped
-
-
-def _copy(t: Any) -> Any:
-    """A contiguous copy of ``t``. On a GPU through a copy kernel (torch._foreach_copy_), not the
-    device-to-device memcpy that clone() issues for a dense tensor: that call costs the host about
-    three times a kernel launch, and a 1.1B pass makes some fifty copies, each golden input and
-    each judged output (docs/performance.md#what-a-fast-pass-spends-on-the-gpu-host)."""
-    import torch
-
-    out = torch.empty_like(t, memory_format=torch.contiguous_format)
-    if t.is_cuda:
-        torch._foreach_copy_([out], [t])
-    else:
-        out.copy_(t)
-    return out
 
 
 def laid_out_as(g: Any, t: Any) -> Any:
