@@ -221,6 +221,7 @@ class ParitySession:
         self._merged_workers: set[str] = set()   # xdist workers whose report is merged
         self.prune_lines: list[str] = []      # every path deleted (or, dry, that would be), and why not
         self.errors: list[str] = []           # run-level errors for the summary (duplicates across workers)
+        self.reports_written = False          # --parity-report's files are there: the summary points to them
         self._regen_not_a_path(config)
 
     # -- facts computed on first use, so a session that runs no check never imports torch ----
@@ -373,6 +374,7 @@ class ParitySession:
         if self.options.report_dir is not None:
             try:
                 self.write_reports(self.options.report_dir)
+                self.reports_written = True
             except OSError as exc:   # a report must never break the run: its summary still prints
                 self.errors.append(f"{REPORT} {self.options.report_dir}: the reports could not be written "
                                    f"({exc.strerror or exc}); give a writable folder")

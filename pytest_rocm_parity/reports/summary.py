@@ -166,6 +166,6 @@ def summary_lines(session: Any) -> list[str]:
     if no_dir:
         lines.append(no_dir[0].upper() + no_dir[1:])
     report_dir = getattr(getattr(session, "options", None), "report_dir", None)
-    if report_dir is not None and res:
+    if report_dir is not None and res and getattr(session, "reports_written", False):
         lines.append(f"report: {report_dir}/parity-report.html (tables: checks.csv, layers.csv)")
     return lines

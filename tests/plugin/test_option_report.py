@@ -61,6 +61,7 @@ def test_reports_that_cannot_be_written_at_the_end_are_a_run_error_and_the_summa
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["*rocm-parity summary*", "PASS tiny*",
                                  "rocm-parity: error: --parity-report *out: the reports could not be written*"])
+    assert "parity-report.html (tables" not in result.stdout.str()   # no pointer to files not written
 
 
 def test_a_capture_run_writes_a_report_that_says_capture_with_a_readable_checks_csv(project: pytest.Pytester) -> None:
