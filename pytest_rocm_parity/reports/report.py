@@ -546,9 +546,13 @@ def _layer_table(c: Mapping[str, Any]) -> str:
             f'<td class="reason">{e(str(m.get("reason", "") or m.get(pre + "_note", "")))}</td></tr>')
     if not rows:
         return ""
-    n_bad = sum(1 for _, l in items if not (l.get("passed", True) and l.get("prop_passed", True)))
-    opened = " open" if len(rows) <= 40 or n_bad else ""
-    return (f"<details{opened}><summary>All {len(rows)} layers and outputs ({n_bad} failing)</summary>"
+    # failing as in checks.csv and layers.csv (the verdict); a row that passed with its propagated
+    # error over budget (drift from an earlier layer) is counted apart, as the terminal lists it
+    n_bad = sum(1 for _, l in items if not l.get("passed", True))
+    n_drift = sum(1 for _, l in items if l.get("passed", True) and not l.get("prop_passed", True))
+    drift = f", {n_drift} with drift propagated" if n_drift else ""
+    opened = " open" if len(rows) <= 40 or n_bad or n_drift else ""
+    return (f"<details{opened}><summary>All {len(rows)} layers and outputs ({n_bad} failing{drift})</summary>"
             f"<div class=\"scroll\"><table>{head}{''.join(rows)}</table></div></details>")
 
 

@@ -41,6 +41,20 @@ def test_write_all_writes_html_and_csv(report_doc: dict[str, Any], tmp_path: Pat
     assert "rocm" in row["candidate"] and "cuda" in row["reference"]
 
 
+def test_the_htmls_failing_count_is_the_csvs_and_drift_is_counted_apart(report_doc: dict[str, Any],
+                                                                         tmp_path: Path) -> None:
+    """A bug in blocks.2 drifts into the layers after it: those pass (their isolated verdicts do) and
+    the HTML counts them apart, so its failing count is layers.csv's."""
+    report.write_all(report_doc, tmp_path)
+    layers = pd.read_csv(tmp_path / "layers.csv")
+    tiny = layers[layers["check"] == "tiny"]
+    failing = int((~tiny["passed"]).sum())
+    drift = int((tiny["passed"] & ~tiny["prop_passed"].fillna(True).astype(bool)).sum())
+    assert drift > 0, tiny[["layer", "passed", "prop_passed"]]
+    text = (tmp_path / "parity-report.html").read_text()
+    assert f"layers and outputs ({failing} failing, {drift} with drift propagated)" in text
+
+
 def test_html_is_self_contained(report_doc: dict[str, Any], tmp_path: Path) -> None:
     report.write_all(report_doc, tmp_path)
     text = (tmp_path / "parity-report.html").read_text("utf-8")
