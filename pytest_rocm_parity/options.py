@@ -79,9 +79,13 @@ def parse_dtypes(value: str) -> list[str]:
     from pytest_rocm_parity.errors import InvalidArgument
 
     try:   # commas, spaces or lines apart: an ini list is often written one a line
-        return [rung_name(x) for x in re.split(r"[,\s]+", value) if x]
+        got = [rung_name(x) for x in re.split(r"[,\s]+", value) if x]
     except InvalidArgument as exc:
         raise pytest.UsageError(f"{DTYPES}={value!r} (or ini parity_dtypes): {exc}") from None
+    if not got:   # an empty value (an unset shell variable) must not fall back to the defaults silently
+        raise pytest.UsageError(f"{DTYPES}={value!r} lists no dtype: give one or more (e.g. {DTYPES}=bfloat16,float32), "
+                                f"or leave the option out for each check's own dtypes")
+    return got
 
 
 def parse_drill(value: str) -> int:

@@ -22,6 +22,13 @@ def test_what_is_not_a_rung_is_a_usage_error_listing_the_rungs(value: str, says:
     assert says in str(info.value) and "allowed: float32, bfloat16, float16" in str(info.value)
 
 
+@pytest.mark.parametrize("value", ["", " , "])
+def test_an_empty_list_is_a_usage_error_not_the_defaults(value: str) -> None:
+    """--parity-dtypes=$UNSET_VARIABLE would otherwise judge each check at its own dtypes unsaid."""
+    with pytest.raises(pytest.UsageError, match="lists no dtype: give one or more"):
+        parse_dtypes(value)
+
+
 def test_a_float64_rung_in_a_check_is_refused_by_name(project: pytest.Pytester) -> None:
     project.makepyfile(test_f64='''
 from conftest import make_model, make_inputs
