@@ -265,8 +265,13 @@ class Parity:
             s.goldens.missing.append(spec.name)
             capture_it = capture_command(spec.test, s.options.command_flags)
             no_dir = s.store.missing_root(capture_it)
+            orphans = _tensor_files_without_manifest(s.store, spec.name)
             missing = GoldenMissing(
                 f"no golden for {spec.name!r}: {no_dir}" if no_dir else
+                f"no golden for {spec.name!r}: {s.store.dir_for(spec.name)} holds its tensor files "
+                f"({', '.join(orphans[:3])}{' ...' if len(orphans) > 3 else ''}) but no manifest.json, which names and "
+                f"hashes them (deleted, or a capture stopped before writing it). Restore it from version control "
+                f"(git checkout {s.store.manifest_path(spec.name)}), or capture it again: {capture_it}" if orphans else
                 f"no golden for {spec.name!r} in {s.store.root}.{_close_goldens(s.store, spec.name, spec.test)} Capture it on "
                 f"the reference machine and commit it: {capture_it}",
                 s.store.manifest_path(spec.name))
@@ -395,6 +400,15 @@ def replay_kind_of(model: Any, kind: Any) -> str:
     if kind == "auto":
         return "fast" if sum(p.numel() for p in model.parameters()) > AUTO_DRILL_MAX_PARAMS else "full"
     return str(kind)
+
+
+def _tensor_files_without_manifest(store: Any, name: str) -> list[str]:
+    """The tensor files in ``name``'s golden directory when it has no manifest (a local store only)."""
+    try:
+        d = store.dir_for(name)
+        return sorted(p.name for p in d.iterdir() if p.suffix == ".safetensors") if d.is_dir() else []
+    except (OSError, AttributeError, TypeError):
+        return []
 
 
 def _close_goldens(store: Any, name: str, test: str = "") -> str:

@@ -156,6 +156,21 @@ def test_a_misspelled_setting_given_with_o_names_the_option_not_the_ini_file(pro
     assert "tox.ini" not in result.stderr.str()
 
 
+def test_a_golden_whose_manifest_was_deleted_says_restore_it(project: pytest.Pytester) -> None:
+    """Its tensor files are there without the manifest that names and hashes them: the error says so
+    and how to restore it, and the summary's leftover line does not only offer to delete them."""
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    manifest = project.path / "goldens" / "tiny" / "manifest.json"
+    manifest.unlink()
+    rep = project.runpytest("--rocm-parity")
+    rep.assert_outcomes(failed=1)
+    rep.stdout.fnmatch_lines([f"*GoldenMissing: no golden for 'tiny': *tiny holds its tensor files (*.safetensors) but "
+                              f"no manifest.json*Restore it from version control (git checkout {manifest}), or "
+                              f"capture it again: *--parity-mode=capture*",
+                              "leftover files (no manifest names them: a stopped capture's, or a golden's whose "
+                              "manifest.json is gone, which git checkout restores*"])
+
+
 def test_a_missing_golden_names_goldens_of_close_names(project: pytest.Pytester) -> None:
     project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
     project.makepyfile(test_tiny=(project.path / "test_tiny.py").read_text().replace('name="tiny"', 'name="tinyy"'))
