@@ -283,7 +283,8 @@ class Parity:
                 try:
                     results = do_replay()
                 except GoldenCorrupt as exc:   # the store names the file; the command that replaces it, here
-                    restore = "" if "git lfs pull" in str(exc) else "; or restore the committed file (git checkout, git lfs pull)"
+                    restore = ("" if "git lfs pull" in str(exc) else
+                               f"; or restore the committed files (git checkout {s.store.dir_for(spec.name)}, git lfs pull)")
                     raise GoldenCorrupt(f"{exc}. On the reference machine: {spec.regen_command}{restore}",
                                         exc.path) from None
                 except GoldenStale as exc:   # another project's golden is not stale: it was never this check's

@@ -1081,8 +1081,8 @@ def verify_sha(path: Path, expected_sha: str) -> None:
     except OSError as exc:
         raise GoldenCorrupt(f"{path}: cannot read ({exc.strerror or exc})", path) from exc
     if not ok:
-        raise GoldenCorrupt(f"{path}: content hash differs from the manifest's (edited or damaged); "
-                            f"recapture this golden", path)
+        raise GoldenCorrupt(f"{path}: content hash differs from the manifest's (this file or the manifest "
+                            f"beside it was edited or damaged); recapture this golden", path)
     _VERIFIED.add(stamp)
 
 
