@@ -44,7 +44,9 @@ def check_line(r: dict[str, Any], width: int = 0, verdict_width: int = 4, notes:
     """The line (and indented detail lines) of one check result dict; ``notes``: a passing check's
     notes too (a failing one's are in its failure message)."""
     if r.get("error"):
-        return text_table([("ERROR", r.get("name", ""), f"[{r.get('dtype', '')}]", "")], widths=(5, width, 0, None),
+        # a check refused over its arguments may have no dtypes to show: no empty brackets then
+        rungs = f"[{r['dtype']}]" if r.get("dtype") else ""
+        return text_table([("ERROR", r.get("name", ""), rungs, "")], widths=(5, width, 0, None),
                           sep=" ") + [f"      {error_text(r)}"]
     verdict = "PASS" if r.get("passed") else "FAIL"
     parts = []

@@ -13,7 +13,8 @@ def _session(results: list[dict[str, Any]], **goldens: Any) -> Any:
     log = GoldenLog(**{k: v for k, v in goldens.items()
                        if k in ("created", "updated", "missing", "corrupt", "stale", "kept", "withheld")})
     return SimpleNamespace(results=results, goldens=log, obsolete=goldens.get("obsolete", []),
-                           pruned=goldens.get("pruned", []), options=SimpleNamespace(report_dir=Path("rep")))
+                           pruned=goldens.get("pruned", []), options=SimpleNamespace(report_dir=Path("rep")),
+                           reports_written=True)
 
 
 def test_summary_lists_checks_and_goldens(report_doc: dict[str, Any]) -> None:
@@ -101,3 +102,10 @@ def test_the_tables_name_undecided_layers(report_doc: dict[str, Any]) -> None:
     assert check_rows(doc)[0]["undecided"] == entry["extra"]["undecided"][0]
     flags = [r["is_undecided"] for r in layer_rows(doc)]
     assert flags[0] is True and not any(flags[1:])
+
+
+def test_an_error_refused_before_its_dtypes_shows_no_empty_brackets() -> None:
+    """A check refused over its arguments (dtypes not given or not readable) lists no ``[]``."""
+    entry = {**ERROR_ENTRY, "name": "phi", "dtype": ""}
+    (line,) = [l for l in summary_lines(_session([entry])) if l.startswith("ERROR")]
+    assert line.split() == ["ERROR", "phi"], line
