@@ -75,7 +75,8 @@ class RunLog:
     narrowed: set[str] = field(default_factory=set)               # why this run is a partial selection
     passed: set[str] = field(default_factory=set)                 # ids whose call phase passed
     incomplete: set[str] = field(default_factory=set)             # ids with a phase failed or skipped
-    owners: dict[str, str] = field(default_factory=dict)          # check name -> the test that ran it
+    owners: dict[str, str] = field(default_factory=dict)          # check name -> the first test that ran it
+    checkers: set[str] = field(default_factory=set)               # every test that made a check
     ignored: bool = False                                         # --ignore or --ignore-glob skipped paths
 
     def complete_files(self) -> set[str]:
@@ -88,7 +89,8 @@ class RunLog:
 
     def to_dict(self) -> dict[str, Any]:
         return {"collected": {f: sorted(ids) for f, ids in self.collected.items()}, "partial": sorted(self.partial),
-                "narrowed": sorted(self.narrowed), "owners": self.owners, "ignored": self.ignored}
+                "narrowed": sorted(self.narrowed), "owners": self.owners, "checkers": sorted(self.checkers),
+                "ignored": self.ignored}
 
     def merge(self, other: dict[str, Any], capturing: bool) -> list[str]:
         """Add a worker's log; returns the duplicate-name errors seen across workers (Session.claim's rule)."""
@@ -96,6 +98,7 @@ class RunLog:
             self.collected.setdefault(f, set()).update(ids)
         self.partial.update(other.get("partial", []))
         self.narrowed.update(other.get("narrowed", []))
+        self.checkers.update(other.get("checkers", []))
         self.ignored = self.ignored or bool(other.get("ignored"))
         errors = []
         for name, test in other.get("owners", {}).items():
@@ -489,7 +492,7 @@ class ParitySession:
         # project that shares the golden directory (owned_here).
         whole = self._whole_suite() and not self.run.narrowed and not self.run.ignored and bool(self.goldens.used)
         root = Path(self.config.rootpath)
-        checked = set(self.run.owners.values())   # the tests that made a check in this run
+        checked = self.run.checkers   # the tests that made a check in this run
         found = []
         for name, d, manifest in self.store.goldens_on_disk():
             test = manifest.get("test") if manifest is not None else None
@@ -605,9 +608,11 @@ class ParitySession:
             if self.capturing or name in (default_name(prev), default_name(test)):
                 raise DuplicateCheckName(duplicate_message(name, prev, test, capturing=self.capturing))
             names_of_this_test.add(name)
+            self.run.checkers.add(test)
             return
         names_of_this_test.add(name)
         self.run.owners[name] = test
+        self.run.checkers.add(test)
 
     def _regen_not_a_path(self, config: pytest.Config) -> None:
         """``--parity-regen tests/test_x.py`` (a space, not ``=``) makes the path the glob: say so."""
