@@ -239,8 +239,9 @@ def wall_parts(one_pass: Any, forward: Any, device: str, reps: int) -> dict[str,
     """The wall-clock milliseconds of a pass's parts, each ended by a wait for the device, beside a
     plain forward's (medians of ``reps`` alternations): before its forward (model walk, selection,
     hooks), its hooked forward (``pass_forward_ms`` against ``forward_ms``), its flush (the statistics
-    and the formulas) and after it (the model outputs, the verdict). The waits add nothing a pass
-    overlaps: a pass waits for the device at its flush anyway."""
+    and the formulas) and after it (the model outputs, the verdict). The wait after the forward takes
+    away the overlap of the flush's host work with the forward's last kernels, so the parts add up to
+    a little more than a pass."""
     import statistics
 
     from pytest_rocm_parity.runner import replay

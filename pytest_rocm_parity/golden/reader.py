@@ -226,8 +226,8 @@ class _BackgroundLoad:
                 return None
             event = self._events.get(key)
             if event is not None and event.query():
-                # landed: no stream need wait again (a replay reads each tensor several times a
-                # pass, and a wait costs the host more than this check)
+                # landed: no stream need wait for it again (a replay reads each tensor several
+                # times a pass)
                 del self._events[key]
                 event = None
         if event is not None:
