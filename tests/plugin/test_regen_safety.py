@@ -200,6 +200,29 @@ def test_candidate_variants_replay_one_golden_and_capture_it_once(project: pytes
     assert "is used by" not in spread.stdout.str()
 
 
+RENAMED_VARIANT = '''
+import pytest
+from conftest import make_model, make_inputs
+
+@pytest.mark.parametrize("variant", ["a", "b"])
+def test_port(parity, variant):
+    parity.check(make_model(), make_inputs(), name={names}[variant], dtypes=["float32"])
+'''
+
+
+def test_a_test_that_replays_a_shared_golden_made_a_check(project: pytest.Pytester) -> None:
+    """Variant b captured 'old', then was changed to replay 'port' beside variant a: b made a check,
+    so 'old' is obsolete (its test checks other names), not 'unchecked' (a test that ran without a check)."""
+    (project.path / "test_tiny.py").unlink()
+    project.makepyfile(test_port=RENAMED_VARIANT.format(names='{"a": "port", "b": "old"}'))
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=2)
+    project.makepyfile(test_port=RENAMED_VARIANT.format(names='{"a": "port", "b": "port"}'))
+    replayed = project.runpytest("--rocm-parity")
+    replayed.assert_outcomes(passed=2)
+    replayed.stdout.fnmatch_lines(["goldens obsolete (*): old"])
+    assert "unchecked" not in replayed.stdout.str()
+
+
 def test_a_check_refused_over_its_arguments_is_an_error_of_the_summary_and_report(project: pytest.Pytester) -> None:
     """A model on the meta device is refused before the check has a spec: it is listed as an error
     in the summary and the JSON report beside the check that ran, named as the check would be."""
