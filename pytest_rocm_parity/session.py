@@ -103,7 +103,7 @@ class RunLog:
         errors = []
         for name, test in other.get("owners", {}).items():
             prev = self.owners.setdefault(name, test)
-            if prev != test and (capturing or name in (default_name(prev), default_name(test))):
+            if clash(name, prev, test, capturing):
                 errors.append(duplicate_message(name, prev, test, capturing))
         return errors
 
@@ -112,6 +112,14 @@ def default_name(test: str) -> str:
     """The check name a test gets without name=: its file and name, without the directory, so that it
     does not change with the rootdir."""
     return test.rsplit("/", 1)[-1]
+
+
+def clash(name: str, first: str, second: str, capturing: bool) -> bool:
+    """Whether two tests' checks of one name are refused: several tests may replay one golden (a
+    migration's variants, parametrized: a replay writes nothing), but a capture run captures each
+    name once, and two tests whose default names coincide (one file name in two directories) are
+    told apart in either mode."""
+    return first != second and (capturing or name in (default_name(first), default_name(second)))
 
 
 def duplicate_message(name: str, first: str, second: str, capturing: bool = True) -> str:
@@ -595,23 +603,16 @@ class ParitySession:
 
     # -- checks: names, regeneration, sizes ---------------------------------------------------------
     def claim(self, name: str, test: str, names_of_this_test: set[str]) -> None:
-        """Refuse a second check of one name in this run (a rerun of the same test is not a second check),
-        except a replay of one golden by several tests that name it (the variants of a migration,
-        parametrized): a replay writes nothing. A capture run captures each name once, and two tests
-        whose default names clash (one file name in two directories) are told so in either mode."""
+        """Refuse a second check of one name in this run (a rerun of the same test is not a second
+        check), unless another test made the first and the two do not clash (clash)."""
         from pytest_rocm_parity.errors import DuplicateCheckName
 
-        prev = self.run.owners.get(name)
         if name in names_of_this_test:
             raise DuplicateCheckName(duplicate_message(name, test, test))
-        if prev is not None and prev != test:
-            if self.capturing or name in (default_name(prev), default_name(test)):
-                raise DuplicateCheckName(duplicate_message(name, prev, test, capturing=self.capturing))
-            names_of_this_test.add(name)
-            self.run.checkers.add(test)
-            return
+        prev = self.run.owners.setdefault(name, test)
+        if clash(name, prev, test, self.capturing):
+            raise DuplicateCheckName(duplicate_message(name, prev, test, capturing=self.capturing))
         names_of_this_test.add(name)
-        self.run.owners[name] = test
         self.run.checkers.add(test)
 
     def _regen_not_a_path(self, config: pytest.Config) -> None:
