@@ -263,18 +263,8 @@ class Parity:
             return []
         if not exists:
             s.goldens.missing.append(spec.name)
-            capture_it = capture_command(spec.test, s.options.command_flags)
-            no_dir = s.store.missing_root(capture_it)
-            orphans = _tensor_files_without_manifest(s.store, spec.name)
-            missing = GoldenMissing(
-                f"no golden for {spec.name!r}: {no_dir}" if no_dir else
-                f"no golden for {spec.name!r}: {s.store.dir_for(spec.name)} holds its tensor files "
-                f"({', '.join(orphans[:3])}{' ...' if len(orphans) > 3 else ''}) but no manifest.json, which names and "
-                f"hashes them (deleted, or a capture stopped before writing it). Restore it from version control "
-                f"(git checkout {s.store.manifest_path(spec.name)}), or capture it again: {capture_it}" if orphans else
-                f"no golden for {spec.name!r} in {s.store.root}.{_close_goldens(s.store, spec.name, spec.test)} Capture it on "
-                f"the reference machine and commit it: {capture_it}",
-                s.store.manifest_path(spec.name))
+            missing = GoldenMissing(_missing_golden(s.store, spec, capture_command(spec.test, s.options.command_flags)),
+                                    s.store.manifest_path(spec.name))
             self._error(spec, missing, kind)
             fail_once(missing)
         with clean_errors(), checking(spec.name):
@@ -403,13 +393,21 @@ def replay_kind_of(model: Any, kind: Any) -> str:
     return str(kind)
 
 
-def _tensor_files_without_manifest(store: Any, name: str) -> list[str]:
-    """The tensor files in ``name``'s golden directory when it has no manifest (a local store only)."""
-    try:
-        d = store.dir_for(name)
-        return sorted(p.name for p in d.iterdir() if p.suffix == ".safetensors") if d.is_dir() else []
-    except (OSError, AttributeError, TypeError):
-        return []
+def _missing_golden(store: Any, spec: CheckSpec, capture_it: str) -> str:
+    """Why the check has no golden, and the fix: the golden directory missing, a golden directory
+    whose manifest is gone (its tensor files still there: restore, not recapture), or none at all."""
+    no_dir = store.missing_root(capture_it)
+    if no_dir:
+        return f"no golden for {spec.name!r}: {no_dir}"
+    left = [p.name for p in (store.leftovers_of(spec.name) if hasattr(store, "leftovers_of") else [])
+            if p.suffix == ".safetensors"]   # a remote store lists no directory
+    if left:
+        return (f"no golden for {spec.name!r}: {store.dir_for(spec.name)} holds its tensor files "
+                f"({', '.join(left[:3])}{' ...' if len(left) > 3 else ''}) but no manifest.json, which names and "
+                f"hashes them (deleted, or a capture stopped before writing it). Restore it from version control "
+                f"(git checkout {store.manifest_path(spec.name)}), or capture it again: {capture_it}")
+    return (f"no golden for {spec.name!r} in {store.root}.{_close_goldens(store, spec.name, spec.test)} Capture it on "
+            f"the reference machine and commit it: {capture_it}")
 
 
 def _close_goldens(store: Any, name: str, test: str = "") -> str:

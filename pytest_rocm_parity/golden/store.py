@@ -316,6 +316,12 @@ class GoldenStore:
             return []
         return [p for d in sorted(self.root.iterdir()) if d.is_dir() and not d.is_symlink() for p in _leftovers_in(d)]
 
+    def leftovers_of(self, name: str) -> list[Path]:
+        """leftovers() in ``name``'s directory. Where it has no manifest these are the tensor files a
+        deleted manifest named, or a first capture that stopped left."""
+        d = self.dir_for(name)
+        return _leftovers_in(d) if d.is_dir() and not d.is_symlink() else []
+
     def remove_leftovers(self, paths: list[Path]) -> list[Path]:
         """Delete ``paths`` (leftovers()), each checked again under its directory's lock; a directory
         left empty with no manifest goes too. Returns what was deleted."""
