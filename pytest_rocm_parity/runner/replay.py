@@ -807,6 +807,14 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
                 calls[key] = (a, kw)
         return None
 
+    def keep_only(key: str, sel: Selected, a: Any, kw: Any) -> None:
+        # what the caller built (masks, positions); not the activations, which the golden's replace,
+        # so the pass holds none of the candidate's own outputs past their judging
+        drop = acts.get(key)
+        if drop is not None:
+            calls[key] = (tuple(None if f"args.{i}" in drop else x for i, x in enumerate(a)),
+                          {k: None if f"kwargs.{k}" in drop else v for k, v in kw.items()})
+
     def on_prop(key: str, sel: Selected, out: Any) -> None:
         compare(key, out, "gtruth", prop)
 
@@ -837,9 +845,11 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
             # one teacher-forced forward: the outermost level judged in isolation, in the candidate's
             # own (compiled) forward, and every call kept for the deeper levels
             seen: set[int] = set()
+            # every call kept: the deeper levels call them again, and at one level too the culprit's
+            # note compares the inputs its caller built (a mask) with the golden's
             out = _hooked_level(model, inner, selected, levels[0], layers, acts, golden, compare, iso, judge, notes,
-                                rerouted, lambda: (args, kwargs), keep_call if len(levels) > 1 else None, seen,
-                                decisions)
+                                rerouted, lambda: (args, kwargs), keep_call if len(levels) > 1 else keep_only,
+                                seen, decisions)
             # A model output that is no judged module's own tensor was computed by code outside them
             # (a final logit softcap, a scale after the head): judged teacher-forced, against the
             # propagated truth, which the reference's own propagated error dominates for a correct

@@ -2,6 +2,7 @@
 relative position buckets off by one): the failure says where the difference starts."""
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -95,10 +96,14 @@ def test_a_float_input_built_alike_to_a_rounding_gets_no_such_note() -> None:
     assert not [n for n in r.notes if "built by its caller" in n], r.notes
 
 
-def test_a_model_level_mask_that_drops_the_padding_is_named_as_the_start(monkeypatch) -> None:
+@pytest.mark.parametrize(("replay_kind", "drill", "culprit"), [("full", 1, "model.layers.0.self_attn"),
+                                                           ("fast", 0, "model.layers.0")])
+def test_a_model_level_mask_that_drops_the_padding_is_named_as_the_start(monkeypatch, replay_kind, drill,
+                                                                         culprit) -> None:
     """A left-padded Llama whose own forward builds its attention mask without the padding (the
     mask builder given no attention_mask): every attention fails alike, and the culprit's note says
-    its mask, built by its caller, is missing where the reference's call had one."""
+    its mask, built by its caller, is missing where the reference's call had one; in a fast replay
+    of the blocks alone too (the default above 1B parameters), where only one level is judged."""
     import tempfile
 
     from transformers.models.llama import modeling_llama
@@ -112,7 +117,7 @@ def test_a_model_level_mask_that_drops_the_padding_is_named_as_the_start(monkeyp
     mask = torch.ones(2, 12, dtype=torch.long)
     mask[0, :5] = 0
     inputs = {"input_ids": ids, "attention_mask": mask, "use_cache": False}
-    spec = CheckSpec(name="m", dtypes=["float32"], drill=1, replay="full")
+    spec = CheckSpec(name="m", dtypes=["float32"], drill=drill, replay=replay_kind)
     store = GoldenStore(tempfile.mkdtemp(prefix="parity-mask-"))
     capture(llama(vocab_size=64), inputs, spec, store, "cpu")
     built = modeling_llama.create_causal_mask
@@ -122,7 +127,7 @@ def test_a_model_level_mask_that_drops_the_padding_is_named_as_the_start(monkeyp
         return built(*args, **kwargs)
     monkeypatch.setattr(modeling_llama, "create_causal_mask", without_padding)
     (r,) = replay(llama(vocab_size=64), inputs, spec, store, "cpu")
-    assert not r.passed and r.culprit == "model.layers.0.self_attn", verdicts([r])
+    assert not r.passed and r.culprit == culprit, verdicts([r])
     (note,) = [n for n in r.notes if "built by its caller" in n]
     assert "attention_mask (none on the candidate's call" in note and "the padding is not masked" in note, note
     assert "likely cause: its input kwargs.attention_mask" in message(r)
