@@ -200,7 +200,7 @@ def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, An
             f"{shell_quote(str(Path(golden_path).parent.parent))} {shell_quote(spec.name)} --to NEW_NAME --drill "
             f"{spec.drill}{' --test ' + shell_quote(spec.test) if spec.test else ''}, then name the check NEW_NAME "
             f"(name=)", golden_path)
-    if selected != old_layers:
+    if selected != old_layers and sorted(selected) != sorted(old_layers):
         names = {n for n, _ in model.named_modules()}
         added = [n for n in selected if n not in old_layers]
         removed = [n for n in old_layers if n not in selected]
