@@ -8,7 +8,7 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -214,6 +214,7 @@ class ParitySession:
         if options.mode is Mode.CAPTURE:
             self.store = StagingStore(self.store, self.project())
         self.pending: list[Pending] = []      # goldens captured by the test in progress, not yet written
+        self.kept_skip = ""                   # the test in progress skipped by a check at a kept golden
         self.regen_matched_nothing = False
         self._shows_progress = False
         self.results: list[dict[str, Any]] = []
@@ -671,6 +672,12 @@ class ParitySession:
                 f"reference machine's results: regenerate them there, or pass {ALLOW_REFERENCE_CHANGE} to "
                 f"change the reference on purpose")
 
+    def skip_kept(self, spec: Any, why: str) -> NoReturn:
+        """Skip a check whose golden a capture run keeps. Unlike a skip of the test's own, it leaves
+        the goldens of the test's other checks to be written (pytest_runtest_makereport)."""
+        self.kept_skip = spec.test
+        pytest.skip(why)
+
     def record_capture(self, spec: Any, existed: bool) -> None:
         """Hold the staged capture until its test's outcome is known (``pytest_runtest_makereport``)."""
         self.pending.append(Pending(spec.name, spec.test, existed, spec.golden_size_limit))
@@ -678,13 +685,15 @@ class ParitySession:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
         """Write the goldens a test captured once it passed (or skipped at a kept golden); withhold them
-        when it failed. A test still in setup keeps them pending until its call phase."""
+        when it failed or skipped itself. A test still in setup keeps them pending until its call phase."""
         report = yield
+        kept, self.kept_skip = self.kept_skip == item.nodeid, ""
         if not self.pending:
             return report
-        failed = report.failed or (report.skipped and hasattr(report, "wasxfail"))
+        failed = report.failed or (report.skipped and (hasattr(report, "wasxfail") or not kept))
         if failed:
-            lines = [self._withhold(p, f"{p.test} failed after the capture") for p in self.pending]
+            what = "failed" if report.failed or hasattr(report, "wasxfail") else "skipped"
+            lines = [self._withhold(p, f"{p.test} {what} after the capture") for p in self.pending]
             report.sections.append(("rocm-parity: goldens not written", "\n".join(lines)))
         elif report.when != "setup" or report.skipped:
             errors = [e for e in (self._commit(p) for p in self.pending) if e]

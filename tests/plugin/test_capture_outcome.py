@@ -18,6 +18,8 @@ def test_tiny(parity):
     parity.check(make_model(), make_inputs(), name="second", dtypes=["float32"])
     if os.environ.get("RAISE_AFTER"):
         raise RuntimeError("boom after the checks")
+    if os.environ.get("SKIP_AFTER"):
+        pytest.skip("not ready here")
 '''
 
 
@@ -79,6 +81,28 @@ def test_first_capture_of_a_failing_test_writes_nothing(project: pytest.Pytester
     assert snapshot(project) == {} and not (project.path / "goldens" / "tiny").exists()
     result.stdout.fnmatch_lines(["goldens not created (test_tiny.py::test_tiny failed after the capture; nothing was "
                                  "written; capture again once the test passes): tiny, second"])
+    assert "goldens created" not in result.stdout.str()
+
+
+def test_a_test_that_skips_itself_after_its_checks_writes_nothing(raising: pytest.Pytester,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pytest.skip of the test's own after the capture: it did not pass, so neither a regen nor a
+    first capture writes (only a skip at a kept golden lets the test's other captures stand)."""
+    monkeypatch.delenv("RAISE_AFTER")
+    monkeypatch.setenv("SKIP_AFTER", "1")
+    before = snapshot(raising)
+    result = raising.runpytest("--rocm-parity", REGEN)
+    result.assert_outcomes(skipped=1)
+    assert snapshot(raising) == before
+    result.stdout.fnmatch_lines(["goldens not updated (test_tiny.py::test_tiny skipped after the capture; the goldens "
+                                 "on disk are as they were; capture again once the test passes): tiny, second"])
+    for d in (raising.path / "goldens").iterdir():
+        for f in d.iterdir():
+            f.unlink()
+        d.rmdir()
+    result = raising.runpytest("--rocm-parity", "--parity-mode=capture")
+    result.assert_outcomes(skipped=1)
+    assert snapshot(raising) == {}
     assert "goldens created" not in result.stdout.str()
 
 
