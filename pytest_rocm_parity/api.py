@@ -249,6 +249,9 @@ class Parity:
             owner = s.owner_of(spec.name) if exists and not s.options.allow_reference_change else ""
             if owner:
                 fail_once(ReferenceChange(s.foreign(spec, owner, regen=True), s.store.manifest_path(spec.name)))
+            taken = s.taken_by(spec) if exists and not s.options.allow_reference_change else ""
+            if taken:
+                fail_once(ReferenceChange(taken, s.store.manifest_path(spec.name)))
             change = s.reference_change(spec.name) if exists and not s.options.allow_reference_change else ""
             if change:
                 fail_once(ReferenceChange(change, s.store.manifest_path(spec.name)))

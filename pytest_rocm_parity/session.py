@@ -5,6 +5,7 @@ import contextlib
 import fnmatch
 import json
 import os
+import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -307,6 +308,37 @@ class ParitySession:
         if not isinstance(owner, str) or here is None or owner == here:
             return ""
         return os.path.normpath(Path(self.store.root).resolve() / owner)
+
+    def taken_by(self, spec: Any) -> str:
+        """Why regenerating ``spec``'s golden would replace another test's: its manifest records a test
+        of another function whose file still defines it (two tests that default to one name, run
+        folder by folder); '' otherwise, a test moved or renamed away included."""
+        from pytest_rocm_parity.errors import ParityError
+
+        try:
+            owner = self.store.read_manifest(spec.name).get("test")
+        except ParityError:
+            return ""
+        if not isinstance(owner, str) or not owner or not spec.test:
+            return ""
+
+        def function(nodeid: str) -> str:   # its parameters left out: one test's cases share a golden
+            return nodeid.split("[", 1)[0]
+        if function(owner) == function(spec.test):
+            return ""
+        path = Path(self.config.rootpath) / test_file(owner)
+        try:
+            defined = re.search(rf"\bdef {re.escape(function(owner).rsplit('::', 1)[-1])}\b", path.read_text())
+        except (OSError, UnicodeDecodeError):
+            return ""
+        if not defined:
+            return ""
+        return (f"regenerating {spec.name!r} from {spec.test} would replace the golden at "
+                f"{self.store.dir_for(spec.name)}, which {owner} captured and which that test still replays "
+                f"({test_file(owner)} is there): the two tests share the check name {spec.name!r} (the default "
+                f"leaves the directory out). Give one of them its own name, parity.check(..., name=...), and "
+                f"capture it; or, if {owner} is to replay the golden this test captures, pass "
+                f"{ALLOW_REFERENCE_CHANGE}")
 
     def owner_of(self, name: str) -> str:
         """other_project of the golden ``name`` on disk; '' where it cannot be read (the replay or

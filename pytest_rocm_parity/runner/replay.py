@@ -236,15 +236,23 @@ def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, An
     if missing:
         problems.append(f"dtypes {missing} were not captured (golden holds {held})")
     if problems:
-        owner = manifest.get("test")
         # the command last, so that it can be copied whole
-        other = (f". It was captured by {owner}, and this check runs in {spec.test}: if that is another test "
-                 f"with the same name (the default leaves the directory out), give one of them its own name= "
-                 f"instead of regenerating" if isinstance(owner, str) and owner and spec.test and owner != spec.test
-                 else "")
-        raise GoldenStale(f"stale golden {golden_path} for {spec.name!r}: " + "; ".join(problems) + other
+        raise GoldenStale(f"stale golden {golden_path} for {spec.name!r}: " + "; ".join(problems)
+                          + _captured_elsewhere(manifest, spec)
                           + f". Regenerate this model's golden on the reference machine: {regen}", golden_path)
     return notes
+
+
+def _captured_elsewhere(manifest: dict[str, Any], spec: CheckSpec) -> str:
+    """What a stale message adds where another test captured the golden: two tests of one name (the
+    default leaves the directory out) would each make the other's golden stale, and a regeneration
+    from one replaces the other's."""
+    owner = manifest.get("test")
+    if not isinstance(owner, str) or not owner or not spec.test or owner == spec.test:
+        return ""
+    return (f". It was captured by {owner}, and this check runs in {spec.test}: if that is another test "
+            f"with the same name (the default leaves the directory out), give one of them its own name= "
+            f"instead of regenerating")
 
 
 def _quantized(model: Any, manifest: dict[str, Any]) -> bool:
@@ -307,13 +315,13 @@ def _inputs_changed(args0: Any, kwargs0: Any, reader: RungReader, rung: str, met
     return ""
 
 
-def _refuse_changed_inputs(why: str, spec: CheckSpec, mpath: str) -> None:
+def _refuse_changed_inputs(why: str, spec: CheckSpec, mpath: str, manifest: dict[str, Any]) -> None:
     if why:
         raise GoldenStale(
-            f"stale golden {mpath} for {spec.name!r}: {why}. A replay judges the candidate on the inputs the golden "
-            f"stored, so the test must build the same ones; if the test's inputs changed on purpose, regenerate: "
-            f"{spec.regen_command}. If they differ only by backend RNG, build them on the CPU with a seeded "
-            f"torch.Generator.", mpath)
+            f"stale golden {mpath} for {spec.name!r}: {why}{_captured_elsewhere(manifest, spec)}. A replay judges "
+            f"the candidate on the inputs the golden stored, so the test must build the same ones. If they differ "
+            f"only by backend RNG, build them on the CPU with a seeded torch.Generator; if the test's inputs "
+            f"changed on purpose, regenerate: {spec.regen_command}", mpath)
 
 
 def check_inputs(inputs: Any, spec: CheckSpec, store: GoldenStore, manifest: dict[str, Any]) -> None:
@@ -324,7 +332,8 @@ def check_inputs(inputs: Any, spec: CheckSpec, store: GoldenStore, manifest: dic
     args0, kwargs0 = normalize_inputs(inputs)
     reader = RungReader(store.rung_file(spec.name, manifest, rung), "cpu")
     try:
-        _refuse_changed_inputs(_inputs_changed(args0, kwargs0, reader, rung, manifest["rungs"][rung]), spec, mpath)
+        _refuse_changed_inputs(_inputs_changed(args0, kwargs0, reader, rung, manifest["rungs"][rung]), spec, mpath,
+                               manifest)
     finally:
         reader.release()
 
@@ -400,7 +409,7 @@ def _replay_one(model: Any, inner: Any, spec: CheckSpec, store: GoldenStore, man
     reader = RungReader(path, str(home_device(inner, device)), expected_digest(meta), background_verify=True)
     try:
         _preload(reader, spec, meta)
-        _refuse_changed_inputs(_inputs_changed(args0, kwargs0, reader, rung, meta), spec, mpath)
+        _refuse_changed_inputs(_inputs_changed(args0, kwargs0, reader, rung, meta), spec, mpath, manifest)
         with explained_by(spec.name, autocast):
             result = _replay_rung(model, spec, meta, reader, rung, device, {"args": args0, "kwargs": kwargs0})
     except Exception:

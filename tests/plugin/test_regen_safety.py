@@ -273,6 +273,43 @@ def test_model(parity):
                                    "own name= instead of regenerating. Regenerate*"])
 
 
+def test_a_regen_from_one_folder_does_not_take_over_a_golden_another_folder_s_test_replays(
+        project: pytest.Pytester) -> None:
+    """CI jobs run per folder: b's test, whose inputs differ from a's, finds a's golden stale and is
+    told whose it is; regenerating from b alone would replace a's golden, so it is refused with the
+    fix, unless the reference change is asked for."""
+    (project.path / "test_tiny.py").unlink()
+    for d, n in (("a", 2), ("b", 3)):
+        (project.path / d).mkdir()
+        (project.path / d / "__init__.py").write_text("")
+        (project.path / d / "test_model.py").write_text(f'''
+import torch
+from conftest import make_model
+
+def test_model(parity):
+    parity.check(make_model(), torch.randint(0, 40, ({n}, 8), generator=torch.Generator().manual_seed(0)),
+                 dtypes=["float32"])
+''')
+    project.runpytest("--rocm-parity", "--parity-mode=capture", "a").assert_outcomes(passed=1)
+    (golden,) = (project.path / "goldens").iterdir()
+    before = {f.name: f.read_bytes() for f in golden.iterdir()}
+    replayed = project.runpytest("--rocm-parity", "b")
+    replayed.assert_outcomes(failed=1)
+    replayed.stdout.fnmatch_lines(["*GoldenStale: stale golden*input args.0: shape (3, 8) vs stored (2, 8). It was "
+                                   "captured by a/test_model.py::test_model, and this check runs in "
+                                   "b/test_model.py::test_model*own name= instead of regenerating*"])
+    regen = project.runpytest("b", "--rocm-parity", REGEN)
+    regen.assert_outcomes(failed=1)
+    regen.stdout.fnmatch_lines(["*ReferenceChange: regenerating 'test_model.py::test_model' from "
+                                "b/test_model.py::test_model would replace the golden at*, which "
+                                "a/test_model.py::test_model captured and which that test still replays*"])
+    assert {f.name: f.read_bytes() for f in golden.iterdir()} == before
+    project.runpytest("--rocm-parity", "a").assert_outcomes(passed=1)
+    moved = project.runpytest("b", "--rocm-parity", "--parity-allow-reference-change", REGEN)
+    moved.assert_outcomes(passed=1)
+    assert json.loads((golden / "manifest.json").read_text())["test"] == "b/test_model.py::test_model"
+
+
 def test_one_test_reusing_a_name_is_refused(project: pytest.Pytester) -> None:
     project.makepyfile(test_tiny='''
 from conftest import make_model, make_inputs
