@@ -806,9 +806,14 @@ class ParitySession:
                 f"{rel}/**/*.safetensors filter=lfs diff=lfs merge=lfs -text")
 
     # -- progress lines through the terminal reporter ------------------------------------------------
+    @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         if hasattr(session.config, "workerinput"):
             return   # an xdist worker's terminal is not shown
+        if self.options.report_dir is not None:   # before any worker saves this run's
+            from pytest_rocm_parity.reports.report import clear_failing_tensors
+
+            clear_failing_tensors(self.options.report_dir)
         self._shows_progress = True
         progress_lines.set_sink(self._progress_line)
 

@@ -73,6 +73,25 @@ def failing_tensors_path(out_dir: str | os.PathLike[str], name: str, dtype: str)
     return Path(out_dir) / TENSORS_DIR / f"{safe_name(f'{name}-{dtype}')}.safetensors"
 
 
+def clear_failing_tensors(out_dir: str | os.PathLike[str]) -> list[Path]:
+    """Delete the failing tensors an earlier run saved into ``out_dir`` (those whose metadata names
+    their check and failing layers, as save_failing_tensors writes them), so that a report folder a
+    runner reuses holds this run's only. Returns the files deleted."""
+    from safetensors import safe_open
+
+    gone = []
+    for f in sorted((Path(out_dir) / TENSORS_DIR).glob("*.safetensors")):
+        try:
+            with safe_open(str(f), "np") as st:
+                meta = st.metadata() or {}
+        except Exception:   # not a safetensors file of ours: left alone
+            continue
+        if "check" in meta and "failing_layers" in meta:
+            f.unlink(missing_ok=True)
+            gone.append(f)
+    return gone
+
+
 def failing_layer_names(result: Any) -> list[str]:
     """Names of the layers (and model outputs) of ``result`` that failed, in execution order."""
     d = _as_dict(result)
@@ -672,9 +691,9 @@ def _extra_table(extra: Mapping[str, Any]) -> str:
 
 
 def _tensor_link(c: Mapping[str, Any], out: Path) -> str:
-    rel = (c.get("extra") or {}).get("failing_tensors")
-    path = out / rel if rel else failing_tensors_path(out, str(c.get("name", "")), str(c.get("dtype", "")))
-    if not path.is_file():
+    rel = (c.get("extra") or {}).get("failing_tensors")   # set where this run saved them
+    path = out / rel if rel else None
+    if path is None or not path.is_file():
         return ""
     rel = path.relative_to(out).as_posix()
     size = path.stat().st_size

@@ -28,6 +28,23 @@ def test_report_json_schema(project: pytest.Pytester, monkeypatch: pytest.Monkey
     assert "culprit=blocks.2.act" in props["parity[tiny][float32]"]
 
 
+def test_a_reused_report_folder_shows_this_runs_failing_tensors_only(project: pytest.Pytester,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runner that reuses its workspace writes into last run's report folder: the failing tensors
+    saved then are gone, and the passing check's HTML links none."""
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    monkeypatch.setenv("BUG", "2")
+    project.runpytest("--rocm-parity", "--parity-report=out").assert_outcomes(failed=1)
+    saved = project.path / "out" / "tensors" / "tiny-float32.safetensors"
+    assert saved.is_file() and "Obtained tensors" in (project.path / "out" / "parity-report.html").read_text()
+    other = project.path / "out" / "tensors" / "mine.safetensors"   # not one of ours: left alone
+    other.write_bytes(b"not a safetensors file")
+    monkeypatch.delenv("BUG")
+    project.runpytest("--rocm-parity", "--parity-report=out").assert_outcomes(passed=1)
+    assert not saved.exists() and other.exists()
+    assert "Obtained tensors" not in (project.path / "out" / "parity-report.html").read_text()
+
+
 def test_ini_report_dir(project: pytest.Pytester) -> None:
     project.makeini("[pytest]\nparity_report = rep\n")
     project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
