@@ -130,6 +130,12 @@ def _ini_file(config: pytest.Config) -> Any:
         return getattr(config, "inicfg", None) or {}
 
 
+def _where(config: pytest.Config, key: str, overrides: dict[str, str]) -> str:
+    if key in overrides:
+        return f" given with -o {overrides[key]}"
+    return f" in {config.inipath}" if config.inipath else ""
+
+
 def check_ini_keys(config: pytest.Config) -> None:
     """UsageError for a key of this plugin's namespace (parity_*, rocm_parity*) that it does not know:
     pytest only warns of an unknown key, so a misspelled parity_golden_dir would quietly put the
@@ -143,13 +149,17 @@ def check_ini_keys(config: pytest.Config) -> None:
     # pytest merges -o/--override-ini KEY=VALUE into the ini keys: name the option, not the file
     overrides = {o.split("=", 1)[0].strip(): o for o in (config.getoption("override_ini", None) or [])}
     for key in keys:
-        if (key.startswith("parity_") or key.startswith("rocm_parity")) and key not in INI_KEYS:
+        named = key.replace("-", "_")   # a flag's spelling copied into the ini file
+        if named != key and named in INI_KEYS:
+            raise pytest.UsageError(f"ini key {key}{_where(config, key, overrides)} is written like a flag: ini "
+                                    f"keys use underscores, {named} = ...; pytest ignores {key}")
+        if named == "parity_regen":
+            raise pytest.UsageError(f"ini key {key}{_where(config, key, overrides)}: {REGEN} has no ini key, since "
+                                    f"a setting that rewrites goldens on every run would rewrite them in CI too; "
+                                    f"give it on the command line of the run that regenerates")
+        if (named.startswith("parity_") or named.startswith("rocm_parity")) and key not in INI_KEYS:
             close = difflib.get_close_matches(key, sorted(INI_KEYS), n=1)
-            if key in overrides:
-                where = f" given with -o {overrides[key]}"
-            else:
-                where = f" in {config.inipath}" if config.inipath else ""
-            raise pytest.UsageError(f"ini key {key}{where} is not a pytest-rocm-parity setting"
+            raise pytest.UsageError(f"ini key {key}{_where(config, key, overrides)} is not a pytest-rocm-parity setting"
                                     + (f"; did you mean {close[0]}?" if close else "")
                                     + f" The settings: {', '.join(sorted(INI_KEYS))}")
 
@@ -258,6 +268,11 @@ def getini(config: pytest.Config, name: str) -> Any:
 
 def _get(config: pytest.Config, dest: str, parse: Any = None) -> Any:
     v = config.getoption(dest)
+    if isinstance(v, str) and not v.strip():
+        # an unset shell variable (--parity-golden-dir=$GOLDENS) must not fall back to the default
+        flag = next((f for f, d in FLAG_DESTS.items() if d == dest), dest)
+        raise pytest.UsageError(f"{flag}={v!r} is empty (a shell variable that is not set, say): give it a "
+                                f"value, or leave the flag out for the default")
     if v is None:
         raw = getini(config, dest)
         if raw in (None, "", []):

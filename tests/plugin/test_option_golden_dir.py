@@ -147,6 +147,32 @@ def test_a_misspelled_setting_is_a_usage_error_with_the_right_name(project: pyte
     assert not (project.path / "goldens").exists() and not (project.path / "elsewhere").exists()
 
 
+@pytest.mark.parametrize(("ini", "says"), [
+    ("parity-golden-dir = elsewhere", "*ini key parity-golden-dir in *tox.ini is written like a flag: ini keys use "
+                                      "underscores, parity_golden_dir = ...; pytest ignores parity-golden-dir*"),
+    ("rocm-parity = true", "*ini key rocm-parity in *tox.ini is written like a flag: ini keys use underscores, "
+                           "rocm_parity = ...*"),
+    ("parity_regen = tiny", "*ini key parity_regen in *tox.ini: --parity-regen has no ini key*command line*")])
+def test_a_setting_spelt_as_its_flag_is_a_usage_error_with_the_key(project: pytest.Pytester, ini: str,
+                                                                   says: str) -> None:
+    """A key copied from the flag's spelling is one pytest ignores (with a generic warning): the
+    goldens would go to the default folder, or every parity test would be skipped."""
+    project.makeini(f"[pytest]\n{ini}\n")
+    result = project.runpytest("--parity-mode=capture")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([says])
+    assert not (project.path / "goldens").exists() and not (project.path / "elsewhere").exists()
+
+
+@pytest.mark.parametrize("flag", ["--parity-golden-dir=", "--parity-report= "])
+def test_an_empty_option_value_is_a_usage_error(project: pytest.Pytester, flag: str) -> None:
+    """--parity-golden-dir=$GOLDENS with GOLDENS unset must not fall back to the default folder."""
+    result = project.runpytest("--rocm-parity", "--parity-mode=capture", flag)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{flag.split('=')[0]}=* is empty (a shell variable that is not set, say)*"])
+    assert not (project.path / "goldens").exists()
+
+
 def test_a_misspelled_setting_given_with_o_names_the_option_not_the_ini_file(project: pytest.Pytester) -> None:
     project.makeini("[pytest]\nparity_dtypes = float32\n")
     result = project.runpytest("--rocm-parity", "-o", "parity_golden_dri=x")
