@@ -363,6 +363,10 @@ def check_visible_devices(f: Facts) -> list[Check]:
     return [Check("visible-devices", "ok", f"{shown}; torch sees {len(f.info.devices)} device(s)")]
 
 
+# a gfx target as PYTORCH_ROCM_ARCH takes it: gfx942, gfx11-generic, gfx90a:xnack+
+_GFX = re.compile(r"gfx[0-9a-f]+(?:-generic)?(?::[a-z]+[+-])*")
+
+
 def _arch_tokens(value: str) -> list[str]:
     return [t for t in re.split(r"[;\s,]+", value.strip()) if t]
 
@@ -372,7 +376,18 @@ def check_rocm_arch(f: Facts) -> list[Check]:
     if info.backend != "rocm" or info.torch_version is None:
         out = _skipped(["arch-list", "arch-rocm"], _no_rocm_reason(info))
         if "PYTORCH_ROCM_ARCH" in env:
-            out.append(Check("pytorch-rocm-arch", "ok", f"PYTORCH_ROCM_ARCH={env['PYTORCH_ROCM_ARCH']!r} (unused by a {info.backend} build)"))
+            # unused here, but the same environment may run a ROCm torch next (as HSA_OVERRIDE_GFX_VERSION)
+            value = env["PYTORCH_ROCM_ARCH"]
+            toks = _arch_tokens(value)
+            bad = [t for t in toks if not _GFX.fullmatch(t)]
+            if not toks or bad:
+                why = ("is set but empty: a ROCm build's extensions fail with LoadHIP's 'No GPU arch specified'"
+                       if not toks else f"names {bad[0]!r}, not a gfx target")
+                out.append(Check("pytorch-rocm-arch", "warn", f"PYTORCH_ROCM_ARCH={value!r} {why} (unused by this "
+                                 f"{info.backend} build; a ROCm torch in this environment would read it)",
+                                 "use ';'- or space-separated gfx names such as gfx90a;gfx942, or unset it"))
+            else:
+                out.append(Check("pytorch-rocm-arch", "ok", f"PYTORCH_ROCM_ARCH={value!r} (unused by a {info.backend} build)"))
         return out
     out = []
     if not info.archs:
@@ -397,7 +412,7 @@ def check_rocm_arch(f: Facts) -> list[Check]:
     else:
         toks = _arch_tokens(value)
         stripped = {t.split(":")[0] for t in toks}
-        bad = [t for t in toks if not re.fullmatch(r"gfx[0-9a-f]+(?:-generic)?(?::[a-z]+[+-])*", t)]
+        bad = [t for t in toks if not _GFX.fullmatch(t)]
         missing = [a for a in need if a not in stripped]
         if not toks:
             out.append(Check("pytorch-rocm-arch", "fail", "PYTORCH_ROCM_ARCH is set but empty (LoadHIP: 'No GPU arch specified')",

@@ -220,6 +220,17 @@ def test_rocm_arch_missing_from_env_var(monkeypatch: pytest.MonkeyPatch) -> None
     assert ok.status == "ok"
 
 
+@pytest.mark.parametrize(("value", "status", "says"), [
+    ("", "warn", "is set but empty"), ("gfx942;sm_90", "warn", "names 'sm_90', not a gfx target"),
+    ("gfx90a;gfx942", "ok", "unused by a cpu build")])
+def test_rocm_arch_is_read_on_a_build_that_does_not_use_it(value: str, status: str, says: str) -> None:
+    """This CPU build ignores PYTORCH_ROCM_ARCH, but a ROCm torch in the same environment would read
+    it: an empty or malformed value is a warning, as HSA_OVERRIDE_GFX_VERSION is on every build."""
+    c = by_name(doctor.check_rocm_arch(facts({"PYTORCH_ROCM_ARCH": value})), "pytorch-rocm-arch")
+    assert c.status == status and says in c.detail, c
+    assert bool(c.fix) == (status == "warn")
+
+
 def test_arch_not_in_torch_arch_list(monkeypatch: pytest.MonkeyPatch) -> None:
     patch_torch(monkeypatch, dict(MI300X, gcnArchName="gfx1201"), archs=["gfx90a", "gfx942"])
     checks = doctor.run_checks(facts({"HSA_OVERRIDE_GFX_VERSION": "11.0.0", "GPU_ARCHS": "gfx90a"}))
