@@ -259,7 +259,10 @@ RULES: tuple[Rule, ...] = (
     Rule("RP216", "mamba-cuda-ext", "warning", P, ("selective_scan_cuda", "causal_conv1d", "mamba_ssm"),
          r"^[ \t]*(?:import|from)[ \t]+(?:selective_scan_cuda|causal_conv1d_cuda|causal_conv1d|mamba_ssm)\b",
          "mamba selective_scan / causal_conv1d CUDA extensions fail or are skipped on HIP; Mamba-2 uses Triton", "triton"),
-    Rule("RP220", "capability-gate", "warning", P, ("get_device_capability",), r"\bget_device_capability\s*\(",
+    Rule("RP220", "capability-gate", "warning", P, ("get_device_capability", "get_device_properties"),
+         # the capability itself, or the major/minor of device properties (props.major >= 9)
+         r"\bget_device_capability\s*\(|\bget_device_properties\s*\([^()\n]{0,128}(?:\([^()\n]*\))?\)\s*\.\s*(?:major|minor)\b"
+         r"|\b\w*prop\w*\s*\.\s*(?:major|minor)\b",
          "compute-capability gate: on ROCm (major, minor) is derived from gfx ((9,0)=MI200, not Hopper); check gcnArchName", "manual"),
     Rule("RP221", "device-name-check", "warning", P, ("get_device_name", "NVIDIA", "H100", "A100", "H200", "B200", "GeForce", "RTX", "Tesla"),
          r"\bget_device_name\s*\([^)\n]{0,256}\)\s*(?:\.\s*(?:startswith|endswith|lower|upper)\b|==|!=)"

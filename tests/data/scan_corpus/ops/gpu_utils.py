@@ -44,3 +44,17 @@ def cudnn_is_new() -> bool:
 
 def fast_fp32() -> None:
     torch.backends.cuda.matmul.fp32_precision = "bfx9"  # expect: RP224
+
+
+def has_tma() -> bool:
+    return torch.cuda.get_device_properties(0).major >= 9  # expect: RP220
+
+
+def use_wgmma() -> bool:
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return props.major == 9 and props.minor == 0  # expect: RP220
+
+
+def python_is_new() -> bool:
+    import sys
+    return sys.version_info.major >= 3
