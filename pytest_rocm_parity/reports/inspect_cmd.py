@@ -729,10 +729,20 @@ def format_diff(res: dict[str, Any], show_all: bool = False) -> list[str]:
                      + f"error ratio {r['error_ratio']:g}, truths {TRUTHS_FACTOR:g}x their errors)")
         if r.get("first_function_change"):
             lines.append(f"  the references first compute different functions at {r['first_function_change']}")
-        rows = [[x["layer"] + ("" if x["leaf"] in ("", "0") else f" [{x['leaf']}]"), _fmt(x.get("rel_l2")),
-                 _fmt(x.get("err_a_rel")), _fmt(x.get("err_b_rel")), _fmt(x.get("err_ratio"), ".3g"),
-                 _fmt(x.get("truths_rel_l2")), ("DIFF " + x["why"]) if x["differs"] else x.get("problem") or "ok"]
-                for x in r["layers"] if show_all or x["differs"]]
+        rows = []
+        changed = False   # past the first module whose references compute another function
+        for x in r["layers"]:
+            changed = changed or x["layer"] == r.get("first_function_change")
+            if not (show_all or x["differs"]):
+                continue
+            # a row after the change whose truths were not compared ran on other inputs in each
+            # golden: "ok" would read as "the same", where its outputs differ by what it inherits
+            verdict = ("DIFF " + x["why"] if x["differs"] else x.get("problem") or
+                       ("inherits the difference (other inputs in each golden)"
+                        if changed and x.get("truths_rel_l2") is None else "ok"))
+            rows.append([x["layer"] + ("" if x["leaf"] in ("", "0") else f" [{x['leaf']}]"), _fmt(x.get("rel_l2")),
+                         _fmt(x.get("err_a_rel")), _fmt(x.get("err_b_rel")), _fmt(x.get("err_ratio"), ".3g"),
+                         _fmt(x.get("truths_rel_l2")), verdict])
         if rows:
             lines += ["  " + s for s in _table(["layer", "rel L2(A,B)", "err A/rms", "err B/rms", "errB/errA",
                                                 "truths(A,B)", "verdict"], rows, {1, 2, 3, 4, 5})]

@@ -119,6 +119,10 @@ def test_diff_names_where_the_references_compute_different_functions(tmp_path: P
     assert res["rungs"]["bfloat16"]["n_differ"] == 0 and res["rungs"]["bfloat16"]["first_function_change"] is None
     text = "\n".join(inspect_cmd.format_diff(res))
     assert "the references first compute different functions at blocks.2.act" in text
+    # with --all, a row after the change reads as inheriting it, not as "ok"; one before it is ok
+    lines = {l.split()[0]: l for l in inspect_cmd.format_diff(res, show_all=True) if l.startswith("  blocks.")}
+    assert lines["blocks.2.fc2"].endswith("inherits the difference (other inputs in each golden)"), lines
+    assert lines["blocks.1"].endswith(" ok") and lines["blocks.1.fc2"].endswith(" ok"), lines
     parted = [r["truths_x"] for r in fp32["layers"] if (r.get("truths_x") or 0) > inspect_cmd.TRUTHS_FACTOR]
     print(f"exact against tanh GELU at float32: blocks.2 {rows['blocks.2']['rel_l2']:.2g} apart, truths "
           f"{min(parted):.3g}-{max(parted):.3g}x the goldens' errors")
