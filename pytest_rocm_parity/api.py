@@ -185,13 +185,14 @@ class Parity:
     @contextlib.contextmanager
     def refusing(self, name: Any, dtypes: Any, kind: str = "model") -> Iterator[None]:
         """A check refused over its arguments (the model, the inputs, an option) before its spec
-        exists is an error entry too, so that no summary or report of the run looks all-green; the
-        error fails the test as it is."""
+        exists, or whose model raised while its spec was made (a sizing forward), is an error entry
+        too, so that no summary or report of the run looks all-green; the error fails the test as
+        it is."""
         __tracebackhide__ = True
         with clean_errors():
             try:
                 yield
-            except ParityError as exc:
+            except Exception as exc:
                 shown = name if isinstance(name, str) and name.strip() else self._default_name()
                 rungs = [dtypes] if isinstance(dtypes, str) else [d for d in dtypes or () if isinstance(d, str)]
                 self._error(_Refused(shown, self._node.nodeid if self._node is not None else "", rungs), exc, kind)
@@ -263,6 +264,9 @@ class Parity:
             except GoldenExists:
                 s.goldens.kept.append(spec.name)
                 s.skip_kept(spec, f"golden for {spec.name!r} was just captured by another worker")
+            except Exception as exc:   # no golden: listed as an error, as a replay that raises is
+                self._error(spec, exc, kind)
+                raise
             return []
         if not exists:
             s.goldens.missing.append(spec.name)

@@ -243,6 +243,29 @@ def test_meta(parity):
     assert len(refused) == 1 and refused[0]["test"] == "test_meta.py::test_meta" and refused[0]["error"]["kind"] == "error"
 
 
+def test_a_capture_that_raises_is_an_error_of_the_summary_and_report(project: pytest.Pytester) -> None:
+    """A check whose capture raises (the model's forward, or check_lm's own checks of its arguments
+    against the model) reached no golden: an error entry, as a replay that raises is."""
+    project.makepyfile(test_raises='''
+import torch
+from conftest import make_inputs
+
+class Broken(torch.nn.Module):
+    def forward(self, x):
+        raise RuntimeError("the forward failed")
+
+def test_raises(parity):
+    parity.check(Broken(), make_inputs(), name="broken", dtypes=["float32"])
+''')
+    result = project.runpytest("--rocm-parity", "--parity-mode=capture", "--parity-report=rep")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["ERROR broken [[]float32[]]", "*RuntimeError: the forward failed",
+                                 "1 check: 0 passed, 0 failed, 1 error*"])
+    doc = json.loads((project.path / "rep" / "parity-report.json").read_text())
+    (entry,) = [c for c in doc["checks"] if c["name"] == "broken"]
+    assert entry["test"] == "test_raises.py::test_raises" and entry["error"]["kind"] == "error"
+
+
 def test_two_test_files_of_one_name_in_two_directories_are_told_apart(project: pytest.Pytester) -> None:
     """The default name leaves the directory out: two tests/<dir>/test_model.py clash, and the message
     says why and what to write; replaying one against the other's golden says whose golden it is."""
