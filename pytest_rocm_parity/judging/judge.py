@@ -273,6 +273,23 @@ def _fail_confined(result: CheckResult, tol: Tolerance) -> None:
                     f"activations (no comparison, top-k or rounding), so no near-tie explains it")
 
 
+def fail_moved_choices(layers: Sequence[LayerRecord], moved: dict[str, tuple[int, int, list[str]]]) -> None:
+    """Fail the layers over budget in isolation inside which a choice (a router's top-k) sent tokens
+    elsewhere where the reference's own scores do not nearly tie (choices.Decisions): the few-blocks
+    pass (undecided) stands for near-ties, and these are none, so the excess on those tokens is a
+    fault of the choice or of the code before it. ``moved``: Decisions.moved_without_tie()."""
+    for l in layers:
+        got = moved.get(l.name)
+        if got is None or not l.iso_passed or l.iso is None or not _by_ratio(l.iso) or l.iso.ratio <= l.budget:
+            continue
+        n, total, deciders = got
+        l.iso_passed = l.passed = False
+        l.reason = (f"isolated error {l.iso.ratio:.3g}x the reference's (budget {l.budget:g}x; bound "
+                    f"{l.iso.ratio_lo:.3g}x): {n} of {total} tokens took other choices at "
+                    f"{', '.join(deciders[:2])} inside it where the reference's own scores for them do not "
+                    f"tie, so no near-tie explains the error on them")
+
+
 def _near_tie_outputs(result: CheckResult, tol: Tolerance) -> list[str]:
     """Pass the model outputs that fail the propagated rule on a few blocks only, in a model whose
     reference made discrete choices (a router's top-k): a near-tie flipped upstream sends a few

@@ -103,8 +103,10 @@ class Decisions:
         self.extra = list({e["name"]: Selected(name=e["name"], level=int(e["level"]), primary=str(e["primary"]))
                            for e in watch}.values())
         self.watched = [s for s in selected if s.name in names] + self.extra
-        self.flips: dict[str, Any] = {}       # decider call -> (rows,) bool, where its choice differs
+        self.flips: dict[str, Any] = {}       # decider call -> (rows,) bool, where its choice differs at a near-tie
+        self.unexplained: dict[str, Any] = {}  # decider call -> (rows,) bool, where it differs with no near-tie
         self.dropped: dict[str, tuple[Any, list[str]]] = {}   # judged call -> (rows scored as the reference's, deciders)
+        self.untied_in: dict[str, tuple[Any, list[str]]] = {}  # judged call -> (rows moved with no near-tie, deciders)
 
     def deeper(self, level: int) -> list[Selected]:
         """The watched modules below ``level``: those an isolated call at ``level`` runs in context."""
@@ -119,16 +121,18 @@ class Decisions:
         if e is None or not e.get("decides"):
             return
         got = {"0": out} if isinstance(out, torch.Tensor) else aligned_leaves(tensor_leaves(out), e)
-        rows = None
+        rows = off = None
         for p, gk in e["out"].items():
             c = got.get(p)
             found = None if c is None else self._choices(key, c, self.reader.get(gk))
             if found is None:
                 continue
-            moved = found[0] & found[1]
+            moved, other = found[0] & found[1], found[0] & ~found[1]
             rows = moved if rows is None or rows.shape != moved.shape else rows | moved
+            off = other if off is None or off.shape != other.shape else off | other
         if rows is not None:
             self.flips[key] = rows
+            self.unexplained[key] = off
 
     def untied(self, key: str, c: Any, ref: Any, padded: Any) -> int:
         """How many tokens' choices in ``c`` differ from the golden ``ref`` (a (..., k) top-k) where
@@ -146,8 +150,17 @@ class Decisions:
         """Per token of call ``key``'s exact output ``ref`` (a (..., k) top-k): whether ``c`` chose
         otherwise, and whether the reference's own scores nearly tie (_tied); None where ``ref`` is
         no such output or the call returns no scores for it."""
-        if ref.is_floating_point() or ref.is_complex() or ref.dim() < 2 or tuple(c.shape) != tuple(ref.shape):
+        if ref.is_floating_point() or ref.is_complex() or ref.dim() < 2:
             return None
+        if tuple(c.shape) != tuple(ref.shape):
+            # another number of choices per token (top-1 for top-2) over the same tokens: every
+            # token chose otherwise, and no near-tie makes a router choose fewer
+            if c.is_floating_point() or c.is_complex() or c.dim() != ref.dim() or c.shape[:-1] != ref.shape[:-1]:
+                return None
+            import torch
+
+            n = ref.numel() // ref.shape[-1]
+            return torch.ones(n, dtype=torch.bool, device=ref.device), torch.zeros(n, dtype=torch.bool, device=ref.device)
         tied = self._tied({p: self.reader.get(gk) for p, gk in self.layers[key]["out"].items()}, ref)
         # the last dim holds a token's top-k, in any order: the same experts listed otherwise (two
         # near-tied scores among the chosen) weigh the same outputs
@@ -174,12 +187,16 @@ class Decisions:
         where more than half did: not near-ties, judged whole); None where no watched call ran in it."""
         name = self.layers[key]["name"] + "."
         inside = [d for d in self.flips if self.layers[d]["name"].startswith(name)]
-        rows = None
+        rows = off = None
         for d in inside:
-            r = self.flips.pop(d)
+            r, o = self.flips.pop(d), self.unexplained.pop(d, None)
             rows = r if rows is None else (rows | r if rows.shape == r.shape else rows)
+            if o is not None:
+                off = o if off is None else (off | o if off.shape == o.shape else off)
         if rows is None:
             return None
+        if off is not None:
+            self.untied_in[key] = (off, inside)
         rows = rows & (rows.sum() * 2 <= rows.numel())
         self.dropped[key] = (rows, inside)
         return rows
@@ -202,6 +219,25 @@ class Decisions:
     def run_done(self) -> None:
         """The choices of one isolated run are its own: the next run's ancestors see the next run's."""
         self.flips.clear()
+        self.unexplained.clear()
+
+    def forget(self, keys: Any) -> None:
+        """Drop what was recorded for the judged calls ``keys`` (a run of them that is done again)."""
+        self.dropped = {k: v for k, v in self.dropped.items() if k not in keys}
+        self.untied_in = {k: v for k, v in self.untied_in.items() if k not in keys}
+
+    def moved_without_tie(self) -> dict[str, tuple[int, int, list[str]]]:
+        """Per judged call, the tokens that the choices inside it sent elsewhere where the reference's
+        own scores do not nearly tie: (how many, of how many, the deciders' names); one wait. No
+        near-tie explains them, so its error there is no correct backend's (judge.fail_untied)."""
+        import torch
+
+        keys = list(self.untied_in)
+        if not keys:
+            return {}
+        counts = torch.stack([self.untied_in[k][0].sum().cpu() for k in keys]).tolist()
+        return {k: (int(n), int(self.untied_in[k][0].numel()), [self.layers[d]["name"] for d in self.untied_in[k][1]])
+                for k, n in zip(keys, counts) if n}
 
     def notes(self) -> list[str]:
         """One note per judged call some of whose tokens were scored as the reference's (one wait)."""
@@ -219,6 +255,7 @@ class Decisions:
                            f"{', '.join(self.layers[d]['name'] for d in inside[:2])} inside it than the reference's "
                            f"on its golden inputs (near-ties of the choice's scores, moved by its children's "
                            f"rounding): scored as the reference's in its isolated verdict")
-        return out[:3] + ([f"... and {len(out) - 3} more calls so"] if len(out) > 3 else [])
+        more = len(out) - 3
+        return out[:3] + ([f"... and {more} more call{'s' if more > 1 else ''} so"] if more > 0 else [])
 
 

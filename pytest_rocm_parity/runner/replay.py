@@ -41,7 +41,7 @@ from pytest_rocm_parity.errors import GoldenCorrupt, GoldenStale
 from pytest_rocm_parity.options import shell_quote
 from pytest_rocm_parity.golden.reader import RungReader
 from pytest_rocm_parity.golden.store import GoldenStore, expected_digest
-from pytest_rocm_parity.judging.judge import Rule, finish, judge_layer, jumped, may_fail
+from pytest_rocm_parity.judging.judge import Rule, fail_moved_choices, finish, judge_layer, jumped, may_fail
 from pytest_rocm_parity.judging.records import NOT_CALLED, CheckResult, LayerRecord, LeafMetrics
 from pytest_rocm_parity.runner.choices import Decisions, present
 from pytest_rocm_parity.runner.selection import Selected, select, unselected_children, unselected_region
@@ -901,6 +901,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
                 # parent; a missing top-level module changes the model's outputs, which are judged too.
                 rec.reason = NOT_CALLED
             result.layers.append(rec)
+        fail_moved_choices(result.layers, decisions.moved_without_tie())
         result.outputs = outs
         notes += optional_notes(optional, [])
         notes += decisions.notes()
@@ -988,7 +989,7 @@ def _direct_level(inner: Any, keys: list[str], layers: dict[str, dict[str, Any]]
         judge.items.clear()
         if decisions is not None:
             decisions.run_done()
-            decisions.dropped = {k: v for k, v in decisions.dropped.items() if k not in todo}
+            decisions.forget(todo)
         rerouted[:] = [k for k in rerouted if k not in todo]
         for k in set(iso) - before:
             del iso[k]
