@@ -119,3 +119,24 @@ def test_a_rungs_note_names_what_failed_at_float32_where_no_module_is_the_culpri
     plain = [CheckResult(test="t", name="m", dtype=d, passed=False) for d in ("bfloat16", "float32")]
     ladder_notes(plain)
     assert "the float32 rung fails too (the model's outputs)" in plain[0].notes[0]
+
+
+def test_a_failing_bf16_rung_under_the_triton_interpreter_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TRITON_INTERPRET=1 (Triton kernels judged on a CPU) truncates float32 to bfloat16: a failing
+    bf16 rung says so and where the kernel is judged; without the variable, or on a passing rung, no note."""
+    from pytest_rocm_parity.api import ladder_notes
+    from pytest_rocm_parity.judging.records import CheckResult
+
+    def rungs() -> list[CheckResult]:
+        return [CheckResult(test="t", name="m", dtype="bfloat16", passed=False),
+                CheckResult(test="t", name="m", dtype="float32", passed=True)]
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    bf16, f32 = rungs()
+    ladder_notes([bf16, f32])
+    assert any(n.startswith("TRITON_INTERPRET=1: a Triton kernel here runs in Triton's interpreter, which rounds "
+                            "float32 to bfloat16 by truncation") for n in bf16.notes), bf16.notes
+    assert not any("TRITON_INTERPRET" in n for n in f32.notes)
+    monkeypatch.delenv("TRITON_INTERPRET")
+    bf16, f32 = rungs()
+    ladder_notes([bf16, f32])
+    assert not any("TRITON_INTERPRET" in n for n in bf16.notes)
