@@ -229,3 +229,30 @@ def test_rms_norm_args_finds_an_epsilon_added_after_the_square_root(dtype: torch
 
     with pytest.raises(AssertionError, match="Mismatched elements"):
         search()
+
+
+def test_the_strategy_table_of_the_docs_names_each_strategys_own_parameters() -> None:
+    """docs/fuzzing.md's table is how users call the strategies: every parameter it names exists, and
+    one the strategy takes by keyword only comes after a `*` there (a positional call raises)."""
+    import inspect
+    import re
+    from pathlib import Path
+
+    rows = 0
+    for line in (Path(__file__).resolve().parents[2] / "docs" / "fuzzing.md").read_text().splitlines():
+        m = re.match(r"\| `(\w+)\((.*?)\)`", line)
+        if not m or not hasattr(S, m.group(1)):
+            continue
+        rows += 1
+        params = inspect.signature(getattr(S, m.group(1))).parameters
+        written = [a.strip() for a in re.split(r",\s*(?![^()]*\))", m.group(2)) if a.strip() not in ("", "...")]
+        starred = False
+        for arg in written:
+            if arg == "*":
+                starred = True
+                continue
+            name = arg.split("=")[0].strip()
+            assert name in params, f"{m.group(1)}: docs/fuzzing.md names {name!r}; it takes {list(params)}"
+            if params[name].kind is inspect.Parameter.KEYWORD_ONLY:
+                assert starred, f"{m.group(1)}: {name!r} is keyword-only; docs/fuzzing.md must put it after '*'"
+    assert rows >= 5
