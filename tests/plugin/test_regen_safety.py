@@ -194,6 +194,9 @@ def test_candidate_variants_replay_one_golden_and_capture_it_once(project: pytes
     replayed.assert_outcomes(passed=1, failed=1)
     replayed.stdout.fnmatch_lines(["*culprit: blocks.1.act*"])
     assert "DuplicateCheckName" not in replayed.stdout.str()
+    # the summary tells the variants' lines apart by their tests
+    replayed.stdout.fnmatch_lines(["FAIL port (test_port[[]tanh-gelu[]]) [[]float32[]]*culprit blocks.1.act*",
+                                   "PASS port (test_port[[]reference[]]) [[]float32[]]"])
     pytest.importorskip("xdist")
     spread = project.runpytest_subprocess("-n", "2", "--rocm-parity", "test_port.py")
     spread.assert_outcomes(passed=1, failed=1)
