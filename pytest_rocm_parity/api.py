@@ -271,7 +271,8 @@ class Parity:
             return []
         if not exists:
             s.goldens.missing.append(spec.name)
-            missing = GoldenMissing(_missing_golden(s.store, spec, capture_command(spec.test, s.options.command_flags)),
+            missing = GoldenMissing(_missing_golden(s.store, spec, capture_command(spec.test, s.options.command_flags),
+                                                    s.test_defined),
                                     s.store.manifest_path(spec.name))
             self._error(spec, missing, kind)
             fail_once(missing)
@@ -401,7 +402,8 @@ def replay_kind_of(model: Any, kind: Any) -> str:
     return str(kind)
 
 
-def _missing_golden(store: Any, spec: CheckSpec, capture_it: str) -> str:
+def _missing_golden(store: Any, spec: CheckSpec, capture_it: str,
+                    test_defined: Callable[[str], bool] = lambda _test: False) -> str:
     """Why the check has no golden, and the fix: the golden directory missing, a golden directory
     whose manifest is gone (its tensor files still there: restore, not recapture), or none at all."""
     no_dir = store.missing_root(capture_it)
@@ -414,17 +416,29 @@ def _missing_golden(store: Any, spec: CheckSpec, capture_it: str) -> str:
                 f"({', '.join(left[:3])}{' ...' if len(left) > 3 else ''}) but no manifest.json, which names and "
                 f"hashes them (deleted, or a capture stopped before writing it). Restore it from version control "
                 f"(git checkout {store.manifest_path(spec.name)}), or capture it again: {capture_it}")
-    return (f"no golden for {spec.name!r} in {store.root}.{_close_goldens(store, spec.name, spec.test)} Capture it on "
+    close = _close_goldens(store, spec.name, spec.test, test_defined)
+    return (f"no golden for {spec.name!r} in {store.root}.{close} Capture it on "
             f"the reference machine and commit it: {capture_it}")
 
 
-def _close_goldens(store: Any, name: str, test: str = "") -> str:
+def _close_goldens(store: Any, name: str, test: str = "",
+                   test_defined: Callable[[str], bool] = lambda _test: False) -> str:
     """' Goldens of close names here: ...' for a name that may be a typo of goldens on disk, else '';
-    with the command that copies the closest under the new name, for a check renamed on purpose."""
+    with the command that copies the closest under the new name, for a check renamed on purpose.
+    A golden that another test captured and still replays (``test_defined``) is that test's, not
+    this check's under an old name: left out."""
     try:
         close = store.close_names(name)
     except OSError:
         return ""
+
+    def others(c: str) -> bool:
+        try:
+            owner = store.read_manifest(c).get("test")
+        except ParityError:
+            return False
+        return isinstance(owner, str) and bool(owner) and owner != test and test_defined(owner)
+    close = [c for c in close if not others(c)]
     if not close:
         return ""
     copy = (f"rocm-parity golden derive {shell_quote(str(store.root))} {shell_quote(close[0])} --to "

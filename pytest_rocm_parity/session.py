@@ -61,6 +61,11 @@ def test_file(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
+def _function(nodeid: str) -> str:
+    """A test's node id without its parameters: one test's cases share a golden."""
+    return nodeid.split("[", 1)[0]
+
+
 @dataclass
 class RunLog:
     """What this run collected and completed: which goldens it can call obsolete, and whether prune may act.
@@ -322,16 +327,7 @@ class ParitySession:
         if not isinstance(owner, str) or not owner or not spec.test:
             return ""
 
-        def function(nodeid: str) -> str:   # its parameters left out: one test's cases share a golden
-            return nodeid.split("[", 1)[0]
-        if function(owner) == function(spec.test):
-            return ""
-        path = Path(self.config.rootpath) / test_file(owner)
-        try:
-            defined = re.search(rf"\bdef {re.escape(function(owner).rsplit('::', 1)[-1])}\b", path.read_text())
-        except (OSError, UnicodeDecodeError):
-            return ""
-        if not defined:
+        if _function(owner) == _function(spec.test) or not self.test_defined(owner):
             return ""
         return (f"regenerating {spec.name!r} from {spec.test} would replace the golden at "
                 f"{self.store.dir_for(spec.name)}, which {owner} captured and which that test still replays "
@@ -339,6 +335,16 @@ class ParitySession:
                 f"leaves the directory out). Give one of them its own name, parity.check(..., name=...), and "
                 f"capture it; or, if {owner} is to replay the golden this test captures, pass "
                 f"{ALLOW_REFERENCE_CHANGE}")
+
+    def test_defined(self, nodeid: str) -> bool:
+        """Whether the test ``nodeid`` (a golden manifest's ``test``) is still there: its file, under
+        this run's rootdir, defines its function."""
+        path = Path(self.config.rootpath) / test_file(nodeid)
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError):
+            return False
+        return re.search(rf"\bdef {re.escape(_function(nodeid).rsplit('::', 1)[-1])}\b", text) is not None
 
     def owner_of(self, name: str) -> str:
         """other_project of the golden ``name`` on disk; '' where it cannot be read (the replay or

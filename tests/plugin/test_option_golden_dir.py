@@ -208,3 +208,16 @@ def test_a_missing_golden_names_goldens_of_close_names(project: pytest.Pytester)
     # a rename on purpose: the command that copies the golden under the new name
     assert (f"its golden is copied under the new name with no GPU: rocm-parity golden derive "
             f"'{project.path / 'goldens'}' 'tiny' --to 'tinyy' --test 'test_tiny.py::test_tiny'." in text), text
+
+
+def test_a_new_check_is_not_offered_the_golden_of_another_live_test(project: pytest.Pytester) -> None:
+    """'tiny-new', a new test's check, is close to 'tiny', which test_tiny still replays: that golden
+    is not a renamed one, so no derive command offers to copy it; the capture command is given."""
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    project.makepyfile(test_new=(project.path / "test_tiny.py").read_text().replace('name="tiny"', 'name="tinyy"')
+                       .replace("def test_tiny", "def test_new"))
+    rep = project.runpytest("--rocm-parity", "test_new.py")
+    rep.assert_outcomes(failed=1)
+    text = " ".join(rep.stdout.str().split())
+    assert "no golden for 'tinyy' in" in text and "Capture it on the reference machine" in text, text
+    assert "Goldens of close names" not in text and "golden derive" not in text, text
