@@ -263,8 +263,14 @@ class ParitySession:
         return self._env
 
     def regen_matches(self, name: str) -> bool:
+        """Whether --parity-regen asks for ``name``; a test's default name asks for its later checks
+        too (``NAME#2``, ...), so one command regenerates a test whose checks are all stale (the
+        replay names only the first)."""
         g = self.options.regen
-        return g is not None and (g == REGEN_ALL or name == g or fnmatch.fnmatchcase(name, g))
+        if g is None:
+            return False
+        base = re.sub(r"#\d+$", "", name)
+        return g == REGEN_ALL or any(n == g or fnmatch.fnmatchcase(n, g) for n in {name, base})
 
     def project(self) -> str | None:
         """This run's project as a manifest records it: pytest's rootdir relative to the golden

@@ -336,6 +336,34 @@ def test_model(parity):
     assert json.loads((golden / "manifest.json").read_text())["test"] == "b/test_model.py::test_model"
 
 
+def test_one_regen_command_rewrites_every_stale_check_of_a_test(project: pytest.Pytester,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test with two checks of default names, whose inputs changed: the replay stops at the first
+    stale one and gives its command, which regenerates the test's second check (NAME#2) too."""
+    project.makepyfile(test_two='''
+import os
+import torch
+from conftest import make_model
+
+def test_two(parity):
+    n = int(os.environ.get("TOKENS", "8"))
+    x = torch.randint(0, 40, (2, n), generator=torch.Generator().manual_seed(0))
+    parity.check(make_model(), x, dtypes=["float32"])
+    parity.check(make_model(), x[:1], dtypes=["float32"])
+''')
+    project.runpytest("--rocm-parity", "--parity-mode=capture", "test_two.py").assert_outcomes(passed=1)
+    monkeypatch.setenv("TOKENS", "6")
+    stale = project.runpytest("--rocm-parity", "test_two.py")
+    stale.assert_outcomes(failed=1)
+    line = next(l for l in stale.stdout.lines if "--parity-regen=" in l)
+    glob = line[line.index("--parity-regen="):].split()[0]
+    assert glob == "--parity-regen='test_two.py::test_two'", line
+    regen = project.runpytest("test_two.py", "--rocm-parity", "--parity-regen=test_two.py::test_two")
+    regen.assert_outcomes(passed=1)
+    regen.stdout.fnmatch_lines(["goldens updated: test_two.py::test_two, test_two.py::test_two#2"])
+    project.runpytest("--rocm-parity", "test_two.py").assert_outcomes(passed=1)
+
+
 def test_one_test_reusing_a_name_is_refused(project: pytest.Pytester) -> None:
     project.makepyfile(test_tiny='''
 from conftest import make_model, make_inputs
