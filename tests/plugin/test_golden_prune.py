@@ -328,6 +328,18 @@ def test_prune_from_another_projects_folder_deletes_nothing(renamed: pytest.Pyte
     assert goldens(renamed) == before and "rocm-parity: deleted" not in proc.stdout, proc.stdout
 
 
+def test_prune_from_a_folder_of_no_tests_says_only_that(renamed: pytest.Pytester, tmp_path: Path) -> None:
+    """Run from a folder with no tests, whose rootdir holds none of the goldens' test files: one line
+    says the run proves nothing and where to run it, not a line per golden calling its test file gone."""
+    empty = tmp_path / "elsewhere"
+    empty.mkdir()
+    before = goldens(renamed)
+    proc = _cli(empty, "golden", "prune", "--dry-run", str(renamed.path / "goldens"), "--", "-p", "no:cacheprovider")
+    assert goldens(renamed) == before
+    assert "the run ran no tests" in proc.stdout and "rootdir" in proc.stdout, proc.stdout
+    assert "is gone" not in proc.stdout, proc.stdout
+
+
 def test_ignored_paths_make_no_missing_test_file_a_deleted_one(renamed: pytest.Pytester) -> None:
     """test_b.py moved under an ignored folder: its golden still names the old path, which is gone
     from the rootdir; --ignore narrowed the suite, so that proves nothing."""
