@@ -64,7 +64,10 @@ TOOL = "pytest-rocm-parity"
 PROJECT_KEY = "project"
 # Manifest keys that change on every capture without saying anything about the golden: a regen
 # that changes nothing else leaves the golden as it was (no diff for git).
-VOLATILE_KEYS = ("created", "tool_version")
+# the hash a manifest records of its own content (manifest_digest): a hand edit, or a merge that
+# mixes two captures, changes what the replay judges by without any tensor file changing
+MANIFEST_DIGEST_KEY = "manifest_sha256"
+VOLATILE_KEYS = ("created", "tool_version", MANIFEST_DIGEST_KEY)
 # Goldens one store keeps pinned at a time (see GoldenStore.read_manifest).
 PINNED_GOLDENS = 8
 # A tensor file of ours: <dtype>-<12 hex digits of its SHA-256>.safetensors
@@ -454,7 +457,8 @@ class GoldenStore:
         try:
             with _locked(d):
                 self._refuse_existing(name, mpath, staged.overwrite)
-                text = json.dumps(staged.manifest, indent=1, sort_keys=True, default=str) + "\n"
+                manifest = {**staged.manifest, MANIFEST_DIGEST_KEY: manifest_digest(staged.manifest)}
+                text = json.dumps(manifest, indent=1, sort_keys=True, default=str) + "\n"
                 if not staged.repaired and _meaningful(_old_manifest(mpath)) == _meaningful(json.loads(text)):
                     self.unchanged.add(name)   # same tensors, same description: keep the file and its time
                 else:
@@ -771,11 +775,25 @@ def load_manifest(path: Path) -> dict[str, Any]:
             f"this version would write an older format for everyone)", path)
     if fmt < FORMAT_VERSION:
         raise GoldenStale(f"{path}: golden format {fmt} is older than {FORMAT_VERSION}; regenerate it", path)
+    # the edit named before what it broke: restoring the file is the fix
+    recorded = m.get(MANIFEST_DIGEST_KEY)
+    if recorded is not None and recorded != manifest_digest(m):
+        raise GoldenCorrupt(f"{path}: the manifest was changed after its capture (its content no longer has the "
+                            f"hash {MANIFEST_DIGEST_KEY} records: edited by hand, or merged from two captures); "
+                            f"restore it from version control (git checkout {path}), or recapture this golden", path)
     problem = _manifest_problem(m)
     if problem:
         raise GoldenCorrupt(f"{path}: manifest does not describe a golden: {problem} (edited or damaged); "
                             f"recapture this golden", path)
     return m
+
+
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    """The hash of a manifest's content as its JSON file holds it, less the hash itself: one
+    canonical serialization (sorted keys, no spaces), so the file's indentation does not count."""
+    body = json.loads(json.dumps({k: v for k, v in manifest.items() if k != MANIFEST_DIGEST_KEY}, default=str))
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()[:16]
 
 
 def _is_int(x: Any) -> bool:

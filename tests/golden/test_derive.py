@@ -15,6 +15,7 @@ from pytest_rocm_parity.runner.replay import replay
 from pytest_rocm_parity.errors import InvalidArgument
 from pytest_rocm_parity.golden.reader import RungReader
 from pytest_rocm_parity.golden.store import GoldenStore
+from manifest_edits import rewrite_manifest
 
 
 def _model() -> nn.Module:
@@ -169,7 +170,7 @@ def test_a_golden_derived_into_another_folder_keeps_its_project(tmp_path: Path) 
     capture(_model(), torch.randn(4, 8), CheckSpec(name="full", dtypes=["float32"], drill=1), src, "cpu", env={})
     manifest = src.read_manifest("full")
     manifest[PROJECT_KEY] = ".."
-    src.manifest_path("full").write_text(json.dumps(manifest))
+    rewrite_manifest(src.manifest_path("full"), manifest)
     derive(src, "full", dst, "slim", ["float32"], 0)
     assert dst.read_manifest("slim")[PROJECT_KEY] == "../../proj"
     derive(src, "full", src, "slim", ["float32"], 0)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pytest_rocm_parity.options import ALLOW_WRITE, PRUNE, PRUNE_DRY_RUN
+from manifest_edits import rewrite_manifest
 
 TEST_A = '''
 from conftest import make_model, make_inputs
@@ -165,11 +166,11 @@ def test_prune_only_deletes_directories_with_our_marker(renamed: pytest.Pytester
     doc = json.loads(m.read_text())
     assert doc["tool"] == "pytest-rocm-parity"      # every golden written carries the marker
     del doc["tool"]
-    m.write_text(json.dumps(doc))
+    rewrite_manifest(m, doc)
     # a directory that merely holds a manifest.json naming a test of a complete file
     stranger = g / "notes"
     stranger.mkdir()
-    (stranger / "manifest.json").write_text(json.dumps({**doc, "name": "something-else"}))
+    rewrite_manifest(stranger / "manifest.json", {**doc, "name": "something-else"})
     result = renamed.runpytest("--rocm-parity", PRUNE)
     result.assert_outcomes(passed=3)
     assert {"alpha", "notes"} <= goldens(renamed)
@@ -501,7 +502,7 @@ def test_a_golden_dir_shared_by_two_projects_keeps_the_other_projects_goldens(
                                  "rocm-parity: kept 'beta': its manifest records the project at '../b'*, and this "
                                  "run's is at '../a': a golden directory shared with another project*"])
     m = shared / "beta" / "manifest.json"
-    m.write_text(json.dumps({k: v for k, v in json.loads(m.read_text()).items() if k != "project"}))
+    rewrite_manifest(m, {k: v for k, v in json.loads(m.read_text()).items() if k != "project"})
     result = pytester.runpytest("--rocm-parity", PRUNE)
     result.assert_outcomes(passed=1)
     assert m.exists()
@@ -561,7 +562,8 @@ def test_a_run_that_names_the_testpaths_is_the_whole_suite(renamed: pytest.Pytes
     (renamed.path / "pytest.ini").write_text("[pytest]\ntestpaths = tests\n")
     for d in ("alpha", "other", "beta", "alpha2"):   # the owners' node ids moved with the files
         m = renamed.path / "goldens" / d / "manifest.json"
-        m.write_text(m.read_text().replace('"test_a.py::', '"tests/test_a.py::').replace('"test_b.py::', '"tests/test_b.py::'))
+        rewrite_manifest(m, json.loads(m.read_text().replace('"test_a.py::', '"tests/test_a.py::')
+                                       .replace('"test_b.py::', '"tests/test_b.py::')))
     (tests / "test_b.py").unlink()
     result = renamed.runpytest("--rocm-parity", PRUNE, PRUNE_DRY_RUN, "tests/test_a.py")
     result.stdout.fnmatch_lines(["rocm-parity: kept 'beta': its test file tests/test_b.py is gone*"])

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from pytest_rocm_parity.options import ALLOW_REFERENCE_CHANGE, REGEN
+from manifest_edits import rewrite_manifest
 
 TWO_TESTS_ONE_NAME = '''
 from conftest import make_model, make_inputs
@@ -27,7 +28,7 @@ def edit_reference(p: pytest.Pytester, **env: str) -> None:
     path = p.path / "goldens" / "tiny" / "manifest.json"
     doc = json.loads(path.read_text())
     doc["reference_env"].update(env)
-    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    rewrite_manifest(path, doc, indent=1, sort_keys=True)
 
 
 @pytest.mark.parametrize("env, says", [

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from manifest_edits import rewrite_manifest
 
 TWO_CHECKS = '''
 from conftest import make_model, make_inputs
@@ -38,7 +39,7 @@ def _other_model(golden: Path) -> None:
     m = golden / "manifest.json"
     doc = json.loads(m.read_text())
     doc["fingerprint"] = {k: "0" * len(str(v)) for k, v in doc["fingerprint"].items()}
-    m.write_text(json.dumps(doc, indent=1, sort_keys=True))
+    rewrite_manifest(m, doc, indent=1, sort_keys=True)
 
 
 @pytest.fixture
@@ -112,7 +113,7 @@ def _edit_manifest(golden: Path, edit: Callable[[dict[str, object]], None]) -> N
     m = golden / "manifest.json"
     doc = json.loads(m.read_text())
     edit(doc)
-    m.write_text(json.dumps(doc, indent=1, sort_keys=True))
+    rewrite_manifest(m, doc, indent=1, sort_keys=True)
 
 
 @pytest.mark.parametrize("edit, field", [

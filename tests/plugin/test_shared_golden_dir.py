@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pytest_rocm_parity.options import ALLOW_REFERENCE_CHANGE, REGEN
+from manifest_edits import rewrite_manifest
 
 # the default check name, test_model.py::test_model, is the same in both projects
 MODEL_TEST = '''
@@ -90,7 +91,7 @@ def test_the_other_projects_golden_is_replaced_only_on_purpose(pytester: pytest.
 def test_a_golden_that_records_no_project_is_judged_as_before(pytester: pytest.Pytester, shared: Path) -> None:
     """An older golden (no "project"): stale as it always was, and --parity-regen rewrites it."""
     (manifest,) = shared.glob("*/manifest.json")
-    manifest.write_text(json.dumps({k: v for k, v in json.loads(manifest.read_text()).items() if k != "project"}))
+    rewrite_manifest(manifest, {k: v for k, v in json.loads(manifest.read_text()).items() if k != "project"})
     result = pytester.runpytest("--rocm-parity")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*GoldenStale: *the model's weights changed*"])

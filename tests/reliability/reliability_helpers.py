@@ -18,6 +18,7 @@ from pytest_rocm_parity.runner.replay import replay
 from pytest_rocm_parity.golden.store import MANIFEST, GoldenStore, sha256_file
 from pytest_rocm_parity.judging.records import CheckResult
 from parity_models import tiny, tiny_inputs
+from manifest_edits import rewrite_manifest
 
 ENV = {"device": "cpu", "torch": torch.__version__}
 
@@ -46,7 +47,7 @@ class Golden:
         return json.loads(self.manifest.read_text("utf-8"))
 
     def write_manifest(self, m: dict[str, Any]) -> None:
-        self.manifest.write_text(json.dumps(m), "utf-8")
+        rewrite_manifest(self.manifest, m)
 
     def capture(self, model: nn.Module | None = None, overwrite: bool = True) -> dict[str, Any]:
         return capture(model or self.model, self.x, self.spec, self.store, "cpu", overwrite=overwrite, env=ENV)

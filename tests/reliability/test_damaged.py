@@ -14,6 +14,7 @@ import torch
 from pytest_rocm_parity.errors import GoldenCorrupt, GoldenMissing, GoldenStale, GoldenTooNew, ParityError
 from pytest_rocm_parity.golden.store import MAX_HEADER_BYTES, FORMAT_VERSION, check_safetensors, load_manifest
 from reliability_helpers import Golden, message_names, read_header, write_with_header
+from manifest_edits import rewrite_manifest
 
 RECAPTURE = "recapture"
 
@@ -244,6 +245,30 @@ def test_manifest_with_its_model_outputs_emptied(golden: Golden) -> None:
     message_names(exc, golden.tensor_file(), str(golden.manifest), RECAPTURE)
 
 
+@pytest.mark.parametrize("edit", [
+    lambda m: m["rungs"]["float32"].update(tf32=True),
+    lambda m: m["fingerprint"].update(structure="deadbeef"),
+    lambda m: m["rungs"]["float32"]["layers"].pop(0),
+    lambda m: m.update(test="elsewhere.py::test_x"),
+], ids=["tf32", "structure", "a-layer-deleted", "test"])
+def test_a_manifest_edited_after_capture_is_corrupt_naming_it_and_the_restore(golden: Golden, edit: Any) -> None:
+    """A hand edit (or a merge of two captures) changes what the replay judges by while every tensor
+    file still matches: the manifest's own hash finds it, and the error says how to restore it."""
+    m = golden.manifest_json()
+    edit(m)
+    golden.manifest.write_text(json.dumps(m), "utf-8")   # not signed again, as an editor leaves it
+    exc = corrupt(golden, "the manifest was changed after its capture")
+    message_names(exc, golden.manifest, f"git checkout {golden.manifest}")
+
+
+def test_a_manifest_that_records_no_hash_is_read_as_before(golden: Golden) -> None:
+    """A golden written before the manifest recorded its own hash replays as it did."""
+    m = golden.manifest_json()
+    del m["manifest_sha256"]
+    golden.manifest.write_text(json.dumps(m), "utf-8")
+    assert golden.replay()[0].passed
+
+
 def test_manifest_of_another_golden(golden: Golden) -> None:
     m = golden.manifest_json()
     m["name"] = "someone-else"
@@ -389,7 +414,7 @@ def _truncate(d: Path) -> None:
 def _newer(d: Path) -> None:
     m = json.loads((d / "manifest.json").read_text())
     m["format"] = 99
-    (d / "manifest.json").write_text(json.dumps(m))
+    rewrite_manifest(d / "manifest.json", m)
 
 
 def test_fixture_shows_one_clean_error(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:

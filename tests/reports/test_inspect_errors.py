@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 from pytest_rocm_parity.cli import main
 from pytest_rocm_parity.errors import GoldenError
 from pytest_rocm_parity.reports.inspect_cmd import diff_goldens, show_golden
+from manifest_edits import rewrite_manifest
 
 
 def _reshaped_truths(src: Path, dst: Path) -> Path:
@@ -27,7 +28,7 @@ def _reshaped_truths(src: Path, dst: Path) -> Path:
         save_file(changed, str(f))
         data = f.read_bytes()
         meta["sha256"], meta["bytes"] = hashlib.sha256(data).hexdigest(), len(data)
-    (dst / "manifest.json").write_text(json.dumps(manifest))
+    rewrite_manifest(dst / "manifest.json", manifest)
     return dst
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from manifest_edits import rewrite_manifest
 
 HERE = Path(__file__).parent
 
@@ -35,7 +36,7 @@ def test_capture_then_replay_writes_reports(pytester: pytest.Pytester, monkeypat
     old = pytester.path / "goldens" / "old_model"
     shutil.copytree(pytester.path / "goldens" / "tiny", old)
     manifest = json.loads((old / "manifest.json").read_text())
-    (old / "manifest.json").write_text(json.dumps({**manifest, "name": "old_model"}))
+    rewrite_manifest(old / "manifest.json", {**manifest, "name": "old_model"})
 
     monkeypatch.setenv("PARITY_TEST_BUG", "2")
     rep = pytester.runpytest_inprocess("--rocm-parity", "--parity-golden-dir=goldens", "--parity-device=cpu",

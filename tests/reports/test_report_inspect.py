@@ -15,6 +15,7 @@ from pytest_rocm_parity.runner.capture import capture
 from pytest_rocm_parity.runner.engine import CheckSpec
 from pytest_rocm_parity.errors import ParityError
 from pytest_rocm_parity.golden.store import GoldenStore
+from manifest_edits import rewrite_manifest
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +170,7 @@ def test_diff_says_what_the_fingerprints_show_changed(goldens: dict[str, Path], 
             fp.pop(k)
         else:
             fp[k] = v
-    (other / "manifest.json").write_text(json.dumps(manifest))
+    rewrite_manifest(other / "manifest.json", manifest)
     warnings = inspect_cmd.diff_goldens(goldens["a"], other)["warnings"]
     assert [w for w in warnings if warned in w] if warned else not warnings, warnings
 
