@@ -199,7 +199,7 @@ def optimizer_share(extra: Mapping[str, Any]) -> str:
 
 def property_text(result: CheckResult) -> str:
     """The JUnit XML property value of one check: verdict, culprit and first divergent layer, in words."""
-    parts = ["pass" if result.passed else "FAIL"]
+    parts = ["PASS" if result.passed else "FAIL"]   # as the summary writes them, and ERROR
     if result.culprit:
         parts.append(f"culprit={result.culprit}")
     elif not result.passed:

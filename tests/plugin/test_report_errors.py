@@ -82,7 +82,7 @@ def test_unreadable_golden_is_an_error_everywhere(two: pytest.Pytester, damage: 
     assert 'id="check-broken-float32"' in html
     props = {p.get("name"): p.get("value") for p in ET.parse(two.path / "junit.xml").iter("property")}
     assert props["parity[broken][float32]"].startswith(f"ERROR; golden {kind}: ")
-    assert props["parity[fine][float32]"] == "pass"
+    assert props["parity[fine][float32]"] == "PASS"
 
 
 def test_missing_golden_is_an_error_too(two: pytest.Pytester) -> None:

@@ -177,7 +177,7 @@ def test_no_python_values_in_messages_or_junit_properties() -> None:
     assert steps_text([None, 3]) == "sequence 1 at step 3; 1 of 2 sequences match"
     passing = _result([_layer("a")], None, None)
     passing.passed = True
-    assert property_text(passing) == "pass"
+    assert property_text(passing) == "PASS"
     assert property_text(drift_only) == "FAIL; no culprit in isolation"
     assert property_text(_deep()) == "FAIL; culprit=blocks.20; first_divergent=blocks.20"
 
@@ -223,7 +223,7 @@ def test_failure_through_pytest_regen_hint_and_clean_junit(project: pytest.Pytes
     rep = project.runpytest_inprocess("--rocm-parity", "--junitxml=ok.xml", "-p", "no:cacheprovider")
     rep.assert_outcomes(passed=1)
     props = {p.get("name"): p.get("value") for p in ET.parse(project.path / "ok.xml").iter("property")}
-    assert props["parity[tiny][float32]"] == "pass"      # not "culprit=None; first_divergent=None"
+    assert props["parity[tiny][float32]"] == "PASS"      # not "culprit=None; first_divergent=None"
     monkeypatch.setenv("PARITY_TEST_BUG", "2")
     rep = project.runpytest_inprocess("--rocm-parity", "--junitxml=bad.xml", "-p", "no:cacheprovider")
     rep.assert_outcomes(failed=1)
