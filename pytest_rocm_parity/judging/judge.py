@@ -215,12 +215,15 @@ def _few_blocks(l: LayerRecord, z: float) -> bool:
     return l.iso_passed and l.iso is not None and _over_on_few_blocks(l.iso, l.budget, z)
 
 
-def _few_blocks_note(l: LayerRecord) -> str:
+def _few_blocks_note(l: LayerRecord, inside_judged: bool = False) -> str:
+    """``inside_judged``: modules inside it were judged too (drilling deeper is no advice then)."""
     assert l.iso is not None
     return (f"{l.name}: isolated error {l.iso.ratio:.3g}x the reference's, consistently (sign test "
             f"z={l.iso.z:+.1f}), but concentrated on a few blocks of the tensor, so its lower bound "
             f"{l.iso.ratio_lo:.3g}x is within the budget {l.budget:g}x and it passes: too few elements to "
-            f"tell it from near-ties. To decide, capture more tokens or judge the modules inside it (drill)")
+            f"tell it from near-ties. To decide, capture more tokens"
+            + ("; the modules inside it are judged on their own (their rows)" if inside_judged else
+               " or judge the modules inside it (drill)"))
 
 
 # Below this many elements an error over budget on a few blocks, with the sign test short of
@@ -346,7 +349,8 @@ def note_undecided(result: CheckResult, tol: Tolerance, outputs: Sequence[str] =
     undecided = [l for l in result.layers if _few_blocks(l, tol.for_layer(l.name).z)]
     if undecided or outputs:
         result.extra["undecided"] = [l.name for l in undecided] + list(outputs)
-        result.notes += [_few_blocks_note(l) for l in undecided[:3]]
+        result.notes += [_few_blocks_note(l, any(l.holds(o) and o.iso is not None for o in result.layers))
+                         for l in undecided[:3]]
 
 
 def note_over_bound(result: CheckResult, tol: Tolerance) -> None:

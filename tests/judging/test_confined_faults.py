@@ -129,3 +129,23 @@ def test_a_few_roundings_of_a_tiny_output_over_budget_by_chance_pass() -> None:
     head = next(l for l in res.layers if l.name == "head")
     assert head.iso is not None and head.iso.ratio > 2 * head.budget, head.iso   # the case: over, by chance
     assert res.passed, verdicts([res])
+
+
+@pytest.mark.parametrize("inside", [False, True], ids=["blocks-only", "inside-judged"])
+def test_the_undecided_note_advises_drilling_only_where_nothing_inside_was_judged(inside: bool) -> None:
+    """A block over budget on a few blocks of its tensor (undecided) whose modules inside were judged
+    on their own: drilling deeper is no advice; where none was, it is."""
+    from pytest_rocm_parity.judging.judge import note_undecided
+    from pytest_rocm_parity.judging.records import CheckResult, LayerRecord, LeafMetrics
+    from pytest_rocm_parity.judging.tolerance import Tolerance
+
+    block = LayerRecord(name="layers.0", budget=1.75, decides=True,
+                        iso=LeafMetrics(leaf="0", numel=4096, err_ref=1.0, ratio=10.0, ratio_lo=1.2, z=20.0))
+    layers = [block] + ([LayerRecord(name="layers.0.mlp", level=1, budget=1.75,
+                                     iso=LeafMetrics(leaf="0", numel=4096, err_ref=1.0, ratio=1.0, ratio_lo=0.9))]
+                        if inside else [])
+    result = CheckResult(test="t", name="m", dtype="bfloat16", passed=True, layers=layers)
+    note_undecided(result, Tolerance())
+    (note,) = [n for n in result.notes if n.startswith("layers.0: isolated error 10x")]
+    assert ("judge the modules inside it (drill)" in note) is not inside, note
+    assert ("the modules inside it are judged on their own" in note) is inside, note
