@@ -229,7 +229,7 @@ class Decisions:
     def moved_without_tie(self) -> dict[str, tuple[int, int, list[str]]]:
         """Per judged call, the tokens that the choices inside it sent elsewhere where the reference's
         own scores do not nearly tie: (how many, of how many, the deciders' names); one wait. No
-        near-tie explains them, so its error there is no correct backend's (judge.fail_untied)."""
+        near-tie explains them, so its error there is no correct backend's (judge.fail_moved_choices)."""
         import torch
 
         keys = list(self.untied_in)
