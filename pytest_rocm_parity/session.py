@@ -332,7 +332,6 @@ class ParitySession:
             return ""
         if not isinstance(owner, str) or not owner or not spec.test:
             return ""
-
         if _function(owner) == _function(spec.test) or not self.test_defined(owner):
             return ""
         return (f"regenerating {spec.name!r} from {spec.test} would replace the golden at "
@@ -819,7 +818,7 @@ class ParitySession:
                 f"it in git as it is, store goldens with git-lfs: add this line to .gitattributes: "
                 f"{rel}/**/*.safetensors filter=lfs diff=lfs merge=lfs -text")
 
-    # -- progress lines through the terminal reporter ------------------------------------------------
+    # -- the session's start: the report folder, progress lines through the terminal reporter ---------
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         if hasattr(session.config, "workerinput"):
