@@ -230,20 +230,21 @@ class Parity:
                             s.store.rung_file(spec.name, manifest, rung)
                 except GoldenCorrupt as exc:
                     s.goldens.corrupt.append(spec.name)
-                    s.skip_kept(spec, f"golden for {spec.name!r} exists but is corrupt ({exc}); capture never overwrites: "
-                                f"replace it with {spec.regen_command}")
+                    s.skip_check(spec, f"golden for {spec.name!r} exists but is corrupt ({exc}); capture never "
+                                       f"overwrites: replace it with {spec.regen_command}")
                 why = _stale_reason(stale, manifest)
                 owner = s.other_project(manifest) if why else ""
                 if owner:   # not stale: another project's model under this check's name
-                    s.skip_kept(spec, f"kept: {s.foreign(spec, owner, regen=False)}")
+                    s.skip_check(spec, f"kept: {s.foreign(spec, owner, regen=False)}")
                 if why:
                     s.goldens.stale.append(spec.name)
-                    s.skip_kept(spec, f"kept, and no longer matches this check: {why} (capture never overwrites a golden)")
+                    s.skip_check(spec, f"kept, and no longer matches this check: {why} (capture never overwrites a "
+                                       f"golden)")
                 s.goldens.kept.append(spec.name)
-                s.skip_kept(spec, f"golden for {spec.name!r} exists at {s.store.manifest_path(spec.name)}; capture never "
-                            f"overwrites: rewrite it with {spec.regen_command}")
+                s.skip_check(spec, f"golden for {spec.name!r} exists at {s.store.manifest_path(spec.name)}; capture "
+                                   f"never overwrites: rewrite it with {spec.regen_command}")
             if not exists and s.options.regen not in (None, "*") and not s.regen_matches(spec.name):
-                s.skip_kept(spec, f"{spec.name!r} does not match --parity-regen={s.options.regen!r}")
+                s.skip_check(spec, f"{spec.name!r} does not match --parity-regen={s.options.regen!r}")
             if not s.options.may_write():
                 fail_once(WriteForbidden(
                     f"refusing to write the golden for {spec.name!r} into {s.store.root} because CI=true; goldens "
@@ -264,7 +265,7 @@ class Parity:
                     s.record_capture(spec, existed=exists)
             except GoldenExists:
                 s.goldens.kept.append(spec.name)
-                s.skip_kept(spec, f"golden for {spec.name!r} was just captured by another worker")
+                s.skip_check(spec, f"golden for {spec.name!r} was just captured by another worker")
             except Exception as exc:   # no golden: listed as an error, as a replay that raises is
                 self._error(spec, exc, kind)
                 raise

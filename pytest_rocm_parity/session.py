@@ -220,7 +220,7 @@ class ParitySession:
         if options.mode is Mode.CAPTURE:
             self.store = StagingStore(self.store, self.project())
         self.pending: list[Pending] = []      # goldens captured by the test in progress, not yet written
-        self.kept_skip = ""                   # the test in progress skipped by a check at a kept golden
+        self.own_skip = ""                    # the test in progress, skipped by skip_check
         self.regen_matched_nothing = False
         self._shows_progress = False
         self.results: list[dict[str, Any]] = []
@@ -717,11 +717,12 @@ class ParitySession:
                 f"reference machine's results: regenerate them there, or pass {ALLOW_REFERENCE_CHANGE} to "
                 f"change the reference on purpose")
 
-    def skip_kept(self, spec: Any, why: str) -> NoReturn:
-        """Skip a check whose golden a capture run keeps. Unlike a skip of the test's own, it leaves
-        the goldens of the test's other checks to be written (pytest_runtest_makereport)."""
-        self.kept_skip = spec.test
-        pytest.skip(why)
+    def skip_check(self, spec: Any, why: str) -> NoReturn:
+        """Skip a check a capture run writes no golden for (its golden kept, or not asked for by
+        --parity-regen). Unlike a skip of the test's own, it leaves the goldens of the test's other
+        checks to be written (pytest_runtest_makereport)."""
+        self.own_skip = spec.test
+        raise pytest.skip.Exception(why)
 
     def record_capture(self, spec: Any, existed: bool) -> None:
         """Hold the staged capture until its test's outcome is known (``pytest_runtest_makereport``)."""
@@ -732,10 +733,10 @@ class ParitySession:
         """Write the goldens a test captured once it passed (or skipped at a kept golden); withhold them
         when it failed or skipped itself. A test still in setup keeps them pending until its call phase."""
         report = yield
-        kept, self.kept_skip = self.kept_skip == item.nodeid, ""
+        ours, self.own_skip = self.own_skip == item.nodeid, ""
         if not self.pending:
             return report
-        failed = report.failed or (report.skipped and (hasattr(report, "wasxfail") or not kept))
+        failed = report.failed or (report.skipped and (hasattr(report, "wasxfail") or not ours))
         if failed:
             what = "failed" if report.failed or hasattr(report, "wasxfail") else "skipped"
             lines = [self._withhold(p, f"{p.test} {what} after the capture") for p in self.pending]

@@ -377,17 +377,17 @@ def check_rocm_arch(f: Facts) -> list[Check]:
         out = _skipped(["arch-list", "arch-rocm"], _no_rocm_reason(info))
         if "PYTORCH_ROCM_ARCH" in env:
             # unused here, but the same environment may run a ROCm torch next (as HSA_OVERRIDE_GFX_VERSION)
-            value = env["PYTORCH_ROCM_ARCH"]
-            toks = _arch_tokens(value)
+            given = env["PYTORCH_ROCM_ARCH"]
+            toks = _arch_tokens(given)
             bad = [t for t in toks if not _GFX.fullmatch(t)]
             if not toks or bad:
                 why = ("is set but empty: a ROCm build's extensions fail with LoadHIP's 'No GPU arch specified'"
                        if not toks else f"names {bad[0]!r}, not a gfx target")
-                out.append(Check("pytorch-rocm-arch", "warn", f"PYTORCH_ROCM_ARCH={value!r} {why} (unused by this "
+                out.append(Check("pytorch-rocm-arch", "warn", f"PYTORCH_ROCM_ARCH={given!r} {why} (unused by this "
                                  f"{info.backend} build; a ROCm torch in this environment would read it)",
                                  "use ';'- or space-separated gfx names such as gfx90a;gfx942, or unset it"))
             else:
-                out.append(Check("pytorch-rocm-arch", "ok", f"PYTORCH_ROCM_ARCH={value!r} (unused by a {info.backend} build)"))
+                out.append(Check("pytorch-rocm-arch", "ok", f"PYTORCH_ROCM_ARCH={given!r} (unused by a {info.backend} build)"))
         return out
     out = []
     if not info.archs:
