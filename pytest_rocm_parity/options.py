@@ -181,8 +181,9 @@ def addoption(parser: pytest.Parser) -> None:
                     help="rewrite the goldens of models whose name matches GLOB (all without GLOB); a golden is "
                          "written only when its test passes")
     add(GOLDEN_DIR, "parity_golden_dir", "golden directory (default: <rootdir>/goldens)", metavar="DIR")
-    add(DEVICE, "parity_device", "candidate device: auto (cuda when available, else cpu), cpu, cuda[:N], or "
-        "model (keep the model's own placement)", type=parse_device, metavar="DEVICE")
+    add(DEVICE, "parity_device", "candidate device: auto (cuda when available, else cpu), cpu, cuda[:N] (ROCm "
+        "builds use cuda too), xpu, mps, or model (keep the model's own placement)", type=parse_device,
+        metavar="DEVICE")
     add(REPORT, "parity_report", "write parity-report.json (and the HTML/CSV reports) into DIR", metavar="DIR")
     add(ALLOW_WRITE, "parity_allow_write", "allow writing goldens when CI=true", ini_type="bool",
         default=False, action="store_true")
@@ -208,8 +209,8 @@ def addoption(parser: pytest.Parser) -> None:
     add(PRUNE_DRY_RUN, "parity_prune_dry_run", f"with {PRUNE}: list what it would delete, delete nothing",
         ini_type="bool", default=False, action="store_true")
     add(ALLOW_REFERENCE_CHANGE, "parity_allow_reference_change", "let --parity-regen replace a golden captured "
-        "on another device kind (cuda, rocm, cpu) or torch major version, or by another project sharing the golden "
-        "directory", ini_type="bool", default=False,
+        "on another device kind (cuda, rocm, cpu) or torch major version, by another project sharing the golden "
+        "directory, or by another test that still defines it", ini_type="bool", default=False,
         action="store_true")
     add(GOLDEN_SIZE_LIMIT, "parity_golden_size_limit", "warn when a captured golden is larger than this many MB "
         f"(default {DEFAULT_GOLDEN_SIZE_LIMIT_MB:g}; 0: never)", type=parse_size_limit, metavar="MB")
@@ -388,7 +389,9 @@ def given_without_enable(config: pytest.Config) -> list[str]:
     --parity-device is left out: the parity_ops fixture honours it without --rocm-parity.
     """
     flags = {f: d for f, d in FLAG_DESTS.items() if f not in (ENABLE, DEVICE)}
-    return [flag for flag, dest in flags.items() if config.getoption(dest, None) not in (None, False)]
+    # "is not": a value of 0 (--parity-drill=0) equals False, and is given all the same
+    return [flag for flag, dest in flags.items() if config.getoption(dest, None) is not None
+            and config.getoption(dest, None) is not False]
 
 
 def xdist_worker_index() -> int | None:

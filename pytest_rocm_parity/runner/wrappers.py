@@ -80,12 +80,14 @@ def refuse_graphs(model: Any) -> None:
     it could be judged per layer."""
     import torch
 
-    name = next((n for n, m in model.named_modules() if isinstance(m, torch.jit.ScriptModule)), None) \
+    # the module itself, not its name: a scripted model refuses get_submodule
+    found = next(((n, m) for n, m in model.named_modules() if isinstance(m, torch.jit.ScriptModule)), None) \
         if isinstance(model, torch.nn.Module) else None
-    if name is not None:
+    if found is not None:
+        name, scripted = found
         what = "the model" if not name else f"its module {name}"
         raise InvalidArgument(
-            f"model: {what} is a TorchScript module ({type(model.get_submodule(name)).__name__}), which runs its "
+            f"model: {what} is a TorchScript module ({type(scripted).__name__}), which runs its "
             f"submodules inside one graph where no hook sees them, so no layer of it can be captured or judged. "
             f"Check the eager model it was made from; to judge compiled code, torch.compile it "
             f"(docs/migrations.md)")

@@ -157,6 +157,10 @@ def test_a_torchscript_module_is_refused_by_name() -> None:
         replay(traced, x, spec, store, "cpu")
     with pytest.raises(InvalidArgument, match="TorchScript"):
         capture(traced, x, CheckSpec(name="t", dtypes=["float32"]), store, "cpu")
+    # a scripted model refuses get_submodule: the message names its class from the module itself
+    scripted = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(8, 8)))
+    with pytest.raises(InvalidArgument, match=r"model: the model is a TorchScript module \(RecursiveScriptModule\)"):
+        capture(scripted, x, CheckSpec(name="s", dtypes=["float32"]), store, "cpu")
 
 
 def test_an_exported_module_is_judged_where_its_tree_is_the_eager_models() -> None:

@@ -378,7 +378,8 @@ def test_tiny(parity):
     result.stdout.fnmatch_lines(["*DuplicateCheckName: check name 'tiny' is used twice by test_tiny.py::test_tiny*"])
 
 
-@pytest.mark.parametrize("flag", ["--parity-mode=replay", "--parity-golden-dir=goldens", "--parity-regen"])
+@pytest.mark.parametrize("flag", ["--parity-mode=replay", "--parity-golden-dir=goldens", "--parity-regen",
+                                  "--parity-drill=0", "--parity-golden-size-limit=0"])
 def test_parity_options_without_enable_warn(project: pytest.Pytester, flag: str) -> None:
     result = project.runpytest(flag)
     result.assert_outcomes(skipped=1, warnings=1)
