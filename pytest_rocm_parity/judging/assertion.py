@@ -177,6 +177,8 @@ def headline(extra: Mapping[str, Any]) -> str:
         return f"loss off by one factor ({extra['loss_factor']:.4g}x)"
     if extra.get("loss_otherwise") is not None:
         return f"the loss computed otherwise ({extra['loss_otherwise']:.3g}x the reference's error)"
+    if extra.get("backward_jump") is not None:
+        return f"the gradient reaching {extra['backward_jump']} is wrong; no module's own backward is"
     if optimizer_groups(extra):
         return f"optimizer update out of bounds ({optimizer_share(extra)})"
     return lm_failure(extra) or "no culprit in isolation"

@@ -1073,6 +1073,24 @@ def _finish_train(result: CheckResult, factor_note: Callable[[], tuple[float, st
                             f"while every module's backward is within bounds in isolation: too far for rounding "
                             f"that adds up. The loss is computed otherwise: a term missing or added (a router's "
                             f"auxiliary loss, label smoothing, a regulariser), another reduction, or another loss=")
+    elif div is not None and jumped(div):
+        # every module's own backward within bounds, and the gradient it receives far over: one fault
+        # in the backward of code no module holds, after it in the forward (the loss, or glue)
+        assert div.prop is not None
+        later = result.layers[result.layers.index(div) + 1:]
+        nxt = next((l.name for l in later if l.level <= div.level), None)
+        where = (f"the code between {div.name} and {nxt} in their parent's forward" if nxt else
+                 f"the loss (loss= or the model's own) and any code after {div.name} in the forward")
+        value_agrees = all(o.passed for o in result.outputs)
+        result.passed = False
+        result.extra["backward_jump"] = div.name
+        result.notes.append(f"the gradient reaching {div.name} is {div.prop.ratio:.3g}x the reference's error "
+                            f"(budget {div.prop_budget:g}x) while every module's own backward is within bounds in "
+                            f"isolation: too far for rounding that adds up, so "
+                            + (f"the backward of {where} is wrong (a fused or hand-written loss kernel's gradient, "
+                               f"say), though the loss's value agrees" if value_agrees else
+                               f"{where} computes otherwise (a term missing or added, another reduction, or a "
+                               f"wrong gradient)"))
     elif not result.passed:
         result.notes.append("the loss drifted beyond budget although no module's backward is out of bounds in "
                             "isolation: accumulated drift")
