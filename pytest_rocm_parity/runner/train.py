@@ -891,12 +891,18 @@ def _mode_notes(model: Any) -> list[str]:
     (docs/training.md), so that path is not judged, and a user who passed a model in train() would
     otherwise believe it was."""
     mods = training_paths(model)
-    if not mods:
-        return []
-    return [f"the model came in training mode: {', '.join(mods[:3])}{' ...' if len(mods) > 3 else ''} "
-            f"{'were' if len(mods) > 1 else 'was'} judged in eval mode (BatchNorm on its running statistics, "
-            f"dropout off), as every training check runs, so their training-mode path (the batch's statistics) "
-            f"is not judged; docs/training.md says why"]
+    notes = [f"the model came in training mode: {', '.join(mods[:3])}{' ...' if len(mods) > 3 else ''} "
+             f"{'were' if len(mods) > 1 else 'was'} judged in eval mode (BatchNorm on its running statistics, "
+             f"dropout off), as every training check runs, so their training-mode path (the batch's statistics) "
+             f"is not judged; docs/training.md says why"] if mods else []
+    # Hugging Face's gradient_checkpointing_enable() recomputes only where self.training is true
+    checkpointed = [n or "the model" for n, m in model.named_modules()
+                    if getattr(m, "gradient_checkpointing", False) is True]
+    if checkpointed:
+        notes.append(f"gradient checkpointing is on in {', '.join(checkpointed[:2])} (gradient_checkpointing_enable), "
+                     f"which recomputes only in training mode: the step runs in eval mode, so the recomputation "
+                     f"is not judged (docs/training.md says how to judge a checkpointed layer)")
+    return notes
 
 
 def _trainable(model: Any) -> list[str]:

@@ -568,3 +568,14 @@ def test_a_loss_whose_value_agrees_and_whose_gradient_does_not_fails(tmp_path: A
     assert not r.passed and r.culprit is None and r.extra["backward_jump"] == "lm_head", (r.first_divergent, r.notes)
     assert headline(r.extra) == "the gradient reaching lm_head is wrong; no module's own backward is"
     assert any("the backward of the loss (loss= or the model's own)" in n for n in r.notes), r.notes
+
+
+def test_hugging_face_gradient_checkpointing_is_said_not_to_run(golden) -> None:  # type: ignore[no-untyped-def]
+    """gradient_checkpointing_enable() recomputes only in training mode, which the step does not run:
+    a note says its recomputation is not judged, so a pass is not read as covering it."""
+    model = llama("sdpa")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    r = _replay(golden, model)
+    assert r.passed and any(n.startswith("gradient checkpointing is on in model") and "not judged" in n
+                            for n in r.notes), r.notes
+    assert not any("gradient checkpointing" in n for n in _replay(golden, llama("sdpa")).notes)
