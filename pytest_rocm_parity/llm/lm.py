@@ -190,8 +190,9 @@ def decode_with_cache(model: Any, prompt: Any, mask: Any, cont: Any) -> Any | No
 
     if not _is_hf(model) or cont is None or cont.shape[1] == 0:
         return None
-    # transformers 5.2x names the cache argument and output field `cache`; earlier, `past_key_values`
-    arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    # transformers 5.2x names the cache argument and output field `cache`; earlier, `past_key_values`.
+    # The class's forward: a port that wraps the instance's (*args, **kwargs) hides the names
+    arg = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
 
     def cache_of(out: Any) -> Any:
         return getattr(out, "cache", None) or getattr(out, "past_key_values", None)

@@ -223,3 +223,23 @@ def test_rwkv(parity):
     result.assert_outcomes(passed=1)
     doc = json.loads((lm_project.path / "rep" / "parity-report.json").read_text())
     assert any("generate=3: the golden holds no cached decoding" in n for n in doc["checks"][0]["notes"]), doc
+
+
+def test_cached_decoding_names_the_cache_argument_of_a_wrapped_forward() -> None:
+    """A port that wraps the instance's forward in (*args, **kwargs) hides its argument names: the
+    cached decode still passes the cache under the class's name, not the deprecated one."""
+    import warnings
+
+    import torch
+
+    from parity_models import llama
+    from pytest_rocm_parity.llm.lm import decode_with_cache
+
+    model = llama("sdpa")
+    own = model.forward
+    model.forward = lambda *a, **kw: own(*a, **kw)
+    ids = torch.randint(3, 60, (1, 6), generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        logits = decode_with_cache(model, ids[:, :4], None, ids[:, 4:])
+    assert logits is not None and logits.shape[:2] == (1, 2)
