@@ -22,7 +22,12 @@ def _culprit_reason(r: dict[str, Any]) -> str:
     for l in r.get("layers", []):
         if l.get("name") == r.get("culprit"):
             reason = str((l.get("metrics") or {}).get("reason", ""))
-            return reason if len(reason) <= MAX_REASON else reason[:MAX_REASON - 1] + "…"
+            if len(reason) <= MAX_REASON:
+                return reason
+            # which output failed (" (output grad_input)") ends the reason: cut before it, not it
+            at = reason.rfind(" (output ")
+            tail = reason[at:] if at > 0 and reason.endswith(")") and len(reason) - at < MAX_REASON // 2 else ""
+            return reason[:MAX_REASON - 1 - len(tail)] + "…" + tail
     return ""
 
 

@@ -109,3 +109,15 @@ def test_an_error_refused_before_its_dtypes_shows_no_empty_brackets() -> None:
     entry = {**ERROR_ENTRY, "name": "phi", "dtype": ""}
     (line,) = [l for l in summary_lines(_session([entry])) if l.startswith("ERROR")]
     assert line.split() == ["ERROR", "phi"], line
+
+
+def test_a_long_culprit_reason_is_cut_before_the_output_it_names() -> None:
+    """The summary line cuts a long reason, but keeps its end, which output failed: a training
+    culprit's "(output grad_input)" says which gradient to look at."""
+    reason = ("isolated error 47.5x the reference's (>= 44.1x at 3 sigma; budget 1.75x; sign test z=+76.7) "
+              "while its inputs held (output grad_input)")
+    r = {"name": "t", "dtype": "float32", "passed": False, "culprit": "m.up", "test": "t.py::t",
+         "layers": [{"name": "m.up", "metrics": {"reason": reason}}]}
+    (line,) = [l for l in summary_lines(_session([r])) if l.startswith("FAIL")]
+    assert line.endswith("… (output grad_input)"), line
+    assert "culprit m.up: isolated error 47.5x" in line, line
