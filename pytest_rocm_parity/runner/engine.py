@@ -709,6 +709,18 @@ class ForwardWrap:
             vars(self.mod).pop("forward", None)
 
 
+def captured_elsewhere(manifest: dict[str, Any], spec: CheckSpec) -> str:
+    """What a stale message adds where another test captured the golden: two tests of one name (the
+    default leaves the directory out) would each make the other's golden stale, and a regeneration
+    from one replaces the other's."""
+    owner = manifest.get("test")
+    if not isinstance(owner, str) or not owner or not spec.test or owner == spec.test:
+        return ""
+    return (f". It was captured by {owner}, and this check runs in {spec.test}: if that is another test "
+            f"with the same name (the default leaves the directory out), give one of them its own name= "
+            f"instead of regenerating")
+
+
 def _hooked(mod: Any, pre: Callable[..., Any], post: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A forward that calls ``pre`` and ``post`` as forward hooks with kwargs would be called."""
     def wrap(inner: Callable[..., Any]) -> Callable[..., Any]:

@@ -16,6 +16,7 @@ from pytest_rocm_parity.judging.compare import block_stats, exact_metrics, float
 from pytest_rocm_parity.runner.engine import (
     KEEP_PLACEMENT,
     autocast_note,
+    captured_elsewhere,
     explained_by,
     OUTPUT,
     CheckSpec,
@@ -238,21 +239,9 @@ def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, An
     if problems:
         # the command last, so that it can be copied whole
         raise GoldenStale(f"stale golden {golden_path} for {spec.name!r}: " + "; ".join(problems)
-                          + _captured_elsewhere(manifest, spec)
+                          + captured_elsewhere(manifest, spec)
                           + f". Regenerate this model's golden on the reference machine: {regen}", golden_path)
     return notes
-
-
-def _captured_elsewhere(manifest: dict[str, Any], spec: CheckSpec) -> str:
-    """What a stale message adds where another test captured the golden: two tests of one name (the
-    default leaves the directory out) would each make the other's golden stale, and a regeneration
-    from one replaces the other's."""
-    owner = manifest.get("test")
-    if not isinstance(owner, str) or not owner or not spec.test or owner == spec.test:
-        return ""
-    return (f". It was captured by {owner}, and this check runs in {spec.test}: if that is another test "
-            f"with the same name (the default leaves the directory out), give one of them its own name= "
-            f"instead of regenerating")
 
 
 def _quantized(model: Any, manifest: dict[str, Any]) -> bool:
@@ -318,7 +307,7 @@ def _inputs_changed(args0: Any, kwargs0: Any, reader: RungReader, rung: str, met
 def _refuse_changed_inputs(why: str, spec: CheckSpec, mpath: str, manifest: dict[str, Any]) -> None:
     if why:
         raise GoldenStale(
-            f"stale golden {mpath} for {spec.name!r}: {why}{_captured_elsewhere(manifest, spec)}. A replay judges "
+            f"stale golden {mpath} for {spec.name!r}: {why}{captured_elsewhere(manifest, spec)}. A replay judges "
             f"the candidate on the inputs the golden stored, so the test must build the same ones. If they differ "
             f"only by backend RNG, build them on the CPU with a seeded torch.Generator; if the test's inputs "
             f"changed on purpose, regenerate: {spec.regen_command}", mpath)

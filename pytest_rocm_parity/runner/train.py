@@ -32,8 +32,8 @@ from pytest_rocm_parity import __version__
 from pytest_rocm_parity.judging import dtypes as dt
 from pytest_rocm_parity.judging.compare import residual_metrics
 from pytest_rocm_parity.runner.capture import float64_kernels, residual, truth_errors
-from pytest_rocm_parity.runner.engine import (CheckSpec, Hooks, autocast_dtype, autocast_note, cast_inputs,
-                                              explained_by, fingerprint, home_device, normalize_inputs,
+from pytest_rocm_parity.runner.engine import (CheckSpec, Hooks, autocast_dtype, autocast_note, captured_elsewhere,
+                                              cast_inputs, explained_by, fingerprint, home_device, normalize_inputs,
                                               same_structure, structure_changes, submodule, weights_changed)
 from pytest_rocm_parity.errors import GoldenStale, InvalidArgument
 from pytest_rocm_parity.golden.sketch import leaf_group
@@ -823,7 +823,8 @@ def replay_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, d
         problems.append(f"captured with sketch={manifest.get('sketch') or 0}, asked sketch={spec.sketch or 0}")
     if problems:
         raise GoldenStale(f"stale golden {mpath} for {spec.name!r}: " + "; ".join(problems)
-                          + f". Regenerate it on the reference machine: {regen}", mpath)
+                          + captured_elsewhere(manifest, spec) + f". Regenerate it on the reference machine: {regen}",
+                          mpath)
     trainable = _trainable(inner)
     if isinstance(manifest.get("trainable"), list) and manifest["trainable"] != trainable:
         # which parameters train is part of the step: a port that unfreezes a LoRA's base weights trains

@@ -579,3 +579,17 @@ def test_hugging_face_gradient_checkpointing_is_said_not_to_run(golden) -> None:
     assert r.passed and any(n.startswith("gradient checkpointing is on in model") and "not judged" in n
                             for n in r.notes), r.notes
     assert not any("gradient checkpointing" in n for n in _replay(golden, llama("sdpa")).notes)
+
+
+def test_a_stale_training_golden_another_test_captured_says_whose_it_is(tmp_path: Any) -> None:
+    """A probe test reusing a training check's name with other steps: the stale message says which
+    test captured the golden, so its regenerate command is not followed blindly."""
+    from pytest_rocm_parity.errors import GoldenStale
+
+    store = GoldenStore(tmp_path)
+    capture_train(llama("sdpa"), _inputs(), CheckSpec(name="t", dtypes=["float32"], drill=0, test="a.py::test_a"),
+                  store, "cpu", optimizer=ADAMW, steps=2)
+    with pytest.raises(GoldenStale, match=r"the number of steps changed \(golden 2, now 1\)\. It was captured by "
+                                          r"a\.py::test_a, and this check runs in b\.py::test_b"):
+        replay_train(llama("sdpa"), _inputs(), CheckSpec(name="t", dtypes=["float32"], drill=0, test="b.py::test_b"),
+                     store, "cpu", optimizer=ADAMW, steps=1)
