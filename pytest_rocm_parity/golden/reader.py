@@ -34,8 +34,11 @@ class RungReader:
         with safetensors_refusal(path):
             self._f = safe_open(str(path), framework="pt", device=str(device))
             self.keys = set(self._f.keys())
+        # a map of strings (safetensors refuses anything else), or null, which it reads as none
+        meta: dict[str, str] = self.header.get("__metadata__") or {}
+        self.metadata = meta
         try:
-            listed = parse_json(self.header.get("__metadata__", {}).get(COMPLEX128_KEY, "[]").encode())
+            listed = parse_json(meta.get(COMPLEX128_KEY, "[]").encode())
         except ValueError:
             listed = None
         if not isinstance(listed, list) or not all(isinstance(k, str) for k in listed):
@@ -43,7 +46,7 @@ class RungReader:
                                 f"this golden", path)
         self.complex128 = set(listed)
         try:
-            views = parse_json(self.header.get("__metadata__", {}).get(BYTE_VIEWS_KEY, "{}").encode())
+            views = parse_json(meta.get(BYTE_VIEWS_KEY, "{}").encode())
         except ValueError:
             views = None
         if not isinstance(views, dict) or not all(v in BYTE_VIEW_DTYPES for v in views.values()):

@@ -1249,4 +1249,4 @@ def _compare_outputs(out: Any, meta: dict[str, Any], reader: RungReader, judge: 
 
 
 def _rung_of(reader: RungReader) -> str:
-    return str(reader.header.get("__metadata__", {}).get("dtype", "float32"))
+    return str(reader.metadata.get("dtype", "float32"))

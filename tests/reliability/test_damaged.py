@@ -90,6 +90,17 @@ def test_unknown_dtype(golden: Golden, dtype: object) -> None:
     message_names(exc, p)
 
 
+def test_a_null_header_metadata_replays_as_none(golden: Golden) -> None:
+    """safetensors reads a null __metadata__ as none (the reader's fuzzing found it crashing the
+    replay): the golden replays as one without metadata would."""
+    p = golden.tensor_file()
+    header, data = read_header(p)
+    header["__metadata__"] = None
+    write_with_header(p, header, data)
+    golden.reseal()
+    assert golden.replay()[0].passed
+
+
 @pytest.mark.parametrize("field,value", [("shape", 7), ("shape", [-1]), ("shape", [True, 2]),
                                          ("data_offsets", [5]), ("data_offsets", [0, 10**30]),
                                          ("data_offsets", ["0", "4"])])
