@@ -933,6 +933,30 @@ def _judge_outputs(result: OpResult, cand_out: Any, truth_out: Any, scale_out: A
     result.passed = all(o.passed for o in result.outputs)
 
 
+def _judge_output_dtypes(result: OpResult, cand_out: Any, reference: Callable[..., Any], args: Sequence[Any],
+                         kwargs: Mapping[str, Any]) -> None:
+    """Fail a floating output the candidate returns in another dtype than the reference does on the
+    same inputs (a kernel that allocates its output as float16 whatever it is given): its values may
+    pass at the lower precision, yet every caller gets another tensor. The reference runs once more,
+    on the CPU in the inputs' own dtypes; where it cannot (a dtype the CPU lacks), nothing is judged."""
+    try:
+        with torch.no_grad():
+            native = reference(*_map(tuple(args), lambda t: t.detach().cpu()),
+                               **_map(dict(kwargs), lambda t: t.detach().cpu()))
+    except Exception:
+        return
+    want = {p: v.dtype for p, v in _flatten(native) if isinstance(v, torch.Tensor) and v.dtype.is_floating_point}
+    for record in result.outputs:
+        got = dict(_flatten(cand_out)).get(record.path)
+        if not isinstance(got, torch.Tensor) or record.path not in want or got.dtype == want[record.path]:
+            continue
+        record.passed = False
+        record.reason = (f"dtype {_dname(got.dtype)} where the reference returns {_dname(want[record.path])} on the same "
+                         f"inputs: the kernel allocates or casts its output otherwise"
+                         + (f"; {record.reason}" if record.reason else ""))
+    result.passed = all(o.passed for o in result.outputs)
+
+
 def _judged_dtype(c: torch.Tensor, in_dtypes: Sequence[torch.dtype]) -> torch.dtype | None:
     """The precision a floating output is judged at: the lowest of its own and the inputs' (an op
     given bf16 inputs that returns float32 is held to bf16); None for an exact output."""
@@ -1149,6 +1173,7 @@ def check_op(candidate: Callable[..., Any], reference: Callable[..., Any], *args
         _judge_written(result, reference, args, kwargs, cand_args, cand_kwargs, truth, model, in_dtypes, k, tf32)
     else:
         _judge_outputs(result, cand_out, truth.out, truth.scale, model, in_dtypes, k, tf32, truth.alternative())
+        _judge_output_dtypes(result, cand_out, reference, args, kwargs)
     if judged is None:
         _describe_floating_outputs(result, model, k, tf32)
     _observe_search(result, _named(args, kwargs, names))

@@ -412,3 +412,21 @@ def test_the_worst_seen_line_names_a_partial_by_its_function() -> None:
     _fails(search)
     line = _worst_seen(messages[-1])
     assert ".drifting(rate=1e-09)(args[0]: float32[" in line and " at 0x" not in line, line
+
+
+@pytest.mark.parametrize(("given", "returned"), [(torch.float32, torch.float16), (torch.float16, torch.float32)])
+def test_an_output_in_another_dtype_than_the_references_fails(given: torch.dtype, returned: torch.dtype) -> None:
+    """A kernel that allocates its output in a fixed dtype: values within the lower precision's
+    tolerance, yet every caller gets another tensor, so the op fails, naming both dtypes; the
+    same op returning the reference's dtype passes."""
+    x = torch.randn(4, 33, generator=torch.Generator().manual_seed(0)).to(given)
+
+    def fixed(t: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(t.float(), -1).to(returned)
+
+    r = check_op(fixed, lambda t: torch.softmax(t, -1), x, device="cpu")
+    assert not r.passed, r.message()
+    assert (f"dtype {str(returned).removeprefix('torch.')} where the reference returns "
+            f"{str(given).removeprefix('torch.')} on the same inputs") in r.message(), r.message()
+    assert check_op(lambda t: torch.softmax(t.float(), -1).to(t.dtype), lambda t: torch.softmax(t, -1), x,
+                    device="cpu").passed
