@@ -299,7 +299,7 @@ class Parity:
                 progress(f"{r.dtype}: verdict {'PASS' if r.passed else 'FAIL'}"
                          + (f" (culprit {r.culprit})" if not r.passed and r.culprit else ""))
         for r in results:
-            r.test = spec.test
+            r.test, r.regen = spec.test, spec.regen_command
             s.add(r)
             if self._node is not None:  # reaches JUnit XML <properties> and CI test views
                 self._node.user_properties.append((f"parity[{r.name}][{r.dtype}]", property_text(r)))

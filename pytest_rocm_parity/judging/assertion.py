@@ -130,7 +130,8 @@ def regen_hint(result: CheckResult) -> str:
     if result.passed or not same_platform(result.reference_env, result.candidate_env):
         return ""
     return (f"  this run used the same kind of device as the capture, so the difference comes from the model, its "
-            f"code or its inputs; if this change is intended, regenerate with {regen_command(result.name, result.test)}")
+            f"code or its inputs; if this change is intended, regenerate with "
+            f"{result.regen or regen_command(result.name, result.test)}")
 
 
 SUGGEST_WITHIN = 10.0   # a tolerance is suggested only up to this multiple of the layer's budget

@@ -133,6 +133,9 @@ class CheckResult:
     kind: str = "model"          # model | lm | train
     extra: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # the command that regenerates its golden, with the run's golden-shaping flags (a golden
+    # directory given on the command line, the dtypes): for the failure's message
+    regen: str = ""
 
     def to_frame(self) -> pd.DataFrame:
         """A pandas DataFrame with one row per layer (then the model outputs, ``kind='output'``): the

@@ -221,3 +221,15 @@ def test_a_new_check_is_not_offered_the_golden_of_another_live_test(project: pyt
     text = " ".join(rep.stdout.str().split())
     assert "no golden for 'tinyy' in" in text and "Capture it on the reference machine" in text, text
     assert "Goldens of close names" not in text and "golden derive" not in text, text
+
+
+def test_a_failures_regenerate_command_keeps_the_golden_directory(project: pytest.Pytester,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failing verdict on the same kind of device offers to regenerate: with the golden directory
+    given on the command line, the command names it, or it would rewrite <rootdir>/goldens instead."""
+    project.runpytest("--rocm-parity", "--parity-mode=capture", "--parity-golden-dir=shared").assert_outcomes(passed=1)
+    monkeypatch.setenv("BUG", "2")
+    rep = project.runpytest("--rocm-parity", "--parity-golden-dir=shared")
+    rep.assert_outcomes(failed=1)
+    text = " ".join(rep.stdout.str().split())
+    assert "regenerate with pytest --rocm-parity --parity-golden-dir=shared --parity-regen='tiny'" in text, text
