@@ -218,6 +218,12 @@ class ParitySession:
             raise pytest.UsageError(f"rocm-parity: {GOLDEN_DIR}: {root} is a file, not a directory; point "
                                     f"{GOLDEN_DIR} (or the parity_golden_dir ini key) at the directory of the goldens")
         if options.mode is Mode.CAPTURE:
+            if str(options.golden_dir).startswith("memory://") and not hasattr(config, "workerinput"):
+                # fsspec's in-memory filesystem lives in this process: the goldens go with it
+                config.issue_config_time_warning(pytest.PytestWarning(
+                    f"rocm-parity: {GOLDEN_DIR}={options.golden_dir}: an in-memory store lives only as long as "
+                    f"this pytest process (and each xdist worker has its own), so a later run will not find these "
+                    f"goldens; capture into a folder or a persistent URL (file://, s3://, gs://)"), stacklevel=2)
             self.store = StagingStore(self.store, self.project())
         self.pending: list[Pending] = []      # goldens captured by the test in progress, not yet written
         self.own_skip = ""                    # the test in progress, skipped by skip_check

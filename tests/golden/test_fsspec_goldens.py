@@ -113,7 +113,9 @@ def test_m(parity):
     parity.check(m, torch.ones(2, 8), name="url-model", dtypes=["float32"])
 ''')
     u = "memory://plugin-url/goldens"
-    pytester.runpytest("--rocm-parity", "--parity-mode=capture", f"--parity-golden-dir={u}").assert_outcomes(passed=1)
+    captured = pytester.runpytest("--rocm-parity", "--parity-mode=capture", f"--parity-golden-dir={u}")
+    captured.assert_outcomes(passed=1, warnings=1)   # an in-memory store lives as long as the process
+    captured.stdout.fnmatch_lines(["*an in-memory store lives only as long as this pytest process*"])
     monkeypatch.setenv("PARITY_CACHE_DIR", str(tmp_path / "other-cache"))
     pytester.runpytest("--rocm-parity", f"--parity-golden-dir={u}").assert_outcomes(passed=1)
     manifest = json.loads(fsspec.filesystem("memory").cat_file("/plugin-url/goldens/url-model/manifest.json"))
