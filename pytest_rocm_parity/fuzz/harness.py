@@ -259,6 +259,8 @@ class OpResult(_OkAlias):
     error: str | None = None
     reproduction: str = ""
     reference_error: str | None = None
+    # what the candidate raised, for compare_op's failure to chain (its traceback points into the kernel)
+    raised: BaseException | None = field(default=None, repr=False, compare=False)
 
     @property
     def max_ratio(self) -> float:
@@ -275,7 +277,8 @@ class OpResult(_OkAlias):
         return _build_message(self)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = asdict(replace(self, raised=None))
+        data.pop("raised")   # an exception object, not data
         data["ok"] = self.passed
         data["max_ratio"] = self.max_ratio
         return data
@@ -434,7 +437,7 @@ def _worst_seen() -> _Worst | None:
 
 def _raise(result: OpResult) -> None:
     __tracebackhide__ = True
-    raise AssertionError(result.message())
+    raise AssertionError(result.message()) from result.raised
 
 
 # --------------------------------------------------------------------------- describing inputs
@@ -1167,6 +1170,7 @@ def check_op(candidate: Callable[..., Any], reference: Callable[..., Any], *args
             _synchronize(dev)
         except Exception as exc:  # the op itself failing on the backend is a parity failure
             result.error = f"{type(exc).__name__}: {exc}"
+            result.raised = exc
             result.reproduction = _reproduction(candidate, reference, args, kwargs, dev, model)
             return result
     if cand_out is None and truth.out is None:

@@ -155,8 +155,11 @@ def test_candidate_exceptions_become_parity_failures():
 
     result = check_op(broken, torch.neg, torch.ones(2), device="cpu")
     assert not result.passed and "invalid device function" in result.message()
-    with pytest.raises(AssertionError, match="raised on cpu"):
+    with pytest.raises(AssertionError, match="raised on cpu") as info:
         compare_op(broken, torch.neg, torch.ones(2), device="cpu")
+    # chained, so the traceback shows the line of the kernel (or its wrapper) that raised
+    assert isinstance(info.value.__cause__, RuntimeError) and "invalid device function" in str(info.value.__cause__)
+    assert "raised" not in result.to_dict() and result.to_dict()["error"].startswith("RuntimeError")
 
 
 def test_shape_mismatch_is_reported():
