@@ -1119,6 +1119,14 @@ def _unpack(args: tuple[Any, ...], kwargs: dict[str, Any], model: ErrorModel | N
             ) -> tuple[tuple[Any, ...], dict[str, Any], ErrorModel]:
     if model is not None and not isinstance(model, ErrorModel):
         raise InvalidArgument(f"dtype_policy={model!r} must be an ErrorModel (or None for the defaults)")
+    from hypothesis.strategies import SearchStrategy
+
+    drawn = [f"args[{i}]" for i, a in enumerate(args) if isinstance(a, SearchStrategy)]
+    drawn += [f"kwargs[{k!r}]" for k, v in kwargs.items() if isinstance(v, SearchStrategy)]
+    if drawn:
+        raise InvalidArgument(f"compare_op got a Hypothesis strategy as {drawn[0]}, not a value drawn from it: "
+                              f"draw the case with @given(case=strategy) on the test and pass the case, "
+                              f"compare_op(candidate, reference, case)")
     if len(args) > 1 and any(isinstance(a, OpArgs) for a in args):
         raise InvalidArgument(f"compare_op got an OpArgs (a strategy's whole argument list) beside "
                               f"{len(args) - 1} more positional argument(s); pass the OpArgs alone, or add the "
@@ -1150,6 +1158,10 @@ def check_op(candidate: Callable[..., Any], reference: Callable[..., Any], *args
     magnitude feed the error model unless ``dtype_policy`` sets them).
     """
     names = args[0].names if len(args) == 1 and isinstance(args[0], OpArgs) else ()
+    for what, fn in (("candidate", candidate), ("reference", reference)):
+        if not callable(fn):
+            raise InvalidArgument(f"compare_op's {what} is {fn!r}, not a function: pass the op itself "
+                                  f"(compare_op(my_kernel, torch.softmax, case))")
     args, kwargs, model = _unpack(args, kwargs, dtype_policy)
     _refuse_complex("an input", (args, kwargs))
     dev = _resolve_device(device)

@@ -433,3 +433,12 @@ def test_an_output_in_another_dtype_than_the_references_fails(given: torch.dtype
             f"{str(given).removeprefix('torch.')} on the same inputs") in r.message(), r.message()
     assert check_op(lambda t: torch.softmax(t.float(), -1).to(t.dtype), lambda t: torch.softmax(t, -1), x,
                     device="cpu").passed
+
+
+def test_a_strategy_or_a_name_where_a_value_or_an_op_belongs_is_our_error() -> None:
+    """compare_op given the strategy itself (not a case drawn from it), or a name for the op, says
+    how to call it, where torch's own TypeError (or a reported parity failure) said nothing of it."""
+    with pytest.raises(InvalidArgument, match=r"Hypothesis strategy as args\[0\], not a value drawn from it.*@given"):
+        check_op(torch.neg, torch.neg, S.softmax_args(torch.float16), device="cpu")
+    with pytest.raises(InvalidArgument, match=r"compare_op's candidate is 'softmax', not a function"):
+        check_op("softmax", torch.softmax, torch.ones(2), device="cpu")
