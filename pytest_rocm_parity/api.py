@@ -475,7 +475,7 @@ def drill_for(model: Any, *choices: Any) -> int:
     return 0 if n > AUTO_DRILL_MAX_PARAMS else max_drill(model)
 
 
-def default_drill(model: Any, inputs: Any, rungs: Sequence[str], limit: int | None) -> int:
+def default_drill(model: Any, inputs: Any, rungs: Sequence[str], limit: int | None, sketch: int = 0) -> int:
     """The deepest drill whose golden for ``inputs`` over ``rungs`` stays under ``limit`` bytes (None: no
     limit, every module down to the leaves).
 
@@ -487,7 +487,7 @@ def default_drill(model: Any, inputs: Any, rungs: Sequence[str], limit: int | No
     from pytest_rocm_parity.runner.selection import activation_sizes, deepest_drill
 
     acts = activation_sizes(model, inputs) if limit is not None else None
-    return deepest_drill(model, acts, rungs, limit)
+    return deepest_drill(model, acts, rungs, limit, sketch)
 
 
 def resolve_drill(model: Any, inputs: Any, spec: CheckSpec, explicit: int | None, store: Any,
@@ -510,7 +510,8 @@ def resolve_drill(model: Any, inputs: Any, spec: CheckSpec, explicit: int | None
         return drill_for(model)
     if inputs is None:
         return drill_for(model)
-    return default_drill(model, inputs, spec.dtypes, getattr(spec, "golden_size_limit", DEFAULT_GOLDEN_SIZE_LIMIT))
+    return default_drill(model, inputs, spec.dtypes, getattr(spec, "golden_size_limit", DEFAULT_GOLDEN_SIZE_LIMIT),
+                         int(spec.sketch or 0))
 
 
 def _sketch_group(value: Any) -> int:

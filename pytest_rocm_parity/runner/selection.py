@@ -338,13 +338,24 @@ def _sizes_pass(model: Any, run: Any, args: Any, kwargs: Any, where: str) -> Act
     return acts
 
 
-def golden_bytes(acts: Activations, selected: Sequence[Selected], rungs: Sequence[str]) -> int:
+def golden_bytes(acts: Activations, selected: Sequence[Selected], rungs: Sequence[str], sketch: int = 0) -> int:
     """Estimated bytes of a golden of ``selected`` over ``rungs``: per rung, each distinct recorded tensor
     (a selected call's inputs and outputs, the model's inputs and outputs) once, plus the float64
     truth's residual of every selected output (twice at level 0: local and global truth) and of the
-    model's outputs, in the rung's residual dtype (capture._capture_rung)."""
+    model's outputs, in the rung's residual dtype (capture._capture_rung). ``sketch``: the group of a
+    sketch golden, which keeps the model's inputs and, per floating output, a float64 sketch of the
+    reference and one of the truth (capture._capture_rung_sketch)."""
     from pytest_rocm_parity.judging import dtypes as dt
 
+    if sketch:
+        from pytest_rocm_parity.golden.sketch import leaf_group
+
+        def sketched(leaves: list[Leaf]) -> int:   # a reference and a truth sketch, float64, per floating leaf
+            return sum(2 * 8 * -(-n // leaf_group(n, sketch)) if per == 0 else n * per for _, n, per in leaves)
+        outs_of = [outs for s in selected for _ins, outs in acts.calls.get(s.name, [])]
+        kept = sum(sketched(outs) for outs in outs_of) + sketched(acts.model_out) + len(outs_of) * PER_CALL_BYTES
+        return sum(kept + sum(n * (per or dt.to_torch(rung).itemsize) for _, n, per in acts.model_in)
+                   for rung in rungs)
     total = 0
     for rung in rungs:
         size = dt.to_torch(rung).itemsize
@@ -376,15 +387,17 @@ def golden_bytes(acts: Activations, selected: Sequence[Selected], rungs: Sequenc
     return total
 
 
-def deepest_drill(model: Any, acts: Activations | None, rungs: Sequence[str], limit: int | None) -> int:
-    """The deepest drill whose estimated golden fits ``limit`` bytes (all the way down when ``limit`` is
-    None); 0 where even the blocks alone exceed it (the golden-size warning then names the budget)."""
+def deepest_drill(model: Any, acts: Activations | None, rungs: Sequence[str], limit: int | None,
+                  sketch: int = 0) -> int:
+    """The deepest drill whose estimated golden (a sketch golden's, with ``sketch`` its group) fits
+    ``limit`` bytes (all the way down when ``limit`` is None); 0 where even the blocks alone exceed
+    it (the golden-size warning then names the budget)."""
     deepest = max_drill(model)
     if limit is None or acts is None:
         return deepest
     best = 0
     for d in range(deepest + 1):
-        if golden_bytes(acts, select(model, None, d), rungs) > limit:
+        if golden_bytes(acts, select(model, None, d), rungs, sketch) > limit:
             break
         best = d
     return best

@@ -89,6 +89,23 @@ def test_golden_estimate_tracks_the_file(tmp_path: Path) -> None:
         on_disk = sum(f.stat().st_size for f in store.dir_for(f"v{d}").iterdir())
         est = golden_bytes(acts, select(model, drill=d), ["float32"])
         assert 0.8 * on_disk < est < 1.3 * on_disk, (d, est, on_disk)
+        for group in (8, 512):   # a sketch golden: sketches of the outputs, no inputs
+            capture(model, inputs, CheckSpec(name=f"s{d}-{group}", dtypes=["float32"], drill=d, sketch=group), store,
+                    "cpu")
+            on_disk = sum(f.stat().st_size for f in store.dir_for(f"s{d}-{group}").iterdir())
+            est = golden_bytes(acts, select(model, drill=d), ["float32"], group)
+            assert 0.8 * on_disk < est < 1.35 * on_disk, (d, group, est, on_disk)
+
+
+def test_a_sketch_goldens_default_drill_is_deeper_under_the_same_limit() -> None:
+    """The depth a check gets by default is the deepest whose golden fits the limit, estimated as the
+    golden it writes: a sketch golden's, far smaller, reaches a depth the full one does not."""
+    model, inputs = fm.build_t5()
+    acts = activation_sizes(model, inputs)
+    deepest = max_drill(model)
+    limit = golden_bytes(acts, select(model, drill=deepest), ["float32"], 8)
+    assert api.default_drill(model, inputs, ["float32"], limit, sketch=8) == deepest
+    assert api.default_drill(model, inputs, ["float32"], limit) < deepest
 
 
 def test_default_drill_is_the_deepest_within_the_budget() -> None:
