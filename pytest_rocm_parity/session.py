@@ -798,8 +798,8 @@ class ParitySession:
             from pytest_rocm_parity.golden.store import load_manifest
 
             d = self.store.dir_for(name)
-            rungs = load_manifest(d / "manifest.json")["rungs"]
-            files = {str(r["file"]): int(r.get("bytes") or 0) for r in rungs.values()}
+            manifest = load_manifest(d / "manifest.json")
+            files = {str(r["file"]): int(r.get("bytes") or 0) for r in manifest["rungs"].values()}
         except Exception:  # the size line must never fail a capture that succeeded
             return
         size = sum(files.values())
@@ -808,22 +808,34 @@ class ParitySession:
         if limit is None or size <= limit:
             return
         largest, largest_bytes = max(files.items(), key=lambda kv: kv[1])
-        warnings.warn(pytest.PytestWarning(self.size_advice(name, size, limit, largest, largest_bytes)), stacklevel=1)
+        warnings.warn(pytest.PytestWarning(self.size_advice(name, size, limit, largest, largest_bytes,
+                                                            manifest.get("drill"), manifest.get("sketch"))),
+                      stacklevel=1)
 
-    def size_advice(self, name: str, size: int, limit: int, largest: str, largest_bytes: int) -> str:
+    def size_advice(self, name: str, size: int, limit: int, largest: str, largest_bytes: int,
+                    drill: Any = None, sketch: Any = None) -> str:
+        """The ways to shrink the golden that it has not taken already (``drill``, ``sketch``: the
+        golden's), and, for a golden directory in the repository, the git-lfs line."""
         mb = progress_lines.megabytes
-        try:
-            rel = Path(os.path.relpath(self.store.root, self.config.rootpath)).as_posix()
-        except ValueError:
-            rel = Path(self.store.root).as_posix()
         github = (f" Its largest file, {largest} ({mb(largest_bytes)}), is over GitHub's 100 MB file limit: a push "
                   f"without git-lfs is refused." if largest_bytes > GITHUB_FILE_LIMIT else "")
-        return (f"rocm-parity: the golden for {name!r} is {mb(size)}, over the {mb(limit)} limit "
-                f"({GOLDEN_SIZE_LIMIT}, ini parity_golden_size_limit).{github} To shrink it: drill=0 (block outputs "
-                f"only) or drill=1 in parity.check or @pytest.mark.parity; sketch=True (well under 1% of the size, "
-                f"judged on the propagated pass); or fewer tokens (a shorter sequence or a smaller batch). To keep "
-                f"it in git as it is, store goldens with git-lfs: add this line to .gitattributes: "
-                f"{rel}/**/*.safetensors filter=lfs diff=lfs merge=lfs -text")
+        ways = []
+        if not isinstance(drill, int) or drill > 0:
+            ways.append(f"a shallower drill= in parity.check or @pytest.mark.parity (0: block outputs only"
+                        + (f"; this golden is drill={drill}" if isinstance(drill, int) else "") + ")")
+        if not sketch:
+            ways.append("sketch=True (on a large model well under 1% of the size, judged on the propagated pass)")
+        ways.append("fewer tokens (a shorter sequence or a smaller batch)")
+        text = (f"rocm-parity: the golden for {name!r} is {mb(size)}, over the {mb(limit)} limit "
+                f"({GOLDEN_SIZE_LIMIT}, ini parity_golden_size_limit).{github} To shrink it: {'; or '.join(ways)}.")
+        if hasattr(self.store, "url"):
+            return text   # an artifact store's goldens are not in git
+        rel = os.path.relpath(self.store.root, self.config.rootpath)
+        if rel.startswith(".."):
+            return text + (f" The golden directory {self.store.root} is outside the repository at "
+                           f"{self.config.rootpath}, so git does not hold it")
+        return text + (f" To keep it in git as it is, store goldens with git-lfs: add this line to .gitattributes: "
+                       f"{Path(rel).as_posix()}/**/*.safetensors filter=lfs diff=lfs merge=lfs -text")
 
     # -- the session's start: the report folder, progress lines through the terminal reporter ---------
     @pytest.hookimpl(tryfirst=True)

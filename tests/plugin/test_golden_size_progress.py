@@ -6,6 +6,7 @@ import os
 import stat
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -27,13 +28,27 @@ def test_capture_prints_each_golden_size(project: pytest.Pytester) -> None:
 
 
 def test_size_over_the_limit_warns_with_the_ways_to_shrink(project: pytest.Pytester) -> None:
-    result = project.runpytest("--rocm-parity", "--parity-mode=capture", f"{GOLDEN_SIZE_LIMIT}=0.01")
+    result = project.runpytest("--rocm-parity", "--parity-mode=capture", f"{GOLDEN_SIZE_LIMIT}=0.01",
+                               "--parity-drill=2")
     result.assert_outcomes(passed=1, warnings=1)
     text = " ".join(result.stdout.str().split())
     assert "the golden for 'tiny' is " in text and "over the 10.0 KB limit" in text
-    for advice in ("drill=0", "sketch=True", "fewer tokens", "git-lfs",
+    for advice in ("a shallower drill= in parity.check or @pytest.mark.parity (0: block outputs only; this golden is "
+                   "drill=2)", "sketch=True", "fewer tokens", "git-lfs",
                    "goldens/**/*.safetensors filter=lfs diff=lfs merge=lfs -text", "parity_golden_size_limit"):
         assert advice in text, advice
+
+
+def test_the_size_advice_leaves_out_what_the_golden_already_does(project: pytest.Pytester, tmp_path: Any) -> None:
+    """A golden at drill 0 is not told to drill shallower; one in a folder outside the repository
+    gets no .gitattributes line (a path git cannot use), but a note that git does not hold it."""
+    outside = tmp_path / "elsewhere"
+    result = project.runpytest("--rocm-parity", "--parity-mode=capture", "--parity-drill=0",
+                               f"--parity-golden-dir={outside}", f"{GOLDEN_SIZE_LIMIT}=0.001")
+    result.assert_outcomes(passed=1, warnings=1)
+    text = " ".join(result.stdout.str().split())
+    assert "To shrink it: sketch=True" in text and "shallower drill" not in text, text
+    assert "filter=lfs" not in text and f"The golden directory {outside} is outside the repository" in text, text
 
 
 def test_size_limit_from_the_ini_and_the_flag_over_it(project: pytest.Pytester) -> None:
