@@ -55,6 +55,8 @@ class OpReport:
     seconds: float = 0.0
     message: str = ""
     replayed: int = 0
+    # --replay asked, and DIR holds no golden of this op and dtype: it was only fuzzed
+    no_golden: bool = False
     notes: list[str] = field(default_factory=list)
 
 
@@ -336,6 +338,7 @@ def run_ops(args: argparse.Namespace) -> int:
                 replayed, replay_failure = replay_one(spec, dtype_name, device, Path(args.replay))
             report = fuzz_one(spec, dtype_name, device, args.max_examples, args.seed, args.database)
             report.replayed = replayed
+            report.no_golden = bool(args.replay) and not replayed and replay_failure is None
             if replay_failure is not None:
                 report.status = "fail"
                 report.notes.append("a recorded golden example failed")
@@ -366,7 +369,7 @@ def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
 
 def _print_row(r: OpReport) -> None:
     ratio = "-" if not math.isfinite(r.worst_ratio) else f"{r.worst_ratio:.3f}"
-    replay = f" replayed {r.replayed}" if r.replayed else ""
+    replay = f" replayed {r.replayed}" if r.replayed else " no golden to replay" if r.no_golden else ""
     cells = (r.op, r.dtype, r.status.upper(), f"examples {r.examples:>4}", f" worst err/tol {ratio:>6}",
              f" {r.seconds:6.1f}s{replay}")
     print(text_table([cells], widths=(12, 9, 5, None, None, None), sep=" ")[0], flush=True)

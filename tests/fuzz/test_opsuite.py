@@ -53,6 +53,11 @@ def test_record_then_replay(tmp_path, capsys):
     assert opsuite.run_ops(parse("--device", "cpu", "--max-examples", "2", "--ops", "rms_norm", "--dtypes",
                                  "float16", "--replay", str(golden_dir), "--json")) == 0
     assert json.loads(capsys.readouterr().out)["ops"][0]["replayed"] == 3
+    # a pair the folder holds no golden of is fuzzed only, and its row says so
+    assert opsuite.run_ops(parse("--device", "cpu", "--max-examples", "2", "--ops", "rms_norm", "--dtypes",
+                                 "float16,float32", "--replay", str(golden_dir))) == 0
+    rows = {l.split()[1]: l for l in capsys.readouterr().out.splitlines() if l.startswith("rms_norm")}
+    assert rows["float16"].endswith("replayed 3") and rows["float32"].endswith("no golden to replay"), rows
     # a mistyped folder, or one without the goldens asked for, replays nothing: a usage error, not a pass
     assert opsuite.main(["--device", "cpu", "--ops", "rms_norm", "--dtypes", "float16", "--replay",
                          str(tmp_path / "goldenz")]) == 2
