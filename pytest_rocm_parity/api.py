@@ -403,8 +403,7 @@ def replay_kind_of(model: Any, kind: Any) -> str:
     return str(kind)
 
 
-def _missing_golden(store: Any, spec: CheckSpec, capture_it: str,
-                    test_defined: Callable[[str], bool] = lambda _test: False) -> str:
+def _missing_golden(store: Any, spec: CheckSpec, capture_it: str, test_defined: Callable[[str], bool]) -> str:
     """Why the check has no golden, and the fix: the golden directory missing, a golden directory
     whose manifest is gone (its tensor files still there: restore, not recapture), or none at all."""
     no_dir = store.missing_root(capture_it)
@@ -422,8 +421,7 @@ def _missing_golden(store: Any, spec: CheckSpec, capture_it: str,
             f"the reference machine and commit it: {capture_it}")
 
 
-def _close_goldens(store: Any, name: str, test: str = "",
-                   test_defined: Callable[[str], bool] = lambda _test: False) -> str:
+def _close_goldens(store: Any, name: str, test: str, test_defined: Callable[[str], bool]) -> str:
     """' Goldens of close names here: ...' for a name that may be a typo of goldens on disk, else '';
     with the command that copies the closest under the new name, for a check renamed on purpose.
     A golden that another test captured and still replays (``test_defined``) is that test's, not

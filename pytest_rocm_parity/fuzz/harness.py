@@ -949,8 +949,9 @@ def _judge_output_dtypes(result: OpResult, cand_out: Any, reference: Callable[..
     except Exception:
         return
     want = {p: v.dtype for p, v in _flatten(native) if isinstance(v, torch.Tensor) and v.dtype.is_floating_point}
+    given = dict(_flatten(cand_out))
     for record in result.outputs:
-        got = dict(_flatten(cand_out)).get(record.path)
+        got = given.get(record.path)
         if not isinstance(got, torch.Tensor) or record.path not in want or got.dtype == want[record.path]:
             continue
         record.passed = False
