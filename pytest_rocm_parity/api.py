@@ -24,7 +24,7 @@ from pytest_rocm_parity.guards import (clean_errors, fail_once, known_keywords, 
                                        require_token_ids, require_trainable)
 from pytest_rocm_parity.judging.records import CheckResult
 from pytest_rocm_parity.judging.tolerance import coerce
-from pytest_rocm_parity.options import capture_command, shell_quote
+from pytest_rocm_parity.options import capture_command, default_name, shell_quote
 
 
 class Parity:
@@ -59,7 +59,7 @@ class Parity:
         return base if self._count == 1 else f"{base}#{self._count}"
 
     def _default_name(self) -> str:
-        return self._node.nodeid.split("/")[-1] if self._node is not None else "check"
+        return default_name(self._node.nodeid) if self._node is not None else "check"
 
     def _spec(self, model: Any, name: str | None, dtypes: Sequence[str] | str | None,
               layers: Sequence[str] | str | None, tolerance: Any, drill: int | None,

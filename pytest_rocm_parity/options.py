@@ -362,6 +362,12 @@ def capture_command(test: str = "", flags: str = "") -> str:
     return f"pytest {ENABLE} {flags}{MODE}=capture" + (f" {shell_quote(test)}" if test else "")
 
 
+def default_name(test: str) -> str:
+    """The check name a test gets without name=: its file and name, without the directory, so that it
+    does not change with the rootdir."""
+    return test.rsplit("/", 1)[-1]
+
+
 def regen_command(name: str, test: str = "", flags: str = "") -> str:
     """The command that regenerates the golden ``name`` of ``test``; ``flags`` as capture_command's."""
     return f"pytest {ENABLE} {flags}{REGEN}={shell_quote(name)}" + (f" {shell_quote(test)}" if test else "")

@@ -17,7 +17,7 @@ from pytest_rocm_parity import progress as progress_lines
 from pytest_rocm_parity.options import (
     ALLOW_REFERENCE_CHANGE, ALLOW_WRITE, ENABLE, GOLDEN_DIR, GOLDEN_SIZE_LIMIT, PRUNE, REGEN, REGEN_ALL, REPORT,
     Mode, ParityOptions,
-    resolve_device, xdist_worker_index,
+    default_name, resolve_device, xdist_worker_index,
 )
 
 WORKER_KEY = "rocm_parity_results"
@@ -112,12 +112,6 @@ class RunLog:
             if clash(name, prev, test, capturing):
                 errors.append(duplicate_message(name, prev, test, capturing))
         return errors
-
-
-def default_name(test: str) -> str:
-    """The check name a test gets without name=: its file and name, without the directory, so that it
-    does not change with the rootdir."""
-    return test.rsplit("/", 1)[-1]
 
 
 def clash(name: str, first: str, second: str, capturing: bool) -> bool:
