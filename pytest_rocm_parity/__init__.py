@@ -28,6 +28,8 @@ _LAZY = {
     "replay_train": "pytest_rocm_parity.runner.train",
     # operator fuzzing and Triton cross-compilation
     "compare_op": "pytest_rocm_parity.fuzz.harness",
+    "check_op": "pytest_rocm_parity.fuzz.harness",
+    "OpResult": "pytest_rocm_parity.fuzz.harness",
     "record_golden": "pytest_rocm_parity.fuzz.harness",
     "load_golden": "pytest_rocm_parity.fuzz.harness",
     "replay_golden": "pytest_rocm_parity.fuzz.harness",

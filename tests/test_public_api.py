@@ -21,7 +21,7 @@ def _documented() -> set[str]:
 
 def test_every_name_the_docs_import_from_the_root_resolves() -> None:
     documented = _documented()
-    assert {"layer_frame", "assert_compiles_for", "record_golden"} <= documented
+    assert {"layer_frame", "assert_compiles_for", "record_golden", "check_op"} <= documented
     missing = sorted(n for n in documented if not hasattr(pytest_rocm_parity, n))
     assert not missing, f"docs import these from pytest_rocm_parity, which lacks them: {missing}"
 

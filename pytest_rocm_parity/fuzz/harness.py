@@ -44,10 +44,10 @@ from pytest_rocm_parity.errors import (
     BackendUnavailable,
     GoldenCorrupt,
     GoldenMissing,
-    GoldenStale,
     InvalidArgument,
 )
 from pytest_rocm_parity.fuzz.strategies import OpArgs
+from pytest_rocm_parity.golden.store import check_format
 from pytest_rocm_parity.fuzz.values import _dname, describe_value
 
 __all__ = [
@@ -1486,9 +1486,7 @@ def load_golden(path: str | os.PathLike[str]) -> Golden:
         raise GoldenCorrupt(f"{manifest_file}: unreadable manifest ({exc}); re-record it", manifest_file) from exc
     if not isinstance(manifest, dict) or manifest.get("kind") != "rocm-parity-op-golden":
         raise GoldenCorrupt(f"{manifest_file} is not an operator golden manifest", manifest_file)
-    if manifest.get("format") != GOLDEN_FORMAT:
-        raise GoldenStale(f"{manifest_file} has format {manifest.get('format')!r}, this version reads "
-                          f"{GOLDEN_FORMAT}; re-record it on the reference machine", manifest_file)
+    check_format(manifest_file, manifest.get("format"), GOLDEN_FORMAT, "re-record it on the reference machine")
     digest = hashlib.sha256(tensor_file.read_bytes()).hexdigest()
     if digest != manifest.get("sha256"):
         raise GoldenCorrupt(f"{tensor_file} does not match the checksum in {manifest_file.name}; the pair was "

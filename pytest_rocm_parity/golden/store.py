@@ -744,6 +744,19 @@ def parse_json(raw: bytes) -> Any:
         raise ValueError("nested too deeply") from None
 
 
+def check_format(path: Path | str, fmt: Any, current: int, recapture: str) -> None:
+    """The format rule of every golden, model or operator: newer than this version is GoldenTooNew
+    (rewriting it here would downgrade it for everyone), older is GoldenStale (``recapture`` says how)."""
+    if not isinstance(fmt, int) or isinstance(fmt, bool):
+        raise GoldenCorrupt(f"{path}: manifest format {fmt!r} is not an integer", path)
+    if fmt > current:
+        raise GoldenTooNew(
+            f"{path}: golden format {fmt} is newer than this pytest-rocm-parity understands "
+            f"({current}); upgrade with `pip install -U pytest-rocm-parity` (regenerating it with "
+            f"this version would write an older format for everyone)", path)
+    if fmt < current:
+        raise GoldenStale(f"{path}: golden format {fmt} is older than {current}; {recapture}", path)
+
 def load_manifest(path: Path) -> dict[str, Any]:
     try:
         f, size = _open_regular(path)
@@ -765,16 +778,7 @@ def load_manifest(path: Path) -> dict[str, Any]:
         raise GoldenCorrupt(f"{path}: manifest is not valid JSON ({exc}); recapture this golden", path) from None
     if not isinstance(m, dict) or "format" not in m or not isinstance(m.get("rungs"), dict):
         raise GoldenCorrupt(f"{path}: manifest lacks 'format'/'rungs'; not a pytest-rocm-parity golden", path)
-    fmt = m["format"]
-    if not isinstance(fmt, int) or isinstance(fmt, bool):
-        raise GoldenCorrupt(f"{path}: manifest format {fmt!r} is not an integer", path)
-    if fmt > FORMAT_VERSION:
-        raise GoldenTooNew(
-            f"{path}: golden format {fmt} is newer than this pytest-rocm-parity understands "
-            f"({FORMAT_VERSION}); upgrade with `pip install -U pytest-rocm-parity` (regenerating it with "
-            f"this version would write an older format for everyone)", path)
-    if fmt < FORMAT_VERSION:
-        raise GoldenStale(f"{path}: golden format {fmt} is older than {FORMAT_VERSION}; regenerate it", path)
+    check_format(path, m["format"], FORMAT_VERSION, "regenerate it")
     # the edit named before what it broke: restoring the file is the fix
     recorded = m.get(MANIFEST_DIGEST_KEY)
     if recorded is not None and recorded != manifest_digest(m):

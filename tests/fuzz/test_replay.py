@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from hypothesis import strategies as st
 
 from pytest_rocm_parity.fuzz import strategies as S
-from pytest_rocm_parity.errors import GoldenCorrupt, GoldenExists, GoldenMissing, GoldenStale
+from pytest_rocm_parity.errors import GoldenCorrupt, GoldenExists, GoldenMissing, GoldenStale, GoldenTooNew
 from pytest_rocm_parity.fuzz.harness import load_golden, record_golden, replay_golden
 
 STRATEGY = S.rms_norm_args(st.just(torch.float16), max_side=48)
@@ -68,6 +68,10 @@ def test_missing_stale_corrupt_and_existing_goldens(golden, tmp_path):
         load_golden(golden)
     manifest = json.loads(golden.read_text())
     manifest["format"] = 99
+    golden.write_text(json.dumps(manifest))
+    with pytest.raises(GoldenTooNew, match="upgrade"):
+        load_golden(golden)
+    manifest["format"] = 0
     golden.write_text(json.dumps(manifest))
     with pytest.raises(GoldenStale, match="re-record"):
         load_golden(golden)
