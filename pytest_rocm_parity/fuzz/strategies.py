@@ -374,7 +374,7 @@ def _gemm_max(dtype: torch.dtype, k: int) -> float:
 
 @st.composite
 def matmul_args(draw: st.DrawFn, dtype: DtypeArg = None, *, max_side: int = 48, batch: bool = True,
-                max_magnitude: float | None = None) -> OpArgs:
+                max_magnitude: float | None = None, regimes: Sequence[str] = REGIMES) -> OpArgs:
     """``A @ B`` with block-boundary M/N/K, broadcast batch dims and (often) a transposed ``B``.
 
     Values are capped so that no product sum can overflow float32 accumulation: beyond
@@ -386,7 +386,7 @@ def matmul_args(draw: st.DrawFn, dtype: DtypeArg = None, *, max_side: int = 48, 
     batch_b: tuple[int, ...] = ()
     if batch and draw(st.booleans()):
         batch_a, batch_b = draw(broadcastable_shapes(2, max_dims=2, max_side=3))
-    elems = values(dt, max_magnitude=max_magnitude or _gemm_max(dt, k))
+    elems = values(dt, max_magnitude=max_magnitude or _gemm_max(dt, k), regimes=regimes)
     a = draw(tensors(dt, (*batch_a, m, k), elements=elems))
     b = draw(tensors(dt, (*batch_b, k, n), elements=elems))
     return OpArgs((a, b), reduction_length=k, magnitude=matmul_magnitude, names=("a", "b"))
@@ -400,12 +400,12 @@ def matmul_magnitude(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 @st.composite
 def linear_args(draw: st.DrawFn, dtype: DtypeArg = None, *, max_side: int = 48,
-                max_magnitude: float | None = None) -> OpArgs:
+                max_magnitude: float | None = None, regimes: Sequence[str] = REGIMES) -> OpArgs:
     """``F.linear(x, weight, bias)``: weight is ``(out, in)``, so the GEMM reads it transposed."""
     dt = draw(_dtype_strategy(dtype))
     k, n = draw(sizes(1, max_side)), draw(sizes(1, max_side))
     lead = draw(st.lists(st.integers(1, 4), min_size=1, max_size=2))
-    elems = values(dt, max_magnitude=max_magnitude or _gemm_max(dt, k))
+    elems = values(dt, max_magnitude=max_magnitude or _gemm_max(dt, k), regimes=regimes)
     x = draw(tensors(dt, (*lead, k), elements=elems))
     w = draw(tensors(dt, (n, k), elements=elems))
     bias = draw(st.none() | tensors(dt, (n,), elements=elems))
@@ -427,6 +427,7 @@ def sdpa_args(
     gqa: bool = True,
     masks: bool = True,
     causal: bool = True,
+    regimes: Sequence[str] = REGIMES,
 ) -> OpArgs:
     """``F.scaled_dot_product_attention`` with bool/additive masks, ``is_causal`` and GQA.
 
@@ -441,7 +442,7 @@ def sdpa_args(
     l_q = draw(sizes(1, max_seq))
     s_kv = draw(sizes(1, max_seq))
     d = draw(st.sampled_from(list(head_dims)))
-    elems = values(dt, ordinary=4.0, max_magnitude=16.0)
+    elems = values(dt, ordinary=4.0, max_magnitude=16.0, regimes=regimes)
     q = draw(tensors(dt, (b, h_q, l_q, d), elements=elems))
     k = draw(tensors(dt, (b, h_kv, s_kv, d), elements=elems))
     v = draw(tensors(dt, (b, h_kv, s_kv, d), elements=elems))
@@ -502,22 +503,24 @@ def _sdpa_magnitude(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs:
 
 
 @st.composite
-def softmax_args(draw: st.DrawFn, dtype: DtypeArg = None, *, max_side: int = 160) -> OpArgs:
+def softmax_args(draw: st.DrawFn, dtype: DtypeArg = None, *, max_side: int = 160,
+                 regimes: Sequence[str] = REGIMES) -> OpArgs:
     """``softmax(x, dim)``, usually over the last (block) dimension; large values included."""
     dt = draw(_dtype_strategy(dtype))
     shp = draw(shapes(max_side=max_side))
-    x = draw(tensors(dt, shp, elements=values(dt, max_magnitude=1e4)))
+    x = draw(tensors(dt, shp, elements=values(dt, max_magnitude=1e4, regimes=regimes)))
     dim = draw(st.sampled_from([-1] + list(range(-len(shp), -1))))
     return OpArgs((x,), {"dim": dim}, reduction_length=shp[dim], names=("x",))
 
 
 @st.composite
-def layer_norm_args(draw: st.DrawFn, dtype: DtypeArg = None, *, max_side: int = 160) -> OpArgs:
+def layer_norm_args(draw: st.DrawFn, dtype: DtypeArg = None, *, max_side: int = 160,
+                    regimes: Sequence[str] = REGIMES) -> OpArgs:
     """``F.layer_norm(x, (N,), weight, bias, eps)`` with optional affine parameters."""
     dt = draw(_dtype_strategy(dtype))
     shp = draw(shapes(max_side=max_side))
     n = shp[-1]
-    x = draw(tensors(dt, shp, elements=values(dt, max_magnitude=_scaled_max(dt, n))))
+    x = draw(tensors(dt, shp, elements=values(dt, max_magnitude=_scaled_max(dt, n), regimes=regimes)))
     w = draw(st.none() | tensors(dt, (n,), elements=values(dt, regimes=("ordinary",))))
     b = draw(st.none() | tensors(dt, (n,), elements=values(dt, regimes=("ordinary",))))
     eps = draw(st.sampled_from([1e-5, 1e-6]))
@@ -572,13 +575,14 @@ def _rows_near_eps(x: torch.Tensor, eps: float) -> None:
 
 
 @st.composite
-def rotary_args(draw: st.DrawFn, dtype: DtypeArg = None, *, max_seq: int = 40) -> OpArgs:
+def rotary_args(draw: st.DrawFn, dtype: DtypeArg = None, *, max_seq: int = 40,
+                regimes: Sequence[str] = REGIMES) -> OpArgs:
     """``(x, cos, sin)`` for rotate-half rotary embedding; positions up to ``max_seq``, base 10000."""
     dt = draw(_dtype_strategy(dtype))
     b, h = draw(st.integers(1, 2)), draw(st.integers(1, 3))
     t = draw(sizes(1, max_seq))
     d = draw(st.sampled_from([2, 8, 16, 64]))
-    x = draw(tensors(dt, (b, h, t, d), elements=values(dt, max_magnitude=1e3)))
+    x = draw(tensors(dt, (b, h, t, d), elements=values(dt, max_magnitude=1e3, regimes=regimes)))
     start = draw(st.integers(0, 4096))
     inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
     angles = torch.outer(torch.arange(start, start + t, dtype=torch.float64), inv)
@@ -603,12 +607,13 @@ def _rotary_magnitude(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
 
 
 @st.composite
-def embedding_args(draw: st.DrawFn, dtype: DtypeArg = None, *, max_vocab: int = 300) -> OpArgs:
+def embedding_args(draw: st.DrawFn, dtype: DtypeArg = None, *, max_vocab: int = 300,
+                   regimes: Sequence[str] = REGIMES) -> OpArgs:
     """``F.embedding(indices, weight)``: a gather, so the result must be exact."""
     dt = draw(_dtype_strategy(dtype))
     vocab = draw(sizes(1, max_vocab))
     dim = draw(sizes(1, 64))
-    weight = draw(tensors(dt, (vocab, dim)))
+    weight = draw(tensors(dt, (vocab, dim), elements=values(dt, regimes=regimes)))
     idx_shape = draw(shapes(min_dims=1, max_dims=2, max_side=16, blocks=()))
     idx = draw(hnp.arrays(np.int64, idx_shape, elements=st.integers(0, vocab - 1)))
     return OpArgs((torch.from_numpy(idx.copy()), weight), names=("indices", "weight"))
@@ -618,7 +623,8 @@ _REDUCTIONS = ("sum", "mean", "amax", "amin", "var", "norm", "logsumexp", "cumsu
 
 
 @st.composite
-def reduction_args(draw: st.DrawFn, dtype: DtypeArg = None, *, op: str = "sum", max_side: int = 160) -> OpArgs:
+def reduction_args(draw: st.DrawFn, dtype: DtypeArg = None, *, op: str = "sum", max_side: int = 160,
+                   regimes: Sequence[str] = REGIMES) -> OpArgs:
     """``x, dim, keepdim`` for ``torch.<op>``; ``op`` picks the matching error magnitude."""
     if op not in _REDUCTIONS:
         raise InvalidArgument(f"reduction_args(op={op!r}); choose from {_REDUCTIONS}")
@@ -627,7 +633,7 @@ def reduction_args(draw: st.DrawFn, dtype: DtypeArg = None, *, op: str = "sum", 
     dim = draw(st.sampled_from(list(range(-len(shp), 0))))
     k = shp[dim]
     power = 0.5 if op in ("var", "norm") else 1.0
-    x = draw(tensors(dt, shp, elements=values(dt, max_magnitude=_scaled_max(dt, k, power))))
+    x = draw(tensors(dt, shp, elements=values(dt, max_magnitude=_scaled_max(dt, k, power), regimes=regimes)))
     kwargs: dict[str, Any] = {"dim": dim}
     if op != "cumsum":
         kwargs["keepdim"] = draw(st.booleans())
@@ -662,12 +668,13 @@ _REDUCTION_MAGNITUDE: dict[str, Magnitude] = {"sum": _abs_sum, "mean": _abs_mean
 
 
 @st.composite
-def _index_case(draw: st.DrawFn, dt: torch.dtype, max_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+def _index_case(draw: st.DrawFn, dt: torch.dtype, max_rows: int, regimes: Sequence[str]
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     rows = draw(sizes(1, max_rows))
     cols = draw(sizes(1, 40))
     n_src = draw(st.integers(1, max_rows))
     # partial sums (fp16/bf16 atomics) must stay in range: cap by the number of sources
-    elems = values(dt, max_magnitude=float(torch.finfo(dt).max) / (2 * (n_src + 1)))
+    elems = values(dt, max_magnitude=float(torch.finfo(dt).max) / (2 * (n_src + 1)), regimes=regimes)
     target = draw(tensors(dt, (rows, cols), elements=elems))
     index = draw(hnp.arrays(np.int64, (n_src,), elements=st.integers(0, rows - 1)))
     source = draw(tensors(dt, (n_src, cols), elements=elems))
@@ -676,10 +683,11 @@ def _index_case(draw: st.DrawFn, dt: torch.dtype, max_rows: int) -> tuple[torch.
 
 
 @st.composite
-def index_add_args(draw: st.DrawFn, dtype: DtypeArg = None, *, max_rows: int = 24) -> OpArgs:
+def index_add_args(draw: st.DrawFn, dtype: DtypeArg = None, *, max_rows: int = 24,
+                   regimes: Sequence[str] = REGIMES) -> OpArgs:
     """``torch.index_add(target, 0, index, source)`` with repeated indices (atomics on GPUs)."""
     dt = draw(_dtype_strategy(dtype))
-    target, index, source, dup = draw(_index_case(dt, max_rows))
+    target, index, source, dup = draw(_index_case(dt, max_rows, regimes))
     return OpArgs((target, 0, index, source), reduction_length=dup, magnitude=_index_add_magnitude,
                   names=("target", "dim", "index", "source"))
 
@@ -689,10 +697,11 @@ def _index_add_magnitude(t: torch.Tensor, dim: int, index: torch.Tensor, s: torc
 
 
 @st.composite
-def scatter_add_args(draw: st.DrawFn, dtype: DtypeArg = None, *, max_rows: int = 24) -> OpArgs:
+def scatter_add_args(draw: st.DrawFn, dtype: DtypeArg = None, *, max_rows: int = 24,
+                     regimes: Sequence[str] = REGIMES) -> OpArgs:
     """``torch.scatter_add(target, 0, index, source)`` with an index broadcast along columns."""
     dt = draw(_dtype_strategy(dtype))
-    target, index, source, dup = draw(_index_case(dt, max_rows))
+    target, index, source, dup = draw(_index_case(dt, max_rows, regimes))
     index2d = index[:, None].expand(-1, source.shape[1]).contiguous()
     return OpArgs((target, 0, index2d, source), reduction_length=dup, magnitude=_scatter_add_magnitude,
                   names=("target", "dim", "index", "source"))
@@ -703,11 +712,11 @@ def _scatter_add_magnitude(t: torch.Tensor, dim: int, index: torch.Tensor, s: to
 
 
 @st.composite
-def binary_args(draw: st.DrawFn, dtype: DtypeArg = None) -> OpArgs:
+def binary_args(draw: st.DrawFn, dtype: DtypeArg = None, *, regimes: Sequence[str] = REGIMES) -> OpArgs:
     """Two broadcastable tensors for elementwise ``add``/``mul``/``where``-style ops."""
     dt = draw(_dtype_strategy(dtype))
     sa, sb = draw(broadcastable_shapes(2, max_side=40))
-    elems = values(dt, max_magnitude=math.sqrt(float(torch.finfo(dt).max)) / 2)
+    elems = values(dt, max_magnitude=math.sqrt(float(torch.finfo(dt).max)) / 2, regimes=regimes)
     return OpArgs((draw(tensors(dt, sa, elements=elems)), draw(tensors(dt, sb, elements=elems))),
                   magnitude=None, names=("a", "b"))
 
@@ -721,9 +730,10 @@ def abs_magnitude(x: torch.Tensor) -> torch.Tensor:
 
 @st.composite
 def unary_args(draw: st.DrawFn, dtype: DtypeArg = None, *, max_magnitude: float | None = None,
-               ordinary: float = 8.0, magnitude: Callable[..., torch.Tensor] | None = None) -> OpArgs:
+               ordinary: float = 8.0, magnitude: Callable[..., torch.Tensor] | None = None,
+               regimes: Sequence[str] = REGIMES) -> OpArgs:
     """One tensor for an elementwise op (activations); ``magnitude``: the scale its error is judged
     against (abs_magnitude for GELU-like activations), else the truth's own."""
     dt = draw(_dtype_strategy(dtype))
-    x = draw(tensors(dt, elements=values(dt, ordinary=ordinary, max_magnitude=max_magnitude)))
+    x = draw(tensors(dt, elements=values(dt, ordinary=ordinary, max_magnitude=max_magnitude, regimes=regimes)))
     return OpArgs((x,), magnitude=magnitude, names=("x",))
