@@ -8,6 +8,7 @@ from typing import Any
 
 from pytest_rocm_parity.golden.reader import RungReader
 from pytest_rocm_parity.runner.engine import hook_sensitive_kinds
+from pytest_rocm_parity.runner.padding import Padding
 from pytest_rocm_parity.runner.selection import Selected
 from pytest_rocm_parity.runner.tree import aligned_leaves, tensor_leaves
 
@@ -94,9 +95,12 @@ class Decisions:
     """
 
     def __init__(self, layers: dict[str, dict[str, Any]], selected: list[Selected], reader: RungReader,
-                 u: float, watch: Sequence[dict[str, Any]] = ()) -> None:
+                 u: float, watch: Sequence[dict[str, Any]] = (), padding: Padding | None = None) -> None:
         self.layers = {**layers, **{e["key"]: {**e, "decides": True} for e in watch}}
         self.reader, self.u = reader, u
+        # a padded token's choice is made on what the candidate computes at a padded position (another
+        # attention implementation's may be anything): it is neither counted nor judged
+        self.padding = padding
         names = {e["name"] for e in layers.values() if e.get("decides")}
         # ``watch``: the rung's unselected modules that made choices (capture.recording_pass), hooked
         # for their outputs alone
@@ -105,8 +109,11 @@ class Decisions:
         self.watched = [s for s in selected if s.name in names] + self.extra
         self.flips: dict[str, Any] = {}       # decider call -> (rows,) bool, where its choice differs at a near-tie
         self.unexplained: dict[str, Any] = {}  # decider call -> (rows,) bool, where it differs with no near-tie
-        self.dropped: dict[str, tuple[Any, list[str]]] = {}   # judged call -> (rows scored as the reference's, deciders)
-        self.untied_in: dict[str, tuple[Any, list[str]]] = {}  # judged call -> (rows moved with no near-tie, deciders)
+        self.real: dict[str, Any] = {}         # decider call -> (rows,) bool, its unpadded tokens
+        # judged call -> (rows scored as the reference's, deciders, its unpadded tokens)
+        self.dropped: dict[str, tuple[Any, list[str], Any]] = {}
+        # judged call -> (rows moved with no near-tie, deciders, its unpadded tokens)
+        self.untied_in: dict[str, tuple[Any, list[str], Any]] = {}
 
     def deeper(self, level: int) -> list[Selected]:
         """The watched modules below ``level``: those an isolated call at ``level`` runs in context."""
@@ -121,30 +128,39 @@ class Decisions:
         if e is None or not e.get("decides"):
             return
         got = {"0": out} if isinstance(out, torch.Tensor) else aligned_leaves(tensor_leaves(out), e)
-        rows = off = None
+        rows = off = real = None
         for p, gk in e["out"].items():
             c = got.get(p)
             found = None if c is None else self._choices(key, c, self.reader.get(gk))
             if found is None:
                 continue
-            moved, other = found[0] & found[1], found[0] & ~found[1]
+            real = self._real(key, p, c, found[0])
+            moved, other = found[0] & found[1] & real, found[0] & ~found[1] & real
             rows = moved if rows is None or rows.shape != moved.shape else rows | moved
             off = other if off is None or off.shape != other.shape else off | other
         if rows is not None:
             self.flips[key] = rows
             self.unexplained[key] = off
+            self.real[key] = real
 
-    def untied(self, key: str, c: Any, ref: Any, padded: Any) -> int:
-        """How many tokens' choices in ``c`` differ from the golden ``ref`` (a (..., k) top-k) where
-        the reference's own scores for them do not nearly tie (0 where the call returns no scores);
-        ``padded``: Padding.padded's mask of ``c``, or None. One wait for the device."""
+    def _real(self, key: str, leaf: str, c: Any, rows: Any) -> Any:
+        """The (tokens,) bool of ``rows``' unpadded tokens, for output ``leaf`` (``c``) of call ``key``."""
+        import torch
+
+        pad = self.padding.padded(key, leaf, c) if self.padding is not None else None
+        if pad is not None and pad.shape[-1] == 1 and pad.numel() == rows.numel():
+            return ~pad.to(rows.device).reshape(-1)
+        return torch.ones_like(rows)
+
+    def untied(self, key: str, leaf: str, c: Any, ref: Any) -> int:
+        """How many unpadded tokens' choices in ``c`` (output ``leaf`` of call ``key``) differ from
+        the golden ``ref`` (a (..., k) top-k) where the reference's own scores for them do not nearly
+        tie (0 where the call returns no scores). One wait for the device."""
         found = self._choices(key, c, ref)
         if found is None:
             return 0
         differs, tied = found
-        if padded is not None and padded.shape[-1] == 1 and padded.numel() == differs.numel():
-            differs = differs & ~padded.to(differs.device).reshape(-1)
-        return int((differs & ~tied).sum())
+        return int((differs & ~tied & self._real(key, leaf, c, differs)).sum())
 
     def _choices(self, key: str, c: Any, ref: Any) -> tuple[Any, Any] | None:
         """Per token of call ``key``'s exact output ``ref`` (a (..., k) top-k): whether ``c`` chose
@@ -187,18 +203,23 @@ class Decisions:
         where more than half did: not near-ties, judged whole); None where no watched call ran in it."""
         name = self.layers[key]["name"] + "."
         inside = [d for d in self.flips if self.layers[d]["name"].startswith(name)]
-        rows = off = None
+        rows: Any = None
+        off: Any = None
+        real: Any = None
         for d in inside:
-            r, o = self.flips.pop(d), self.unexplained.pop(d, None)
-            rows = r if rows is None else (rows | r if rows.shape == r.shape else rows)
+            r, o, t = self.flips.pop(d), self.unexplained.pop(d, None), self.real.pop(d)
+            if rows is None:
+                rows, real = r, t
+            elif rows.shape == r.shape:
+                rows, real = rows | r, real | t
             if o is not None:
                 off = o if off is None else (off | o if off.shape == o.shape else off)
         if rows is None:
             return None
         if off is not None:
-            self.untied_in[key] = (off, inside)
-        rows = rows & (rows.sum() * 2 <= rows.numel())
-        self.dropped[key] = (rows, inside)
+            self.untied_in[key] = (off, inside, real)
+        rows = rows & (rows.sum() * 2 <= real.sum())
+        self.dropped[key] = (rows, inside, real)
         return rows
 
     @staticmethod
@@ -220,6 +241,7 @@ class Decisions:
         """The choices of one isolated run are its own: the next run's ancestors see the next run's."""
         self.flips.clear()
         self.unexplained.clear()
+        self.real.clear()
 
     def forget(self, keys: Any) -> None:
         """Drop what was recorded for the judged calls ``keys`` (a run of them that is done again)."""
@@ -235,9 +257,10 @@ class Decisions:
         keys = list(self.untied_in)
         if not keys:
             return {}
-        counts = torch.stack([self.untied_in[k][0].sum().cpu() for k in keys]).tolist()
-        return {k: (int(n), int(self.untied_in[k][0].numel()), [self.layers[d]["name"] for d in self.untied_in[k][1]])
-                for k, n in zip(keys, counts) if n}
+        counts = torch.stack([torch.stack([self.untied_in[k][0].sum(), self.untied_in[k][2].sum()]).cpu()
+                              for k in keys]).tolist()
+        return {k: (int(n), int(of), [self.layers[d]["name"] for d in self.untied_in[k][1]])
+                for k, (n, of) in zip(keys, counts) if n}
 
     def notes(self) -> list[str]:
         """One note per judged call some of whose tokens were scored as the reference's (one wait)."""
@@ -246,12 +269,13 @@ class Decisions:
         if not self.dropped:
             return []
         keys = list(self.dropped)
-        counts = torch.stack([self.dropped[k][0].sum().cpu() for k in keys]).tolist()
+        counts = torch.stack([torch.stack([self.dropped[k][0].sum(), self.dropped[k][2].sum()]).cpu()
+                              for k in keys]).tolist()
         out = []
-        for key, n in zip(keys, counts):
+        for key, (n, of) in zip(keys, counts):
             if n:
-                rows, inside = self.dropped[key]
-                out.append(f"{key}: {n} of {rows.numel()} tokens took other choices at "
+                inside = self.dropped[key][1]
+                out.append(f"{key}: {n} of {of} tokens took other choices at "
                            f"{', '.join(self.layers[d]['name'] for d in inside[:2])} inside it than the reference's "
                            f"on its golden inputs (near-ties of the choice's scores, moved by its children's "
                            f"rounding): scored as the reference's in its isolated verdict")

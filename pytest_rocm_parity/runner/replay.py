@@ -742,7 +742,8 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
     if padding is not None:
         padding = dataclasses.replace(padding, flat_keys=frozenset(k for k, e in layers.items() if e.get("decides")))
     obtained: dict[str, Any] | None = {} if spec.report_dir is not None else None
-    decisions = Decisions(layers, selected, reader, tol.unit_roundoff(rung), present(inner, meta.get("watch", [])))
+    decisions = Decisions(layers, selected, reader, tol.unit_roundoff(rung), present(inner, meta.get("watch", [])),
+                          padding)
     judge = _Judge(rung, tol.unit_roundoff(rung), padding, obtained, noise_allowance(meta, inner))
     prop: dict[str, list[LeafMetrics]] = {}
     iso: dict[str, list[LeafMetrics]] = {}
@@ -783,7 +784,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
                        f"{key}/{p}/{'isolated' if isolated else 'propagated'}")
             if truth is None and isolated and e.get("decides") and res[-1] is not None and res[-1].mismatches:
                 # a choice that differs where the reference's own scores do not tie is no near-tie
-                n = decisions.untied(key, c, ref, judge.padding.padded(key, p, c) if judge.padding else None)
+                n = decisions.untied(key, p, c, ref)
                 if n:
                     res[-1].untied = n
                     res[-1].note += (f", {n} token{'s' if n > 1 else ''} of them where the reference's own scores "

@@ -228,3 +228,64 @@ def test_a_golden_derived_below_its_routers_watches_them(tmp_path) -> None:
     candidate.blocks[0].mix = RoundsOtherwise([5]).eval()
     (res,) = replay(candidate, _inputs([5]), dataclasses.replace(shallow, name="shallow", replay="fast"), store, "cpu")
     assert res.passed and any("took other choices at blocks.0.router" in n for n in res.notes), verdicts([res])
+
+
+class MaskedMix(Mix):
+    """Mix that reads the padding mask, as attention does (and leaves the values as they are)."""
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:   # type: ignore[override]
+        return x * mask[..., None].to(x.dtype).clamp(min=1.0)
+
+
+class MaskedRoundsOtherwise(RoundsOtherwise):
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:   # type: ignore[override]
+        return super().forward(x)
+
+
+class MaskedBlock(Block):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mix = MaskedMix()
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:   # type: ignore[override]
+        a = self.mix(x, mask)
+        _, idx = self.router(a)
+        flat = a.reshape(-1, H)
+        out = torch.where(idx == 0, self.experts[0](flat), self.experts[1](flat))
+        return x + out.reshape(x.shape)
+
+
+class MaskedNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([MaskedBlock()])
+
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x, attention_mask)
+        return x
+
+
+def _masked_model() -> MaskedNet:
+    torch.manual_seed(0)
+    return MaskedNet().eval()
+
+
+@pytest.mark.parametrize("route", ["fast", "full"])
+def test_padded_tokens_are_neither_counted_nor_weighed_among_the_choices_sent_elsewhere(route) -> None:
+    """Tokens 10-15 are padding, and the candidate's choices there are made on whatever it computes
+    at padded positions. With four unpadded tokens of ten moved at near-ties, the block is scored
+    on the rest and passes, and the note counts ten tokens; counting the padded ones, ten of sixteen
+    moved reads as more than half, and the block was judged whole and failed."""
+    padded = list(range(10, 16))
+    moved = [0, 1, 2, 3] + padded
+    candidate = _masked_model()
+    candidate.blocks[0].mix = MaskedRoundsOtherwise(moved).eval()
+    mask = torch.ones(TOKENS, dtype=torch.long)
+    mask[1, 2:] = 0
+    spec = CheckSpec(name="m", dtypes=["bfloat16"], layers=["blocks.0", "blocks.0.*"], replay=route)
+    (res,) = capture_then_replay(_masked_model, candidate, {"x": _inputs(moved), "attention_mask": mask}, spec)
+    block = next(l for l in res.layers if l.name == "blocks.0")
+    assert block.iso_passed, verdicts([res])
+    assert any(n.startswith("blocks.0: 4 of 10 tokens took other choices at blocks.0.router") for n in res.notes), \
+        res.notes
