@@ -287,14 +287,52 @@ def _tokens(value: str) -> list[str]:
 _DEVICE_UUID = re.compile(r"GPU-[0-9A-Za-z-]+|MIG-GPU-[0-9A-Za-z-]+/\d+/\d+|MIG-(?!GPU-)[0-9A-Za-z-]+")
 
 
-def _variable_problem(k: str, v: str) -> Check | None:
+# Each variable as the runtime that reads it parses it. ROCclr (ROCm/clr rocclr/device/rocm/rocdevice.cpp,
+# Device::init) reads HIP_VISIBLE_DEVICES, else CUDA_VISIBLE_DEVICES, and GPU_DEVICE_ORDINAL: an entry
+# counts only where it is written exactly as the index it names (no space, no empty entry, no leading
+# zero) or holds a GPU- UUID, and the first that does not ends the list. ROCr (ROCm/ROCR-Runtime
+# amd_filter_device.cpp, RvdFilter) trims each ROCR_VISIBLE_DEVICES entry, as CUDA trims its own.
+_HIDE_ALL = ("-1", "none", "NoDevFiles")
+
+
+def _read_exactly(k: str, backend: str) -> bool:
+    """Whether k is read by ROCclr, which takes each entry exactly as written, on this build (a
+    variable no runtime of this build reads is judged as a ROCm build would read it)."""
+    return k in ("HIP_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL") or (k == "CUDA_VISIBLE_DEVICES" and backend == "rocm")
+
+
+def _entries(v: str) -> list[str]:
+    """The entries as every runtime splits them: at commas, one trailing comma ending the list."""
+    parts = v.split(",")
+    return parts[:-1] if len(parts) > 1 and parts[-1] == "" else parts
+
+
+def _is_device(entry: str, exact: bool) -> bool:
+    t = entry if exact else entry.strip()
+    if re.fullmatch(r"[0-9]+", t):
+        return not exact or t == str(int(t))
+    return bool(_DEVICE_UUID.fullmatch(t))
+
+
+def _variable_problem(k: str, v: str, backend: str) -> Check | None:
     """What is wrong with one visible-devices variable on its own, or None."""
-    if v.strip() in ("", "-1", "none", "NoDevFiles") or not _tokens(v):
+    exact = _read_exactly(k, backend)
+    entries = _entries(v)
+    if v.strip() in _HIDE_ALL or not v.strip():
         return Check("visible-devices", "fail", f"{k}={v!r} hides every GPU", f"unset {k} or list device indices, e.g. {k}=0")
-    bad = [t for t in _tokens(v) if not (t.isdigit() or _DEVICE_UUID.fullmatch(t))]
-    if bad:
-        return Check("visible-devices", "fail", f"{k}={v!r}: {bad[0]!r} is neither an index, a GPU-UUID nor a MIG-UUID; "
-                     "later entries are dropped", f"use comma-separated indices, GPU-UUIDs or MIG-UUIDs in {k}")
+    cut = next((i for i, t in enumerate(entries) if not _is_device(t, exact)), None)
+    if cut is not None:
+        reader = ("ROCclr, the HIP runtime, takes each entry exactly as written (no spaces, no empty entries, "
+                  "no leading zeros) and stops at the first that is not a device" if exact else
+                  "the runtime stops at the first entry that is not a device")
+        left = "no GPU is visible" if cut == 0 else f"only {','.join(t.strip() for t in entries[:cut])} stays visible"
+        cleaned = [t.strip() for t in entries if _is_device(t, False)]
+        example = ",".join(str(int(t)) if t.isdigit() else t for t in cleaned) or "0"
+        what = "an empty entry" if not entries[cut].strip() else repr(entries[cut])
+        return Check("visible-devices", "fail", f"{k}={v!r}: {what} is neither an index, a GPU-UUID nor a "
+                     f"MIG-UUID; {reader}, so it and later entries are dropped: {left}",
+                     f"write {k} as comma-separated indices, GPU-UUIDs or MIG-UUIDs without spaces or empty entries, "
+                     f"e.g. {k}={example}")
     if len(set(_tokens(v))) != len(_tokens(v)):
         return Check("visible-devices", "warn", f"{k}={v!r} lists a device twice", f"remove the duplicate from {k}")
     return None
@@ -344,7 +382,7 @@ def check_visible_devices(f: Facts) -> list[Check]:
     out: list[Check] = []
     readable: dict[str, str] = {}
     for k, v in present.items():
-        problem = _variable_problem(k, v)
+        problem = _variable_problem(k, v, backend)
         if problem is not None:
             out.append(problem)
         if problem is None or problem.status != "fail":

@@ -162,6 +162,34 @@ def test_visible_devices(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], s
     assert c.status == "ok" or c.fix
 
 
+@pytest.mark.parametrize(
+    ("value", "bad", "left", "example"),
+    [("0, 1", "' 1'", "only 0 stays visible", "0,1"), ("0,,1", "an empty entry", "only 0 stays visible", "0,1"),
+     ("01,1", "'01'", "no GPU is visible", "1,1"), (",0", "an empty entry", "no GPU is visible", "0")],
+)
+def test_hip_visible_devices_read_as_rocclr_reads_them(monkeypatch: pytest.MonkeyPatch, value: str, bad: str,
+                                                        left: str, example: str) -> None:
+    """ROCclr (rocdevice.cpp, Device::init) takes an entry only where it is written exactly as its index and
+    stops at the first that is not: a space, an empty entry or a leading zero drops the entries from there."""
+    patch_torch(monkeypatch, MI300X, n=2)
+    (c,) = doctor.check_visible_devices(facts({"HIP_VISIBLE_DEVICES": value}))
+    assert c.status == "fail" and f"{bad} is neither an index" in c.detail, c
+    assert "later entries are dropped" in c.detail and c.detail.endswith(left), c
+    assert c.fix.endswith(f"HIP_VISIBLE_DEVICES={example}"), c
+
+
+def test_visible_devices_trailing_comma_and_cuda_spaces_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One trailing comma ends the list in every runtime; CUDA (on a CUDA build) and ROCr trim spaces."""
+    patch_torch(monkeypatch, MI300X, n=2)
+    assert doctor.check_visible_devices(facts({"HIP_VISIBLE_DEVICES": "0,1,"}))[0].status == "ok"
+    assert doctor.check_visible_devices(facts({"ROCR_VISIBLE_DEVICES": "0, 1"}))[0].status == "ok"
+    (c,) = doctor.check_visible_devices(facts({"CUDA_VISIBLE_DEVICES": "0, 1"}))
+    assert c.status == "fail" and "ROCclr" in c.detail, c
+    patch_torch(monkeypatch, H100, hip=None, cuda="12.4", version="2.6.0+cu124")
+    assert doctor.check_visible_devices(facts({"CUDA_VISIBLE_DEVICES": "0, 1"})) == [
+        Check("visible-devices", "ok", "CUDA_VISIBLE_DEVICES='0, 1'")]
+
+
 @pytest.mark.parametrize("entry", ["MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f",
                                    "MIG-GPU-5c3b2a1e-7f0d-4c2e-9b8a-1d2e3f4a5b6c/1/0",
                                    "0", "GPU-5c3b2a1e-7f0d-4c2e-9b8a-1d2e3f4a5b6c"])
