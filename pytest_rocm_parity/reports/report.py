@@ -9,7 +9,8 @@
   (one row per check), through pandas (``tables.write_csv``).
 
 ``save_failing_tensors(result, tensors, out_dir)`` writes the obtained tensors of
-a failing check's failing layers to ``<out_dir>/tensors/<check>-<dtype>.safetensors``;
+a failing check's failing layers to ``<out_dir>/tensors/<check>-<dtype>.safetensors`` (a
+parametrized test's parameters after ``<check>`` where its name lacks them);
 the HTML links that file when it exists.
 
 Nothing here imports torch at module level, and nothing here may break a test
@@ -66,11 +67,22 @@ def write_all(doc: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> dict[s
     return written
 
 
-def failing_tensors_path(out_dir: str | os.PathLike[str], name: str, dtype: str) -> Path:
-    """Where ``save_failing_tensors`` puts (and the HTML looks for) one check's tensors."""
+def _test_params(test: str) -> str:
+    """The parameters of a pytest node id (``[eager]`` of ``tests/t.py::test_m[eager]``), or ''."""
+    _, sep, function = test.partition("::")
+    at = function.find("[")
+    return function[at:] if sep and at >= 0 else ""
+
+
+def failing_tensors_path(out_dir: str | os.PathLike[str], name: str, dtype: str, test: str = "") -> Path:
+    """Where ``save_failing_tensors`` puts one check's tensors: ``<check>-<dtype>``, with the
+    parameters of ``test`` after the check's name where the name lacks them (the variants of one
+    parametrized test that name one golden), so that each test has a file of its own."""
     from pytest_rocm_parity.golden.store import safe_name
 
-    return Path(out_dir) / TENSORS_DIR / f"{safe_name(f'{name}-{dtype}')}.safetensors"
+    params = _test_params(test)
+    key = name if name.endswith(params) else name + params
+    return Path(out_dir) / TENSORS_DIR / f"{safe_name(f'{key}-{dtype}')}.safetensors"
 
 
 def clear_failing_tensors(out_dir: str | os.PathLike[str]) -> list[Path]:
@@ -107,7 +119,7 @@ def save_failing_tensors(result: Any, tensors: Mapping[str, Any], out_dir: str |
     ``result`` is a CheckResult (or its ``to_dict()``); ``tensors`` maps keys to tensors, each key
     ``"<layer key>/<anything>"`` (e.g. ``"blocks.2/0/isolated"``) or exactly a layer key. Only keys
     whose layer failed (isolated or propagated, or a failing model output ``<output>.<leaf>``) are
-    written, moved to the CPU, into ``<out_dir>/tensors/<check>-<dtype>.safetensors`` with the
+    written, moved to the CPU, into ``failing_tensors_path(out_dir, check, dtype, test)`` with the
     check, dtype, culprit and test in the file's metadata; tensors beyond ``max_bytes`` in total
     are left out (named in the metadata). Returns the file, or None when the check passed or no
     key matched. When ``result`` is a CheckResult or a dict, ``extra["failing_tensors"]`` is set
@@ -140,7 +152,7 @@ def save_failing_tensors(result: Any, tensors: Mapping[str, Any], out_dir: str |
         return None
     from safetensors.torch import save_file
 
-    path = failing_tensors_path(out_dir, str(d.get("name", "check")), str(d.get("dtype", "")))
+    path = failing_tensors_path(out_dir, str(d.get("name", "check")), str(d.get("dtype", "")), str(d.get("test", "")))
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = {"check": str(d.get("name", "")), "dtype": str(d.get("dtype", "")), "test": str(d.get("test", "")),
             "culprit": str(d.get("culprit")), "first_divergent": str(d.get("first_divergent")),
