@@ -317,6 +317,8 @@ def _is_device(entry: str, exact: bool) -> bool:
 def _variable_problem(k: str, v: str, backend: str) -> Check | None:
     """What is wrong with one visible-devices variable on its own, or None."""
     exact = _read_exactly(k, backend)
+    if exact and v == "":
+        return None
     entries = _entries(v)
     if v.strip() in _HIDE_ALL or not v.strip():
         return Check("visible-devices", "fail", f"{k}={v!r} hides every GPU", f"unset {k} or list device indices, e.g. {k}=0")
@@ -338,11 +340,27 @@ def _variable_problem(k: str, v: str, backend: str) -> Check | None:
     return None
 
 
+def _empty_read_as_unset(present: dict[str, str]) -> list[Check]:
+    """On a ROCm build: the list torch reads (HIP_VISIBLE_DEVICES where set, else CUDA_VISIBLE_DEVICES) is
+    empty. ROCclr reads an empty value as unset, but torch.cuda._parse_visible_devices reads no device."""
+    hip, cuda = present.get("HIP_VISIBLE_DEVICES"), present.get("CUDA_VISIBLE_DEVICES")
+    k = "HIP_VISIBLE_DEVICES" if hip is not None else "CUDA_VISIBLE_DEVICES"
+    if present.get(k) != "":
+        return []
+    runtime = (f"falls back to CUDA_VISIBLE_DEVICES={cuda!r}" if k == "HIP_VISIBLE_DEVICES" and cuda
+               else "shows every GPU")
+    return [Check("visible-devices", "warn", f"{k}='' is read as unset by the HIP runtime (ROCclr), which {runtime}; "
+                  "but torch.cuda.device_count() counts 0 devices until CUDA is initialized (torch parses '' as an "
+                  "empty list), so code that checks the count first sees no GPU",
+                  f"unset {k}, or list the devices, e.g. {k}=0")]
+
+
 def _rocm_combination_problems(present: dict[str, str], shown: str) -> list[Check]:
     """What the variables that are readable on their own do together on a ROCm build."""
-    out: list[Check] = []
+    out = _empty_read_as_unset(present)
     hip, cuda, rocr = present.get("HIP_VISIBLE_DEVICES"), present.get("CUDA_VISIBLE_DEVICES"), present.get("ROCR_VISIBLE_DEVICES")
-    effective = hip if hip is not None else cuda
+    hip = hip or None
+    effective = hip if hip is not None else cuda or None
     if rocr is not None and effective is not None:
         r, h = _tokens(rocr), _tokens(effective)
         if any(t.startswith("GPU-") for t in r) and any(t.startswith("GPU-") for t in h):

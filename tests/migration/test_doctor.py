@@ -142,7 +142,7 @@ def test_cuda_build_is_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     ("env", "status", "phrase"),
     [
-        ({"HIP_VISIBLE_DEVICES": ""}, "fail", "hides every GPU"),
+        ({"HIP_VISIBLE_DEVICES": ""}, "warn", "read as unset by the HIP runtime"),
         ({"CUDA_VISIBLE_DEVICES": "-1"}, "fail", "hides every GPU"),
         ({"ROCR_VISIBLE_DEVICES": "1", "HIP_VISIBLE_DEVICES": "1"}, "fail", "leaves no device"),
         ({"ROCR_VISIBLE_DEVICES": "0,1", "HIP_VISIBLE_DEVICES": "0,3"}, "fail", "drops some devices"),
@@ -188,6 +188,34 @@ def test_visible_devices_trailing_comma_and_cuda_spaces_are_read(monkeypatch: py
     patch_torch(monkeypatch, H100, hip=None, cuda="12.4", version="2.6.0+cu124")
     assert doctor.check_visible_devices(facts({"CUDA_VISIBLE_DEVICES": "0, 1"})) == [
         Check("visible-devices", "ok", "CUDA_VISIBLE_DEVICES='0, 1'")]
+
+
+@pytest.mark.parametrize(
+    ("env", "runtime"),
+    [({"HIP_VISIBLE_DEVICES": ""}, "shows every GPU"),
+     ({"HIP_VISIBLE_DEVICES": "", "CUDA_VISIBLE_DEVICES": "1"}, "falls back to CUDA_VISIBLE_DEVICES='1'"),
+     ({"CUDA_VISIBLE_DEVICES": ""}, "shows every GPU")],
+)
+def test_empty_visible_devices_is_unset_to_rocclr(monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
+                                                  runtime: str) -> None:
+    """ROCclr reads an empty HIP_VISIBLE_DEVICES as unset (then CUDA_VISIBLE_DEVICES, else every GPU), while
+    torch.cuda.device_count() counts none before CUDA initializes: a warning, not a failure."""
+    patch_torch(monkeypatch, MI300X, n=2)
+    (c,) = doctor.check_visible_devices(facts(env))
+    assert c.status == "warn" and f"is read as unset by the HIP runtime (ROCclr), which {runtime};" in c.detail, c
+    assert "torch.cuda.device_count() counts 0 devices" in c.detail and c.fix.startswith("unset "), c
+
+
+def test_empty_hip_visible_devices_on_builds_that_do_not_read_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU build reads no visible-devices variable, and a CUDA build hides every GPU only for an empty
+    CUDA_VISIBLE_DEVICES: an empty HIP_VISIBLE_DEVICES fails neither."""
+    assert doctor.check_visible_devices(facts({"HIP_VISIBLE_DEVICES": ""})) == [
+        Check("visible-devices", "ok", "HIP_VISIBLE_DEVICES=''")]
+    patch_torch(monkeypatch, H100, hip=None, cuda="12.4", version="2.6.0+cu124")
+    (c,) = doctor.check_visible_devices(facts({"HIP_VISIBLE_DEVICES": ""}))
+    assert c.status == "warn" and "ignored by a CUDA build" in c.detail, c
+    (c,) = doctor.check_visible_devices(facts({"CUDA_VISIBLE_DEVICES": ""}))
+    assert c.status == "fail" and "hides every GPU" in c.detail, c
 
 
 @pytest.mark.parametrize("entry", ["MIG-c6d4f1ef-42e4-5de3-91c7-45d71c87eb3f",
@@ -428,7 +456,7 @@ def _args(*argv: str) -> argparse.Namespace:
 
 def test_run_doctor_json_and_exit_code(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     patch_torch(monkeypatch, MI300X)
-    monkeypatch.setenv("HIP_VISIBLE_DEVICES", "")
+    monkeypatch.setenv("HIP_VISIBLE_DEVICES", "-1")
     assert doctor.run_doctor(_args("--json", "--no-tools", "--no-kernels")) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["status"] == "fail" and data["summary"]["fail"] >= 1
