@@ -30,7 +30,7 @@ from typing import Any
 from pytest_rocm_parity.judging.assertion import SUGGEST_WITHIN, verdict_label
 from pytest_rocm_parity.judging.records import layer_columns, layer_rows
 from pytest_rocm_parity.atomic import atomic_write
-from pytest_rocm_parity.reports.summary import error_text, verdict
+from pytest_rocm_parity.reports.summary import check_labels, error_text, verdict
 from pytest_rocm_parity.tables import frame, write_csv
 
 HTML_NAME = "parity-report.html"
@@ -492,10 +492,11 @@ def _page(title: str, body: str) -> str:
             f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>{body}</body></html>\n")
 
 
-def _anchor(c: Mapping[str, Any]) -> str:
+def _anchor(c: Mapping[str, Any], label: str) -> str:
+    """A check's section id, from its ``label`` (``check_labels``): unique among the report's checks."""
     from pytest_rocm_parity.golden.store import safe_name
 
-    return "check-" + safe_name(f"{c.get('name', '')}-{c.get('dtype', '')}")
+    return "check-" + safe_name(f"{label}-{c.get('dtype', '')}")
 
 
 def _badge(c: Mapping[str, Any]) -> str:
@@ -714,27 +715,28 @@ def _tensor_link(c: Mapping[str, Any], out: Path) -> str:
             f'<code>safetensors.torch.load_file(path)</code>)</span></p>')
 
 
-def _error_section(c: Mapping[str, Any]) -> str:
+def _error_section(c: Mapping[str, Any], label: str) -> str:
     """A check that reached no verdict: what kept it from one, and which golden."""
     e = html.escape
     err = c.get("error") or {}
     kv = [("test", f'<code>{e(str(c.get("test", "")))}</code>'), ("error", e(str(err.get("kind", "")))),
           ("why", e(error_text(c))), ("golden", f'<code>{e(str(c.get("golden", "")))}</code>')]
-    return (f'<section class="check error" id="{_anchor(c)}"><h2>{_badge(c)} {e(str(c.get("name", "")))} '
+    return (f'<section class="check error" id="{_anchor(c, label)}"><h2>{_badge(c)} {e(label)} '
             f'<span class="muted">[{e(str(c.get("dtype", "")))}]</span></h2><table class="kv">'
             + "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in kv) + "</table></section>")
 
 
-def _check_section(c: Mapping[str, Any], out: Path) -> str:
+def _check_section(c: Mapping[str, Any], label: str, out: Path) -> str:
+    """One check's section; ``label``: its name as the summary shows it (``check_labels``)."""
     if c.get("error"):
-        return _error_section(c)
+        return _error_section(c, label)
     e = html.escape
     passed = bool(c.get("passed"))
     culprit, first = c.get("culprit"), c.get("first_divergent")
     layers = list((c.get("layers") or []))
     by_name = {l.get("name"): l for l in layers}
-    parts = [f'<section class="check {"pass" if passed else "fail"}" id="{_anchor(c)}">',
-             f'<h2>{_badge(c)} {e(str(c.get("name", "")))} <span class="muted">[{e(str(c.get("dtype", "")))}]'
+    parts = [f'<section class="check {"pass" if passed else "fail"}" id="{_anchor(c, label)}">',
+             f'<h2>{_badge(c)} {e(label)} <span class="muted">[{e(str(c.get("dtype", "")))}]'
              f'</span></h2>']
     kv = [("test", f'<code>{e(str(c.get("test", "")))}</code>'), ("kind", e(str(c.get("kind", ""))))]
     if culprit:
@@ -781,15 +783,16 @@ def render_html(doc: Mapping[str, Any], out_dir: str | os.PathLike[str] = ".") -
     checks = list(doc.get("checks", []))
     n_err = sum(1 for c in checks if c.get("error"))
     n_fail = sum(1 for c in checks if not c.get("passed")) - n_err
+    labels = check_labels(checks)
     summary_rows = []
-    for c in checks:
+    for c, label in zip(checks, labels):
         prof = _profile_flags((c.get("extra") or {}).get("profile"))
         culprit_cell = (f'<td colspan="2">{e(error_text(c))}</td>' if c.get("error") else
                         f'<td class="culprit">{e(str(c.get("culprit") or ""))}</td>'
                         f'<td>{e(str(c.get("first_divergent") or ""))}</td>')
         summary_rows.append(
             f'<tr class="{"" if c.get("passed") else "fail"}"><td>{_badge(c)}</td>'
-            f'<td><a href="#{_anchor(c)}">{e(str(c.get("name", "")))}</a></td><td>{e(str(c.get("dtype", "")))}</td>'
+            f'<td><a href="#{_anchor(c, label)}">{e(label)}</a></td><td>{e(str(c.get("dtype", "")))}</td>'
             + culprit_cell +
             f'<td>{e(", ".join(str(p.get("op")) for p in prof))}</td>'
             f'<td>{e(_env_brief(c.get("reference_env") or {}))}</td><td>{e(_env_brief(c.get("candidate_env") or {}))}</td></tr>')
@@ -825,8 +828,8 @@ def render_html(doc: Mapping[str, Any], out_dir: str | os.PathLike[str] = ".") -
     if glines:
         body.append('<h3>Goldens</h3><table class="kv">' + "".join(glines) + "</table>")
     rank = {"ERROR": 0, "FAIL": 1, "PASS": 2}
-    order = sorted(checks, key=lambda c: (rank[verdict(c)], str(c.get("name")), str(c.get("dtype"))))
-    body += [_check_section(c, out) for c in order]
+    order = sorted(zip(checks, labels), key=lambda cl: (rank[verdict(cl[0])], cl[1], str(cl[0].get("dtype"))))
+    body += [_check_section(c, label, out) for c, label in order]
     body.append("</main>")
     counts = ", ".join(x for x in (f"{n_fail} failing" if n_fail else "", errors.lstrip(", ")) if x)
     return _page(title + (f" — {counts}" if counts else ""), "".join(body))

@@ -7,7 +7,8 @@ then one line per golden list, then where the reports were written.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_rocm_parity.judging.assertion import headline
@@ -43,6 +44,16 @@ def error_text(r: Mapping[str, Any]) -> str:
     what = (f"golden {kind}" if kind in ("missing", "corrupt", "stale") else "golden of another project"
             if kind == "foreign" else str(err.get("type") or "error"))
     return f"{what}: " + " ".join(str(err.get("message", "")).split())
+
+
+def check_labels(checks: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Each check's name as the summary and the HTML report show it: where several tests replay one
+    golden at one dtype (a migration's variants), each name is followed by its test, which tells them
+    apart (``bert (test_bert[eager])``)."""
+    count = Counter((str(c.get("name")), str(c.get("dtype"))) for c in checks)
+    return [f"{c.get('name')} ({str(c['test']).split('::', 1)[-1]})"
+            if count[(str(c.get("name")), str(c.get("dtype")))] > 1 and c.get("test") else str(c.get("name", ""))
+            for c in checks]
 
 
 def check_line(r: dict[str, Any], width: int = 0, verdict_width: int = 4, notes: bool = False) -> list[str]:
@@ -136,13 +147,7 @@ def summary_lines(session: Any) -> list[str]:
         return []
     lines = ["", "=" * 20 + " rocm-parity summary " + "=" * 20]
     order = {"ERROR": 0, "FAIL": 1, "PASS": 2}
-    # several tests that replay one golden (a migration's variants) each have a line: their tests tell them apart
-    seen: dict[tuple[str, str], int] = {}
-    for r in res:
-        k = (str(r.get("name")), str(r.get("dtype")))
-        seen[k] = seen.get(k, 0) + 1
-    res = [{**r, "name": f"{r.get('name')} ({str(r.get('test', '')).split('::', 1)[-1]})"}
-           if seen[(str(r.get("name")), str(r.get("dtype")))] > 1 and r.get("test") else r for r in res]
+    res = [{**r, "name": label} for r, label in zip(res, check_labels(res))]
     ordered = sorted(res, key=lambda r: (order[verdict(r)], str(r.get("name")), str(r.get("dtype"))))
     width = min(max((len(str(r.get("name", ""))) for r in ordered), default=0), 40)
     verdict_width = 5 if any(r.get("error") for r in res) else 4

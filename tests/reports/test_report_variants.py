@@ -3,6 +3,7 @@ keeps its own failing tensors, its own HTML section and its own row, told apart 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -76,3 +77,13 @@ def test_a_default_name_holds_its_parameters_once(tmp_path: Path) -> None:
             == report.failing_tensors_path(tmp_path, name, "float32"))
     assert (report.failing_tensors_path(tmp_path, "m", "float32", "tests/test_m.py::test_m[eager]")
             != report.failing_tensors_path(tmp_path, "m", "float32", "tests/test_m.py::test_m[sdpa]"))
+
+
+def test_each_variant_has_its_own_html_section_and_row(variants_run: dict[str, Any]) -> None:
+    text = (variants_run["rep"] / "parity-report.html").read_text("utf-8")
+    anchors = re.findall(r'<section class="check[^"]*" id="([^"]+)"', text)
+    assert len(anchors) == len(set(anchors)) == 4, anchors
+    links = re.findall(r'<td><a href="#([^"]+)">([^<]*)</a></td>', text)
+    assert sorted(a for a, _ in links) == sorted(anchors)
+    labels = [label for _, label in links]
+    assert "tiny (test_b_variants[eager])" in labels and f"tiny (test_b_variants[{LONG}])" in labels
