@@ -424,7 +424,32 @@ _GFX = re.compile(r"gfx[0-9a-f]+(?:-generic)?(?::[a-z]+[+-])*")
 
 
 def _arch_tokens(value: str) -> list[str]:
-    return [t for t in re.split(r"[;\s,]+", value.strip()) if t]
+    """The entries as torch splits PYTORCH_ROCM_ARCH: at ';' and spaces only (torch.utils.cpp_extension
+    ._get_rocm_arch_flags: value.replace(' ', ';').split(';'); LoadHIP.cmake torch_hip_get_arch_list)."""
+    return [t for t in re.split(r"[;\s]+", value.strip()) if t]
+
+
+def _arch_names(value: str) -> set[str]:
+    """The gfx names a value means, without feature suffixes, a comma-joined entry read as the names it joins."""
+    return {n.split(":")[0] for t in _arch_tokens(value) for n in t.split(",") if n}
+
+
+def _arch_value_problem(value: str) -> tuple[str, str] | None:
+    """What is wrong with the form of a PYTORCH_ROCM_ARCH value a ROCm build reads, as (why, fix), or None.
+    `native` is a target: clang's --offload-arch=native builds for the GPUs of the machine that compiles."""
+    toks = _arch_tokens(value)
+    if not toks:
+        return ("is set but empty: a ROCm build's extensions fail with LoadHIP's 'No GPU arch specified'",
+                "use ';'- or space-separated gfx names such as gfx90a;gfx942, or unset it")
+    joined = [t for t in toks if "," in t]
+    if joined:
+        return (f"joins {joined[0]!r} with commas, but torch splits PYTORCH_ROCM_ARCH only at ';' and spaces "
+                f"(cpp_extension, LoadHIP.cmake): the compiler gets --offload-arch={joined[0]}, not one flag per arch",
+                f"export PYTORCH_ROCM_ARCH=\"{' '.join(n for t in toks for n in t.split(',') if n)}\" (';' or spaces, not commas)")
+    bad = [t for t in toks if not (_GFX.fullmatch(t) or t == "native")]
+    if bad:
+        return f"names {bad[0]!r}, not a gfx target", "use ';'- or space-separated gfx names such as gfx90a;gfx942"
+    return None
 
 
 def check_rocm_arch(f: Facts) -> list[Check]:
@@ -434,14 +459,10 @@ def check_rocm_arch(f: Facts) -> list[Check]:
         if "PYTORCH_ROCM_ARCH" in env:
             # unused here, but the same environment may run a ROCm torch next (as HSA_OVERRIDE_GFX_VERSION)
             given = env["PYTORCH_ROCM_ARCH"]
-            toks = _arch_tokens(given)
-            bad = [t for t in toks if not _GFX.fullmatch(t)]
-            if not toks or bad:
-                why = ("is set but empty: a ROCm build's extensions fail with LoadHIP's 'No GPU arch specified'"
-                       if not toks else f"names {bad[0]!r}, not a gfx target")
-                out.append(Check("pytorch-rocm-arch", "warn", f"PYTORCH_ROCM_ARCH={given!r} {why} (unused by this "
-                                 f"{info.backend} build; a ROCm torch in this environment would read it)",
-                                 "use ';'- or space-separated gfx names such as gfx90a;gfx942, or unset it"))
+            problem = _arch_value_problem(given)
+            if problem is not None:
+                out.append(Check("pytorch-rocm-arch", "warn", f"PYTORCH_ROCM_ARCH={given!r} {problem[0]} (unused by this "
+                                 f"{info.backend} build; a ROCm torch in this environment would read it)", problem[1]))
             else:
                 out.append(Check("pytorch-rocm-arch", "ok", f"PYTORCH_ROCM_ARCH={given!r} (unused by a {info.backend} build)"))
         return out
@@ -466,24 +487,25 @@ def check_rocm_arch(f: Facts) -> list[Check]:
         detected = " ".join(need) or "none visible"
         out.append(Check("pytorch-rocm-arch", "ok", f"PYTORCH_ROCM_ARCH unset: extensions build for the visible archs ({detected})"))
     else:
-        toks = _arch_tokens(value)
-        stripped = {t.split(":")[0] for t in toks}
-        bad = [t for t in toks if not _GFX.fullmatch(t)]
-        missing = [a for a in need if a not in stripped]
-        if not toks:
+        names = _arch_names(value)
+        problem = _arch_value_problem(value)
+        missing = [] if "native" in names else [a for a in need if a not in names]
+        if not _arch_tokens(value):
             out.append(Check("pytorch-rocm-arch", "fail", "PYTORCH_ROCM_ARCH is set but empty (LoadHIP: 'No GPU arch specified')",
                              f"export PYTORCH_ROCM_ARCH={' '.join(need) or 'gfx942'!r} or unset it"))
         elif missing:
             out.append(Check("pytorch-rocm-arch", "fail", f"PYTORCH_ROCM_ARCH={value!r} lacks detected {', '.join(missing)}: extensions will not run here",
-                             f"export PYTORCH_ROCM_ARCH=\"{' '.join(sorted(stripped | set(missing)))}\""))
-        elif bad:
-            out.append(Check("pytorch-rocm-arch", "warn", f"PYTORCH_ROCM_ARCH={value!r}: {bad[0]!r} is not a gfx target",
-                             "use ';'- or space-separated gfx names such as gfx90a;gfx942"))
+                             f"export PYTORCH_ROCM_ARCH=\"{' '.join(sorted(names | set(missing)))}\""))
+        elif problem is not None:
+            out.append(Check("pytorch-rocm-arch", "warn", f"PYTORCH_ROCM_ARCH={value!r} {problem[0]}", problem[1]))
+        elif "native" in names:
+            out.append(Check("pytorch-rocm-arch", "ok", f"PYTORCH_ROCM_ARCH={value!r}: clang builds for the GPUs of the "
+                             f"machine that compiles ({' '.join(need) or 'none visible here'}); a build on another machine targets its GPUs"))
         else:
             out.append(Check("pytorch-rocm-arch", "ok", f"PYTORCH_ROCM_ARCH={value!r} covers {' '.join(need) or 'no visible device'}"))
     for var in ARCH_VARS:
         if var in env:
-            var_toks = {t.split(":")[0] for t in _arch_tokens(env[var])}
+            var_toks = _arch_names(env[var])
             lacking = [a for a in need if a not in var_toks and "native" not in var_toks]
             if lacking:
                 out.append(Check(var.lower().replace("_", "-"), "warn", f"{var}={env[var]!r} lacks detected {', '.join(lacking)}",

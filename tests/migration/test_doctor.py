@@ -276,6 +276,27 @@ def test_rocm_arch_missing_from_env_var(monkeypatch: pytest.MonkeyPatch) -> None
     assert ok.status == "ok"
 
 
+def test_rocm_arch_joined_with_commas_warns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch splits PYTORCH_ROCM_ARCH at ';' and spaces only (cpp_extension, LoadHIP.cmake): a comma list
+    reaches the compiler as one --offload-arch value, on a ROCm build and as read on a CPU build."""
+    cpu = by_name(doctor.check_rocm_arch(facts({"PYTORCH_ROCM_ARCH": "gfx942,gfx90a"})), "pytorch-rocm-arch")
+    assert cpu.status == "warn" and "splits PYTORCH_ROCM_ARCH only at ';' and spaces" in cpu.detail, cpu
+    patch_torch(monkeypatch, MI300X)
+    c = by_name(doctor.check_rocm_arch(facts({"PYTORCH_ROCM_ARCH": "gfx942,gfx90a"})), "pytorch-rocm-arch")
+    assert c.status == "warn" and "--offload-arch=gfx942,gfx90a" in c.detail, c
+    assert c.fix.startswith('export PYTORCH_ROCM_ARCH="gfx942 gfx90a"'), c
+
+
+@pytest.mark.parametrize("value", ["native", "gfx90a;native"])
+def test_rocm_arch_native_builds_for_this_machine(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    """torch passes `native` on as --offload-arch=native, which clang resolves to the compiling machine's GPUs."""
+    cpu = by_name(doctor.check_rocm_arch(facts({"PYTORCH_ROCM_ARCH": value})), "pytorch-rocm-arch")
+    assert cpu.status == "ok", cpu
+    patch_torch(monkeypatch, MI300X)
+    c = by_name(doctor.check_rocm_arch(facts({"PYTORCH_ROCM_ARCH": value})), "pytorch-rocm-arch")
+    assert c.status == "ok" and "clang builds for the GPUs of the machine that compiles (gfx942)" in c.detail, c
+
+
 @pytest.mark.parametrize(("value", "status", "says"), [
     ("", "warn", "is set but empty"), ("gfx942;sm_90", "warn", "names 'sm_90', not a gfx target"),
     ("gfx90a;gfx942", "ok", "unused by a cpu build")])
