@@ -215,6 +215,11 @@ RULES: tuple[Rule, ...] = (
     Rule("RP124", "ldg", "note", D, ("__ldg",), r"\b__ldg\s*\(",
          "__ldg: hipify maps it (or use a plain load)", "hipify"),
     # ---- Python (rocm.md 3.2)
+    Rule("RP125", "custom-kernel", "note", D, ("__global__",),
+         # a definition: the signature (launch bounds allowed, parameters over lines) and its body's brace
+         r"\b__global__\b(?:[^;{}()]|__launch_bounds__\s*\([^();{}]{0,64}\)){0,256}?\([^;{}]{0,512}?\)\s*\{",
+         "custom CUDA kernel: hipify renames its launch and API calls, but the wave64 lane counts, masks and tuning "
+         "it assumes are left to you; fuzz the ported kernel against a float64 truth (parity.compare_op)", "hipify"),
     Rule("RP201", "cpp-extension", "note", P, ("CUDAExtension", "load_inline", "cpp_extension"),
          # the JIT loader is called by a bare name or an alias as often as in full: its import says it
          r"\bCUDAExtension\s*\(|\bload_inline\s*\(|\bcpp_extension\.load\s*\("

@@ -19,8 +19,13 @@ from pytest_rocm_parity.errors import InvalidArgument
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "scan_corpus"
 
 
+# The corpus's custom-kernel definitions (RP125): one per __global__ function with a body, the
+# embedded CUDA source of load_inline and RawKernel included.
+CUSTOM_KERNELS = {("csrc/reduce_kernels.cu", 50, "RP125"), ("ops/extension.py", 6, "RP125"), ("ops/gpu_utils.py", 14, "RP125")}
+
+
 def expected() -> set[tuple[str, int, str]]:
-    out = set()
+    out = set(CUSTOM_KERNELS)
     for line in (CORPUS / "EXPECTED").read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             loc, rule = line.split()
@@ -43,6 +48,30 @@ def test_precision_and_recall_on_corpus() -> None:
     # The labelled misses are the documented limits, nothing else.
     assert want - got == {("csrc/reduce_kernels.cu", 29, "RP105"), ("csrc/utils.h", 7, "RP104")}
     assert got - want == set()
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "sarif"])
+def test_custom_kernel_definitions_are_findings(tmp_path: Path, capsys: pytest.CaptureFixture[str], fmt: str) -> None:
+    """A plain __global__ kernel launched with <<<>>> is listed in every format, once per definition:
+    a declaration, a launch and a __device__ helper are not definitions of a kernel."""
+    (tmp_path / "add.cu").write_text(
+        "#include <torch/extension.h>\n"
+        "__global__ void add_kernel(const float* a, float* c, int n) {\n"
+        "  int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) c[i] = a[i];\n}\n"
+        "template <int B> __global__ __launch_bounds__(256) void scale_kernel(\n    float* x,\n    int n)\n{\n  x[0] = B;\n}\n"
+        "__global__ void declared_only(float* x);\n"
+        "__device__ float helper(float v) { return v; }\n"
+        "void run(float* a, float* c, int n) { add_kernel<<<(n + 255) / 256, 256>>>(a, c, n); }\n")
+    code, out = _run(capsys, str(tmp_path), "--format", fmt, "--no-hipify", "--fail-on", "never")
+    assert code == 0
+    if fmt == "text":
+        assert "RP125  add.cu:2" in out and "RP125  add.cu:5" in out and out.count("custom-kernel  hipify") == 2, out
+    elif fmt == "json":
+        assert [(f["rule"], f["line"]) for f in json.loads(out)["findings"]] == [("RP125", 2), ("RP125", 5)]
+    else:
+        results = json.loads(out)["runs"][0]["results"]
+        assert [(r["ruleId"], r["level"], r["locations"][0]["physicalLocation"]["region"]["startLine"])
+                for r in results] == [("RP125", "note", 2), ("RP125", "note", 5)]
 
 
 def test_every_rule_has_a_labelled_example() -> None:
