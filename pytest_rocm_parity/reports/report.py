@@ -30,7 +30,7 @@ from typing import Any
 from pytest_rocm_parity.judging.assertion import SUGGEST_WITHIN, verdict_label
 from pytest_rocm_parity.judging.records import layer_columns, layer_rows
 from pytest_rocm_parity.atomic import atomic_write
-from pytest_rocm_parity.reports.summary import check_labels, error_text, verdict
+from pytest_rocm_parity.reports.summary import error_text, ordered_checks, verdict
 from pytest_rocm_parity.tables import frame, write_csv
 
 HTML_NAME = "parity-report.html"
@@ -783,9 +783,9 @@ def render_html(doc: Mapping[str, Any], out_dir: str | os.PathLike[str] = ".") -
     checks = list(doc.get("checks", []))
     n_err = sum(1 for c in checks if c.get("error"))
     n_fail = sum(1 for c in checks if not c.get("passed")) - n_err
-    labels = check_labels(checks)
+    order = ordered_checks(checks)
     summary_rows = []
-    for c, label in zip(checks, labels):
+    for label, c in order:
         prof = _profile_flags((c.get("extra") or {}).get("profile"))
         culprit_cell = (f'<td colspan="2">{e(error_text(c))}</td>' if c.get("error") else
                         f'<td class="culprit">{e(str(c.get("culprit") or ""))}</td>'
@@ -827,9 +827,7 @@ def render_html(doc: Mapping[str, Any], out_dir: str | os.PathLike[str] = ".") -
         body.append('<p class="muted">No parity check ran in this session.</p>')
     if glines:
         body.append('<h3>Goldens</h3><table class="kv">' + "".join(glines) + "</table>")
-    rank = {"ERROR": 0, "FAIL": 1, "PASS": 2}
-    order = sorted(zip(checks, labels), key=lambda cl: (rank[verdict(cl[0])], cl[1], str(cl[0].get("dtype"))))
-    body += [_check_section(c, label, out) for c, label in order]
+    body += [_check_section(c, label, out) for label, c in order]
     body.append("</main>")
     counts = ", ".join(x for x in (f"{n_fail} failing" if n_fail else "", errors.lstrip(", ")) if x)
     return _page(title + (f" — {counts}" if counts else ""), "".join(body))

@@ -56,6 +56,16 @@ def check_labels(checks: Sequence[Mapping[str, Any]]) -> list[str]:
             for c in checks]
 
 
+VERDICT_ORDER = {"ERROR": 0, "FAIL": 1, "PASS": 2}
+
+
+def ordered_checks(checks: Sequence[Mapping[str, Any]]) -> list[tuple[str, Mapping[str, Any]]]:
+    """``(label, check)`` in the order the summary and the HTML report list checks: errors, then
+    failures, then passes, each by label (``check_labels``) and dtype."""
+    return sorted(zip(check_labels(checks), checks),
+                  key=lambda lc: (VERDICT_ORDER[verdict(lc[1])], lc[0], str(lc[1].get("dtype"))))
+
+
 def check_line(r: dict[str, Any], width: int = 0, verdict_width: int = 4, notes: bool = False) -> list[str]:
     """The line (and indented detail lines) of one check result dict; ``notes``: a passing check's
     notes too (a failing one's are in its failure message)."""
@@ -146,9 +156,7 @@ def summary_lines(session: Any) -> list[str]:
                         or leftovers or foreign or unchecked or getattr(session, "lost_worker", False)):
         return []
     lines = ["", "=" * 20 + " rocm-parity summary " + "=" * 20]
-    order = {"ERROR": 0, "FAIL": 1, "PASS": 2}
-    res = [{**r, "name": label} for r, label in zip(res, check_labels(res))]
-    ordered = sorted(res, key=lambda r: (order[verdict(r)], str(r.get("name")), str(r.get("dtype"))))
+    ordered = [{**r, "name": label} for label, r in ordered_checks(res)]
     width = min(max((len(str(r.get("name", ""))) for r in ordered), default=0), 40)
     verdict_width = 5 if any(r.get("error") for r in res) else 4
     verbose = session.config.get_verbosity() > 0 if hasattr(session, "config") else False

@@ -87,3 +87,20 @@ def test_each_variant_has_its_own_html_section_and_row(variants_run: dict[str, A
     assert sorted(a for a, _ in links) == sorted(anchors)
     labels = [label for _, label in links]
     assert "tiny (test_b_variants[eager])" in labels and f"tiny (test_b_variants[{LONG}])" in labels
+
+
+def _terminal_rows(stdout: str) -> list[str]:
+    lines = stdout.split("rocm-parity summary", 1)[1].splitlines()
+    return [l for l in lines if l.split(" ", 1)[0] in ("ERROR", "FAIL", "PASS")]
+
+
+def test_the_html_summary_lists_checks_in_the_terminals_order(variants_run: dict[str, Any]) -> None:
+    rows = _terminal_rows(variants_run["stdout"])
+    terminal = [(l.split()[0], l.split("[float32]")[0].split(None, 1)[1].strip()) for l in rows]
+    text = (variants_run["rep"] / "parity-report.html").read_text("utf-8")
+    table = text.split('<table class="summary">', 1)[1].split("</table>", 1)[0]
+    html_rows = re.findall(r'class="badge \w+">(\w+)</span></td><td><a href="#[^"]+">([^<]*)</a>', table)
+    assert [v for v, _ in terminal] == ["ERROR", "FAIL", "FAIL", "PASS"]
+    assert html_rows == terminal
+    sections = re.findall(r'<section class="check[^"]*" id="([^"]+)"', text)
+    assert sections == re.findall(r'<td><a href="#([^"]+)">', table)
