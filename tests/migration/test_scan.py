@@ -74,6 +74,19 @@ def test_custom_kernel_definitions_are_findings(tmp_path: Path, capsys: pytest.C
                 for r in results] == [("RP125", "note", 2), ("RP125", "note", 5)]
 
 
+def test_sarif_short_descriptions_name_each_rule(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Each SARIF rule has a short description of its own, not its message cut at the first ':'
+    (RP001's message starts with 'rocm-parity: ignore[...]')."""
+    code, out = _run(capsys, str(tmp_path), "--format", "sarif", "--no-hipify")
+    rules = json.loads(out)["runs"][0]["tool"]["driver"]["rules"]
+    assert code == 0 and {r["id"] for r in rules} == set(scan.RULES_BY_ID)
+    shorts = {r["id"]: r["shortDescription"]["text"] for r in rules}
+    assert shorts["RP001"] == "Suppression comment names no rule"
+    assert len(set(shorts.values())) == len(shorts), shorts
+    for r in rules:
+        assert 3 < len(r["shortDescription"]["text"]) <= 80 and r["shortDescription"]["text"] != "rocm-parity", r
+
+
 def test_every_rule_has_a_labelled_example() -> None:
     labelled = {rule for _, _, rule in expected()}
     # RP109 is checked below; RP001 (a comment's unknown rule) in test_unknown_rule_in_an_ignore_comment_is_reported
