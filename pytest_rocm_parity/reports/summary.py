@@ -157,7 +157,7 @@ def summary_lines(session: Any) -> list[str]:
         return []
     lines = ["", "=" * 20 + " rocm-parity summary " + "=" * 20]
     ordered = [{**r, "name": label} for label, r in ordered_checks(res)]
-    width = min(max((len(str(r.get("name", ""))) for r in ordered), default=0), 40)
+    width = max((len(str(r.get("name", ""))) for r in ordered), default=0)
     verdict_width = 5 if any(r.get("error") for r in res) else 4
     verbose = session.config.get_verbosity() > 0 if hasattr(session, "config") else False
     for r in ordered:

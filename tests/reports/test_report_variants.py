@@ -104,3 +104,9 @@ def test_the_html_summary_lists_checks_in_the_terminals_order(variants_run: dict
     assert html_rows == terminal
     sections = re.findall(r'<section class="check[^"]*" id="([^"]+)"', text)
     assert sections == re.findall(r'<td><a href="#([^"]+)">', table)
+
+
+def test_the_terminal_columns_stay_aligned_with_a_long_variant(variants_run: dict[str, Any]) -> None:
+    rows = _terminal_rows(variants_run["stdout"])
+    assert any(LONG in l for l in rows)
+    assert len({l.index("[float32]") for l in rows}) == 1, "\n".join(rows)
