@@ -258,12 +258,16 @@ RULES: tuple[Rule, ...] = (
     Rule("RP214", "bitsandbytes", "note", P, ("bitsandbytes",), r"^[ \t]*(?:import|from)[ \t]+bitsandbytes\b",
          "bitsandbytes: ROCm support is in the unified tree; use a release with ROCm wheels", "fork"),
     Rule("RP215", "nvml", "error", P, ("nvml", "nvidia_smi", "nvidia-smi"),
-         # the command alone or with its arguments in one string (shell=True, os.popen)
-         r"^[ \t]*(?:import|from)[ \t]+(?:pynvml|nvidia_smi|py3nvml)\b|[\"']nvidia-smi(?:[ \t][^\"'\n]*)?[\"']",
+         # the command alone, by an absolute or relative path, or with its arguments in one string (shell=True, os.popen)
+         r"^[ \t]*(?:import|from)[ \t]+(?:pynvml|nvidia_smi|py3nvml)\b|[\"'](?:[^\s\"']{0,256}/)?nvidia-smi(?:[ \t][^\"'\n]*)?[\"']",
          "NVML / nvidia-smi: no AMD support (an installed pynvml broke torch on ROCm); use amdsmi or amd-smi", "rocm-library"),
     Rule("RP216", "mamba-cuda-ext", "warning", P, ("selective_scan_cuda", "causal_conv1d", "mamba_ssm"),
          r"^[ \t]*(?:import|from)[ \t]+(?:selective_scan_cuda|causal_conv1d_cuda|causal_conv1d|mamba_ssm)\b",
          "mamba selective_scan / causal_conv1d CUDA extensions fail or are skipped on HIP; Mamba-2 uses Triton", "triton"),
+    Rule("RP217", "cupy", "note", P, ("cupy",), r"^[ \t]*(?:import|from)[ \t]+cupyx?(?:\.\w+)*\b(?!_)",
+         "CuPy: its CUDA wheels (cupy-cuda12x) do not run on AMD GPUs; install CuPy's ROCm build (experimental), where "
+         "cupy.cuda calls go to HIP, and check the features used against its list of what ROCm lacks",
+         "fork"),
     Rule("RP220", "capability-gate", "warning", P, ("get_device_capability", "get_device_properties"),
          # the capability itself, or the major/minor of device properties (props.major >= 9)
          r"\bget_device_capability\s*\(|\bget_device_properties\s*\([^()\n]{0,128}(?:\([^()\n]*\))?\)\s*\.\s*(?:major|minor)\b"
@@ -341,6 +345,7 @@ SHORT_DESCRIPTIONS: dict[str, str] = {
     'RP214': 'bitsandbytes import',
     'RP215': 'NVML or nvidia-smi use',
     'RP216': 'mamba CUDA extension import',
+    'RP217': 'CuPy import',
     'RP220': 'Compute-capability gate',
     'RP221': 'NVIDIA device-name check',
     'RP222': 'torch.version.cuda without torch.version.hip',

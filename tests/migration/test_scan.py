@@ -19,13 +19,14 @@ from pytest_rocm_parity.errors import InvalidArgument
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "scan_corpus"
 
 
-# The corpus's custom-kernel definitions (RP125): one per __global__ function with a body, the
-# embedded CUDA source of load_inline and RawKernel included.
-CUSTOM_KERNELS = {("csrc/reduce_kernels.cu", 50, "RP125"), ("ops/extension.py", 6, "RP125"), ("ops/gpu_utils.py", 14, "RP125")}
+# The corpus's custom-kernel definitions (RP125: one per __global__ function with a body, the embedded
+# CUDA source of load_inline and RawKernel included) and CuPy imports (RP217), labelled here.
+LABELLED_HERE = {("csrc/reduce_kernels.cu", 50, "RP125"), ("ops/extension.py", 6, "RP125"), ("ops/gpu_utils.py", 14, "RP125"),
+                 ("ops/gpu_utils.py", 12, "RP217")}
 
 
 def expected() -> set[tuple[str, int, str]]:
-    out = set(CUSTOM_KERNELS)
+    out = set(LABELLED_HERE)
     for line in (CORPUS / "EXPECTED").read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             loc, rule = line.split()
@@ -85,6 +86,23 @@ def test_sarif_short_descriptions_name_each_rule(capsys: pytest.CaptureFixture[s
     assert len(set(shorts.values())) == len(shorts), shorts
     for r in rules:
         assert 3 < len(r["shortDescription"]["text"]) <= 80 and r["shortDescription"]["text"] != "rocm-parity", r
+
+
+@pytest.mark.parametrize(("line", "rules"), [
+    ('subprocess.run(["/usr/bin/nvidia-smi", "-L"])', ["RP215"]),
+    ("out = subprocess.check_output(['./bin/nvidia-smi'])", ["RP215"]),
+    ('os.system("/usr/bin/nvidia-smi -q")', ["RP215"]),
+    ('print("hint: run nvidia-smi to see your GPUs")', []),
+    ('path = "/usr/bin/nvidia-smi-helper.sh"', []),
+    ("import cupy", ["RP217"]),
+    ("import cupy as cp", ["RP217"]),
+    ("from cupy.cuda import runtime", ["RP217"]),
+    ("import cupyx.scipy", ["RP217"]),
+    ("import cupy_helpers", []),
+    ("kernel = cp.RawKernel(src, 'k')", ["RP202"]),
+])
+def test_nvidia_smi_by_path_and_cupy_imports(line: str, rules: list[str]) -> None:
+    assert [f.rule for f in scan.scan_text(line + "\n", "a.py", scan.P)] == rules
 
 
 def test_every_rule_has_a_labelled_example() -> None:
