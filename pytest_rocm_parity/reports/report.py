@@ -549,11 +549,17 @@ def _pct(x: Any) -> str:
     return "–" if v is None else f"{100 * v:.1f}%"
 
 
+def rel_to_ref_legend(run: str) -> str:
+    """The one-line key to the ``rel->ref`` column of a layer table; ``run``: whose outputs it compares."""
+    return (f"rel->ref = ||cand - ref|| / ||ref||, the candidate's output against the reference's ({run}); "
+            "not judged: the verdict measures both against the float64 truth")
+
+
 def _layer_table(c: Mapping[str, Any]) -> str:
     e = html.escape
     head = ("<tr><th>#</th><th>layer</th><th>lvl</th><th>verdict</th><th>iso ratio</th><th>ratio lo</th>"
             "<th>z</th><th>budget</th><th>prop ratio</th><th>prop budget</th><th>err ref</th><th>err cand</th>"
-            "<th>rel to ref</th><th>reason</th></tr>")
+            "<th>rel-&gt;ref</th><th>reason</th></tr>")
     rows = []
     items = [("", l) for l in (c.get("layers") or [])] + [("out", o) for o in (c.get("outputs") or [])]
     for i, (tag, l) in enumerate(items):
@@ -585,7 +591,12 @@ def _layer_table(c: Mapping[str, Any]) -> str:
     drift = f", {n_drift} with drift propagated" if n_drift else ""
     opened = " open" if len(rows) <= 40 or n_bad or n_drift else ""
     return (f"<details{opened}><summary>All {len(rows)} layers and outputs ({n_bad} failing{drift})</summary>"
-            f"<div class=\"scroll\"><table>{head}{''.join(rows)}</table></div></details>")
+            f"<div class=\"scroll\"><table>{head}{''.join(rows)}</table></div>"
+            f'<p class="muted legend">{e(rel_to_ref_legend(REL_TO_REF_RUN_HTML))}</p></details>')
+
+
+# the run whose outputs the HTML layer table's err ref, err cand and rel->ref columns measure
+REL_TO_REF_RUN_HTML = "isolated run; propagated where a row has no isolated run"
 
 
 # one row per LM metric: (label, key or keys of the candidate / reference / truth columns, how to format)

@@ -275,3 +275,19 @@ def test_a_cpus_environment_is_said_once_in_checks_csv(report_doc: dict[str, Any
     doc = {**report_doc, "checks": [{**report_doc["checks"][0], "reference_env": env, "candidate_env": env}]}
     row = report.check_rows(doc)[0]
     assert row["reference"] == row["candidate"] == "cpu x86_64 torch 2.13.0+cpu"
+
+
+def test_the_layer_tables_rel_to_ref_column_has_its_key_under_the_table(report_doc: dict[str, Any]) -> None:
+    """The column the terminal's failure table calls rel->ref has that name here too, and a one-line key
+    under each layer table says what it measures; a check with no layer table has no key."""
+    import html
+
+    text = report.render_html(report_doc)
+    assert "<th>rel-&gt;ref</th>" in text and "rel to ref" not in text
+    key = html.escape(report.rel_to_ref_legend(report.REL_TO_REF_RUN_HTML))
+    assert text.count(key) == len(report_doc["checks"])
+    tables = text.split("<h3>Layers</h3>")[1:]
+    assert all(t.index("</table></div>") < t.index(key) < t.index("</details>") for t in tables)
+    error = {"test": "t.py::t", "name": "m", "dtype": "float32", "passed": False, "layers": [], "outputs": [],
+             "error": {"kind": "missing", "type": "GoldenMissing", "message": "no golden"}}
+    assert "rel-&gt;ref =" not in report.render_html({"checks": [error]})
