@@ -12,7 +12,7 @@ import pytest
 from pytest_rocm_parity.judging import dtypes as dt
 from pytest_rocm_parity.judging.assertion import headline, property_text, raise_if_failed
 from pytest_rocm_parity.runner.capture import capture
-from pytest_rocm_parity.runner.engine import CheckSpec, default_dtypes
+from pytest_rocm_parity.runner.engine import CheckSpec, default_dtypes, sketch_group
 from pytest_rocm_parity.runner.replay import check_inputs, check_stale, replay as replay_golden
 from pytest_rocm_parity.runner.selection import check_tolerance_layers
 from pytest_rocm_parity.runner.wrappers import unwrap
@@ -89,7 +89,7 @@ class Parity:
             drill=explicit if explicit is not None else 0,
             tolerance=coerce(tolerance if tolerance is not None else self._defaults.get("tolerance")),
             profile=self._session.options.profile,
-            sketch=_sketch_group(sketch if sketch is not None else self._defaults.get("sketch")),
+            sketch=sketch_group(sketch if sketch is not None else self._defaults.get("sketch")),
             report_dir=self._session.options.report_dir,
             golden_size_limit=self._session.options.golden_size_limit, dtypes_from=dtypes_from,
             replay=replay_kind_of(model, replay_kind or self._defaults.get("replay") or self._session.options.replay),
@@ -510,18 +510,6 @@ def resolve_drill(model: Any, inputs: Any, spec: CheckSpec, explicit: int | None
         return drill_for(model)
     return default_drill(model, inputs, spec.dtypes, getattr(spec, "golden_size_limit", DEFAULT_GOLDEN_SIZE_LIMIT),
                          int(spec.sketch or 0))
-
-
-def _sketch_group(value: Any) -> int:
-    if value is None or value is False or value == 0:
-        return 0
-    if value is True:
-        from pytest_rocm_parity.golden.sketch import DEFAULT_GROUP
-
-        return DEFAULT_GROUP
-    if isinstance(value, int) and value >= 2:
-        return value
-    raise InvalidArgument(f"sketch={value!r}: use True (groups of 512) or a group size >= 2")
 
 
 class OpChecker:

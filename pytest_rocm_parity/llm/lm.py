@@ -19,6 +19,7 @@ from pytest_rocm_parity.quant.allowance import differing_modules
 from pytest_rocm_parity.runner.capture import capture
 from pytest_rocm_parity.runner.engine import OUTPUT
 from pytest_rocm_parity.runner.replay import load_truth, replay
+from pytest_rocm_parity.runner.wrappers import unwrap
 from pytest_rocm_parity.judging.assertion import steps_text
 from pytest_rocm_parity.judging.logits import judge_logits
 from pytest_rocm_parity.errors import InputError, InvalidArgument
@@ -178,6 +179,16 @@ def greedy(model: Any, ids: Any, mask: Any, steps: int) -> tuple[Any, Any]:
     return torch.cat(toks, 1), torch.cat(margins, 1)
 
 
+def cache_argument(model: Any) -> str:
+    """The name the model's forward takes its KV cache under: transformers 5.2x names it ``cache``,
+    earlier ones ``past_key_values`` (now deprecated). Read from the class's forward under the
+    wrappers: a port that wraps the instance's forward in (*args, **kwargs), and torch.compile's
+    OptimizedModule, hide the names."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(type(unwrap(model)).forward).parameters else "past_key_values"
+
+
 def decode_with_cache(model: Any, prompt: Any, mask: Any, cont: Any) -> Any | None:
     """The logits at the continuation's positions, (batch, N, vocab), from KV-cache decoding: the
     prompt in one forward, then one token of ``cont`` (batch, N) per step with the cache, teacher-forced.
@@ -190,9 +201,7 @@ def decode_with_cache(model: Any, prompt: Any, mask: Any, cont: Any) -> Any | No
 
     if not _is_hf(model) or cont is None or cont.shape[1] == 0:
         return None
-    # transformers 5.2x names the cache argument and output field `cache`; earlier, `past_key_values`.
-    # The class's forward: a port that wraps the instance's (*args, **kwargs) hides the names
-    arg = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+    arg = cache_argument(model)
 
     def cache_of(out: Any) -> Any:
         return getattr(out, "cache", None) or getattr(out, "past_key_values", None)

@@ -25,6 +25,7 @@ from pytest_rocm_parity.runner.engine import (
     KEEP_PLACEMENT,
     autocast_dtype,
     OUTPUT,
+    BufferState,
     _dev,
     CheckSpec,
     ForwardWrap,
@@ -39,6 +40,7 @@ from pytest_rocm_parity.runner.engine import (
     numerics,
     prepare_model,
     submodule,
+    walk_model,
 )
 from pytest_rocm_parity.golden.store import FORMAT_VERSION, GoldenStore
 from pytest_rocm_parity.runner.padding import Padding, mask_input
@@ -743,17 +745,23 @@ def capture(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device
 
 
 @contextlib.contextmanager
-def _patched_failures(m: Any, rung: str) -> Iterator[None]:
-    """A failure of the rung's run where the model has forwards patched on the instance is a
-    CaptureError that names them (the likely cause), with the model's own line."""
+def _rung_failures(m: Any, rung: str, model_dtype: Any) -> Iterator[None]:
+    """A failure of the rung's run on the reference is a CaptureError that names the rung, the
+    model's own line and the likely cause: forwards patched on the instance (the likely cause where
+    there are any), or an operator without a kernel in the rung's dtype where the rung casts the
+    model to another dtype than its own."""
     try:
         yield
     except Exception as exc:
         from pytest_rocm_parity.errors import CaptureError, ParityError
 
-        hint = patched_forwards(m, f"{rung} copy of the model")
-        if isinstance(exc, ParityError) or not hint:
+        if isinstance(exc, ParityError):
             raise
+        hint = patched_forwards(m, f"{rung} copy of the model")
+        if not hint and model_dtype is not None and dt.to_torch(rung) != model_dtype:
+            hint = (f" The model is in {dt.name_of(model_dtype)}: if it does not run in {rung} (an operator "
+                    f"without a {rung} kernel), leave {rung} out of dtypes=, or cast up around that operator in "
+                    f"the forward, as a model served in {rung} must.")
         raise CaptureError(f"the {rung} recording run of {type(m).__name__} failed: {type(exc).__name__}: "
                            f"{str(exc)[:300]}{_model_frame(exc)}.{hint} Nothing was written.") from exc
 
@@ -794,33 +802,40 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
     tensors: dict[str, Any] = {}
     by_name = {s.name: s for s in selected}
 
+    model_dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
     m, was_training, args, kwargs = _rung_model_and_inputs(model, args0, kwargs0, device, dtype, tensors)
+    state = BufferState(walk_model(m).modules)
     const_in = constant_leaves({"args": args, "kwargs": kwargs})
     try:
-        with numerics(rung, tf32), no_random_draws(m), _patched_failures(m, rung):
+        with numerics(rung, tf32), no_random_draws(m), _rung_failures(m, rung, model_dtype):
             rec = recording_pass(m, selected, *_copies(args, kwargs))
             rec.pool.check_repeats()
             if not rec.pool.repeats_unchanged():   # a tensor handed on was written: record again, snapshotting repeats
                 rec.pool.drop_device()
+                state.restore()
                 rec = recording_pass(m, selected, *_copies(args, kwargs), resnap=True)
             unread = ignored_masks(m, args, kwargs, rec.unread)
         extra_meta: dict[str, Any] = {}
         if extra is not None:
+            state.restore()
             with numerics(rung, tf32):
                 extra_meta, extra_t = extra(rung, m, *_copies(args, kwargs))
             tensors.update({f"extra/{k}": v.detach().to("cpu").contiguous() for k, v in extra_t.items()})
         if profile:
             from pytest_rocm_parity.reports.profiling import profile_shares
 
+            state.restore()
             with numerics(rung, tf32):
                 extra_meta["profile"] = profile_shares(m, *_copies(args, kwargs), home_device(m, device))
     finally:
+        state.restore()   # the float64 truth is built from the model as its forward found it
         m.train(was_training)
     entries, outputs, order = rec.entries, rec.outputs, rec.order
     quant = _quantized_storage(m, tensors)
     rung_model = [m]
     del m
     tm, truth_dev = truth_model(model, device, dtype, rung_model)
+    truth_state = BufferState(walk_model(tm).modules)
     pool = rec.pool
     pool.start_copies()            # they land while the device builds and runs the float64 truth
     targs, tkwargs = cast_inputs(args, kwargs, torch.float64, truth_dev)
@@ -850,6 +865,7 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
             _finite_padding(key, out, padding)
 
         with torch.no_grad(), truth_errors(tm, selected):
+            truth_state.restore()
             with Hooks(tm, selected, None, store_gtruth):
                 tout = _run(tm, *_copies(targs, tkwargs))
             for p, t in tensor_leaves(tout).items():
@@ -877,6 +893,7 @@ def _capture_rung(model: Any, args0: Any, kwargs0: Any, selected: list[Selected]
                         for p, t in tensor_leaves(direct.pop(key, out)).items():
                             put(f"truth/{key}/{p}", key, p, t)
 
+                truth_state.restore()
                 with Hooks(tm, selected, sub, keep) as hooks:
                     _run(tm, *_copies(targs, tkwargs))
 
@@ -1165,6 +1182,7 @@ def _capture_rung_sketch(model: Any, args0: Any, kwargs0: Any, selected: list[Se
         _record_fields(entries[key], entries[key]["out"])
 
     m, was_training, args, kwargs = _rung_model_and_inputs(model, args0, kwargs0, device, dtype, tensors)
+    state = BufferState(walk_model(m).modules)
     try:
         with numerics(rung, tf32), no_random_draws(m), Hooks(m, selected, None, rec_out) as hooks:
             out = _run(m, *_copies(args, kwargs))
@@ -1174,17 +1192,20 @@ def _capture_rung_sketch(model: Any, args0: Any, kwargs0: Any, selected: list[Se
         _record_fields(outputs, outputs["out"])
         del out
     finally:
+        state.restore()
         m.train(was_training)
     quant = _quantized_storage(m, None)   # what each module is, not its tensors: a sketch stays small
     rung_model = [m]
     del m
     tm, truth_dev = truth_model(model, device, dtype, rung_model)
+    truth_state = BufferState(walk_model(tm).modules)
     targs, tkwargs = cast_inputs(args, kwargs, torch.float64, truth_dev)
     truth_names: dict[str, str] = {}
     with torch.no_grad(), Hooks(tm, selected, None, lambda k, s, o: keep("skt", k, o, truth_names, exact=False)):
         tout = _run(tm, *_copies(targs, tkwargs))
         keep("skt", OUTPUT, tout, truth_names, exact=False)
     del tout
+    truth_state.restore()
     noise = _sketch_quantization_noise(tm, selected, targs, tkwargs, tensors, group)
     del tm
     layers = [entries[k] for k in order if k in entries]

@@ -59,6 +59,7 @@ class CheckSpec:
         if not self.dtypes:   # an empty golden, and a replay that judges nothing and passes
             raise InvalidArgument(f"check {self.name!r}: dtypes is empty, so nothing would be captured or judged; "
                                   f"name at least one precision, e.g. dtypes=['bfloat16', 'float32']")
+        self.sketch = sketch_group(self.sketch)
 
     @property
     def regen_command(self) -> str:
@@ -66,6 +67,20 @@ class CheckSpec:
         from pytest_rocm_parity.options import regen_command
 
         return regen_command(self.name, self.test, self.command_flags)
+
+
+def sketch_group(value: Any) -> int:
+    """The sketch group size that ``sketch=`` asks for: 0 (full tensors), True (the default group)
+    or a group size of at least 2."""
+    if value is None or value is False or value == 0:
+        return 0
+    if value is True:
+        from pytest_rocm_parity.golden.sketch import DEFAULT_GROUP
+
+        return DEFAULT_GROUP
+    if isinstance(value, int) and value >= 2:
+        return value
+    raise InvalidArgument(f"sketch={value!r}: use True (groups of 512) or a group size >= 2")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -76,12 +91,37 @@ def normalize_inputs(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
 
     if isinstance(inputs, torch.Tensor):
         return (inputs,), {}
-    if isinstance(inputs, (tuple, list)):
-        return tuple(inputs), {}
+    if isinstance(inputs, tuple):
+        _refuse_one_shot(inputs, "args")
+        return inputs, {}
     if isinstance(inputs, dict):
+        _refuse_one_shot(inputs, "kwargs")
         return (), dict(inputs)
+    if isinstance(inputs, list):
+        # a forward that takes a list of tensors as one argument and one that takes them one by one
+        # both read [a, b] naturally: spread, the first would run another computation, silently
+        raise InvalidArgument(f"inputs is a list of {len(inputs)}: pass a tuple, ({'xs' if inputs else ''},) "
+                              f"for a forward that takes the list as its one argument, or tuple(xs) for one that "
+                              f"takes its items as positional arguments")
     raise InvalidArgument(f"inputs: expected a tensor, a tuple of positional inputs or a dict of keyword "
                           f"inputs, got {type(inputs).__name__}")
+
+
+def _refuse_one_shot(obj: Any, path: str) -> None:
+    """InvalidArgument for an iterator among the inputs (a generator, map(), iter(list)): every pass of
+    a check calls the model again on the same inputs, and the first pass uses an iterator up."""
+    from collections.abc import Iterator
+
+    if isinstance(obj, Iterator):
+        raise InvalidArgument(f"inputs: {path} is {type(obj).__name__}, an iterator: each pass of a check calls "
+                              f"the model again on the same inputs, and the first pass would use it up; pass a "
+                              f"list or tuple of its items (list(...))")
+    if isinstance(obj, (tuple, list)):
+        for i, x in enumerate(obj):
+            _refuse_one_shot(x, f"{path}.{i}")
+    elif isinstance(obj, dict):
+        for k, x in obj.items():
+            _refuse_one_shot(x, f"{path}.{k}")
 
 
 def cast_inputs(args: Any, kwargs: Any, dtype: Any, device: Any) -> tuple[Any, Any]:
@@ -433,6 +473,46 @@ def eval_mode(model: Any, walk: ModelWalk | None = None) -> Iterator[None]:
     finally:
         for mod, f in flags:
             mod.training = f
+
+
+class BufferState:
+    """The buffers of a model's modules as they were before a check's first forward, written back
+    before each later pass and after the last.
+
+    Why: a module may update a buffer in place in its forward in eval mode (a running average, a
+    step counter). Each pass of a check (a recording again, the float64 truth, each isolated level)
+    must start from the state the reference's forward started from, or it computes something else
+    than the golden records; and the caller's model is left as it was given. A buffer the module
+    replaced with a new tensor is its own state moved on (a dynamic rotary table grown, its length
+    kept beside it) and stays. Writes through a raw pointer bump no version counter and are not seen;
+    an inference tensor keeps none, so such a buffer is written back before every pass.
+    """
+
+    def __init__(self, modules: Sequence[Any]) -> None:
+        self._kept: list[tuple[Any, int | None, Any]] = []
+        for mod in modules:
+            for b in mod._buffers.values():
+                if b is not None:
+                    self._kept.append((b, None if b.is_inference() else b._version, b.detach().clone()))
+
+    def restore(self) -> None:
+        """Write back every buffer written since the snapshot (or since the last restore)."""
+        import torch
+
+        for i, (b, version, saved) in enumerate(self._kept):
+            if version is None:
+                with torch.inference_mode():
+                    b.copy_(saved)
+            elif b._version != version:
+                with torch.no_grad():
+                    b.copy_(saved)
+                self._kept[i] = (b, b._version, saved)
+
+    def __enter__(self) -> BufferState:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore()
 
 
 @contextlib.contextmanager

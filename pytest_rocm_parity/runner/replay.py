@@ -15,6 +15,7 @@ from pytest_rocm_parity.judging import dtypes as dt
 from pytest_rocm_parity.judging.compare import block_stats, exact_metrics, float_metrics, metrics_many, residual_metrics
 from pytest_rocm_parity.runner.engine import (
     KEEP_PLACEMENT,
+    BufferState,
     autocast_note,
     captured_elsewhere,
     explained_by,
@@ -53,7 +54,7 @@ from pytest_rocm_parity.quant.diagnosis import quant_notes
 from pytest_rocm_parity.quant.storage import quantized_tensor_ids
 from pytest_rocm_parity.runner.padding import Padding
 from pytest_rocm_parity.runner.wrappers import (cast_in_place, inlines_compiled_children, is_exported,
-                                                training_modules, training_paths, unwrap)
+                                                training_paths, unwrap)
 
 
 def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: RungReader, rung: str,
@@ -731,7 +732,8 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         return t.clone() if reader.holds(gk) else t
 
     if meta.get("sketch"):
-        with cast_in_place(inner, place, dtype, walk.modules, walk.stamp()), eval_mode(inner, walk), numerics(rung, tol.tf32):
+        with cast_in_place(inner, place, dtype, walk.modules, walk.stamp()), eval_mode(inner, walk), \
+                numerics(rung, tol.tf32), BufferState(walk.modules):
             sketched = _replay_rung_sketch(model, spec, meta, reader, rung, *stored_inputs(), selected)
         sketched.notes += convention_note(meta, inputs_template)
         return sketched
@@ -819,7 +821,8 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
 
     levels = sorted({s.level for s in selected})
     result = CheckResult(test=spec.test, name=spec.name, dtype=rung, passed=True)
-    training = training_modules(inner, walk.modules)
+    # only the modules whose training forward differs: a Linear left in training mode computes the same
+    training = training_paths(inner, walk.modules) if walk.training else []
     if training:
         some = f"{', '.join(training[:3])}{'...' if len(training) > 3 else ''}"
         # a module swapped in after model.eval() is built in training mode: name it, not the model
@@ -828,16 +831,18 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
                      f"{'modules' if len(training) > 1 else 'module'} {some} of the model in eval mode "
                      f"{'were' if len(training) > 1 else 'was'} in training mode (built after model.eval()?); "
                      f"judged in eval mode, as the golden was captured")
-        differs = training_paths(inner) if not inner.training else []
+        differs = training if not inner.training else []
         if differs:   # a passing check shows no notes: a port that serves them so must hear of it
             import warnings
 
             warnings.warn(f"rocm-parity: {spec.name}: {', '.join(differs[:3])}{' ...' if len(differs) > 3 else ''} "
                           f"of a model in eval mode {'are' if len(differs) > 1 else 'is'} in training mode (swapped in "
-                          f"after model.eval()?), where BatchNorm uses the batch's statistics and dropout is on; the "
+                          f"after model.eval()?), where their forward differs (BatchNorm on the batch's statistics, dropout "
+                          f"on); the "
                           f"replay judged eval mode only. If the served model runs them so, call .eval() after the "
                           f"swap", stacklevel=2)
-    with cast_in_place(inner, place, dtype, walk.modules, walk.stamp()), eval_mode(inner, walk), numerics(rung, tol.tf32):
+    with cast_in_place(inner, place, dtype, walk.modules, walk.stamp()), eval_mode(inner, walk), \
+            numerics(rung, tol.tf32), BufferState(walk.modules) as state:
         outs: list[LayerRecord] = []
         pending = None
         if fast:
@@ -874,6 +879,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         compiled = model is not inner or any(getattr(m, "_compiled_call_impl", None) is not None for m in walk.modules)
         for level in deeper:
             keys = [k for k in meta.get("order", list(layers)) if k in layers and layers[k]["level"] == level]
+            state.restore()
             if compiled or not _direct_level(inner, keys, layers, acts, calls, plain, golden, compare, iso, judge,
                                              notes, rerouted, level, decisions):
                 _hooked_level(model, inner, selected, level, layers, acts, golden, compare, iso, judge, notes, rerouted,
@@ -912,6 +918,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         calls.clear()
         if built:
             result.notes.append(built)
+        state.restore()   # what follows runs the model again
         if meta.get("quant") and not result.passed:
             result.notes.extend(quant_notes(result, meta, reader.get, inner,
                                             lambda key: golden(key, next(iter(acts[key]))) if acts.get(key) else None))
@@ -921,6 +928,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         elif spec.profile:
             from pytest_rocm_parity.reports.profiling import compare_shares, profile_shares, totals_note
 
+            state.restore()
             cand_prof = profile_shares(model, *stored_inputs(), home)
             ref_prof = meta["extra"]["profile"]
             result.extra["profile"] = {"flags": compare_shares(ref_prof, cand_prof),
@@ -934,6 +942,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
             save_failing_tensors(result, obtained, spec.report_dir)
         if spec.extra_judge is not None:
             result.extra["_pos_err"] = pos_err
+            state.restore()
             try:
                 spec.extra_judge(rung, model, *stored_inputs(), pending, reader, meta, result)
             finally:

@@ -205,21 +205,29 @@ def outside_dynamo(fn: Callable[..., Any]) -> Callable[..., Any]:
     return torch._dynamo.disable(fn, recursive=True)
 
 
-def training_modules(model: Any, modules: list[Any] | None = None) -> list[str]:
-    """Names of modules left in training mode (judged in eval mode: dropout off); the names are
-    looked up only when there is one (``modules``: the model's, when walked already)."""
-    if not any(m.training for m in (modules if modules is not None else model.modules())):
-        return []
-    return [n or type(model).__name__ for n, m in model.named_modules() if m.training]
-
-
-def training_paths(model: Any) -> list[str]:
+def training_paths(model: Any, modules: list[Any] | None = None) -> list[str]:
     """Names of the modules in training mode whose training forward differs from the judged (eval)
-    one: BatchNorm on the batch's statistics, dropout on."""
+    one: BatchNorm on the batch's statistics, dropout with p > 0, and a module of a class outside
+    torch.nn whose own forward reads ``training`` (a Hugging Face attention's dropout, a router's
+    jitter). A Linear left in training mode computes the same, and is not named. ``modules``: the
+    model's, when walked already (the names are looked up only when one is in training mode)."""
     import torch
 
-    kinds = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.modules.dropout._DropoutNd)
-    return [n for n, m in model.named_modules() if m.training and isinstance(m, kinds)]
+    if not any(m.training for m in (modules if modules is not None else model.modules())):
+        return []
+    norms, drops = torch.nn.modules.batchnorm._BatchNorm, torch.nn.modules.dropout._DropoutNd
+
+    def differs(m: Any) -> bool:
+        if isinstance(m, norms):
+            return True
+        if isinstance(m, drops):
+            return bool(m.p)
+        if type(m).__module__.startswith("torch."):   # nn.MultiheadAttention's own dropout
+            return isinstance(getattr(m, "dropout", None), float) and m.dropout > 0
+        code = getattr(type(m).forward, "__code__", None)
+        return code is not None and "training" in code.co_names
+
+    return [n or type(model).__name__ for n, m in model.named_modules() if m.training and differs(m)]
 
 
 def is_adapter_layer(mod: Any) -> bool:

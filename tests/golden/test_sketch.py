@@ -11,6 +11,7 @@ from torch import nn
 from parity_models import capture_then_replay, llama, mlp_lm, tokens, verdicts
 from pytest_rocm_parity.runner.capture import capture
 
+from pytest_rocm_parity.errors import InvalidArgument
 from pytest_rocm_parity.runner.engine import CheckSpec
 
 from pytest_rocm_parity.runner.replay import replay
@@ -133,3 +134,13 @@ def test_attention_weights_only_the_reference_returns_are_a_note() -> None:
                               CheckSpec(name="m", dtypes=["float32"], sketch=64))
     assert res[0].passed, verdicts(res)
     assert any("optional output '1'" in n and "reference only" in n for n in res[0].notes), res[0].notes
+
+
+def test_a_check_spec_takes_sketch_as_the_fixture_does() -> None:
+    """CheckSpec is public: sketch=True there wrote a manifest that read back as corrupt."""
+    from pytest_rocm_parity.golden.sketch import DEFAULT_GROUP
+
+    assert CheckSpec(name="n", dtypes=["float32"], sketch=True).sketch == DEFAULT_GROUP
+    assert CheckSpec(name="n", dtypes=["float32"], sketch=False).sketch == 0
+    with pytest.raises(InvalidArgument, match="sketch=1"):
+        CheckSpec(name="n", dtypes=["float32"], sketch=1)

@@ -133,6 +133,25 @@ def test_a_forward_patched_on_the_instance_is_named_when_a_rungs_copy_fails() ->
     assert not store.exists("n")
 
 
+class Spectrum(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.fft.rfft(self.fc(x), dim=-1).abs()
+
+
+def test_an_operator_without_a_kernel_in_the_rungs_dtype_is_named_with_the_fix() -> None:
+    """torch.fft has no bfloat16 kernel: the reference's bf16 run raised torch's bare RuntimeError."""
+    store = GoldenStore(tempfile.mkdtemp())
+    with pytest.raises(CaptureError, match=r"the bfloat16 recording run of Spectrum failed: RuntimeError: Unsupported "
+                                           r"dtype BFloat16 \(at .*test_capture_refusals.py:\d+: return torch.fft.rfft"
+                                           r".*model is in float32.*leave bfloat16 out of dtypes="):
+        capture(Spectrum(), torch.randn(2, 16), CheckSpec(name="n", dtypes=["bfloat16"]), store, "cpu")
+    assert not store.exists("n")
+
+
 class Pair(nn.Module):
     def __init__(self) -> None:
         super().__init__()

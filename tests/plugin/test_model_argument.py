@@ -120,3 +120,45 @@ def test_gen(parity):
     rep.stdout.fnmatch_lines(["*InvalidArgument: inputs: expected a tensor, a tuple of positional inputs or a dict*"
                               "got generator*"])
     assert "GoldenMissing" not in rep.stdout.str()
+
+
+def test_a_list_of_inputs_is_refused_with_both_readings(tmp_path) -> None:
+    """A forward taking a list of tensors as one argument got them spread as positional arguments:
+    with one tensor it silently ran another computation. Which reading is meant is the user's to say."""
+    import torch
+
+    from pytest_rocm_parity import CheckSpec, GoldenStore, InvalidArgument, capture
+
+    class Sum(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, xs: list[torch.Tensor]) -> torch.Tensor:
+            return self.fc(torch.stack(list(xs)).sum(0))
+
+    with pytest.raises(InvalidArgument, match=r"inputs is a list of 1: pass a tuple, \(xs,\) .*tuple\(xs\)"):
+        capture(Sum(), [torch.ones(2, 4)], CheckSpec(name="l", dtypes=["float32"]), GoldenStore(tmp_path), "cpu")
+    assert not (tmp_path / "l").exists()
+
+
+def test_an_iterator_among_the_inputs_is_refused_naming_where(tmp_path) -> None:
+    """Every pass calls the model again on the same inputs: a generator inside them was used up by
+    the first, and the next failed inside the model with torch's own error."""
+    import torch
+
+    from pytest_rocm_parity import CheckSpec, GoldenStore, InvalidArgument, capture
+
+    class Sum(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor, extra: object = None) -> torch.Tensor:
+            return self.fc(x + torch.stack(list(extra["terms"])).sum(0)) if extra else self.fc(x)
+
+    terms = (torch.ones(2, 4) for _ in range(2))
+    with pytest.raises(InvalidArgument, match=r"inputs: kwargs.extra.terms is generator, an iterator.*list\(\.\.\.\)"):
+        capture(Sum(), {"x": torch.ones(2, 4), "extra": {"terms": terms}}, CheckSpec(name="g", dtypes=["float32"]),
+                GoldenStore(tmp_path), "cpu")
+    assert not (tmp_path / "g").exists()

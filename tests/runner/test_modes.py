@@ -76,11 +76,45 @@ def test_a_module_swapped_in_after_eval_is_named_not_the_model(tmp_path: Path) -
     store = GoldenStore(tmp_path)
     capture(net, x, spec, store, "cpu", env={})
     net[1] = nn.Dropout(0.5)          # the candidate swaps a module in, left in training mode
-    with pytest.warns(UserWarning, match="dropout is on"):
+    with pytest.warns(UserWarning, match="dropout on"):
         (res,) = replay(net, x, spec, store, "cpu", env={})
     assert res.passed
     assert any(n.startswith("module 1 of the model in eval mode was in training mode") for n in res.notes), res.notes
     assert not any("the model was in training mode" in n for n in res.notes), res.notes
+
+
+class Jitter(nn.Module):
+    """Adds noise in training mode only, as a MoE router's jitter does."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 0.01 * torch.randn_like(x) if self.training else x
+
+
+@pytest.mark.parametrize("swapped, named", [(nn.Identity, False), (Jitter, True)])
+def test_only_a_module_whose_forward_differs_in_training_mode_is_named(tmp_path: Path, swapped: type[nn.Module],
+                                                                        named: bool) -> None:
+    """A module that computes the same in both modes (a Linear, an Identity built after
+    model.eval()) is no news; one whose forward reads self.training is."""
+    net = _net().eval()
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    spec = CheckSpec(name="n", dtypes=["float32"])
+    store = GoldenStore(tmp_path)
+    capture(net, x, spec, store, "cpu", env={})
+    net[1] = swapped()
+    linear = nn.Linear(8, 8)   # built after model.eval(), so in training mode, where it computes the same
+    linear.load_state_dict(net[0].state_dict())
+    net[0] = linear
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        (res,) = replay(net, x, spec, store, "cpu", env={})
+    said = [n for n in res.notes if "training mode" in n] + [str(w.message) for w in seen if "training mode" in str(w.message)]
+    assert res.passed
+    if named:
+        assert said and all(" 1 " in s and " 0 " not in s for s in said), said
+    else:
+        assert not said, said
 
 
 def test_a_buffer_the_model_replaces_while_replayed_is_kept_not_put_back(tmp_path: Path) -> None:
