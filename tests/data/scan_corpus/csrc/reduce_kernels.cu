@@ -47,7 +47,7 @@ struct Tile {};
 constexpr int kLanes = warpSize;  // expect: RP108
 Tile<warpSize> tile;  // expect: RP108
 
-__global__ void rms_norm_kernel(float* out, const float* in, int n) {
+__global__ void rms_norm_kernel(float* out, const float* in, int n) {  // expect: RP125
   const int tid = threadIdx.x;
   const int warp = tid / 32;  // expect: RP105
   float v = in[blockIdx.x * n + tid];

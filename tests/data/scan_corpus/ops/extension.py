@@ -3,7 +3,7 @@ from torch.utils.cpp_extension import load_inline
 
 cuda_source = r"""
 #include <cuda_bf16.h>  // expect: RP119
-__global__ void scale_kernel(float* x, float s, int n) {
+__global__ void scale_kernel(float* x, float s, int n) {  // expect: RP125
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   unsigned lane = threadIdx.x % 32;  // expect: RP105
   float v = __shfl_sync(0xffffffff, x[i], 0);  // expect: RP101

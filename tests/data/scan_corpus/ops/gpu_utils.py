@@ -9,9 +9,9 @@ import xformers.ops  # expect: RP212
 from apex.normalization import FusedLayerNorm  # expect: RP213
 import bitsandbytes as bnb  # expect: RP214
 from mamba_ssm import Mamba  # expect: RP216
-import cupy as cp
+import cupy as cp  # expect: RP217
 
-kernel = cp.RawKernel(r"extern \"C\" __global__ void k(float* x) { x[threadIdx.x] = 0; }", "k")  # expect: RP202
+kernel = cp.RawKernel(r"extern \"C\" __global__ void k(float* x) { x[threadIdx.x] = 0; }", "k")  # expect: RP202 RP125
 
 
 def use_fa3() -> bool:
