@@ -48,7 +48,8 @@ from pytest_rocm_parity.judging.records import NOT_CALLED, CheckResult, LayerRec
 from pytest_rocm_parity.runner.choices import Decisions, present
 from pytest_rocm_parity.runner.selection import Selected, select, unselected_children, unselected_region
 from pytest_rocm_parity.judging.tolerance import Tolerance
-from pytest_rocm_parity.runner.tree import aligned_leaves, constant_leaves, map_tensors, split_leaves, tensor_leaves
+from pytest_rocm_parity.runner.tree import (aligned_leaves, constant_leaves, map_tensors, same_constant, split_leaves,
+                                          tensor_leaves)
 from pytest_rocm_parity.quant.allowance import noise_allowance
 from pytest_rocm_parity.quant.diagnosis import quant_notes
 from pytest_rocm_parity.quant.storage import quantized_tensor_ids
@@ -286,8 +287,7 @@ def _inputs_changed(args0: Any, kwargs0: Any, reader: RungReader, rung: str, met
             if p.rsplit(".", 1)[-1] in CONVENTION_FLAGS:
                 continue   # the candidate's own calling convention (replay notes the change)
             a, b = old.get(p), now.get(p)
-            same = a == b or (isinstance(a, float) and isinstance(b, float) and a != a and b != b)
-            if not same:
+            if not same_constant(a, b):
                 return f"non-tensor input {p} changed ({a!r} -> {b!r})"
     given = tensor_leaves({"args": args, "kwargs": kwargs})
     stored = {k[len("input/"):] for k in reader.keys if k.startswith("input/")}
