@@ -631,7 +631,7 @@ class Hooks:
         self._selected: dict[int, Selected] = {}   # id(module) -> its entry (a module is selected once)
         from pytest_rocm_parity.runner.wrappers import outside_dynamo, unwrap
 
-        model = unwrap(model)
+        model = self._model = unwrap(model)
         pre, post = outside_dynamo(self._pre), outside_dynamo(self._post)
         kinds = hook_sensitive_kinds()
         post_unnested = None
@@ -689,12 +689,33 @@ class Hooks:
         if any(getattr(t, "is_nested", False) for t in (output if isinstance(output, (tuple, list)) else (output,))):
             sel = self._selected[id(mod)]
             self._current[sel.name].pop()
+            encoder = self._encoder_above(sel.name)
+            fix = (f"Build it with enable_nested_tensor=False (the model is the encoder itself, so no module above "
+                   f"its layers can be judged instead)" if encoder == "" else
+                   f"Judge the encoder as a whole (layers=[{encoder or 'its name'!r}], drill=0: its output is a padded "
+                   f"tensor again), or build it with enable_nested_tensor=False")
             raise InvalidArgument(
                 f"{sel.name} returned a nested tensor (nn.TransformerEncoder(enable_nested_tensor=True) given a "
                 f"src_key_padding_mask hands its layers one), whose padded positions are not stored, so it "
-                f"cannot be compared position by position. Judge the encoder as a whole (layers=[its name], "
-                f"drill=0: its output is a padded tensor again), or build it with enable_nested_tensor=False")
+                f"cannot be compared position by position. {fix}")
         return self._post(mod, args, kwargs, output)
+
+    def _encoder_above(self, name: str) -> str | None:
+        """The name of the innermost nn.TransformerEncoder on the way to module ``name`` ("" where it is
+        the model itself), None where there is none."""
+        import torch
+
+        mod, found, path = self._model, None, []
+        if isinstance(mod, torch.nn.TransformerEncoder):
+            found = ""
+        for part in name.split(".") if name else ():
+            mod = mod._modules.get(part)
+            if mod is None:
+                break
+            path.append(part)
+            if isinstance(mod, torch.nn.TransformerEncoder):
+                found = ".".join(path)
+        return found
 
     def standalone(self, mod: Any, args: Any, kwargs: Any) -> Any:
         """``mod.forward(*args, **kwargs)`` called from inside one of these hooks, on its own: the

@@ -74,13 +74,27 @@ def test_a_bug_in_the_fused_kernel_is_named_in_either_replay(mode: str, monkeypa
 
 
 def test_the_nested_path_is_judged_through_the_encoder_and_refused_inside_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(InvalidArgument, match="nested tensor.*enable_nested_tensor=False"):
+    with pytest.raises(InvalidArgument, match=r"nested tensor.*layers=\['enc'\], drill=0.*enable_nested_tensor=False"):
         capture_then_replay(lambda: encoder(nested=True), encoder(nested=True), inputs())
     spec = CheckSpec(name="enc", dtypes=["float32"], layers=["enc"], drill=0)
     res = capture_then_replay(lambda: encoder(nested=True), encoder(nested=True), inputs(), spec)
     assert res[0].passed, verdicts(res)
     res = replay_with_kernel_bug(True, spec, monkeypatch)
     assert not res[0].passed and res[0].culprit == "enc", verdicts(res)
+
+
+def test_a_model_that_is_the_encoder_itself_is_told_the_one_fix_that_works() -> None:
+    """layers=[its name] is layers=[''] there, which selects nothing."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    x = torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(1))
+    pad = torch.zeros(2, 6, dtype=torch.bool)
+    pad[1, 4:] = True
+    with pytest.raises(InvalidArgument, match=r"nested tensor.*Build it with enable_nested_tensor=False \(the model "
+                                              r"is the encoder itself") as err:
+        capture_then_replay(nn.TransformerEncoder(layer, 2).eval(), nn.TransformerEncoder(layer, 2).eval(),
+                            {"src": x, "src_key_padding_mask": pad})
+    assert "layers=" not in str(err.value)
 
 
 class KeywordEncoder(Encoder):
