@@ -315,10 +315,32 @@ def structure_changes(model: Any, recorded: dict[str, Any]) -> str:
     def shapes(entries: str) -> dict[str, str]:
         return dict(e.rsplit(":", 1) for e in entries.split(";") if ":" in e)
     a, b = shapes(old), shapes(fingerprint(model, weights=False)["tensors"])
+    added = [n for n in b if n not in a]
     parts = [f"{what} {names[:5]}{' ...' if len(names) > 5 else ''}" for what, names in (
-        ("added", [n for n in b if n not in a]), ("removed", [n for n in a if n not in b]),
+        ("added", added), ("removed", [n for n in a if n not in b]),
         ("reshaped", [f"{n} {a[n]} -> {b[n]}" for n in a if n in b and a[n] != b[n]])) if names]
-    return ", ".join(parts)
+    return ", ".join(parts) + _untied(model, added, a, b)
+
+
+def _untied(model: Any, added: list[str], recorded: dict[str, str], now: dict[str, str]) -> str:
+    """Where the parameter added is the output embedding, and the golden holds the input embedding of
+    its shape: the captured model tied the two (named_parameters() lists a tied weight once), and
+    this one does not. A checkpoint loaded into a config that unties them leaves the head as it was
+    initialised: regenerating would approve a model whose outputs are noise."""
+    out_fn, in_fn = getattr(model, "get_output_embeddings", None), getattr(model, "get_input_embeddings", None)
+    if not added or not callable(out_fn) or not callable(in_fn):
+        return ""
+    try:
+        head, emb = out_fn(), in_fn()
+    except (AttributeError, NotImplementedError, TypeError):
+        return ""
+    names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
+    h, e = names.get(id(getattr(head, "weight", None))), names.get(id(getattr(emb, "weight", None)))
+    if h is None or e is None or h not in added or e not in recorded or recorded[e] != now.get(h):
+        return ""
+    return (f" ({h} is a weight of its own here; the captured model had it tied to {e}, which it lists alone: "
+            f"a checkpoint loaded with tie_word_embeddings=False leaves {h} as it was initialised, so compare "
+            f"the config with the reference's before regenerating)")
 
 
 def same_structure(model: Any, recorded: dict[str, Any], now: dict[str, str] | None = None) -> bool:

@@ -258,3 +258,21 @@ def test_constant_inputs_are_recorded(tmp_path: Path) -> None:
     m = json.loads(g.manifest.read_text())
     assert m["rungs"]["float32"]["inputs"]["const"] == {"kwargs.scale": 2.0, "kwargs.mode": "a"}
     assert re.fullmatch(r"[0-9a-f]{16}", m["fingerprint"]["weights"])
+
+
+def test_an_untied_head_is_named_with_the_tie_the_golden_had(tmp_path: Path) -> None:
+    """A tied checkpoint loaded into a config that unties the head leaves lm_head as initialised: a
+    model whose outputs are noise, which 'regenerate' would approve."""
+    from parity_models import llama, tokens
+    from pytest_rocm_parity import GoldenStore, capture, replay
+
+    spec = CheckSpec(name="tied", dtypes=["float32"], drill=0)
+    store = GoldenStore(tmp_path)
+    tied = llama(tie_word_embeddings=True)
+    capture(tied, tokens(), spec, store, "cpu")
+    untied = llama(tie_word_embeddings=False)
+    untied.load_state_dict(tied.state_dict(), strict=False)
+    with pytest.raises(GoldenStale, match=r"added \['lm_head.weight'\] \(lm_head.weight is a weight of its own here; "
+                                          r"the captured model had it tied to model.embed_tokens.weight.*"
+                                          r"tie_word_embeddings=False"):
+        replay(untied, tokens(), spec, store, "cpu")
