@@ -97,6 +97,7 @@ def test_one_wrong_row_of_a_port_more_accurate_elsewhere_fails_and_is_named() ->
     print(f"norm: ratio {row.iso.ratio:.3g}x, bound {row.iso.ratio_lo:.2g}x, z={row.iso.z:+.1f}")   # docs/judging.md (-s)
     assert not res.passed and res.culprit == "norm", verdicts([res])
     assert "part of its output is computed wrong" in row.reason and "few blocks" in row.reason, row.reason
+    assert "the rest agree, so the bound over all of them is" in row.reason, row.reason   # not a bare "bound"
 
 
 class Head(nn.Linear):
