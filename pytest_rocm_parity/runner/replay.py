@@ -754,9 +754,14 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
     optional: dict[str, list[str]] = {}
     pos_err: dict[str, tuple[Any, Any]] = {}
 
+    recorded_names = {e["name"] for e in layers.values()}
+    beyond: dict[str, None] = {}   # calls of a recorded module past the golden's count of them
+
     def compare(key: str, out: Any, prefix: str, sink: dict[str, list[LeafMetrics]]) -> None:
         e = layers.get(key)
         if e is None:
+            if key.split("#", 1)[0] in recorded_names:
+                beyond[key] = None
             return
         got = {"0": out} if isinstance(out, torch.Tensor) else aligned_leaves(tensor_leaves(out), e)
         res: list[Any] = []
@@ -884,6 +889,13 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
                                              notes, rerouted, level, decisions):
                 _hooked_level(model, inner, selected, level, layers, acts, golden, compare, iso, judge, notes, rerouted,
                               stored_inputs, decisions=decisions)
+        if beyond:
+            calls_past = list(beyond)
+            notes.append(f"{len(calls_past)} call{'s' if len(calls_past) > 1 else ''} the golden does not hold "
+                         f"({', '.join(calls_past[:3])}{'...' if len(calls_past) > 3 else ''}): the candidate called "
+                         f"{'these modules' if len({k.split('#', 1)[0] for k in calls_past}) > 1 else 'the module'} "
+                         f"more often than the reference did; those calls are not judged, their effect on the "
+                         f"outputs is")
         if rerouted:
             notes.append(f"{len(rerouted)} module call{'s' if len(rerouted) > 1 else ''} ({', '.join(rerouted[:3])}"
                          f"{'...' if len(rerouted) > 3 else ''}) had inputs of other shapes on the candidate than in "
@@ -914,6 +926,14 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
                                 "ones inside one teacher-forced run of the candidate's forward, and the model outputs "
                                 "that code outside them computes; propagated drift not judged")
         finish(result, tol)
+        if beyond and fast and result.passed:   # a passing check shows no notes
+            import warnings
+
+            warnings.warn(f"rocm-parity: {spec.name}: the candidate made {len(beyond)} call"
+                          f"{'s' if len(beyond) > 1 else ''} the golden does not hold ({', '.join(list(beyond)[:3])}): "
+                          f"it called {'those modules' if len(beyond) > 1 else 'the module'} more often than the "
+                          f"reference did. The fast replay judged each call on golden inputs, so what the extra "
+                          f"ones change downstream was not judged: replay with --parity-replay=full", stacklevel=2)
         built = _caller_built_inputs(result.culprit, layers, acts, calls, reader.get, padded=padding is not None)
         calls.clear()
         if built:
@@ -1125,6 +1145,8 @@ def _hooked_level(model: Any, inner: Any, selected: list[Selected], level: int, 
             if outputs_seen is not None:
                 outputs_seen.update(id(t) for t in tensor_leaves(out).values())
             compare(key, direct.pop(key, out), "truth", iso)
+        elif sel.level == level:
+            compare(key, out, "truth", iso)   # a call the golden does not hold: named, not judged
 
     try:
         with Hooks(inner, selected + decisions.extra if decisions is not None else selected, sub, keep,

@@ -1,0 +1,40 @@
+"""A candidate that calls a module more often than the reference did (a loop of another length):
+the calls past the golden's count are named, as the ones it left out are."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from parity_models import capture_then_replay, verdicts
+from pytest_rocm_parity.runner.engine import CheckSpec
+
+
+class Loop(nn.Module):
+    def __init__(self, steps: int = 4) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.cell, self.out = nn.Linear(16, 16), nn.Linear(16, 16)
+        self.steps = steps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(self.steps):
+            x = torch.tanh(self.cell(x))
+        return self.out(x)
+
+
+@pytest.mark.parametrize("route", ["fast", "full"])
+def test_calls_past_the_goldens_count_are_named(route: str) -> None:
+    """The full replay fails on the outputs that the extra step changes; the fast one, which feeds
+    every module golden inputs, passes, and a warning says what it did not judge."""
+    import warnings
+
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        (res,) = capture_then_replay(Loop, Loop(steps=5), x, CheckSpec(name="loop", dtypes=["float32"], replay=route))
+    assert any(n.startswith("1 call the golden does not hold (cell#4): the candidate called the module more often")
+               for n in res.notes), verdicts([res])
+    warned = [str(w.message) for w in seen if "the golden does not hold" in str(w.message)]
+    assert res.passed == (route == "fast") and bool(warned) == (route == "fast"), (verdicts([res]), warned)
+    assert all("--parity-replay=full" in w for w in warned), warned
