@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pytest_rocm_parity.errors import ParityError
@@ -35,8 +36,7 @@ COMMANDS: dict[str, Command] = {
                     "print a golden's manifest and per-layer summary"),
     "diff": Command("pytest_rocm_parity.reports.inspect_cmd:add_diff_arguments", "pytest_rocm_parity.reports.inspect_cmd:run_diff",
                     "compare two goldens layer by layer"),
-    "golden": Command("pytest_rocm_parity.reports.inspect_cmd:add_golden_arguments",
-                      "pytest_rocm_parity.reports.inspect_cmd:run_golden",
+    "golden": Command("pytest_rocm_parity.reports.inspect_cmd:add_golden_arguments", "pytest_rocm_parity.cli:run_golden",
                       "manage a golden directory: prune obsolete goldens, derive one from another"),
     "ops": Command("pytest_rocm_parity.fuzz.opsuite:add_ops_arguments", "pytest_rocm_parity.fuzz.opsuite:run_ops",
                    "run the built-in operator fuzz suite on a backend"),
@@ -48,6 +48,68 @@ def resolve(target: str) -> Callable[..., Any]:
     module, _, name = target.partition(":")
     fn: Callable[..., Any] = getattr(importlib.import_module(module), name)
     return fn
+
+
+def run_golden(args: argparse.Namespace) -> int:
+    """``rocm-parity golden``: prune runs the suite of the project its goldens record (_prune_where)."""
+    if args.golden_command == "prune":
+        _prune_where(args)
+    return int(resolve("pytest_rocm_parity.reports.inspect_cmd:run_golden")(args))
+
+
+def _prune_where(args: argparse.Namespace) -> None:
+    """Point prune's run of the suite at the project the goldens' manifests record, or refuse.
+
+    A run proves goldens obsolete by their test ids, which are relative to pytest's rootdir: run from
+    a folder above the project, pytest would collect every test below that folder (other projects'
+    among them) and the project's under other ids, and find none of the goldens' tests. Given no
+    test paths there, the run goes to the project's folder; a ``--rootdir`` naming another folder is
+    refused. Goldens that record no project (older captures) or several (a shared directory) leave
+    the choice to pytest, as before.
+    """
+    from pytest_rocm_parity.errors import InvalidArgument
+    from pytest_rocm_parity.golden.store import GoldenStore
+
+    root = Path(args.golden_dir)
+    if not root.is_dir():
+        return   # the prune command says what is wrong with it
+    projects = GoldenStore(root).projects()
+    if len(projects) != 1 or not next(iter(projects)).is_dir():
+        return
+    (project,) = projects
+    here = Path.cwd().resolve()
+    extra = [a for a in args.pytest_args or [] if a != "--"]
+    rootdir = _option_value(extra, "--rootdir")
+    if rootdir is not None:
+        if (here / rootdir).resolve() != project:
+            raise InvalidArgument(
+                f"{args.golden_dir}: its goldens record the project at {project} (each manifest's project: the "
+                f"rootdir of the run that captured it), and --rootdir={rootdir} names another folder, from which "
+                f"their tests are not collected under the ids they record, so the run would prove nothing about "
+                f"them. Run it from the project: cd {project} && rocm-parity golden prune "
+                f"{os.path.relpath(root.resolve(), project)}")
+        return
+    if project == here or not project.is_relative_to(here) or _option_value(extra, "-c", "--config-file"):
+        return
+    if any(not a.startswith("-") and Path(a.split("::", 1)[0]).exists() for a in extra):
+        return   # test paths given: pytest finds their project's configuration from them
+    print(f"rocm-parity golden prune: running in {project}, the project these goldens record (from {here}, "
+          f"pytest would collect every test below it, and the project's under other ids than the goldens name)",
+          flush=True)
+    args.golden_dir = str(root.resolve())
+    os.chdir(project)
+
+
+def _option_value(argv: list[str], *flags: str) -> str | None:
+    """The value of the last of ``flags`` in ``argv`` (``--flag=V`` or ``--flag V``), None if absent."""
+    found = None
+    for i, a in enumerate(argv):
+        for flag in flags:
+            if a.startswith(flag + "="):
+                found = a[len(flag) + 1:]
+            elif a == flag and i + 1 < len(argv):
+                found = argv[i + 1]
+    return found
 
 
 def version_text() -> str:

@@ -309,6 +309,16 @@ class GoldenStore:
                 name = manifest.get("name")
                 yield (name if isinstance(name, str) else d.name), d, manifest
 
+    def projects(self) -> set[Path]:
+        """The folders of the projects whose captures the goldens under the root record (each manifest's
+        ``project``, resolved against the root); goldens captured before it was recorded add none."""
+        found: set[Path] = set()
+        for _name, _d, manifest in self.goldens_on_disk():
+            owner = manifest.get(PROJECT_KEY) if manifest is not None else None
+            if isinstance(owner, str):
+                found.add((self.root / owner).resolve())
+        return found
+
     def leftovers(self) -> list[Path]:
         """Files a capture stopped without cleaning up left under the root (a SIGTERM or SIGKILL
         between staging and commit): tensor files of ours that no manifest names, in a golden's
