@@ -48,8 +48,8 @@ from pytest_rocm_parity.judging.records import NOT_CALLED, CheckResult, LayerRec
 from pytest_rocm_parity.runner.choices import Decisions, present
 from pytest_rocm_parity.runner.selection import Selected, select, unselected_children, unselected_region
 from pytest_rocm_parity.judging.tolerance import Tolerance
-from pytest_rocm_parity.runner.tree import (aligned_leaves, constant_leaves, map_tensors, same_constant, split_leaves,
-                                          tensor_leaves)
+from pytest_rocm_parity.runner.tree import (aligned_leaves, constant_leaves, map_tensors, named_fields, same_constant,
+                                          split_leaves, tensor_leaves)
 from pytest_rocm_parity.quant.allowance import noise_allowance
 from pytest_rocm_parity.quant.diagnosis import quant_notes
 from pytest_rocm_parity.quant.storage import quantized_tensor_ids
@@ -1250,7 +1250,9 @@ def _compare_outputs(out: Any, meta: dict[str, Any], reader: RungReader, judge: 
     model, in one flush. An optional output that only the reference produces (optional_leaf: caches,
     attention weights, hidden-state tuples) is a note; any other missing output fails."""
     recs = []
-    got = aligned_leaves(tensor_leaves(out), meta["outputs"])
+    leaves = tensor_leaves(out)
+    got = aligned_leaves(leaves, meta["outputs"])
+    notes += _convention_mismatch(leaves, meta["outputs"])
     rung = _rung_of(reader)
     missing = []
     sinks: list[tuple[LayerRecord, list[Any]]] = []
@@ -1278,6 +1280,25 @@ def _compare_outputs(out: Any, meta: dict[str, Any], reader: RungReader, judge: 
         rec.passed = rec.prop_passed
     notes += optional_notes({}, missing)
     return recs
+
+
+def _convention_mismatch(leaves: dict[str, Any], recorded: dict[str, Any]) -> list[str]:
+    """A note where the candidate returns its outputs by position and the reference by name (or the
+    reverse) and the two count other numbers of them: matched by position, some have no counterpart,
+    which reads as outputs missing rather than as the return type changed."""
+    got = named_fields(leaves) or _top_positions(leaves)
+    want = recorded.get("fields") or named_fields(recorded["out"]) or _top_positions(recorded["out"])
+    if bool(named_fields(leaves)) == bool(named_fields(recorded["out"])) or len(got) == len(want):
+        return []
+    how = ("by position" if not named_fields(leaves) else "by name")
+    return [f"the candidate returns {len(got)} output{'s' if len(got) != 1 else ''} {how} where the reference "
+            f"returned {len(want)} {'by name' if how == 'by position' else 'by position'} "
+            f"({', '.join(map(str, want[:6]))}{'...' if len(want) > 6 else ''}): its return type changed; they are "
+            f"matched by position, so the ones past the shorter list have no counterpart"]
+
+
+def _top_positions(paths: Any) -> list[str]:
+    return list(dict.fromkeys(p.split(".", 1)[0] for p in paths))
 
 
 def _rung_of(reader: RungReader) -> str:

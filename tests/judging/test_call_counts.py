@@ -38,3 +38,25 @@ def test_calls_past_the_goldens_count_are_named(route: str) -> None:
     warned = [str(w.message) for w in seen if "the golden does not hold" in str(w.message)]
     assert res.passed == (route == "fast") and bool(warned) == (route == "fast"), (verdicts([res]), warned)
     assert all("--parity-replay=full" in w for w in warned), warned
+
+
+class Named(nn.Module):
+    def __init__(self, as_list: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 4)
+        self.as_list = as_list
+
+    def forward(self, x: torch.Tensor) -> object:
+        h = self.a(x)
+        logits = self.b(torch.relu(h))
+        return [h, logits] if self.as_list else {"hidden": h, "logits": logits, "mask": logits > 0}
+
+
+@pytest.mark.parametrize("route", ["fast", "full"])
+def test_outputs_returned_by_position_where_the_reference_named_them_say_the_type_changed(route: str) -> None:
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
+    (res,) = capture_then_replay(Named, Named(as_list=True), x, CheckSpec(name="o", dtypes=["float32"], replay=route))
+    assert not res.passed
+    assert any(n.startswith("the candidate returns 2 outputs by position where the reference returned 3 by name "
+                            "(hidden, logits, mask): its return type changed") for n in res.notes), verdicts([res])
