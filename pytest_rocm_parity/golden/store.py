@@ -327,13 +327,13 @@ class GoldenStore:
         manifest cannot be read, where the tensor files are what there is to restore."""
         if not self.root.is_dir():
             return []
-        return [p for d in sorted(self.root.iterdir()) if d.is_dir() and not d.is_symlink() for p in _leftovers_in(d)]
+        return [p for d in sorted(self.root.iterdir()) if d.is_dir() and not d.is_symlink() for p in _listed_leftovers(d)]
 
     def leftovers_of(self, name: str) -> list[Path]:
         """leftovers() in ``name``'s directory. Where it has no manifest these are the tensor files a
         deleted manifest named, or a first capture that stopped left."""
         d = self.dir_for(name)
-        return _leftovers_in(d) if d.is_dir() and not d.is_symlink() else []
+        return _listed_leftovers(d) if d.is_dir() and not d.is_symlink() else []
 
     def remove_leftovers(self, paths: list[Path]) -> list[Path]:
         """Delete ``paths`` (leftovers()), each checked again under its directory's lock; a directory
@@ -632,6 +632,32 @@ def _leftovers_in(d: Path) -> list[Path]:
     return [p for p in sorted(d.iterdir())
             if p.name not in keep and not p.is_symlink() and p.is_file()
             and (p.name.startswith(".tmp-") or _TENSOR_FILE.match(p.name)) and not _in_use(p)]
+
+
+def _listed_leftovers(d: Path) -> list[Path]:
+    """_leftovers_in(d) for a listing, under a shared lock on the directory: no writer commits between
+    the manifest's read and the files' check (the file it just committed is no leftover). A directory
+    a writer holds right now is skipped: its files there (a .tmp-* being written, one being committed)
+    are a live capture's work, not a stopped one's; the next listing sees what it left."""
+    try:
+        import fcntl
+    except ImportError:
+        return _leftovers_in(d)
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return []
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return []
+    except OSError:   # a file system without flock: nobody can lock there
+        pass
+    try:
+        return _leftovers_in(d)
+    finally:
+        os.close(fd)
 
 
 def _referenced(mpath: Path) -> set[str]:
