@@ -46,6 +46,11 @@ class GoldenLog:
     def to_dict(self) -> dict[str, Any]:
         return {**{k: getattr(self, k) for k in NAME_LISTS}, "used": sorted(self.used), "withheld": self.withheld}
 
+    def dedupe(self) -> None:
+        """List each name once: several tests may keep (or replay) one golden, a migration's variants."""
+        for k in NAME_LISTS:
+            setattr(self, k, list(dict.fromkeys(getattr(self, k))))
+
     def merge(self, other: dict[str, Any]) -> None:
         for k in NAME_LISTS:
             getattr(self, k).extend(x for x in other.get(k, []) if x not in getattr(self, k))
@@ -83,6 +88,7 @@ class RunLog:
     incomplete: set[str] = field(default_factory=set)             # ids with a phase failed or skipped
     owners: dict[str, str] = field(default_factory=dict)          # check name -> the first test that ran it
     checkers: set[str] = field(default_factory=set)               # every test that made a check
+    writers: dict[str, str] = field(default_factory=dict)         # check name -> the first test whose check writes it
     ignored: bool = False                                         # --ignore or --ignore-glob skipped paths
 
     def complete_files(self) -> set[str]:
@@ -96,7 +102,7 @@ class RunLog:
     def to_dict(self) -> dict[str, Any]:
         return {"collected": {f: sorted(ids) for f, ids in self.collected.items()}, "partial": sorted(self.partial),
                 "narrowed": sorted(self.narrowed), "owners": self.owners, "checkers": sorted(self.checkers),
-                "ignored": self.ignored}
+                "writers": self.writers, "ignored": self.ignored}
 
     def merge(self, other: dict[str, Any], capturing: bool) -> list[str]:
         """Add a worker's log; returns the duplicate-name errors seen across workers (Session.claim's rule)."""
@@ -106,20 +112,23 @@ class RunLog:
         self.narrowed.update(other.get("narrowed", []))
         self.checkers.update(other.get("checkers", []))
         self.ignored = self.ignored or bool(other.get("ignored"))
+        for name, test in other.get("writers", {}).items():   # before the owners: either worker's write counts
+            self.writers.setdefault(name, test)
         errors = []
         for name, test in other.get("owners", {}).items():
             prev = self.owners.setdefault(name, test)
-            if clash(name, prev, test, capturing):
+            if clash(name, prev, test, capturing and name in self.writers):
                 errors.append(duplicate_message(name, prev, test, capturing))
         return errors
 
 
-def clash(name: str, first: str, second: str, capturing: bool) -> bool:
+def clash(name: str, first: str, second: str, writing: bool) -> bool:
     """Whether two tests' checks of one name are refused: several tests may replay one golden (a
-    migration's variants, parametrized: a replay writes nothing), but a capture run captures each
-    name once, and two tests whose default names coincide (one file name in two directories) are
-    told apart in either mode."""
-    return first != second and (capturing or name in (default_name(first), default_name(second)))
+    migration's variants, parametrized), or keep it in a capture run that does not write it (it
+    exists and --parity-regen does not ask for it), but a golden this run writes is written from
+    one test (``writing``: either check writes it), and two tests whose default names coincide (one
+    file name in two directories) are told apart in either mode."""
+    return first != second and (writing or name in (default_name(first), default_name(second)))
 
 
 def duplicate_message(name: str, first: str, second: str, capturing: bool = True) -> str:
@@ -130,11 +139,11 @@ def duplicate_message(name: str, first: str, second: str, capturing: bool = True
         return (f"check name {name!r} is used {where} in this run; one name is one golden, so the two checks would "
                 f"{'capture into' if capturing else 'replay'} the same files. {fix}")
     if first != second:
-        # several tests replaying one golden is allowed (candidate variants); capturing it twice is not
-        return (f"check name {name!r} is used {where} in this capture run; one name is one golden, captured "
-                f"once. Capture it from one of the tests (select it with -k, or capture before adding the "
-                f"others); in a replay run every test that names it is judged against that golden. For two "
-                f"goldens, give each check its own name=")
+        # several tests replaying or keeping one golden is allowed (candidate variants); writing it twice is not
+        return (f"check name {name!r} is used {where} in this capture run, which writes its golden; one name is "
+                f"one golden, written from one test. Capture it from one of the tests (select it with -k, or "
+                f"capture before adding the others: once it exists, a capture run keeps it and every test that "
+                f"names it is judged against it in a replay run). For two goldens, give each check its own name=")
     return (f"check name {name!r} is used {where} in this run; one name is one golden, and one test judges it "
             f"once. Give each check its own name= (or parametrize the test: several tests may replay one golden)")
 
@@ -418,6 +427,7 @@ class ParitySession:
         self.pending.clear()
         if isinstance(self.store, StagingStore):
             self.store.close()
+        self.goldens.dedupe()
         workeroutput = getattr(session.config, "workeroutput", None)
         if workeroutput is not None:
             workeroutput[WORKER_KEY] = json.dumps({"results": self.results, "goldens": self.goldens.to_dict(),
@@ -655,11 +665,21 @@ class ParitySession:
 
         if name in names_of_this_test:
             raise DuplicateCheckName(duplicate_message(name, test, test))
+        if self.writes(name):
+            self.run.writers.setdefault(name, test)
         prev = self.run.owners.setdefault(name, test)
-        if clash(name, prev, test, self.capturing):
+        if clash(name, prev, test, self.capturing and name in self.run.writers):
             raise DuplicateCheckName(duplicate_message(name, prev, test, capturing=self.capturing))
         names_of_this_test.add(name)
         self.run.checkers.add(test)
+
+    def writes(self, name: str) -> bool:
+        """Whether this run's check of ``name`` writes its golden: a capture run writes a golden that
+        is not there yet (unless a --parity-regen glob leaves it out) and one --parity-regen asks for;
+        it keeps any other."""
+        if not self.capturing:
+            return False
+        return self.regen_matches(name) or (self.options.regen is None and not self.store.exists(name))
 
     def _regen_not_a_path(self, config: pytest.Config) -> None:
         """``--parity-regen tests/test_x.py`` (a space, not ``=``) makes the path the glob: say so."""

@@ -204,6 +204,31 @@ def test_candidate_variants_replay_one_golden_and_capture_it_once(project: pytes
     assert "is used by" not in spread.stdout.str()
 
 
+def test_variants_keep_their_existing_golden_in_later_capture_and_regen_runs(project: pytest.Pytester) -> None:
+    """Once the variants' golden exists, a capture run keeps it for each of them, and a regen of another
+    name leaves it alone: neither writes it, so no duplicate-name error; a regen that asks for it
+    writes it, and is refused as a second writer."""
+    project.makepyfile(test_port=VARIANTS)
+    project.runpytest("--rocm-parity", "--parity-mode=capture", "-k", "reference").assert_outcomes(passed=1,
+                                                                                                 deselected=2)
+    before = (project.path / "goldens" / "port" / "manifest.json").read_bytes()
+    for args in (["--parity-mode=capture"], [f"{REGEN}=tiny"]):
+        result = project.runpytest("--rocm-parity", *args)
+        assert "DuplicateCheckName" not in result.stdout.str(), args
+        assert result.ret == pytest.ExitCode.OK, args
+        result.stdout.fnmatch_lines(["goldens kept (*): *port"])
+        assert "port, port" not in result.stdout.str()   # listed once, however many tests kept it
+    assert (project.path / "goldens" / "port" / "manifest.json").read_bytes() == before
+    both = project.runpytest("--rocm-parity", f"{REGEN}=port")
+    both.assert_outcomes(passed=1, failed=1, skipped=1)
+    both.stdout.fnmatch_lines(["*DuplicateCheckName: check name 'port' is used by test_port.py::test_port[[]reference[]] "
+                               "and again by test_port.py::test_port[[]tanh-gelu[]] in this capture run, which writes*"])
+    pytest.importorskip("xdist")
+    spread = project.runpytest_subprocess("-n", "2", "--rocm-parity", "--parity-mode=capture", "test_port.py")
+    assert spread.ret == pytest.ExitCode.OK
+    assert "is used by" not in spread.stdout.str()
+
+
 RENAMED_VARIANT = '''
 import pytest
 from conftest import make_model, make_inputs
