@@ -242,15 +242,29 @@ def _judge_cached(rung: str, tol: Any, cand: Any, ref: Any, truth: Any, noise: f
         return float(x.square().mean().sqrt())
 
     ref, cand = ref.to(truth.device, torch.float64), cand.to(truth.device, torch.float64)
-    m = LeafMetrics("cached_logits", int(truth.numel()), err_cand=rms(cand - truth), err_ref=rms(ref - truth),
-                    rms_truth=rms(truth))
-    m.ratio = rule.propagated_ratio(m)
-    m.allow_noise(noise)
+
+    def judged(c: Any, r: Any, t: Any) -> LeafMetrics:
+        m = LeafMetrics("cached_logits", int(t.numel()), err_cand=rms(c - t), err_ref=rms(r - t), rms_truth=rms(t))
+        m.ratio = rule.propagated_ratio(m)
+        m.allow_noise(noise)
+        return m
+
+    m = judged(cand, ref, truth)
     why = rule.failure(m, isolated=False)
+    # step by step: a cache written wrong shows from the step after the token it was written for
+    per_step = [judged(cand[:, s], ref[:, s], truth[:, s]) for s in range(truth.shape[1])]
     metrics = {"steps": int(truth.shape[1]), "err": m.err_cand, "err_ref": m.err_ref, "ratio": m.ratio,
-               "budget": rule.quant_noise if m.noise > m.err_ref else rule.k, "quant_noise": m.noise}
+               "budget": rule.quant_noise if m.noise > m.err_ref else rule.k, "quant_noise": m.noise,
+               "step_ratios": [s.ratio for s in per_step]}
+    if not why:
+        return metrics, ""
+    first = next((i for i, s in enumerate(per_step) if rule.failure(s, isolated=False)), None)
+    where = "" if first is None else (
+        f"; step by step the first over budget is step {first} of 0-{truth.shape[1] - 1} ({per_step[first].ratio:.3g}x"
+        + (f", after step{'s' if first > 1 else ''} 0{f'-{first - 1}' if first > 1 else ''} within it: a cache "
+           f"entry written wrong, or a position past the prompt" if first > 0 else "") + ")")
     return metrics, (f"KV-cache decoding (the continuation's {truth.shape[1]} steps, one token each with the "
-                     f"cache): {why}" if why else "")
+                     f"cache): {why}{where}")
 
 
 def check_lm(parity: Any, model: Any, input_ids: Any, *, name: str | None = None, dtypes: Any = None,

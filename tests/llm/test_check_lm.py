@@ -196,6 +196,9 @@ def test_a_bug_only_in_kv_cache_decoding_is_caught(lm_project: pytest.Pytester, 
     doc = json.loads((lm_project.path / "rep" / "parity-report.json").read_text())
     fp32 = next(c for c in doc["checks"] if c["dtype"] == "float32")
     assert not fp32["passed"] and fp32["extra"]["lm"]["cached_decode"]["ratio"] > 1000
+    # step by step: this bug is in every decode step, so the first over budget is the first
+    assert len(fp32["extra"]["lm"]["cached_decode"]["step_ratios"]) == 3
+    bad.stdout.fnmatch_lines(["*KV-cache decoding*step by step the first over budget is step 0 of 0-2 (*x)*"])
     # a decode path that raises is a failure of the check, named, not an error of the plugin
     monkeypatch.setenv("BUG", "llama-kvcrash")
     crash = lm_project.runpytest("--rocm-parity", "-k", "llama")
