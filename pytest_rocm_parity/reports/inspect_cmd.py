@@ -788,7 +788,8 @@ def add_golden_arguments(p: argparse.ArgumentParser) -> None:
     prune.add_argument("golden_dir", metavar="GOLDEN_DIR", help="the golden directory (--parity-golden-dir)")
     prune.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
     prune.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="PYTEST_ARGS",
-                       help="passed to pytest: the test paths to run (default: the project's testpaths)")
+                       help="passed to pytest: the test paths to run (default: pytest's own, the testpaths of the ini "
+                            "file found from the current directory, else the current directory)")
     from pytest_rocm_parity.golden.derive import add_derive_arguments
 
     add_derive_arguments(sub.add_parser(

@@ -186,8 +186,9 @@ def summary_lines(session: Any) -> list[str]:
             lines.append(f"goldens {label}: {_listed(list(items))}")
     lines += withheld_lines(withheld)
     if leftovers:
-        lines.append(f"leftover files (no manifest names them: a stopped capture's, or a golden's whose manifest.json "
-                     f"is gone, which git checkout restores; --parity-prune-obsolete deletes): "
+        lines.append(f"leftover files (no manifest names them: a stopped capture's, a file a regeneration replaced "
+                     f"while another run was reading it, or a golden's whose manifest.json is gone, which git "
+                     f"checkout restores; --parity-prune-obsolete deletes): "
                      f"{_listed([str(p) for p in leftovers])}")
     no_dir = (session.store.missing_root(capture_command(flags=session.options.command_flags))
               if g.missing and hasattr(session, "store") else "")

@@ -193,7 +193,8 @@ def test_a_golden_whose_manifest_was_deleted_says_restore_it(project: pytest.Pyt
     rep.stdout.fnmatch_lines([f"*GoldenMissing: no golden for 'tiny': *tiny holds its tensor files (*.safetensors) but "
                               f"no manifest.json*Restore it from version control (git checkout {manifest}), or "
                               f"capture it again: *--parity-mode=capture*",
-                              "leftover files (no manifest names them: a stopped capture's, or a golden's whose "
+                              "leftover files (no manifest names them: a stopped capture's, a file a regeneration replaced while another "
+                              "run was reading it, or a golden's whose "
                               "manifest.json is gone, which git checkout restores*"])
 
 
