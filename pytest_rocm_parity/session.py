@@ -372,15 +372,23 @@ class ParitySession:
 
     def foreign(self, spec: Any, owner: str, regen: bool) -> str:
         """Lists the golden of ``spec.name`` as another project's (``owner``, other_project) and says why
-        it is not this project's to judge against (``regen``: to overwrite), and the fixes."""
-        self.goldens.foreign.append(spec.name)
+        it is not this project's to judge against (``regen``: to overwrite), and the fixes. The message
+        starts with what is wrong (pytest's short summary shows only its start): whose golden it is.
+        A --parity-regen glob that does not ask for the name keeps it, as it keeps any golden it does
+        not match: listed kept, its skip reason saying whose it is, so that the run's list of another
+        project's goldens holds the names the regen was refused for."""
+        if self.capturing and not regen and self.options.regen is not None and not self.regen_matches(spec.name):
+            self.goldens.kept.append(spec.name)
+        else:
+            self.goldens.foreign.append(spec.name)
         ours = f"{Path(self.config.rootpath).name}-{spec.name}"
         what = ("regenerating it would overwrite that project's golden" if regen else
                 "it describes that project's model, not this check's")
-        return (f"{self.store.manifest_path(spec.name)}: the golden for {spec.name!r} belongs to another project: "
-                f"its manifest records the project {owner} as the one that captured it, and this run's is "
-                f"{Path(self.config.rootpath).resolve()}. The golden directory {self.store.root} is shared, and "
-                f"checks of both projects are named {spec.name!r}; {what}. Give this check a name of its own, "
+        return (f"the golden for {spec.name!r} belongs to another project: its manifest "
+                f"{self.store.manifest_path(spec.name)} records the project {owner} as the one that captured it, "
+                f"and this run's is {Path(self.config.rootpath).resolve()}. The golden directory {self.store.root} "
+                f"is shared, and checks of both projects are named {spec.name!r}; {what}. Give this check a name "
+                f"of its own, "
                 f"e.g. parity.check(..., name={ours!r}), and capture it, or give each project a golden directory "
                 f"of its own ({GOLDEN_DIR}, ini parity_golden_dir). If {owner} is this project checked out at "
                 f"another place, replace the golden on purpose: {spec.regen_command} {ALLOW_REFERENCE_CHANGE}")

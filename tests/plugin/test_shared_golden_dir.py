@@ -41,19 +41,24 @@ def snapshot(d: Path) -> dict[str, bytes]:
     return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
 
 
-def test_a_replay_of_another_projects_golden_says_whose_it_is(pytester: pytest.Pytester, shared: Path) -> None:
+def test_a_replay_of_another_projects_golden_says_whose_it_is(pytester: pytest.Pytester, shared: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "400")   # pytest's short summary cuts its lines at the terminal's width
     result = pytester.runpytest("--rocm-parity", "--parity-report=rep")
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
     assert "weights changed" not in out
     a = (pytester.path / "a").resolve()
     result.stdout.fnmatch_lines([
-        "*GoldenStale: *manifest.json: the golden for 'test_model.py::test_model' belongs to another project: its "
-        f"manifest records the project {a} as the one that captured it*Give this check a name of its own, e.g. "
+        "*GoldenStale: the golden for 'test_model.py::test_model' belongs to another project: its manifest "
+        f"*manifest.json records the project {a} as the one that captured it*Give this check a name of its own, e.g. "
         "parity.check(..., name='b-test_model.py::test_model')*or give each project a golden directory of its own*"
         f"replace the golden on purpose: *{ALLOW_REFERENCE_CHANGE}",
         "goldens of another project (*): test_model.py::test_model"])
     assert "goldens stale" not in out
+    # pytest's short summary, which shows the message's start only, says whose golden it is
+    result.stdout.fnmatch_lines(["FAILED *test_model* - Failed: GoldenStale: the golden for "
+                                 "'test_model.py::test_model' belongs to another project*"])
     # the reports list it too, beside the check's error
     doc = json.loads((pytester.path / "b" / "rep" / "parity-report.json").read_text())
     assert doc["goldens"]["foreign"] == ["test_model.py::test_model"] and not doc["goldens"]["stale"]
@@ -79,6 +84,36 @@ def test_regen_refuses_to_overwrite_another_projects_golden(pytester: pytest.Pyt
     assert snapshot(shared) == before
     monkeypatch.chdir(pytester.path / "a")
     pytester.runpytest("--rocm-parity").assert_outcomes(passed=1)
+
+
+OTHER_TEST = MODEL_TEST.replace("def test_model(", "def test_other(")
+
+
+def test_a_regen_of_one_name_lists_only_that_name_as_another_projects(pytester: pytest.Pytester,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two colliding names; --parity-regen asks for one: that one is refused and listed as another
+    project's golden, the other is kept as every golden the glob does not match is (its skip reason
+    still says whose it is)."""
+    shared = pytester.path / "shared"
+    for project, seed in (("a", 0), ("b", 9)):
+        tests = pytester.path / project / "tests"
+        tests.mkdir(parents=True)
+        (pytester.path / project / "pytest.ini").write_text(f"[pytest]\ntestpaths = tests\nparity_golden_dir = {shared}\n")
+        (tests / "test_model.py").write_text(MODEL_TEST.format(seed=seed))
+        (tests / "test_other.py").write_text(OTHER_TEST.format(seed=seed))
+    monkeypatch.chdir(pytester.path / "a")
+    pytester.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=2)
+    monkeypatch.chdir(pytester.path / "b")
+    before = snapshot(shared)
+    result = pytester.runpytest("--rocm-parity", f"{REGEN}=test_model.py::test_model", "-rs")
+    result.assert_outcomes(failed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*ReferenceChange: the golden for 'test_model.py::test_model' belongs to another "
+                                 "project*",
+                                 "goldens of another project (*): test_model.py::test_model",
+                                 "goldens kept (*does not match them): test_other.py::test_other"])
+    result.stdout.fnmatch_lines(["SKIPPED *kept: the golden for 'test_other.py::test_other' belongs to another "
+                                 "project*"])
+    assert snapshot(shared) == before
 
 
 def test_the_other_projects_golden_is_replaced_only_on_purpose(pytester: pytest.Pytester, shared: Path) -> None:
