@@ -27,6 +27,7 @@ REPLAY_KINDS = ("auto", "full", "fast")
 ALLOW_REFERENCE_CHANGE = "--parity-allow-reference-change"
 GOLDEN_SIZE_LIMIT = "--parity-golden-size-limit"
 PRUNE_DRY_RUN = "--parity-prune-dry-run"
+REQUIRE = "--parity-require"
 DEFAULT_GOLDEN_SIZE_LIMIT_MB = 50.0
 REGEN_ALL = "*"
 
@@ -37,7 +38,7 @@ FLAG_DESTS = {ENABLE: "rocm_parity", MODE: "parity_mode", REGEN: "parity_regen",
               DTYPES: "parity_dtypes", DRILL: "parity_drill", REPLAY: "parity_replay", PROFILE: "parity_profile",
               PRUNE: "parity_prune_obsolete", PRUNE_DRY_RUN: "parity_prune_dry_run",
               ALLOW_REFERENCE_CHANGE: "parity_allow_reference_change",
-              GOLDEN_SIZE_LIMIT: "parity_golden_size_limit"}
+              GOLDEN_SIZE_LIMIT: "parity_golden_size_limit", REQUIRE: "parity_require"}
 
 
 class Mode(str, enum.Enum):
@@ -214,6 +215,9 @@ def addoption(parser: pytest.Parser) -> None:
         action="store_true")
     add(GOLDEN_SIZE_LIMIT, "parity_golden_size_limit", "warn when a captured golden is larger than this many MB "
         f"(default {DEFAULT_GOLDEN_SIZE_LIMIT_MB:g}; 0: never)", type=parse_size_limit, metavar="MB")
+    add(REQUIRE, "parity_require", f"fail the run when it collects parity tests without {ENABLE}, instead of "
+        "skipping them (for a CI job, or an ini file that only CI reads)", ini_type="bool", default=False,
+        action="store_true")
 
 
 @dataclass(frozen=True)
@@ -233,6 +237,7 @@ class ParityOptions:
     ladder: bool = True            # float32 kept beside explicit low-precision dtypes
     prune_dry_run: bool = False
     allow_reference_change: bool = False
+    require: bool = False          # parity tests collected without --rocm-parity fail the run
     golden_size_limit: int | None = int(DEFAULT_GOLDEN_SIZE_LIMIT_MB * 1e6)   # bytes; None: no warning
     # flags the commands we print must repeat: a golden directory given on the command line (an ini
     # key is read again by the printed command; a flag is not)
@@ -335,6 +340,7 @@ def from_config(config: pytest.Config) -> ParityOptions:
         ladder=bool(getini(config, "parity_ladder")),
         prune_dry_run=bool(_get(config, "parity_prune_dry_run")),
         allow_reference_change=bool(_get(config, "parity_allow_reference_change")),
+        require=bool(_get(config, "parity_require")),
         golden_size_limit=_size_limit(_get(config, "parity_golden_size_limit", parse_size_limit)),
         command_flags=_command_flags(config),
     )
@@ -392,9 +398,10 @@ def _size_limit(mb: Any) -> int | None:
 def given_without_enable(config: pytest.Config) -> list[str]:
     """The --parity-* flags given on the command line, which do nothing without --rocm-parity.
 
-    --parity-device is left out: the parity_ops fixture honours it without --rocm-parity.
+    --parity-device is left out: the parity_ops fixture honours it without --rocm-parity; so is
+    --parity-require, which is meant for a run without it.
     """
-    flags = {f: d for f, d in FLAG_DESTS.items() if f not in (ENABLE, DEVICE)}
+    flags = {f: d for f, d in FLAG_DESTS.items() if f not in (ENABLE, DEVICE, REQUIRE)}
     # "is not": a value of 0 (--parity-drill=0) equals False, and is given all the same
     return [flag for flag, dest in flags.items() if config.getoption(dest, None) is not None
             and config.getoption(dest, None) is not False]

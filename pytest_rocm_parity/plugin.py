@@ -66,14 +66,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if "parity" in getattr(item, "fixturenames", ()) or item.get_closest_marker("parity") is not None:
             item.add_marker(skip)
             skipped += 1
-    ignored = _ignored_under_ci(config)
-    if ignored and skipped:
+    why = _skipping_fails(config, "run")
+    if why and skipped:
         # a forgotten --rocm-parity would turn a CI job green with every parity test skipped
         raise pytest.UsageError(
-            f"{_ignored_message(ignored)}. Under CI=true this fails the run: the parity tests would be skipped and "
+            f"{why}: the parity tests would be skipped and "
             f"the job would pass without judging anything (counted at collection: {skipped}, those that name the "
             f"parity fixture as an argument or carry the parity marker; a test that takes the fixture through "
             f"request.getfixturevalue is seen only when it runs, and fails then)")
+
+
+def _skipping_fails(config: pytest.Config, what: str) -> str:
+    """Why this run fails its parity tests instead of skipping them without --rocm-parity ('' where
+    it skips them): parity options given under CI=true, or --parity-require (ini parity_require).
+    ``what``: the run, or the test (one that takes the fixture through request.getfixturevalue)."""
+    ignored = _ignored_under_ci(config)
+    if ignored:
+        return f"{_ignored_message(ignored)}. Under CI=true this fails the {what}"
+    if opt.from_config(config).require:
+        return (f"rocm-parity: {opt.REQUIRE} (or parity_require = true in the ini file) is set, and {opt.ENABLE} "
+                f"is not given (nor rocm_parity = true in the ini file). Add {opt.ENABLE} to run the parity tests, "
+                f"or leave them out of this run (--ignore=PATH). {opt.REQUIRE} fails the {what}")
+    return ""
 
 
 def _ignored_under_ci(config: pytest.Config) -> list[str]:
@@ -112,10 +126,9 @@ def parity(request: pytest.FixtureRequest) -> Any:
     """Per-layer cross-backend parity: ``parity.check(model, inputs)``; see the README."""
     session = request.config.stash.get(SESSION_KEY, None)
     if session is None:
-        ignored = _ignored_under_ci(request.config)
-        if ignored:   # a test that takes the fixture through request.getfixturevalue: collection did not see it
-            pytest.fail(f"{_ignored_message(ignored)}. Under CI=true this fails the test: skipped, it would let the "
-                        f"job pass without judging anything", pytrace=False)
+        why = _skipping_fails(request.config, "test")
+        if why:   # a test that takes the fixture through request.getfixturevalue: collection did not see it
+            pytest.fail(f"{why}: skipped, it would let the job pass without judging anything", pytrace=False)
         pytest.skip(SKIP_REASON)
     from pytest_rocm_parity.api import Parity
 
