@@ -245,19 +245,26 @@ class Parity:
                                    f"never overwrites: rewrite it with {spec.regen_command}")
             if not exists and s.options.regen not in (None, "*") and not s.regen_matches(spec.name):
                 s.skip_check(spec, f"{spec.name!r} does not match --parity-regen={s.options.regen!r}")
+
+            def refuse(exc: ParityError) -> None:
+                """A refused write is a check without a verdict: listed as an error, as a failed capture is."""
+                __tracebackhide__ = True
+                self._error(spec, exc, kind)
+                fail_once(exc)
+
             if not s.options.may_write():
-                fail_once(WriteForbidden(
+                refuse(WriteForbidden(
                     f"refusing to write the golden for {spec.name!r} into {s.store.root} because CI=true; goldens "
                     f"are captured on the reference machine and committed. Pass --parity-allow-write to override."))
             owner = s.owner_of(spec.name) if exists and not s.options.allow_reference_change else ""
             if owner:
-                fail_once(ReferenceChange(s.foreign(spec, owner, regen=True), s.store.manifest_path(spec.name)))
+                refuse(ReferenceChange(s.foreign(spec, owner, regen=True), s.store.manifest_path(spec.name)))
             taken = s.taken_by(spec) if exists and not s.options.allow_reference_change else ""
             if taken:
-                fail_once(ReferenceChange(taken, s.store.manifest_path(spec.name)))
+                refuse(ReferenceChange(taken, s.store.manifest_path(spec.name)))
             change = s.reference_change(spec.name) if exists and not s.options.allow_reference_change else ""
             if change:
-                fail_once(ReferenceChange(change, s.store.manifest_path(spec.name)))
+                refuse(ReferenceChange(change, s.store.manifest_path(spec.name)))
             try:
                 with clean_errors(), checking(spec.name):
                     progress(f"capture {', '.join(spec.dtypes)} on {s.device} ...")

@@ -355,6 +355,8 @@ def test_model(parity):
     regen.stdout.fnmatch_lines(["*ReferenceChange: regenerating 'test_model.py::test_model' from "
                                 "b/test_model.py::test_model would replace the golden at*, which "
                                 "a/test_model.py::test_model captured and which that test still replays*"])
+    # a refused write is a check without a verdict: the summary lists it as an error, not as nothing
+    regen.stdout.fnmatch_lines(["ERROR test_model.py::test_model [[]float32[]]*", "*1 error*"])
     assert {f.name: f.read_bytes() for f in golden.iterdir()} == before
     project.runpytest("--rocm-parity", "a").assert_outcomes(passed=1)
     moved = project.runpytest("b", "--rocm-parity", "--parity-allow-reference-change", REGEN)
