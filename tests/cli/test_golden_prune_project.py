@@ -41,10 +41,13 @@ def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return _run(cwd, "-c", "import sys; from pytest_rocm_parity.cli import main; sys.exit(main())", *args)
 
 
-@pytest.fixture
-def workspace(tmp_path: Path) -> Path:
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tmp_path/suite: a project with goldens alpha (now obsolete: its check was renamed alpha2) and
-    beta; tmp_path/other: a folder whose test file does not import."""
+    beta; tmp_path/other: a folder whose test file does not import. Shared by the tests here, whose
+    prunes are dry runs (each asserts the goldens are all still there): its captures are most of
+    their time."""
+    tmp_path = tmp_path_factory.mktemp("prune-project")
     suite = tmp_path / "suite"
     (suite / "tests").mkdir(parents=True)
     (suite / "pytest.ini").write_text("[pytest]\ntestpaths = tests\n")
