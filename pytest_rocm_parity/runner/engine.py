@@ -497,6 +497,10 @@ def eval_mode(model: Any, walk: ModelWalk | None = None) -> Iterator[None]:
             mod.training = f
 
 
+# The bytes of buffer copies a check keeps to put its model's state back between passes (BufferState)
+BUFFER_COPY_BYTES = 64 << 20
+
+
 class BufferState:
     """The buffers of a model's modules as they were before a check's first forward, written back
     before each later pass and after the last.
@@ -507,15 +511,21 @@ class BufferState:
     than the golden records; and the caller's model is left as it was given. A buffer the module
     replaced with a new tensor is its own state moved on (a dynamic rotary table grown, its length
     kept beside it) and stays. Writes through a raw pointer bump no version counter and are not seen;
-    an inference tensor keeps none, so such a buffer is written back before every pass.
+    an inference tensor keeps none, so such a buffer is written back before every pass. Copies are
+    kept of the smallest buffers up to BUFFER_COPY_BYTES in all: state a forward updates is small
+    (statistics, counters), while a quantized model's packed weights or a static KV cache, which
+    may be buffers of gigabytes, are not copied.
     """
 
     def __init__(self, modules: Sequence[Any]) -> None:
         self._kept: list[tuple[Any, int | None, Any]] = []
-        for mod in modules:
-            for b in mod._buffers.values():
-                if b is not None:
-                    self._kept.append((b, None if b.is_inference() else b._version, b.detach().clone()))
+        found = {id(b): b for mod in modules for b in mod._buffers.values() if b is not None}
+        room = BUFFER_COPY_BYTES
+        for b in sorted(found.values(), key=lambda t: t.numel() * t.element_size()):
+            room -= b.numel() * b.element_size()
+            if room < 0:
+                break
+            self._kept.append((b, None if b.is_inference() else b._version, b.detach().clone()))
 
     def restore(self) -> None:
         """Write back every buffer written since the snapshot (or since the last restore)."""

@@ -85,3 +85,19 @@ def test_a_check_leaves_the_models_buffers_as_it_was_given(tmp_path, sketch: boo
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before), \
         {k: (before[k], after[k]) for k in before if not torch.equal(before[k], after[k])}
+
+
+def test_buffers_past_the_copy_budget_are_not_copied() -> None:
+    """A quantized model's packed weights or a static KV cache may be buffers of gigabytes: only the
+    smallest buffers, up to BUFFER_COPY_BYTES in all, are kept to be put back."""
+    from pytest_rocm_parity.runner.engine import BUFFER_COPY_BYTES, BufferState
+
+    m = RunningNorm()
+    m.register_buffer("cache", torch.zeros(BUFFER_COPY_BYTES // 4 + 1))
+    state = BufferState(list(m.modules()))
+    with torch.no_grad():
+        m.mean.add_(1.0)
+        m.cache.add_(1.0)
+    state.restore()
+    assert torch.equal(m.mean, torch.linspace(-0.1, 0.1, D))
+    assert bool((m.cache == 1.0).all())
