@@ -554,15 +554,30 @@ def ladder_notes(results: list[CheckResult]) -> None:
         if r.dtype not in LOW_PRECISION:
             continue
         if not r.passed and f32.passed:
+            overflow = any(m is not None and m.nonfinite for l in [*r.layers, *r.outputs] if not l.passed
+                           for m in (l.iso, l.prop))
             r.notes.append(f"less accurate at {r.dtype}, same function at float32: the float32 rung passed, so "
-                           f"this is a precision difference (accumulation, rounding), not a changed computation")
+                           + (f"this is {r.dtype}'s range: values overflow to inf or NaN there where the truth is "
+                              f"finite (a sum or an exponent without the max subtracted), not a changed computation"
+                              if overflow else
+                              "this is a precision difference (accumulation, rounding), not a changed computation"))
         elif not r.passed and not f32.passed:
             r.extra["changed_at_float32"] = True
             r.notes.append(f"the float32 rung fails too ({_what_failed(f32)}): the computation "
                            f"itself changed, not only its precision")
         elif r.passed and not f32.passed:
-            r.notes.append(f"found at float32 only: a change below the noise of {r.dtype} "
-                           f"({_what_failed(f32)})")
-            f32.notes.append(f"the {r.dtype} rung passed: this change is below the noise of {r.dtype} arithmetic; "
+            seen = next((l for l in r.layers if l.name == f32.culprit and l.iso is not None
+                         and l.iso.ratio > l.budget), None)
+            if seen is not None and seen.iso is not None:
+                # over budget but not surely so: the error sits on a few blocks, not below the noise
+                why = (f"at {r.dtype} {seen.name}'s isolated error was {seen.iso.ratio:.3g}x the reference's, over "
+                       f"its {seen.budget:g}x budget, but its bound over the tensor's blocks ({seen.iso.ratio_lo:.3g}x) "
+                       f"was within it, so it passed there: an error on a few rows or tokens")
+            else:
+                why = f"a change below the noise of {r.dtype}"
+            r.notes.append(f"found at float32 only ({_what_failed(f32)}): {why}")
+            f32.notes.append(f"the {r.dtype} rung passed: " + (
+                "its error there sat on a few rows or tokens, within the bound; " if seen is not None else
+                f"this change is below the noise of {r.dtype} arithmetic; ") +
                              f"the float32 rung of the precision ladder found it: a changed computation, or a part of it "
                              f"run below float32 (a float16 or bfloat16 accumulation or intermediate)")
