@@ -15,7 +15,10 @@ if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   fi
 fi
 if ! python -c "import torch" 2>/dev/null; then
-  python -m pip install -q "torch==2.13.0"
+  # PyPI's torch for Linux is the CUDA build (gigabytes of nvidia-* wheels): the CPU build comes from
+  # PyTorch's own index, and from the package mirror where that index cannot be reached
+  python -m pip install -q --timeout 10 --retries 0 "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu \
+    || python -m pip install -q "torch==2.13.0"
 fi
 python -m pip install -q -e ".[test]"
 # Triton runs the example kernel through its interpreter on the CPU (TRITON_INTERPRET=1); GPU users
