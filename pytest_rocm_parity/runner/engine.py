@@ -846,12 +846,15 @@ def captured_elsewhere(manifest: dict[str, Any], spec: CheckSpec) -> str:
     """What a stale message adds where another test captured the golden: two tests of one name (the
     default leaves the directory out) would each make the other's golden stale, and a regeneration
     from one replaces the other's."""
+    from pytest_rocm_parity.options import default_name
+
     owner = manifest.get("test")
     if not isinstance(owner, str) or not owner or not spec.test or owner == spec.test:
         return ""
+    defaulted = spec.name.split("#", 1)[0] == default_name(spec.test)
     return (f". It was captured by {owner}, and this check runs in {spec.test}: if that is another test "
-            f"with the same name (the default leaves the directory out), give one of them its own name= "
-            f"instead of regenerating")
+            f"with the same name{' (the default leaves the directory out)' if defaulted else ''}, give one of "
+            f"them its own name= instead of regenerating")
 
 
 def _hooked(mod: Any, pre: Callable[..., Any], post: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -195,6 +195,10 @@ def test_candidate_variants_replay_one_golden_and_capture_it_once(project: pytes
     replayed.assert_outcomes(passed=1, failed=1)
     replayed.stdout.fnmatch_lines(["*culprit: blocks.1.act*"])
     assert "DuplicateCheckName" not in replayed.stdout.str()
+    # the failing variant's regenerate line names the test that captured the golden: its own would
+    # write the buggy variant's outputs for both
+    replayed.stdout.fnmatch_lines(["*regenerate with pytest --rocm-parity --parity-regen='port' "
+                                   "'test_port.py::test_port[[]reference[]]'*"])
     # the summary tells the variants' lines apart by their tests
     replayed.stdout.fnmatch_lines(["FAIL port (test_port[[]tanh-gelu[]]) [[]float32[]]*culprit blocks.1.act*",
                                    "PASS port (test_port[[]reference[]]) [[]float32[]]"])

@@ -276,3 +276,16 @@ def test_an_untied_head_is_named_with_the_tie_the_golden_had(tmp_path: Path) -> 
                                           r"the captured model had it tied to model.embed_tokens.weight.*"
                                           r"tie_word_embeddings=False"):
         replay(untied, tokens(), spec, store, "cpu")
+
+
+@pytest.mark.parametrize("name, says_default", [("shared", False), ("test_a.py::test_one", True)])
+def test_a_stale_golden_of_another_test_mentions_the_default_name_only_where_it_is_one(
+        tmp_path: Path, name: str, says_default: bool) -> None:
+    from pytest_rocm_parity import GoldenStore, capture, replay
+
+    store = GoldenStore(tmp_path)
+    capture(tiny(), tiny_inputs(), CheckSpec(name=name, test="a/test_a.py::test_one", dtypes=["float32"]), store, "cpu")
+    with pytest.raises(GoldenStale, match="It was captured by a/test_a.py::test_one") as err:
+        replay(tiny(), tiny_inputs() * 2, CheckSpec(name=name, test="b/test_a.py::test_one", dtypes=["float32"]),
+               store, "cpu")
+    assert ("the default leaves the directory out" in str(err.value)) == says_default, str(err.value)
