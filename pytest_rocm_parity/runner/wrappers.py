@@ -69,9 +69,37 @@ def inlines_compiled_children(fn: F) -> F:
     @functools.wraps(fn)
     def run(model: Any, *args: Any, **kwargs: Any) -> Any:
         refuse_graphs(unwrap(model))
-        with compiled_children_inlined(unwrap(model)):
+        with compiled_children_inlined(unwrap(model)), room_to_recompile():
             return fn(model, *args, **kwargs)
     return cast(F, run)
+
+
+# Dynamo's recompile limits while a check runs. The judged modules' hooks break a compiled graph at
+# each of them, so Dynamo compiles each module's forward as a frame of its own, once per input shape
+# and rung dtype: a net of a dozen conv shapes at three rungs passes the default of 8 per frame, and
+# the frames past it run eagerly, so a miscompile passed its check (the compiled code did not run).
+RECOMPILE_LIMIT = 256
+ACCUMULATED_RECOMPILE_LIMIT = 8192
+
+
+@contextlib.contextmanager
+def room_to_recompile() -> Iterator[None]:
+    """Dynamo's recompile limits raised to RECOMPILE_LIMIT (per frame) and ACCUMULATED_RECOMPILE_LIMIT
+    for the block, as they were afterwards; nothing where Dynamo is not loaded (no model is compiled)."""
+    dynamo = sys.modules.get("torch._dynamo")
+    cfg = getattr(dynamo, "config", None)
+    if cfg is None:
+        yield
+        return
+    names = {"recompile_limit": RECOMPILE_LIMIT, "accumulated_recompile_limit": ACCUMULATED_RECOMPILE_LIMIT}
+    saved = {n: getattr(cfg, n) for n in names if isinstance(getattr(cfg, n, None), int)}
+    for n, v in saved.items():
+        setattr(cfg, n, max(v, names[n]))
+    try:
+        yield
+    finally:
+        for n, v in saved.items():
+            setattr(cfg, n, v)
 
 
 def refuse_graphs(model: Any) -> None:

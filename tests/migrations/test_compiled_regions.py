@@ -78,3 +78,32 @@ def test_a_miscompile_inside_a_compiled_block_is_named_at_the_module_that_comput
     bad.model.layers[1].compile(backend=_silu_miscompiled)
     res = capture_then_replay(lambda: llama("sdpa"), bad, tokens(), CheckSpec(name="m", dtypes=["float32"], drill=2))
     assert not res[0].passed and res[0].culprit == "model.layers.1.mlp.act_fn", verdicts(res)
+
+
+class Stack(torch.nn.Module):
+    """Twelve convolutions of as many kernel sizes: the hooks break a compiled graph at each judged
+    one, so Dynamo compiles Conv1d.forward once per kernel size (a constant of its graph) and rung
+    dtype, past its default limit of 8 recompiles per frame."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = torch.nn.ModuleList(torch.nn.Conv1d(4, 4, k, padding="same") for k in range(1, 13))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x
+
+
+def test_a_whole_model_miscompile_is_judged_at_every_rung_past_dynamos_default_recompile_limit() -> None:
+    """With the default limit the float32 rung used up the recompiles and the bf16 rung ran its frames
+    eagerly: the miscompile passed there, 'below the noise of bfloat16'."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    x = torch.randn(2, 4, 32, generator=torch.Generator().manual_seed(1))
+    compiled = torch.compile(Stack().eval(), backend=_scaled_backend)
+    res = capture_then_replay(Stack, compiled, x, CheckSpec(name="stack", dtypes=["bfloat16", "float32"]))
+    assert [r.passed for r in res] == [False, False], verdicts(res)
+    assert all(r.culprit == "layers.0" for r in res), verdicts(res)
