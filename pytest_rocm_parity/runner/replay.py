@@ -915,6 +915,12 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         notes += decisions.notes()
         if padding is not None:
             notes.append(padding.note())
+        unread = [p for p in meta.get("inputs", {}).get("unread", ()) if isinstance(p, str)]
+        if unread:   # a mask given and judged past: say so, or a failure there reads as padding
+            notes.append(f"{', '.join(unread)} {'were' if len(unread) > 1 else 'was'} given but no operation of "
+                         f"the reference's forward read {'them' if len(unread) > 1 else 'it'} (Whisper's encoder "
+                         f"ignores its attention_mask): the positions {'they mark' if len(unread) > 1 else 'it marks'} "
+                         f"as padding are judged like the others")
         notes += convention_note(meta, inputs_template)
         if layers and not any("act" in e for e in layers.values()):
             notes.append("golden without recorded data flow: the isolated pass fed every module input from the "

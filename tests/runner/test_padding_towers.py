@@ -251,6 +251,9 @@ def test_a_mask_the_model_never_reads_pads_nothing() -> None:
     bug.model.encoder.conv1.register_forward_hook(late_frames)
     res = capture_then_replay(whisper, bug, x, spec)
     assert not res[0].passed and res[0].culprit == "model.encoder.conv1", verdicts(res)
+    # the failure says the mask was not read, so a fault on the frames it marks does not read as padding
+    assert any(n.startswith("kwargs.attention_mask was given but no operation of the reference's forward read it")
+               for n in res[0].notes), res[0].notes
 
 
 @torch.jit.script
