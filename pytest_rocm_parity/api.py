@@ -24,7 +24,7 @@ from pytest_rocm_parity.guards import (clean_errors, fail_once, known_keywords, 
                                        require_token_ids, require_trainable)
 from pytest_rocm_parity.judging.records import CheckResult
 from pytest_rocm_parity.judging.tolerance import coerce
-from pytest_rocm_parity.options import capture_command, default_name, regen_command, shell_quote
+from pytest_rocm_parity.options import capture_command, default_name, shell_quote
 
 
 class Parity:
@@ -305,13 +305,8 @@ class Parity:
             for r in results:
                 progress(f"{r.dtype}: verdict {'PASS' if r.passed else 'FAIL'}"
                          + (f" (culprit {r.culprit})" if not r.passed and r.culprit else ""))
-        # a golden that another test captured (variants judged against one golden): regenerating it is
-        # that test's capture, not this one's, which would write this variant's outputs for all of them
-        owner_test = str(s.store.read_manifest(spec.name).get("test") or "")
-        regen = (regen_command(spec.name, owner_test, s.options.command_flags)
-                 if owner_test and spec.test and owner_test != spec.test else spec.regen_command)
         for r in results:
-            r.test, r.regen = spec.test, regen
+            r.test, r.regen = spec.test, r.regen or spec.regen_command
             s.add(r)
             if self._node is not None:  # reaches JUnit XML <properties> and CI test views
                 self._node.user_properties.append((f"parity[{r.name}][{r.dtype}]", property_text(r)))

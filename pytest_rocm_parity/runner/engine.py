@@ -857,6 +857,18 @@ def captured_elsewhere(manifest: dict[str, Any], spec: CheckSpec) -> str:
             f"them its own name= instead of regenerating")
 
 
+def golden_regen_command(manifest: dict[str, Any], spec: CheckSpec) -> str:
+    """The command that regenerates the golden ``spec`` was judged against: from the test that
+    captured it where that is another test (variants judged against one golden), since this test's
+    capture would write its own outputs for all of them."""
+    from pytest_rocm_parity.options import regen_command
+
+    owner = manifest.get("test")
+    if isinstance(owner, str) and owner and spec.test and owner != spec.test:
+        return regen_command(spec.name, owner, spec.command_flags)
+    return spec.regen_command
+
+
 def _hooked(mod: Any, pre: Callable[..., Any], post: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A forward that calls ``pre`` and ``post`` as forward hooks with kwargs would be called."""
     def wrap(inner: Callable[..., Any]) -> Callable[..., Any]:

@@ -16,6 +16,7 @@ from pytest_rocm_parity.judging.compare import block_stats, exact_metrics, float
 from pytest_rocm_parity.runner.engine import (
     KEEP_PLACEMENT,
     BufferState,
+    golden_regen_command,
     autocast_note,
     captured_elsewhere,
     explained_by,
@@ -415,6 +416,7 @@ def _replay_one(model: Any, inner: Any, spec: CheckSpec, store: GoldenStore, man
     result.reference_env = manifest.get("reference_env", {})
     result.candidate_env = cand_env
     result.golden = str(path)
+    result.regen = golden_regen_command(manifest, spec)
     return result
 
 

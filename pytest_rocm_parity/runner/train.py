@@ -33,8 +33,9 @@ from pytest_rocm_parity.judging import dtypes as dt
 from pytest_rocm_parity.judging.compare import residual_metrics
 from pytest_rocm_parity.runner.capture import float64_kernels, residual, truth_errors
 from pytest_rocm_parity.runner.engine import (CheckSpec, Hooks, autocast_dtype, autocast_note, captured_elsewhere,
-                                              cast_inputs, explained_by, fingerprint, home_device, normalize_inputs,
-                                              same_structure, structure_changes, submodule, weights_changed)
+                                              cast_inputs, explained_by, fingerprint, golden_regen_command,
+                                              home_device, normalize_inputs, same_structure, structure_changes,
+                                              submodule, weights_changed)
 from pytest_rocm_parity.errors import GoldenStale, InvalidArgument
 from pytest_rocm_parity.golden.sketch import leaf_group
 from pytest_rocm_parity.golden.reader import RungReader
@@ -869,6 +870,7 @@ def replay_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, d
         result.reference_env = manifest.get("reference_env", {})
         result.candidate_env = env or collect_env(str(device))
         result.golden = str(store.rung_file(spec.name, manifest, rung))
+        result.regen = golden_regen_command(manifest, spec)
         result.notes.extend(setting_notes)
         if autocast and not result.passed:   # explains the failure before any module does (assertion.message)
             result.extra["setting"] = autocast
