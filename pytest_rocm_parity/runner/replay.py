@@ -50,7 +50,7 @@ from pytest_rocm_parity.runner.choices import Decisions, present
 from pytest_rocm_parity.runner.selection import Selected, select, unselected_children, unselected_region
 from pytest_rocm_parity.judging.tolerance import Tolerance
 from pytest_rocm_parity.runner.tree import (aligned_leaves, constant_leaves, map_tensors, named_fields, same_constant,
-                                          split_leaves, tensor_leaves)
+                                          split_leaves, tensor_leaves, top_level)
 from pytest_rocm_parity.quant.allowance import noise_allowance
 from pytest_rocm_parity.quant.diagnosis import quant_notes
 from pytest_rocm_parity.quant.storage import quantized_tensor_ids
@@ -1294,8 +1294,8 @@ def _convention_mismatch(leaves: dict[str, Any], recorded: dict[str, Any]) -> li
     """A note where the candidate returns its outputs by position and the reference by name (or the
     reverse) and the two count other numbers of them: matched by position, some have no counterpart,
     which reads as outputs missing rather than as the return type changed."""
-    got = named_fields(leaves) or _top_positions(leaves)
-    want = recorded.get("fields") or named_fields(recorded["out"]) or _top_positions(recorded["out"])
+    got = top_level(leaves)
+    want = recorded.get("fields") or top_level(recorded["out"])
     if bool(named_fields(leaves)) == bool(named_fields(recorded["out"])) or len(got) == len(want):
         return []
     how = ("by position" if not named_fields(leaves) else "by name")
@@ -1303,10 +1303,6 @@ def _convention_mismatch(leaves: dict[str, Any], recorded: dict[str, Any]) -> li
             f"returned {len(want)} {'by name' if how == 'by position' else 'by position'} "
             f"({', '.join(map(str, want[:6]))}{'...' if len(want) > 6 else ''}): its return type changed; they are "
             f"matched by position, so the ones past the shorter list have no counterpart"]
-
-
-def _top_positions(paths: Any) -> list[str]:
-    return list(dict.fromkeys(p.split(".", 1)[0] for p in paths))
 
 
 def _rung_of(reader: RungReader) -> str:

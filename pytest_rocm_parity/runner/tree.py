@@ -87,8 +87,13 @@ def named_fields(paths: Iterable[str]) -> list[str]:
     dict); [] where all are positions. A manifest's JSON sorts its keys, so capture records this
     order: a replay that gets the output as a tuple (``return_dict=False``) matches the fields to
     its items by it, as ModelOutput.to_tuple orders them."""
-    tops = list(dict.fromkeys(p.split(".", 1)[0] for p in paths))
+    tops = top_level(paths)
     return [] if all(t.isdigit() for t in tops) else tops
+
+
+def top_level(paths: Iterable[str]) -> list[str]:
+    """The top-level items of leaf ``paths`` (field names or positions), in their order."""
+    return list(dict.fromkeys(p.split(".", 1)[0] for p in paths))
 
 
 def constant_leaves(obj: Any) -> dict[str, Any]:

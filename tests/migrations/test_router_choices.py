@@ -56,7 +56,10 @@ class Block(nn.Module):
         self.experts = nn.ModuleList(nn.Linear(H, H) for _ in range(2))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a = self.mix(x)
+        return self.routed(x, self.mix(x))
+
+    def routed(self, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """x plus each token of ``a`` through the expert its router picks."""
         _, idx = self.router(a)
         flat = a.reshape(-1, H)
         out = torch.where(idx == 0, self.experts[0](flat), self.experts[1](flat))
@@ -129,10 +132,7 @@ class MovesAToken(Block):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a = self.mix(x)
         a.view(-1, H)[3, 0] += 2.0
-        _, idx = self.router(a)
-        flat = a.reshape(-1, H)
-        out = torch.where(idx == 0, self.experts[0](flat), self.experts[1](flat))
-        return x + out.reshape(x.shape)
+        return self.routed(x, a)
 
 
 def test_a_fault_of_the_block_that_sends_a_token_elsewhere_is_not_a_near_tie() -> None:
@@ -248,11 +248,7 @@ class MaskedBlock(Block):
         self.mix = MaskedMix()
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:   # type: ignore[override]
-        a = self.mix(x, mask)
-        _, idx = self.router(a)
-        flat = a.reshape(-1, H)
-        out = torch.where(idx == 0, self.experts[0](flat), self.experts[1](flat))
-        return x + out.reshape(x.shape)
+        return self.routed(x, self.mix(x, mask))
 
 
 class MaskedNet(nn.Module):
