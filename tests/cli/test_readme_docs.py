@@ -72,3 +72,35 @@ def test_ci_recipe() -> None:
     assert CI_DOC.count("lfs: true") >= 2 and "git lfs track" in CI_DOC                   # goldens via git-lfs
     assert "filter=lfs diff=lfs merge=lfs -text" in CI_DOC
     assert "docs/ci.md" in README
+
+
+def test_the_readme_failure_example_is_the_renderers_own() -> None:
+    """The README's example table, rendered again: a 3-layer Llama at bf16 whose GELU in layer 1 is
+    scaled by 1.05, replayed on the CPU. The rows, their columns and verdicts are the renderer's
+    (`python -m pytest -s tests/cli/test_readme_docs.py -k renderers` prints the whole message)."""
+    import sys
+
+    import torch
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from parity_models import capture_then_replay, llama, tokens
+    from pytest_rocm_parity.judging.assertion import message
+    from pytest_rocm_parity.runner.engine import CheckSpec
+
+    def candidate() -> torch.nn.Module:
+        m = llama(num_hidden_layers=3)
+        m.model.layers[1].mlp.act_fn.forward = lambda x: torch.nn.functional.gelu(x, approximate="tanh") * 1.05
+        return m
+
+    (res,) = capture_then_replay(lambda: llama(num_hidden_layers=3), candidate(), tokens(seq=32),
+                                 CheckSpec(name="my-model", dtypes=["bfloat16"], drill=2))
+    rendered = message(res)
+    print(rendered)
+    failure = next(b for b in _fences(FIRST_SCREEN) if b.startswith("parity check failed"))
+    table = [l for l in failure.splitlines() if l.startswith("  ") and not l.startswith(("  reference", "  candidate"))]
+    got = rendered.splitlines()
+    for line in table:
+        if line.startswith("  culprit:"):   # the README cuts the reason short
+            assert any(g.startswith(line.split("(...)")[0]) for g in got), (line, rendered)
+        else:
+            assert line in got, (line, rendered)
