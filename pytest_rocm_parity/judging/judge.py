@@ -172,7 +172,12 @@ def judge_layer(rec: LayerRecord, iso: list[LeafMetrics], prop: list[LeafMetrics
         if rec.prop.noise > rec.prop.err_ref:
             rec.prop_budget = r.quant_noise
         elif rec.prop.kind == "float" and not rec.prop.nonfinite and not sketch:
-            rec.prop = dataclasses.replace(rec.prop, ratio=r.propagated_ratio(rec.prop))
+            ratio = r.propagated_ratio(rec.prop)
+            # the bound rescaled with its ratio: against the quarter floor it stood over the
+            # propagated ratio wherever one rounding floors the reference's error (lookups)
+            lo = rec.prop.ratio_lo * ratio / rec.prop.ratio if rec.prop.ratio > 0 and math.isfinite(rec.prop.ratio) \
+                else rec.prop.ratio_lo
+            rec.prop = dataclasses.replace(rec.prop, ratio=ratio, ratio_lo=lo)
     if first_iso:
         # the reason of the leaf the record shows (its worst), named when the module has several outputs
         shown = r.failure(rec.iso, True) if rec.iso is not None else ""

@@ -269,3 +269,16 @@ def test_a_leaf_that_is_non_finite_everywhere_shows_an_infinite_ratio_not_zero()
     partly[0, 0] = float("inf")
     m = float_metrics("0", partly, ref, ref.double(), U_BF16)
     assert m.nonfinite == 1 and math.isfinite(m.ratio)
+
+
+def test_a_propagated_bound_stays_under_its_ratio_where_one_rounding_floors_the_reference(truth: torch.Tensor) -> None:
+    """An exact reference (a lookup) against a candidate a rounding off: the propagated ratio is floored
+    at one rounding, and its bound with it, so layers.csv never shows a bound over its ratio."""
+    ref = truth.clone()
+    cand = _rounded(truth, torch.bfloat16)
+    m = float_metrics("0", cand, ref, truth, U_BF16)
+    assert m.ratio_lo > 1.0, m   # against the quarter floor
+    rec = LayerRecord(name="embed")
+    judge_layer(rec, [], [m], Rule.of(Tolerance(), "bfloat16"))
+    assert rec.prop is not None and 0 < rec.prop.ratio_lo <= rec.prop.ratio <= 1.0, rec.prop
+    assert rec.prop.ratio_lo / rec.prop.ratio == pytest.approx(m.ratio_lo / m.ratio)
