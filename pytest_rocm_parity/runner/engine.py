@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_rocm_parity.judging import dtypes as dt
 from pytest_rocm_parity.errors import InvalidArgument, ParityError
 from pytest_rocm_parity.judging.tolerance import Tolerance
-from pytest_rocm_parity.runner.tree import map_tensors
+from pytest_rocm_parity.runner.tree import floats_as_tensors, map_tensors
 from pytest_rocm_parity.quant.storage import cast_module, quantized_tensor_ids
 
 if TYPE_CHECKING:   # selection imports the walk and the numerics from here at run time
@@ -887,7 +887,7 @@ def _run(model: Any, args: Any, kwargs: Any) -> Any:
     import torch
 
     with torch.inference_mode():
-        return model(*args, **kwargs)
+        return floats_as_tensors(model(*args, **kwargs))
 
 
 

@@ -1260,7 +1260,7 @@ def _compare_outputs(out: Any, meta: dict[str, Any], reader: RungReader, judge: 
     recs = []
     leaves = tensor_leaves(out)
     got = aligned_leaves(leaves, meta["outputs"])
-    notes += _convention_mismatch(leaves, meta["outputs"])
+    notes += _convention_mismatch(leaves, meta["outputs"]) + _unjudged_numbers(meta["outputs"])
     rung = _rung_of(reader)
     missing = []
     sinks: list[tuple[LayerRecord, list[Any]]] = []
@@ -1303,6 +1303,18 @@ def _convention_mismatch(leaves: dict[str, Any], recorded: dict[str, Any]) -> li
             f"returned {len(want)} {'by name' if how == 'by position' else 'by position'} "
             f"({', '.join(map(str, want[:6]))}{'...' if len(want) > 6 else ''}): its return type changed; they are "
             f"matched by position, so the ones past the shorter list have no counterpart"]
+
+
+def _unjudged_numbers(recorded: dict[str, Any]) -> list[str]:
+    """A note where a golden holds Python floats among the model's outputs as constants, as goldens
+    captured before such numbers were judged do: they go unchecked until recaptured."""
+    numbers = [p for p, v in (recorded.get("const") or {}).items() if isinstance(v, float)]
+    if not numbers:
+        return []
+    return [f"the golden holds the model output{'s' if len(numbers) > 1 else ''} {', '.join(numbers[:4])}"
+            f"{'...' if len(numbers) > 4 else ''} as {'Python numbers' if len(numbers) > 1 else 'a Python number'} "
+            f"recorded unjudged (a golden captured before such outputs were judged); regenerate the golden to judge "
+            f"{'them' if len(numbers) > 1 else 'it'}"]
 
 
 def _rung_of(reader: RungReader) -> str:

@@ -204,11 +204,30 @@ def map_tensors(obj: Any, fn: Callable[[str, Any], Any], prefix: str = "") -> An
     Walks exactly the containers iter_leaves walks (dataclasses and mapping-likes too),
     so every tensor that tensor_leaves names is the one replaced here.
     """
-    return _map(obj, fn, prefix, frozenset())
+    return _map(obj, fn, prefix, frozenset(), _is_tensor)
 
 
-def _map(obj: Any, fn: Callable[[str, Any], Any], prefix: str, seen: frozenset[int]) -> Any:
-    if _is_tensor(obj):
+def _is_float(x: Any) -> bool:
+    return isinstance(x, float)
+
+
+def floats_as_tensors(obj: Any) -> Any:
+    """``obj`` with each Python float leaf (a ``loss.item()`` among a model's outputs) made a 0-d
+    float64 tensor, on the device of the output's first tensor: a computed number is judged like
+    any output, where as a constant it would go unchecked."""
+    import torch
+
+    def made(path: str, v: float) -> Any:
+        tensors = tensor_leaves(obj) if path != "0" or not isinstance(obj, float) else {}
+        device = next(iter(tensors.values())).device if tensors else "cpu"
+        return torch.tensor(v, dtype=torch.float64, device=device)
+
+    return _map(obj, made, "", frozenset(), _is_float)
+
+
+def _map(obj: Any, fn: Callable[[str, Any], Any], prefix: str, seen: frozenset[int],
+         leaf: Callable[[Any], bool]) -> Any:
+    if leaf(obj):
         return fn(prefix or "0", obj)
     container = isinstance(obj, (tuple, list)) or _is_mapping(obj) or _is_dataclass_instance(obj)
     if not container or id(obj) in seen:
@@ -216,7 +235,7 @@ def _map(obj: Any, fn: Callable[[str, Any], Any], prefix: str, seen: frozenset[i
     seen = seen | {id(obj)}
     join = (lambda k: f"{prefix}.{k}" if prefix else str(k))
     if _is_mapping(obj):
-        new = {k: _map(obj[k], fn, join(k), seen) for k in list(obj.keys())}
+        new = {k: _map(obj[k], fn, join(k), seen, leaf) for k in list(obj.keys())}
         if all(new[k] is obj[k] for k in new):
             return obj
         if isinstance(obj, dict):
@@ -229,13 +248,13 @@ def _map(obj: Any, fn: Callable[[str, Any], Any], prefix: str, seen: frozenset[i
         except Exception:   # a mapping-like that cannot be rebuilt from a dict stays as it was
             return obj
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(_map(v, fn, join(i), seen) for i, v in enumerate(obj)))
+        return type(obj)(*(_map(v, fn, join(i), seen, leaf) for i, v in enumerate(obj)))
     if isinstance(obj, (tuple, list)):
-        return type(obj)(_map(v, fn, join(i), seen) for i, v in enumerate(obj))
+        return type(obj)(_map(v, fn, join(i), seen, leaf) for i, v in enumerate(obj))
     # a dataclass instance: a shallow copy with its fields replaced (works for frozen ones too)
     out = copy.copy(obj)
     for f in dataclasses.fields(obj):
-        object.__setattr__(out, f.name, _map(getattr(obj, f.name), fn, join(f.name), seen))
+        object.__setattr__(out, f.name, _map(getattr(obj, f.name), fn, join(f.name), seen, leaf))
     return out
 
 

@@ -258,16 +258,17 @@ def test_complex_candidate_for_real_golden_fails_cleanly() -> None:
 # -- non-tensor leaves -----------------------------------------------------------------------------
 
 def test_non_tensor_leaves(tmp_path: Path) -> None:
-    """None, strings, numbers and dataclasses around tensors: tensors judged, constants recorded."""
+    """None, strings, integers and dataclasses around tensors: tensors judged, constants recorded; a
+    Python float is a computed number (a ``loss.item()``), judged like a 0-d tensor."""
     from reliability_helpers import make_golden
 
     torch.manual_seed(0)
     g = make_golden(tmp_path, model=Head("leaves"))
     r = g.replay()[0]
     assert r.passed
-    assert [o.name for o in r.outputs] == ["<output>.0.y", "<output>.4.mask"]
+    assert [o.name for o in r.outputs] == ["<output>.0.y", "<output>.4.mask", "<output>.4.n"]
     const = g.manifest_json()["rungs"]["float32"]["outputs"]["const"]
-    assert const == {"0.note": "hello", "0.nothing": None, "1": None, "2": "text", "3": 3, "4.n": 2.5}
+    assert const == {"0.note": "hello", "0.nothing": None, "1": None, "2": "text", "3": 3}
 
 
 def test_tensor_leaf_turning_into_none_fails(tmp_path: Path) -> None:
