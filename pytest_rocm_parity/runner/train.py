@@ -32,7 +32,7 @@ from pytest_rocm_parity import __version__
 from pytest_rocm_parity.judging import dtypes as dt
 from pytest_rocm_parity.judging.compare import residual_metrics
 from pytest_rocm_parity.runner.capture import float64_kernels, residual, truth_errors
-from pytest_rocm_parity.runner.engine import (CheckSpec, Hooks, autocast_dtype, autocast_note, captured_elsewhere,
+from pytest_rocm_parity.runner.engine import (BufferState, CheckSpec, Hooks, autocast_dtype, autocast_note, captured_elsewhere,
                                               cast_inputs, explained_by, fingerprint, golden_regen_command,
                                               home_device, normalize_inputs, same_structure, structure_changes,
                                               submodule, weights_changed)
@@ -422,16 +422,23 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
             for p, v in tensor_leaves({"args": args, "kwargs": kwargs}).items():
                 t[f"input/{p}"] = v.detach().to("cpu", copy=True).contiguous()
             ref = _prepared(inner, device, dtype)
+            # a forward may update buffers (an EMA, a step counter): every pass starts from the buffers
+            # the step started from (BufferState), or the truth and each isolated call compute another step
+            start = BufferState(list(ref.modules()))
             run = _Run(ref, selected)
             t["loss"] = run.forward_backward(args, kwargs, loss, accumulate).to("cpu").reshape(1)
+            stepped = BufferState(list(ref.modules()))   # where a second step's forward starts (_steps)
+            start.restore()
             # the float64 truth: the same weights (rounded to the rung), in float64 arithmetic
             tm = copy.deepcopy(ref).to(torch.float64)
             float64_kernels(tm)   # MoE experts' grouped_mm has no float64: the truth takes the eager experts
+            tstart = BufferState(list(tm.modules()))
             targs, tkwargs = cast_inputs(args, kwargs, torch.float64, device)
             truth = _Run(tm, selected)
             with truth_errors(tm, selected):
                 t["gtruth/loss"] = residual(truth.forward_backward(targs, tkwargs, loss, accumulate).reshape(1),
                                             t["loss"], rdt)
+            tstepped = BufferState(list(tm.modules()))
             if spec.sketch:
                 manifest["rungs"][rung] = _sketched(t, run, truth, ref, tm, selected, names, factory, args, kwargs,
                                                     targs, tkwargs, loss, steps, int(spec.sketch))
@@ -445,7 +452,9 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
                     t[f"x/{key}"] = x.to("cpu").contiguous()
                 t[f"g/{key}"] = run.g[key].to("cpu").contiguous()
                 t[f"gtruth/go/{key}"] = residual(truth.g[key], run.g[key], rdt)
+                start.restore()
                 dx, dps = isolated_backward(mod, run.calls[key], x, run.g[key], own)
+                tstart.restore()
                 tdx, tdps = isolated_backward(tmod, truth.calls[key], None if x is None else x.to(torch.float64),
                                               run.g[key].to(torch.float64), town)
                 if dx is not None:
@@ -476,7 +485,9 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
                 iupd = _one_step(w, grads, factory, clip)
                 tiupd = _one_step({pn: v.to(torch.float64) for pn, v in w.items()},
                                   {pn: v.to(torch.float64) for pn, v in grads.items()}, factory, clip)
+                stepped.restore()
                 upd = _steps(ref, args, kwargs, loss, factory, steps, clip, accumulate)
+                tstepped.restore()
                 tupd = _steps(tm, targs, tkwargs, loss, factory, steps, clip, accumulate)
                 for pn in grads:
                     t[f"w/{pn}"] = w[pn].to("cpu").contiguous()
@@ -858,14 +869,17 @@ def replay_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, d
         tmpl = map_tensors({"args": normalize_inputs(inputs)[0], "kwargs": normalize_inputs(inputs)[1]},
                            lambda p, _t: reader.get(f"input/{p}").clone())
         args, kwargs = tuple(tmpl["args"]), tmpl["kwargs"]
-        with explained_by(spec.name, autocast), _candidate(inner, device, dtype) as cand:
+        # BufferState: the candidate's buffers as given before each pass and after the last (the
+        # caller's model keeps its state, as the forward check leaves it)
+        with explained_by(spec.name, autocast), _candidate(inner, device, dtype) as cand, \
+                BufferState(list(cand.modules())) as start:
             call = model if model is not inner else cand   # a wrapper runs its own (compiled) forward
             if manifest.get("sketch"):
                 result = _replay_sketch(cand, meta, reader, spec, rung, args, kwargs, loss, factory, selected,
                                         int(manifest["sketch"]), accumulate, call)
             else:
                 result = _replay_rung(cand, meta, reader, spec, rung, args, kwargs, loss, (factory, clip), selected,
-                                      names, device, accumulate, call)
+                                      names, device, start, accumulate, call)
         reader.release()
         result.reference_env = manifest.get("reference_env", {})
         result.candidate_env = env or collect_env(str(device))
@@ -955,10 +969,12 @@ def _candidate(inner: Any, device: Any, dtype: Any) -> Iterator[Any]:
 
 def _replay_rung(cand: Any, meta: dict[str, Any], reader: RungReader, spec: CheckSpec, rung: str, args: Any,
                  kwargs: Any, loss: Any, step: tuple[Any, Any], selected: list[Selected], names: set[str],
-                 device: str, accumulate: int = 1, call: Any = None) -> CheckResult:
+                 device: str, start: BufferState, accumulate: int = 1, call: Any = None) -> CheckResult:
     """One rung: the candidate's backward twice (propagated, and its repeatability), each module's
     own backward in isolation (every call of it), the optimizer's step (``step``: the optimizer
-    factory and the clipping)."""
+    factory and the clipping). Each pass starts from the buffers ``start`` holds, as the capture's
+    did: a forward that updates a buffer (an EMA, a step counter) would otherwise make the second
+    run differ from the first, read as a nondeterministic backward that loosens every bound."""
     import torch
 
     tol = spec.tolerance
@@ -967,6 +983,7 @@ def _replay_rung(cand: Any, meta: dict[str, Any], reader: RungReader, spec: Chec
     for _ in range(2):   # twice: a backward whose result changes between runs is nondeterministic
         for p in cand.parameters():
             p.grad = None
+        start.restore()
         run = _Run(cand, selected, call)
         value = run.forward_backward(args, kwargs, loss, accumulate)
         runs.append((run, value, {n: p.grad.detach().clone() for n, p in cand.named_parameters()
@@ -1013,6 +1030,7 @@ def _replay_rung(cand: Any, meta: dict[str, Any], reader: RungReader, spec: Chec
                 continue
             x = reader.get(f"x/{key}").to(device) if call[2] else None
             g = reader.get(f"g/{key}").to(device)
+            start.restore()
             dx, dps = isolated_backward(mod, call, x, g, own)
             if obtained is not None:
                 obtained.update({f"{name}/{tag(f'grad {pn}')}/isolated": t for pn, t in dps.items()})
