@@ -32,11 +32,11 @@ from pytest_rocm_parity import __version__
 from pytest_rocm_parity.judging import dtypes as dt
 from pytest_rocm_parity.judging.compare import residual_metrics
 from pytest_rocm_parity.runner.capture import float64_kernels, residual, truth_errors
-from pytest_rocm_parity.runner.engine import (BufferState, CheckSpec, Hooks, autocast_dtype, autocast_note, captured_elsewhere,
-                                              cast_inputs, explained_by, fingerprint, golden_regen_command,
-                                              home_device, normalize_inputs, same_structure, structure_changes,
-                                              submodule, weights_changed)
-from pytest_rocm_parity.errors import GoldenStale, InvalidArgument
+from pytest_rocm_parity.runner.engine import (BufferState, CheckSpec, Hooks, autocast_dtype, autocast_note,
+                                              captured_elsewhere, cast_inputs, explained_by, fingerprint,
+                                              golden_regen_command, home_device, normalize_inputs, same_structure,
+                                              structure_changes, submodule, weights_changed)
+from pytest_rocm_parity.errors import GoldenStale, InvalidArgument, ParityError
 from pytest_rocm_parity.golden.sketch import leaf_group
 from pytest_rocm_parity.golden.reader import RungReader
 from pytest_rocm_parity.golden.store import FORMAT_VERSION, GoldenStore, expected_digest
@@ -257,6 +257,10 @@ class _Run:
         # (no grad_fn) although an input or a parameter of it required grad (True), or because its
         # inputs carried none, cut before it (False)
         self.graphless: dict[str, bool] = {}
+        # call key -> the torch.autocast state the call ran under (autocast_state), which its isolated
+        # backward re-enters: a model that opens torch.autocast in its own forward fed its modules
+        # bf16 activations that they only accept under it
+        self.amp: dict[str, tuple[tuple[str, bool, Any], ...]] = {}
 
     def forward_backward(self, args: Any, kwargs: Any, loss: Callable[[Any], Any] | None,
                          accumulate: int = 1) -> Any:
@@ -270,6 +274,7 @@ class _Run:
             if xp:
                 self.x[key] = leaves[xp].detach().clone()
             self.calls[key] = (a, kw, xp, "")
+            self.amp[key] = autocast_state()
             self.order.append(key)
             return None
 
@@ -291,17 +296,45 @@ class _Run:
             return _backward(self.call, micro_batches(args, kwargs, accumulate), loss)
 
 
+# The device types whose torch.autocast state a module call is recorded under (ROCm's is "cuda")
+AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def autocast_state() -> tuple[tuple[str, bool, Any], ...]:
+    """(device type, enabled, dtype) of torch.autocast for each of AUTOCAST_DEVICES, as it is now."""
+    import torch
+
+    return tuple((kind, torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)) for kind in AUTOCAST_DEVICES)
+
+
+@contextlib.contextmanager
+def autocast_as(state: tuple[tuple[str, bool, Any], ...] | None) -> Iterator[None]:
+    """torch.autocast as ``state`` (autocast_state) had it, for the device types where it differs from
+    now. Why: a module's isolated call runs outside its parent's forward, so an autocast the model
+    opens in its own forward (AMP as training scripts write it) is off there, and the module would
+    meet its bf16 golden input with float32 weights, or compute in another precision than it did."""
+    import torch
+
+    with contextlib.ExitStack() as stack:
+        for kind, enabled, dtype in state or ():
+            if (torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)) != (enabled, dtype):
+                stack.enter_context(torch.autocast(kind, dtype=dtype, enabled=enabled))
+        yield
+
+
 def isolated_backward(mod: Any, call: tuple[Any, Any, str, str], x: Any, g: Any,
-                      params: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+                      params: dict[str, Any], amp: tuple[tuple[str, bool, Any], ...] | None = None
+                      ) -> tuple[Any, dict[str, Any]]:
     """``mod``'s own backward: called on ``call`` with its primary input replaced by ``x``, the gradient
     ``g`` fed into its primary output; (input gradient, {parameter: gradient}). A call with no primary
-    input (``x`` None: integer inputs only) has no input gradient (None)."""
+    input (``x`` None: integer inputs only) has no input gradient (None). ``amp``: the autocast state
+    the call ran under in the full forward (autocast_state), re-entered around the call."""
     import torch
 
     a, kw, xp, yp = call
     xin = x.detach().clone().requires_grad_(True) if xp else None
     root = map_tensors({"args": a, "kwargs": kw}, lambda p, t: xin if xp and p == xp else t.detach())
-    with torch.enable_grad():
+    with torch.enable_grad(), autocast_as(amp):
         try:
             out = mod(*root["args"], **root["kwargs"])
         except Exception as exc:
@@ -453,10 +486,10 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
                 t[f"g/{key}"] = run.g[key].to("cpu").contiguous()
                 t[f"gtruth/go/{key}"] = residual(truth.g[key], run.g[key], rdt)
                 start.restore()
-                dx, dps = isolated_backward(mod, run.calls[key], x, run.g[key], own)
+                dx, dps = isolated_backward(mod, run.calls[key], x, run.g[key], own, run.amp.get(key))
                 tstart.restore()
                 tdx, tdps = isolated_backward(tmod, truth.calls[key], None if x is None else x.to(torch.float64),
-                                              run.g[key].to(torch.float64), town)
+                                              run.g[key].to(torch.float64), town, truth.amp.get(key))
                 if dx is not None:
                     t[f"ix/{key}"] = dx.to("cpu").contiguous()
                     t[f"truth/ix/{key}"] = residual(tdx, dx, rdt)
@@ -879,7 +912,7 @@ def replay_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, d
                                         int(manifest["sketch"]), accumulate, call)
             else:
                 result = _replay_rung(cand, meta, reader, spec, rung, args, kwargs, loss, (factory, clip), selected,
-                                      names, device, start, accumulate, call)
+                                      names, device, start, accumulate, call, autocast)
         reader.release()
         result.reference_env = manifest.get("reference_env", {})
         result.candidate_env = env or collect_env(str(device))
@@ -969,12 +1002,14 @@ def _candidate(inner: Any, device: Any, dtype: Any) -> Iterator[Any]:
 
 def _replay_rung(cand: Any, meta: dict[str, Any], reader: RungReader, spec: CheckSpec, rung: str, args: Any,
                  kwargs: Any, loss: Any, step: tuple[Any, Any], selected: list[Selected], names: set[str],
-                 device: str, start: BufferState, accumulate: int = 1, call: Any = None) -> CheckResult:
+                 device: str, start: BufferState, accumulate: int = 1, call: Any = None,
+                 setting: str | None = None) -> CheckResult:
     """One rung: the candidate's backward twice (propagated, and its repeatability), each module's
     own backward in isolation (every call of it), the optimizer's step (``step``: the optimizer
     factory and the clipping). Each pass starts from the buffers ``start`` holds, as the capture's
     did: a forward that updates a buffer (an EMA, a step counter) would otherwise make the second
-    run differ from the first, read as a nondeterministic backward that loosens every bound."""
+    run differ from the first, read as a nondeterministic backward that loosens every bound.
+    ``setting``: autocast_note's words where the check runs under another autocast than the capture."""
     import torch
 
     tol = spec.tolerance
@@ -1031,7 +1066,15 @@ def _replay_rung(cand: Any, meta: dict[str, Any], reader: RungReader, spec: Chec
             x = reader.get(f"x/{key}").to(device) if call[2] else None
             g = reader.get(f"g/{key}").to(device)
             start.restore()
-            dx, dps = isolated_backward(mod, call, x, g, own)
+            try:
+                dx, dps = isolated_backward(mod, call, x, g, own, run.amp.get(key))
+            except Exception as exc:
+                # explained_by names a setting that differs (an autocast around the check) instead
+                err = None if setting is not None or isinstance(exc, ParityError) else \
+                    _cast_elsewhere(name, mod, x, exc)
+                if err is None:
+                    raise
+                raise err from None
             if obtained is not None:
                 obtained.update({f"{name}/{tag(f'grad {pn}')}/isolated": t for pn, t in dps.items()})
                 if dx is not None:
@@ -1068,6 +1111,24 @@ def _replay_rung(cand: Any, meta: dict[str, Any], reader: RungReader, spec: Chec
 
         save_failing_tensors(result, obtained, spec.report_dir)
     return result
+
+
+def _cast_elsewhere(name: str, mod: Any, x: Any, exc: Exception) -> InvalidArgument | None:
+    """The error for a module that refused its golden input in isolation because the input's dtype is
+    not its parameters' (torch's dtype message does not say where that dtype came from): the
+    reference's forward cast the activation, a torch.autocast in its own forward most often, and the
+    candidate's does not. None where the dtypes agree (another failure, raised as it is)."""
+    own = {p.dtype for p in mod.parameters() if p.is_floating_point()}
+    if x is None or not own or x.dtype in own:
+        return None
+    return InvalidArgument(
+        f"{name or 'the model'} ({type(mod).__name__}) could not be called in isolation on its golden input "
+        f"({type(exc).__name__}: {str(exc)[:200]}): the input is {dt.name_of(x.dtype)} and the module's "
+        f"parameters {', '.join(sorted(dt.name_of(d) for d in own))}, so the reference's forward cast this "
+        f"activation (a torch.autocast opened in the model's own forward, or a .to()) where this model's call "
+        f"does not. check_train runs each module's isolated backward under the autocast its call ran under: "
+        f"open the same torch.autocast in this model's forward as in the reference's, or regenerate the golden "
+        f"from a reference without it")
 
 
 def _finish_train(result: CheckResult, factor_note: Callable[[], tuple[float, str] | None]) -> None:
