@@ -524,6 +524,8 @@ def layer_norm_args(draw: st.DrawFn, dtype: DtypeArg = None, *, max_side: int = 
     w = draw(st.none() | tensors(dt, (n,), elements=values(dt, regimes=("ordinary",))))
     b = draw(st.none() | tensors(dt, (n,), elements=values(dt, regimes=("ordinary",))))
     eps = draw(st.sampled_from([1e-5, 1e-6]))
+    if draw(st.booleans()):   # rows whose variance is eps: only there does the eps used (or where) show
+        _rows_near_eps(x, eps, centred=True, regimes=regimes)
     return OpArgs((x, (n,), w, b, eps), reduction_length=n, magnitude=_layer_norm_magnitude,
                   names=("x", "normalized_shape", "weight", "bias", "eps"))
 
@@ -561,17 +563,26 @@ def rms_norm_args(draw: st.DrawFn, dtype: DtypeArg = None, *, max_side: int = 16
     w = draw(weight if affine else st.none() if affine is False else st.none() | weight)
     eps = draw(st.sampled_from([1e-6, 1e-5]))
     if draw(st.booleans()):   # rows whose mean square is eps: only there does where eps is added show
-        _rows_near_eps(x, eps)
+        _rows_near_eps(x, eps, centred=False, regimes=regimes)
     return OpArgs((x, (n,), w, eps), reduction_length=n, names=("x", "normalized_shape", "weight", "eps"))
 
 
-def _rows_near_eps(x: torch.Tensor, eps: float) -> None:
-    """Scale each nonzero row of ``x``, in place and in its own layout, to a mean square of ``eps``: an
-    epsilon added after the square root, or dropped, changes such a row's output by a third, where in a
-    row of ordinary magnitude it changes nothing a rounding would not."""
+def _rows_near_eps(x: torch.Tensor, eps: float, *, centred: bool, regimes: Sequence[str]) -> None:
+    """Scale each row of ``x``, in place and in its own layout, so that its variance (``centred``: a
+    LayerNorm's) or mean square (an RMSNorm's) is ``eps``.
+
+    An epsilon added after the square root, dropped, or hard-coded to another value changes such a
+    row's output by a third or more, where in a row of ordinary magnitude it changes nothing a rounding
+    would not.  The whole row is scaled, its mean too: shifting only the deviations would leave them
+    below the rounding of a large mean in bf16/fp16.  Elements the scaling takes below the smallest
+    normal become zero where ``regimes`` leaves subnormals out (Triton's interpreter misreads them).
+    """
     wide = x.double()
-    ms = wide.pow(2).mean(-1, keepdim=True)
-    x.copy_(torch.where(ms > 0, wide * (eps / ms.clamp_min(1e-300)).sqrt(), wide).to(x.dtype))
+    spread = wide.var(-1, unbiased=False, keepdim=True) if centred else wide.pow(2).mean(-1, keepdim=True)
+    scaled = torch.where(spread > 0, wide * (eps / spread.clamp_min(1e-300)).sqrt(), wide)
+    if "subnormal" not in regimes:
+        scaled = torch.where(scaled.abs() < float(torch.finfo(x.dtype).tiny), 0.0, scaled)
+    x.copy_(scaled.to(x.dtype))
 
 
 @st.composite

@@ -231,6 +231,81 @@ def test_rms_norm_args_finds_an_epsilon_added_after_the_square_root(dtype: torch
         search()
 
 
+def _layer_norm_fp32(x: torch.Tensor, shape: tuple[int, ...], w: torch.Tensor | None, b: torch.Tensor | None,
+                     eps: float, *, fixed_eps: float | None = None) -> torch.Tensor:
+    """A LayerNorm kernel's arithmetic in torch: two passes in float32; ``fixed_eps`` ignores the argument, as a
+    kernel that hard-codes 1e-5 does."""
+    h = x.float()
+    centred = h - h.mean(-1, keepdim=True)
+    y = centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + (eps if fixed_eps is None else fixed_eps))
+    y = y if w is None else y * w.float()
+    return (y if b is None else y + b.float()).to(x.dtype)
+
+
+LAYER_NORM_DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16],
+                                            ids=["float32", "bfloat16", "float16"])
+
+
+@LAYER_NORM_DTYPES
+def test_layer_norm_args_find_an_epsilon_hard_coded_to_another_value(dtype: torch.dtype) -> None:
+    """A kernel that uses eps=1e-5 whatever it is passed differs from the model's 1e-6 only in rows whose
+    variance is near eps.  The strategy draws such rows, so every one of five seeded searches of the
+    default draws finds it within 25 examples (without them, bfloat16 searches mostly missed it)."""
+    import functools
+
+    import torch.nn.functional as F
+    from hypothesis import Phase
+    from hypothesis import seed as seeded
+
+    from pytest_rocm_parity.fuzz.harness import check_op
+
+    hard_coded = functools.partial(_layer_norm_fp32, fixed_eps=1e-5)
+    missed = []
+    for s in range(5):
+        found: list[str] = []
+
+        @seeded(s)
+        @settings(max_examples=25, database=None, deadline=None, phases=[Phase.generate])
+        @given(S.layer_norm_args(dtype))
+        def search(case: S.OpArgs) -> None:
+            result = check_op(hard_coded, F.layer_norm, case, device="cpu")
+            if not result.passed:
+                found.append(result.message())
+                raise AssertionError(found[-1])
+
+        try:
+            search()
+        except AssertionError:   # the find; a miss is collected below
+            pass
+        if not found:
+            missed.append(s)
+    assert not missed, f"seeds whose 25-example search missed the hard-coded eps: {missed}"
+
+
+@LAYER_NORM_DTYPES
+def test_correct_layer_norms_pass_the_rows_whose_variance_is_eps(dtype: torch.dtype) -> None:
+    """The near-eps rows cost no false alarm: torch's own LayerNorm and a two-pass float32 one pass a
+    derandomized search, and the search did draw such rows."""
+    import torch.nn.functional as F
+
+    from pytest_rocm_parity.fuzz.harness import check_op
+
+    near_eps: list[bool] = []
+
+    @FAST
+    @given(S.layer_norm_args(dtype))
+    def search(case: S.OpArgs) -> None:
+        x, eps = case.args[0].double(), case.args[4]
+        var = x.var(-1, unbiased=False)
+        near_eps.append(bool(((var > eps / 2) & (var < eps * 2)).any()))
+        for correct in (F.layer_norm, _layer_norm_fp32):
+            result = check_op(correct, F.layer_norm, case, device="cpu")
+            assert result.passed, result.message()
+
+    search()
+    assert sum(near_eps) >= 5, f"rows with variance near eps in {sum(near_eps)} of {len(near_eps)} examples"
+
+
 def test_the_strategy_table_of_the_docs_names_each_strategys_own_parameters() -> None:
     """docs/fuzzing.md's table is how users call the strategies: every parameter it names exists, and
     one the strategy takes by keyword only comes after a `*` there (a positional call raises)."""
