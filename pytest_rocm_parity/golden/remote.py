@@ -8,17 +8,20 @@ never sees a manifest naming a file that is not there yet.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import secrets
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pytest_rocm_parity.atomic import commit, temp_beside
-from pytest_rocm_parity.errors import BackendUnavailable, GoldenCorrupt, GoldenError, GoldenMissing, ParityError
-from pytest_rocm_parity.golden.store import (MANIFEST, MAX_MANIFEST_BYTES, GoldenStore, Staged,
+from pytest_rocm_parity.atomic import TMP_PREFIX, commit, temp_beside
+from pytest_rocm_parity.errors import (BackendUnavailable, GoldenCorrupt, GoldenError, GoldenExists, GoldenMissing,
+                                        GoldenStale, GoldenWriteError, ParityError)
+from pytest_rocm_parity.golden.store import (MANIFEST, MAX_MANIFEST_BYTES, GoldenStore, Staged, meaningful,
                                              digest_matches, expected_digest, load_manifest, safe_name, verify_sha)
 
 
@@ -179,16 +182,99 @@ class RemoteGoldenStore(GoldenStore):
                                 self._remote(name, MANIFEST))
         return super().read_manifest(name)
 
+    def _remote_manifest(self, name: str) -> tuple[bool, dict[str, Any] | None]:
+        """(whether the store holds a manifest of ``name``, that manifest as the local reader reads it,
+        None where it cannot be trusted: a regeneration replaces it, as a local damaged one is replaced)."""
+        rm, where = self._remote(name, MANIFEST), f"{self.url}/{safe_name(name)}/{MANIFEST}"
+        if not self.fs.exists(rm):
+            return False, None
+        d = self.dir_for(name)
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = temp_beside(d, Path(MANIFEST).suffix)
+        try:
+            return True, self._validated(self._read_manifest_bytes(rm, where), tmp, where)
+        except (GoldenCorrupt, GoldenStale):
+            return True, None
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _holds(self, rpath: str, size: Any) -> bool:
+        """Whether the store holds ``rpath`` whole: a tensor file's name is its content's hash, so a
+        plain file of that name and the recorded size is those bytes (an upload that stopped left a
+        shorter one, or none: _upload writes under a temporary name)."""
+        try:
+            info = self.fs.info(rpath)
+        except FileNotFoundError:
+            return False
+        return info.get("type") == "file" and isinstance(size, int) and info.get("size") == size
+
+    def _upload(self, local: Path, name: str, fname: str) -> None:
+        """Put ``local`` in the store as ``fname`` of golden ``name`` without a reader ever seeing a
+        part of it: written under a temporary name, then moved into place (a rename on a file system,
+        a whole-object copy on an object store). A failed upload leaves the store as it was."""
+        target = self._remote(name, fname)
+        tmp = self._remote(name, f"{TMP_PREFIX}{secrets.token_hex(8)}-{fname}")
+        try:
+            self.fs.put_file(str(local), tmp)
+            try:
+                self.fs.mv(tmp, target)
+            except NotImplementedError:
+                if fname == MANIFEST:
+                    raise GoldenWriteError(
+                        f"{self.url}: this store cannot move a file into place, so the manifest of {name!r} "
+                        f"cannot be replaced atomically and was not uploaded (the golden in the store is as "
+                        f"it was); keep goldens in a store fsspec can move files in (file://, s3://, gs://, "
+                        f"memory://) or in a local directory", target) from None
+                # a tensor file no manifest names yet: nobody reads it, and _holds tells a cut one
+                self.fs.put_file(str(local), target)
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                self.fs.rm_file(tmp)
+            if isinstance(exc, OSError) and not isinstance(exc, GoldenWriteError):
+                raise GoldenWriteError(
+                    f"{self.url}/{safe_name(name)}/{fname}: uploading the golden for {name!r} failed ({exc}); "
+                    f"the golden in the store is as it was. Check the store's free space, the URL and the "
+                    f"credentials, and capture again", target) from exc
+            raise
+
     def commit(self, staged: Staged) -> Path:
-        """Commit in the local cache, then upload: the tensor files first, the manifest last."""
-        mpath = super().commit(staged)
+        """Commit in the local cache, then upload what the store lacks: tensor files first, the
+        manifest last. A file the store holds already is never written again (a reader on another
+        machine may be fetching it), so a regeneration that changes nothing uploads nothing."""
         name = staged.name
+        try:
+            there, old = self._remote_manifest(name)
+            if there and not staged.overwrite:
+                raise GoldenExists(f"{self._remote(name, MANIFEST)} ({self.url}): golden for {name!r} exists; "
+                                   f"capture never overwrites it (rerun with --parity-regen='{name}' to "
+                                   f"rewrite it)", self._remote(name, MANIFEST))
+        except BaseException as exc:
+            self.abandon(staged)
+            if isinstance(exc, OSError):
+                raise GoldenWriteError(f"{self.url}: cannot read the store before uploading the golden for "
+                                       f"{name!r} ({exc}); nothing was uploaded. Check the URL and the "
+                                       f"credentials, and capture again", self.url) from exc
+            raise
+        mpath = super().commit(staged)
         d = self.dir_for(name)
         m = json.loads(mpath.read_text("utf-8"))
+        files = [(str(r["file"]), r.get("bytes")) for r in m.get("rungs", {}).values()]
+        try:
+            missing = [f for f, size in files if not self._holds(self._remote(name, f), size)]
+        except OSError as exc:
+            raise GoldenWriteError(f"{self.url}: cannot read the store to upload the golden for {name!r} ({exc}); "
+                                   f"the golden in the store is as it was. Check the URL and the credentials, "
+                                   f"and capture again", self.url) from exc
+        same = old is not None and meaningful(old) == meaningful(m)
+        if same and not missing:
+            self.unchanged.add(name)   # the store holds this golden already: nothing is written
+            return mpath
+        self.unchanged.discard(name)
         self.fs.makedirs(self._remote(name), exist_ok=True)   # a file:// store does not create parents itself
-        for r in m.get("rungs", {}).values():
-            self.fs.put_file(str(d / r["file"]), self._remote(name, r["file"]))
-        self.fs.put_file(str(mpath), self._remote(name, MANIFEST))  # the commit point, last
+        for fname in missing:
+            self._upload(d / fname, name, fname)
+        if not same:
+            self._upload(mpath, name, MANIFEST)   # the commit point, last
         return mpath
 
     def names_on_disk(self) -> Iterator[tuple[str, Path]]:

@@ -469,7 +469,7 @@ class GoldenStore:
                 self._refuse_existing(name, mpath, staged.overwrite)
                 manifest = {**staged.manifest, MANIFEST_DIGEST_KEY: manifest_digest(staged.manifest)}
                 text = json.dumps(manifest, indent=1, sort_keys=True, default=str) + "\n"
-                if not staged.repaired and _meaningful(_old_manifest(mpath)) == _meaningful(json.loads(text)):
+                if not staged.repaired and meaningful(_old_manifest(mpath)) == meaningful(json.loads(text)):
                     self.unchanged.add(name)   # same tensors, same description: keep the file and its time
                 else:
                     _atomic_write_text(mpath, text)
@@ -565,7 +565,7 @@ def _old_manifest(mpath: Path) -> dict[str, Any] | None:
         return None
 
 
-def _meaningful(manifest: dict[str, Any] | None) -> dict[str, Any] | None:
+def meaningful(manifest: dict[str, Any] | None) -> dict[str, Any] | None:
     """The manifest less what changes on every capture; None stays None (never equal to a manifest)."""
     if manifest is None:
         return None
