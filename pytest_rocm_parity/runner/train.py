@@ -714,6 +714,8 @@ def _replay_sketch(cand: Any, meta: dict[str, Any], reader: RungReader, spec: Ch
     drifted = bool(go_bad or pg_bad) or not loss_rec.passed
     missing = bool(result.extra.get("no_gradient"))
     found = _loss_factor_note(scales, loss_scale, accumulate) if drifted and not missing else None
+    if found and not found[2] and loss_rec.passed:
+        found = None   # the gradients one factor, the loss's value agreeing: no scale, left to the walk
     first = None if found else _sketch_culprit(meta["layers"], go_bad, pg_bad, records,
                                                set(result.extra.get("detached") or []))
     result.culprit = first.name if first else None
@@ -722,7 +724,10 @@ def _replay_sketch(cand: Any, meta: dict[str, Any], reader: RungReader, spec: Ch
     cut = _graph_cut_note(result)
     result.passed = not found and first is None and not cut and loss_rec.passed
     if found:
-        result.extra["loss_factor"] = found[0]
+        if found[2]:
+            result.extra["loss_factor"] = found[0]
+        elif loss_rec.prop is not None:   # the gradients one factor, the loss another: its computation
+            result.extra["loss_otherwise"] = loss_rec.prop.ratio
         result.notes.append(found[1])
     if factory is not None:
         result.notes.append("the optimizer's step is not judged against a sketch golden: Adam's normalised "
@@ -805,23 +810,30 @@ def common_factor(sums: list[Any]) -> float | None:
     return mid
 
 
-def _loss_factor_note(scales: list[Any], loss_scale: list[Any], accumulate: int) -> tuple[float, str] | None:
-    """(the factor, plain words) for a step whose every gradient is off by one factor while each
-    module's own backward is right: the loss's scaling, not a module; None when no one factor fits."""
+def _loss_factor_note(scales: list[Any], loss_scale: list[Any], accumulate: int) -> tuple[float, str, bool] | None:
+    """(the factor, plain words, whether the loss moved by it too) for a step whose every gradient is
+    off by one factor while each module's own backward is right; None when no one factor fits. Only
+    where the loss moved by the same factor is it a scale (accumulation that does not divide, a loss
+    scale not undone): a loss computed otherwise (label smoothing: every gradient 0.90x, the loss
+    0.997x) can move the gradients by a near-constant factor too, and is named as the loss."""
     factor = common_factor(scales)
     if factor is None:
         return None
     cr, rr = (float(v) for v in loss_scale[0].cpu()) if loss_scale else (0.0, 0.0)
     lf = cr / rr if rr > 0 else float("nan")
-    both = abs(lf - factor) <= FACTOR_AGREEMENT * abs(factor)
-    text = (f"{'the loss and ' if both else ''}every gradient {'are' if both else 'is'} {factor:.4g}x the "
-            f"golden's{'' if both else f' (the loss {lf:.4g}x)'}, one constant factor, while no module's own "
-            f"backward is out of bounds: the loss or its scaling (gradient accumulation that does not divide "
-            f"by the number of micro-batches, or a loss scale not undone), not a module")
+    if not abs(lf - factor) <= FACTOR_AGREEMENT * abs(factor):
+        return factor, (f"every gradient is {factor:.4g}x the golden's while the loss is {lf:.6g}x: not one "
+                        f"constant factor on the loss (a scale moves the loss and every gradient alike), while "
+                        f"no module's own backward is out of bounds, so the loss is computed otherwise: a term "
+                        f"missing or added (label smoothing, a regulariser, a router's auxiliary loss), another "
+                        f"reduction or weighting, or another loss="), False
+    text = (f"the loss and every gradient are {factor:.4g}x the golden's, one constant factor, while no "
+            f"module's own backward is out of bounds: the loss or its scaling (gradient accumulation that does "
+            f"not divide by the number of micro-batches, or a loss scale not undone), not a module")
     if accumulate > 1 and abs(factor - accumulate) <= FACTOR_AGREEMENT * accumulate:
         text += (f"; the factor is accumulate={accumulate}: the loss function should return each micro-batch's "
                  f"share (its loss / {accumulate})")
-    return factor, text
+    return factor, text, True
 
 
 def _metric(leaf: str, c: Any, reader: RungReader, ref_key: str, res_key: str, u: float, conf: float,
@@ -1131,12 +1143,12 @@ def _cast_elsewhere(name: str, mod: Any, x: Any, exc: Exception) -> InvalidArgum
         f"from a reference without it")
 
 
-def _finish_train(result: CheckResult, factor_note: Callable[[], tuple[float, str] | None]) -> None:
+def _finish_train(result: CheckResult, factor_note: Callable[[], tuple[float, str, bool] | None]) -> None:
     """Culprit: the smallest module whose own backward is out of bounds (or whose output lost its
     grad_fn); first divergent: the first layer, in the backward's order (last module first), whose
     gradients drifted. Parameters left without a gradient fail the step (_graph_cut_note). With no
     module out of bounds and the step off, ``factor_note`` tells a loss off by one factor from
-    accumulated drift."""
+    accumulated drift, and gradients off by one factor the loss does not share from a scale."""
     failing = [l for l in result.layers if not l.iso_passed]
     minimal = minimal_failing(failing)
     result.culprit = minimal[-1].name if minimal else None
@@ -1149,9 +1161,15 @@ def _finish_train(result: CheckResult, factor_note: Callable[[], tuple[float, st
     if failing or cut or not drifted:
         return
     found = factor_note()
-    if found:
+    failed_loss = next((o for o in result.outputs if o.name == LOSS and not o.prop_passed), None)
+    if found and found[2]:
         result.passed = False
         result.extra["loss_factor"] = found[0]
+        result.notes.append(found[1])
+    elif found and failed_loss is not None and failed_loss.prop is not None:
+        # the gradients one factor, the loss another: the loss's computation, whatever its ratio
+        result.passed = False
+        result.extra["loss_otherwise"] = failed_loss.prop.ratio
         result.notes.append(found[1])
     elif (loss := next((o for o in result.outputs if o.name == LOSS and not o.prop_passed and jumped(o)),
                        None)) is not None:
