@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from pytest_rocm_parity.atomic import atomic_write, commit, sync, temp_beside
+from pytest_rocm_parity.atomic import TMP_PREFIX, atomic_write, commit, sync, temp_beside
 from pytest_rocm_parity.errors import (
     GoldenCorrupt, GoldenExists, GoldenMissing, GoldenStale, GoldenTooNew, GoldenWriteError, InvalidArgument,
 )
@@ -72,6 +72,15 @@ VOLATILE_KEYS = ("created", "tool_version", MANIFEST_DIGEST_KEY)
 PINNED_GOLDENS = 8
 # A tensor file of ours: <dtype>-<12 hex digits of its SHA-256>.safetensors
 _TENSOR_FILE = re.compile(r"^[a-z0-9_]+-[0-9a-f]{12}\.safetensors$")
+# safetensors' save_file writes through a temporary file of its own beside the target (Rust's tempfile
+# crate: ".tmp" and six random characters, no dash), renamed over our .tmp-* once whole: a writer
+# killed meanwhile leaves a full-size one that no manifest will ever name
+_SAFETENSORS_TMP = re.compile(r"^\.tmp[A-Za-z0-9]{6}$")
+
+
+def is_temp_file(name: str) -> bool:
+    """Whether ``name`` is a golden writer's temporary file: ours (.tmp-*) or safetensors' own."""
+    return name.startswith(TMP_PREFIX) or bool(_SAFETENSORS_TMP.match(name))
 
 
 def safe_name(name: str) -> str:
@@ -368,7 +377,7 @@ class GoldenStore:
             for p in [d / MANIFEST] + [p for p in entries if p.name != MANIFEST]:
                 if p.is_symlink() or not p.is_file():
                     continue
-                if p.name == MANIFEST or _TENSOR_FILE.match(p.name) or p.name.startswith(".tmp-"):
+                if p.name == MANIFEST or _TENSOR_FILE.match(p.name) or is_temp_file(p.name):
                     if not dry_run:
                         p.unlink(missing_ok=True)
                     deleted.append(p)
@@ -631,7 +640,7 @@ def _leftovers_in(d: Path) -> list[Path]:
             return []
     return [p for p in sorted(d.iterdir())
             if p.name not in keep and not p.is_symlink() and p.is_file()
-            and (p.name.startswith(".tmp-") or _TENSOR_FILE.match(p.name)) and not _in_use(p)]
+            and (is_temp_file(p.name) or _TENSOR_FILE.match(p.name)) and not _in_use(p)]
 
 
 def _listed_leftovers(d: Path) -> list[Path]:
