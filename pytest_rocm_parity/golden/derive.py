@@ -109,7 +109,9 @@ def _rung(src: GoldenStore, name: str, m: dict[str, Any], dtype: str, drill: int
         if watch:
             meta["watch"] = sorted(watch, key=lambda e: order.get(e["key"], len(order)))
         meta["order"] = [k for k in meta.get("order", []) if k in keys]
-        meta["selected"] = sorted({e["name"] for e in layers})
+        # every module selected at this depth, as a capture lists them: one the forward never calls
+        # (a dropout an attention kernel bypasses) has no layer entry but is selected all the same
+        meta["selected"] = sorted(l["name"] for l in new["layers"])
         wanted = {k for k in reader.keys if k.startswith(("input/", "extra/", f"gtruth/{OUTPUT}/", "quant/", "qnoise/"))}
         wanted |= set(meta["outputs"]["out"].values())
         for e in watch:

@@ -195,3 +195,50 @@ def test_derive_takes_a_goldens_folder_name_and_names_close_checks_otherwise(
     assert cli_main(["golden", "derive", "goldens", "test_x.py::test_mm", "--to", "slim2"]) == 2
     err = capsys.readouterr().err
     assert "no golden named 'test_x.py::test_mm'" in err and "did you mean 'test_x.py::test_m'" in err, err
+
+
+class _Skipping(nn.Module):
+    """A block holding a module its forward never calls (as BERT's attention dropout under SDPA): a
+    capture selects it all the same."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.unused = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.fc(x))
+
+
+def _skipping_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), _Skipping(), _Skipping(), nn.Linear(16, 4))
+
+
+def _files(d: Path) -> dict[str, bytes]:
+    """A golden directory's files, its manifest less the keys every capture changes (VOLATILE_KEYS)."""
+    import json
+
+    from pytest_rocm_parity.golden.store import VOLATILE_KEYS
+
+    out = {p.name: p.read_bytes() for p in d.iterdir()}
+    m = json.loads(out.pop("manifest.json"))
+    out["manifest.json"] = json.dumps({k: v for k, v in m.items() if k not in VOLATILE_KEYS},
+                                      indent=1, sort_keys=True).encode()
+    return out
+
+
+@pytest.mark.parametrize("drill", [None, 1])
+def test_derived_golden_is_byte_for_byte_a_capture_with_never_called_modules(tmp_path: Path, drill: int | None) -> None:
+    """Selected modules the forward never calls stay in the derived rung's ``selected``, as a capture
+    records them: the derived directory is the one a capture writes, and regenerating it rewrites nothing."""
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    store, direct = GoldenStore(tmp_path / "derived"), GoldenStore(tmp_path / "direct")
+    capture(_skipping_model(), x, CheckSpec(name="full", dtypes=["bfloat16", "float32"], drill=2), store, "cpu", env={})
+    derive(store, "full", store, "b", ["float32"], drill, test="test_x.py::test_b")
+    spec = CheckSpec(name="b", dtypes=["float32"], drill=2 if drill is None else drill, test="test_x.py::test_b")
+    capture(_skipping_model(), x, spec, direct, "cpu", env={})
+    assert "1.unused" in store.read_manifest("b")["rungs"]["float32"]["selected"]
+    assert _files(store.dir_for("b")) == _files(direct.dir_for("b"))
+    capture(_skipping_model(), x, spec, store, "cpu", overwrite=True, env={})
+    assert "b" in store.unchanged
