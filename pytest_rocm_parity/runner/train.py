@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -121,6 +122,45 @@ def describe(obj: Any) -> str | None:
     if callable(obj) and not isinstance(obj, type) and hasattr(obj, "__qualname__"):
         return f"{getattr(obj, '__module__', '?')}.{obj.__qualname__}"
     return repr(obj)
+
+
+def optimizer_settings(opt: Any) -> dict[str, Any]:
+    """What an optimizer was built with, for the manifest: its class, its defaults and each parameter
+    group's hyper-parameters (with the group's size), as JSON. Why: a factory is recorded by its name
+    alone, so without them a factory that changed Adam's betas would look like the golden's."""
+    import torch
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):   # lr or betas given as tensors (capturable optimizers)
+            return v.item() if v.numel() == 1 else v.tolist()
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return v
+        return describe(v) if callable(v) else repr(v)
+
+    def hyper(d: dict[str, Any]) -> dict[str, Any]:
+        return {k: plain(v) for k, v in sorted(d.items()) if k not in ("params", "param_names")}
+    return {"class": f"{type(opt).__module__}.{type(opt).__qualname__}", "defaults": hyper(opt.defaults),
+            "groups": [{"params": len(g["params"]), **hyper(g)} for g in opt.param_groups]}
+
+
+def settings_differ(golden: dict[str, Any], cand: dict[str, Any]) -> list[str]:
+    """Where the candidate's optimizer_settings differ from the golden's, in words ("betas [0.0, 0.5]
+    where the golden's is [0.9, 0.999]"); a setting that differs in every group is said once."""
+    if golden.get("class") != cand.get("class"):
+        return [f"class {cand.get('class')} where the golden's is {golden.get('class')}"]
+    gg, cg = golden.get("groups") or [], cand.get("groups") or []
+    if len(gg) != len(cg):
+        return [f"{len(cg)} parameter groups where the golden has {len(gg)}"]
+    by_key: dict[tuple[str, str, str], list[int]] = {}
+    for i, (g, c) in enumerate(zip(gg, cg)):
+        for k in sorted(set(g) | set(c)):
+            if g.get(k) != c.get(k):
+                by_key.setdefault((k, repr(c.get(k)), repr(g.get(k))), []).append(i)
+    return [f"{k} {cv} where the golden's is {gv}" + ("" if len(idx) == len(gg) else
+                                                       f" (group {', '.join(str(i) for i in idx)})")
+            for (k, cv, gv), idx in by_key.items()]
 
 
 def gradient_clipper(clip_grad_norm: Any, optimizer: Any) -> Callable[[list[Any]], Any] | None:
@@ -386,9 +426,11 @@ def _steps(m: Any, args: Any, kwargs: Any, loss: Any, factory: Callable[[Any], A
 
 
 def _one_step(params: dict[str, Any], grads: dict[str, Any], factory: Callable[[Any], Any],
-              clip: Callable[[list[Any]], Any] | None = None) -> dict[str, Any]:
+              clip: Callable[[list[Any]], Any] | None = None,
+              settings: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The update one optimizer step (after the clipping) makes from ``params`` with gradients ``grads``
-    (copies; the factory gets their full names)."""
+    (copies; the factory gets their full names). ``settings``: gets the built optimizer's
+    (optimizer_settings)."""
     import torch
 
     ps = {n: torch.nn.Parameter(p.detach().clone()) for n, p in params.items()}
@@ -397,6 +439,8 @@ def _one_step(params: dict[str, Any], grads: dict[str, Any], factory: Callable[[
     if clip is not None:
         clip(list(ps.values()))
     opt = factory(list(ps.items()))
+    if settings is not None:
+        settings.append(optimizer_settings(opt))
     try:
         opt.step()
     except Exception as exc:   # the optimizer refusing these parameters or gradients (SparseAdam: dense ones)
@@ -515,7 +559,8 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
             if factory is not None:
                 grads = {pn: p.grad.detach().clone() for pn, p in params.items() if p.grad is not None}
                 w = {pn: params[pn].detach().clone() for pn in grads}
-                iupd = _one_step(w, grads, factory, clip)
+                built: list[dict[str, Any]] = []
+                iupd = _one_step(w, grads, factory, clip, built)
                 tiupd = _one_step({pn: v.to(torch.float64) for pn, v in w.items()},
                                   {pn: v.to(torch.float64) for pn, v in grads.items()}, factory, clip)
                 stepped.restore()
@@ -529,6 +574,7 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
                     t[f"upd/{pn}"] = upd[pn].to("cpu").contiguous()
                     t[f"gtruth/upd/{pn}"] = residual(tupd[pn], upd[pn], rdt)
                 meta["optimizer_params"] = sorted(grads)
+                meta["optimizer_settings"] = built[0]
             manifest["rungs"][rung] = meta
             return t
         return produce
@@ -971,6 +1017,12 @@ def _trainable(model: Any) -> list[str]:
     return sorted(n for n, p in model.named_parameters() if p.requires_grad)
 
 
+# What a changed optimizer setting does to the verdict, said with every note of one
+STATE_UNSEEN = ("its update is judged all the same, one step from fresh optimizer state, so a setting that changes "
+                "that step (lr, eps, weight decay) fails as the optimizer and one that only the state carries "
+                "(momentum, Adam's betas) cannot show (docs/training.md)")
+
+
 def _setting_notes(manifest: dict[str, Any], optimizer: Any, clip_grad_norm: Any) -> list[str]:
     """Where the candidate's optimizer or clipping is described otherwise than the golden's: a note,
     since the candidate's own is what is judged (a fused or ported optimizer), and where an update the
@@ -980,11 +1032,10 @@ def _setting_notes(manifest: dict[str, Any], optimizer: Any, clip_grad_norm: Any
     if optimizer is None and golden_opt is not None:
         notes.append(f"the golden holds an optimizer step ({golden_opt}); this replay passes no optimizer=, so the "
                      f"update is not judged")
-    elif optimizer is not None and golden_opt is not None and describe(optimizer) != golden_opt:
-        notes.append(f"the candidate's optimizer is {describe(optimizer)}, the golden's {golden_opt}: its update is "
-                     f"judged all the same, one step from fresh optimizer state, so a setting that changes that "
-                     f"step (lr, eps, weight decay) fails as the optimizer and one that only the state carries "
-                     f"(momentum, Adam's betas) cannot show (docs/training.md)")
+    elif optimizer is not None and golden_opt is not None and describe(optimizer) != golden_opt and not any(
+            "optimizer_settings" in r for r in manifest.get("rungs", {}).values()):
+        # a golden holding the optimizer's settings gets the finer note from them (_judge_optimizer)
+        notes.append(f"the candidate's optimizer is {describe(optimizer)}, the golden's {golden_opt}: {STATE_UNSEEN}")
     if golden_clip is not None and describe(clip_grad_norm) != golden_clip:
         notes.append(f"the golden's gradients were clipped with {golden_clip}, the candidate's with "
                      f"{describe(clip_grad_norm)}")
@@ -1212,7 +1263,14 @@ def _judge_optimizer(result: CheckResult, meta: dict[str, Any], reader: RungRead
     pnames = meta["optimizer_params"]
     w = {pn: reader.get(f"w/{pn}").to(device) for pn in pnames}
     grads = {pn: reader.get(f"pg/{pn}").to(device) for pn in pnames}
-    upd = _one_step(w, grads, factory, clip)
+    built: list[dict[str, Any]] = []
+    upd = _one_step(w, grads, factory, clip, built)
+    if isinstance(meta.get("optimizer_settings"), dict):
+        # a round trip through JSON, as the golden's went (tuples read back as lists)
+        differ = settings_differ(meta["optimizer_settings"], json.loads(json.dumps(built[0])))
+        if differ:
+            result.notes.append(f"the candidate's optimizer is built otherwise than the golden's: "
+                                f"{'; '.join(differ[:6])}{' ...' if len(differ) > 6 else ''}. {STATE_UNSEEN}")
     owner = {}
     for s in sorted(selected, key=lambda s: -len(s.name)):
         for pn in pnames:

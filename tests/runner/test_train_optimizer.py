@@ -1,0 +1,73 @@
+"""The optimizer's settings in a training golden: a factory (the form that builds parameter groups)
+is recorded by what it built, so a changed setting is said as it is for a (class, kwargs) pair."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from pytest_rocm_parity.golden.store import GoldenStore
+from pytest_rocm_parity.runner.engine import CheckSpec
+from pytest_rocm_parity.runner.train import capture_train, replay_train
+
+
+def net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64), nn.LayerNorm(64), nn.Tanh(), nn.Linear(64, 8))
+
+
+X = torch.randn(16, 32, generator=torch.Generator().manual_seed(2))
+
+
+def _loss(out: torch.Tensor) -> torch.Tensor:
+    return out.pow(2).mean()
+
+
+def adamw(betas: tuple[float, float] = (0.9, 0.999), norm_decay: float = 0.0) -> Any:
+    """A training script's factory: AdamW, no weight decay on the norm (unless ``norm_decay``)."""
+    def build(named: list[tuple[str, torch.nn.Parameter]]) -> torch.optim.Optimizer:
+        norm = [p for n, p in named if n.startswith("1.")]
+        rest = [p for n, p in named if not n.startswith("1.")]
+        return torch.optim.AdamW([{"params": rest}, {"params": norm, "weight_decay": norm_decay}], lr=1e-2,
+                                 betas=betas, weight_decay=0.1)
+    return build
+
+
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory: Any) -> tuple[GoldenStore, CheckSpec]:
+    spec = CheckSpec(name="opt", dtypes=["float32"])
+    store = GoldenStore(tmp_path_factory.mktemp("opt"))
+    capture_train(net(), X, spec, store, "cpu", loss=_loss, optimizer=adamw())
+    return store, spec
+
+
+def _notes(golden: tuple[GoldenStore, CheckSpec], optimizer: Any) -> list[str]:
+    store, spec = golden
+    (r,) = replay_train(net(), X, spec, store, "cpu", loss=_loss, optimizer=optimizer)
+    return [n for n in r.notes if "built otherwise" in n or "the candidate's optimizer" in n]
+
+
+def test_a_factory_with_other_betas_is_said(golden) -> None:  # type: ignore[no-untyped-def]
+    (note,) = _notes(golden, adamw(betas=(0.0, 0.5)))
+    assert "the candidate's optimizer is built otherwise than the golden's: betas [0.0, 0.5] where the golden's " \
+           "is [0.9, 0.999]" in note, note
+    assert "(group" not in note   # every group has them: said once
+
+
+def test_a_setting_of_one_group_is_said_with_its_group(golden) -> None:  # type: ignore[no-untyped-def]
+    (note,) = _notes(golden, adamw(norm_decay=0.1))
+    assert "weight_decay 0.1 where the golden's is 0.0 (group 1)" in note, note
+
+
+def test_the_same_factory_gets_no_note(golden) -> None:  # type: ignore[no-untyped-def]
+    assert _notes(golden, adamw()) == []
+
+
+def test_the_manifest_records_what_the_factory_built(golden) -> None:  # type: ignore[no-untyped-def]
+    store, spec = golden
+    built = store.read_manifest(spec.name)["rungs"]["float32"]["optimizer_settings"]
+    assert built["class"] == "torch.optim.adamw.AdamW" and built["defaults"]["betas"] == [0.9, 0.999]
+    assert [(g["params"], g["weight_decay"]) for g in built["groups"]] == [(4, 0.1), (2, 0.0)]
+
