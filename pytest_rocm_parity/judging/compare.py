@@ -253,8 +253,12 @@ def metric_columns(st: Any, n: Any, conf: Any, unit_roundoff: float) -> Any:
     out = np.empty((len(st), len(Metric)))
     for col, v in ((Metric.ERR_CAND, err_c), (Metric.ERR_REF, err_r), (Metric.RMS_TRUTH, rms_t),
                    (Metric.RATIO, ratio), (Metric.RATIO_LO, lo), (Metric.Z, z), (Metric.REL_TO_REF, rel),
-                   (Metric.MAX_ABS_TO_REF, dmax), (Metric.Z_EXCESS, _z_excess(st, n, f2))):
+                   (Metric.MAX_ABS_TO_REF, dmax)):
         out[:, col] = v
+    out[:, Metric.Z_EXCESS] = 0.0
+    over = ratio > 1.0   # only a leaf over a budget reads it (judge._excess_confined): the rest skip its host time
+    if over.any():
+        out[over, Metric.Z_EXCESS] = _z_excess(st[over], n[over], f2[over])
     return out
 
 
@@ -276,12 +280,10 @@ def _z_excess(st: Any, n: Any, f2: Any) -> Any:
         return np.zeros(len(st))
     size = np.ceil(n / nb)[:, None]
     d = st[:, :, Stat.CAND_ERR2] - np.maximum(st[:, :, Stat.REF_ERR2], f2[:, None] * size)
-    order = np.argsort(-d, axis=1, kind="stable")
-    ranked = np.take_along_axis(d, order, 1)
+    ranked = -np.sort(-d, axis=1)
     half = 0.5 * np.maximum(d, 0.0).sum(1)
-    k = (np.cumsum(ranked, 1) < half[:, None]).sum(1) + 1   # the fewest blocks that hold half of it
-    heavy = np.zeros(d.shape, dtype=bool)
-    np.put_along_axis(heavy, order, np.arange(nb)[None, :] < k[:, None], 1)
+    k = np.minimum((np.cumsum(ranked, 1) < half[:, None]).sum(1) + 1, nb)   # the fewest blocks holding half
+    heavy = d >= np.take_along_axis(ranked, (k - 1)[:, None], 1)
     # shares of elements, ties included: where the rest ties (a candidate that equals the reference
     # but on a tile), the heavy blocks' farther elements are all the evidence there is
     counts = np.repeat(size, nb, 1)
