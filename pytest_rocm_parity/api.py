@@ -290,8 +290,7 @@ class Parity:
                 try:
                     results = do_replay()
                 except GoldenCorrupt as exc:   # the store names the file; the command that replaces it, here
-                    restore = ("" if "git lfs pull" in str(exc) else
-                               f"; or restore the committed files (git checkout {s.store.dir_for(spec.name)}, git lfs pull)")
+                    restore = "" if "git lfs pull" in str(exc) else f"; or {s.store.restore_hint(spec.name)}"
                     raise GoldenCorrupt(f"{exc}. On the reference machine: {spec.regen_command}{restore}",
                                         exc.path) from None
                 except GoldenStale as exc:   # another project's golden is not stale: it was never this check's
@@ -416,13 +415,9 @@ def _missing_golden(store: Any, spec: CheckSpec, capture_it: str, test_defined: 
     no_dir = store.missing_root(capture_it)
     if no_dir:
         return f"no golden for {spec.name!r}: {no_dir}"
-    left = [p.name for p in (store.leftovers_of(spec.name) if hasattr(store, "leftovers_of") else [])
-            if p.suffix == ".safetensors"]   # a remote store lists no directory
+    left = store.no_manifest(spec.name, capture_it) if hasattr(store, "no_manifest") else ""
     if left:
-        return (f"no golden for {spec.name!r}: {store.dir_for(spec.name)} holds its tensor files "
-                f"({', '.join(left[:3])}{' ...' if len(left) > 3 else ''}) but no manifest.json, which names and "
-                f"hashes them (deleted, or a capture stopped before writing it). Restore it from version control "
-                f"(git checkout {store.manifest_path(spec.name)}), or capture it again: {capture_it}")
+        return f"no golden for {spec.name!r}: {left}"
     close = _close_goldens(store, spec.name, spec.test, test_defined)
     return (f"no golden for {spec.name!r} in {store.root}.{close} Capture it on "
             f"the reference machine and commit it: {capture_it}")

@@ -25,6 +25,11 @@ from pytest_rocm_parity.golden.store import (MANIFEST, MAX_MANIFEST_BYTES, Golde
                                              digest_matches, expected_digest, load_manifest, safe_name, verify_sha)
 
 
+# How a damaged file in the store is replaced: a commit uploads only what the store lacks, and takes a
+# file of the right name and size for those bytes (its name is their hash)
+REUPLOAD = "delete the damaged file from the store, then regenerate the golden there, which uploads what the store lacks"
+
+
 def is_url(path: object) -> bool:
     return isinstance(path, str) and "://" in path
 
@@ -96,7 +101,7 @@ class RemoteGoldenStore(GoldenStore):
         """``raw`` written to ``tmp`` and checked by the local manifest reader; errors name ``where``."""
         tmp.write_bytes(raw)
         try:
-            return load_manifest(tmp)
+            return load_manifest(tmp, restore=f"upload it again from the reference machine ({REUPLOAD})")
         except GoldenError as exc:
             tmp.unlink(missing_ok=True)
             raise type(exc)(str(exc).replace(str(tmp), where), where) from None
@@ -126,8 +131,8 @@ class RemoteGoldenStore(GoldenStore):
                                         listed=True)
                 if isinstance(r.get("bytes"), int) and size != r["bytes"]:
                     raise GoldenCorrupt(f"{self.url}/{safe_name(name)}/{fname}: holds {size} bytes where its manifest "
-                                        f"records {r['bytes']} (truncated or replaced); recapture and upload this golden",
-                                        rm)
+                                        f"records {r['bytes']} (truncated or replaced in the store); regenerate the "
+                                        f"golden on the reference machine, which uploads it again", rm)
                 tmp_file = temp_beside(d, Path(fname).suffix)
                 try:
                     self.fs.get_file(self._remote(name, fname), str(tmp_file))
@@ -156,8 +161,7 @@ class RemoteGoldenStore(GoldenStore):
         except GoldenCorrupt:
             local.unlink(missing_ok=True)   # the next run fetches it again
             raise GoldenCorrupt(f"{where}: content hash differs from the manifest's (edited or damaged in the "
-                                f"store; its copy fetched to {local} is removed); recapture and upload this golden",
-                                where) from None
+                                f"store; its copy fetched to {local} is removed); {REUPLOAD}", where) from None
 
     def exists(self, name: str) -> bool:
         try:
@@ -276,6 +280,16 @@ class RemoteGoldenStore(GoldenStore):
         if not same:
             self._upload(mpath, name, MANIFEST)   # the commit point, last
         return mpath
+
+    def restore_hint(self, name: str) -> str:
+        """A remote golden's files in this machine are a cache, not a checkout: fetch again, or replace
+        the store's copy."""
+        return (f"run again where the store's files are whole (a download cut short): each run fetches "
+                f"from {self.url} again any file of {self.dir_for(name)} (a cache) that differs from its manifest; "
+                f"where the store's own file is damaged, {REUPLOAD}")
+
+    def no_manifest(self, name: str, capture_it: str) -> str:
+        return ""   # the store, not this machine's cache, holds the golden: its manifest is there or not
 
     def names_on_disk(self) -> Iterator[tuple[str, Path]]:
         try:

@@ -344,6 +344,30 @@ class GoldenStore:
         d = self.dir_for(name)
         return _listed_leftovers(d) if d.is_dir() and not d.is_symlink() else []
 
+    def restore_hint(self, name: str) -> str:
+        """How to get ``name``'s files back as they were committed: a golden directory is a checkout."""
+        return f"restore the committed files (git checkout {self.dir_for(name)}, git lfs pull)"
+
+    def no_manifest(self, name: str, capture_it: str) -> str:
+        """Why ``name`` has a directory but no manifest, and the fix ('' when it has no such directory):
+        tensor files of ours there are a golden whose manifest is gone (restore it); temporary files
+        alone are a first capture stopped before it wrote a tensor file (nothing to restore).
+        ``capture_it``: the command that captures it."""
+        left = self.leftovers_of(name)
+        tensors = [p.name for p in left if _TENSOR_FILE.match(p.name)]
+        d = self.dir_for(name)
+        if tensors:
+            return (f"{d} holds its tensor files ({_few(tensors)}) but no {MANIFEST}, which names and hashes them "
+                    f"(deleted, or a capture stopped before writing it). Restore it from version control (git "
+                    f"checkout {self.manifest_path(name)}), or capture it again: {capture_it}")
+        temps = [p.name for p in left if is_temp_file(p.name)]
+        if temps:
+            return (f"{d} holds only the temporary files of a first capture that was stopped before it finished "
+                    f"({_few(temps)}); no golden was written there, so there is nothing to restore. Delete {d} "
+                    f"(or run with --parity-prune-obsolete, which deletes such leftovers) and capture it again: "
+                    f"{capture_it}")
+        return ""
+
     def remove_leftovers(self, paths: list[Path]) -> list[Path]:
         """Delete ``paths`` (leftovers()), each checked again under its directory's lock; a directory
         left empty with no manifest goes too. Returns what was deleted."""
@@ -802,7 +826,9 @@ def check_format(path: Path | str, fmt: Any, current: int, recapture: str) -> No
     if fmt < current:
         raise GoldenStale(f"{path}: golden format {fmt} is older than {current}; {recapture}", path)
 
-def load_manifest(path: Path) -> dict[str, Any]:
+def load_manifest(path: Path, restore: str = "") -> dict[str, Any]:
+    """The manifest at ``path``, checked; GoldenCorrupt (or Stale, TooNew) saying what is wrong.
+    ``restore``: how to get the committed manifest back (default: from version control)."""
     try:
         f, size = _open_regular(path)
         with f:
@@ -829,7 +855,8 @@ def load_manifest(path: Path) -> dict[str, Any]:
     if recorded is not None and recorded != manifest_digest(m):
         raise GoldenCorrupt(f"{path}: the manifest was changed after its capture (its content no longer has the "
                             f"hash {MANIFEST_DIGEST_KEY} records: edited by hand, or merged from two captures); "
-                            f"restore it from version control (git checkout {path}), or recapture this golden", path)
+                            f"{restore or f'restore it from version control (git checkout {path})'}, or recapture "
+                            f"this golden", path)
     problem = _manifest_problem(m)
     if problem:
         raise GoldenCorrupt(f"{path}: manifest does not describe a golden: {problem} (edited or damaged); "

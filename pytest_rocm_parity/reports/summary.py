@@ -170,7 +170,9 @@ def summary_lines(session: Any) -> list[str]:
     if getattr(session, "lost_worker", False):
         lines.append(f"rocm-parity: {LOST_WORKER}")
     for label, items in (("created", g.created), ("updated", g.updated), ("missing", g.missing),
-                         ("corrupt (unreadable: restore them, e.g. git lfs pull, or rewrite them with --parity-regen)",
+                         ("corrupt (unreadable: " + ("delete the damaged files from the store, then" if hasattr(
+                             getattr(session, "store", None), "url") else "restore them, e.g. git lfs pull, or")
+                          + " rewrite them with --parity-regen)",
                           getattr(g, "corrupt", [])),
                          ("stale (they describe another model, inputs or setting: see each error or skip "
                           "reason; --parity-regen rewrites them)",
