@@ -31,6 +31,7 @@ __all__ = [
     "DEFAULT_BLOCKS",
     "FLOAT_DTYPES",
     "LAYOUTS",
+    "LONG_BLOCKS",
     "OpArgs",
     "REGIMES",
     "abs_magnitude",
@@ -43,6 +44,7 @@ __all__ = [
     "matmul_args",
     "matmul_magnitude",
     "reduction_args",
+    "reduction_shapes",
     "resolve_dtype",
     "rms_norm_args",
     "rotary_args",
@@ -63,6 +65,8 @@ DtypeArg = Union[DtypeLike, st.SearchStrategy[torch.dtype], None]
 FLOAT_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16")
 # Tile sizes common in Triton/HIP kernels; sizes next to them hit tail-block code.
 DEFAULT_BLOCKS: tuple[int, ...] = (16, 32, 64, 128)
+# the element budget of every drawn shape, long rows included: a long row takes the room of the leading dims
+_MAX_NUMEL = 2048
 LAYOUTS: tuple[str, ...] = ("contiguous", "transposed", "strided", "offset")
 REGIMES: tuple[str, ...] = ("ordinary", "large", "subnormal", "zero")
 
@@ -156,7 +160,7 @@ def shapes(
     max_dims: int = 3,
     min_side: int = 1,
     max_side: int = 64,
-    max_numel: int = 2048,
+    max_numel: int = _MAX_NUMEL,
     blocks: Sequence[int] = DEFAULT_BLOCKS,
 ) -> tuple[int, ...]:
     """Shapes whose innermost dimension gets the full (block-aware) range.
@@ -184,6 +188,32 @@ def broadcastable_shapes(
     """Shapes that broadcast together (size-1 and missing dims), from Hypothesis' own generator."""
     return hnp.mutually_broadcastable_shapes(num_shapes=num_shapes, min_dims=1, max_dims=max_dims,
                                              min_side=1, max_side=max_side).map(lambda b: b.input_shapes)
+
+
+# Row lengths of the long-row regime land on these tiles' boundaries as often as the ordinary ones do on
+# DEFAULT_BLOCKS: a kernel that walks a long row in 1024-wide tiles has its tail there.
+LONG_BLOCKS: tuple[int, ...] = (256, 512, 1024, 2048)
+def _check_long_side(strategy: str, long_side: int | None) -> None:
+    if long_side is not None and (isinstance(long_side, bool) or not isinstance(long_side, int) or long_side < 1):
+        raise InvalidArgument(f"{strategy}(long_side={long_side!r}) must be a positive int (the longest row of the "
+                              f"long-row regime, e.g. 4096) or None to leave long rows out")
+
+
+@st.composite
+def reduction_shapes(draw: st.DrawFn, *, max_side: int = 160, long_side: int | None = 2048) -> tuple[int, ...]:
+    """Shapes for a row-wise reduction: those of :func:`shapes`, and in one draw of four (where
+    ``long_side > max_side``) a long innermost row of ``max_side + 1`` to ``long_side`` elements.
+
+    An accumulator kept in bf16/fp16 (an online softmax's running sum) loses a bit per doubling of the
+    row and shows only past a few hundred elements; ordinary draws seldom reach that.  The leading dims
+    shrink to fit the same element budget, so a long draw costs what the largest ordinary one does.
+    Shrinks to the ordinary regime.
+    """
+    if long_side is not None and long_side > max_side and draw(st.integers(0, 3)) == 3:
+        n = draw(sizes(max_side + 1, long_side, LONG_BLOCKS))
+        lead = draw(shapes(min_dims=0, max_dims=2, max_side=8, max_numel=max(1, _MAX_NUMEL // n), blocks=()))
+        return (*lead, n)
+    return draw(shapes(max_side=max_side))
 
 
 # --------------------------------------------------------------------------- values
@@ -503,22 +533,27 @@ def _sdpa_magnitude(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs:
 
 
 @st.composite
-def softmax_args(draw: st.DrawFn, dtype: DtypeArg = None, *, max_side: int = 160,
+def softmax_args(draw: st.DrawFn, dtype: DtypeArg = None, *, max_side: int = 160, long_side: int | None = 2048,
                  regimes: Sequence[str] = REGIMES) -> OpArgs:
-    """``softmax(x, dim)``, usually over the last (block) dimension; large values included."""
+    """``softmax(x, dim)``, usually over the last (block) dimension; large values included; a quarter of
+    the rows up to ``long_side`` (:func:`reduction_shapes`)."""
+    _check_long_side("softmax_args", long_side)
     dt = draw(_dtype_strategy(dtype))
-    shp = draw(shapes(max_side=max_side))
+    shp = draw(reduction_shapes(max_side=max_side, long_side=long_side))
     x = draw(tensors(dt, shp, elements=values(dt, max_magnitude=1e4, regimes=regimes)))
-    dim = draw(st.sampled_from([-1] + list(range(-len(shp), -1))))
+    # a long row is drawn to be reduced: its leading dims are 1s, which test nothing
+    dim = -1 if shp[-1] > max_side else draw(st.sampled_from([-1] + list(range(-len(shp), -1))))
     return OpArgs((x,), {"dim": dim}, reduction_length=shp[dim], names=("x",))
 
 
 @st.composite
 def layer_norm_args(draw: st.DrawFn, dtype: DtypeArg = None, *, max_side: int = 160,
-                    regimes: Sequence[str] = REGIMES) -> OpArgs:
-    """``F.layer_norm(x, (N,), weight, bias, eps)`` with optional affine parameters."""
+                    long_side: int | None = 2048, regimes: Sequence[str] = REGIMES) -> OpArgs:
+    """``F.layer_norm(x, (N,), weight, bias, eps)`` with optional affine parameters; a quarter of the rows
+    up to ``long_side`` (:func:`reduction_shapes`)."""
+    _check_long_side("layer_norm_args", long_side)
     dt = draw(_dtype_strategy(dtype))
-    shp = draw(shapes(max_side=max_side))
+    shp = draw(reduction_shapes(max_side=max_side, long_side=long_side))
     n = shp[-1]
     x = draw(tensors(dt, shp, elements=values(dt, max_magnitude=_scaled_max(dt, n), regimes=regimes)))
     w = draw(st.none() | tensors(dt, (n,), elements=values(dt, regimes=("ordinary",))))
@@ -542,20 +577,22 @@ def _layer_norm_magnitude(x: torch.Tensor, shape: Any, w: torch.Tensor | None, b
 
 
 @st.composite
-def rms_norm_args(draw: st.DrawFn, dtype: DtypeArg = None, *, max_side: int = 160,
+def rms_norm_args(draw: st.DrawFn, dtype: DtypeArg = None, *, max_side: int = 160, long_side: int | None = 2048,
                   max_magnitude: float | None = None, layouts: Sequence[str] = LAYOUTS,
                   regimes: Sequence[str] = REGIMES, affine: bool | None = None) -> OpArgs:
     """``F.rms_norm(x, (N,), weight, eps)``; magnitudes up to what float32 can square and sum.
 
     ``affine``: ``None`` draws the weight or ``weight=None`` (shrinking to None, the simpler call), so a
     kernel that breaks without a weight is found; ``True`` always draws one, for a kernel whose contract
-    requires it (a Llama-style RMSNorm); ``False`` never does.
+    requires it (a Llama-style RMSNorm); ``False`` never does.  A quarter of the rows are up to
+    ``long_side`` long (:func:`reduction_shapes`).
     """
     if affine not in (None, True, False):
         raise InvalidArgument(f"rms_norm_args(affine={affine!r}) must be True (always a weight), False (never) "
                               f"or None (sometimes)")
+    _check_long_side("rms_norm_args", long_side)
     dt = draw(_dtype_strategy(dtype))
-    shp = draw(shapes(max_side=max_side))
+    shp = draw(reduction_shapes(max_side=max_side, long_side=long_side))
     n = shp[-1]
     top = _scaled_max(dt, n) if max_magnitude is None else max_magnitude
     x = draw(tensors(dt, shp, elements=values(dt, max_magnitude=top, regimes=regimes), layouts=layouts))
@@ -635,13 +672,16 @@ _REDUCTIONS = ("sum", "mean", "amax", "amin", "var", "norm", "logsumexp", "cumsu
 
 @st.composite
 def reduction_args(draw: st.DrawFn, dtype: DtypeArg = None, *, op: str = "sum", max_side: int = 160,
-                   regimes: Sequence[str] = REGIMES) -> OpArgs:
-    """``x, dim, keepdim`` for ``torch.<op>``; ``op`` picks the matching error magnitude."""
+                   long_side: int | None = 2048, regimes: Sequence[str] = REGIMES) -> OpArgs:
+    """``x, dim, keepdim`` for ``torch.<op>``; ``op`` picks the matching error magnitude; a quarter of the
+    innermost dims up to ``long_side`` (:func:`reduction_shapes`)."""
     if op not in _REDUCTIONS:
         raise InvalidArgument(f"reduction_args(op={op!r}); choose from {_REDUCTIONS}")
+    _check_long_side("reduction_args", long_side)
     dt = draw(_dtype_strategy(dtype))
-    shp = draw(shapes(max_side=max_side))
-    dim = draw(st.sampled_from(list(range(-len(shp), 0))))
+    shp = draw(reduction_shapes(max_side=max_side, long_side=long_side))
+    # a long row is drawn to be reduced: its leading dims are 1s, which test nothing
+    dim = -1 if shp[-1] > max_side else draw(st.sampled_from(list(range(-len(shp), 0))))
     k = shp[dim]
     power = 0.5 if op in ("var", "norm") else 1.0
     x = draw(tensors(dt, shp, elements=values(dt, max_magnitude=_scaled_max(dt, k, power), regimes=regimes)))
