@@ -727,6 +727,13 @@ def place(t: torch.Tensor, device: str | torch.device) -> torch.Tensor:
     return flat.as_strided(tuple(t.shape), tuple(t.stride()), t.storage_offset())
 
 
+def _grad_mode() -> torch.autograd.grad_mode.enable_grad:
+    """Grad mode on around the functions compared, whatever the caller's mode: a gradient wrapper
+    (``torch.autograd.grad`` of a forward) needs it to differentiate, and the inputs it is given are
+    detached copies, so a forward-only operator builds no graph and costs nothing more."""
+    return torch.enable_grad()
+
+
 def _map(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     if isinstance(value, torch.Tensor):
         return fn(value)
@@ -943,7 +950,7 @@ def _judge_output_dtypes(result: OpResult, cand_out: Any, reference: Callable[..
     pass at the lower precision, yet every caller gets another tensor. The reference runs once more,
     on the CPU in the inputs' own dtypes; where it cannot (a dtype the CPU lacks), nothing is judged."""
     try:
-        with torch.no_grad():
+        with _grad_mode():
             native = reference(*_map(tuple(args), lambda t: t.detach().cpu()),
                                **_map(dict(kwargs), lambda t: t.detach().cpu()))
     except Exception:
@@ -1009,7 +1016,7 @@ def _reference_writes(reference: Callable[..., Any], args: Sequence[Any], kwargs
                     _map(value, lambda t: written.add(t.untyped_storage().data_ptr()))
             return func(*args, **kwargs)
 
-    with torch.no_grad(), _Writes():
+    with _grad_mode(), _Writes():
         reference(*a, **kw)
     return {path for path, t in _argument_leaves(a, kw)
             if t.numel() and t.untyped_storage().data_ptr() in written}
@@ -1106,7 +1113,7 @@ def _truth(reference: Callable[..., Any], model: ErrorModel, args: Sequence[Any]
         scale = model.magnitude(*a, **kw) if model.magnitude is not None else None
         return _Truth(out, scale, a, kw)
 
-    with torch.no_grad():
+    with _grad_mode():
         truth = run(lambda t: t)
         if model.allow_flush_to_zero and _has_subnormals(args, kwargs):
             truth.flushed = run(_flush_subnormals)
@@ -1177,7 +1184,7 @@ def check_op(candidate: Callable[..., Any], reference: Callable[..., Any], *args
     _refuse_complex("the reference's output", truth.out)
     cand_args = _map(args, lambda t: place(t, dev))
     cand_kwargs = _map(kwargs, lambda t: place(t, dev))
-    with torch.no_grad():
+    with _grad_mode():
         try:
             cand_out = candidate(*cand_args, **cand_kwargs)
             _synchronize(dev)
@@ -1341,7 +1348,7 @@ class GoldenExample:
                           device=str(dev), inputs=[f"{n}: {describe_value(v)}" for n, v in _named(self.args,
                                                                                                    self.kwargs)],
                           reduction_length=k, model=model.describe(_lowest(in_dtypes), k, tf32, recorded=True))
-        with torch.no_grad():
+        with _grad_mode():
             try:
                 out = candidate(*_map(self.args, lambda t: place(t, dev)),
                                 **_map(self.kwargs, lambda t: place(t, dev)))
@@ -1412,11 +1419,15 @@ def _collect_examples(strategy: Any, count: int, seed: int) -> list[Any]:
 
 def record_golden(path: str | os.PathLike[str], candidate: Callable[..., Any], reference: Callable[..., Any],
                   strategy: Any, *, max_examples: int = 25, seed: int = 0,
-                  device: str | torch.device | None = None, overwrite: bool = False) -> Path:
+                  device: str | torch.device | None = None, overwrite: bool = False,
+                  dtype_policy: ErrorModel | None = None) -> Path:
     """On the reference machine: generate examples, store inputs, float64 truth and device output.
 
-    ``strategy`` draws ``OpArgs`` (or tuples of positional arguments).  Writes
-    ``<path>.safetensors`` and ``<path>.json`` atomically; returns the manifest path.
+    ``strategy`` draws ``OpArgs`` (or tuples of positional arguments).  ``dtype_policy`` is the
+    ``ErrorModel`` the checks take: its ``magnitude`` and ``reduction_length`` replace the case's, as in
+    :func:`compare_op`, and are what the golden stores (the term magnitudes, K), since a replay has no
+    reference to compute them from.  Writes ``<path>.safetensors`` and ``<path>.json`` atomically;
+    returns the manifest path.
     """
     from safetensors.torch import save_file
 
@@ -1431,17 +1442,15 @@ def record_golden(path: str | os.PathLike[str], candidate: Callable[..., Any], r
     for i, case in enumerate(_collect_examples(strategy, max_examples, seed)):
         if not isinstance(case, OpArgs):
             case = OpArgs(tuple(case) if isinstance(case, (tuple, list)) else (case,))
-        model = ErrorModel(reduction_length=case.reduction_length, magnitude=case.magnitude)
-        if case.inter is not None:
-            model = replace(model, inter=max(model.inter, case.inter))
-        args, kwargs = tuple(case.args), dict(case.kwargs)
+        args, kwargs, model = _unpack((case,), {}, dtype_policy)
+        inter = model.inter if case.inter is not None or model.inter != ErrorModel().inter else None
         truth = _truth(reference, model, args, kwargs)
         if truth.out is None:
             raise InvalidArgument(
                 f"record_golden: the reference {_qualname(reference)} returned None, and a golden stores returned "
                 f"outputs only, so its replay would compare nothing; record a wrapper that returns what the op "
                 f"writes, e.g. lambda out, a, b: (op(out, a, b), out)[1], for the candidate and the reference")
-        with torch.no_grad():
+        with _grad_mode():
             out = candidate(*_map(args, lambda t: place(t, dev)), **_map(kwargs, lambda t: place(t, dev)))
             _synchronize(dev)
         entries.append({
@@ -1449,8 +1458,8 @@ def record_golden(path: str | os.PathLike[str], candidate: Callable[..., Any], r
             "truth": packer.pack(truth.out, f"{i}.truth"), "scale": packer.pack(truth.scale, f"{i}.scale"),
             "flushed": packer.pack(truth.alternative(), f"{i}.ftz"),
             "reference_output": packer.pack(_map(out, lambda t: t.detach().cpu()), f"{i}.ref"),
-            "reduction_length": case.reduction_length,
-            "inter": case.inter,
+            "reduction_length": model.reduction_length or case.reduction_length,
+            "inter": inter,
         })
     manifest = {
         "format": GOLDEN_FORMAT, "kind": "rocm-parity-op-golden", "candidate": _qualname(candidate),
