@@ -29,7 +29,9 @@ import hashlib
 import json
 import math
 import os
+import re
 import sys
+import tempfile
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -318,6 +320,9 @@ def _build_message(result: OpResult) -> str:
             lines.append(f"Worst seen in this search: err/tol {worst.ratio:.3g} with {worst.where}; Hypothesis "
                          f"reports the smallest failing example it shrank to, not the worst "
                          f"(err/tol {result.max_ratio:.3g} here)")
+            if worst.reproduction:
+                lines.append("  Reproduce the worst seen:")
+                lines.extend(f"    {line}" for line in worst.reproduction.splitlines())
     lines.append(f"Candidate: {result.candidate} on {result.device}; truth: {result.reference} in float64 on cpu")
     lines.append(_model_line(result))
     lines.append("Inputs:")
@@ -383,6 +388,7 @@ class _Worst:
     run: Any
     ratio: float
     where: str
+    reproduction: str = ""
 
 
 # per Hypothesis test function; a test shrinks a failure to its smallest input, which for an error that
@@ -404,11 +410,13 @@ def _search_context() -> tuple[Any, Any] | None:
     return test, getattr(context.data, "_random", None)
 
 
-def _observe_search(result: OpResult, named: Sequence[tuple[str, Any]]) -> None:
-    """Under Hypothesis: keep the worst err/tol of this run, with its inputs' shapes, for the message.
+def _observe_search(result: OpResult, named: Sequence[tuple[str, Any]], reproduce: Callable[[Path], str]) -> None:
+    """Under Hypothesis: keep the worst err/tol of this run, with its inputs' shapes and, where it fails,
+    its reproduction, for the message: shrinking ends at the smallest failing example, not the worst.
 
-    Not ``hypothesis.target``: its optimiser keeps running failing examples after the first, which
-    lengthens a failing search (docs/fuzzing.md, where a test opts in)."""
+    The reproduction's tensors too large to print go to a file in the temp dir, one per test, since
+    Hypothesis keeps only the shrunk example.  Not ``hypothesis.target``: its optimiser keeps running
+    failing examples after the first, which lengthens a failing search (docs/fuzzing.md)."""
     found = _search_context()
     if found is None or result.error or not result.outputs:
         return
@@ -418,9 +426,22 @@ def _observe_search(result: OpResult, named: Sequence[tuple[str, Any]]) -> None:
         if worst is not None and worst.run is run and worst.ratio >= result.max_ratio:
             return
         where = "; ".join(f"{label}: {_short(v)}" for label, v in named if isinstance(v, torch.Tensor))
-        _WORST[test] = _Worst(run, result.max_ratio, f"{result.candidate}({where})")
+        script = ""
+        if not result.passed:
+            try:
+                script = reproduce(_worst_file(test))
+            except OSError:   # no temp dir to write to: the script without the large tensors
+                script = result.reproduction
+        _WORST[test] = _Worst(run, result.max_ratio, f"{result.candidate}({where})", script)
     except TypeError:   # a test object that takes no weak reference: no worst kept
         pass
+
+
+def _worst_file(test: Any) -> Path:
+    """Where the worst example of ``test`` keeps its large tensors: named by the test and this process,
+    so parallel workers and other tests do not overwrite it."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{getattr(test, '__module__', '')}.{getattr(test, '__qualname__', 'test')}")
+    return Path(tempfile.gettempdir()) / "rocm-parity-worst" / f"{name[-120:]}-{os.getpid()}.safetensors"
 
 
 def _worst_seen() -> _Worst | None:
@@ -605,12 +626,17 @@ def _model_expr(model: ErrorModel, imports: set[str], notes: list[str]) -> str:
 
 
 def _reproduction(candidate: Callable[..., Any], reference: Callable[..., Any], args: Sequence[Any],
-                  kwargs: Mapping[str, Any], device: torch.device, model: ErrorModel) -> str:
+                  kwargs: Mapping[str, Any], device: torch.device, model: ErrorModel,
+                  spill: Path | None = None) -> str:
     """A script that runs as pasted: the imports of the modules defining the candidate and the reference,
-    the inputs as literals, the two calls, and the ``compare_op`` call that raises this failure again."""
+    the inputs as literals, the two calls, and the ``compare_op`` call that raises this failure again.
+
+    ``spill``: a safetensors file to write the tensors too large to print into, which the script loads;
+    without it they are elided (the failing example itself is what Hypothesis replays)."""
     imports: set[str] = {"torch"}
     lines: list[str] = []
     too_big: list[str] = []
+    spilled: dict[str, torch.Tensor] = {}
 
     head = [_assignment("candidate", candidate, imports), _assignment("reference", reference, imports)]
 
@@ -624,6 +650,12 @@ def _reproduction(candidate: Callable[..., Any], reference: Callable[..., Any], 
                 name = tensor_names[id(value)] = f"t{len(tensor_names)}"
                 if _storage_span(value) <= _INLINE_LIMIT:
                     lines.append(f"{name} = {_tensor_literal(value)}")
+                elif spill is not None:
+                    t = value.detach().cpu()
+                    span = _storage_span(t)
+                    spilled[name] = t.as_strided((span,), (1,), 0).clone() if span else torch.empty(0, dtype=t.dtype)
+                    lines.append(f"{name} = load_file({str(spill)!r})[{name!r}].as_strided({tuple(t.shape)}, "
+                                 f"{tuple(t.stride())}, {t.storage_offset()})  # {describe_value(value)}")
                 else:
                     too_big.append(name)
                     lines.append(f"{name} = ...  # {describe_value(value)}")
@@ -656,6 +688,13 @@ def _reproduction(candidate: Callable[..., Any], reference: Callable[..., Any], 
               *notes,
               f"compare_op(candidate, reference, {joined}{', ' if joined else ''}device={dev!r}{policy})"
               "  # raises this failure"]
+    if spilled and spill is not None:
+        from safetensors.torch import save_file
+
+        spill.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(spill, lambda p: save_file(spilled, str(p)))
+        script.insert(script.index("from pytest_rocm_parity.fuzz.harness import ErrorModel, compare_op, place"),
+                      "from safetensors.torch import load_file")
     if too_big:
         script.append(f"# {', '.join(too_big)} too large to print: replay the Hypothesis example or record a golden")
     return "\n".join(script)
@@ -1200,9 +1239,10 @@ def check_op(candidate: Callable[..., Any], reference: Callable[..., Any], *args
         _judge_output_dtypes(result, cand_out, reference, args, kwargs)
     if judged is None:
         _describe_floating_outputs(result, model, k, tf32)
-    _observe_search(result, _named(args, kwargs, names))
     if not result.passed:
         result.reproduction = _reproduction(candidate, reference, args, kwargs, dev, model)
+    _observe_search(result, _named(args, kwargs, names),
+                    lambda spill: _reproduction(candidate, reference, args, kwargs, dev, model, spill=spill))
     return result
 
 

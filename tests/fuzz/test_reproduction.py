@@ -33,6 +33,11 @@ def softmax(x, dim=-1):
 def matmul(a, b):
     """Drops the last term of each dot product (a tail block never loaded)."""
     return (a[:, :-1].float() @ b[:-1, :].float()).to(a.dtype)
+
+
+def drifting(x):
+    """A relative error of n^2/1e9 (an accumulation that drifts with the length): fails from n ~ 50."""
+    return x * (1 + 1e-9 * x.numel() ** 2)
 '''
 
 
@@ -91,6 +96,34 @@ def test_reproduction_of_a_fuzzed_module_function_runs_as_pasted(kernels, tmp_pa
     for line in message.splitlines():
         if "Mismatched elements" in line or "Greatest error/tolerance" in line:
             assert line.strip() in proc.stderr, (line, proc.stderr)
+
+
+def test_the_worst_example_seen_is_reproduced_as_pasted(kernels, tmp_path: Path) -> None:
+    """Shrinking ends at a barely failing example; the worst one the search met gets its own script, its
+    tensors too large to print loaded from a file, and that script raises the worst failure again."""
+    messages: list[str] = []
+
+    @settings(max_examples=100, derandomize=True, database=None, deadline=None)
+    @given(st.integers(1, 2048))
+    def search(n: int) -> None:
+        result = check_op(kernels.drifting, torch.clone, torch.arange(n, dtype=torch.float32), device="cpu")
+        if not result.passed:
+            messages.append(result.message())
+            raise AssertionError(messages[-1])
+
+    with pytest.raises(AssertionError):
+        search()
+    message = messages[-1]
+    worst_line = next(line for line in message.splitlines() if line.startswith("Worst seen in this search:"))
+    worst = float(worst_line.split("err/tol ", 1)[1].split(" ", 1)[0])
+    block = message.split("\n  Reproduce the worst seen:\n", 1)[1].split("\nCandidate: ", 1)[0]
+    script = textwrap.dedent(block)
+    assert "load_file(" in script and "candidate = fuzzkern.ops.drifting" in script, script
+    proc = _run_pasted(script, tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert f"Greatest error/tolerance: {worst:.3g} at index" in proc.stderr, (worst_line, proc.stderr[-2000:])
+    shrunk = float(message.split("Greatest error/tolerance: ", 1)[1].split(" ", 1)[0])
+    assert worst > 10 * shrunk
 
 
 def test_reproduction_keeps_the_cases_error_model(kernels, tmp_path: Path) -> None:
