@@ -409,9 +409,11 @@ def _prepared(model: Any, device: Any, dtype: Any) -> Any:
 
 
 def _steps(m: Any, args: Any, kwargs: Any, loss: Any, factory: Callable[[Any], Any], steps: int,
-           clip: Callable[[list[Any]], Any] | None = None, accumulate: int = 1) -> dict[str, Any]:
+           clip: Callable[[list[Any]], Any] | None = None, accumulate: int = 1,
+           later: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Parameter updates after ``steps`` optimizer steps (the first on the gradients already there),
-    each after the clipping, each later one on a fresh accumulation over the micro-batches."""
+    each after the clipping, each later one on a fresh accumulation over the micro-batches.
+    ``later``: gets each later step's gradients (before the clipping), by parameter name."""
     before = {n: p.detach().clone() for n, p in m.named_parameters()}
     opt = factory([(n, p) for n, p in m.named_parameters() if p.requires_grad])
     micro = micro_batches(args, kwargs, accumulate)
@@ -419,35 +421,55 @@ def _steps(m: Any, args: Any, kwargs: Any, loss: Any, factory: Callable[[Any], A
         if i:
             opt.zero_grad(set_to_none=True)
             _backward(m, micro, loss)
+            if later is not None:
+                later.append({n: p.grad.detach().clone() for n, p in m.named_parameters() if p.grad is not None})
         if clip is not None:
             clip([p for p in m.parameters() if p.grad is not None])
-        opt.step()
+        _step(opt)
     return {n: (p.detach() - before[n]) for n, p in m.named_parameters()}
 
 
-def _one_step(params: dict[str, Any], grads: dict[str, Any], factory: Callable[[Any], Any],
-              clip: Callable[[list[Any]], Any] | None = None,
-              settings: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The update one optimizer step (after the clipping) makes from ``params`` with gradients ``grads``
-    (copies; the factory gets their full names). ``settings``: gets the built optimizer's
-    (optimizer_settings)."""
-    import torch
-
-    ps = {n: torch.nn.Parameter(p.detach().clone()) for n, p in params.items()}
-    for n, p in ps.items():
-        p.grad = grads[n].detach().clone().to(p.dtype)
-    if clip is not None:
-        clip(list(ps.values()))
-    opt = factory(list(ps.items()))
-    if settings is not None:
-        settings.append(optimizer_settings(opt))
+def _step(opt: Any) -> None:
+    """``opt.step()``, the optimizer's refusal of these parameters or gradients (SparseAdam: dense
+    ones) an argument error naming it."""
     try:
         opt.step()
-    except Exception as exc:   # the optimizer refusing these parameters or gradients (SparseAdam: dense ones)
+    except Exception as exc:
         raise InvalidArgument(f"optimizer: {type(opt).__name__}.step() failed on the model's parameters and "
                               f"gradients ({type(exc).__name__}: {str(exc)[:300]}); check_train steps dense "
                               f"gradients of one backward") from None
-    return {n: (ps[n].detach() - params[n].detach()) for n in ps}
+
+
+def _optimizer_steps(params: dict[str, Any], grad_steps: list[dict[str, Any]], factory: Callable[[Any], Any],
+                     clip: Callable[[list[Any]], Any] | None = None,
+                     settings: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The update each optimizer step (after the clipping) makes, one optimizer stepping from
+    ``params`` on the gradients ``grad_steps`` gives for each step in turn (copies; the factory gets
+    their full names). Why the same gradients every run: the optimizer judged apart from the model,
+    its state (momentum, Adam's moments) carried from step to step as training carries it.
+    ``settings``: gets the built optimizer's (optimizer_settings)."""
+    import torch
+
+    ps = {n: torch.nn.Parameter(p.detach().clone()) for n, p in params.items()}
+    opt = factory(list(ps.items()))
+    if settings is not None:
+        settings.append(optimizer_settings(opt))
+    out = []
+    for grads in grad_steps:
+        before = {n: p.detach().clone() for n, p in ps.items()}
+        for n, p in ps.items():
+            p.grad = grads[n].detach().clone().to(p.dtype)
+        if clip is not None:
+            clip(list(ps.values()))
+        _step(opt)
+        out.append({n: (ps[n].detach() - before[n]) for n in ps})
+    return out
+
+
+def _step_key(k: int) -> str:
+    """The golden's key prefix of the optimizer's step ``k`` (0-based): none for the first, whose keys
+    (``iupd/``, and its gradients ``pg/``) every training golden holds; ``step2/`` for the second."""
+    return f"step{k + 1}/" if k else ""
 
 
 @inlines_compiled_children
@@ -559,22 +581,31 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
             if factory is not None:
                 grads = {pn: p.grad.detach().clone() for pn, p in params.items() if p.grad is not None}
                 w = {pn: params[pn].detach().clone() for pn in grads}
-                built: list[dict[str, Any]] = []
-                iupd = _one_step(w, grads, factory, clip, built)
-                tiupd = _one_step({pn: v.to(torch.float64) for pn, v in w.items()},
-                                  {pn: v.to(torch.float64) for pn, v in grads.items()}, factory, clip)
                 stepped.restore()
-                upd = _steps(ref, args, kwargs, loss, factory, steps, clip, accumulate)
+                later: list[dict[str, Any]] = []   # the reference's gradients of each step after the first
+                upd = _steps(ref, args, kwargs, loss, factory, steps, clip, accumulate, later)
                 tstepped.restore()
                 tupd = _steps(tm, targs, tkwargs, loss, factory, steps, clip, accumulate)
+                # the optimizer apart from the model: every step from the golden weights on the
+                # reference's gradients of each step, its state carried (what one step cannot show)
+                seq = [grads] + [{pn: g.get(pn, torch.zeros_like(grads[pn])) for pn in grads} for g in later]
+                built: list[dict[str, Any]] = []
+                iupds = _optimizer_steps(w, seq, factory, clip, built)
+                tiupds = _optimizer_steps({pn: v.to(torch.float64) for pn, v in w.items()},
+                                          [{pn: v.to(torch.float64) for pn, v in g.items()} for g in seq], factory, clip)
                 for pn in grads:
                     t[f"w/{pn}"] = w[pn].to("cpu").contiguous()
-                    t[f"iupd/{pn}"] = iupd[pn].to("cpu").contiguous()
-                    t[f"truth/iupd/{pn}"] = residual(tiupd[pn], iupd[pn], rdt)
                     t[f"upd/{pn}"] = upd[pn].to("cpu").contiguous()
                     t[f"gtruth/upd/{pn}"] = residual(tupd[pn], upd[pn], rdt)
+                    for k, (iupd, tiupd) in enumerate(zip(iupds, tiupds)):
+                        at = _step_key(k)
+                        if k:
+                            t[f"{at}pg/{pn}"] = seq[k][pn].to("cpu").contiguous()
+                        t[f"{at}iupd/{pn}"] = iupd[pn].to("cpu").contiguous()
+                        t[f"{at}truth/iupd/{pn}"] = residual(tiupd[pn], iupd[pn], rdt)
                 meta["optimizer_params"] = sorted(grads)
                 meta["optimizer_settings"] = built[0]
+                meta["optimizer_steps"] = len(seq)
             manifest["rungs"][rung] = meta
             return t
         return produce
@@ -1017,10 +1048,16 @@ def _trainable(model: Any) -> list[str]:
     return sorted(n for n, p in model.named_parameters() if p.requires_grad)
 
 
-# What a changed optimizer setting does to the verdict, said with every note of one
-STATE_UNSEEN = ("its update is judged all the same, one step from fresh optimizer state, so a setting that changes "
-                "that step (lr, eps, weight decay) fails as the optimizer and one that only the state carries "
-                "(momentum, Adam's betas) cannot show (docs/training.md)")
+def state_unseen(steps: int) -> str:
+    """What a changed optimizer setting does to the verdict, said with every note of one."""
+    if steps > 1:
+        return (f"its update is judged all the same, {steps} steps from the golden weights on the golden's "
+                f"gradients of each step, so a setting that changes a step fails as the optimizer, one that only "
+                f"the state carries (momentum, Adam's betas) from the second step on, where the gradients change "
+                f"from step to step (docs/training.md)")
+    return ("its update is judged all the same, one step from fresh optimizer state, so a setting that changes "
+            "that step (lr, eps, weight decay) fails as the optimizer and one that only the state carries "
+            "(momentum, Adam's betas) cannot show; steps=2 or more judges the later steps too (docs/training.md)")
 
 
 def _setting_notes(manifest: dict[str, Any], optimizer: Any, clip_grad_norm: Any) -> list[str]:
@@ -1035,7 +1072,8 @@ def _setting_notes(manifest: dict[str, Any], optimizer: Any, clip_grad_norm: Any
     elif optimizer is not None and golden_opt is not None and describe(optimizer) != golden_opt and not any(
             "optimizer_settings" in r for r in manifest.get("rungs", {}).values()):
         # a golden holding the optimizer's settings gets the finer note from them (_judge_optimizer)
-        notes.append(f"the candidate's optimizer is {describe(optimizer)}, the golden's {golden_opt}: {STATE_UNSEEN}")
+        notes.append(f"the candidate's optimizer is {describe(optimizer)}, the golden's {golden_opt}: "
+                     f"{state_unseen(int(manifest.get('steps') or 1))}")
     if golden_clip is not None and describe(clip_grad_norm) != golden_clip:
         notes.append(f"the golden's gradients were clipped with {golden_clip}, the candidate's with "
                      f"{describe(clip_grad_norm)}")
@@ -1261,16 +1299,17 @@ def _judge_optimizer(result: CheckResult, meta: dict[str, Any], reader: RungRead
     model's own layers."""
     factory, clip = step
     pnames = meta["optimizer_params"]
+    n_steps = int(meta.get("optimizer_steps") or 1)
     w = {pn: reader.get(f"w/{pn}").to(device) for pn in pnames}
-    grads = {pn: reader.get(f"pg/{pn}").to(device) for pn in pnames}
+    seq = [{pn: reader.get(f"{_step_key(k)}pg/{pn}").to(device) for pn in pnames} for k in range(n_steps)]
     built: list[dict[str, Any]] = []
-    upd = _one_step(w, grads, factory, clip, built)
+    upds = _optimizer_steps(w, seq, factory, clip, built)
     if isinstance(meta.get("optimizer_settings"), dict):
         # a round trip through JSON, as the golden's went (tuples read back as lists)
         differ = settings_differ(meta["optimizer_settings"], json.loads(json.dumps(built[0])))
         if differ:
             result.notes.append(f"the candidate's optimizer is built otherwise than the golden's: "
-                                f"{'; '.join(differ[:6])}{' ...' if len(differ) > 6 else ''}. {STATE_UNSEEN}")
+                                f"{'; '.join(differ[:6])}{' ...' if len(differ) > 6 else ''}: {state_unseen(n_steps)}")
     owner = {}
     for s in sorted(selected, key=lambda s: -len(s.name)):
         for pn in pnames:
@@ -1278,15 +1317,24 @@ def _judge_optimizer(result: CheckResult, meta: dict[str, Any], reader: RungRead
                 owner[pn] = s.name
     groups: dict[str, list[LeafMetrics]] = {}
     for pn in pnames:
-        groups.setdefault(owner.get(pn, ""), []).append(
-            _metric(pn, upd[pn], reader, f"iupd/{pn}", f"truth/iupd/{pn}", u, tol.confidence))
+        for k, upd in enumerate(upds):
+            at = _step_key(k)
+            groups.setdefault(owner.get(pn, ""), []).append(
+                _metric(f"{pn} step {k + 1}" if k else pn, upd[pn], reader, f"{at}iupd/{pn}", f"{at}truth/iupd/{pn}",
+                        u, tol.confidence))
     failing: list[LayerRecord] = []
+    later_only = 0   # failing groups whose first step is within bounds: what the optimizer's state carries
     for mod, leaves in groups.items():
         rec = LayerRecord(name=f"{OPTIMIZER}:{mod or '<model>'}")
-        judge_layer(rec, leaves, [], Rule.of(tol.for_layer(mod), rung))
+        rule = Rule.of(tol.for_layer(mod), rung)
+        judge_layer(rec, leaves, [], rule)
         rec.passed = rec.prop_passed = rec.iso_passed
         if not rec.iso_passed and rec.iso is not None:
             failing.append(rec)
+            if n_steps > 1:
+                first = LayerRecord(name=rec.name)
+                judge_layer(first, leaves[::n_steps], [], rule)   # each parameter's step-1 leaf
+                later_only += first.iso_passed
         result.outputs.append(rec)
     result.extra["optimizer"] = {r.name: r.iso_passed for r in result.outputs if r.name.startswith(OPTIMIZER)}
     if failing:
@@ -1295,6 +1343,12 @@ def _judge_optimizer(result: CheckResult, meta: dict[str, Any], reader: RungRead
         named = "; ".join(f"{r.name.split(':', 1)[1]} {r.iso.ratio:.3g}x" for r in worst[:3] if r.iso is not None)
         more = f" and {len(failing) - 3} more" if len(failing) > 3 else ""
         clipped = " (gradient clipping included)" if clip is not None else ""
-        result.notes.append(f"the optimizer's update{clipped} is out of bounds for {len(failing)} of {len(groups)} parameter "
-                            f"groups (one step from the golden weights and gradients, against the float64 step): "
-                            f"{named}{more} times the reference's error; the model's own backward is judged apart")
+        how = ("one step from the golden weights and gradients, against the float64 step" if n_steps == 1 else
+               f"{n_steps} steps from the golden weights on the golden gradients of each step, against the float64 "
+               f"steps")
+        state = (f"; {'every failing group is' if later_only == len(failing) else f'{later_only} of them are'} "
+                 f"within bounds at the first step and out from a later one: what the optimizer's state carries "
+                 f"(momentum, Adam's moments and betas, a step count) differs" if later_only else "")
+        result.notes.append(f"the optimizer's update{clipped} is out of bounds for {len(failing)} of {len(groups)} "
+                            f"parameter groups ({how}): {named}{more} times the reference's error; the model's own "
+                            f"backward is judged apart{state}")

@@ -71,3 +71,50 @@ def test_the_manifest_records_what_the_factory_built(golden) -> None:  # type: i
     assert built["class"] == "torch.optim.adamw.AdamW" and built["defaults"]["betas"] == [0.9, 0.999]
     assert [(g["params"], g["weight_decay"]) for g in built["groups"]] == [(4, 0.1), (2, 0.0)]
 
+
+def adamw_losing_state(named: list[tuple[str, torch.nn.Parameter]]) -> torch.optim.Optimizer:
+    """A "fused" AdamW that drops its moments and step count before every step: each step is a first."""
+    opt = torch.optim.AdamW([p for _, p in named], lr=1e-2, betas=(0.9, 0.999), weight_decay=0.1)
+    opt.register_step_pre_hook(lambda o, args, kwargs: o.state.clear())
+    return opt
+
+
+def adamw_plain(betas: tuple[float, float] = (0.9, 0.999), **kw: Any) -> Any:
+    def build(named: list[tuple[str, torch.nn.Parameter]]) -> torch.optim.Optimizer:
+        return torch.optim.AdamW([p for _, p in named], lr=1e-2, betas=betas, weight_decay=0.1, **kw)
+    return build
+
+
+@pytest.fixture(scope="module")
+def three_steps(tmp_path_factory: Any) -> tuple[GoldenStore, CheckSpec]:
+    spec = CheckSpec(name="opt3", dtypes=["bfloat16", "float32"])
+    store = GoldenStore(tmp_path_factory.mktemp("opt3"))
+    capture_train(net(), X, spec, store, "cpu", loss=_loss, optimizer=adamw_plain(), steps=3)
+    return store, spec
+
+
+def _replay3(golden: tuple[GoldenStore, CheckSpec], optimizer: Any) -> list[Any]:
+    store, spec = golden
+    return replay_train(net(), X, spec, store, "cpu", loss=_loss, optimizer=optimizer, steps=3)
+
+
+@pytest.mark.parametrize("alternate", [{}, {"foreach": True}, {"fused": True}], ids=["same", "foreach", "fused"])
+def test_every_step_of_a_correct_optimizer_passes(three_steps, alternate: dict[str, Any]) -> None:  # type: ignore[no-untyped-def]
+    for r in _replay3(three_steps, adamw_plain(**alternate)):
+        assert r.passed, (r.dtype, r.notes)
+        leaves = [o for o in r.outputs if o.name.startswith("optimizer:")]
+        assert leaves and all(o.iso is not None for o in leaves)
+
+
+@pytest.mark.parametrize("optimizer", [adamw_plain(betas=(0.0, 0.999)), adamw_losing_state],
+                         ids=["no-momentum", "state-dropped"])
+def test_a_bug_only_the_optimizers_state_carries_fails_from_the_second_step(three_steps, optimizer: Any) -> None:  # type: ignore[no-untyped-def]
+    """Adam's first step is the same whatever beta1 and whatever state came before: only the later
+    steps, on the golden's gradients of each step, show them."""
+    for r in _replay3(three_steps, optimizer):
+        assert not r.passed and r.culprit is None and not all(r.extra["optimizer"].values()), (r.dtype, r.notes)
+        assert all(l.passed for l in r.layers), r.dtype   # the model's backward passes
+        (note,) = [n for n in r.notes if "out of bounds" in n]
+        assert "3 steps from the golden weights on the golden gradients of each step" in note, note
+        assert "within bounds at the first step and out from a later one: what the optimizer's state carries" \
+            in note, note
