@@ -28,6 +28,7 @@ GITHUB_FILE_LIMIT = 100 * 1000 * 1000
 NAME_LISTS = ("created", "updated", "missing", "corrupt", "stale", "kept", "unchanged", "foreign")
 
 
+
 @dataclass
 class GoldenLog:
     created: list[str] = field(default_factory=list)
@@ -284,9 +285,14 @@ class ParitySession:
     def project(self) -> str | None:
         """This run's project as a manifest records it: pytest's rootdir relative to the golden
         directory (``..`` for goldens/ at the root), so it does not change with the checkout's place.
-        None for remote goldens, which are never pruned."""
+        In a remote store, shared by machines where no relative path means anything, the project's
+        name as every checkout of it gives it (remote_project)."""
         root = getattr(self.store, "root", None)
-        if hasattr(self.store, "url") or not isinstance(root, Path):
+        if hasattr(self.store, "url"):
+            from pytest_rocm_parity.golden.remote import remote_project
+
+            return remote_project(Path(self.config.rootpath))
+        if not isinstance(root, Path):
             return None
         try:
             return Path(os.path.relpath(Path(self.config.rootpath).resolve(), root.resolve())).as_posix()
@@ -327,6 +333,11 @@ class ParitySession:
         here = self.project()
         if not isinstance(owner, str) or here is None or owner == here:
             return ""
+        if hasattr(self.store, "url"):
+            from pytest_rocm_parity.golden.store import REMOTE_PROJECT_KINDS
+
+            # a remote golden recorded before projects were named there (a path) is no one else's
+            return owner if owner.startswith(REMOTE_PROJECT_KINDS) else ""
         return os.path.normpath(Path(self.store.root).resolve() / owner)
 
     def taken_by(self, spec: Any) -> str:
@@ -384,9 +395,10 @@ class ParitySession:
         ours = f"{Path(self.config.rootpath).name}-{spec.name}"
         what = ("regenerating it would overwrite that project's golden" if regen else
                 "it describes that project's model, not this check's")
+        here = self.project() if hasattr(self.store, "url") else Path(self.config.rootpath).resolve()
         return (f"the golden for {spec.name!r} belongs to another project: its manifest "
                 f"{self.store.manifest_path(spec.name)} records the project {owner} as the one that captured it, "
-                f"and this run's is {Path(self.config.rootpath).resolve()}. The golden directory {self.store.root} "
+                f"and this run's is {here}. The golden directory {getattr(self.store, 'url', self.store.root)} "
                 f"is shared, and checks of both projects are named {spec.name!r}; {what}. Give this check a name "
                 f"of its own, "
                 f"e.g. parity.check(..., name={ours!r}), and capture it, or give each project a golden directory "

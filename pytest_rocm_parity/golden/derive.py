@@ -24,7 +24,7 @@ from pytest_rocm_parity.runner.engine import OUTPUT
 from pytest_rocm_parity.errors import GoldenError, GoldenExists, InvalidArgument
 from pytest_rocm_parity.judging import dtypes as dt
 from pytest_rocm_parity.golden.reader import RungReader
-from pytest_rocm_parity.golden.store import MANIFEST, PROJECT_KEY, GoldenStore, expected_digest, load_manifest
+from pytest_rocm_parity.golden.store import MANIFEST, PROJECT_KEY, REMOTE_PROJECT_KINDS, GoldenStore, expected_digest, load_manifest
 
 
 def derive(src: GoldenStore, name: str, dst: GoldenStore, new_name: str, dtypes: Sequence[str],
@@ -63,7 +63,8 @@ def derive(src: GoldenStore, name: str, dst: GoldenStore, new_name: str, dtypes:
                layers=[l for l in m["layers"] if int(l["level"]) <= drill])
     new["test"] = test
     project = m.get(PROJECT_KEY)
-    if isinstance(project, str) and Path(src.root).resolve() != Path(dst.root).resolve():
+    if isinstance(project, str) and not project.startswith(REMOTE_PROJECT_KINDS) \
+            and Path(src.root).resolve() != Path(dst.root).resolve():
         # the project is the rootdir relative to the golden directory: say it from the new one
         new[PROJECT_KEY] = Path(os.path.relpath((Path(src.root) / project).resolve(), Path(dst.root).resolve())).as_posix()
     producers = {d: _rung(src, name, m, d, drill, new) for d in dtypes}

@@ -9,10 +9,13 @@ never sees a manifest naming a file that is not there yet.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
+import re
 import secrets
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +24,7 @@ from typing import Any
 from pytest_rocm_parity.atomic import TMP_PREFIX, commit, temp_beside
 from pytest_rocm_parity.errors import (BackendUnavailable, GoldenCorrupt, GoldenError, GoldenExists, GoldenMissing,
                                         GoldenStale, GoldenWriteError, ParityError)
-from pytest_rocm_parity.golden.store import (MANIFEST, MAX_MANIFEST_BYTES, GoldenStore, Staged, meaningful,
+from pytest_rocm_parity.golden.store import (MANIFEST, MAX_MANIFEST_BYTES, REMOTE_PROJECT_KINDS, GoldenStore, Staged, meaningful,
                                              digest_matches, expected_digest, load_manifest, safe_name, verify_sha)
 
 
@@ -39,6 +42,30 @@ def default_cache_dir() -> Path:
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pytest-rocm-parity")
     return Path(base)
 
+
+@functools.lru_cache(maxsize=8)
+def remote_project(rootdir: Path) -> str:
+    """The project as every checkout of it names it, for a remote store's manifests: ``git <host/path>``
+    from the checkout's ``origin`` (credentials and scheme dropped, so a token never reaches a
+    manifest, and an SSH and an HTTPS clone agree), else ``folder <rootdir's name>``."""
+    try:
+        url = subprocess.run(["git", "-C", str(rootdir), "config", "--get", "remote.origin.url"],
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        url = ""
+    if url:
+        url = re.sub(r"^[a-z][a-z0-9+.-]*://", "", url)   # https://, ssh://, git://
+        url = url.split("@", 1)[-1]                          # user:token@ or git@
+        host, sep, path = url.partition("/")
+        if ":" in host and not sep or ":" in host and not host.split(":", 1)[1].isdigit():
+            host, _, first = host.partition(":")             # scp-like git@host:org/repo
+            path = f"{first}/{path}" if sep else first
+        else:
+            host = host.split(":", 1)[0]                      # a port
+        path = re.sub(r"\.git/?$", "", path.strip("/"))
+        if path:   # a local origin (/srv/git/repo.git) has no host
+            return f"git {host}/{path}"
+    return f"folder {Path(rootdir).resolve().name}"
 
 class RemoteGoldenStore(GoldenStore):
     """A GoldenStore whose root is a local cache mirroring ``url``."""

@@ -62,6 +62,9 @@ TOOL = "pytest-rocm-parity"
 # The project that captured a golden: its pytest rootdir relative to the golden directory. Prune
 # calls obsolete only the goldens of the project that runs it (a golden directory may be shared).
 PROJECT_KEY = "project"
+# How a remote golden's manifest names the project that captured it (golden.remote.remote_project):
+# its git remote, else its folder's name; a local golden's is a path relative to the golden directory
+REMOTE_PROJECT_KINDS = ("git ", "folder ")
 # Manifest keys that change on every capture without saying anything about the golden: a regen
 # that changes nothing else leaves the golden as it was (no diff for git).
 # the hash a manifest records of its own content (manifest_digest): a hand edit, or a merge that
@@ -324,7 +327,7 @@ class GoldenStore:
         found: set[Path] = set()
         for _name, _d, manifest in self.goldens_on_disk():
             owner = manifest.get(PROJECT_KEY) if manifest is not None else None
-            if isinstance(owner, str):
+            if isinstance(owner, str) and not owner.startswith(REMOTE_PROJECT_KINDS):   # a remote one names no folder
                 found.add((self.root / owner).resolve())
         return found
 

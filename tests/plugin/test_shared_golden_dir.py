@@ -133,3 +133,42 @@ def test_a_golden_that_records_no_project_is_judged_as_before(pytester: pytest.P
     assert "another project" not in result.stdout.str()
     pytester.runpytest("--rocm-parity", REGEN).assert_outcomes(passed=1)
     pytester.runpytest("--rocm-parity").assert_outcomes(passed=1)
+
+
+def _git_project(path: Path, origin: str) -> None:
+    import subprocess
+
+    subprocess.run(["git", "init", "-q", str(path)], check=True)
+    subprocess.run(["git", "-C", str(path), "remote", "add", "origin", origin], check=True)
+
+
+def test_a_remote_store_names_projects_by_their_git_origin(pytester: pytest.Pytester,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two projects sharing one fsspec store (no relative path means anything there): the second's
+    --parity-regen is refused and the first's golden stays byte for byte; a clone of the first at
+    another place, over SSH where the first used HTTPS with a token, is the same project and
+    replays it; no credential reaches the manifest."""
+    store = pytester.path / "store"
+    url = store.as_uri()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(pytester.path / "cache"))
+    for project, seed, origin in (("a", 0, "https://user:s3cret@github.com/org/a.git"),
+                                  ("b", 9, "git@github.com:org/b.git"),
+                                  ("a-clone", 0, "git@github.com:org/a.git")):
+        (pytester.path / project / "tests").mkdir(parents=True)
+        (pytester.path / project / "pytest.ini").write_text(f"[pytest]\ntestpaths = tests\nparity_golden_dir = {url}\n")
+        (pytester.path / project / "tests" / "test_model.py").write_text(MODEL_TEST.format(seed=seed))
+        _git_project(pytester.path / project, origin)
+    monkeypatch.chdir(pytester.path / "a")
+    pytester.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    (manifest,) = store.rglob("manifest.json")
+    assert json.loads(manifest.read_text())["project"] == "git github.com/org/a"
+    assert "s3cret" not in manifest.read_text()
+    before = snapshot(store)
+    monkeypatch.chdir(pytester.path / "b")
+    result = pytester.runpytest("--rocm-parity", f"{REGEN}=test_model.py::test_model")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*ReferenceChange: *belongs to another project*records the project git "
+                                 "github.com/org/a as the one that captured it, and this run's is git github.com/org/b*"])
+    assert snapshot(store) == before
+    monkeypatch.chdir(pytester.path / "a-clone")
+    pytester.runpytest("--rocm-parity").assert_outcomes(passed=1)
