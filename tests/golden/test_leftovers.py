@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pytest_rocm_parity.golden.store import GoldenStore, _locked
+from killed_writes import killed_writer_test
 
 fcntl = pytest.importorskip("fcntl")
 
@@ -38,20 +39,7 @@ def test_a_reader_of_the_directory_does_not_hide_leftovers(tmp_path: Path) -> No
         assert store.leftovers() == [tmp]
 
 
-KILLED_WHILE_WRITING = """
-import os, resource, signal, torch
-
-def test_big(parity):
-    limit = os.environ.get("FSIZE_LIMIT")
-    if limit:   # the kernel kills this process (SIGXFSZ) at its first write past the limit: the rung's
-        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (int(limit), resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
-    torch.manual_seed(0)
-    m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64))
-    with torch.no_grad():
-        m[2].bias.add_(float(os.environ.get("SHIFT", "0")))
-    parity.check(m, torch.randn(256, 64, generator=torch.Generator().manual_seed(3)), name="big", dtypes=["float32"])
-"""
+KILLED_WHILE_WRITING = killed_writer_test("big")
 
 
 def _killed_inside_safetensors(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Path:

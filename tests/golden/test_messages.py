@@ -8,20 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from killed_writes import killed_writer_test
+
 pytest.importorskip("fsspec")
 
-TEST = """
-import os, resource, signal, torch
-
-def test_m(parity):
-    limit = os.environ.get("FSIZE_LIMIT")
-    if limit:   # the kernel kills this process (SIGXFSZ) at its first write past the limit: the rung's
-        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (int(limit), resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
-    torch.manual_seed(0)
-    m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64))
-    parity.check(m, torch.randn(256, 64, generator=torch.Generator().manual_seed(3)), name="m", dtypes=["float32"])
-"""
+TEST = killed_writer_test("m")
 
 
 def test_a_damaged_remote_golden_gets_no_git_advice(pytester: pytest.Pytester, tmp_path: Path,
