@@ -72,3 +72,15 @@ def test_the_surface_names_its_subpackages() -> None:
     for init in PKG.glob("*/__init__.py"):
         doc = ast.get_docstring(ast.parse(init.read_text()))
         assert doc, f"{init} needs a docstring naming its concern"
+
+
+def test_test_modules_have_unique_names() -> None:
+    """The test folders have no __init__.py, so pytest imports each test module by its basename:
+    two of one name in different folders stop the whole run at collection ("import file mismatch")."""
+    seen: dict[str, Path] = {}
+    clashes = []
+    for p in sorted((PKG.parent / "tests").rglob("test_*.py")):
+        if p.name in seen:
+            clashes.append(f"{seen[p.name]} and {p}")
+        seen.setdefault(p.name, p)
+    assert not clashes, clashes
