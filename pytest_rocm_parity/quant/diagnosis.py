@@ -167,20 +167,31 @@ def activation_finding(cand: Any, twin: Any, x: Any) -> str:
 
 def quant_notes(result: CheckResult, meta: dict[str, Any], get: Callable[[str], Any], model: Any,
                 golden_input: Callable[[str], Any | None]) -> list[str]:
-    """Notes naming the likely FP8 cause at each failing module that holds quantized storage (or is
-    the culprit): one per module, weights first."""
+    """Notes on what the golden and the candidate quantize: where the golden cannot judge the
+    candidate as a quantized model (golden_notes), and, for a failing check, the likely FP8 cause at
+    each failing module that holds quantized storage (or is the culprit): one per module, weights
+    first. Runs on every check, since an FP8 candidate of an unquantized golden has no golden
+    ``quant`` to tell it by."""
     quant = meta.get("quant") or {}
+    mods = dict(model.named_modules())
+    cand = {n: s for n, mod in mods.items() if (s := scheme(mod)) is not None}
+    if not quant and not cand:
+        return []
+    notes = golden_notes(meta, cand, mods, result.passed)
+    if result.passed:
+        return notes
     failing = [l.name for l in result.layers if not l.passed]
     if result.culprit:
         failing.insert(0, result.culprit)
-    mods = dict(model.named_modules())
-    notes, seen = [], set()
+    seen: set[str] = set()
     for key in failing:
         name = key.split("#")[0]
         if name in seen or name not in mods:
             continue
         seen.add(name)
-        if name in quant or scheme(mods[name]) is not None:
+        if name in quant or name in cand:
+            if not quant and name != result.culprit:
+                continue   # an unquantized golden: the note on the golden names them all
             why = _module_finding(name, key, mods[name], quant, get, golden_input)
             if why:
                 notes.append(f"{name}: {why}")
@@ -200,11 +211,56 @@ def quant_notes(result: CheckResult, meta: dict[str, Any], get: Callable[[str], 
     return notes
 
 
+def _listed(names: list[str], n: int = 3) -> str:
+    return ", ".join(names[:n]) + (" ..." if len(names) > n else "")
+
+
+def golden_notes(meta: dict[str, Any], cand: dict[str, tuple[str, str | None]], mods: dict[str, Any],
+                 passed: bool) -> list[str]:
+    """Where the golden does not hold the quantized model the candidate is, in words: an FP8
+    candidate of an unquantized golden (the noise allowance needs noise measured at capture, which
+    such a golden has none of), and activations quantized against a golden that recorded no
+    noise. ``cand``: the candidate's
+    quantized modules by name, their scheme (storage.scheme)."""
+    quant = meta.get("quant") or {}
+    notes = []
+    if not quant and cand and not passed:
+        names = list(cand)
+        notes.append(
+            f"the golden is of an unquantized model and the candidate quantizes {len(names)} module"
+            f"{'s' if len(names) > 1 else ''} ({_listed(names)}): {'each' if len(names) > 1 else 'it'} is judged "
+            f"against the unquantized reference, so its FP8 rounding counts as error, and quant_noise allows none "
+            f"of it, since that "
+            f"allowance is the activation-quantization noise capture measures on a quantized model and this "
+            f"golden holds none. If the model is meant to be served quantized, quantize it on the reference as "
+            f"the candidate is (quantize_model with the same format and scales, or load the FP8 checkpoint; "
+            f"Fp8Linear emulates the GEMM where the device has no FP8) and capture that golden; a golden of the "
+            f"unquantized model judges an unquantized candidate only (docs/fp8.md)")
+    elif quant and not meta.get("quant_noise") and not passed:
+        # the candidate's activations on another grid than the reference's: only recorded noise allows that
+        acts = sorted(n for n, (fmt, act) in cand.items() if act is not None
+                      and (quant.get(n, {}).get("format"), quant.get(n, {}).get("activation")) != (fmt, act))
+        if acts:
+            notes.append(
+                f"the candidate quantizes the activations of {len(acts)} module{'s' if len(acts) > 1 else ''} "
+                f"({_listed(acts)}) otherwise than the golden's reference, and the golden records no "
+                f"activation-quantization noise (its reference quantizes no activations there): quant_noise "
+                f"allows nothing, so that rounding counts as error. If the checkpoint's recipe quantizes "
+                f"activations so, capture the golden from the model quantized as the candidate is; if it does "
+                f"not, the candidate quantizes against the checkpoint")
+    return notes
+
+
 def _module_finding(name: str, key: str, mod: Any, quant: dict[str, Any], get: Callable[[str], Any],
                     golden_input: Callable[[str], Any | None]) -> str:
     """The likely cause at one quantized (or newly quantized) module, '' when no pattern fits."""
     if name not in quant:
         fmt = scheme(mod)
+        if not quant:   # the whole golden is unquantized: the layer, or the golden, may be what is wrong
+            return (f"the candidate quantizes it ({fmt[0] if fmt else 'FP8'}); the golden's reference computes it "
+                    f"unquantized, as it computes the whole model: if the checkpoint keeps this layer in bf16 (as "
+                    f"FP8 checkpoints keep the lm_head), serve it so; if the model is meant to be quantized, "
+                    f"capture the quantized model (see the note on the golden)")
         return (f"the candidate quantizes it ({fmt[0] if fmt else 'FP8'}); the reference computes it unquantized "
                 f"(FP8 checkpoints keep layers such as the lm_head in bf16): serve it as the checkpoint has it")
     if not quant[name].get("tensors"):

@@ -947,9 +947,10 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         if built:
             result.notes.append(built)
         state.restore()   # what follows runs the model again
-        if meta.get("quant") and not result.passed:
-            result.notes.extend(quant_notes(result, meta, reader.get, inner,
-                                            lambda key: golden(key, next(iter(acts[key]))) if acts.get(key) else None))
+        # on every check, failing or not: an FP8 candidate of an unquantized golden has no meta["quant"],
+        # and a module served unquantized against a quantized golden passes
+        result.notes.extend(quant_notes(result, meta, reader.get, inner,
+                                        lambda key: golden(key, next(iter(acts[key]))) if acts.get(key) else None))
         if spec.profile and not isinstance(meta.get("extra", {}).get("profile"), dict):
             result.notes.append("profiler parity (--parity-profile) not compared: the golden holds no operator "
                                 "profile; capture it with --parity-profile on the reference machine")
