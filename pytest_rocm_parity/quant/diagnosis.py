@@ -16,6 +16,8 @@ from typing import Any
 from pytest_rocm_parity.judging.records import CheckResult
 from pytest_rocm_parity.quant.storage import scheme
 
+# How a weight quantized again (not converted) is named: quant_notes gathers them under one note.
+REQUANTIZED = "its weight is quantized otherwise than the golden's"
 # A ratio of dequantized weights this close to a power of two is that power of two.
 _FACTOR_TOL = 1e-3
 # Saturated codes in the candidate's activation beyond this multiple of the reference's (plus one
@@ -129,7 +131,45 @@ def weight_finding(cand: Any, entry: dict[str, Any], get: Callable[[str], Any]) 
             if abs(ratio / factor - 1) < _FACTOR_TOL:
                 return f"its dequantized weight is {factor:g}x the reference's: {cause}"
         return f"its dequantized weight is {ratio:.4g}x the reference's (one factor throughout: a scale)"
-    return ""
+    return _requantized(got, ref, codes, scale, own.get(entry["codes"]), cand_scale)
+
+
+def _rel_rms(got: Any, ref: Any) -> float:
+    return float((got - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def _granularity(scale: Any, codes_shape: Any) -> str:
+    """A weight scale's layout in words: per-tensor, per-channel or block."""
+    n = int(scale.numel())
+    if n == 1:
+        return "one per-tensor scale"
+    if scale.dim() == len(codes_shape) and all(s in (1, c) for s, c in zip(scale.shape, codes_shape)):
+        return f"per-channel scales ({n})"
+    return f"block scales ({'x'.join(str(d) for d in scale.shape)})"
+
+
+def _requantized(got: Any, ref: Any, codes: Any, scale: Any, cand_codes: Any, cand_scale: Any) -> str:
+    """The candidate's weight means other values than the golden's with no pattern of a conversion:
+    quantized again (another recipe, another source), so the checkpoint differs, not a kernel. What
+    differs, codes, format or scale layout, says where to look."""
+    import torch
+
+    what = []
+    if isinstance(cand_codes, torch.Tensor) and cand_codes.dtype != codes.dtype:
+        what.append(f"its codes are {str(cand_codes.dtype).removeprefix('torch.')} where the golden's are "
+                    f"{str(codes.dtype).removeprefix('torch.')}")
+    elif isinstance(cand_codes, torch.Tensor) and cand_codes.shape == codes.shape:
+        moved = (cand_codes.detach().cpu().view(torch.uint8) != codes.cpu().view(torch.uint8)).float().mean().item()
+        what.append(f"{moved:.0%} of its codes differ from the golden's")
+    if isinstance(cand_scale, torch.Tensor):
+        mine, theirs = _granularity(cand_scale, codes.shape), _granularity(scale, codes.shape)
+        if mine != theirs:
+            what.append(f"it has {mine} where the golden's weight has {theirs}")
+    return (f"{REQUANTIZED}{': ' if what else ''}{'; '.join(what)}; its "
+            f"dequantized weight is {_rel_rms(got, ref):.2%} RMS from the reference's, with no single factor (not "
+            f"a scale conversion): the checkpoint was quantized again (another recipe, or from other weights), "
+            f"so the candidate computes another model, not a kernel's error. Load the checkpoint the golden was "
+            f"captured from, or capture the golden from this one")
 
 
 def activation_finding(cand: Any, twin: Any, x: Any) -> str:
@@ -184,6 +224,7 @@ def quant_notes(result: CheckResult, meta: dict[str, Any], get: Callable[[str], 
     if result.culprit:
         failing.insert(0, result.culprit)
     seen: set[str] = set()
+    requantized: list[str] = []   # beyond the first: one note for them all (a checkpoint quantized again)
     for key in failing:
         name = key.split("#")[0]
         if name in seen or name not in mods:
@@ -193,6 +234,10 @@ def quant_notes(result: CheckResult, meta: dict[str, Any], get: Callable[[str], 
             if not quant and name != result.culprit:
                 continue   # an unquantized golden: the note on the golden names them all
             why = _module_finding(name, key, mods[name], quant, get, golden_input)
+            if why.startswith(REQUANTIZED):
+                requantized.append(name)
+                if len(requantized) > 1:
+                    continue   # the first one's note says it; the others are listed in one note below
             if why:
                 notes.append(f"{name}: {why}")
             continue
@@ -208,6 +253,11 @@ def quant_notes(result: CheckResult, meta: dict[str, Any], get: Callable[[str], 
             if why:
                 seen.add(n)
                 notes.append(f"{name}: inside it, {n}: {why}")
+    if len(requantized) > 1:
+        more = requantized[1:]
+        notes.append(f"{len(more)} more failing module{'s' if len(more) > 1 else ''} ({_listed(more)}) "
+                     f"{'hold weights' if len(more) > 1 else 'holds a weight'} quantized otherwise than the "
+                     f"golden's as well: the checkpoint differs throughout, look at it rather than at a kernel")
     return notes
 
 

@@ -1,6 +1,7 @@
 """What a replay says where the golden does not hold the quantized model the candidate is: an FP8
 candidate of an unquantized golden (the noise allowance needs the noise measured at capture), one
-layer quantized against it, and activations quantized against a weight-only golden (docs/fp8.md)."""
+layer quantized against it, a checkpoint quantized again with other scales, and activations
+quantized against a weight-only golden (docs/fp8.md)."""
 from __future__ import annotations
 
 import tempfile
@@ -73,6 +74,21 @@ def test_one_layer_quantized_against_an_unquantized_golden_is_named(store: Golde
                                 f"computes it unquantized") for n in r.notes), r.notes
         assert any(n.startswith("the golden is of an unquantized model and the candidate quantizes 1 module "
                                 f"({TARGET})") for n in r.notes), r.notes
+
+
+def test_a_checkpoint_quantized_again_is_named_as_the_checkpoint(store: GoldenStore) -> None:
+    """Per-tensor weight scales where the golden's were per-channel, same format: every projection
+    fails, and the note sends the user to the checkpoint, not a kernel."""
+    model = quantize_model(llama(), "e4m3fn", weight="tensor", activation="token")
+    results = _replay(model, "w8a8", store)
+    assert results and all(not r.passed for r in results), verdicts(results)
+    for r in results:
+        print(f"{r.dtype}: culprit {r.culprit}: {next(l.reason for l in r.layers if l.name == r.culprit)}")
+        own = next(n for n in r.notes if n.startswith(f"{r.culprit}: "))
+        assert own.startswith(f"{r.culprit}: its weight is quantized otherwise than the golden's"), r.notes
+        assert "one per-tensor scale where the golden's weight has per-channel scales" in own
+        assert "of its codes differ" in own and "Load the checkpoint the golden was captured from" in own
+        assert any("quantized otherwise than the golden's as well" in n for n in r.notes), r.notes
 
 
 def test_activations_quantized_against_a_weight_only_golden_say_it_recorded_no_noise(store: GoldenStore) -> None:
