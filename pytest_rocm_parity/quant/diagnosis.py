@@ -95,6 +95,12 @@ def weight_finding(cand: Any, entry: dict[str, Any], get: Callable[[str], Any]) 
         got = _dequantize(own[entry["codes"]].detach().cpu(), cand_scale.detach().cpu()).to(ref.device)
     elif isinstance(getattr(cand, "weight", None), torch.Tensor) and cand.weight.element_size() > 1:
         got = cand.weight.detach().to(ref.device, torch.float64)   # served unquantized
+        if got.shape != ref.shape or torch.equal(got, ref):
+            return ""
+        return (f"it holds an unquantized {str(cand.weight.dtype).removeprefix('torch.')} weight where the golden's "
+                f"module is {str(codes.dtype).removeprefix('torch.')} codes, {_rel_rms(got, ref):.2%} RMS from "
+                f"their meaning: it computes unquantized, which the checkpoint does not (an ignore list of the "
+                f"serving config that names it, or a fallback to bf16); serve it quantized as the checkpoint has it")
     else:
         return ""
     if got.shape != ref.shape or torch.equal(got, ref):
@@ -269,8 +275,9 @@ def golden_notes(meta: dict[str, Any], cand: dict[str, tuple[str, str | None]], 
                  passed: bool) -> list[str]:
     """Where the golden does not hold the quantized model the candidate is, in words: an FP8
     candidate of an unquantized golden (the noise allowance needs noise measured at capture, which
-    such a golden has none of), and activations quantized against a golden that recorded no
-    noise. ``cand``: the candidate's
+    such a golden has none of), activations quantized against a golden that recorded no noise, and
+    modules the golden quantizes that the candidate computes unquantized (more accurate, so they
+    pass: a broken ignore list of a serving config shows only here). ``cand``: the candidate's
     quantized modules by name, their scheme (storage.scheme)."""
     quant = meta.get("quant") or {}
     notes = []
@@ -298,6 +305,16 @@ def golden_notes(meta: dict[str, Any], cand: dict[str, tuple[str, str | None]], 
                 f"allows nothing, so that rounding counts as error. If the checkpoint's recipe quantizes "
                 f"activations so, capture the golden from the model quantized as the candidate is; if it does "
                 f"not, the candidate quantizes against the checkpoint")
+    dropped = sorted(n for n in quant if n in mods and n not in cand)
+    if dropped:
+        notes.append(
+            f"{len(dropped)} module{'s' if len(dropped) > 1 else ''} the golden's reference quantizes "
+            f"({_listed(dropped)}) {'compute' if len(dropped) > 1 else 'computes'} unquantized on the candidate: "
+            f"more accurate than the checkpoint, so {'not a failure' if passed else 'not the failure by itself'}, "
+            f"but not the model the golden holds (an ignore list of the serving config that names "
+            f"{'them' if len(dropped) > 1 else 'it'}, or a fallback to bf16); serve "
+            f"{'them' if len(dropped) > 1 else 'it'} quantized as the checkpoint has "
+            f"{'them' if len(dropped) > 1 else 'it'}, unless the served model is meant to differ")
     return notes
 
 

@@ -244,7 +244,34 @@ def quantize_model(model: nn.Module, fmt: str | Fp8Format = "e4m3fn", *, weight:
         q = Fp8Linear.from_linear(lin, fmt, weight, activation, scale)
         parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
         setattr(parent, name.rsplit(".", 1)[-1], q)
+    left = stacked_weights(model)
+    if left:
+        import warnings
+
+        shown = "; ".join(f"{n} ({type(model.get_submodule(n)).__name__}: {', '.join(p)})" for n, p in left[:3])
+        warnings.warn(f"quantize_model: {len(left)} module{'s' if len(left) > 1 else ''} of {type(model).__name__} "
+                      f"{'hold' if len(left) > 1 else 'holds'} stacked weights that are not nn.Linear and "
+                      f"{'are' if len(left) > 1 else 'is'} left unquantized: {shown}{' ...' if len(left) > 3 else ''}. "
+                      f"quantize_model replaces nn.Linear only, so those matmuls (a MoE's experts, most of its "
+                      f"weights) compute in the activation dtype and the model is only partly FP8, while FP8 MoE "
+                      f"checkpoints quantize their experts. Quantize them with the serving stack's own FP8 expert "
+                      f"module, or judge the model as partly quantized knowingly (docs/fp8.md)", stacklevel=2)
     return model
+
+
+def stacked_weights(model: nn.Module) -> list[tuple[str, list[str]]]:
+    """(module name, ["param AxBxC", ...]) of modules that hold 3-D or larger weights but are no
+    convolution: stacked expert matrices (transformers' MixtralExperts), which quantize_model, taking
+    nn.Linear only, leaves unquantized."""
+    out = []
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.modules.conv._ConvNd):
+            continue
+        big = [f"{n} {'x'.join(str(d) for d in p.shape)}" for n, p in mod._parameters.items()
+               if p is not None and p.dim() >= 3 and p.is_floating_point() and p.element_size() > 1]
+        if big:
+            out.append((name, big))
+    return out
 
 
 def ocp_to_fnuz(codes: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
