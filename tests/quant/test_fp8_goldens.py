@@ -86,6 +86,7 @@ def test_a_checkpoint_quantized_again_is_named_as_the_checkpoint(store: GoldenSt
     for r in results:
         print(f"{r.dtype}: culprit {r.culprit}: {next(l.reason for l in r.layers if l.name == r.culprit)}")
         own = next(n for n in r.notes if n.startswith(f"{r.culprit}: "))
+        print(own)
         assert own.startswith(f"{r.culprit}: its weight is quantized otherwise than the golden's"), r.notes
         assert "one per-tensor scale where the golden's weight has per-channel scales" in own
         assert "of its codes differ" in own and "Load the checkpoint the golden was captured from" in own
