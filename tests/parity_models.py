@@ -237,6 +237,15 @@ def verdicts(results: list[CheckResult]) -> str:
     return "\n".join(out)
 
 
+# One training step's batch, optimizer and loss for the small check_train models (width 32 in)
+TRAIN_X = torch.randn(16, 32, generator=torch.Generator().manual_seed(2))
+TRAIN_SGD = (torch.optim.SGD, {"lr": 0.1})
+
+
+def mean_square(out: torch.Tensor) -> torch.Tensor:
+    return out.pow(2).mean()
+
+
 def backward_only(grad: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
     """An identity whose backward passes ``grad(g)`` back instead of ``g``: a backward kernel's bug
     (or nondeterminism) with an exact forward."""

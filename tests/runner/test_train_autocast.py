@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from parity_models import scaled_grad, wrap_input
+from parity_models import TRAIN_SGD, TRAIN_X, mean_square, scaled_grad, wrap_input
 from pytest_rocm_parity.errors import InvalidArgument
 from pytest_rocm_parity.golden.store import GoldenStore
 from pytest_rocm_parity.runner.engine import CheckSpec
@@ -27,12 +27,7 @@ class AmpNet(nn.Module):
             return self.b(torch.relu(self.m(torch.relu(self.a(x))))).float()
 
 
-X = torch.randn(16, 32, generator=torch.Generator().manual_seed(2))
-SGD = (torch.optim.SGD, {"lr": 0.1})
-
-
-def _loss(out: torch.Tensor) -> torch.Tensor:
-    return out.pow(2).mean()
+X, SGD, _loss = TRAIN_X, TRAIN_SGD, mean_square
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from parity_models import scaled_grad, wrap_input
+from parity_models import TRAIN_SGD, TRAIN_X, mean_square, scaled_grad, wrap_input
 from pytest_rocm_parity.golden.store import GoldenStore
 from pytest_rocm_parity.runner.engine import CheckSpec
 from pytest_rocm_parity.runner.train import capture_train, replay_train
@@ -42,12 +42,7 @@ class Net(nn.Module):
         return self.out(torch.tanh(self.mid(torch.tanh(self.norm(self.inp(x))))))
 
 
-X = torch.randn(16, 32, generator=torch.Generator().manual_seed(2))
-SGD = (torch.optim.SGD, {"lr": 0.1})
-
-
-def _loss(out: torch.Tensor) -> torch.Tensor:
-    return out.pow(2).mean()
+X, SGD, _loss = TRAIN_X, TRAIN_SGD, mean_square
 
 
 @pytest.fixture(scope="module")
