@@ -219,6 +219,8 @@ def quant_notes(result: CheckResult, meta: dict[str, Any], get: Callable[[str], 
     first. Runs on every check, since an FP8 candidate of an unquantized golden has no golden
     ``quant`` to tell it by."""
     quant = meta.get("quant") or {}
+    if not quant and result.passed:
+        return []   # an unquantized golden speaks only to a failing candidate: a pass walks no modules
     mods = dict(model.named_modules())
     cand = {n: s for n, mod in mods.items() if (s := scheme(mod)) is not None}
     if not quant and not cand:
