@@ -169,8 +169,8 @@ def _fnuz_port(change: str) -> nn.Module:
 def test_e5m2_activations_on_the_fnuz_path_are_inside_the_default_budget_and_caught_at_2() -> None:
     """The figures of docs/fp8.md (run with -s to print them): an e5m2 activation cast on the FNUZ
     path is judged against the noise and stays within 3x; quant_noise=2 catches it while the correct
-    alternates pass. On the OCP path the same bug is judged by the usual rule and fails. The trial's
-    reproducer's inputs: 2 x 32 tokens."""
+    alternates pass. On the OCP path the same bug is judged by the usual rule and fails. Inputs:
+    2 x 32 tokens."""
     ids = {"input_ids": torch.randint(0, 96, (2, 32), generator=torch.Generator().manual_seed(0)), "use_cache": False}
     golden = GoldenStore(tempfile.mkdtemp(prefix="parity-fp8-e5m2-"))
     capture(quantize_model(llama(), "e4m3fn", weight="channel", activation="token"), ids,
