@@ -37,4 +37,3 @@ class Metric(IntEnum):
     Z = 5
     REL_TO_REF = 6
     MAX_ABS_TO_REF = 7
-    Z_EXCESS = 8

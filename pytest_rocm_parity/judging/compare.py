@@ -255,46 +255,7 @@ def metric_columns(st: Any, n: Any, conf: Any, unit_roundoff: float) -> Any:
                    (Metric.RATIO, ratio), (Metric.RATIO_LO, lo), (Metric.Z, z), (Metric.REL_TO_REF, rel),
                    (Metric.MAX_ABS_TO_REF, dmax)):
         out[:, col] = v
-    out[:, Metric.Z_EXCESS] = 0.0
-    over = ratio > 1.0   # only a leaf over a budget reads it (judge._excess_confined): the rest skip its host time
-    if over.any():
-        out[over, Metric.Z_EXCESS] = _z_excess(st[over], n[over], f2[over])
     return out
-
-
-# At most this many of the blocks may hold half the excess error for it to count as confined to a
-# few (judge._fail_confined): an eighth of the tensor
-EXCESS_BLOCKS = 8
-
-
-def _z_excess(st: Any, n: Any, f2: Any) -> Any:
-    """Per leaf, where at most EXCESS_BLOCKS blocks hold half its excess error (the candidate's squared
-    error beyond the reference's, floored): a two-proportion z of how often the candidate is the
-    farther from the truth in those blocks against the rest. A fault confined to a tile or a row is
-    farther on most of its elements there; a correct kernel whose excess lands on a few blocks by the
-    magnitudes of a few elements (a large activation) is farther there as often as elsewhere."""
-    import numpy as np
-
-    nb = int(st.shape[1])
-    if nb < 2:
-        return np.zeros(len(st))
-    size = np.ceil(n / nb)[:, None]
-    d = st[:, :, Stat.CAND_ERR2] - np.maximum(st[:, :, Stat.REF_ERR2], f2[:, None] * size)
-    ranked = -np.sort(-d, axis=1)
-    half = 0.5 * np.maximum(d, 0.0).sum(1)
-    k = np.minimum((np.cumsum(ranked, 1) < half[:, None]).sum(1) + 1, nb)   # the fewest blocks holding half
-    heavy = d >= np.take_along_axis(ranked, (k - 1)[:, None], 1)
-    # shares of elements, ties included: where the rest ties (a candidate that equals the reference
-    # but on a tile), the heavy blocks' farther elements are all the evidence there is
-    counts = np.repeat(size, nb, 1)
-    counts[:, -1] = n - size[:, 0] * (nb - 1)
-    far = st[:, :, Stat.CAND_FARTHER]
-    fh, nh = (far * heavy).sum(1), (counts * heavy).sum(1)
-    fr, nr = far.sum(1) - fh, n - nh
-    p = (fh + fr) / n
-    se = np.sqrt(p * (1 - p) * (1 / np.maximum(nh, 1.0) + 1 / np.maximum(nr, 1.0)))
-    z = (fh / np.maximum(nh, 1.0) - fr / np.maximum(nr, 1.0)) / np.where(se > 0, se, 1.0)
-    return np.where((half > 0) & (k <= EXCESS_BLOCKS) & (nh > 0) & (nr > 0) & (se > 0), z, 0.0)
 
 
 def _truth(ref: Any, res: Any) -> Any:

@@ -104,8 +104,7 @@ def may_fail(m: LeafMetrics, tol: Tolerance, rung: str, isolated: bool) -> bool:
     blocks or by its bound, which fails a module that makes no discrete choice (_fail_confined)."""
     r = Rule.of(tol, rung)
     return bool(r.failure(m, isolated)) or (isolated and (
-        _on_few_blocks(m, r.budget) or _by_ratio(m) and m.ratio_lo > CONFINED_BOUND_OVER * r.budget
-        or _excess_confined(m, r.budget, r.z)))
+        _on_few_blocks(m, r.budget) or _by_ratio(m) and m.ratio_lo > CONFINED_BOUND_OVER * r.budget))
 
 
 # At most this share of an integer output's elements may differ where every floating output of the
@@ -210,14 +209,6 @@ def _on_few_blocks(m: LeafMetrics, budget: float) -> bool:
     return _by_ratio(m) and m.ratio > UNDECIDED_OVER * budget and m.ratio_lo <= budget
 
 
-def _excess_confined(m: LeafMetrics, budget: float, z: float) -> bool:
-    """Over budget, yet within it by the bound, with the excess on a few blocks whose elements the
-    candidate gets farther from the truth far more often than the rest (compare._z_excess): a tile or
-    row computed otherwise, which counts, not a few large elements, which chance weighs."""
-    return _by_ratio(m) and m.ratio > budget and m.ratio_lo <= budget and m.numel >= CONFINED_NUMEL \
-        and m.z_excess > z
-
-
 def _over_on_few_blocks(m: LeafMetrics, budget: float, z: float) -> bool:
     """_on_few_blocks, and consistent (the sign test): what near-ties upstream do to a module's output."""
     return _on_few_blocks(m, budget) and m.z > z
@@ -284,10 +275,6 @@ def _fail_confined(result: CheckResult, tol: Tolerance) -> None:
         elif m.ratio_lo > CONFINED_BOUND_OVER * l.budget:
             where = (f"its bound {m.ratio_lo:.3g}x, over {CONFINED_BOUND_OVER:g} times the budget, while most "
                      f"elements differ by rounding only")
-        elif _excess_confined(m, l.budget, tol.for_layer(l.name).z):
-            where = (f"concentrated on a few blocks of the tensor, where the candidate is the farther from the "
-                     f"truth far more often than elsewhere (z={m.z_excess:+.1f}; the bound over all blocks is "
-                     f"{m.ratio_lo:.3g}x)")
         else:
             continue
         l.iso_passed = l.passed = False

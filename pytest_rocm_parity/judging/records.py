@@ -27,8 +27,6 @@ class LeafMetrics:
     z: float = 0.0               # paired sign test: candidate farther from truth than reference
     rel_to_ref: float = 0.0      # ||cand - ref|| / ||ref||
     max_abs_to_ref: float = 0.0
-    z_excess: float = 0.0        # the blocks holding the excess error against the rest: how much more often
-    #                              the candidate is the farther from the truth there (a two-proportion z)
     nonfinite: int = 0           # non-finite candidate elements where the reference is finite
     first_nonfinite: list[int] | None = None
     mismatches: int = 0          # exact kinds: differing elements
