@@ -3,12 +3,9 @@ truncation, not to nearest, so an interpreted kernel that stores bfloat16 has ab
 of a GPU's. A Triton that rounds to nearest fails this test, and the doc's warning goes."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+
+from interpreted import run_interpreted
 
 pytestmark = pytest.mark.triton
 pytest.importorskip("triton")
@@ -33,8 +30,5 @@ print(json.dumps({"nearest": (y == x.to(torch.bfloat16)).float().mean().item(),
 
 
 def test_the_interpreter_truncates_float32_to_bfloat16() -> None:
-    p = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert p.returncode == 0, p.stderr[-2000:]
-    share = json.loads(p.stdout.strip().splitlines()[-1])
+    share = run_interpreted(PROBE)
     assert share["truncated"] == 1.0 and share["nearest"] < 0.55, share

@@ -22,6 +22,7 @@ import triton.language as tl  # noqa: E402
 from pytest_rocm_parity.errors import InvalidArgument  # noqa: E402
 from pytest_rocm_parity.fuzz.triton_targets import (  # noqa: E402
     TritonTargetError, assert_compiles_for, compile_for, launch_signature)
+from interpreted import run_interpreted  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -218,11 +219,7 @@ def test_kernels_decorated_in_interpreter_mode_compile_too(tmp_path: Path) -> No
         b += compile_for(squares, x, y, 80, BLOCK=128, targets=("gfx942", "sm_90"))
         print(json.dumps([[r.ok, r.error[:300]] for r in b]))
     ''')
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    p = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
-    got = json.loads(p.stdout.strip().splitlines()[-1])
+    got = run_interpreted(script, str(tmp_path), cwd=ROOT, timeout=600)
     assert [ok for ok, _ in got] == [True, True, True], got
 
 

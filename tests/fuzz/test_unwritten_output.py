@@ -3,12 +3,9 @@ small, the output from torch.empty) holds whatever memory held, so it fails only
 with NaN instead, the same kernel fails on every run, at exactly the elements it did not write."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+
+from interpreted import run_interpreted
 
 pytestmark = pytest.mark.triton
 pytest.importorskip("triton")
@@ -41,9 +38,6 @@ print(json.dumps({"bad": [check_op(too_small, lambda t: t * 2, x, device="cpu").
 
 
 def test_an_output_the_kernel_never_wrote_fails_every_run_once_filled_with_nan() -> None:
-    p = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert p.returncode == 0, p.stderr[-2000:]
-    found = json.loads(p.stdout.strip().splitlines()[-1])
+    found = run_interpreted(PROBE)
     assert found["bad"] == [False, False, False] and found["good"] is True, found
     assert found["mismatches"] == 40 - 32 and "NaN/inf where the truth is finite" in found["reason"], found

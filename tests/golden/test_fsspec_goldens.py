@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from pytest_rocm_parity.runner.capture import capture
 
 from pytest_rocm_parity.runner.engine import CheckSpec
 
+from memory_store import memory_url  # noqa: E402
 from pytest_rocm_parity.runner.replay import replay  # noqa: E402
 from pytest_rocm_parity.errors import GoldenCorrupt, GoldenMissing  # noqa: E402
 from pytest_rocm_parity.golden.remote import RemoteGoldenStore, open_store  # noqa: E402
@@ -29,12 +29,8 @@ def _model() -> nn.Module:
 
 @pytest.fixture
 def url(request: pytest.FixtureRequest) -> Iterator[str]:
-    u = f"memory://parity-{re.sub(r'[^A-Za-z0-9_-]', '_', request.node.name)}/goldens"
-    yield u
-    fs = fsspec.filesystem("memory")
-    top = "/" + u.split("://", 1)[1].split("/")[0]
-    if fs.exists(top):
-        fs.rm(top, recursive=True)
+    with memory_url("parity", request.node.name) as u:
+        yield u
 
 
 def test_capture_uploads_and_replay_downloads(url: str, tmp_path: Path) -> None:

@@ -3,7 +3,6 @@ and a real write failure (RLIMIT_FSIZE: the kernel refuses the write, or kills t
 from __future__ import annotations
 
 import os
-import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ from torch import nn
 
 fsspec = pytest.importorskip("fsspec")
 
+from memory_store import memory_url  # noqa: E402
 from pytest_rocm_parity.golden.remote import RemoteGoldenStore  # noqa: E402
 from pytest_rocm_parity.runner.capture import capture  # noqa: E402
 from pytest_rocm_parity.runner.engine import CheckSpec  # noqa: E402
@@ -38,12 +38,8 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "file":
         yield f"file://{tmp_path}/store"
         return
-    u = f"memory://commit-{re.sub(r'[^A-Za-z0-9_-]', '_', request.node.name)}/goldens"
-    yield u
-    fs = fsspec.filesystem("memory")
-    top = "/" + u.split("://", 1)[1].split("/")[0]
-    if fs.exists(top):
-        fs.rm(top, recursive=True)
+    with memory_url("commit", request.node.name) as u:
+        yield u
 
 
 def _golden(url: str) -> tuple[Any, list[str]]:

@@ -1,11 +1,7 @@
 """The per-block statistics (compare.block_stats): Triton kernel, torch fallback and the metrics built on them."""
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -15,6 +11,7 @@ from pytest_rocm_parity.judging import compare
 
 from pytest_rocm_parity.runner import kernels
 from pytest_rocm_parity.judging.compare import Stat, block_layout, block_stats, float_metrics, residual_metrics
+from interpreted import run_interpreted
 
 pytestmark = pytest.mark.triton
 
@@ -136,10 +133,7 @@ KERNEL_SCRIPT = textwrap.dedent('''
 def test_triton_kernel_in_the_interpreter_matches_the_fallback() -> None:
     """Real Triton, run by its CPU interpreter (TRITON_INTERPRET=1 must be set before Triton loads)."""
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    p = subprocess.run([sys.executable, "-c", KERNEL_SCRIPT], capture_output=True, text=True, env=env, timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
-    rows = json.loads(p.stdout.strip().splitlines()[-1])
+    rows = run_interpreted(KERNEL_SCRIPT)
     assert len(rows) == 9
     _, same, rel_rev, rel_changed = rows.pop()
     assert same and rel_rev < 1e-5 and rel_changed < 1e-5
