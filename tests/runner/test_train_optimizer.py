@@ -98,20 +98,28 @@ def _replay3(golden: tuple[GoldenStore, CheckSpec], optimizer: Any) -> list[Any]
     return replay_train(net(), X, spec, store, "cpu", loss=_loss, optimizer=optimizer, steps=3)
 
 
+def _worst_update(r: Any) -> float:
+    """The largest error ratio among the optimizer's judged updates, every step's (docs/training.md)."""
+    return max(o.iso.ratio for o in r.outputs if o.name.startswith("optimizer:") and o.iso is not None)
+
+
 @pytest.mark.parametrize("alternate", [{}, {"foreach": True}, {"fused": True}], ids=["same", "foreach", "fused"])
 def test_every_step_of_a_correct_optimizer_passes(three_steps, alternate: dict[str, Any]) -> None:  # type: ignore[no-untyped-def]
     for r in _replay3(three_steps, adamw_plain(**alternate)):
         assert r.passed, (r.dtype, r.notes)
         leaves = [o for o in r.outputs if o.name.startswith("optimizer:")]
         assert leaves and all(o.iso is not None for o in leaves)
+        print(f"{alternate or 'same'} {r.dtype}: worst update {_worst_update(r):.3g}x")   # docs/training.md (-s)
 
 
 @pytest.mark.parametrize("optimizer", [adamw_plain(betas=(0.0, 0.999)), adamw_losing_state],
                          ids=["no-momentum", "state-dropped"])
-def test_a_bug_only_the_optimizers_state_carries_fails_from_the_second_step(three_steps, optimizer: Any) -> None:  # type: ignore[no-untyped-def]
+def test_a_bug_only_the_optimizers_state_carries_fails_from_the_second_step(three_steps, optimizer: Any,  # type: ignore[no-untyped-def]
+                                                                          request: pytest.FixtureRequest) -> None:
     """Adam's first step is the same whatever beta1 and whatever state came before: only the later
     steps, on the golden's gradients of each step, show them."""
     for r in _replay3(three_steps, optimizer):
+        print(f"{request.node.callspec.id} {r.dtype}: worst update {_worst_update(r):.3g}x")   # docs/training.md (-s)
         assert not r.passed and r.culprit is None and not all(r.extra["optimizer"].values()), (r.dtype, r.notes)
         assert all(l.passed for l in r.layers), r.dtype   # the model's backward passes
         (note,) = [n for n in r.notes if "out of bounds" in n]
