@@ -54,18 +54,15 @@ def remote_project(rootdir: Path) -> str:
     except (OSError, subprocess.SubprocessError):
         url = ""
     if url:
-        url = re.sub(r"^[a-z][a-z0-9+.-]*://", "", url)   # https://, ssh://, git://
-        url = url.split("@", 1)[-1]                          # user:token@ or git@
-        host, sep, path = url.partition("/")
-        if ":" in host and not sep or ":" in host and not host.split(":", 1)[1].isdigit():
-            host, _, first = host.partition(":")             # scp-like git@host:org/repo
-            path = f"{first}/{path}" if sep else first
-        else:
-            host = host.split(":", 1)[0]                      # a port
+        m = re.match(r"^[a-z][a-z0-9+.-]*://(?:[^/]*@)?([^/:@]*)(?::\d+)?(/.*)?$", url)   # scheme://user@host:port/path
+        if m is None:
+            m = re.match(r"^(?:[^/]*@)?([^/:@]+):(.*)$", url)                              # scp-like git@host:org/repo
+        host, path = (m.group(1), m.group(2) or "") if m else ("", url)                   # else a local path
         path = re.sub(r"\.git/?$", "", path.strip("/"))
-        if path:   # a local origin (/srv/git/repo.git) has no host
+        if path:
             return f"git {host}/{path}"
     return f"folder {Path(rootdir).resolve().name}"
+
 
 class RemoteGoldenStore(GoldenStore):
     """A GoldenStore whose root is a local cache mirroring ``url``."""
