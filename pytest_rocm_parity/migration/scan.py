@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
+import hashlib
 import json
 import os
 import re
@@ -1019,6 +1020,21 @@ def _artifact_location(result: ScanResult, finding: Finding, srcroot: Path) -> d
     return {"uri": quote(rel.as_posix()), "uriBaseId": "SRCROOT"}
 
 
+def _line_hashes(findings: list[Finding], locations: list[dict[str, str]]) -> list[str]:
+    """``primaryLocationLineHash`` per finding, in GitHub's ``<hex>:<n>`` form: a hash of the rule, the
+    file and the line's content with its whitespace collapsed (no line number, so an alert survives
+    edits elsewhere in the file), and ``n`` counting identical (rule, file, content) in the file from 1
+    (two identical lines stay two alerts; a shared value makes code scanning merge them)."""
+    seen: Counter[str] = Counter()
+    out = []
+    for f, loc in zip(findings, locations):
+        content = " ".join(f.snippet.split())
+        digest = hashlib.sha256(f"{f.rule}\0{loc['uri']}\0{content}".encode()).hexdigest()[:16]
+        seen[digest] += 1
+        out.append(f"{digest}:{seen[digest]}")
+    return out
+
+
 def to_sarif(result: ScanResult, srcroot: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """SARIF 2.1.0 log, one run; rules carry the suggested path as help text.
 
@@ -1031,6 +1047,7 @@ def to_sarif(result: ScanResult, srcroot: str | os.PathLike[str] | None = None) 
     index = {r.id: i for i, r in enumerate(rules)}
     root = Path(srcroot).resolve() if srcroot is not None else source_root(result.root)
     locations = [_artifact_location(result, f, root) for f in result.findings]
+    line_hashes = _line_hashes(result.findings, locations)
     root_uri = root.as_uri().rstrip("/") + "/"
     return {
         "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
@@ -1061,8 +1078,8 @@ def to_sarif(result: ScanResult, srcroot: str | os.PathLike[str] | None = None) 
                     "artifactLocation": loc,
                     "region": {"startLine": f.line, "startColumn": f.column, "snippet": {"text": f.snippet}},
                 }}],
-                "partialFingerprints": {"primaryLocationLineHash": f"{f.rule}:{loc['uri']}:{f.snippet}"},
-            } for f, loc in zip(result.findings, locations)],
+                "partialFingerprints": {"primaryLocationLineHash": line_hash},
+            } for f, loc, line_hash in zip(result.findings, locations, line_hashes)],
         }],
     }
 

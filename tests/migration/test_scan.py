@@ -619,3 +619,31 @@ def test_device_code_that_a_rocm_build_compiles_is_still_flagged(text: str, line
 def test_a_match_that_ends_in_a_branch_rocm_skips_is_not_flagged(line: str, rules: list[str]) -> None:
     """The rule matches from the name; what decides is where its offending literal lies."""
     assert [f.rule for f in scan.scan_text(line, "m.py", scan.P)] == rules
+
+
+def _line_hashes(root: Path) -> list[tuple[int, str]]:
+    result = scan.scan_path(root)
+    log = scan.to_sarif(result, srcroot=root)
+    return [(r["locations"][0]["physicalLocation"]["region"]["startLine"],
+             r["partialFingerprints"]["primaryLocationLineHash"]) for r in log["runs"][0]["results"]]
+
+
+def test_sarif_line_hash_is_a_hash_with_an_occurrence_index(tmp_path: Path) -> None:
+    """GitHub code scanning reads primaryLocationLineHash as ``<hex>:<n>``: two identical lines in a file
+    must differ by their index (else their alerts merge), and moving unrelated lines must not change it."""
+    body = ("__device__ float a(float v){\n  v += __shfl_xor_sync(0xffffffff, v, 1);\n  return v;\n}\n"
+            "__device__ float b(float v){\n  v += __shfl_xor_sync(0xffffffff, v, 1);\n  return v;\n}\n")
+    (tmp_path / "dup.cu").write_text(body)
+    first = _line_hashes(tmp_path)
+    assert [line for line, _ in first] == [2, 6]
+    (h2, n2), (h6, n6) = (value.split(":") for _, value in first)
+    assert all(len(h) == 16 and int(h, 16) >= 0 for h in (h2, h6)), first
+    assert (h2, n2, h6, n6) == (h2, "1", h2, "2")
+    # Unrelated lines above, and different indentation: the same values at the new line numbers.
+    (tmp_path / "dup.cu").write_text("// header\n#include <cstdio>\n\n" + body.replace("  v +=", "\tv  +="))
+    moved = _line_hashes(tmp_path)
+    assert [line for line, _ in moved] == [5, 9] and [v for _, v in moved] == [v for _, v in first]
+    # A different rule or file on the same content hashes differently.
+    (tmp_path / "other.cu").write_text(body)
+    assert {v for _, v in _line_hashes(tmp_path)} > {v for _, v in first}
+    assert len({v for _, v in _line_hashes(tmp_path)}) == 4
