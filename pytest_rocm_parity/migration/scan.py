@@ -455,14 +455,13 @@ def _closing_quote(line: str, i: int, quote: str) -> int:
     return len(line)
 
 
-def _raw_string_end(line: str, i: int) -> int | None:
-    """The index just past the C++ raw string ``R"delim(...)delim"`` whose quote is at ``i``; None
-    when the text after the quote is no raw-string opening."""
+def _raw_string_close(line: str, i: int) -> str | None:
+    """The text that closes the C++ raw string ``R"delim(...)delim"`` whose quote is at ``i``
+    (``)delim"``); None when the text after the quote is no raw-string opening."""
     paren = line.find("(", i + 1, i + 18)
     if paren < 0 or any(c in ' ()\\\t"' for c in line[i + 1:paren]):
         return None
-    close = line.find(")" + line[i + 1:paren] + '"', paren)
-    return len(line) if close < 0 else close + paren - i + 1
+    return ")" + line[i + 1:paren] + '"'
 
 
 def _token_start(line: str, i: int, lo: int) -> int:
@@ -476,31 +475,48 @@ def _token_start(line: str, i: int, lo: int) -> int:
 _NUMBER_REST = re.compile(r"[\w']*")
 
 
-def _comment_spans(line: str, hash_comments: bool) -> tuple[tuple[int, int], ...]:
-    """The ``[start, end)`` column spans of ``line`` that are comment text, outside string and char
-    literals: ``printf("http://x")`` holds no comment, and code after it is code.
+Spans = tuple[tuple[int, int], ...]
+# What a C/C++ line starts inside, carried from the line before: "" (code), "*/" (a block comment),
+# "//" (a line comment continued by a trailing backslash), or the ``)delim"`` that closes a raw string.
+CState = str
 
-    C and C++: ``//`` to the end, ``/* ... */`` (to the end when it does not close on the line), and a
-    line that starts with ``/*`` or ``*`` (inside a block comment). Python and CMake: ``#`` to the end.
-    Computed once per line, so that many matches on one long line cost little each.
+
+def _line_comments(line: str, hash_comments: bool, state: CState = "") -> tuple[Spans, CState]:
+    """The ``[start, end)`` column spans of ``line`` that are comment text, outside string and char
+    literals (``printf("http://x")`` holds no comment, and code after it is code), and the state the
+    next line starts in. Python and CMake: ``#`` to the end, and the state is always "".
+
+    Linear in the line: the walk jumps between the characters that can open a literal or a comment.
     """
     n = len(line)
-    if not hash_comments:
-        indent = n - len(line.lstrip())
-        if line.startswith("*", indent) and not line.startswith("*/", indent):
-            return ((indent, n),)
     spans: list[tuple[int, int]] = []
-    interesting = _LITERAL_OR_COMMENT[hash_comments]
     i = 0
+    if state == "*/":
+        close = line.find("*/")
+        if close < 0:
+            return ((0, n),), state
+        spans.append((0, close + 2))
+        i = close + 2
+    elif state == "//":
+        return ((0, n),), ("//" if line.endswith("\\") else "")
+    elif state:
+        close = line.find(state)
+        if close < 0:
+            return (), state
+        i = close + len(state)
+    interesting = _LITERAL_OR_COMMENT[hash_comments]
     while (m := interesting.search(line, i)) is not None:
         # between i and the match: plain code, walked back over at most once (the scan stays linear)
         lo, i = i, m.start()
         c = line[i]
         if c == '"':
             if not hash_comments and line[_token_start(line, i, lo):i] in ("R", "LR", "uR", "UR", "u8R"):
-                end = _raw_string_end(line, i)
-                if end is not None:
-                    i = end
+                closing = _raw_string_close(line, i)
+                if closing is not None:
+                    close = line.find(closing, i + len(closing) - 1)
+                    if close < 0:     # the raw string goes on over the next lines
+                        return tuple(spans), closing
+                    i = close + len(closing)
                     continue
             i = _closing_quote(line, i, c)
         elif c == "'":
@@ -511,18 +527,44 @@ def _comment_spans(line: str, hash_comments: bool) -> tuple[tuple[int, int], ...
             else:
                 i = _closing_quote(line, i, c)
         elif hash_comments:
-            return ((i, n),)
+            return ((i, n),), ""
         elif c == "/" and line.startswith("//", i):
             spans.append((i, n))
-            break
+            return tuple(spans), ("//" if line.endswith("\\") else "")
         elif c == "/" and line.startswith("/*", i):
             close = line.find("*/", i + 2)
-            end = n if close < 0 else close + 2
-            spans.append((i, end))
-            i = end
+            if close < 0:
+                spans.append((i, n))
+                return tuple(spans), "*/"
+            spans.append((i, close + 2))
+            i = close + 2
         else:
             i += 1
-    return tuple(spans)
+    return tuple(spans), ""
+
+
+def _comment_spans(line: str, hash_comments: bool) -> Spans:
+    """The comment spans of one line read on its own (CUDA source embedded in a Python string, whose
+    lines are not walked as one file): a line that starts with ``*`` is taken to be inside a block
+    comment, and a ``/*`` that does not close runs to the end of the line."""
+    if not hash_comments:
+        indent = len(line) - len(line.lstrip())
+        if line.startswith("*", indent) and not line.startswith("*/", indent):
+            return ((indent, len(line)),)
+    return _line_comments(line, hash_comments)[0]
+
+
+def c_comment_map(text: str) -> list[Spans]:
+    """The comment spans of every line of a C/C++/CUDA file, walked as the compiler reads it: a
+    ``/* ... */`` over several lines (continuation lines starting with ``*`` or not), a ``//`` comment
+    continued by a backslash, and a raw string over several lines (its ``//`` and ``/*`` are text).
+    One entry per line, so line numbers stay those of the file."""
+    out: list[Spans] = []
+    state: CState = ""
+    for line in text.split("\n"):
+        spans, state = _line_comments(line, False, state)
+        out.append(spans)
+    return out
 
 
 def _in_comment(line: str, col: int, hash_comments: bool) -> bool:
@@ -577,9 +619,11 @@ def _closest_rule(name: str, known: dict[str, str]) -> str | None:
     return known[close[0]] if close else None
 
 
-def unknown_suppressions(text: str, rel: str, hash_comments: bool) -> list[Finding]:
+def unknown_suppressions(text: str, rel: str, hash_comments: bool,
+                         c_map: list[Spans] | None = None) -> list[Finding]:
     """An UNKNOWN_SUPPRESSION finding for each name in a comment's ``rocm-parity: ignore[...]`` that is
-    no rule id or name (a marker in a string or docstring is prose, not a suppression to check)."""
+    no rule id or name (a marker in a string or docstring is prose, not a suppression to check).
+    ``c_map``: a C/C++ file's comment spans per line (c_comment_map), which a line alone cannot tell."""
     rule, known = RULES_BY_ID[UNKNOWN_SUPPRESSION], _known_rules()
     out: list[Finding] = []
     for m in _SUPPRESS.finditer(text):
@@ -587,7 +631,9 @@ def unknown_suppressions(text: str, rel: str, hash_comments: bool) -> list[Findi
         end = text.find("\n", m.end())
         line = text[start:] if end < 0 else text[start:end]
         col = m.start() - start
-        if not any(a <= col < b for a, b in _comment_spans(line, hash_comments)):
+        lineno = text.count("\n", 0, start)
+        spans = c_map[lineno] if c_map is not None else _comment_spans(line, hash_comments)
+        if not any(a <= col < b for a, b in spans):
             continue
         for name in (x for x in re.split(r"[,\s]+", m.group(1)) if x):
             if name == "*" or name.upper() in known:
@@ -596,7 +642,7 @@ def unknown_suppressions(text: str, rel: str, hash_comments: bool) -> list[Findi
             hint = f" (did you mean {guess}?)" if guess else ""
             message = (f"ignore[{name}]: {name!r} is no rule{hint}, so this comment silences nothing; rule ids and "
                        f"names are listed by rocm-parity scan --list-rules")
-            out.append(Finding(rule.id, rule.name, rule.severity, rel, text.count("\n", 0, start) + 1,
+            out.append(Finding(rule.id, rule.name, rule.severity, rel, lineno + 1,
                                m.start(1) - start + m.group(1).find(name) + 1, line.strip()[:160], message, rule.path))
     return out
 
@@ -772,7 +818,9 @@ def scan_text(text: str, rel: str, kinds: frozenset[str], rules: tuple[Rule, ...
     newlines: list[int] | None = None
     seen: set[tuple[str, int]] = set()
     lines: dict[int, str] = {}                    # line index -> text, sliced once per line
-    comment_spans: dict[tuple[int, bool], tuple[tuple[int, int], ...]] = {}
+    comment_spans: dict[tuple[int, bool], Spans] = {}
+    c_file = not hash_comments      # C/C++/CUDA: comments are read across lines
+    c_map: list[Spans] | None = None
     marked = SUPPRESS_MARK in text
     guards: _Guards | None = None
     for rule in rules:
@@ -798,9 +846,14 @@ def scan_text(text: str, rel: str, kinds: frozenset[str], rules: tuple[Rule, ...
                 line_text = lines[idx] = text[start:end]
             col = m.start() - start
             hashes = hash_comments and not (python and rule.kinds == D)
-            spans = comment_spans.get((idx, hashes))
-            if spans is None:
-                spans = comment_spans[(idx, hashes)] = _comment_spans(line_text, hashes)
+            if c_file:
+                if c_map is None:   # built only for files with a match
+                    c_map = c_comment_map(text)
+                spans = c_map[idx]
+            else:
+                spans = comment_spans.get((idx, hashes))
+                if spans is None:
+                    spans = comment_spans[(idx, hashes)] = _comment_spans(line_text, hashes)
             if spans and any(a <= col < b for a, b in spans):
                 continue
             if file_ok is None:
@@ -824,7 +877,8 @@ def scan_text(text: str, rel: str, kinds: frozenset[str], rules: tuple[Rule, ...
             out.append(Finding(rule.id, rule.name, rule.severity, rel, idx + 1, col + 1,
                                line_text.strip()[:160], rule.message, rule.path))
     if marked and any(r.id == UNKNOWN_SUPPRESSION for r in rules):
-        out += unknown_suppressions(text, rel, hash_comments)
+        out += unknown_suppressions(text, rel, hash_comments, c_map if c_file and c_map is not None
+                                    else c_comment_map(text) if c_file else None)
     return out
 
 

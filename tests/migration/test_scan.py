@@ -116,7 +116,8 @@ def test_clean_files_have_no_findings() -> None:
 
 
 def test_comments_are_ignored() -> None:
-    text = "// __shfl_xor_sync(0xffffffff, v, 1)\n  /* asm volatile(\"mov.u32 %0, %%laneid;\") */\n * lane = tid & 31\n"
+    text = ("// __shfl_xor_sync(0xffffffff, v, 1)\n  /* asm volatile(\"mov.u32 %0, %%laneid;\") */\n"
+            "/**\n * lane = tid & 31\n */\n")
     assert scan.scan_text(text, "a.cu", scan.D) == []
     assert scan.scan_text("# import pynvml\nx = 1  # torch.version.cuda\n", "a.py", scan.P) == []
 
@@ -647,3 +648,31 @@ def test_sarif_line_hash_is_a_hash_with_an_occurrence_index(tmp_path: Path) -> N
     (tmp_path / "other.cu").write_text(body)
     assert {v for _, v in _line_hashes(tmp_path)} > {v for _, v in first}
     assert len({v for _, v in _line_hashes(tmp_path)}) == 4
+
+
+@pytest.mark.parametrize("text", [
+    "/* disabled:\n   v = __ballot_sync(0xffffffff, p);\n*/\n",                       # continuation without '*'
+    "int x; /* start\n   __shfl_sync(0xffffffff, v, 0)\n   still */ int y;\n",
+    "// a line comment \\\n   __shfl_sync(0xffffffff, v, 0)\n",                        # continued by a backslash
+    'const char* s = R"(/* not a comment\n)"; /*\n  __syncwarp();\n*/\n',
+])
+def test_block_comments_over_several_lines_are_not_code(text: str) -> None:
+    assert scan.scan_text(text, "k.cu", scan.D) == []
+
+
+@pytest.mark.parametrize(("text", "line"), [
+    # a raw string over lines: its "/*" opens no comment, so the code after it is code
+    ('const char* s = R"x(\n/* text\n)x";\nv = __shfl_sync(0xffffffff, v, 0);\n', 4),
+    # a line of code that starts with '*' is code, outside a comment
+    ("__device__ void f(float* out, float v) {\n  *out = __shfl_sync(0xffffffff, v, 0);\n}\n", 2),
+    # code after a block comment closes on a later line
+    ("/* one\n two */ v = __shfl_sync(0xffffffff, v, 0);\n", 2),
+    ('printf("/*"); v = __shfl_sync(0xffffffff, v, 0);\nw = __shfl_sync(0xffffffff, w, 0);\n', 2),
+])
+def test_code_around_multi_line_comments_and_strings_is_scanned(text: str, line: int) -> None:
+    assert line in {f.line for f in scan.scan_text(text, "k.cu", scan.D) if f.rule == "RP101"}
+
+
+def test_an_unknown_rule_in_a_block_comment_continuation_is_reported() -> None:
+    text = "/*\n   rocm-parity: ignore[RP1O1]\n*/\nint x;\n"
+    assert [(f.rule, f.line) for f in scan.scan_text(text, "k.cu", scan.D)] == [("RP001", 2)]
