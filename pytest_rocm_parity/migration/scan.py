@@ -851,9 +851,10 @@ def scan_text(text: str, rel: str, kinds: frozenset[str], rules: tuple[Rule, ...
                     c_map = c_comment_map(text)
                 spans = c_map[idx]
             else:
-                spans = comment_spans.get((idx, hashes))
-                if spans is None:
-                    spans = comment_spans[(idx, hashes)] = _comment_spans(line_text, hashes)
+                cached = comment_spans.get((idx, hashes))
+                if cached is None:
+                    cached = comment_spans[(idx, hashes)] = _comment_spans(line_text, hashes)
+                spans = cached
             if spans and any(a <= col < b for a, b in spans):
                 continue
             if file_ok is None:
