@@ -36,16 +36,20 @@ def _fmt(x: float | None) -> str:
     return f"{x:.3g}"
 
 
-def verdict_label(iso_failed: bool, prop_failed: bool, judged_isolated: bool, failed: bool = False) -> str:
+def verdict_label(iso_failed: bool, prop_failed: bool, judged_isolated: bool, failed: bool = False,
+                  nonfinite: int = 0) -> str:
     """A layer row's verdict in the failure table and the HTML report. A row without an isolated
-    measurement (a sketch golden's, a model output) that fails, failed propagated."""
+    measurement (a sketch golden's, a model output) that fails, failed propagated. ``nonfinite``: the
+    non-finite candidate values of the failing run, which its ratio columns (computed on the finite
+    elements) do not show."""
     if iso_failed:
-        if not judged_isolated:
-            return "FAIL propagated"
-        return "FAIL isolated" + ("; drift propagated" if prop_failed else "")
-    if prop_failed:
-        return "drift propagated"
-    return "FAIL" if failed else "ok"
+        label = "FAIL propagated" if not judged_isolated else \
+            "FAIL isolated" + ("; drift propagated" if prop_failed else "")
+    elif prop_failed:
+        label = "FAIL propagated" if failed and not judged_isolated else "drift propagated"
+    else:
+        label = "FAIL" if failed else "ok"
+    return f"{label} ({nonfinite} non-finite)" if nonfinite and label != "ok" else label
 
 
 def _verdict(l: LayerRecord) -> str:
@@ -53,7 +57,14 @@ def _verdict(l: LayerRecord) -> str:
         # failed with no measurement behind it: a training step's gradient the candidate never
         # produced (a detached forward, runner/train.py _judge_graph), which no ratio can show
         return "FAIL no gradient"
-    return verdict_label(not l.iso_passed, not l.prop_passed, l.iso is not None)
+    return verdict_label(not l.iso_passed, not l.prop_passed, l.iso is not None, not l.passed, _nonfinite(l))
+
+
+def _nonfinite(l: LayerRecord) -> int:
+    """The non-finite candidate values of the run a row's verdict names: the isolated one where it
+    failed there, else the propagated one."""
+    m = l.iso if not l.iso_passed and l.iso is not None else l.prop if not l.prop_passed else None
+    return m.nonfinite if m is not None else 0
 
 
 def _cells(l: LayerRecord, culprit: str | None = None) -> tuple[str, ...]:

@@ -140,10 +140,7 @@ class CheckResult:
     def to_frame(self) -> pd.DataFrame:
         """A pandas DataFrame with one row per layer (then the model outputs, ``kind='output'``): the
         columns of a report's ``layers.csv`` (:func:`layer_rows`), so one schema answers both."""
-        from pytest_rocm_parity.tables import frame
-
-        rows = layer_rows({"checks": [self.to_dict()]})
-        return frame(rows, layer_columns(rows))
+        return layers_frame(layer_rows({"checks": [self.to_dict()]}))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -165,19 +162,40 @@ def layer_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     for c in doc.get("checks", []):
         for kind, items in (("layer", (c.get("layers") or [])), ("output", (c.get("outputs") or []))):
             for i, l in enumerate(items):
+                m = l.get("metrics") or {}
                 row: dict[str, Any] = {
                     "test": c.get("test", ""), "check": c.get("name", ""), "dtype": c.get("dtype", ""),
                     "check_passed": c.get("passed"), "kind": kind, "order": i, "layer": l.get("name", ""),
                     "primary": l.get("primary", ""), "passed": l.get("passed"),
-                    "iso_passed": l.get("iso_passed"), "prop_passed": l.get("prop_passed"),
+                    "iso_passed": _run_verdict(l.get("iso_passed"), "iso_ratio" in m),
+                    "prop_passed": _run_verdict(l.get("prop_passed"), "prop_ratio" in m),
                     "is_culprit": l.get("name") == c.get("culprit"),
                     "is_first_divergent": l.get("name") == c.get("first_divergent"),
                     "is_undecided": l.get("name") in ((c.get("extra") or {}).get("undecided") or []),
                 }
-                for k, v in (l.get("metrics") or {}).items():
+                for k, v in m.items():
                     row[k] = json.dumps(v) if isinstance(v, (list, dict)) else v
                 rows.append(row)
     return rows
+
+
+def _run_verdict(passed: bool | None, measured: bool) -> bool | None:
+    """A row's verdict of one run (isolated or propagated): None where that run did not judge the
+    row (a sub-module has no propagated run, a model output no isolated one), so that a filter on
+    the column does not count it as passing; a failure without a measurement (a gradient the
+    candidate never produced) stays False."""
+    return passed if measured or passed is False else None
+
+
+def layers_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The DataFrame of layer rows (:func:`layer_rows`): the columns of ``layers.csv``, the per-run
+    verdicts as pandas' nullable booleans (NA where the run did not judge the row)."""
+    from pytest_rocm_parity.tables import frame
+
+    df = frame(rows, layer_columns(rows))
+    for col in ("iso_passed", "prop_passed"):
+        df[col] = df[col].astype("boolean")
+    return df
 
 
 def layer_columns(rows: list[dict[str, Any]]) -> list[str]:

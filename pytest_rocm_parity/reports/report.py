@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from pytest_rocm_parity.judging.assertion import SUGGEST_WITHIN, verdict_label
-from pytest_rocm_parity.judging.records import layer_columns, layer_rows
+from pytest_rocm_parity.judging.records import layer_columns, layer_rows, layers_frame
 from pytest_rocm_parity.atomic import atomic_write
 from pytest_rocm_parity.reports.summary import error_text, ordered_checks, verdict
-from pytest_rocm_parity.tables import frame, write_csv
+from pytest_rocm_parity.tables import write_csv
 
 HTML_NAME = "parity-report.html"
 LAYERS_CSV = "layers.csv"
@@ -571,13 +571,16 @@ def _layer_table(c: Mapping[str, Any]) -> str:
         if l.get("name") == c.get("culprit"):
             cls.append("culprit-row")
         iso_bad, prop_bad = not l.get("iso_passed", l.get("passed", True)), not l.get("prop_passed", True)
-        verdict = verdict_label(iso_bad, prop_bad, "iso_ratio" in m, bad)
+        named = "iso" if iso_bad and "iso_ratio" in m else "prop"   # the run the verdict names
+        verdict = verdict_label(iso_bad, prop_bad, "iso_ratio" in m, not l.get("passed", True),
+                                int(m.get(f"{named}_nonfinite") or 0))
         pre = "iso" if "iso_ratio" in m else "prop"
         rows.append(
             f'<tr class="{" ".join(cls)}"><td class="num">{i}</td><td><code>{e(str(l.get("name", "")))}</code></td>'
             f'<td class="num">{e(str(m.get("level", "")))}</td><td>{verdict}</td>'
             f'<td class="num">{_fmt_num(m.get("iso_ratio"))}</td><td class="num">{_fmt_num(m.get("iso_ratio_lo"))}</td>'
-            f'<td class="num">{_fmt_num(m.get("iso_z"))}</td><td class="num">{_fmt_num(m.get("budget_ratio"))}</td>'
+            f'<td class="num">{_fmt_num(m.get("iso_z"))}</td>'
+            f'<td class="num">{_fmt_num(m.get("budget_ratio") if "iso_ratio" in m else None)}</td>'
             f'<td class="num">{_fmt_num(m.get("prop_ratio"))}</td><td class="num">{_fmt_num(m.get("budget_propagated"))}</td>'
             f'<td class="num">{_fmt_num(m.get(pre + "_err_ref"))}</td><td class="num">{_fmt_num(m.get(pre + "_err_cand"))}</td>'
             f'<td class="num">{_fmt_num(m.get(pre + "_rel_to_ref"))}</td>'
@@ -874,5 +877,4 @@ def layer_frame(report: Any) -> Any:
         return result
     if isinstance(report, (str, os.PathLike)):
         report = _report_document(Path(report))
-    rows = layer_rows(report)
-    return frame(rows, layer_columns(rows))
+    return layers_frame(layer_rows(report))

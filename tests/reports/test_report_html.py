@@ -291,3 +291,62 @@ def test_the_layer_tables_rel_to_ref_column_has_its_key_under_the_table(report_d
     error = {"test": "t.py::t", "name": "m", "dtype": "float32", "passed": False, "layers": [], "outputs": [],
              "error": {"kind": "missing", "type": "GoldenMissing", "message": "no golden"}}
     assert "rel-&gt;ref =" not in report.render_html({"checks": [error]})
+
+
+def test_a_failing_model_output_reads_failed_propagated_in_the_html(report_doc: dict[str, Any],
+                                                                     tmp_path: Path) -> None:
+    """A model output has only a propagated run: failing there, its row is a failure (as checks.csv
+    counts it), not the drift a passing layer carries, and it shows no isolated budget."""
+    report.write_all(report_doc, tmp_path)
+    text = (tmp_path / "parity-report.html").read_text()
+    row = re.search(r"<tr[^>]*><td class=\"num\">\d+</td><td><code>&lt;output&gt;\.0</code></td>.*?</tr>", text)
+    assert row is not None
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", row.group(0))
+    assert cells[3] == "FAIL propagated", cells
+    assert cells[7] == "–" and float(cells[9]) == 3.0, cells   # budget (isolated): none; prop budget: 3
+
+
+def test_a_run_that_did_not_judge_a_row_is_na_in_the_frame_and_layers_csv(parity_results: dict[str, Any],
+                                                                          report_doc: dict[str, Any],
+                                                                          tmp_path: Path) -> None:
+    """Sub-modules have no propagated run and model outputs no isolated one: their run's verdict is
+    NA, so a filter on it counts only the rows that run judged."""
+    df = parity_results["failing"].to_frame()
+    sub = df[df["layer"].str.count(r"\.") == 2]
+    assert len(sub) and sub["prop_passed"].isna().all() and sub["iso_passed"].notna().all()
+    out = df[df["kind"] == "output"]
+    assert out["iso_passed"].isna().all() and not out["prop_passed"].any()
+    drifted = df[df["prop_passed"] == False]   # noqa: E712 (a nullable column: NA rows drop out)
+    assert set(drifted["layer"]) == {"blocks.2", "blocks.3", "norm", "head", "<output>.0"}
+    report.write_all(report_doc, tmp_path)
+    csv = pd.read_csv(tmp_path / "layers.csv")
+    tiny = csv[csv["check"] == "tiny"].set_index("layer")
+    assert pd.isna(tiny.loc["blocks.2.fc1", "prop_passed"]) and pd.isna(tiny.loc["<output>.0", "iso_passed"])
+
+
+def test_a_non_finite_failure_says_so_in_its_rows_verdict(tmp_path: Path) -> None:
+    """Ratios are computed on the finite elements, so a failure by NaN shows ratio 1 and z 0: the
+    verdict cell names the non-finite values, in the failure table and the HTML."""
+    from parity_models import tiny, tiny_inputs
+    from pytest_rocm_parity.golden.store import GoldenStore
+    from pytest_rocm_parity.judging.assertion import message
+    from pytest_rocm_parity.runner.capture import capture
+    from pytest_rocm_parity.runner.engine import CheckSpec
+    from pytest_rocm_parity.runner.replay import replay
+
+    def nan_at_0_1(mod: Any, args: Any, out: torch.Tensor) -> torch.Tensor:
+        out = out.clone()
+        out[0, 1] = float("nan")
+        return out
+
+    store, spec = GoldenStore(tmp_path / "g"), CheckSpec(name="nan", dtypes=["float32"])
+    m = tiny()
+    capture(m, tiny_inputs(), spec, store, "cpu")
+    m.fc1.register_forward_hook(nan_at_0_1)
+    (res,) = replay(m, tiny_inputs(), spec, store, "cpu")
+    assert not res.passed and res.culprit == "fc1"
+    text = message(res)
+    assert "FAIL isolated; drift propagated (1 non-finite)  <- culprit" in text, text
+    report.write_all({"schema": 1, "checks": [res.to_dict()]}, tmp_path / "r")
+    html_text = (tmp_path / "r" / "parity-report.html").read_text()
+    assert "<td>FAIL isolated; drift propagated (1 non-finite)</td>" in html_text
