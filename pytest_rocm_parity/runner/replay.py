@@ -560,7 +560,7 @@ class _Judge:
         if res is None:
             c2, r2 = pad.unpadded(key, leaf, c, ref) if pad is not None else (c, ref)
             sink.append(exact_metrics(leaf, c2, r2))
-            self.keep_if_failing(sink[-1], c, tol, isolated, tag)
+            self.keep_if_failing(sink[-1], c, tol, isolated, tag, ref)
             return
         if isinstance(res, str):
             return
@@ -573,7 +573,7 @@ class _Judge:
         if not quick:
             sink.append(residual_metrics(leaf, c, ref, res, self.u, tol.confidence, tol.nan))
             sink[-1].allow_noise(self.noise.get(tag, 0.0))
-            self.keep_if_failing(sink[-1], c, tol, isolated, tag)
+            self.keep_if_failing(sink[-1], c, tol, isolated, tag, ref, res)
             return
         sink.append(None)
         codes = self.codes
@@ -635,15 +635,27 @@ class _Judge:
                 m = residual_metrics(leaf, c, ref, res, self.u, tol.confidence, tol.nan)
             m.allow_noise(self.noise.get(tag, 0.0))
             sink[i] = m
-            self.keep_if_failing(m, c, tol, isolated, tag)
+            self.keep_if_failing(m, c, tol, isolated, tag, ref, res)
         self.items.clear()
 
-    def keep_if_failing(self, m: LeafMetrics, c: Any, tol: Tolerance, isolated: bool, tag: str) -> None:
-        """Keep a host copy of a leaf that fails, for the failing-tensor export (--parity-report)."""
-        if self.obtained is not None and may_fail(m, tol, self.rung, isolated):
-            # under its record's name: a model output's tag "<output>/<leaf>/..." is "<output>.<leaf>/..."
-            key = f"{OUTPUT}.{tag[len(OUTPUT) + 1:]}" if tag.startswith(OUTPUT + "/") else tag
-            self.obtained[key] = c.detach().to("cpu").contiguous()
+    def keep_if_failing(self, m: LeafMetrics, c: Any, tol: Tolerance, isolated: bool, tag: str, ref: Any,
+                        res: Any = None) -> None:
+        """Keep host copies of a leaf that fails, for the failing-tensor export (--parity-report): the
+        candidate's output under ``<layer>/<leaf>/<run>``, beside it the reference's
+        (``<layer>/<leaf>/reference``) and the float64 truth the run judged against
+        (``<layer>/<leaf>/<run>_truth``), so the file alone compares the three."""
+        if self.obtained is None or not may_fail(m, tol, self.rung, isolated):
+            return
+        # under its record's name: a model output's tag "<output>/<leaf>/..." is "<output>.<leaf>/..."
+        key = f"{OUTPUT}.{tag[len(OUTPUT) + 1:]}" if tag.startswith(OUTPUT + "/") else tag
+        self.obtained[key] = c.detach().to("cpu").contiguous()
+        leaf_key, run = key.rsplit("/", 1)
+        self.obtained[f"{leaf_key}/reference"] = ref.detach().to("cpu").contiguous()
+        if res is not None and not isinstance(res, str) and tuple(res.shape) == tuple(ref.shape):
+            import torch
+
+            wide = torch.complex128 if ref.is_complex() else torch.float64
+            self.obtained[f"{key}_truth"] = (ref.to("cpu", wide) + res.to("cpu", wide)).contiguous()
 
 
 # Hugging Face output fields a model returns depending on flags and implementation (use_cache,

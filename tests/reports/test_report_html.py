@@ -350,3 +350,28 @@ def test_a_non_finite_failure_says_so_in_its_rows_verdict(tmp_path: Path) -> Non
     report.write_all({"schema": 1, "checks": [res.to_dict()]}, tmp_path / "r")
     html_text = (tmp_path / "r" / "parity-report.html").read_text()
     assert "<td>FAIL isolated; drift propagated (1 non-finite)</td>" in html_text
+
+
+def test_the_failing_tensors_file_holds_the_reference_and_the_truth_beside_the_candidate(tmp_path: Path) -> None:
+    """A failing leaf's file holds what the verdict compared: the candidate's output, the
+    reference's and the float64 truth, so the ratio can be recomputed from the file alone."""
+    from parity_models import tiny, tiny_inputs
+    from pytest_rocm_parity.golden.store import GoldenStore
+    from pytest_rocm_parity.runner.capture import capture
+    from pytest_rocm_parity.runner.engine import CheckSpec
+    from pytest_rocm_parity.runner.replay import replay
+
+    store = GoldenStore(tmp_path / "g")
+    spec = CheckSpec(name="scaled", dtypes=["float32"], report_dir=str(tmp_path / "r"))
+    m = tiny()
+    capture(m, tiny_inputs(), spec, store, "cpu")
+    m.fc1.register_forward_hook(lambda mod, args, out: out * 1.05)
+    (res,) = replay(m, tiny_inputs(), spec, store, "cpu")
+    assert not res.passed and res.culprit == "fc1"
+    with safe_open(str(tmp_path / "r" / res.extra["failing_tensors"]), framework="pt") as f:
+        assert {"fc1/0/isolated", "fc1/0/reference", "fc1/0/isolated_truth"} <= set(f.keys())
+        cand, ref, truth = (f.get_tensor(f"fc1/0/{k}") for k in ("isolated", "reference", "isolated_truth"))
+    assert truth.dtype == torch.float64 and cand.shape == ref.shape == truth.shape
+    ratio = (cand.double() - truth).norm() / (ref.double() - truth).norm()
+    fc1 = next(l for l in res.layers if l.name == "fc1")
+    assert fc1.iso is not None and float(ratio) == pytest.approx(fc1.iso.ratio, rel=1e-6)
