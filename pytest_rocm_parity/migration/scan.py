@@ -77,6 +77,10 @@ class Rule:
     # in a file that matches ``only_in_file`` and none that matches ``unless_in_file`` (handled elsewhere).
     only_in_file: str = ""
     unless_in_file: str = ""
+    # In Python, a match that starts inside a string literal is text, not code, and is dropped, unless
+    # the construct is itself a string's text (a compiler flag, an env var name, PTX, a dtype named by
+    # string); a docstring or other bare string statement is prose for every rule.
+    strings: bool = False
 
     def compiled(self) -> re.Pattern[str]:
         return _compile(self.pattern)
@@ -173,7 +177,7 @@ RULES: tuple[Rule, ...] = (
            r"[rRbBuU]?(?:\"\"\"|'''|\"|')[^\"']{0,256}?" + _PTX_TEXT,
          "inline PTX assembly: AMD GPUs do not run PTX; HIP and Triton take GCN/CDNA assembly only (rewrite with HIP "
          "intrinsics / __builtin_amdgcn_*; in Triton, a tl op or an AMDGCN asm string for inline_asm_elementwise)",
-         "manual"),
+         "manual", strings=True),
     Rule("RP111", "wmma", "error", D, ("wmma", "mma.h"),
          r"\bnvcuda::wmma\b|#\s*include\s*[<\"]mma\.h[>\"]|\bwmma::\w+",
          "CUDA WMMA warp-matrix API: not in HIP (rocWMMA provides the equivalent)", "rocm-library"),
@@ -271,7 +275,9 @@ RULES: tuple[Rule, ...] = (
          "fork"),
     Rule("RP220", "capability-gate", "warning", P, ("get_device_capability", "get_device_properties"),
          # the capability itself, or the major/minor of device properties (props.major >= 9)
-         r"\bget_device_capability\s*\(|\bget_device_properties\s*\([^()\n]{0,128}(?:\([^()\n]*\))?\)\s*\.\s*(?:major|minor)\b"
+         # (other backends' devices, torch.xpu/npu/mlu/mps, have capabilities of their own: not a CUDA gate)
+         r"(?<!\bxpu\.)(?<!\bnpu\.)(?<!\bmlu\.)(?<!\bmps\.)\bget_device_capability\s*\("
+         r"|(?<!\bxpu\.)(?<!\bnpu\.)(?<!\bmlu\.)(?<!\bmps\.)\bget_device_properties\s*\([^()\n]{0,128}(?:\([^()\n]*\))?\)\s*\.\s*(?:major|minor)\b"
          r"|\b\w*prop\w*\s*\.\s*(?:major|minor)\b",
          "compute-capability gate: on ROCm (major, minor) is derived from gfx ((9,0)=MI200, not Hopper); check gcnArchName", "manual"),
     Rule("RP221", "device-name-check", "warning", P, ("get_device_name", "NVIDIA", "H100", "A100", "H200", "B200", "GeForce", "RTX", "Tesla"),
@@ -294,14 +300,14 @@ RULES: tuple[Rule, ...] = (
          "OCP FP8 dtype with no FNUZ branch in the file: MI300 (gfx942) computes in float8_e4m3fnuz/e5m2fnuz "
          "(bias one higher, e4m3 max 240); pick the dtype per device (vLLM: current_platform.fp8_dtype()) and double "
          "the scales of OCP weights (normalize_e4m3fn_to_e4m3fnuz), never reinterpret the bytes", "manual",
-         unless_in_file=_FNUZ_BRANCH),
+         unless_in_file=_FNUZ_BRANCH, strings=True),
     Rule("RP227", "fp8-max-448", "warning", D | P, ("448",), _FP8_MAX_448,
          "FP8 maximum hard-coded as 448 (float8_e4m3fn's): float8_e4m3fnuz on MI300 (gfx942) tops out at 240, so values "
          "scaled to 448 saturate or turn NaN; take the maximum of the dtype in use, torch.finfo(dtype).max", "manual",
          only_in_file=r"(?i:fp8|float8|e4m3)", unless_in_file=_FNUZ_MAX),
     Rule("RP226", "nvcc-flags", "warning", B, ("gencode", "arch=sm_", "gpu-architecture", "fast_math", "expt-", "Xptxas", "TORCH_CUDA_ARCH_LIST", "generate-code"),
          r"(?<![\w-])(?:-gencode\b|--generate-code\b|-arch=sm_\d+|--gpu-architecture\b|--use_fast_math\b|--expt-relaxed-constexpr\b|--expt-extended-lambda\b|-Xptxas\b)|\bTORCH_CUDA_ARCH_LIST\b",
-         "nvcc-only build flag: give hipcc its own flags (--offload-arch via PYTORCH_ROCM_ARCH)", "hipify"),
+         "nvcc-only build flag: give hipcc its own flags (--offload-arch via PYTORCH_ROCM_ARCH)", "hipify", strings=True),
 )
 # One line per rule for code-scanning interfaces (SARIF shortDescription); the message is the full description.
 SHORT_DESCRIPTIONS: dict[str, str] = {
@@ -647,6 +653,58 @@ def unknown_suppressions(text: str, rel: str, hash_comments: bool,
     return out
 
 
+# Where a Python string or comment can start; the end of each string is found by its quote's pattern.
+_PY_OPEN = re.compile(r"#|'''|\"\"\"|'|\"")
+_PY_CLOSE = {
+    "'": re.compile(r"(?:[^'\\\n]|\\.)*(?:'|(?=\n)|\Z)", re.DOTALL),
+    '"': re.compile(r'(?:[^"\\\n]|\\.)*(?:"|(?=\n)|\Z)', re.DOTALL),
+    "'''": re.compile(r"(?:[^'\\]|\\.|'(?!''))*(?:'''|\Z)", re.DOTALL),
+    '"""': re.compile(r'(?:[^"\\]|\\.|"(?!""))*(?:"""|\Z)', re.DOTALL),
+}
+_PY_PREFIX = re.compile(r"[rRbBuUfF]{0,2}$")
+_PY_REST_BLANK = re.compile(r"[ \t]*(?:#[^\n]*)?(?:\n|\Z)")
+
+
+class PyStrings:
+    """The contents of a Python file's string literals, found by one linear lexing pass over the
+    file (a regex per quote kind, not tokenize: several times faster, and it reads files that do not
+    tokenize, such as Cython's): ``spans`` are ``(start, end, prose)`` offsets of the text between
+    the quotes, in order; ``prose`` marks a string that is a statement of its own (a docstring)."""
+
+    def __init__(self, text: str) -> None:
+        spans: list[tuple[int, int, bool]] = []
+        depth = 0      # open brackets: a string inside them is an argument, never a statement
+        i = 0
+        while (m := _PY_OPEN.search(text, i)) is not None:
+            code = text[i:m.start()]
+            depth = max(0, depth + code.count("(") + code.count("[") + code.count("{")
+                        - code.count(")") - code.count("]") - code.count("}"))
+            quote = m.group()
+            if quote == "#":
+                end = text.find("\n", m.end())
+                i = len(text) if end < 0 else end
+                continue
+            close = _PY_CLOSE[quote].match(text, m.end())
+            end = close.end() if close else len(text)
+            inner_end = end - len(quote) if text.endswith(quote, m.end(), end) else end
+            line_start = text.rfind("\n", 0, m.start()) + 1
+            before = _PY_PREFIX.sub("", text[line_start:m.start()])
+            prose = depth == 0 and not before.strip() and _PY_REST_BLANK.match(text, end) is not None
+            spans.append((m.end(), inner_end, prose))
+            i = end
+        self.spans = spans
+        self.starts = [a for a, _, _ in spans]
+
+    def inside(self, pos: int, strings: bool) -> bool:
+        """Whether ``pos`` is in a string's text that a rule must not read: any string's, or only a
+        prose string's for a rule that looks at strings (``strings``)."""
+        k = bisect_right(self.starts, pos) - 1
+        if k < 0:
+            return False
+        a, b, prose = self.spans[k]
+        return a <= pos < b and (prose or not strings)
+
+
 # --------------------------------------------------------------------------- ROCm-guarded code
 
 # A Python name that tests for ROCm (is_rocm, IS_HIP, use_rocm, torch.version.hip, current_platform.is_rocm()).
@@ -812,8 +870,10 @@ def scan_text(text: str, rel: str, kinds: frozenset[str], rules: tuple[Rule, ...
     """
     python = "python" in kinds
     hash_comments = python or "build" in kinds
-    if python and ("__global__" in text or "__device__" in text) and _EMBEDDED_KERNEL.search(text):
+    embedded = python and ("__global__" in text or "__device__" in text) and _EMBEDDED_KERNEL.search(text) is not None
+    if embedded:
         kinds = kinds | D
+    py_strings: PyStrings | None = None
     out: list[Finding] = []
     newlines: list[int] | None = None
     seen: set[tuple[str, int]] = set()
@@ -857,6 +917,12 @@ def scan_text(text: str, rel: str, kinds: frozenset[str], rules: tuple[Rule, ...
                 spans = cached
             if spans and any(a <= col < b for a, b in spans):
                 continue
+            # CUDA source embedded in a Python file lives in strings: device rules read them there
+            if python and "python" in rule.kinds and not (embedded and "device" in rule.kinds):
+                if py_strings is None:
+                    py_strings = PyStrings(text)
+                if py_strings.inside(m.start(), rule.strings):
+                    continue
             if file_ok is None:
                 file_ok = rule.applies_to(text)
             if not file_ok:

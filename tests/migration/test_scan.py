@@ -676,3 +676,46 @@ def test_code_around_multi_line_comments_and_strings_is_scanned(text: str, line:
 def test_an_unknown_rule_in_a_block_comment_continuation_is_reported() -> None:
     text = "/*\n   rocm-parity: ignore[RP1O1]\n*/\nint x;\n"
     assert [(f.rule, f.line) for f in scan.scan_text(text, "k.cu", scan.D)] == [("RP001", 2)]
+
+
+@pytest.mark.parametrize("text", [
+    'def f():\n    """Like `torch.cuda.get_device_capability()` but cached; see torch.version.cuda."""\n',
+    's = "allow_tf32 = True"\n',
+    'warnings.warn("Use `torch.version.cuda` for the CUDA runtime version.")\n',
+    'msg = f"found {x} with compute capability"; doc = "num_warps=8 on A100"\n',
+    '"""\nExample:\n    import flash_attn\n    WARP_SIZE = 32\n    torch.backends.cuda.matmul.allow_tf32 = True\n"""\n',
+    'def g():\n    """Build with `TORCH_CUDA_ARCH_LIST=8.0 pip install x` or -gencode; weights in float8_e4m3fn."""\n',
+    "x = '''\nprops = torch.cuda.get_device_properties(0)\nif props.major >= 9: pass\n'''\n",
+    "cap = torch.xpu.get_device_capability()\n",
+    'arch = torch.xpu.get_device_capability()["architecture"]\n',
+])
+def test_python_strings_and_docstrings_are_not_code(text: str) -> None:
+    assert scan.scan_text(text, "m.py", scan.P) == []
+
+
+@pytest.mark.parametrize(("text", "rules"), [
+    # rules that look for a string's text keep finding it outside docstrings
+    ('subprocess.run(["nvidia-smi", "-L"])\n', ["RP215"]),
+    ('os.system("nvidia-smi -q")\n', ["RP215"]),
+    ('os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0"\n', ["RP226"]),
+    ('extra_compile_args = {"nvcc": ["-gencode", "arch=compute_80,code=sm_80"]}\n', ["RP226"]),
+    ('torch.set_float32_matmul_precision("high")\n', ["RP228"]),
+    ('torch.backends.fp32_precision = "bfx9"\n', ["RP224"]),
+    ('if "H100" in name:\n    pass\n', ["RP221"]),
+    ('dt = getattr(torch, "float8_e4m3fn")\n', ["RP225"]),
+    ('y = tl.inline_asm_elementwise("cvt.rn.f16.f32 $0, $1;", "=r,r", [x], dtype=tl.float16, is_pure=True, pack=1)\n',
+     ["RP110"]),
+    # code beside a string on the same line is still code
+    ('s = "a"; torch.backends.cuda.matmul.allow_tf32 = True\n', ["RP228"]),
+    ('cap = torch.cuda.get_device_capability()  # "quoted"\n', ["RP220"]),
+    ('v = torch.version.cuda or "none"\n', ["RP222"]),
+    ('kernel[grid](x, num_warps=4)\n', ["RP207"]),
+])
+def test_python_rules_that_read_strings_still_do(text: str, rules: list[str]) -> None:
+    assert [f.rule for f in scan.scan_text(text, "m.py", scan.P)] == rules
+
+
+def test_cuda_source_embedded_in_a_python_string_is_still_scanned() -> None:
+    text = ('src = """\n__global__ void k(float* v) {\n  asm volatile("mov.u32 %0, %%laneid;" : "=r"(v[0]));\n'
+            '  v[0] = fminf(v[0], 448.f);  // fp8\n}\n"""\nmod = load_inline("m", cuda_sources=[src])\n')
+    assert {"RP110", "RP125", "RP201", "RP227"} <= {f.rule for f in scan.scan_text(text, "m.py", scan.P)}
