@@ -550,17 +550,21 @@ class HalfRoundingBlock(nn.Module):
 
 
 class BlockStack(nn.Module):
+    """``copies``: each block called through a deep copy made in the forward (a module folded on the
+    fly, as torch.nn.utils.fusion.fuse_conv_bn_eval does), which carries the block's hooks."""
+
     def __init__(self, d: int = 32, n: int = 4) -> None:
         super().__init__()
         self.inp = nn.Linear(d, d)
         self.blocks = nn.ModuleList(HalfRoundingBlock(d) for _ in range(n))
         self.norm = nn.LayerNorm(d)
         self.head = nn.Linear(d, 8)
+        self.copies = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.inp(x)
         for b in self.blocks:
-            x = b(x)
+            x = (copy.deepcopy(b) if self.copies else b)(x)
         return self.head(self.norm(x))
 
 

@@ -682,7 +682,12 @@ class Hooks:
         return name if call == 0 else f"{name}#{call}"
 
     def _pre(self, mod: Any, args: Any, kwargs: Any) -> Any:
-        sel = self._selected[id(mod)]
+        sel = self._selected.get(id(mod))
+        if sel is None:
+            # a copy of a selected module made inside the forward (copy.deepcopy carries its hooks:
+            # a BatchNorm folded on the fly): not the module the golden names, so not judged itself;
+            # its effect is, in the modules and outputs around it
+            return None
         call = self.calls.get(sel.name, 0)
         self.calls[sel.name] = call + 1
         key = self.key(sel.name, call)
@@ -708,7 +713,9 @@ class Hooks:
         return key
 
     def _post(self, mod: Any, _args: Any, _kwargs: Any, output: Any) -> Any:
-        sel = self._selected[id(mod)]
+        sel = self._selected.get(id(mod))
+        if sel is None:   # a copy made inside the forward (_pre)
+            return None
         key = self._current[sel.name].pop()
         if self.on_output is not None:
             return self.on_output(key, sel, output)   # not None: replaces the module's output
@@ -718,7 +725,8 @@ class Hooks:
         """_post for a module inside a fused-path one, where the nested tensors of
         nn.TransformerEncoder appear (a property read here under the data flow's mode would count as
         one of the model's operations, so the check stays off every other module)."""
-        if any(getattr(t, "is_nested", False) for t in (output if isinstance(output, (tuple, list)) else (output,))):
+        if id(mod) in self._selected and \
+                any(getattr(t, "is_nested", False) for t in (output if isinstance(output, (tuple, list)) else (output,))):
             sel = self._selected[id(mod)]
             self._current[sel.name].pop()
             encoder = self._encoder_above(sel.name)

@@ -378,6 +378,10 @@ def where_unjudged(model: Any, spec: CheckSpec, results: list[CheckResult]) -> l
             r.extra["unselected_region"] = region
             if region["modules"] or _jumps(r):   # not "no single layer" accumulating drift
                 r.notes = [n for n in r.notes if "accumulated drift" not in n]
+            else:   # either, and the culprit line names the code: the note says both
+                after, before = region["after"] or "the model's inputs", region["before"] or "the model's outputs"
+                r.notes = [f"{n}, or the code between {after} and {before} that the culprit line names"
+                           if "accumulated drift" in n else n for n in r.notes]
         note = unselected_children(model, r, spec.drill) if not spec.layers else ""
         if note:
             r.notes.append(note)

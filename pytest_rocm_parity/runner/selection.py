@@ -433,7 +433,10 @@ def unselected_region(model: Any, result: Any, patterns: Sequence[str] | None = 
     if bad is None and not outputs_bad:
         return None
     end = bad if bad is not None else len(top)
-    ok = next((top[i] for i in range(end - 1, -1, -1) if top[i].prop_passed), None)
+    # a module the candidate never called agreed with nothing: the last agreeing one was judged
+    i_ok = next((i for i in range(end - 1, -1, -1) if top[i].prop_passed and not top[i].not_called), None)
+    ok = top[i_ok] if i_ok is not None else None
+    skipped = [module_of(l.name) for l in top[(i_ok if i_ok is not None else -1) + 1:end] if l.not_called]
     after = module_of(ok.name) if ok is not None else None
     before = module_of(top[bad].name) if bad is not None else None
     named = _named(model)
@@ -457,13 +460,21 @@ def unselected_region(model: Any, result: Any, patterns: Sequence[str] | None = 
         region.append(n)
     globs = [g for n in region for g in _globs_for(model, n)]
     return {"after": after, "before": before, "modules": region,
-            "layers": list(dict.fromkeys([*(patterns or []), *globs])) if globs else []}
+            "layers": list(dict.fromkeys([*(patterns or []), *globs])) if globs else [],
+            **({"not_called": skipped} if skipped else {})}
 
 
 def region_text(region: dict[str, Any]) -> str:
     """One line of a failure message: where the unjudged fault lies and the selection that localizes it."""
     after = region["after"] or "the model's inputs"
     before = region["before"] or "the model's outputs"
+    if region.get("not_called"):
+        gone = region["not_called"]
+        return (f"the fault lies between {after} (last agreeing) and {before} (first divergent), where the "
+                f"candidate called none of the selected {'modules' if len(gone) > 1 else 'module'} "
+                f"{', '.join(gone[:4])}{'...' if len(gone) > 4 else ''} (fused, bypassed, or a copy made in its "
+                f"forward ran instead): what runs in their place is judged only through the modules and outputs "
+                f"after it")
     if not region["modules"]:
         return (f"the fault lies between {after} (last agreeing) and {before} (first divergent), in no module: "
                 f"the forward code of their parent that runs between them"

@@ -221,3 +221,26 @@ def test_replay_uses_the_depth_the_golden_was_captured_with(tmp_path: Path) -> N
     assert api.resolve_drill(model, inputs, spec, None, store, capturing=True) == 0
     spec.layers = ["decoder.*"]
     assert api.resolve_drill(model, inputs, spec, None, store, capturing=True) == 0      # globs: depth unused
+
+
+def test_code_between_two_blocks_without_a_jump_is_named_with_drift_in_one_note(tmp_path: Path) -> None:
+    """A small change in a parent's own code (a scale between two blocks) raises the propagated error
+    less than a jump: accumulated drift and that code both explain it, and the note says both rather
+    than contradicting the culprit line that names the code."""
+    from parity_models import block_stack
+
+    store, spec = GoldenStore(tmp_path), CheckSpec(name="between", dtypes=["float32"])
+    m, x = block_stack()
+    capture(m, x, spec, store, "cpu")
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        x = m.inp(x)
+        for i, b in enumerate(m.blocks):
+            x = b(x * (1 + 2e-5) if i == 2 else x)
+        return m.head(m.norm(x))
+    m.forward = forward   # type: ignore[method-assign]
+    (res,) = replay(m, x, spec, store, "cpu")
+    text = message(res)
+    assert "the fault lies between blocks.1 (last agreeing) and blocks.2 (first divergent), in no module" in text
+    assert ("accumulated drift (see first divergent layer), or the code between blocks.1 and blocks.2 that the "
+            "culprit line names") in text, text
