@@ -56,7 +56,7 @@ from pytest_rocm_parity.quant.diagnosis import quant_notes
 from pytest_rocm_parity.quant.storage import quantized_tensor_ids
 from pytest_rocm_parity.runner.padding import Padding
 from pytest_rocm_parity.runner.wrappers import (cast_in_place, inlines_compiled_children, is_exported,
-                                                training_paths, unwrap)
+                                                torch_training_kinds, training_paths, unwrap)
 
 
 def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: RungReader, rung: str,
@@ -854,16 +854,26 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
                      f"{'modules' if len(training) > 1 else 'module'} {some} of the model in eval mode "
                      f"{'were' if len(training) > 1 else 'was'} in training mode (built after model.eval()?); "
                      f"judged in eval mode, as the golden was captured")
-        differs = training if not inner.training else []
-        if differs:   # a passing check shows no notes: a port that serves them so must hear of it
+        # a passing check shows no notes: a port that serves them so must hear of it. A whole model
+        # left in training mode is named where torch.nn's own modules differ there (BatchNorm,
+        # dropout with p > 0): a Hugging Face attention reads .training for a dropout that is
+        # mostly 0, and would name every model built from a config
+        differs = training if not inner.training else \
+            [n for n, m in inner.named_modules() if n in training and isinstance(m, torch_training_kinds())]
+        if differs:
             import warnings
 
-            warnings.warn(f"rocm-parity: {spec.name}: {', '.join(differs[:3])}{' ...' if len(differs) > 3 else ''} "
-                          f"of a model in eval mode {'are' if len(differs) > 1 else 'is'} in training mode (swapped in "
-                          f"after model.eval()?), where their forward differs (BatchNorm on the batch's statistics, dropout "
-                          f"on); the "
-                          f"replay judged eval mode only. If the served model runs them so, call .eval() after the "
-                          f"swap", stacklevel=2)
+            some = f"{', '.join(differs[:3])}{' ...' if len(differs) > 3 else ''}"
+            are = "are" if len(differs) > 1 else "is"
+            warnings.warn(f"rocm-parity: {spec.name}: {some} of a model in eval mode {are} in training mode (swapped "
+                          f"in after model.eval()?), where their forward differs (BatchNorm on the batch's statistics, "
+                          f"dropout on); the replay judged eval mode only. If the served model runs them so, call "
+                          f".eval() after the swap" if not inner.training else
+                          f"rocm-parity: {spec.name}: the model is in training mode (model.eval() not called?), where "
+                          f"{some} compute otherwise (BatchNorm on the batch's statistics, dropout on); the replay "
+                          f"judged eval mode, as the golden was captured. If the served model runs in training mode, "
+                          f"its outputs are not what was judged: call model.eval() before serving and before the check "
+                          f"(a training step's parity is check_train's)", stacklevel=2)
     with cast_in_place(inner, place, dtype, walk.modules, walk.stamp()), eval_mode(inner, walk), \
             numerics(rung, tol.tf32), BufferState(walk.modules) as state:
         outs: list[LayerRecord] = []

@@ -233,6 +233,14 @@ def outside_dynamo(fn: Callable[..., Any]) -> Callable[..., Any]:
     return torch._dynamo.disable(fn, recursive=True)
 
 
+def torch_training_kinds() -> tuple[Any, Any]:
+    """torch.nn's modules whose training forward differs from eval's: BatchNorm (the batch's
+    statistics) and dropout (with p > 0)."""
+    import torch
+
+    return torch.nn.modules.batchnorm._BatchNorm, torch.nn.modules.dropout._DropoutNd
+
+
 def training_paths(model: Any, modules: list[Any] | None = None) -> list[str]:
     """Names of the modules in training mode whose training forward differs from the judged (eval)
     one: BatchNorm on the batch's statistics, dropout with p > 0, and a module of a class outside
@@ -243,7 +251,7 @@ def training_paths(model: Any, modules: list[Any] | None = None) -> list[str]:
 
     if not any(m.training for m in (modules if modules is not None else model.modules())):
         return []
-    norms, drops = torch.nn.modules.batchnorm._BatchNorm, torch.nn.modules.dropout._DropoutNd
+    norms, drops = torch_training_kinds()
 
     def differs(m: Any) -> bool:
         if isinstance(m, norms):

@@ -202,3 +202,31 @@ def test_a_cache_grown_during_the_replay_is_grown_at_float32(tmp_path: Path) -> 
     with torch.no_grad():
         plain(x)
     assert torch.equal(cand.cos, plain.cos)
+
+
+def test_a_whole_model_left_in_training_mode_is_warned_of_when_it_passes(tmp_path: Path) -> None:
+    """A served model whose .eval() was forgotten runs dropout and BatchNorm's batch statistics; the
+    replay judges eval mode and passes, so the passing check warns, naming the modules."""
+    store, spec = GoldenStore(tmp_path), CheckSpec(name="n", dtypes=["float32"])
+    net = _net().eval()
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    capture(net, x, spec, store, "cpu")
+    net.train()
+    with pytest.warns(UserWarning, match=r"the model is in training mode \(model.eval\(\) not called\?\), where 1, "
+                                         r"2.1 compute otherwise"):
+        (res,) = replay(net, x, spec, store, "cpu")
+    assert res.passed
+
+
+def test_a_model_in_training_mode_whose_forward_is_the_same_is_not_warned_of(tmp_path: Path) -> None:
+    """Linears alone compute the same in training mode: nothing to warn of."""
+    import warnings
+
+    store, spec = GoldenStore(tmp_path), CheckSpec(name="n", dtypes=["float32"])
+    net = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    capture(net, x, spec, store, "cpu")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        (res,) = replay(net, x, spec, store, "cpu")
+    assert res.passed and not [w for w in seen if "training mode" in str(w.message)]
