@@ -180,11 +180,18 @@ def select(model: Any, layers: Sequence[str] | None = None, drill: int = 2, walk
 
 
 def _no_module_matches(model: Any, pattern: str, all_names: list[str], what: str) -> LayerSelectionError:
-    close = difflib.get_close_matches(pattern, all_names, n=3)
+    # a glob is compared with the names' own globs (each index a '*': 'vit.layers.*'), where one
+    # wrong word in it ('encoder.layer.*') still finds the stack; a name with the names
+    stacks = list(dict.fromkeys(_INDEX.sub("*", n) for n in all_names))
+    close = difflib.get_close_matches(pattern, stacks, n=3, cutoff=0.5) if any(c in pattern for c in "*?[") \
+        else difflib.get_close_matches(pattern, all_names, n=3) or difflib.get_close_matches(pattern, stacks, n=3)
     hint = f"; close matches: {', '.join(close)}" if close else ""
     return LayerSelectionError(
         f"{what}: pattern {pattern!r} matches no module of {type(model).__name__}{hint}. "
         f"Module names look like {all_names[:3]}; list them with [n for n, _ in model.named_modules()]")
+
+
+_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)")
 
 
 def check_tolerance_layers(model: Any, patterns: Sequence[str]) -> None:

@@ -90,3 +90,10 @@ def test_a_glob_leaves_out_what_runs_inside_an_experts_module() -> None:
     with pytest.raises(LayerSelectionError, match=r"inside an experts module .*Select the experts module itself: "
                                                   r"'model.layers.0.mlp.experts'"):
         select(m, ["model.layers.*.mlp.experts.*"])
+
+
+def test_a_glob_with_a_wrong_word_is_pointed_at_the_stack_it_meant() -> None:
+    """The close matches of a glob are the model's stacks as globs: one wrong word ('encoder.layer.*'
+    for 'layers.*') still finds them, where the module names themselves are too far from it."""
+    with pytest.raises(LayerSelectionError, match=r"close matches: layers\.\*, layers\.\*\.mlp"):
+        select(Net(), layers=["encoder.layer.*"])
