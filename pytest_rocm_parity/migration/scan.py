@@ -130,6 +130,10 @@ _FP8_MAX_448 = (r"[/*][ \t]*" + _448 + r"|(?<![\w.])448(?:\.0*)?[fF]?[ \t]*/(?![
                 + r"|\b(?:clamp|clip|clamp_|minimum|fmin|fminf)[ \t]*\([^;\n]{0,256}?" + _448
                 + r"|\bfinfo\s*\(\s*(?:torch\.)?float8_e4m3fn\s*\)\s*\.\s*max\b")
 
+# The start of an import statement whose module (the rule's pattern, next) is any in its list:
+# "import m", "from m import", "import os, m as n" (the list form), also after a ';'.
+_IMPORT = (r"(?:^|(?<=;))[ \t]*(?:from[ \t]+|import[ \t]+(?:[\w.]+(?:[ \t]+as[ \t]+\w+)?[ \t]*,[ \t]*){0,32})")
+
 UNKNOWN_SUPPRESSION = "RP001"
 
 RULES: tuple[Rule, ...] = (
@@ -152,7 +156,9 @@ RULES: tuple[Rule, ...] = (
          "ballot/activemask result kept in 32 bits: HIP returns 64 lanes (use uint64_t, __popcll, __ffsll)", "manual"),
     Rule("RP104", "warp-size-32", "error", D, ("arp", "ARP"),
          r"#\s*define\s+" + _WARP_IDENT.format(1) + r"\s+\(?32\)?(?!\w)"
-         r"|\b(?:constexpr|const|static|enum)\b[^;=\n]{0,256}?\b" + _WARP_IDENT.format(2) + r"\s*=\s*32\b",
+         r"|\b(?:constexpr|const|static|enum)\b[^;=\n]{0,256}?\b" + _WARP_IDENT.format(2) + r"\s*=\s*32\b"
+         # a template parameter's default: template <int WARP_SIZE = 32>, template <int kWarpSize = 32, ...>
+         r"|\btemplate\s*<[^;{}]{0,256}?\b" + _WARP_IDENT.format(3) + r"\s*=\s*32\b",
          "warp size hard-coded to 32: CDNA wavefronts have 64 lanes (silent wrong results)", "manual",
          unless_line=("USE_ROCM", "__HIP", "HIP_PLATFORM")),
     Rule("RP105", "lane-arithmetic-32", "warning", D, ("31", "32", "5", "0x1"),
@@ -238,7 +244,7 @@ RULES: tuple[Rule, ...] = (
     Rule("RP203", "numba-cuda", "error", P, ("cuda",),
          r"^[ \t]*(?:from[ \t]+numba[ \t]+import[^\n]*\bcuda\b|import[ \t]+numba\.cuda\b|from[ \t]+numba\.cuda\b)|@(?:numba\.)?cuda\.jit\b",
          "numba.cuda: Numba's ROC target was removed; use ROCm/numba-hip (numba.hip.pose_as_cuda())", "fork"),
-    Rule("RP204", "pycuda", "error", P, ("pycuda",), r"^[ \t]*(?:import|from)[ \t]+pycuda\b",
+    Rule("RP204", "pycuda", "error", P, ("pycuda",), _IMPORT + r"pycuda\b",
          "PyCUDA is CUDA-only: port the kernel to Triton or HIP Python", "triton"),
     Rule("RP205", "triton-kernel", "note", P, ("triton",), r"^[ \t]*@triton\.jit\b",
          "Triton kernel: portable, but num_warps counts 64-lane wavefronts, FP8 dtypes differ on gfx942 and tl.dot fp32 may use XF32; "
@@ -251,28 +257,31 @@ RULES: tuple[Rule, ...] = (
     Rule("RP208", "python-warp-size-32", "warning", P, ("arp", "ARP"),
          r"^[ \t]*(?:WARP_SIZE|warp_size|THREADS_PER_WARP|WARPSIZE|warpsize)\s*(?::\s*int\s*)?=\s*32\b",
          "warp size hard-coded to 32 in Python: 64 on CDNA", "manual"),
-    Rule("RP210", "flash-attn", "warning", P, ("flash_attn",), r"^[ \t]*(?:import|from)[ \t]+flash_attn\b(?!_interface)",
+    Rule("RP210", "flash-attn", "warning", P, ("flash_attn",), _IMPORT + r"flash_attn\b",
          "flash_attn: on ROCm use the ROCm/flash-attention build (CK, or Triton with FLASH_ATTENTION_TRITON_AMD_ENABLE=TRUE)", "fork"),
     Rule("RP211", "flash-attn-3", "error", P, ("flash_attn_interface", "flash_attn_3"),
-         r"^[ \t]*(?:import|from)[ \t]+(?:flash_attn_interface|flash_attn_3)\b",
+         _IMPORT + r"(?:flash_attn_interface|flash_attn_3)\b",
          "FlashAttention-3 (hopper/) is CUDA-only: use FA2 (ROCm fork) or SDPA", "fork"),
-    Rule("RP212", "xformers", "warning", P, ("xformers",), r"^[ \t]*(?:import|from)[ \t]+xformers\b",
+    Rule("RP212", "xformers", "warning", P, ("xformers",), _IMPORT + r"xformers\b",
          "xformers on ROCm has the CK-tiled FMHA only; sparse24/cutlass ops are CUDA-only", "fork"),
-    Rule("RP213", "apex", "warning", P, ("apex",), r"^[ \t]*(?:import|from)[ \t]+apex\b",
+    Rule("RP213", "apex", "warning", P, ("apex",), _IMPORT + r"apex\b",
          "apex: install the ROCm/apex fork; contrib ops vary", "fork"),
-    Rule("RP214", "bitsandbytes", "note", P, ("bitsandbytes",), r"^[ \t]*(?:import|from)[ \t]+bitsandbytes\b",
+    Rule("RP214", "bitsandbytes", "note", P, ("bitsandbytes",), _IMPORT + r"bitsandbytes\b",
          "bitsandbytes: ROCm support is in the unified tree; use a release with ROCm wheels", "fork"),
     Rule("RP215", "nvml", "error", P, ("nvml", "nvidia_smi", "nvidia-smi"),
          # the command alone, by an absolute or relative path, or with its arguments in one string (shell=True, os.popen)
-         r"^[ \t]*(?:import|from)[ \t]+(?:pynvml|nvidia_smi|py3nvml)\b|[\"'](?:[^\s\"']{0,256}/)?nvidia-smi(?:[ \t][^\"'\n]*)?[\"']",
+         _IMPORT + r"(?:pynvml|nvidia_smi|py3nvml)\b|[\"'](?:[^\s\"']{0,256}/)?nvidia-smi(?:[ \t][^\"'\n]*)?[\"']",
          "NVML / nvidia-smi: no AMD support (an installed pynvml broke torch on ROCm); use amdsmi or amd-smi", "rocm-library"),
     Rule("RP216", "mamba-cuda-ext", "warning", P, ("selective_scan_cuda", "causal_conv1d", "mamba_ssm"),
-         r"^[ \t]*(?:import|from)[ \t]+(?:selective_scan_cuda|causal_conv1d_cuda|causal_conv1d|mamba_ssm)\b",
+         _IMPORT + r"(?:selective_scan_cuda|causal_conv1d_cuda|causal_conv1d|mamba_ssm)\b",
          "mamba selective_scan / causal_conv1d CUDA extensions fail or are skipped on HIP; Mamba-2 uses Triton", "triton"),
-    Rule("RP217", "cupy", "note", P, ("cupy",), r"^[ \t]*(?:import|from)[ \t]+cupyx?(?:\.\w+)*\b(?!_)",
+    Rule("RP217", "cupy", "note", P, ("cupy",), _IMPORT + r"cupyx?(?:\.\w+)*\b(?!_)",
          "CuPy: its CUDA wheels (cupy-cuda12x) do not run on AMD GPUs; install CuPy's ROCm build (experimental), where "
          "cupy.cuda calls go to HIP, and check the features used against its list of what ROCm lacks",
          "fork"),
+    Rule("RP218", "transformer-engine", "warning", P, ("transformer_engine",), _IMPORT + r"transformer_engine\b",
+         "transformer_engine: NVIDIA's Transformer Engine is built for CUDA only; on ROCm install the ROCm fork "
+         "(ROCm/TransformerEngine) and check the modules and FP8 recipes used against it", "fork"),
     Rule("RP220", "capability-gate", "warning", P, ("get_device_capability", "get_device_properties"),
          # the capability itself, or the major/minor of device properties (props.major >= 9)
          # (other backends' devices, torch.xpu/npu/mlu/mps, have capabilities of their own: not a CUDA gate)
@@ -353,6 +362,7 @@ SHORT_DESCRIPTIONS: dict[str, str] = {
     'RP215': 'NVML or nvidia-smi use',
     'RP216': 'mamba CUDA extension import',
     'RP217': 'CuPy import',
+    'RP218': 'transformer_engine import',
     'RP220': 'Compute-capability gate',
     'RP221': 'NVIDIA device-name check',
     'RP222': 'torch.version.cuda without torch.version.hip',
@@ -859,6 +869,172 @@ class _Guards:
 _EMBEDDED_KERNEL = re.compile(r"__(?:global|device)__[^\n;{}()]*\([^)]*\)\s*\{")
 
 
+# A *_sync call's mask that is one name (a macro or constant of the file), up to the argument's end.
+_MASK_NAME = re.compile(r"([A-Za-z_]\w*)\s*,")
+_MASK32_VALUE = re.compile(r"\(*\s*" + _MASK32 + r"\s*\)*")
+
+
+def named_mask32(text: str, name: str, off_rocm: set[int]) -> int | None:
+    """The line of the definition of ``name`` in ``text`` when the file defines it as a 32-bit lane mask
+    (``#define FULL_MASK 0xffffffff``, ``constexpr unsigned kMask = 0xffffffff;``) and nothing else
+    where a ROCm build reads it; None otherwise (no definition in the file, a 64-bit value, or a
+    definition per platform), and the call keeps RP102's "check the mask" warning."""
+    n = re.escape(name)
+    found: list[tuple[int, str]] = []
+    for rx in (r"^[ \t]*#[ \t]*define[ \t]+" + n + r"[ \t]+([^\n]*)",
+               r"\b(?:constexpr|const)\b[^;=\n(){}]{0,128}?\b" + n + r"\s*(?:=\s*([^;,\n]{1,64})|\{\s*([^;}\n]{1,64})\})"):
+        for m in _compile(rx).finditer(text):
+            line = text.count("\n", 0, m.start()) + 1
+            if line not in off_rocm:
+                value = re.sub(r"//.*|/\*.*?\*/", "", next(g for g in m.groups() if g is not None)).strip()
+                found.append((line, value))
+    if found and all(_MASK32_VALUE.fullmatch(v) for _, v in found):
+        return found[0][0]
+    return None
+
+
+# A GPU vendor or NVIDIA product name in a string that a device name is tested against.
+_NVIDIA_NAME = re.compile(r"(?i)\b(?:nvidia|tesla|geforce|quadro|titan|rtx|dgx|gb\d{3}|[abhlv]\d{2,3}|t4)\b")
+_NAME_METHODS = frozenset({"startswith", "endswith", "find", "index", "count", "__contains__"})
+_CASE_METHODS = frozenset({"lower", "upper", "casefold", "strip"})
+
+
+def _names_device(node: ast.expr, names: set[str]) -> bool:
+    """Whether ``node`` is one of ``names`` (variables holding a device name), or its lower()/upper()."""
+    while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _CASE_METHODS:
+        node = node.func.value
+    return isinstance(node, ast.Name) and node.id in names
+
+
+def _nvidia_strings(node: ast.expr) -> bool:
+    """Whether ``node`` is a string constant naming NVIDIA or its products, or a tuple/list/set with one."""
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(_nvidia_strings(e) for e in node.elts)
+    return isinstance(node, ast.Constant) and isinstance(node.value, str) and _NVIDIA_NAME.search(node.value) is not None
+
+
+def _vendor_test(node: ast.expr, names: set[str]) -> bool:
+    """A test of a device-name variable against an NVIDIA name: ``name.startswith("NVIDIA")``,
+    ``"H100" in name``, ``name == "NVIDIA A100"``, ``re.search("A100", name)``."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        if node.func.attr in _NAME_METHODS and _names_device(node.func.value, names):
+            return any(_nvidia_strings(a) for a in node.args)
+        if node.func.attr in ("search", "match", "fullmatch") and len(node.args) >= 2:
+            return _nvidia_strings(node.args[0]) and _names_device(node.args[1], names)
+    if isinstance(node, ast.Compare):
+        sides = [node.left, *node.comparators]
+        for op, left, right in zip(node.ops, sides, sides[1:]):
+            if isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) and (
+                    (_names_device(left, names) and _nvidia_strings(right))
+                    or (_names_device(right, names) and _nvidia_strings(left))):
+                return True
+    return False
+
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+
+def _own_nodes(scope: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of ``scope`` outside the functions and classes defined in it."""
+    stack = list(ast.iter_child_nodes(scope))
+    while stack:
+        node = stack.pop()
+        yield node
+        if not isinstance(node, _SCOPES):
+            stack.extend(ast.iter_child_nodes(node))
+
+
+def device_name_tests(text: str) -> list[tuple[int, int]]:
+    """(line, byte column) of each NVIDIA-name test of a variable that the same function (or module)
+    assigns from ``get_device_name(...)``: ``name = torch.cuda.get_device_name(0)`` then, lines later,
+    ``name.startswith("NVIDIA")``. A file that does not parse has none."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return []
+    out: list[tuple[int, int]] = []
+    for scope in [tree, *(n for n in ast.walk(tree) if isinstance(n, _SCOPES))]:
+        nodes = list(_own_nodes(scope))
+        names: set[str] = set()
+        for node in nodes:
+            value = getattr(node, "value", None)
+            if not isinstance(node, (ast.Assign, ast.AnnAssign, ast.NamedExpr)) or value is None:
+                continue
+            if not any(isinstance(c, ast.Call) and (getattr(c.func, "attr", None) == "get_device_name"
+                                                    or getattr(c.func, "id", None) == "get_device_name")
+                       for c in ast.walk(value)):
+                continue
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+        if names:
+            out += [(n.lineno, n.col_offset) for n in nodes if isinstance(n, ast.expr) and _vendor_test(n, names)]
+    return sorted(set(out))
+
+
+class _File:
+    """One file's text and what the rules' post-processing needs of it, each computed at first use."""
+
+    def __init__(self, text: str, kinds: frozenset[str]) -> None:
+        self.text = text
+        self.python = "python" in kinds
+        self.hash_comments = self.python or "build" in kinds
+        self.c_file = not self.hash_comments      # C/C++/CUDA: comments are read across lines
+        self._newlines: list[int] | None = None
+        self._lines: dict[int, str] = {}           # line index -> text, sliced once per line
+        self._spans: dict[tuple[int, bool], Spans] = {}
+        self._c_map: list[Spans] | None = None
+        self._py_strings: PyStrings | None = None
+        self._guards: _Guards | None = None
+
+    @property
+    def newlines(self) -> list[int]:
+        if self._newlines is None:
+            self._newlines = [m.start() for m in _NEWLINE.finditer(self.text)]
+        return self._newlines
+
+    def index(self, pos: int) -> int:
+        """The 0-based line of offset ``pos``."""
+        return bisect_right(self.newlines, pos - 1)
+
+    def start(self, idx: int) -> int:
+        return self.newlines[idx - 1] + 1 if idx else 0
+
+    def line(self, idx: int) -> str:
+        text = self._lines.get(idx)
+        if text is None:
+            nl = self.newlines
+            text = self._lines[idx] = self.text[self.start(idx):nl[idx] if idx < len(nl) else len(self.text)]
+        return text
+
+    @property
+    def c_map(self) -> list[Spans]:
+        if self._c_map is None:
+            self._c_map = c_comment_map(self.text)
+        return self._c_map
+
+    def comments(self, idx: int, hashes: bool) -> Spans:
+        if self.c_file:
+            return self.c_map[idx]
+        spans = self._spans.get((idx, hashes))
+        if spans is None:
+            spans = self._spans[(idx, hashes)] = _comment_spans(self.line(idx), hashes)
+        return spans
+
+    @property
+    def py_strings(self) -> PyStrings:
+        if self._py_strings is None:
+            self._py_strings = PyStrings(self.text)
+        return self._py_strings
+
+    @property
+    def guards(self) -> _Guards:
+        if self._guards is None:
+            self._guards = _Guards(self.text, self.python)
+        return self._guards
+
+
 def scan_text(text: str, rel: str, kinds: frozenset[str], rules: tuple[Rule, ...] = RULES,
               suppressed: Counter[str] | None = None) -> list[Finding]:
     """Findings in one file's text.  Python files embedding CUDA source get device rules too.
@@ -868,21 +1044,33 @@ def scan_text(text: str, rel: str, kinds: frozenset[str], rules: tuple[Rule, ...
     separated by commas, or ``*``). A RULE in such a comment that names no rule is itself a finding
     (UNKNOWN_SUPPRESSION, unless ``rules`` leaves it out).
     """
-    python = "python" in kinds
-    hash_comments = python or "build" in kinds
+    if text.startswith("\ufeff"):    # a byte-order mark is no text: line 1 starts after it
+        text = text[1:]
+    f = _File(text, kinds)
+    python = f.python
     embedded = python and ("__global__" in text or "__device__" in text) and _EMBEDDED_KERNEL.search(text) is not None
     if embedded:
         kinds = kinds | D
-    py_strings: PyStrings | None = None
+    active = {r.id for r in rules}
     out: list[Finding] = []
-    newlines: list[int] | None = None
     seen: set[tuple[str, int]] = set()
-    lines: dict[int, str] = {}                    # line index -> text, sliced once per line
-    comment_spans: dict[tuple[int, bool], Spans] = {}
-    c_file = not hash_comments      # C/C++/CUDA: comments are read across lines
-    c_map: list[Spans] | None = None
     marked = SUPPRESS_MARK in text
-    guards: _Guards | None = None
+
+    def emit(rule: Rule, idx: int, col: int, end: int, message: str | None = None) -> None:
+        """Report ``rule`` at line ``idx``, column ``col`` (the match ends at ``end``), unless a ROCm
+        build never runs it or a comment silences it."""
+        line_text = f.line(idx)
+        if f.guards.off_rocm(idx + 1, line_text, col, end):
+            return
+        if marked:
+            prev = f.line(idx - 1) if idx else ""
+            if _is_suppressed(rule, line_text, prev):
+                if suppressed is not None:
+                    suppressed[rule.id] += 1
+                return
+        out.append(Finding(rule.id, rule.name, rule.severity, rel, idx + 1, col + 1,
+                           line_text.strip()[:160], message or rule.message, rule.path))
+
     for rule in rules:
         if not (rule.kinds & kinds):
             continue
@@ -892,60 +1080,52 @@ def scan_text(text: str, rel: str, kinds: frozenset[str], rules: tuple[Rule, ...
         else:
             continue
         file_ok: bool | None = None   # the file-level conditions, searched at the first match outside a comment
+        hashes = f.hash_comments and not (python and rule.kinds == D)
+        # CUDA source embedded in a Python file lives in strings: device rules read them there
+        py_code = python and "python" in rule.kinds and not (embedded and "device" in rule.kinds)
         for m in rule.compiled().finditer(text):
-            if newlines is None:  # built only for files with a match
-                newlines = [mm.start() for mm in _NEWLINE.finditer(text)]
-            idx = bisect_right(newlines, m.start() - 1)
+            idx = f.index(m.start())
             key = (rule.id, idx)
             if key in seen:   # one finding per rule and line: later matches on it cost nothing
                 continue
-            start = newlines[idx - 1] + 1 if idx else 0
-            line_text = lines.get(idx)
-            if line_text is None:
-                end = newlines[idx] if idx < len(newlines) else len(text)
-                line_text = lines[idx] = text[start:end]
+            start = f.start(idx)
             col = m.start() - start
-            hashes = hash_comments and not (python and rule.kinds == D)
-            if c_file:
-                if c_map is None:   # built only for files with a match
-                    c_map = c_comment_map(text)
-                spans = c_map[idx]
-            else:
-                cached = comment_spans.get((idx, hashes))
-                if cached is None:
-                    cached = comment_spans[(idx, hashes)] = _comment_spans(line_text, hashes)
-                spans = cached
+            spans = f.comments(idx, hashes)
             if spans and any(a <= col < b for a, b in spans):
                 continue
-            # CUDA source embedded in a Python file lives in strings: device rules read them there
-            if python and "python" in rule.kinds and not (embedded and "device" in rule.kinds):
-                if py_strings is None:
-                    py_strings = PyStrings(text)
-                if py_strings.inside(m.start(), rule.strings):
-                    continue
+            if py_code and f.py_strings.inside(m.start(), rule.strings):
+                continue
             if file_ok is None:
                 file_ok = rule.applies_to(text)
             if not file_ok:
                 break
-            if rule.unless_line and any(s in line_text for s in rule.unless_line):
-                seen.add(key)   # the whole line is guarded: every match on it is
-                continue
             seen.add(key)
-            if guards is None:
-                guards = _Guards(text, python)
-            if guards.off_rocm(idx + 1, line_text, col, m.end() - start):
-                continue
-            if marked:
-                prev = text[(newlines[idx - 2] + 1 if idx >= 2 else 0):newlines[idx - 1]] if idx else ""
-                if _is_suppressed(rule, line_text, prev):
-                    if suppressed is not None:
-                        suppressed[rule.id] += 1
+            if rule.unless_line and any(s in f.line(idx) for s in rule.unless_line):
+                continue     # the whole line is guarded: every match on it is
+            if rule.id == "RP102":
+                name = _MASK_NAME.match(text, m.end())
+                where = named_mask32(text, name.group(1), f.guards.lines) if name else None
+                if name and where:
+                    # the mask is a 32-bit literal by another name: RP101's error, or nothing if it is ignored
+                    if "RP101" in active and ("RP101", idx) not in seen:
+                        seen.add(("RP101", idx))
+                        emit(RULES_BY_ID["RP101"], idx, col, m.end() - start,
+                             f"{name.group(1)} is a 32-bit lane mask (defined at line {where}): "
+                             + RULES_BY_ID["RP101"].message)
                     continue
-            out.append(Finding(rule.id, rule.name, rule.severity, rel, idx + 1, col + 1,
-                               line_text.strip()[:160], rule.message, rule.path))
-    if marked and any(r.id == UNKNOWN_SUPPRESSION for r in rules):
-        out += unknown_suppressions(text, rel, hash_comments, c_map if c_file and c_map is not None
-                                    else c_comment_map(text) if c_file else None)
+            emit(rule, idx, col, m.end() - start)
+    if python and "RP221" in active and "get_device_name" in text:
+        rule = RULES_BY_ID["RP221"]
+        for lineno, byte_col in device_name_tests(text):
+            if (rule.id, lineno - 1) not in seen:
+                seen.add((rule.id, lineno - 1))
+                line_text = f.line(lineno - 1)
+                col = len(line_text.encode("utf-8")[:byte_col].decode("utf-8", "ignore"))
+                emit(rule, lineno - 1, col, col + 1)
+    if marked and UNKNOWN_SUPPRESSION in active:
+        out += unknown_suppressions(text, rel, f.hash_comments, f.c_map if f.c_file else None)
+    if len(out) > 1:
+        out.sort(key=lambda x: (x.line, x.rule))
     return out
 
 
