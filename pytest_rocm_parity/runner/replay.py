@@ -293,7 +293,14 @@ def _inputs_changed(args0: Any, kwargs0: Any, reader: RungReader, rung: str, met
     given = tensor_leaves({"args": args, "kwargs": kwargs})
     stored = {k[len("input/"):] for k in reader.keys if k.startswith("input/")}
     if set(given) != stored:
-        return f"input names changed ({sorted(given)} vs stored {sorted(stored)})"
+        why = f"input names changed ({sorted(given)} vs stored {sorted(stored)})"
+        moved = {p.split(".", 1)[0] for p in set(given) ^ stored}
+        if moved == {"args", "kwargs"} and len(set(given) - stored) == len(stored - set(given)):
+            kw = sorted(p.split(".", 2)[1] for p in stored if p.startswith("kwargs."))
+            why += (f": given by position where the capture passed {', '.join(kw)} by keyword; pass "
+                    f"{'them' if len(kw) > 1 else 'it'} as the capture did" if kw else
+                    ": given by keyword where the capture passed them by position; pass them as the capture did")
+        return why
     for p, t in given.items():
         g = reader.get(f"input/{p}").to("cpu")
         if g.shape != t.shape:
@@ -308,11 +315,13 @@ def _inputs_changed(args0: Any, kwargs0: Any, reader: RungReader, rung: str, met
 
 def _refuse_changed_inputs(why: str, spec: CheckSpec, mpath: str, manifest: dict[str, Any]) -> None:
     if why:
+        # values that differ may be a backend's RNG; a shape, a dtype or a name is the test's own code
+        rng = (" If they differ only by backend RNG, build them on the CPU with a seeded torch.Generator;"
+               if why.endswith("values differ from the stored inputs") else "")
         raise GoldenStale(
             f"stale golden {mpath} for {spec.name!r}: {why}{captured_elsewhere(manifest, spec)}. A replay judges "
-            f"the candidate on the inputs the golden stored, so the test must build the same ones. If they differ "
-            f"only by backend RNG, build them on the CPU with a seeded torch.Generator; if the test's inputs "
-            f"changed on purpose, regenerate: {spec.regen_command}", mpath)
+            f"the candidate on the inputs the golden stored, so the test must build the same ones.{rng} If the "
+            f"test's inputs changed on purpose, regenerate: {spec.regen_command}", mpath)
 
 
 def check_inputs(inputs: Any, spec: CheckSpec, store: GoldenStore, manifest: dict[str, Any]) -> None:

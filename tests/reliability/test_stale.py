@@ -147,7 +147,18 @@ def test_dtype_not_captured_beside_a_changed_model_is_stale(golden: Golden) -> N
     ({"x": tiny_inputs()}, "input names changed"),
 ], ids=["values", "shape", "fewer-rows", "integer", "extra-positional", "as-keyword"])
 def test_inputs_changed(golden: Golden, x: Any, why: str) -> None:
-    stale(golden, why, x=x)
+    msg = str(stale(golden, why, x=x))
+    # the advice fits the change: only values that differ may be a backend's RNG
+    assert ("seeded torch.Generator" in msg) == (why == "values differ from the stored inputs"), msg
+
+
+def test_an_input_moved_between_position_and_keyword_is_named_as_such(golden: Golden, tmp_path: Path) -> None:
+    stale(golden, "given by keyword where the capture passed them by position; pass them as the capture did",
+          x={"x": tiny_inputs()})
+    by_keyword = make_golden(tmp_path / "by_keyword", x={"x": tiny_inputs()})
+    with pytest.raises(GoldenStale, match="given by position where the capture passed x by keyword; pass it as "
+                                          "the capture did"):
+        by_keyword.replay(x=tiny_inputs())
 
 
 def test_input_with_nan_is_not_stale_against_itself(tmp_path: Path) -> None:
