@@ -24,7 +24,7 @@ import warnings
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote
@@ -41,6 +41,10 @@ DEVICE_EXTS = frozenset({".cu", ".cuh", ".h", ".hpp", ".hh", ".hxx", ".cc", ".cp
 PYTHON_EXTS = frozenset({".py", ".pyi", ".pyx"})
 BUILD_NAMES = frozenset({"CMakeLists.txt", "Makefile", "setup.cfg"})
 BUILD_EXTS = frozenset({".cmake", ".mk"})
+# Shell scripts and container recipes: the commands, environment and base images a job runs with.
+SHELL_EXTS = frozenset({".sh", ".bash", ".dockerfile"})
+SHELL_NAMES = frozenset({"Dockerfile", "Containerfile"})
+NOTEBOOK_EXTS = frozenset({".ipynb"})
 # Vendored, generated and tool directories: scanning them reports other people's code.
 SKIP_DIRS = frozenset({
     ".git", ".hg", ".svn", "node_modules", "third_party", "third-party", "thirdparty", "3rdparty",
@@ -57,6 +61,7 @@ PATHS = {
     "rocm-library": "ROCm library (hipBLASLt, MIOpen, rocWMMA, composable_kernel, amdsmi)",
     "fork": "maintained ROCm fork of the package",
     "comment": "correct the rocm-parity: ignore[...] comment (rule ids and names: rocm-parity scan --list-rules)",
+    "rocm-image": "ROCm container image (rocm/pytorch, run with --device=/dev/kfd --device=/dev/dri)",
 }
 
 
@@ -67,7 +72,7 @@ class Rule:
     id: str
     name: str
     severity: Severity
-    kinds: frozenset[str]  # "device", "python", "build"
+    kinds: frozenset[str]  # "device", "python", "build", "shell"
     keywords: tuple[str, ...]
     pattern: str
     message: str
@@ -104,6 +109,10 @@ def _compile(pattern: str) -> re.Pattern[str]:
 
 
 D, P, B = frozenset({"device"}), frozenset({"python"}), frozenset({"python", "build"})
+S = frozenset({"shell"})
+# A command word in a shell line: not part of a longer name or path component (cuda-nvcc-12, nvcc_flags).
+def _cmd(name: str) -> str:
+    return r"(?<![\w.$/-])(?:[\w.${}/-]*/)?" + re.escape(name) + r"(?![\w.-])"
 # Assembly text that reads as PTX: a dotted mnemonic (cvt.rn, mov.u32), ';' or '{'. GCN/CDNA assembly
 # (v_cvt_f16_f32) and host asm ("pause") have none.
 _PTX_TEXT = r"(?:[a-z]\.[a-z0-9]|;|\{)"
@@ -314,9 +323,23 @@ RULES: tuple[Rule, ...] = (
          "FP8 maximum hard-coded as 448 (float8_e4m3fn's): float8_e4m3fnuz on MI300 (gfx942) tops out at 240, so values "
          "scaled to 448 saturate or turn NaN; take the maximum of the dtype in use, torch.finfo(dtype).max", "manual",
          only_in_file=r"(?i:fp8|float8|e4m3)", unless_in_file=_FNUZ_MAX),
-    Rule("RP226", "nvcc-flags", "warning", B, ("gencode", "arch=sm_", "gpu-architecture", "fast_math", "expt-", "Xptxas", "TORCH_CUDA_ARCH_LIST", "generate-code"),
+    Rule("RP226", "nvcc-flags", "warning", B | S, ("gencode", "arch=sm_", "gpu-architecture", "fast_math", "expt-", "Xptxas", "TORCH_CUDA_ARCH_LIST", "generate-code"),
          r"(?<![\w-])(?:-gencode\b|--generate-code\b|-arch=sm_\d+|--gpu-architecture\b|--use_fast_math\b|--expt-relaxed-constexpr\b|--expt-extended-lambda\b|-Xptxas\b)|\bTORCH_CUDA_ARCH_LIST\b",
          "nvcc-only build flag: give hipcc its own flags (--offload-arch via PYTORCH_ROCM_ARCH)", "hipify", strings=True),
+    # ---- shell scripts, Dockerfiles and notebook shell lines (!cmd, %%bash)
+    Rule("RP230", "shell-nvidia-smi", "error", S, ("nvidia-smi",), _cmd("nvidia-smi"),
+         "nvidia-smi in a script: no AMD GPU answers it (the command is missing or reports no device); "
+         "use amd-smi (or rocm-smi on older ROCm)", "rocm-library"),
+    Rule("RP231", "shell-nvcc", "warning", S, ("nvcc",), _cmd("nvcc"),
+         "nvcc in a script: ROCm compiles with hipcc (or amdclang++ -x hip) and takes --offload-arch=gfx942, not sm_XX",
+         "hipify"),
+    Rule("RP232", "cuda-visible-devices", "note", S, ("CUDA_VISIBLE_DEVICES",), r"\bCUDA_VISIBLE_DEVICES\b",
+         "CUDA_VISIBLE_DEVICES: HIP honours it, after ROCR_VISIBLE_DEVICES and HIP_VISIBLE_DEVICES (and the "
+         "container's --device list) have filtered the GPUs; check the indices still name the GPUs meant", "manual"),
+    Rule("RP233", "cuda-base-image", "error", S, ("nvidia/",),
+         r"(?<![\w./-])(?:nvcr\.io/nvidia/[\w.-]+|(?:docker\.io/)?nvidia/cuda)(?::[\w.-]+)?",
+         "NVIDIA CUDA container image (nvcr.io/nvidia/..., nvidia/cuda): its CUDA build of torch does not run on AMD "
+         "GPUs; base the image on rocm/pytorch (a ROCm build of torch; pin a tag)", "rocm-image"),
 )
 # One line per rule for code-scanning interfaces (SARIF shortDescription); the message is the full description.
 SHORT_DESCRIPTIONS: dict[str, str] = {
@@ -372,6 +395,10 @@ SHORT_DESCRIPTIONS: dict[str, str] = {
     'RP226': 'nvcc-only build flag',
     'RP227': 'FP8 maximum hard-coded as 448',
     'RP228': 'TF32 float32 matmuls switched on',
+    'RP230': 'nvidia-smi in a shell script or Dockerfile',
+    'RP231': 'nvcc in a shell script or Dockerfile',
+    'RP232': 'CUDA_VISIBLE_DEVICES in a shell script or Dockerfile',
+    'RP233': 'NVIDIA CUDA container image',
 }
 RULES_BY_ID: dict[str, Rule] = {}
 for _r in RULES:
@@ -384,11 +411,20 @@ class Finding:
     name: str
     severity: Severity
     path: str  # relative to the scanned root, '/'-separated
-    line: int
+    line: int  # in a notebook: the line of the .ipynb file that holds the source line (its JSON)
     column: int
     snippet: str
     message: str
     suggestion: str  # a key of PATHS
+    cell: int | None = None       # a notebook's cell (1-based, counting every cell) and line in it
+    cell_line: int | None = None
+
+    @property
+    def location(self) -> str:
+        """``path:line``, or ``path:cell N:line M`` in a notebook (the line an editor shows in the cell)."""
+        if self.cell is not None:
+            return f"{self.path}:cell {self.cell}:line {self.cell_line}"
+        return f"{self.path}:{self.line}"
 
 
 @dataclass
@@ -415,6 +451,10 @@ def kinds_for(name: str) -> frozenset[str]:
         return B if name == "setup.py" else P
     if name in BUILD_NAMES or ext in BUILD_EXTS:
         return frozenset({"build"})
+    if ext in SHELL_EXTS or name in SHELL_NAMES or name.startswith(("Dockerfile.", "Containerfile.")):
+        return S
+    if ext in NOTEBOOK_EXTS:
+        return frozenset({"notebook"})
     return frozenset()
 
 
@@ -844,9 +884,10 @@ def _preprocessor_off_rocm(text: str) -> set[int]:
 class _Guards:
     """Where a ROCm build never goes, computed for a file at its first finding."""
 
-    def __init__(self, text: str, python: bool) -> None:
+    def __init__(self, text: str, python: bool, preprocessed: bool = True) -> None:
         self.spans = _python_off_rocm(text) if python else []
-        self.lines = set() if python else _preprocessor_off_rocm(text)
+        # '#' starts a comment in shell and CMake: "# if ..." there is no directive
+        self.lines = _preprocessor_off_rocm(text) if preprocessed and not python else set()
 
     def off_rocm(self, line: int, line_text: str, col: int, end: int) -> bool:
         """Whether the match at ``col:end`` of ``line`` starts or ends in code a ROCm build skips (its
@@ -979,7 +1020,7 @@ class _File:
     def __init__(self, text: str, kinds: frozenset[str]) -> None:
         self.text = text
         self.python = "python" in kinds
-        self.hash_comments = self.python or "build" in kinds
+        self.hash_comments = self.python or "build" in kinds or "shell" in kinds
         self.c_file = not self.hash_comments      # C/C++/CUDA: comments are read across lines
         self._newlines: list[int] | None = None
         self._lines: dict[int, str] = {}           # line index -> text, sliced once per line
@@ -1031,7 +1072,7 @@ class _File:
     @property
     def guards(self) -> _Guards:
         if self._guards is None:
-            self._guards = _Guards(self.text, self.python)
+            self._guards = _Guards(self.text, self.python, self.c_file)
         return self._guards
 
 
@@ -1129,6 +1170,71 @@ def scan_text(text: str, rel: str, kinds: frozenset[str], rules: tuple[Rule, ...
     return out
 
 
+_SHELL_MAGIC = re.compile(r"%%(?:bash|sh|script[ \t]+(?:ba)?sh)\b")
+
+
+def _json_line(raw: str, value: str, cursor: int) -> tuple[int, int]:
+    """(1-based line, offset) in the notebook's JSON ``raw`` of the string ``value``, searched from
+    ``cursor`` as json writes it (nbformat keeps non-ASCII as is; other writers escape it); the line at
+    ``cursor`` when it is not found."""
+    for encoded in (json.dumps(value, ensure_ascii=False), json.dumps(value)):
+        at = raw.find(encoded, cursor)
+        if at >= 0:
+            return raw.count("\n", 0, at) + 1, at + len(encoded)
+    return raw.count("\n", 0, cursor) + 1, cursor
+
+
+def scan_notebook(raw: str, rel: str, rules: tuple[Rule, ...] = RULES,
+                  suppressed: Counter[str] | None = None) -> tuple[list[Finding], int] | None:
+    """Findings in a Jupyter notebook's code cells, and the count of their lines; None when ``raw`` is
+    no notebook JSON. Python rules read each cell; shell rules read its ``!cmd`` and ``%line`` magic
+    lines and ``%%bash``/``%%sh`` cells, which the Python rules do not. A finding names its cell and
+    line in it, and its ``line`` is the .ipynb file's line holding that source line."""
+    try:
+        cells = json.loads(raw).get("cells")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(cells, list):
+        return None
+    out: list[Finding] = []
+    n_lines = 0
+    cursor = 0
+    for number, cell in enumerate(cells, 1):
+        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
+            continue
+        source = cell.get("source", "")
+        parts = [x for x in source if isinstance(x, str)] if isinstance(source, list) else [str(source)]
+        text = "".join(parts)
+        if not text.strip():
+            continue
+        cell_lines = text.split("\n")
+        n_lines += len(cell_lines) - (1 if text.endswith("\n") else 0)
+        # the .ipynb line of each source line: one JSON string per line (nbformat), else the cell's one string
+        file_lines: list[int] = []
+        if isinstance(source, list) and len(parts) == len(source):
+            for part in parts:
+                line, cursor = _json_line(raw, part, cursor)
+                file_lines += [line] * max(1, part.count("\n") + (0 if part.endswith("\n") else 1))
+        else:
+            line, cursor = _json_line(raw, text, cursor)
+            file_lines = [line] * len(cell_lines)
+        file_lines += [file_lines[-1] if file_lines else 1] * (len(cell_lines) - len(file_lines))
+        if _SHELL_MAGIC.match(text):
+            python_lines = [""] * len(cell_lines)
+            shell_lines = [""] + cell_lines[1:]
+        else:
+            shell = [ln.lstrip().startswith(("!", "%")) and not ln.lstrip().startswith("%%") for ln in cell_lines]
+            python_lines = ["" if sh else ln for sh, ln in zip(shell, cell_lines)]
+            shell_lines = [ln.replace("!", " ", 1).replace("%", " ", 1) if sh else "" for sh, ln in zip(shell, cell_lines)]
+        found = scan_text("\n".join(python_lines), rel, P, rules, suppressed)
+        if any(shell_lines):
+            found += scan_text("\n".join(shell_lines), rel, S, rules, suppressed)
+        for f in found:
+            out.append(replace(f, line=file_lines[f.line - 1], snippet=cell_lines[f.line - 1].strip()[:160],
+                               cell=number, cell_line=f.line))
+    return out, n_lines
+
+
 def scan_path(path: str | os.PathLike[str], *, include_vendored: bool = False, max_bytes: int = 2_000_000,
               rules: tuple[Rule, ...] = RULES) -> ScanResult:
     """Scan a directory (or one file).  Binary, oversized and hipify-generated files are skipped."""
@@ -1161,11 +1267,20 @@ def scan_path(path: str | os.PathLike[str], *, include_vendored: bool = False, m
         if text.startswith(HIPIFY_BREADCRUMB):
             result.skipped["hipify_output"] += 1
             continue
+        if "notebook" in kinds:
+            notebook = scan_notebook(text, rel, rules, result.suppressed)
+            if notebook is None:
+                result.skipped["not_a_notebook"] += 1
+                continue
+            result.files += 1
+            result.findings += notebook[0]
+            result.lines += notebook[1]
+            continue
         result.files += 1
         result.lines += text.count("\n") + (0 if text.endswith("\n") or not text else 1)
         result.findings += scan_text(text, rel, kinds, rules, result.suppressed)
     result.seconds = time.perf_counter() - t0
-    result.findings.sort(key=lambda f: (f.path, f.line, f.rule))
+    result.findings.sort(key=lambda f: (f.path, f.cell or 0, f.cell_line or 0, f.line, f.rule))
     return result
 
 
@@ -1224,7 +1339,7 @@ def hipify_report(root: str) -> dict[str, Any] | None:
 
 def format_text(result: ScanResult, color: bool = False) -> str:
     """The findings table (ROUTE: the suggested migration route), the rules hit and a summary line."""
-    rows = [(f.severity.upper(), f.rule, f"{f.path}:{f.line}", f.name, f.suggestion) for f in result.findings]
+    rows = [(f.severity.upper(), f.rule, f.location, f.name, f.suggestion) for f in result.findings]
     lines = []
     if rows:
         def style(i: int, c: int, cell: str) -> str:
@@ -1239,7 +1354,7 @@ def format_text(result: ScanResult, color: bool = False) -> str:
             rule = RULES_BY_ID[rule_id]
             lines.append(f"  {rule_id} {rule.name} ({n}): {rule.message}")
             # a finding with its own words (the unknown rule a comment names) is listed with them
-            lines += [f"      {f.path}:{f.line}: {f.message}" for f in result.findings
+            lines += [f"      {f.location}: {f.message}" for f in result.findings
                       if f.rule == rule_id and f.message != rule.message]
             lines.append(f"      suggested route: {PATHS[rule.path]}")
     else:

@@ -109,8 +109,10 @@ def test_every_rule_has_a_labelled_example() -> None:
     labelled = {rule for _, _, rule in expected()}
     # RP109 is checked below; RP001 (a comment's unknown rule) in test_unknown_rule_in_an_ignore_comment_is_reported;
     # RP218 (transformer_engine) in test_imports_in_list_form_and_after_a_bom; RP102 (the corpus's one named mask is
-    # a 32-bit constant of its file, so RP101) in test_a_named_32_bit_mask_in_the_file_is_the_literal_error
-    assert set(scan.RULES_BY_ID) - labelled == {"RP102", "RP109", "RP218", scan.UNKNOWN_SUPPRESSION}
+    # a 32-bit constant of its file, so RP101) in test_a_named_32_bit_mask_in_the_file_is_the_literal_error; the shell
+    # rules (RP230-RP233) in test_shell_scripts_and_dockerfiles
+    assert set(scan.RULES_BY_ID) - labelled == {"RP102", "RP109", "RP218", "RP230", "RP231", "RP232", "RP233",
+                                                scan.UNKNOWN_SUPPRESSION}
     (f,) = scan.scan_text("#if __AMDGCN_WAVEFRONT_SIZE == 64\n#endif\n", "k.cu", scan.D)
     assert f.rule == "RP109"
 
@@ -795,3 +797,50 @@ def test_a_bom_file_on_disk_reports_line_one(tmp_path: Path) -> None:
 ])
 def test_a_vendor_test_of_a_device_name_variable(text: str, lines: list[int]) -> None:
     assert [f.line for f in scan.scan_text(text, "m.py", scan.P) if f.rule == "RP221"] == lines
+
+
+@pytest.mark.parametrize(("name", "text", "found"), [
+    ("check_gpu.sh", "#!/bin/bash\nnvidia-smi -L\nexport NCCL_DEBUG=INFO\n", [(2, "RP230")]),
+    ("build.sh", "# nvidia-smi in a comment\n$CUDA_HOME/bin/nvcc -arch=sm_80 k.cu\napt-get install -y cuda-nvcc-12-1\n",
+     [(2, "RP226"), (2, "RP231")]),
+    ("run.bash", "export CUDA_VISIBLE_DEVICES=0,1\nTORCH_CUDA_ARCH_LIST='8.0' pip install .\n", [(1, "RP232"), (2, "RP226")]),
+    ("Dockerfile", "FROM nvcr.io/nvidia/pytorch:24.01-py3\nENV TORCH_CUDA_ARCH_LIST=\"8.0 9.0\"\nRUN nvidia-smi\n",
+     [(1, "RP233"), (2, "RP226"), (3, "RP230")]),
+    ("Dockerfile.dev", "FROM nvidia/cuda:12.4.1-devel-ubuntu22.04\nRUN /usr/bin/nvidia-smi -q\n", [(1, "RP233"), (2, "RP230")]),
+    ("gpu.dockerfile", "FROM rocm/pytorch:latest\nRUN amd-smi list\nENV PATH=/usr/local/nvidia/cuda/bin:$PATH\n", []),
+])
+def test_shell_scripts_and_dockerfiles(tmp_path: Path, name: str, text: str, found: list[tuple[int, str]]) -> None:
+    (tmp_path / name).write_text(text)
+    result = scan.scan_path(tmp_path)
+    assert result.files == 1
+    assert [(f.line, f.rule) for f in result.findings] == found
+    if any(rule == "RP233" for _, rule in found):
+        assert "rocm/pytorch" in scan.RULES_BY_ID["RP233"].message
+
+
+def test_notebook_code_cells_are_scanned_by_cell_and_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    notebook = {"cells": [
+        {"cell_type": "markdown", "source": ["import flash_attn\n"]},
+        {"cell_type": "code", "source": ["import torch\n", "import flash_attn\n", "!nvidia-smi\n",
+                                         "torch.backends.cuda.matmul.allow_tf32 = True"]},
+        {"cell_type": "code", "source": "%%bash\nnvcc -gencode arch=compute_80,code=sm_80 k.cu\n"},
+    ], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (tmp_path / "nb.ipynb").write_text(json.dumps(notebook, indent=1))
+    raw_lines = (tmp_path / "nb.ipynb").read_text().splitlines()
+    result = scan.scan_path(tmp_path)
+    assert result.files == 1 and result.lines == 6
+    got = [(f.cell, f.cell_line, f.rule) for f in result.findings]
+    assert got == [(2, 2, "RP210"), (2, 3, "RP230"), (2, 4, "RP228"), (3, 2, "RP226"), (3, 2, "RP231")]
+    # line: the .ipynb line that holds the source line, for SARIF and editors
+    for f in result.findings[:3]:
+        assert f.snippet in raw_lines[f.line - 1] or f.snippet.lstrip("!") in raw_lines[f.line - 1], f
+    code, out = _run(capsys, str(tmp_path), "--no-hipify", "--fail-on", "never")
+    assert "nb.ipynb:cell 2:line 2" in out and "nb.ipynb:cell 3:line 2" in out
+    _, out = _run(capsys, str(tmp_path), "--no-hipify", "--format", "json")
+    assert {(f["cell"], f["cell_line"]) for f in json.loads(out)["findings"]} >= {(2, 2), (3, 2)}
+
+
+def test_a_broken_notebook_is_counted_not_scanned(tmp_path: Path) -> None:
+    (tmp_path / "nb.ipynb").write_text("{not json")
+    result = scan.scan_path(tmp_path)
+    assert result.files == 0 and result.skipped["not_a_notebook"] == 1
