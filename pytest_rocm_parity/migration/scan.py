@@ -435,6 +435,9 @@ class ScanResult:
     lines: int = 0
     seconds: float = 0.0
     skipped: Counter[str] = field(default_factory=Counter)
+    # each file skipped by what it holds: {"path", "reason"[, "bytes"]}; skipped directories and links are counted only
+    skipped_files: list[dict[str, Any]] = field(default_factory=list)
+    max_bytes: int = 2_000_000
     hipify: dict[str, Any] | None = None
     suppressed: Counter[str] = field(default_factory=Counter)   # rule id -> findings silenced inline
     ignored: tuple[str, ...] = ()                               # rule ids left out (--ignore)
@@ -1235,6 +1238,24 @@ def scan_notebook(raw: str, rel: str, rules: tuple[Rule, ...] = RULES,
     return out, n_lines
 
 
+# Byte-order marks of the encodings a source file is saved in besides UTF-8 (UTF-32's before UTF-16's,
+# whose little-endian mark starts UTF-32's).
+_BOMS = ((b"\xff\xfe\x00\x00", "utf-32"), (b"\x00\x00\xfe\xff", "utf-32"), (b"\xff\xfe", "utf-16"),
+         (b"\xfe\xff", "utf-16"))
+
+
+def decode(data: bytes) -> str | None:
+    """A file's text: UTF-16 or UTF-32 by its byte-order mark (their NUL bytes are text), else UTF-8
+    with replacement (a Latin-1 comment does not stop a file); None for binary data (a NUL byte in
+    the first 8 KiB of a file with no such mark)."""
+    for bom, codec in _BOMS:
+        if data.startswith(bom):
+            return data.decode(codec, "replace")
+    if b"\0" in data[:8192]:
+        return None
+    return data.decode("utf-8", "replace")
+
+
 def scan_path(path: str | os.PathLike[str], *, include_vendored: bool = False, max_bytes: int = 2_000_000,
               rules: tuple[Rule, ...] = RULES) -> ScanResult:
     """Scan a directory (or one file).  Binary, oversized and hipify-generated files are skipped."""
@@ -1249,28 +1270,34 @@ def scan_path(path: str | os.PathLike[str], *, include_vendored: bool = False, m
         files: Iterator[tuple[str, str, frozenset[str]]] = iter([(str(root), root.name, kinds)])
     else:
         files = iter_files(root, include_vendored, result.skipped)
+    result.max_bytes = max_bytes
+
+    def skip(rel: str, reason: str, **extra: Any) -> None:
+        result.skipped[reason] += 1
+        result.skipped_files.append({"path": rel, "reason": reason, **extra})
+
     for abspath, rel, kinds in files:
         try:
             size = os.stat(abspath).st_size
             if size > max_bytes:
-                result.skipped["too_large"] += 1
+                skip(rel, "too_large", bytes=size)
                 continue
             with open(abspath, "rb") as fh:
                 data = fh.read()
         except OSError:
-            result.skipped["unreadable"] += 1
+            skip(rel, "unreadable")
             continue
-        if b"\0" in data[:8192]:
-            result.skipped["binary"] += 1
+        text = decode(data)
+        if text is None:
+            skip(rel, "binary")
             continue
-        text = data.decode("utf-8", "replace")
         if text.startswith(HIPIFY_BREADCRUMB):
-            result.skipped["hipify_output"] += 1
+            skip(rel, "hipify_output")
             continue
         if "notebook" in kinds:
             notebook = scan_notebook(text, rel, rules, result.suppressed)
             if notebook is None:
-                result.skipped["not_a_notebook"] += 1
+                skip(rel, "not_a_notebook")
                 continue
             result.files += 1
             result.findings += notebook[0]
@@ -1337,6 +1364,30 @@ def hipify_report(root: str) -> dict[str, Any] | None:
 # --------------------------------------------------------------------------- output
 
 
+SKIPPED_SHOWN = 5
+_SKIP_WHY = {"binary": "binary", "unreadable": "unreadable", "hipify_output": "hipify output",
+             "not_a_notebook": "not notebook JSON"}
+
+
+def skipped_lines(result: ScanResult) -> list[str]:
+    """The files the scan skipped, by name (the first few; JSON lists every one), and how to scan
+    the ones above --max-bytes: a skipped file may be where the kernels are."""
+    if not result.skipped_files:
+        return []
+    shown = []
+    for entry in result.skipped_files[:SKIPPED_SHOWN]:
+        why = (f"{entry['bytes']:,} bytes, above --max-bytes {result.max_bytes:,}" if entry["reason"] == "too_large"
+               else _SKIP_WHY.get(entry["reason"], entry["reason"]))
+        shown.append(f"{entry['path']} ({why})")
+    rest = len(result.skipped_files) - len(shown)
+    out = [f"skipped {len(result.skipped_files)} file(s): " + ", ".join(shown)
+           + (f" and {rest} more (--format json lists every one under stats.skipped_files)" if rest else "")]
+    large = [e["bytes"] for e in result.skipped_files if e["reason"] == "too_large"]
+    if large:
+        out.append(f"  to scan the {len(large)} file(s) above the size limit: --max-bytes {max(large)}")
+    return out
+
+
 def format_text(result: ScanResult, color: bool = False) -> str:
     """The findings table (ROUTE: the suggested migration route), the rules hit and a summary line."""
     rows = [(f.severity.upper(), f.rule, f.location, f.name, f.suggestion) for f in result.findings]
@@ -1365,6 +1416,7 @@ def format_text(result: ScanResult, color: bool = False) -> str:
     lines.append(f"{len(result.findings)} finding(s): {paint(str(sev['error']) + ' error', 'red', color and sev['error'] > 0)}, "
                  f"{sev['warning']} warning, {sev['note']} note; "
                  f"{result.files} files, {result.lines} lines in {result.seconds:.2f}s ({rate:,.0f} lines/s); skipped: {skipped}")
+    lines += skipped_lines(result)
     n_sup = sum(result.suppressed.values())
     if n_sup or result.ignored:
         parts = []
@@ -1399,7 +1451,8 @@ def to_json(result: ScanResult) -> dict[str, Any]:
         "root": result.root,
         "summary": {s: sum(f.severity == s for f in result.findings) for s in ("error", "warning", "note")},
         "stats": {"files": result.files, "lines": result.lines, "seconds": round(result.seconds, 4),
-                  "skipped": dict(result.skipped)},
+                  "skipped": dict(result.skipped), "skipped_files": list(result.skipped_files),
+                  "max_bytes": result.max_bytes},
         "findings": [asdict(f) | {"suggested_path": PATHS[f.suggestion], "route": PATHS[f.suggestion]}
                      for f in result.findings],
         "suppressed": dict(result.suppressed), "ignored": list(result.ignored),

@@ -844,3 +844,32 @@ def test_a_broken_notebook_is_counted_not_scanned(tmp_path: Path) -> None:
     (tmp_path / "nb.ipynb").write_text("{not json")
     result = scan.scan_path(tmp_path)
     assert result.files == 0 and result.skipped["not_a_notebook"] == 1
+
+
+def test_skipped_files_are_named_with_their_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "blob.cu").write_bytes(b"\x7fELF\x00\x00#define WARP_SIZE 32\n")
+    (tmp_path / "big.cu").write_text("#define WARP_SIZE 32\n" + "x\n" * 2000)
+    for i in range(6):
+        (tmp_path / f"huge{i}.cu").write_text("x\n" * (600 + i))
+    result = scan.scan_path(tmp_path, max_bytes=1000)
+    assert {(e["path"], e["reason"]) for e in result.skipped_files} == {
+        ("blob.cu", "binary"), ("big.cu", "too_large"), *((f"huge{i}.cu", "too_large") for i in range(6))}
+    assert next(e for e in result.skipped_files if e["path"] == "big.cu")["bytes"] == (tmp_path / "big.cu").stat().st_size
+    _, out = _run(capsys, str(tmp_path), "--no-hipify", "--max-bytes", "1000")
+    big = (tmp_path / "big.cu").stat().st_size
+    assert f"skipped 8 file(s): big.cu ({big:,} bytes, above --max-bytes 1,000), blob.cu (binary), huge0.cu" in out
+    assert "and 3 more (--format json lists every one under stats.skipped_files)" in out
+    assert f"to scan the 7 file(s) above the size limit: --max-bytes {big}" in out
+    _, out = _run(capsys, str(tmp_path), "--no-hipify", "--max-bytes", "1000", "--format", "json")
+    stats = json.loads(out)["stats"]
+    assert stats["skipped"] == {"binary": 1, "too_large": 7} and len(stats["skipped_files"]) == 8
+    assert stats["max_bytes"] == 1000
+
+
+@pytest.mark.parametrize("codec", ["utf-16", "utf-16-be", "utf-32"])
+def test_utf16_and_utf32_files_with_a_bom_are_text(tmp_path: Path, codec: str) -> None:
+    text = "__device__ float f(float v){return __shfl_sync(0xffffffff,v,0);}\n"
+    bom = {"utf-16": b"", "utf-16-be": b"\xfe\xff", "utf-32": b""}[codec]
+    (tmp_path / "k.cu").write_bytes(bom + text.encode(codec))
+    result = scan.scan_path(tmp_path)
+    assert result.skipped_files == [] and [(f.rule, f.line) for f in result.findings] == [("RP101", 1)]
