@@ -873,3 +873,43 @@ def test_utf16_and_utf32_files_with_a_bom_are_text(tmp_path: Path, codec: str) -
     (tmp_path / "k.cu").write_bytes(bom + text.encode(codec))
     result = scan.scan_path(tmp_path)
     assert result.skipped_files == [] and [(f.rule, f.line) for f in result.findings] == [("RP101", 1)]
+
+
+@pytest.mark.parametrize(("name", "text", "rule", "route"), [
+    ("m.py", "WARP_SIZE = 32\n", "RP208", "manual-python"),
+    ("m.py", "cap = torch.cuda.get_device_capability()\n", "RP220", "manual-python"),
+    ("m.py", 'if torch.cuda.get_device_name(0).startswith("NVIDIA"):\n    pass\n', "RP221", "manual-python"),
+    ("m.py", "v = torch.version.cuda\n", "RP222", "manual-python"),
+    ("m.py", "torch.backends.cuda.matmul.allow_tf32 = True\n", "RP228", "manual-python"),
+    ("m.py", "# fp8\nFP8_MAX = 448.0\n", "RP227", "manual-python"),
+    ("k.cu", "#define WARP_SIZE 32\n", "RP104", "manual"),
+    ("k.cu", "// fp8\nfloat m = fminf(x, 448.f);\n", "RP227", "manual"),
+    # CUDA source embedded in a Python string is ported in CUDA: #ifdef USE_ROCM
+    ("m.py", 'src = """\n__global__ void k(float* v) { v[0] = __shfl_sync(0xffffffff, v[0], 0); }\n"""\n', "RP101", "manual"),
+    ("run.sh", "export CUDA_VISIBLE_DEVICES=0\n", "RP232", "manual-shell"),
+])
+def test_a_manual_port_is_spelled_for_the_language(tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str,
+                                                   text: str, rule: str, route: str) -> None:
+    (tmp_path / name).write_text(text)
+    (f,) = [x for x in scan.scan_path(tmp_path).findings if x.rule == rule]
+    assert f.suggestion == route
+    _, out = _run(capsys, str(tmp_path), "--no-hipify", "--format", "json", "--fail-on", "never")
+    (j,) = [x for x in json.loads(out)["findings"] if x["rule"] == rule]
+    if route == "manual-python":
+        assert "if torch.version.hip:" in j["route"] and "#ifdef" not in j["route"]
+    elif route == "manual":
+        assert "#ifdef USE_ROCM" in j["route"]
+    _, out = _run(capsys, str(tmp_path), "--no-hipify", "--fail-on", "never")
+    assert f"suggested route: {scan.PATHS[route]}" in out
+    (res,) = [r for r in json.loads(_run(capsys, str(tmp_path), "--no-hipify", "--format", "sarif")[1])["runs"][0]["results"]
+              if r["ruleId"] == rule]
+    assert res["message"]["text"].endswith(scan.PATHS[route])
+
+
+def test_python_only_rules_suggest_the_python_branch_in_sarif_help(capsys: pytest.CaptureFixture[str],
+                                                                   tmp_path: Path) -> None:
+    rules = json.loads(_run(capsys, str(tmp_path), "--format", "sarif", "--no-hipify")[1])["runs"][0]["tool"]["driver"]["rules"]
+    helps = {r["id"]: r["help"]["text"] for r in rules}
+    for rid in ("RP208", "RP220", "RP221", "RP222", "RP228"):
+        assert "if torch.version.hip:" in helps[rid] and "#ifdef" not in helps[rid], rid
+    assert "#ifdef USE_ROCM" in helps["RP104"]
