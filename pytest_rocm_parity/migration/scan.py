@@ -442,6 +442,7 @@ class ScanResult:
     skipped_files: list[dict[str, Any]] = field(default_factory=list)
     max_bytes: int = 2_000_000
     hipify: dict[str, Any] | None = None
+    hipify_reason: str | None = None    # why there is no hipify report (None: there is one, or none was asked for)
     suppressed: Counter[str] = field(default_factory=Counter)   # rule id -> findings silenced inline
     ignored: tuple[str, ...] = ()                               # rule ids left out (--ignore)
 
@@ -1328,11 +1329,26 @@ def scan_path(path: str | os.PathLike[str], *, include_vendored: bool = False, m
 # --------------------------------------------------------------------------- hipify
 
 
+HIPIFY_OFF = "left out by --no-hipify"
+
+
+def hipify_unavailable() -> str | None:
+    """Why torch.utils.hipify cannot be imported here (the report needs it), with the fix; None when it can."""
+    try:
+        from torch.utils.hipify import hipify_python  # noqa: F401, PLC0415
+    except Exception as exc:  # noqa: BLE001 - no torch or a broken one: the reason, not a crash
+        return (f"torch.utils.hipify cannot be imported ({type(exc).__name__}: {exc}); install torch (the CPU build "
+                f"is enough: pip install torch --index-url https://download.pytorch.org/whl/cpu) for the report, "
+                f"or pass --no-hipify")
+    return None
+
+
 def hipify_report(root: str) -> dict[str, Any] | None:
     """What torch.utils.hipify would rewrite, per device file, without writing anything.
 
     Uses hipify's own rename table and regex, kernel-launch and path rules; None when
-    torch.utils.hipify is unavailable (imports torch, so it is opt-out via --no-hipify).
+    torch.utils.hipify is unavailable (imports torch, so it is opt-out via --no-hipify), and
+    hipify_unavailable says why.
     """
     try:
         from torch.utils.hipify import hipify_python as hp  # noqa: PLC0415
@@ -1441,6 +1457,9 @@ def format_text(result: ScanResult, color: bool = False) -> str:
         if result.ignored:
             parts.append("rules ignored: " + ", ".join(result.ignored))
         lines.append("; ".join(parts))
+    if result.hipify is None and result.hipify_reason and result.hipify_reason != HIPIFY_OFF:
+        lines.append("")
+        lines.append(f"hipify: no report: {result.hipify_reason}")
     if result.hipify is not None:
         h = result.hipify
         lines.append("")
@@ -1472,6 +1491,7 @@ def to_json(result: ScanResult) -> dict[str, Any]:
                      for f in result.findings],
         "suppressed": dict(result.suppressed), "ignored": list(result.ignored),
         "hipify": result.hipify,
+        "hipify_reason": result.hipify_reason,
     }
 
 
@@ -1679,8 +1699,12 @@ def run_scan(args: argparse.Namespace) -> int:
     rules = tuple(r for r in RULES if r.id not in ignored)
     result = scan_path(args.path, include_vendored=args.include_vendored, max_bytes=args.max_bytes, rules=rules)
     result.ignored = tuple(sorted(ignored))
-    if not args.no_hipify:
+    if args.no_hipify:
+        result.hipify_reason = HIPIFY_OFF
+    else:
         result.hipify = hipify_report(result.root)
+        if result.hipify is None:
+            result.hipify_reason = hipify_unavailable() or "torch.utils.hipify gave no report"
     if args.format == "json":
         out = json.dumps(to_json(result), indent=2)
     elif args.format == "sarif":

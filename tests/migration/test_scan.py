@@ -913,3 +913,20 @@ def test_python_only_rules_suggest_the_python_branch_in_sarif_help(capsys: pytes
     for rid in ("RP208", "RP220", "RP221", "RP222", "RP228"):
         assert "if torch.version.hip:" in helps[rid] and "#ifdef" not in helps[rid], rid
     assert "#ifdef USE_ROCM" in helps["RP104"]
+
+
+def test_a_missing_hipify_is_said_in_text_and_json(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without torch the hipify section would vanish without a word; the report says why it is missing."""
+    (tmp_path / "k.cu").write_text("cudaStream_t s;\n")
+    monkeypatch.setitem(sys.modules, "torch.utils.hipify", None)
+    monkeypatch.setitem(sys.modules, "torch.utils.hipify.hipify_python", None)
+    _, out = _run(capsys, str(tmp_path))
+    assert "hipify: no report: torch.utils.hipify cannot be imported (" in out
+    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in out and "--no-hipify" in out
+    data = json.loads(_run(capsys, str(tmp_path), "--format", "json")[1])
+    assert data["hipify"] is None and data["hipify_reason"].startswith("torch.utils.hipify cannot be imported")
+    # asked to leave it out: JSON says so, and the text has no line about it
+    data = json.loads(_run(capsys, str(tmp_path), "--format", "json", "--no-hipify")[1])
+    assert data["hipify"] is None and data["hipify_reason"] == "left out by --no-hipify"
+    assert "hipify" not in _run(capsys, str(tmp_path), "--no-hipify")[1]
