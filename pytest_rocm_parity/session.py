@@ -244,6 +244,7 @@ class ParitySession:
         self.kept_why: list[str] = []      # why a golden that looks unused is kept: another project's, or unchecked
         self.unchecked: list[str] = []     # goldens whose test ran and passed without making any check
         self.run = RunLog()
+        self.xfailed: set[str] = set()   # tests marked xfail that failed (mark_expected)
         self.deselected: set[str] = set()     # node ids reported deselected (pytest_deselected)
         self.lost_worker = False              # an xdist worker went down without its report
         self._merged_workers: set[str] = set()   # xdist workers whose report is merged
@@ -455,6 +456,7 @@ class ParitySession:
             return
         if self.errors and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        self.mark_expected()
         self.find_obsolete(session, int(session.exitstatus))
         if self.options.report_dir is not None:
             try:
@@ -529,8 +531,22 @@ class ParitySession:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.failed or report.skipped:
             self.run.incomplete.add(report.nodeid)
+            if report.when == "call" and report.skipped and hasattr(report, "wasxfail"):
+                self.xfailed.add(report.nodeid)
         elif report.when == "call":
             self.run.passed.add(report.nodeid)
+
+    def mark_expected(self) -> None:
+        """A failing check whose test expected it is labelled so (``expected``: ``xfail`` where the test
+        is marked xfail and failed, ``caught`` where it passed, having caught the failure): a planted
+        bug's self-test reads as such in the summary and the reports, not as a regression."""
+        for r in self.results:
+            if r.get("passed") or r.get("error") or not r.get("test"):
+                continue
+            if r["test"] in self.xfailed:
+                r["expected"] = "xfail"
+            elif self.run.completed(r["test"]):
+                r["expected"] = "caught"
 
     def _whole_suite(self) -> bool:
         """Every test path the project has was collected: no arguments, or arguments that name its

@@ -30,7 +30,7 @@ from typing import Any
 from pytest_rocm_parity.judging.assertion import SUGGEST_WITHIN, verdict_label
 from pytest_rocm_parity.judging.records import layer_columns, layer_rows, layers_frame
 from pytest_rocm_parity.atomic import atomic_write
-from pytest_rocm_parity.reports.summary import error_text, ordered_checks, verdict
+from pytest_rocm_parity.reports.summary import EXPECTED, counts, error_text, ordered_checks, verdict
 from pytest_rocm_parity.tables import write_csv
 
 HTML_NAME = "parity-report.html"
@@ -185,7 +185,7 @@ def _env_brief(env: Mapping[str, Any]) -> str:
 # pandas.read_csv reads an empty table instead of raising EmptyDataError
 CHECK_COLUMNS = ("test", "check", "dtype", "kind", "passed", "culprit", "culprit_block", "first_divergent", "layers",
                  "failing_isolated", "failing_propagated", "failing_outputs", "undecided", "reference", "candidate",
-                 "profile_flags", "golden", "notes", "error", "error_message")
+                 "profile_flags", "golden", "notes", "error", "error_message", "expected")
 
 
 def check_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -206,6 +206,7 @@ def check_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
             "profile_flags": ";".join(f"{p.get('op')}x{_fmt_num(p.get('growth'))}" for p in _profile_flags(prof)),
             "golden": c.get("golden", ""), "notes": " | ".join(c.get("notes", [])),
             "error": (c.get("error") or {}).get("kind", ""), "error_message": error_text(c) if c.get("error") else "",
+            "expected": c.get("expected") or "",
         })
     return rows
 
@@ -470,7 +471,7 @@ section.check.fail{border-left:6px solid #c62828} section.check.pass{border-left
 section.check.error{border-left:6px solid #6a1b9a}
 h2{font-size:17px;margin:4px 0 8px} h3{font-size:14px;margin:14px 0 6px;color:#333}
 .badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:700;color:#fff;vertical-align:2px}
-.badge.pass{background:#2e7d32} .badge.fail{background:#c62828} .badge.error{background:#6a1b9a}
+.badge.pass{background:#2e7d32} .badge.fail{background:#c62828} .badge.error{background:#6a1b9a} .badge.xfail{background:#8d6e00}
 .culprit{color:#c62828;font-weight:700}
 table{border-collapse:collapse;font-size:12.5px;margin:4px 0}
 th,td{border:1px solid #e1e4e8;padding:3px 7px;text-align:left;vertical-align:top}
@@ -753,6 +754,8 @@ def _check_section(c: Mapping[str, Any], label: str, out: Path) -> str:
              f'<h2>{_badge(c)} {e(label)} <span class="muted">[{e(str(c.get("dtype", "")))}]'
              f'</span></h2>']
     kv = [("test", f'<code>{e(str(c.get("test", "")))}</code>'), ("kind", e(str(c.get("kind", ""))))]
+    if c.get("expected") in EXPECTED:
+        kv.append(("expected", e(EXPECTED[c["expected"]])))
     if culprit:
         reason = (by_name.get(culprit, {}).get("metrics") or {}).get("reason", "")
         cm = by_name.get(culprit, {}).get("metrics") or {}
@@ -795,8 +798,8 @@ def render_html(doc: Mapping[str, Any], out_dir: str | os.PathLike[str] = ".") -
     e = html.escape
     out = Path(out_dir)
     checks = list(doc.get("checks", []))
-    n_err = sum(1 for c in checks if c.get("error"))
-    n_fail = sum(1 for c in checks if not c.get("passed")) - n_err
+    n = counts(checks)
+    n_err, n_fail = n["ERROR"], n["FAIL"]
     order = ordered_checks(checks)
     summary_rows = []
     for label, c in order:
@@ -821,7 +824,8 @@ def render_html(doc: Mapping[str, Any], out_dir: str | os.PathLike[str] = ".") -
     for w in g.get("withheld") or []:
         glines.append(f"<tr><td>not {'updated' if w.get('existed') else 'created'}</td>"
                       f"<td>{e(str(w.get('name')))}: {e(str(w.get('reason')))}</td></tr>")
-    errors = f", {n_err} error{'' if n_err == 1 else 's'}" if n_err else ""
+    errors = (f", {n['XFAIL']} failing as {'their tests' if n['XFAIL'] > 1 else 'its test'} expected"
+              if n["XFAIL"] else "") + (f", {n_err} error{'' if n_err == 1 else 's'}" if n_err else "")
     capture = doc.get("mode") == "capture"
     title = "rocm-parity report" + (" (capture run)" if capture else "")
     body = [f'<header><h1>{e(title)}</h1><p>{len(checks)} checks, {n_fail} failing{errors} · '
@@ -843,8 +847,8 @@ def render_html(doc: Mapping[str, Any], out_dir: str | os.PathLike[str] = ".") -
         body.append('<h3>Goldens</h3><table class="kv">' + "".join(glines) + "</table>")
     body += [_check_section(c, label, out) for label, c in order]
     body.append("</main>")
-    counts = ", ".join(x for x in (f"{n_fail} failing" if n_fail else "", errors.lstrip(", ")) if x)
-    return _page(title + (f" — {counts}" if counts else ""), "".join(body))
+    said = ", ".join(x for x in (f"{n_fail} failing" if n_fail else "", errors.lstrip(", ")) if x)
+    return _page(title + (f" — {said}" if said else ""), "".join(body))
 
 
 def _write_html(doc: Mapping[str, Any], out: Path) -> Path:

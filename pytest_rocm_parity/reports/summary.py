@@ -33,8 +33,28 @@ def _culprit_reason(r: dict[str, Any]) -> str:
 
 
 def verdict(r: Mapping[str, Any]) -> str:
-    """PASS, FAIL, or ERROR for a check that reached no verdict (its golden unreadable, the replay raised)."""
-    return "ERROR" if r.get("error") else "PASS" if r.get("passed") else "FAIL"
+    """PASS, FAIL, ERROR for a check that reached no verdict (its golden unreadable, the replay raised),
+    or XFAIL for a failure its test expected (``expected``)."""
+    return "ERROR" if r.get("error") else "PASS" if r.get("passed") else "XFAIL" if r.get("expected") else "FAIL"
+
+
+# why a failing check's test expected it (the result's ``expected``), as the summary and the report say it
+EXPECTED = {"xfail": "its test is marked xfail and failed as expected",
+            "caught": "its test caught the failure and passed (pytest.raises, a planted bug's self-test)"}
+
+
+def counts(checks: Sequence[Mapping[str, Any]]) -> Counter[str]:
+    """How many checks have each verdict (``verdict``): one count for the summary, the HTML and the title."""
+    return Counter(verdict(c) for c in checks)
+
+
+def counts_text(checks: Sequence[Mapping[str, Any]], failed: str = "failed") -> str:
+    """``"2 passed, 1 failed, 1 failed as its test expected, 1 error"``: the parts with a count."""
+    n = counts(checks)
+    return ", ".join([f"{n['PASS']} passed", f"{n['FAIL']} {failed}"]
+                     + ([f"{n['XFAIL']} failed as {'their tests' if n['XFAIL'] > 1 else 'its test'} expected"]
+                        if n["XFAIL"] else [])
+                     + ([plural(n["ERROR"], "error")] if n["ERROR"] else []))
 
 
 def error_text(r: Mapping[str, Any]) -> str:
@@ -56,7 +76,7 @@ def check_labels(checks: Sequence[Mapping[str, Any]]) -> list[str]:
             for c in checks]
 
 
-VERDICT_ORDER = {"ERROR": 0, "FAIL": 1, "PASS": 2}
+VERDICT_ORDER = {"ERROR": 0, "FAIL": 1, "XFAIL": 2, "PASS": 3}
 
 
 def ordered_checks(checks: Sequence[Mapping[str, Any]]) -> list[tuple[str, Mapping[str, Any]]]:
@@ -74,8 +94,7 @@ def check_line(r: dict[str, Any], width: int = 0, verdict_width: int = 4, notes:
         rungs = f"[{r['dtype']}]" if r.get("dtype") else ""
         return text_table([("ERROR", r.get("name", ""), rungs, "")], widths=(5, width, 0, None),
                           sep=" ") + [f"      {error_text(r)}"]
-    verdict = "PASS" if r.get("passed") else "FAIL"
-    parts = []
+    parts = [EXPECTED[r["expected"]]] if r.get("expected") in EXPECTED else []
     if r.get("culprit"):
         block = r.get("culprit_block")
         c = f"culprit {r['culprit']}" + (f" (block {block})" if block and block != r["culprit"] else "")
@@ -88,7 +107,7 @@ def check_line(r: dict[str, Any], width: int = 0, verdict_width: int = 4, notes:
                      + ("; see the notes)" if notes else "; -v for the notes)"))
     if r.get("first_divergent") and not r.get("passed"):
         parts.append(f"first divergent {r['first_divergent']}")
-    out = text_table([(verdict, r.get("name", ""), f"[{r.get('dtype', '')}]", " " + "; ".join(parts))],
+    out = text_table([(verdict(r), r.get("name", ""), f"[{r.get('dtype', '')}]", " " + "; ".join(parts))],
                      widths=(verdict_width, width, 0, None), sep=" ")
     extra = r.get("extra") or {}
     lm = extra.get("lm")
@@ -158,15 +177,12 @@ def summary_lines(session: Any) -> list[str]:
     lines = ["", "=" * 20 + " rocm-parity summary " + "=" * 20]
     ordered = [{**r, "name": label} for label, r in ordered_checks(res)]
     width = max((len(str(r.get("name", ""))) for r in ordered), default=0)
-    verdict_width = 5 if any(r.get("error") for r in res) else 4
+    verdict_width = max((len(verdict(r)) for r in res), default=4)
     verbose = session.config.get_verbosity() > 0 if hasattr(session, "config") else False
     for r in ordered:
         lines += check_line(r, width, verdict_width, notes=verbose)
     if res:
-        n_err = sum(1 for r in res if r.get("error"))
-        n_fail = sum(1 for r in res if not r.get("passed")) - n_err
-        lines.append(f"{plural(len(res), 'check')}: {len(res) - n_fail - n_err} passed, {n_fail} failed"
-                     + (f", {plural(n_err, 'error')}" if n_err else ""))
+        lines.append(f"{plural(len(res), 'check')}: {counts_text(res)}")
     if getattr(session, "lost_worker", False):
         lines.append(f"rocm-parity: {LOST_WORKER}")
     for label, items in (("created", g.created), ("updated", g.updated), ("missing", g.missing),
