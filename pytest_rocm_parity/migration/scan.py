@@ -1618,11 +1618,23 @@ def add_scan_arguments(parser: argparse.ArgumentParser) -> None:
                              "'rocm-parity: ignore[RULE]' to it (or to a comment line right above it)")
 
 
+def rules_json() -> list[dict[str, str]]:
+    """Every rule for ``--list-rules --format json``: what a tool needs to show or filter them."""
+    return [{"id": r.id, "name": r.name, "severity": r.severity, "title": SHORT_DESCRIPTIONS[r.id],
+             "message": r.message, "route": rule_route(r), "fix": PATHS[rule_route(r)]}
+            for r in RULES_BY_ID.values()]
+
+
 def resolve_rules(names: list[str]) -> set[str]:
-    """Rule ids from ids or names (each item may hold several, comma-separated); unknown ones are an error."""
+    """Rule ids from ids or names (each item may hold several, comma-separated); unknown ones are an
+    error, and so is an item that names nothing (``--ignore ''``: a variable left empty in a CI
+    script), which would otherwise leave every rule on without a word."""
     by_name = {r.name: r.id for r in RULES}
     out: set[str] = set()
     for item in names:
+        if not item.strip(" ,\t"):
+            raise InvalidArgument(f"--ignore {item!r} names no rule; give a rule id or name (e.g. RP104 or "
+                                  f"warp-size-32; rocm-parity scan --list-rules lists them), or leave out --ignore")
         for x in (s.strip() for s in item.split(",")):
             if not x:
                 continue
@@ -1684,10 +1696,20 @@ def exit_code(result: ScanResult, fail_on: str) -> int:
 def run_scan(args: argparse.Namespace) -> int:
     color = enabled(sys.stdout) and not args.output
     if args.list_rules:
+        output = check_output(args.output, args.format) if args.output else None
         listed = list(RULES_BY_ID.values())
-        rows = [(r.id, r.severity, r.name, f"{r.message}  [route: {rule_route(r)}]") for r in listed]
-        print("\n".join(text_table(rows, widths=(None, 7, 24, None), style=lambda i, c, cell: (
-            paint(cell, SEVERITY[listed[i].severity], color) if c == 1 else cell))), flush=True)
+        if args.format == "json":
+            text = json.dumps(rules_json(), indent=2)
+        elif args.format == "sarif":    # the rules as a code-scanning tool declares them, with no results
+            text = json.dumps(to_sarif(ScanResult(root=str(Path.cwd())), srcroot=Path.cwd()), indent=2)
+        else:
+            rows = [(r.id, r.severity, r.name, f"{r.message}  [route: {rule_route(r)}]") for r in listed]
+            text = "\n".join(text_table(rows, widths=(None, 7, 24, None), style=lambda i, c, cell: (
+                paint(cell, SEVERITY[listed[i].severity], color) if c == 1 else cell)))
+        if output is not None:
+            write_report(output, text + "\n", args.format)
+        else:
+            print(text, flush=True)
         return 0
     if not args.path:
         raise InvalidArgument("PATH is missing; give the directory or file to scan (rocm-parity scan src/), "

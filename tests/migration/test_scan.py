@@ -930,3 +930,33 @@ def test_a_missing_hipify_is_said_in_text_and_json(capsys: pytest.CaptureFixture
     data = json.loads(_run(capsys, str(tmp_path), "--format", "json", "--no-hipify")[1])
     assert data["hipify"] is None and data["hipify_reason"] == "left out by --no-hipify"
     assert "hipify" not in _run(capsys, str(tmp_path), "--no-hipify")[1]
+
+
+def test_list_rules_in_json_and_sarif(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out = _run(capsys, "--list-rules", "--format", "json")
+    rules = json.loads(out)
+    assert code == 0 and [r["id"] for r in rules] == list(scan.RULES_BY_ID)
+    by_id = {r["id"]: r for r in rules}
+    assert by_id["RP104"] == {"id": "RP104", "name": "warp-size-32", "severity": "error",
+                              "title": "Warp size hard-coded to 32", "message": scan.RULES_BY_ID["RP104"].message,
+                              "route": "manual", "fix": scan.PATHS["manual"]}
+    assert by_id["RP220"]["route"] == "manual-python"
+    code, out = _run(capsys, "--list-rules", "--format", "sarif")
+    (run,) = json.loads(out)["runs"]
+    assert code == 0 and run["results"] == [] and len(run["tool"]["driver"]["rules"]) == len(scan.RULES_BY_ID)
+    code, out = _run(capsys, "--list-rules", "--format", "json", "-o", str(tmp_path / "rules.json"))
+    assert code == 0 and out == "" and json.loads((tmp_path / "rules.json").read_text()) == rules
+
+
+@pytest.mark.parametrize("value", ["", " ", ",", " , "])
+def test_an_empty_ignore_is_a_usage_error(capsys: pytest.CaptureFixture[str], value: str) -> None:
+    with pytest.raises(InvalidArgument, match=r"^--ignore .* names no rule; give a rule id or name"):
+        _run(capsys, str(CORPUS), "--no-hipify", "--ignore", value)
+    # an empty item beside a rule is a trailing comma, not a mistake
+    assert _run(capsys, str(CORPUS), "--no-hipify", "--ignore", "RP104,", "--fail-on", "never")[0] == 0
+
+
+def test_an_empty_ignore_exits_2_from_the_command_line(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "pytest_rocm_parity.cli", "scan", str(tmp_path), "--no-hipify",
+                           "--ignore", ""], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2 and "--ignore '' names no rule" in proc.stderr
