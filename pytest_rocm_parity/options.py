@@ -5,6 +5,7 @@ import enum
 import os
 import re
 import shlex
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -311,9 +312,16 @@ def report_dir(root: Path, value: str) -> Path:
         raise pytest.UsageError(f"{REPORT}={value!r} names a file; the reports are written into a folder "
                                 f"(parity-report.json, parity-report.html, the CSVs): {fix}")
     existing = next((a for a in (d, *d.parents) if a.exists()), None)
-    if existing is not None and not (existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)):
-        raise pytest.UsageError(f"{REPORT}={value!r}: {d} cannot be created ({existing} is "
-                                f"{'not writable' if existing.is_dir() else 'not a folder'}): {fix}")
+    if existing is not None and not existing.is_dir():
+        raise pytest.UsageError(f"{REPORT}={value!r}: {d} cannot be created ({existing} is not a folder): {fix}")
+    if existing is not None:
+        # a folder made and removed there: permission bits say nothing to root, nor of a read-only
+        # mount or a pseudo file system such as /proc
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".parity-report-probe-", dir=existing))
+        except OSError as exc:
+            raise pytest.UsageError(f"{REPORT}={value!r}: {d} cannot be created (no folder can be made in "
+                                    f"{existing}: {exc.strerror or exc}): {fix}") from None
     return d
 
 

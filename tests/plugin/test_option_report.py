@@ -66,6 +66,17 @@ def test_a_report_path_that_is_not_a_folder_is_refused_before_the_run(project: p
     assert not (project.path / "new.html").exists() and (project.path / "report.html").is_file()
 
 
+def test_a_report_folder_where_no_folder_can_be_made_is_refused_before_the_run(project: pytest.Pytester) -> None:
+    """/proc takes no new folder, whatever its permission bits tell root: refused at start-up, with
+    the reason, and the probe leaves nothing behind where it can write."""
+    result = project.runpytest("--rocm-parity", "--parity-report=/proc/parity-report")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--parity-report='/proc/parity-report'*cannot be created (no folder can be made "
+                                 "in /proc: *--parity-report=parity-report*"])
+    project.runpytest("--rocm-parity", "--parity-mode=capture", "--parity-report=fine").assert_outcomes(passed=1)
+    assert not list(project.path.glob(".parity-report-probe-*"))
+
+
 
 def test_reports_that_cannot_be_written_at_the_end_are_a_run_error_and_the_summary_prints(
         project: pytest.Pytester) -> None:
