@@ -427,11 +427,12 @@ def _err_text(v: float | None) -> str:
 def _x_labels(pts: list[dict[str, Any]], X: Any, y0: float, room: float, slot: float,
               culprit: str | None, first_divergent: str | None) -> list[str]:
     """Vertical x labels that never overlap: the culprit and the first divergent layer first, then the
-    blocks (level 0), then deeper layers, each kept only at least LABEL_PITCH from every kept one."""
+    other failing points (ringed red, they need a name), then the blocks (level 0), then deeper
+    layers, each kept only at least LABEL_PITCH from every kept one."""
     import bisect
 
     order = sorted(range(len(pts)), key=lambda k: (pts[k]["name"] not in (culprit, first_divergent),
-                                                   pts[k]["level"], k))
+                                                   not pts[k]["failed"], pts[k]["level"], k))
     kept_x: list[float] = []
     kept: list[int] = []
     for k in order:
@@ -455,7 +456,22 @@ def _x_labels(pts: list[dict[str, Any]], X: Any, y0: float, room: float, slot: f
 
 
 def _short(s: str, n: int) -> str:
-    return s if len(s) <= n else "…" + s[-(n - 1):]
+    """``s`` in at most ``n`` characters, shortened from the front but keeping its last index, which
+    tells a stack's members apart (``…1.self_attn.k_proj``, or ``1.…attn.k_proj`` where that is too
+    long)."""
+    if len(s) <= n:
+        return s
+    parts = s.split(".")
+    at = max((i for i, p in enumerate(parts) if p.isdigit()), default=None)
+    if at is None or len(parts[at]) + 6 > n:
+        return "…" + s[-(n - 1):]
+    start = at
+    while start > 0 and len(".".join(parts[start - 1:])) + 1 <= n:
+        start -= 1
+    if len(".".join(parts[start:])) + 1 <= n:
+        return "…" + ".".join(parts[start:])
+    tail = ".".join(parts[at + 1:])
+    return f"{parts[at]}.…{tail[-(n - len(parts[at]) - 2):]}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -175,7 +175,25 @@ def test_x_labels_keep_full_names_as_titles_and_never_crowd() -> None:
     xs = sorted(float(x) for x, _, _ in labels)
     assert len(labels) >= 20 and all(b - a >= report.LABEL_PITCH - 0.05 for a, b in zip(xs, xs[1:]))
     assert names[77] in {t for _, _, t in labels}         # the culprit is always labelled
-    assert all(t in names and (s == t or s.startswith("…")) for _, s, t in labels)
+    assert all(t in names and (s == t or "…" in s) for _, s, t in labels)
+    # a shortened label keeps the layer's index: the stack's members stay apart
+    assert all(t.split(".")[2] in s.replace("…", "").split(".") for _, s, t in labels)
+
+
+def test_every_failing_point_is_labelled_before_passing_blocks() -> None:
+    """A failing point is ringed red; its name comes before the passing blocks' when labels must be
+    thinned."""
+    names = [f"model.layers.{i // 4}" + ("" if i % 4 == 0 else f".mlp.fc{i % 4}") for i in range(120)]
+    layers = _plot_layers([(1e-7, 1e-7)] * 120)
+    for i, (l, n) in enumerate(zip(layers, names)):
+        l["name"], l["metrics"]["level"] = n, 0 if i % 4 == 0 else 1
+    failing = [names[k] for k in (5, 41, 86)]
+    for l in layers:
+        if l["name"] in failing:
+            l["iso_passed"] = l["passed"] = False
+    svg = report.svg_plot(layers, "iso", None, None, "Isolated")
+    titles = set(re.findall(r'<text class="xlabel"[^>]*>[^<]*<title>([^<]*)</title>', svg))
+    assert set(failing) <= titles, sorted(set(failing) - titles)
 
 
 def test_lm_metrics_render_as_a_table_without_python_values() -> None:
