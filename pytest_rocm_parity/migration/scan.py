@@ -14,12 +14,14 @@ import argparse
 import ast
 import difflib
 import hashlib
+import io
 import json
 import os
 import re
 import subprocess
 import sys
 import time
+import tokenize
 import warnings
 from bisect import bisect_right
 from collections import Counter
@@ -649,18 +651,70 @@ def suppressions(line: str) -> set[str]:
     return out
 
 
-def _comment_only(line: str) -> bool:
-    return line.lstrip().startswith(("#", "//", "/*", "*"))
-
-
-def _is_suppressed(rule: Rule, line: str, previous: str) -> bool:
-    """An inline suppression on the finding's line, or on a comment-only line right above it
-    (rule ids and names in any case, as --ignore takes them)."""
-    names = suppressions(line)
-    if not names and previous and _comment_only(previous):
-        names = suppressions(previous)
+def _is_suppressed(rule: Rule, names: set[str]) -> bool:
+    """Whether the marker names ``names`` silence ``rule`` (rule ids and names in any case, as --ignore
+    takes them, or '*')."""
     wanted = {n.upper() for n in names}
     return bool(wanted) and ("*" in wanted or rule.id in wanted or rule.name.upper() in wanted)
+
+
+_C_LITERAL = re.compile(r'"(?:[^"\\\n]|\\.)*"?|\'(?:[^\'\\\n]|\\.)*\'?')
+_C_STATEMENT_TOKEN = re.compile(r"[;{}]|[^\s;{}]+")
+
+
+def python_statements(text: str) -> list[int | None]:
+    """Per line, the logical line (statement) it holds code of, numbered from 0; None for a line of
+    only comments or blanks. A file that does not tokenize keeps what was read before the error, and
+    each line after it is a statement of its own."""
+    ids: list[int | None] = [None] * (text.count("\n") + 1)
+    current = 0
+    last = 0
+    skip = {tokenize.COMMENT, tokenize.NL, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER, tokenize.ENCODING}
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type == tokenize.NEWLINE:
+                current += 1
+            elif tok.type not in skip:
+                for row in range(tok.start[0], min(tok.end[0], len(ids)) + 1):
+                    ids[row - 1] = current
+                last = max(last, tok.end[0])
+    except (tokenize.TokenError, SyntaxError):
+        lines = text.split("\n")
+        for row in range(last, len(ids)):
+            if ids[row] is None and lines[row].strip():
+                current += 1
+                ids[row] = current
+    return ids
+
+
+def c_statements(lines: list[str], c_map: list[Spans]) -> tuple[list[set[int]], list[int], list[str]]:
+    """For a C/C++ file: per line, the statements it holds code of (numbered by the ';', '{' and '}'
+    before them, outside comments and literals; a preprocessor directive is a statement of its own),
+    the number at the line's start, and the line's code with comments and literals blanked."""
+    touched: list[set[int]] = []
+    starts: list[int] = []
+    codes: list[str] = []
+    count = 0
+    for line, spans in zip(lines, c_map):
+        code = line
+        for a, b in spans:
+            code = code[:a] + " " * (b - a) + code[b:]
+        code = _C_LITERAL.sub(lambda m: "_" * len(m.group()), code)
+        codes.append(code)
+        if code.lstrip().startswith("#"):
+            count += 1
+            starts.append(count)
+            touched.append({count})
+            count += 1
+            continue
+        starts.append(count)
+        here: set[int] = set()
+        for m in _C_STATEMENT_TOKEN.finditer(code):
+            here.add(count)
+            if m.group() in ";{}":
+                count += 1
+        touched.append(here)
+    return touched, starts, codes
 
 
 def _known_rules() -> dict[str, str]:
@@ -1035,6 +1089,10 @@ class _File:
         self._c_map: list[Spans] | None = None
         self._py_strings: PyStrings | None = None
         self._guards: _Guards | None = None
+        self._statement_lines: dict[int, list[int]] | None = None     # statement -> its lines
+        self._line_statements: list[set[int]] = []
+        self._c_starts: list[int] = []
+        self._c_codes: list[str] = []
 
     @property
     def newlines(self) -> list[int]:
@@ -1075,6 +1133,65 @@ class _File:
         if self._py_strings is None:
             self._py_strings = PyStrings(self.text)
         return self._py_strings
+
+    def comment_only(self, idx: int) -> bool:
+        """Whether line ``idx`` holds a comment and nothing else (not a blank line)."""
+        line = self.line(idx)
+        if not line.strip():
+            return False
+        spans = self.comments(idx, self.hash_comments)
+        covered = line
+        for a, b in spans:
+            covered = covered[:a] + " " * (b - a) + covered[b:]
+        return not covered.strip()
+
+    def _statements(self) -> dict[int, list[int]]:
+        """Statement -> the lines holding its code (Python: a logical line; C/C++: up to ';', '{' or
+        '}'; shell and build files: a line and the lines a trailing backslash continues it on)."""
+        if self._statement_lines is None:
+            n = len(self.newlines) + 1
+            lines = [self.line(i) for i in range(n)]
+            if self.c_file:
+                self._line_statements, self._c_starts, self._c_codes = c_statements(lines, self.c_map)
+            elif self.python:
+                self._line_statements = [set() if s is None else {s} for s in python_statements(self.text)]
+            else:
+                count, per_line = 0, []
+                for line in lines:
+                    per_line.append({count} if line.strip() else set())
+                    if not line.rstrip().endswith("\\"):
+                        count += 1
+                self._line_statements = per_line
+            by_statement: dict[int, list[int]] = {}
+            for i, stmts in enumerate(self._line_statements):
+                for st in stmts:
+                    by_statement.setdefault(st, []).append(i)
+            self._statement_lines = by_statement
+        return self._statement_lines
+
+    def marker_lines(self, idx: int, col: int) -> set[int]:
+        """The lines whose ``rocm-parity: ignore[...]`` applies to a finding at ``idx:col``: its own,
+        every line of the statement it is in (a call over several lines, its marker on the mask's line),
+        and the comment-only lines right above any of those (a marker, then a comment saying why)."""
+        by_statement = self._statements()
+        if self.c_file:
+            code = self._c_codes[idx]
+            if code.lstrip().startswith("#"):
+                statement = self._c_starts[idx]
+            else:
+                statement = self._c_starts[idx] + sum(code.count(c, 0, col) for c in ";{}")
+            statements = {statement}
+        else:
+            statements = self._line_statements[idx]
+        out = {idx}
+        for st in statements:
+            out.update(by_statement.get(st, ()))
+        for start in sorted(out):
+            j = start - 1
+            while j >= 0 and j not in out and self.comment_only(j):
+                out.add(j)
+                j -= 1
+        return out
 
     @property
     def guards(self) -> _Guards:
@@ -1122,8 +1239,10 @@ def scan_text(text: str, rel: str, kinds: frozenset[str], rules: tuple[Rule, ...
         if f.guards.off_rocm(idx + 1, line_text, col, end):
             return
         if marked:
-            prev = f.line(idx - 1) if idx else ""
-            if _is_suppressed(rule, line_text, prev):
+            names: set[str] = set()
+            for j in f.marker_lines(idx, col):
+                names |= suppressions(f.line(j))
+            if _is_suppressed(rule, names):
                 if suppressed is not None:
                     suppressed[rule.id] += 1
                 return

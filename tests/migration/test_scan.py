@@ -960,3 +960,45 @@ def test_an_empty_ignore_exits_2_from_the_command_line(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "pytest_rocm_parity.cli", "scan", str(tmp_path), "--no-hipify",
                            "--ignore", ""], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 2 and "--ignore '' names no rule" in proc.stderr
+
+
+def _silenced(text: str, name: str) -> tuple[list[tuple[str, int]], dict[str, int]]:
+    counts: Counter[str] = Counter()
+    found = scan.scan_text(text, name, scan.kinds_for(name), suppressed=counts)
+    return [(f.rule, f.line) for f in found], dict(counts)
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    # a marker, then a comment saying why, then the code
+    ("k.cu", "// rocm-parity: ignore[RP104]\n// the ROCm build defines its own, in rocm_defs.h\n#define WARP_SIZE 32\n"),
+    ("k.cu", "/* rocm-parity: ignore[RP104]\n   the ROCm build defines its own\n*/\n#define WARP_SIZE 32\n"),
+    ("m.py", "# rocm-parity: ignore[RP208]\n# the ROCm branch is in rocm_ops.py\n# (imported instead there)\nWARP_SIZE = 32\n"),
+    # a call over several lines: the marker on the mask's line, the finding at the call's line
+    ("k.cu", "__device__ float f(float v) {\n  v += __shfl_xor_sync(\n      0xffffffff,  // rocm-parity: ignore[RP101]\n"
+             "      v, 1);\n  return v;\n}\n"),
+    ("k.cu", "__device__ float f(float v) {\n  v += __shfl_xor_sync(\n      // rocm-parity: ignore[RP101]\n"
+             "      0xffffffff, v, 1);\n  return v;\n}\n"),
+    ("m.py", "cap = max(\n    torch.cuda.get_device_capability(),\n    (8, 0),  # rocm-parity: ignore[RP220]\n)\n"),
+    ("m.py", "cap = max(  # rocm-parity: ignore[RP220]\n    torch.cuda.get_device_capability(),\n    (8, 0),\n)\n"),
+])
+def test_a_marker_reaches_the_next_code_line_and_its_whole_statement(name: str, text: str) -> None:
+    found, counts = _silenced(text, name)
+    assert found == [] and sum(counts.values()) == 1, (found, counts)
+
+
+@pytest.mark.parametrize(("name", "text", "left"), [
+    # a blank line ends the comment block the marker is in
+    ("k.cu", "// rocm-parity: ignore[RP104]\n\n#define WARP_SIZE 32\n", [("RP104", 3)]),
+    # a trailing marker belongs to its own statement, not the next one
+    ("k.cu", "int x = 1;  // rocm-parity: ignore[RP104]\n#define WARP_SIZE 32\n", [("RP104", 2)]),
+    ("k.cu", "#define A 1  // rocm-parity: ignore[RP104]\nconstexpr int kWarpSize = 32;\n", [("RP104", 2)]),
+    ("m.py", "x = 1  # rocm-parity: ignore[RP208]\nWARP_SIZE = 32\n", [("RP208", 2)]),
+    # two statements: the marker on the second call's line leaves the first call reported
+    ("k.cu", "__device__ float f(float v) {\n  v += __shfl_xor_sync(0xffffffff, v, 1);\n"
+             "  v += __shfl_xor_sync(\n      0xffffffff, v, 2);  // rocm-parity: ignore[RP101]\n  return v;\n}\n",
+     [("RP101", 2)]),
+    # a marker naming another rule
+    ("k.cu", "v += __shfl_xor_sync(\n    0xffffffff, v, 1);  // rocm-parity: ignore[RP104]\n", [("RP101", 1)]),
+])
+def test_a_marker_does_not_reach_other_statements(name: str, text: str, left: list[tuple[str, int]]) -> None:
+    assert _silenced(text, name)[0] == left
