@@ -93,6 +93,7 @@ def test_profiles_of_one_device_kind_far_apart_in_total_are_named_in_a_note(tmp_
     from pytest_rocm_parity import CheckSpec
     from pytest_rocm_parity.golden.store import GoldenStore
     from pytest_rocm_parity.runner.capture import capture
+    from pytest_rocm_parity.reports.profiling import totals_note
     from pytest_rocm_parity.runner.replay import replay
 
     torch.manual_seed(0)
@@ -102,12 +103,17 @@ def test_profiles_of_one_device_kind_far_apart_in_total_are_named_in_a_note(tmp_
     spec = CheckSpec(name="p", dtypes=["float32"], profile=True)
     capture(model, {"input": x}, spec, store, "cpu")
     (res,) = replay(model, {"input": x}, spec, store, "cpu")
-    assert res.extra["profile"]["candidate"]["total_us"] > 0
-    assert not any("profiler parity: the" in n for n in res.notes), res.notes
+    measured = res.extra["profile"]["candidate"]["total_us"]
+    assert measured > 0
 
+    # the golden's total set at the replay's own (a replay on a busy machine could take several
+    # times a capture's: the note is the point of this test, not an idle machine's timing)
     path = store.manifest_path("p")
     manifest = json.loads(path.read_text())
-    manifest["rungs"]["float32"]["extra"]["profile"]["total_us"] *= 1000   # a reference profiled while busy
+    manifest["rungs"]["float32"]["extra"]["profile"]["total_us"] = measured
+    rewrite_manifest(path, manifest)
+    assert not totals_note(manifest["rungs"]["float32"]["extra"]["profile"], res.extra["profile"]["candidate"])
+    manifest["rungs"]["float32"]["extra"]["profile"]["total_us"] = measured * 1e5   # a reference profiled while busy
     rewrite_manifest(path, manifest)
     (res,) = replay(model, {"input": x}, spec, store, "cpu")
     assert any("profiler parity: the reference's forward took" in n and "OMP_NUM_THREADS" in n
