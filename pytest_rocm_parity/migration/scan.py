@@ -117,7 +117,9 @@ D, P, B = frozenset({"device"}), frozenset({"python"}), frozenset({"python", "bu
 S = frozenset({"shell"})
 # A command word in a shell line: not part of a longer name or path component (cuda-nvcc-12, nvcc_flags).
 def _cmd(name: str) -> str:
-    return r"(?<![\w.$/-])(?:[\w.${}/-]*/)?" + re.escape(name) + r"(?![\w.-])"
+    # the look-behind excludes every character of the path's class, so a path is tried from its start
+    # only and a long line costs linear time
+    return r"(?<![\w.${}/-])(?:[\w.${}/-]*/)?" + re.escape(name) + r"(?![\w.-])"
 # Assembly text that reads as PTX: a dotted mnemonic (cvt.rn, mov.u32), ';' or '{'. GCN/CDNA assembly
 # (v_cvt_f16_f32) and host asm ("pause") have none.
 _PTX_TEXT = r"(?:[a-z]\.[a-z0-9]|;|\{)"

@@ -1002,3 +1002,13 @@ def test_a_marker_reaches_the_next_code_line_and_its_whole_statement(name: str, 
 ])
 def test_a_marker_does_not_reach_other_statements(name: str, text: str, left: list[tuple[str, int]]) -> None:
     assert _silenced(text, name)[0] == left
+
+
+def test_shell_command_rules_take_linear_time_on_a_long_line() -> None:
+    """A path character the look-behind let through ('{' after '{') would make every position a start
+    and each start scan to the end of the line: quadratic in a 64 KiB line."""
+    line = "echo " + "{" * 65536 + " nvidia-smi\n"
+    t0 = time.process_time()
+    found = scan.scan_text(line, "a.sh", scan.S)
+    assert time.process_time() - t0 < 2.0
+    assert [f.rule for f in found] == ["RP230"]
