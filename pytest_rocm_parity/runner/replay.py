@@ -225,8 +225,19 @@ def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, An
                 f"layers cannot be matched. Check the eager model it was exported from (the exported graph runs "
                 f"the same ops; to judge compiled code, torch.compile the eager model: docs/migrations.md)",
                 golden_path)
+        elif not added and not problems:
+            # a narrower selection of the same model: the golden's own selection is a setting to keep
+            was = manifest.get("layer_patterns")
+            raise GoldenStale(
+                f"golden {golden_path} for {spec.name!r} holds {len(old_layers)} modules; this check selects "
+                f"{len(selected)} of them (layers={list(spec.layers) if spec.layers else None!r}, drill={spec.drill}). "
+                f"A replay judges the selection its golden was captured with: give the check "
+                f"layers={was!r} as at capture (every module of the golden is judged, {removed[0]!r} among them), or "
+                f"capture the narrower selection on the reference machine: {regen}", golden_path)
         else:
-            problems.append(f"the layer list changed (added {added[:5]}, removed {removed[:5]})")
+            problems.append("the layer list changed ("
+                            + ", ".join(f"{w} {v[:5]}{' ...' if len(v) > 5 else ''}"
+                                        for w, v in (("added", added), ("removed", removed)) if v) + ")")
     if int(manifest.get("sketch") or 0) != int(spec.sketch or 0):
         problems.append(f"captured with sketch={manifest.get('sketch') or 0}, asked sketch={spec.sketch or 0}")
     held = list(manifest.get("rungs", {}))

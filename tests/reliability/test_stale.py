@@ -85,8 +85,14 @@ def test_a_module_without_parameters_removed_is_judged_through_its_parent(tmp_pa
 
 
 def test_a_module_without_parameters_left_unselected_is_still_stale(golden: Golden) -> None:
-    """A golden module the candidate still has but no longer selects is another selection."""
-    stale(golden, "layer list changed", spec=CheckSpec(name="tiny", dtypes=["float32"], layers=["fc1", "fc2"]))
+    """A golden module the candidate still has but no longer selects is another selection: a
+    narrower one is named as such, with the selection the golden was captured with."""
+    with pytest.raises(GoldenStale) as info:
+        golden.replay(spec=CheckSpec(name="tiny", dtypes=["float32"], layers=["fc1", "fc2"]))
+    msg = str(info.value)
+    assert "holds 3 modules; this check selects 2 of them (layers=['fc1', 'fc2'], drill=" in msg, msg
+    assert "give the check layers=None as at capture (every module of the golden is judged, 'act' among them)" in msg
+    message_names(info.value, golden.manifest, "--parity-regen='tiny'")
 
 
 def test_parameter_shapes_changed(golden: Golden) -> None:
