@@ -11,6 +11,7 @@ tests can feed recorded facts.  Exit code: 0 when no check fails, 1 otherwise
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import math
 import os
@@ -219,13 +220,26 @@ def check_devices(f: Facts) -> list[Check]:
     return out
 
 
+def _tool_archs(f: Facts) -> tuple[list[str], str]:
+    """The gfx archs the system tools report (without feature suffixes), and the tool that reported them."""
+    gpus = [g for g in (f.tools.gpus if f.tools else []) if g.gfx]
+    return list(dict.fromkeys(g.gfx.split(":")[0] for g in gpus if g.gfx)), (gpus[0].source if gpus else "")
+
+
 def _fp8_archs(f: Facts) -> tuple[list[str], str]:
     """The archs whose FP8 formats to report, and where they came from: torch's devices, else the tools'."""
     if f.info.archs:
         return list(f.info.archs), ""
-    gpus = [g for g in (f.tools.gpus if f.tools else []) if g.gfx]
-    archs = list(dict.fromkeys(g.gfx.split(":")[0] for g in gpus if g.gfx))
-    return archs, (f"arch from {gpus[0].source}; torch sees no GPU" if gpus else "")
+    archs, source = _tool_archs(f)
+    return archs, (f"arch from {source}; torch sees no GPU" if archs else "")
+
+
+def _amd_archs(f: Facts) -> tuple[list[str], str]:
+    """The AMD GPU archs present, and where they came from ("" for torch): a ROCm torch's devices, else
+    the system tools' (a CPU or CUDA torch on an AMD machine, or a ROCm torch that sees no GPU)."""
+    if f.info.backend == "rocm" and f.info.archs:
+        return list(f.info.archs), ""
+    return _tool_archs(f)
 
 
 def _formats_text(family: str) -> str:
@@ -419,8 +433,20 @@ def check_visible_devices(f: Facts) -> list[Check]:
     return [Check("visible-devices", "ok", f"{shown}; torch sees {len(f.info.devices)} device(s)")]
 
 
-# a gfx target as PYTORCH_ROCM_ARCH takes it: gfx942, gfx11-generic, gfx90a:xnack+
-_GFX = re.compile(r"gfx[0-9a-f]+(?:-generic)?(?::[a-z]+[+-])*")
+# LLVM's AMDGPU processors (AMDGPUUsage "Processors"; the processor table of the LLVM that Triton 3.9
+# bundles), plus gfx940 and gfx941, which LLVM 20 dropped but the ROCm 6 compilers still accept. A name
+# outside it is a typo or a target newer than this list; either way clang rejects it as --offload-arch.
+KNOWN_GFX = frozenset("""
+    gfx600 gfx601 gfx602 gfx700 gfx701 gfx702 gfx703 gfx704 gfx705 gfx801 gfx802 gfx803 gfx805 gfx810
+    gfx900 gfx902 gfx904 gfx906 gfx908 gfx909 gfx90a gfx90c gfx940 gfx941 gfx942 gfx950
+    gfx1010 gfx1011 gfx1012 gfx1013 gfx1030 gfx1031 gfx1032 gfx1033 gfx1034 gfx1035 gfx1036
+    gfx1100 gfx1101 gfx1102 gfx1103 gfx1150 gfx1151 gfx1152 gfx1153 gfx1154 gfx1170 gfx1171 gfx1172
+    gfx1200 gfx1201 gfx1250 gfx1251 gfx1310
+    gfx9-generic gfx9-4-generic gfx10-1-generic gfx10-3-generic gfx11-generic gfx11-7-generic
+    gfx12-generic gfx12-5-generic gfx13-generic
+""".split())
+# a gfx target as PYTORCH_ROCM_ARCH takes it: gfx942, gfx11-generic, gfx9-4-generic, gfx90a:xnack+
+_GFX = re.compile(r"(gfx[0-9a-f]+(?:-[0-9]+)?(?:-generic)?)((?::[a-z]+[+-])*)")
 
 
 def _arch_tokens(value: str) -> list[str]:
@@ -432,6 +458,12 @@ def _arch_tokens(value: str) -> list[str]:
 def _arch_names(value: str) -> set[str]:
     """The gfx names a value means, without feature suffixes, a comma-joined entry read as the names it joins."""
     return {n.split(":")[0] for t in _arch_tokens(value) for n in t.split(",") if n}
+
+
+def _unknown_gfx(name: str) -> bool:
+    """A name of gfx form (feature suffixes allowed) that no AMDGPU processor has."""
+    m = _GFX.fullmatch(name)
+    return m is not None and m.group(1) not in KNOWN_GFX
 
 
 def _arch_value_problem(value: str) -> tuple[str, str] | None:
@@ -449,22 +481,71 @@ def _arch_value_problem(value: str) -> tuple[str, str] | None:
     bad = [t for t in toks if not (_GFX.fullmatch(t) or t == "native")]
     if bad:
         return f"names {bad[0]!r}, not a gfx target", "use ';'- or space-separated gfx names such as gfx90a;gfx942"
+    unknown = [t for t in toks if _unknown_gfx(t)]
+    if unknown:
+        base = unknown[0].split(":")[0]
+        close = difflib.get_close_matches(base, sorted(KNOWN_GFX), n=3, cutoff=0.75)
+        hint = f" (close: {', '.join(close)})" if close else ""
+        return (f"names {unknown[0]!r}, which is no AMDGPU processor{hint}: clang rejects it as --offload-arch, "
+                "so extension builds fail",
+                "use the gfx names rocminfo prints for your GPUs (e.g. gfx90a for MI200, gfx942 for MI300)")
     return None
 
 
+def _pytorch_rocm_arch(value: str | None, need: list[str], source: str, unused_by: str,
+                       none: str = "torch sees no GPU") -> list[Check]:
+    """PYTORCH_ROCM_ARCH against the AMD archs present (``need``, reported by ``source``; "" for torch;
+    ``none`` says why there are none to compare with).
+
+    ``unused_by`` names the build of torch where that is not a ROCm build: there the value is still
+    judged against the GPUs present, since a ROCm torch in the same environment would read it, but a
+    build-breaking value is a warning, as the build at hand compiles nothing for ROCm."""
+    def row(status: Status, detail: str, fix: str = "") -> Check:
+        if unused_by:
+            status = "warn" if status == "fail" else status
+            detail += f" (unused by this {unused_by}; a ROCm torch in this environment would read it)"
+        return Check("pytorch-rocm-arch", status, detail, fix)
+
+    where = f", reported by {source}" if source else ""
+    if value is None:
+        detected = " ".join(need) or "none visible"
+        return [row("ok", f"PYTORCH_ROCM_ARCH unset: extensions build for the visible archs ({detected}{where})")]
+    names = _arch_names(value)
+    problem = _arch_value_problem(value)
+    if not _arch_tokens(value):
+        return [row("fail", "PYTORCH_ROCM_ARCH is set but empty (LoadHIP: 'No GPU arch specified')",
+                    f"export PYTORCH_ROCM_ARCH={' '.join(need) or 'gfx942'!r} or unset it")]
+    out = []
+    missing = [] if "native" in names else [a for a in need if a not in names]
+    if missing:
+        kept = {n for n in names if n in KNOWN_GFX}   # the fix leaves out names no compiler takes
+        out.append(row("fail", f"PYTORCH_ROCM_ARCH={value!r} lacks detected {', '.join(missing)} (GPUs present: "
+                       f"{' '.join(need)}{where}): extensions built with it will not run here ('invalid device function')",
+                       f"export PYTORCH_ROCM_ARCH=\"{' '.join(sorted(kept | set(missing)))}\""))
+    if problem is not None:
+        out.append(row("warn", f"PYTORCH_ROCM_ARCH={value!r} {problem[0]}", problem[1]))
+    if out:
+        return out
+    if "native" in names:
+        return [row("ok", f"PYTORCH_ROCM_ARCH={value!r}: clang builds for the GPUs of the machine that compiles "
+                    f"({' '.join(need) or 'none visible here'}{where}); a build on another machine targets its GPUs")]
+    if not need:
+        return [row("ok", f"PYTORCH_ROCM_ARCH={value!r}: no GPU arch to compare it with ({none})")]
+    return [row("ok", f"PYTORCH_ROCM_ARCH={value!r} covers {' '.join(need)}{where}")]
+
+
 def check_rocm_arch(f: Facts) -> list[Check]:
+    """The arch lists against the GPUs present: torch's own (ROCm builds), PYTORCH_ROCM_ARCH (every build)
+    and the extension projects' arch variables (ROCm builds)."""
     info, env = f.info, f.env
+    need, source = _amd_archs(f)
     if info.backend != "rocm" or info.torch_version is None:
         out = _skipped(["arch-list", "arch-rocm"], _no_rocm_reason(info))
         if "PYTORCH_ROCM_ARCH" in env:
-            # unused here, but the same environment may run a ROCm torch next (as HSA_OVERRIDE_GFX_VERSION)
-            given = env["PYTORCH_ROCM_ARCH"]
-            problem = _arch_value_problem(given)
-            if problem is not None:
-                out.append(Check("pytorch-rocm-arch", "warn", f"PYTORCH_ROCM_ARCH={given!r} {problem[0]} (unused by this "
-                                 f"{info.backend} build; a ROCm torch in this environment would read it)", problem[1]))
-            else:
-                out.append(Check("pytorch-rocm-arch", "ok", f"PYTORCH_ROCM_ARCH={given!r} (unused by a {info.backend} build)"))
+            build = "torch (not importable)" if info.torch_version is None else _build(info)
+            none = ("--no-tools, so no system tool was asked for the GPUs" if f.tools is None
+                    else "the system tools report no AMD GPU")
+            out += _pytorch_rocm_arch(env["PYTORCH_ROCM_ARCH"], need, source, build, none)
         return out
     out = []
     if not info.archs:
@@ -481,28 +562,7 @@ def check_rocm_arch(f: Facts) -> list[Check]:
         v = compat.check_arch_rocm(arch, info.hip_version)
         if v is not None and v.status != "ok":
             out.append(Check("arch-rocm", v.status, v.detail, v.fix))
-    value = env.get("PYTORCH_ROCM_ARCH")
-    need = info.archs
-    if value is None:
-        detected = " ".join(need) or "none visible"
-        out.append(Check("pytorch-rocm-arch", "ok", f"PYTORCH_ROCM_ARCH unset: extensions build for the visible archs ({detected})"))
-    else:
-        names = _arch_names(value)
-        problem = _arch_value_problem(value)
-        missing = [] if "native" in names else [a for a in need if a not in names]
-        if not _arch_tokens(value):
-            out.append(Check("pytorch-rocm-arch", "fail", "PYTORCH_ROCM_ARCH is set but empty (LoadHIP: 'No GPU arch specified')",
-                             f"export PYTORCH_ROCM_ARCH={' '.join(need) or 'gfx942'!r} or unset it"))
-        elif missing:
-            out.append(Check("pytorch-rocm-arch", "fail", f"PYTORCH_ROCM_ARCH={value!r} lacks detected {', '.join(missing)}: extensions will not run here",
-                             f"export PYTORCH_ROCM_ARCH=\"{' '.join(sorted(names | set(missing)))}\""))
-        elif problem is not None:
-            out.append(Check("pytorch-rocm-arch", "warn", f"PYTORCH_ROCM_ARCH={value!r} {problem[0]}", problem[1]))
-        elif "native" in names:
-            out.append(Check("pytorch-rocm-arch", "ok", f"PYTORCH_ROCM_ARCH={value!r}: clang builds for the GPUs of the "
-                             f"machine that compiles ({' '.join(need) or 'none visible here'}); a build on another machine targets its GPUs"))
-        else:
-            out.append(Check("pytorch-rocm-arch", "ok", f"PYTORCH_ROCM_ARCH={value!r} covers {' '.join(need) or 'no visible device'}"))
+    out += _pytorch_rocm_arch(env.get("PYTORCH_ROCM_ARCH"), need, source, "")
     for var in ARCH_VARS:
         if var in env:
             var_toks = _arch_names(env[var])

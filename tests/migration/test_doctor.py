@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -299,13 +300,87 @@ def test_rocm_arch_native_builds_for_this_machine(monkeypatch: pytest.MonkeyPatc
 
 @pytest.mark.parametrize(("value", "status", "says"), [
     ("", "warn", "is set but empty"), ("gfx942;sm_90", "warn", "names 'sm_90', not a gfx target"),
-    ("gfx90a;gfx942", "ok", "unused by a cpu build")])
+    ("gfx90a;gfx942", "ok", "unused by this CPU build of torch")])
 def test_rocm_arch_is_read_on_a_build_that_does_not_use_it(value: str, status: str, says: str) -> None:
     """This CPU build ignores PYTORCH_ROCM_ARCH, but a ROCm torch in the same environment would read
     it: an empty or malformed value is a warning, as HSA_OVERRIDE_GFX_VERSION is on every build."""
     c = by_name(doctor.check_rocm_arch(facts({"PYTORCH_ROCM_ARCH": value})), "pytorch-rocm-arch")
     assert c.status == status and says in c.detail, c
     assert bool(c.fix) == (status == "warn")
+
+
+def _cpu_torch_on(monkeypatch: pytest.MonkeyPatch, recording: str) -> rocm_tools.ToolsReport:
+    """A CPU build of torch on the machine whose rocminfo output was recorded: the archs come from the tool."""
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    return rocm_tools.ToolsReport(gpus=rocm_tools.rocminfo_gpus((REC / recording).read_text()))
+
+
+@pytest.mark.parametrize(("recording", "value", "lacking", "fix"), [
+    ("rocminfo_mi300x.txt", "gfx90a", "gfx942", 'export PYTORCH_ROCM_ARCH="gfx90a gfx942"'),
+    ("rocminfo_mi250x.txt", "gfx942;gfx908", "gfx90a", 'export PYTORCH_ROCM_ARCH="gfx908 gfx90a gfx942"'),
+])
+def test_rocm_arch_against_the_tools_archs_on_a_cpu_build(monkeypatch: pytest.MonkeyPatch, recording: str,
+                                                          value: str, lacking: str, fix: str) -> None:
+    """A CPU torch on an AMD machine ignores PYTORCH_ROCM_ARCH, but the ROCm torch this environment is being
+    set up for would build extensions for the listed archs only: compared with rocminfo's archs, a list
+    without the GPUs' arch warns, naming both and the corrected export."""
+    report = _cpu_torch_on(monkeypatch, recording)
+    (c,) = [c for c in doctor.check_rocm_arch(facts({"PYTORCH_ROCM_ARCH": value}, tools=report))
+            if c.name == "pytorch-rocm-arch"]
+    assert c.status == "warn" and f"PYTORCH_ROCM_ARCH={value!r} lacks detected {lacking}" in c.detail, c
+    assert "reported by rocminfo" in c.detail and "unused by this CPU build of torch" in c.detail, c
+    assert c.fix == fix
+    ok = by_name(doctor.check_rocm_arch(facts({"PYTORCH_ROCM_ARCH": f"{value} {lacking}"}, tools=report)),
+                 "pytorch-rocm-arch")
+    assert ok.status == "ok" and f"covers {lacking}, reported by rocminfo" in ok.detail, ok
+    # without the tools there is nothing to compare with, and the row says so
+    c = by_name(doctor.check_rocm_arch(facts({"PYTORCH_ROCM_ARCH": value})), "pytorch-rocm-arch")
+    assert c.status == "ok" and "no GPU arch to compare it with (--no-tools" in c.detail, c
+
+
+def test_rocm_arch_of_a_rocm_build_that_sees_no_gpu_uses_the_tools(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ROCm torch whose runtime finds no GPU (a visible-devices variable, a driver): rocminfo still says
+    which GPUs the machine has, and a list lacking their arch fails as it does with torch's devices."""
+    patch_torch(monkeypatch, MI300X, n=0)
+    report = rocm_tools.ToolsReport(gpus=rocm_tools.rocminfo_gpus((REC / "rocminfo_mi300x.txt").read_text()))
+    c = by_name(doctor.check_rocm_arch(facts({"PYTORCH_ROCM_ARCH": "gfx90a"}, tools=report)), "pytorch-rocm-arch")
+    assert c.status == "fail" and "lacks detected gfx942" in c.detail and "unused" not in c.detail, c
+
+
+@pytest.mark.parametrize(("value", "unknown", "close"), [
+    ("gfx9999", "gfx9999", "gfx909"), ("gfx942;gfx94", "gfx94", "gfx942"), ("gfx90a gfx8888:xnack-", "gfx8888:xnack-", "")])
+def test_rocm_arch_names_no_amdgpu_processor(monkeypatch: pytest.MonkeyPatch, value: str, unknown: str,
+                                             close: str) -> None:
+    """A name of gfx form that no AMDGPU processor has (a typo) makes clang reject --offload-arch: flagged
+    on every build, with the nearest real names where there are some."""
+    for build in ("cpu", "rocm"):
+        if build == "rocm":
+            patch_torch(monkeypatch, MI300X if "gfx942" in value else MI250X)
+        rows = [c for c in doctor.check_rocm_arch(facts({"PYTORCH_ROCM_ARCH": value})) if c.name == "pytorch-rocm-arch"]
+        (c,) = [c for c in rows if "no AMDGPU processor" in c.detail]
+        assert c.status == "warn" and f"names {unknown!r}, which is no AMDGPU processor" in c.detail, (build, c)
+        assert (f"close: {close}" in c.detail) if close else "close:" not in c.detail, c
+        assert "gfx942 for MI300" in c.fix, c
+
+
+@pytest.mark.parametrize("value", ["gfx942", "gfx90a:sramecc+:xnack-", "gfx9-4-generic", "gfx10-3-generic",
+                                   "gfx12-5-generic", "gfx1151", "gfx950", "gfx940"])
+def test_rocm_arch_accepts_every_amdgpu_processor_form(value: str) -> None:
+    c = by_name(doctor.check_rocm_arch(facts({"PYTORCH_ROCM_ARCH": value})), "pytorch-rocm-arch")
+    assert c.status == "ok", c
+
+
+@pytest.mark.skipif(shutil.which("llc") is None, reason="llc (LLVM) is not installed: apt-get install llvm")
+def test_known_gfx_holds_every_processor_the_installed_llvm_lists() -> None:
+    """The real LLVM's processor table (`llc -mtriple=amdgcn-amd-amdhsa -mcpu=help`): each gfx name it takes
+    is one the doctor knows, so no real arch is reported as a typo."""
+    out = subprocess.run(["llc", "-mtriple=amdgcn-amd-amdhsa", "-mcpu=help"], capture_output=True, text=True,
+                         timeout=60, check=False)
+    listed = {m for m in re.findall(r"^\s+(gfx[0-9a-z-]+)\s+- Select", out.stdout + out.stderr, re.M)}
+    assert len(listed) > 20, out.stdout[:2000] + out.stderr[:2000]
+    assert listed <= doctor.KNOWN_GFX, sorted(listed - doctor.KNOWN_GFX)
 
 
 def test_arch_not_in_torch_arch_list(monkeypatch: pytest.MonkeyPatch) -> None:
