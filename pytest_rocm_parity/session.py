@@ -240,6 +240,7 @@ class ParitySession:
         self._env: dict[str, Any] | None = None
         self.obsolete: list[str] = []
         self.leftovers: list[Path] = []   # files stopped captures left (GoldenStore.leftovers)
+        self.store_leftovers: list[str] = []   # a remote store's stopped uploads (upload_leftovers)
         self.pruned: list[str] = []
         self.kept_why: list[str] = []      # why a golden that looks unused is kept: another project's, or unchecked
         self.unchecked: list[str] = []     # goldens whose test ran and passed without making any check
@@ -575,7 +576,12 @@ class ParitySession:
         suite ran too: its check may have moved, name and all, to another file.
         """
         if hasattr(self.store, "url"):
-            return   # remote goldens are never listed obsolete nor pruned: their manifests are not local
+            # remote goldens are never listed obsolete nor pruned (their manifests are not local); the
+            # temporary files of uploads a killed run stopped are listed, and pruned like leftovers
+            self.store_leftovers = self.store.upload_leftovers()
+            if self.options.prune or self.options.prune_dry_run:
+                self._prune_leftovers()
+            return
         self.leftovers = self.store.leftovers()
         if self.lost_worker:   # which goldens its checks used is unknown: none is proven obsolete
             if self.options.prune or self.options.prune_dry_run:
@@ -635,22 +641,28 @@ class ParitySession:
         """Files no manifest names need no run to prove them unused: they go whatever the run did,
         unless CI=true forbids writing."""
         dry = self.options.prune_dry_run
-        if not self.leftovers:
+        n = len(self.leftovers) + len(self.store_leftovers)
+        if not n:
             return
         if not dry and not self.options.may_write():
-            self.prune_lines.append(f"rocm-parity: {len(self.leftovers)} leftover file(s) of stopped captures not "
+            self.prune_lines.append(f"rocm-parity: {n} leftover file(s) of stopped captures not "
                                     f"deleted: CI=true; pass {ALLOW_WRITE} to override")
             return
         try:
-            done = self.leftovers if dry else self.store.remove_leftovers(self.leftovers)
+            done: list[Path | str] = list(self.leftovers) if dry else list(self.store.remove_leftovers(self.leftovers))
+            gone = self.store_leftovers if dry else self.store.remove_upload_leftovers(self.store_leftovers)
         except OSError as exc:
             self.prune_lines.append(f"rocm-parity: leftover files of stopped captures not deleted: {exc}")
             return
         for p in done:
             self.prune_lines.append(f"rocm-parity: {'would delete' if dry else 'deleted'} {p} (left by a capture "
                                     f"that was stopped before its manifest was written)")
+        for r in gone:
+            self.prune_lines.append(f"rocm-parity: {'would delete' if dry else 'deleted'} {r} in {self.store.url} "
+                                    f"(an upload that was stopped before it was moved into place)")
         if not dry:
             self.leftovers = [p for p in self.leftovers if p.exists()]
+            self.store_leftovers = [r for r in self.store_leftovers if r not in gone]
 
     def _prune_refusal(self, session: pytest.Session | None, exitstatus: int) -> str:
         if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:

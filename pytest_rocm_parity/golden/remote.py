@@ -17,6 +17,7 @@ import re
 import secrets
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,11 @@ def remote_project(rootdir: Path) -> str:
         if path:
             return f"git {host}/{path}"
     return f"folder {Path(rootdir).resolve().name}"
+
+
+# An upload's temporary file older than this is a stopped upload's, not a live one of another machine
+# (the 1.14 GB golden of docs/performance.md uploads in seconds to minutes)
+UPLOAD_LEFTOVER_AGE_S = 3600.0
 
 
 class RemoteGoldenStore(GoldenStore):
@@ -305,6 +311,39 @@ class RemoteGoldenStore(GoldenStore):
             self._upload(mpath, name, MANIFEST)   # the commit point, last
         return mpath
 
+    def upload_leftovers(self, min_age_s: float = UPLOAD_LEFTOVER_AGE_S) -> list[str]:
+        """The store's files of uploads that stopped before moving them into place (``_upload``'s
+        temporary names, a killed run's), older than ``min_age_s``: a younger one may be a live upload
+        of another machine, whose move would fail without it. Paths in the store's own form."""
+        found: list[str] = []
+        try:
+            dirs = [str(e) for e in self.fs.ls(self.remote_root, detail=False)]
+        except (OSError, FileNotFoundError):
+            return found
+        now = time.time()
+        for d in sorted(dirs):
+            try:
+                entries = self.fs.ls(d, detail=True)
+            except (OSError, FileNotFoundError, NotADirectoryError):
+                continue
+            for info in entries:
+                rpath = str(info.get("name", ""))
+                if info.get("type") != "file" or not rpath.rstrip("/").rsplit("/", 1)[-1].startswith(TMP_PREFIX):
+                    continue
+                made = _modified(info)
+                if made is not None and now - made >= min_age_s:
+                    found.append(rpath)
+        return found
+
+    def remove_upload_leftovers(self, rpaths: list[str]) -> list[str]:
+        """Delete ``rpaths`` (upload_leftovers()); returns what was deleted."""
+        done = []
+        for r in rpaths:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(r)
+                done.append(r)
+        return done
+
     def restore_hint(self, name: str) -> str:
         """A remote golden's files in this machine are a cache, not a checkout: fetch again, or replace
         the store's copy."""
@@ -336,6 +375,26 @@ class RemoteGoldenStore(GoldenStore):
             except ParityError:
                 name = base
             yield name if isinstance(name, str) else base, self.root / base
+
+
+def _modified(info: dict[str, Any]) -> float | None:
+    """When a store's file was last written, in seconds since the epoch, from the fields fsspec's
+    file systems give (local ``mtime``, memory ``created``, S3 ``LastModified``, GCS ``updated``);
+    None where none is there."""
+    import datetime
+
+    for key in ("mtime", "LastModified", "updated", "created"):
+        v = info.get(key)
+        if isinstance(v, (int, float)):
+            return float(v)
+        if isinstance(v, str):
+            try:
+                v = datetime.datetime.fromisoformat(v.replace("Z", "+00:00"))
+            except ValueError:
+                continue
+        if isinstance(v, datetime.datetime):
+            return (v if v.tzinfo else v.replace(tzinfo=datetime.timezone.utc)).timestamp()
+    return None
 
 
 def _missing_from_store(where: str, path: Any) -> GoldenCorrupt:

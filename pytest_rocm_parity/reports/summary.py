@@ -170,9 +170,11 @@ def summary_lines(session: Any) -> list[str]:
     pruned = list(getattr(session, "pruned", []) or [])
     withheld = list(getattr(g, "withheld", []) or [])
     leftovers = list(getattr(session, "leftovers", []) or [])
+    store_leftovers = list(getattr(session, "store_leftovers", []) or [])
     foreign = list(getattr(g, "foreign", []) or [])
     if not res and not (g.created or g.updated or g.missing or g.corrupt or g.stale or g.kept or obsolete or pruned or withheld
-                        or leftovers or foreign or unchecked or getattr(session, "lost_worker", False)):
+                        or leftovers or store_leftovers or foreign or unchecked
+                        or getattr(session, "lost_worker", False)):
         return []
     lines = ["", "=" * 20 + " rocm-parity summary " + "=" * 20]
     ordered = [{**r, "name": label} for label, r in ordered_checks(res)]
@@ -208,6 +210,10 @@ def summary_lines(session: Any) -> list[str]:
                      f"while another run was reading it, or a golden's whose manifest.json is gone, which git "
                      f"checkout restores; --parity-prune-obsolete deletes): "
                      f"{_listed([str(p) for p in leftovers])}")
+    if store_leftovers:
+        lines.append(f"leftover files in the store (uploads stopped over an hour ago before they were moved into "
+                     f"place, a killed capture's; no manifest names them; --parity-prune-obsolete deletes): "
+                     f"{_listed(store_leftovers)}")
     no_dir = (session.store.missing_root(capture_command(flags=session.options.command_flags))
               if g.missing and hasattr(session, "store") else "")
     if no_dir:

@@ -164,3 +164,37 @@ def test_an_upload_stopped_midway_leaves_the_golden_in_force_whole(pytester: pyt
         monkeypatch.delenv(var)
     monkeypatch.setenv("PARITY_CACHE_DIR", str(tmp_path / "another-machine"))
     pytester.runpytest_subprocess(*args).assert_outcomes(passed=1)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_FSIZE and SIGXFSZ as Linux has them")
+def test_a_killed_uploads_file_is_listed_once_old_and_pruned(pytester: pytest.Pytester, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel kills an upload midway: its temporary file stays in the store. A young one may be
+    another machine's live upload and is left alone; once it is an hour old the summary lists it and
+    --parity-prune-obsolete deletes it, leaving the golden in force as it was."""
+    store = tmp_path / "store"
+    args = ("-p", "no:cacheprovider", "--rocm-parity", f"--parity-golden-dir=file://{store}")
+    pytester.makepyfile(test_big=LIMITED)
+    monkeypatch.setenv("PARITY_CACHE_DIR", str(tmp_path / "cache"))
+    pytester.runpytest_subprocess(*args, "--parity-mode=capture").assert_outcomes(passed=1)
+    with monkeypatch.context() as m:
+        m.setenv("SHIFT", "0.5")
+        m.setenv("FSIZE_LIMIT", str(1 << 16))
+        m.setenv("ON_LIMIT", "die")
+        pytester.runpytest_subprocess(*args, "--parity-regen=big")
+    (cut,) = [p for p in (store / "big").iterdir() if p.name.startswith(".tmp-")]
+    golden = {p.name: p.read_bytes() for p in (store / "big").iterdir() if p != cut}
+
+    young = pytester.runpytest_subprocess(*args, "--parity-prune-obsolete")
+    young.assert_outcomes(passed=1)
+    assert cut.exists() and "leftover files in the store" not in young.stdout.str()
+
+    t = cut.stat().st_mtime - 2 * 3600
+    os.utime(cut, (t, t))
+    listed = pytester.runpytest_subprocess(*args)
+    listed.stdout.fnmatch_lines([f"leftover files in the store (uploads stopped over an hour ago*): *{cut.name}*"])
+    assert cut.exists()
+    pruned = pytester.runpytest_subprocess(*args, "--parity-prune-obsolete")
+    pruned.stdout.fnmatch_lines([f"rocm-parity: deleted *{cut.name} in file://{store} (an upload that was stopped*"])
+    assert not cut.exists()
+    assert {p.name: p.read_bytes() for p in (store / "big").iterdir()} == golden
