@@ -19,19 +19,13 @@ from pytest_rocm_parity.errors import InvalidArgument
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "scan_corpus"
 
 
-# Labels of the corpus that this module corrects: the mask at reduce_kernels.cu:17 is FINAL_MASK, which
-# the file defines as 0xffffffff, so the call is RP101's error (a named 32-bit mask), not RP102's warning.
-RELABELLED = {("csrc/reduce_kernels.cu", 17, "RP102"): ("csrc/reduce_kernels.cu", 17, "RP101")}
-
-
 def expected() -> set[tuple[str, int, str]]:
     out: set[tuple[str, int, str]] = set()
     for line in (CORPUS / "EXPECTED").read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             loc, rule = line.split()
             path, lineno = loc.rsplit(":", 1)
-            label = (path, int(lineno), rule)
-            out.add(RELABELLED.get(label, label))
+            out.add((path, int(lineno), rule))
     return out
 
 

@@ -14,7 +14,7 @@ __inline__ __device__ float warpReduceSum(float val) {
 
 __inline__ __device__ float warpReduceMax(float val) {
   for (int offset = 16; offset > 0; offset /= 2) {  // expect: RP106
-    val = fmaxf(val, __shfl_down_sync(FINAL_MASK, val, offset));  // expect: RP102
+    val = fmaxf(val, __shfl_down_sync(FINAL_MASK, val, offset));  // expect: RP101
   }
   return val;
 }
