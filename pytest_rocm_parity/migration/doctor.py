@@ -17,7 +17,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -315,6 +315,11 @@ def _read_exactly(k: str, backend: str) -> bool:
     return k in ("HIP_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL") or (k == "CUDA_VISIBLE_DEVICES" and backend == "rocm")
 
 
+def _read_by(k: str, backend: str) -> bool:
+    """Whether this build of torch reads the visible-devices variable k (a CPU build reads none)."""
+    return backend == "rocm" or (backend == "cuda" and k == "CUDA_VISIBLE_DEVICES")
+
+
 def _entries(v: str) -> list[str]:
     """The entries as every runtime splits them: at commas, one trailing comma ending the list."""
     parts = v.split(",")
@@ -369,39 +374,51 @@ def _empty_read_as_unset(present: dict[str, str]) -> list[Check]:
                   f"unset {k}, or list the devices, e.g. {k}=0")]
 
 
-def _rocm_combination_problems(present: dict[str, str], shown: str) -> list[Check]:
-    """What the variables that are readable on their own do together on a ROCm build."""
-    out = _empty_read_as_unset(present)
+def _combination_problems(present: dict[str, str], shown: str, backend: str, build: str) -> list[Check]:
+    """What the variables that are readable on their own do together, as a ROCm build reads them.
+
+    On a CPU or CUDA build (``build`` names it) the ROCm runtime's reading is judged too, since the same
+    environment may run a ROCm torch next, as a single variable is judged: its rows say the variables are
+    unused by this build. What only torch's own ROCm parsing (an empty list) or only an AMD device (a MIG
+    UUID) makes a problem, and what a CUDA build's own warning covers, is left to those builds."""
+    rocm = backend == "rocm"
+    out = _empty_read_as_unset(present) if rocm else []
     hip, cuda, rocr = present.get("HIP_VISIBLE_DEVICES"), present.get("CUDA_VISIBLE_DEVICES"), present.get("ROCR_VISIBLE_DEVICES")
     hip = hip or None
     effective = hip if hip is not None else cuda or None
+    unused = "" if rocm else f" (unused by this {build}; a ROCm torch in this environment would read them)"
+
+    def add(status: Status, detail: str, fix: str) -> None:
+        out.append(Check("visible-devices", status, detail + unused, fix))
+
     if rocr is not None and effective is not None:
         r, h = _tokens(rocr), _tokens(effective)
         if any(t.startswith("GPU-") for t in r) and any(t.startswith("GPU-") for t in h):
-            out.append(Check("visible-devices", "fail", f"{shown}: torch rejects UUIDs in both ROCR_VISIBLE_DEVICES and HIP_VISIBLE_DEVICES",
-                             "select by UUID in ROCR_VISIBLE_DEVICES only and use indices (relative to it) in HIP_VISIBLE_DEVICES"))
+            add("fail", f"{shown}: torch rejects UUIDs in both ROCR_VISIBLE_DEVICES and HIP_VISIBLE_DEVICES",
+                "select by UUID in ROCR_VISIBLE_DEVICES only and use indices (relative to it) in HIP_VISIBLE_DEVICES")
         out_of_range = [t for t in h if t.isdigit() and int(t) >= len(r)]
         if out_of_range:
             what = "leaves no device" if len(out_of_range) == len(h) else "drops some devices"
-            out.append(Check("visible-devices", "fail",
-                             f"{shown}: HIP indices are relative to ROCR's {len(r)} device(s); index {out_of_range[0]} is out of range, {what}",
-                             f"use HIP_VISIBLE_DEVICES={','.join(str(i) for i in range(min(len(r), len(h))))} or unset one of the two"))
+            add("fail", f"{shown}: HIP indices are relative to ROCR's {len(r)} device(s); index {out_of_range[0]} is out of range, {what}",
+                f"use HIP_VISIBLE_DEVICES={','.join(str(i) for i in range(min(len(r), len(h))))} or unset one of the two")
     mig = [(k, t) for k, v in present.items() for t in _tokens(v) if t.startswith("MIG-")]
-    if mig:
-        out.append(Check("visible-devices", "warn", f"{shown}: {mig[0][1]!r} in {mig[0][0]} is an NVIDIA MIG instance; "
-                         "AMD GPUs have none, so it matches no device here", "use indices or GPU-UUIDs on AMD machines"))
+    if mig and rocm:
+        add("warn", f"{shown}: {mig[0][1]!r} in {mig[0][0]} is an NVIDIA MIG instance; "
+            "AMD GPUs have none, so it matches no device here", "use indices or GPU-UUIDs on AMD machines")
+    if backend == "cuda":
+        return out   # the CUDA build's own row says the HIP and ROCr variables are ignored there
     if hip is not None and cuda is not None and _tokens(hip) != _tokens(cuda):
-        out.append(Check("visible-devices", "warn", f"{shown}: HIP_VISIBLE_DEVICES wins on ROCm, CUDA_VISIBLE_DEVICES is ignored",
-                         "set both to the same list or unset CUDA_VISIBLE_DEVICES"))
+        add("warn", f"{shown}: HIP_VISIBLE_DEVICES wins on ROCm, CUDA_VISIBLE_DEVICES is ignored",
+            "set both to the same list or unset CUDA_VISIBLE_DEVICES")
     if "GPU_DEVICE_ORDINAL" in present and effective is not None:
-        out.append(Check("visible-devices", "warn", f"{shown}: GPU_DEVICE_ORDINAL filters again on top of HIP's list",
-                         "keep one visible-devices variable"))
+        add("warn", f"{shown}: GPU_DEVICE_ORDINAL filters again on top of HIP's list", "keep one visible-devices variable")
     return out
 
 
 def check_visible_devices(f: Facts) -> list[Check]:
     """Every visible-devices problem, each with its fix: each variable on its own, then (among the
-    variables readable on their own) what they do together on this build. One ok row when none."""
+    variables readable on their own) what they do together. Both are judged on every build: a
+    variable this build does not read is judged as a ROCm build reads it. One ok row when none."""
     env, backend = f.env, f.info.backend
     present = {k: env[k] for k in VISIBLE_VARS if k in env}
     if not present:
@@ -413,19 +430,23 @@ def check_visible_devices(f: Facts) -> list[Check]:
     shown = ", ".join(f"{k}={v!r}" for k, v in present.items())
     out: list[Check] = []
     readable: dict[str, str] = {}
+    build = "torch (not importable)" if f.info.torch_version is None else _build(f.info)
     for k, v in present.items():
         problem = _variable_problem(k, v, backend)
+        if problem is not None and not _read_by(k, backend):
+            reader = "a ROCm or CUDA torch" if k == "CUDA_VISIBLE_DEVICES" else "a ROCm torch"
+            problem = replace(problem, detail=f"{problem.detail} (unused by this {build}; {reader} in this "
+                                              "environment would read it)")
         if problem is not None:
             out.append(problem)
         if problem is None or problem.status != "fail":
             readable[k] = v
-    if backend == "rocm":
-        out += _rocm_combination_problems(readable, shown)
-    elif backend == "cuda":
-        ignored = [k for k in ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES") if k in present]
+    if backend == "cuda":
+        ignored = [k for k in present if not _read_by(k, backend)]
         if ignored:
             out.append(Check("visible-devices", "warn", f"{shown}: {', '.join(ignored)} are ignored by a CUDA build",
                              "use CUDA_VISIBLE_DEVICES on NVIDIA machines"))
+    out += _combination_problems(readable, shown, backend, build)
     if out:
         return out
     if backend != "rocm":

@@ -263,9 +263,66 @@ def test_doctor_command_lists_every_visible_devices_problem() -> None:
                           capture_output=True, text=True, env=env, timeout=300, check=False)
     assert proc.returncode == 1, proc.stderr
     rows = [c for c in json.loads(proc.stdout)["checks"] if c["name"] == "visible-devices"]
+    unused = "(unused by this CPU build of torch; a {} torch in this environment would read it)"
     assert [(c["status"], c["detail"]) for c in rows][:2] == [
-        ("fail", "HIP_VISIBLE_DEVICES='-1' hides every GPU"), ("warn", "CUDA_VISIBLE_DEVICES='0,0' lists a device twice")]
+        ("fail", f"HIP_VISIBLE_DEVICES='-1' hides every GPU {unused.format('ROCm')}"),
+        ("warn", f"CUDA_VISIBLE_DEVICES='0,0' lists a device twice {unused.format('ROCm or CUDA')}")]
     assert rows[0]["fix"].startswith("unset HIP_VISIBLE_DEVICES") and rows[1]["fix"] == "remove the duplicate from CUDA_VISIBLE_DEVICES"
+
+
+def _build_of(monkeypatch: pytest.MonkeyPatch, build: str) -> None:
+    if build == "cuda":
+        patch_torch(monkeypatch, H100, hip=None, cuda="12.4", version="2.6.0+cu124")
+    elif build == "rocm":
+        patch_torch(monkeypatch, MI300X, n=2)
+    else:
+        monkeypatch.setattr(torch.version, "hip", None)
+        monkeypatch.setattr(torch.version, "cuda", None)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+@pytest.mark.parametrize("build", ["cpu", "cuda", "rocm"])
+@pytest.mark.parametrize(("env", "status", "phrase"), [
+    ({"ROCR_VISIBLE_DEVICES": "1", "HIP_VISIBLE_DEVICES": "1"}, "fail", "index 1 is out of range, leaves no device"),
+    ({"ROCR_VISIBLE_DEVICES": "0,1", "HIP_VISIBLE_DEVICES": "0,3"}, "fail", "drops some devices"),
+    ({"ROCR_VISIBLE_DEVICES": "GPU-aa", "HIP_VISIBLE_DEVICES": "GPU-bb"}, "fail", "UUIDs in both"),
+    ({"HIP_VISIBLE_DEVICES": "-1"}, "fail", "HIP_VISIBLE_DEVICES='-1' hides every GPU"),
+])
+def test_visible_devices_are_judged_alike_on_every_build(monkeypatch: pytest.MonkeyPatch, build: str,
+                                                         env: dict[str, str], status: str, phrase: str) -> None:
+    """A combination that leaves a ROCm torch no device fails on every build, as a single variable that
+    hides every GPU does: the same environment may run a ROCm torch next. Off ROCm the row says the
+    variables are unused by this build."""
+    _build_of(monkeypatch, build)
+    (c,) = [c for c in doctor.check_visible_devices(facts(env)) if phrase in c.detail]
+    assert c.status == status and c.fix, c
+    assert ("unused by this" in c.detail) == (build != "rocm"), c
+
+
+@pytest.mark.parametrize(("build", "warns"), [("cpu", True), ("cuda", False), ("rocm", True)])
+@pytest.mark.parametrize(("env", "phrase"), [
+    ({"HIP_VISIBLE_DEVICES": "0,1", "CUDA_VISIBLE_DEVICES": "2"}, "HIP_VISIBLE_DEVICES wins on ROCm"),
+    ({"HIP_VISIBLE_DEVICES": "0", "GPU_DEVICE_ORDINAL": "0"}, "GPU_DEVICE_ORDINAL filters again"),
+])
+def test_rocm_only_combinations_off_rocm(monkeypatch: pytest.MonkeyPatch, build: str, warns: bool,
+                                         env: dict[str, str], phrase: str) -> None:
+    """HIP beating CUDA and GPU_DEVICE_ORDINAL filtering again warn on a CPU build as on ROCm; a CUDA
+    build says instead that it ignores the HIP variables and GPU_DEVICE_ORDINAL."""
+    _build_of(monkeypatch, build)
+    checks = doctor.check_visible_devices(facts(env))
+    assert any(c.status == "warn" and phrase in c.detail for c in checks) == warns, checks
+    if build == "cuda":
+        ignored = [k for k in env if k != "CUDA_VISIBLE_DEVICES"]
+        assert any(c.status == "warn" and f"{', '.join(ignored)} are ignored by a CUDA build" in c.detail
+                   for c in checks), checks
+
+
+def test_visible_devices_a_cpu_build_leaves_to_rocm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What only torch's own ROCm parsing (an empty list) or an AMD device (a MIG UUID) makes a problem
+    stays a ROCm build's row."""
+    _build_of(monkeypatch, "cpu")
+    for env in ({"HIP_VISIBLE_DEVICES": ""}, {"CUDA_VISIBLE_DEVICES": "MIG-GPU-aa/1/0"}):
+        assert [c.status for c in doctor.check_visible_devices(facts(env))] == ["ok"], env
 
 
 def test_rocm_arch_missing_from_env_var(monkeypatch: pytest.MonkeyPatch) -> None:
