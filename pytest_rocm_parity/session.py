@@ -941,12 +941,9 @@ class ParitySession:
 
             doc["incomplete"] = LOST_WORKER
         from pytest_rocm_parity.atomic import atomic_write
+        from pytest_rocm_parity.reports import report
 
-        atomic_write(out / "parity-report.json", json.dumps(doc, indent=1, default=str))
-        try:
-            from pytest_rocm_parity.reports import report
-        except ImportError:
-            return
+        atomic_write(out / "parity-report.json", report.report_json(doc))
         report.write_all(doc, out)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:

@@ -871,6 +871,41 @@ def _write_html(doc: Mapping[str, Any], out: Path) -> Path:
     return atomic_write(out / HTML_NAME, render_html(doc, out))
 
 
+# JSON has no NaN nor Infinity (JSON.parse refuses Python's bare NaN): a non-finite number is written
+# as one of these strings, which float() reads back, and read back as the number
+NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def report_json(doc: Any) -> str:
+    """``doc`` as strict JSON (every parser reads it), non-finite numbers as NONFINITE's strings."""
+    import json
+
+    def strict(x: Any) -> Any:
+        if isinstance(x, float) and not math.isfinite(x):
+            return "NaN" if math.isnan(x) else "Infinity" if x > 0 else "-Infinity"
+        if isinstance(x, dict):
+            return {k: strict(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [strict(v) for v in x]
+        return x
+    return json.dumps(strict(doc), indent=1, default=str, allow_nan=False)
+
+
+def read_report_json(text: str) -> Any:
+    """A parity-report.json's document, its non-finite numbers (report_json) numbers again."""
+    import json
+
+    def numbers(x: Any) -> Any:
+        if isinstance(x, str):
+            return NONFINITE.get(x, x)
+        if isinstance(x, dict):
+            return {k: numbers(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [numbers(v) for v in x]
+        return x
+    return numbers(json.loads(text))
+
+
 def _report_document(path: Path) -> Any:
     """The parity-report.json at ``path``, or in the --parity-report folder ``path``."""
     import json
@@ -879,7 +914,7 @@ def _report_document(path: Path) -> Any:
 
     f = path / "parity-report.json" if path.is_dir() else path
     try:
-        return json.loads(f.read_text(encoding="utf-8"))
+        return read_report_json(f.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InvalidArgument(f"{f}: no such file; name a --parity-report folder or the parity-report.json in "
                               f"it") from None

@@ -132,3 +132,58 @@ def test_a_manifest_field_deleted_or_unknown_is_corrupt_naming_the_file_and_the_
     result.stdout.fnmatch_lines([f"      golden corrupt: {manifest}: manifest does not describe a golden: *{field}*",
                                  "goldens corrupt (*): broken"])
     assert "stale" not in result.stdout.str()
+
+
+DROPPED_OUTPUT_TEST = '''
+import os, torch
+from torch import nn
+
+
+class Two(nn.Module):
+    """Returns its output and a second one, which the candidate drops (DROP=1)."""
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return {"y": y} if os.environ.get("DROP") else {"y": y, "twice": 2 * y}
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.two = Two()
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(self.two(x)["y"])
+
+
+def test_dropped(parity):
+    torch.manual_seed(0)
+    parity.check(Net(), torch.randn(4, 8, generator=torch.Generator().manual_seed(0)), name="dropped",
+                 dtypes=["float32"])
+'''
+
+
+def test_the_json_report_of_an_infinite_ratio_is_strict_json(project: pytest.Pytester,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A main output the candidate drops has an infinite ratio; the JSON report writes it as a string
+    every JSON parser reads (Python's bare Infinity is refused by JSON.parse), and layer_frame reads
+    it back as the number."""
+    from pytest_rocm_parity import layer_frame
+
+    (project.path / "test_tiny.py").unlink()
+    project.makepyfile(test_dropped=DROPPED_OUTPUT_TEST)
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    monkeypatch.setenv("DROP", "1")
+    project.runpytest("--rocm-parity", "--parity-report=rep").assert_outcomes(failed=1)
+    text = (project.path / "rep" / "parity-report.json").read_text()
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"bare {constant} in the JSON report")
+    json.loads(text, parse_constant=refuse)
+    assert '"Infinity"' in text
+    df = layer_frame(project.path / "rep").set_index("layer")
+    assert df.loc["two", "iso_ratio"] == float("inf")
