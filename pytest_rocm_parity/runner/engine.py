@@ -786,9 +786,12 @@ class Hooks:
 
 
 def _canonical(consts: dict[str, Any]) -> str:
+    """A call's constants as one string, the None ones left out: an input one implementation leaves
+    None (no mask where the attention is causal anyway) and another fills with a tensor tells no
+    call from another, and keyed by it the candidate's first call took a later call's key."""
     import json
 
-    return json.dumps(consts, sort_keys=True, default=str)
+    return json.dumps({k: v for k, v in consts.items() if v is not None}, sort_keys=True, default=str)
 
 
 def _calls_by_constant(golden: dict[str, dict[str, Any]]) -> dict[str, dict[str, str]]:

@@ -48,3 +48,45 @@ def test_calls_in_another_order_pass_and_a_bug_is_still_named(mode: str) -> None
     assert res[0].passed, verdicts(res)
     res = capture_then_replay(lambda: model(("sliding", "full")), model(("full", "sliding"), bug="full"), x, spec)
     assert not res[0].passed and res[0].culprit == "table#1", verdicts(res)   # the golden's second call
+
+
+class Gated(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        y = self.lin(x)
+        return y if mask is None else y * mask
+
+
+class MaskedTwice(nn.Module):
+    """One module called on all rows, then on two: the reference passes no mask where none is needed
+    (a causal prefill under SDPA), the candidate an all-ones one (another attention implementation)."""
+
+    def __init__(self, builds_mask: bool) -> None:
+        super().__init__()
+        self.gated = Gated()
+        self.builds_mask = builds_mask
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.gated(x, mask=torch.ones_like(x) if self.builds_mask else None)
+        b = self.gated(x[:2], mask=torch.ones_like(x[:2]))
+        return a.sum(0) + b.sum(0)
+
+
+@pytest.mark.parametrize("mode", ["full", "fast"])
+def test_an_input_one_side_leaves_none_keeps_each_call_its_own_key(mode: str) -> None:
+    """None on the reference's first call, a tensor on the candidate's: no constant tells the calls
+    apart, so each keeps its place in order and is judged on its own golden inputs (the first call
+    took the second's key, and went unjudged, a StaticCache decode crashed on the other call's shapes)."""
+    torch.manual_seed(0)
+    reference = MaskedTwice(builds_mask=False)
+    torch.manual_seed(0)
+    candidate = MaskedTwice(builds_mask=True)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    (res,) = capture_then_replay(reference, candidate, x, CheckSpec(name="m", dtypes=["float32"], replay=mode))
+    assert res.passed, verdicts([res])
+    judged = {l.name: l.iso.numel for l in res.layers if l.iso is not None}
+    assert judged == {"gated": 32, "gated.lin": 32, "gated#1": 16, "gated.lin#1": 16}, judged
+    assert not any("other shapes" in n for n in res.notes), res.notes
