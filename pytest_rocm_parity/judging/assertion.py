@@ -198,9 +198,16 @@ def headline(extra: Mapping[str, Any]) -> str:
 
 def lm_failure(extra: Mapping[str, Any]) -> str:
     """What a language-model check failed on, in a few words ('' when its metrics passed)."""
-    fails = (extra.get("lm") or {}).get("fails") or []
+    lm = extra.get("lm") or {}
+    fails = lm.get("fails") or []
     if not fails:
         return ""
+    # a NaN or Inf is the cause to name: the metrics it makes fail (or NaN) follow from it
+    nonfinite = {k: v for k, v in (lm.get("nonfinite") or {}).items() if v}
+    if nonfinite:
+        where = {"forward": "the full forward", "cached_decode": "KV-cache decoding", "generation": "greedy generation"}
+        return ("non-finite candidate logits where the reference's are finite ("
+                + ", ".join(f"{n} in {where.get(k, k)}" for k, n in nonfinite.items()) + ")")
     if all(str(f).startswith("KV-cache decoding") for f in fails):
         return "KV-cache decoding out of bounds; the full forward within them"
     return "language-model metrics out of bounds"

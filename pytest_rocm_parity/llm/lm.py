@@ -225,46 +225,71 @@ def decode_with_cache(model: Any, prompt: Any, mask: Any, cont: Any) -> Any | No
     return torch.stack(steps, 1)
 
 
+def _rms(x: Any) -> float:
+    """RMS of ``x`` (0.0 when it holds no element: a leaf left empty once its non-finite values are set aside)."""
+    return float(x.square().mean().sqrt()) if x.numel() else 0.0
+
+
 def _judge_cached(rung: str, tol: Any, cand: Any, ref: Any, truth: Any, noise: float = 0.0) -> tuple[dict[str, Any], str]:
     """The cached decode's logits judged as the model's outputs are (Dynamo's rule, judge.Rule):
     the candidate's error against the float64 truth of the same positions within ``k`` times the
     reference's cached decode's, or within ``quant_noise`` times ``noise``, the activation-quantization
-    noise of an FP8 candidate in another format (docs/fp8.md), where that is larger. Returns the
-    metrics and the failure ('' when it passes)."""
+    noise of an FP8 candidate in another format (docs/fp8.md), where that is larger. A non-finite
+    candidate value where the reference and the truth are finite fails, as in the full forward: a
+    NaN error is never over any budget, so the errors are measured where all three are finite and the
+    non-finite ones counted apart. Returns the metrics and the failure ('' when it passes)."""
     import torch
 
     from pytest_rocm_parity.judging.judge import Rule
     from pytest_rocm_parity.judging.records import LeafMetrics
 
     rule = Rule.of(tol, rung)
-
-    def rms(x: Any) -> float:
-        return float(x.square().mean().sqrt())
-
     ref, cand = ref.to(truth.device, torch.float64), cand.to(truth.device, torch.float64)
+    finite_ref = torch.isfinite(ref) & torch.isfinite(truth)
+    bad = finite_ref & ~torch.isfinite(cand)
+    keep = finite_ref & torch.isfinite(cand)
 
-    def judged(c: Any, r: Any, t: Any) -> LeafMetrics:
-        m = LeafMetrics("cached_logits", int(t.numel()), err_cand=rms(c - t), err_ref=rms(r - t), rms_truth=rms(t))
+    def judged(sel: Any) -> LeafMetrics:
+        k = keep[sel]
+        c, r, t = cand[sel][k], ref[sel][k], truth[sel][k]
+        m = LeafMetrics("cached_logits", int(t.numel()), err_cand=_rms(c - t), err_ref=_rms(r - t), rms_truth=_rms(t))
         m.ratio = rule.propagated_ratio(m)
         m.allow_noise(noise)
         return m
 
-    m = judged(cand, ref, truth)
+    steps = int(truth.shape[1])
+    m = judged((slice(None),))
     why = rule.failure(m, isolated=False)
     # step by step: a cache written wrong shows from the step after the token it was written for
-    per_step = [judged(cand[:, s], ref[:, s], truth[:, s]) for s in range(truth.shape[1])]
-    metrics = {"steps": int(truth.shape[1]), "err": m.err_cand, "err_ref": m.err_ref, "ratio": m.ratio,
+    per_step = [judged((slice(None), s)) for s in range(steps)]
+    metrics = {"steps": steps, "err": m.err_cand, "err_ref": m.err_ref, "ratio": m.ratio,
                "budget": rule.quant_noise if m.noise > m.err_ref else rule.k, "quant_noise": m.noise,
-               "step_ratios": [s.ratio for s in per_step]}
+               "step_ratios": [s.ratio for s in per_step], "nonfinite": int(bad.sum())}
+    what = f"KV-cache decoding (the continuation's {steps} steps, one token each with the cache)"
+    if metrics["nonfinite"]:
+        b, s, v = (int(x) for x in bad.nonzero()[0])
+        metrics["first_nonfinite"] = [b, s, v]
+        return metrics, (f"{what}: {metrics['nonfinite']} non-finite candidate value(s) where the reference is "
+                         f"finite; first at batch row {b}, step {s} of 0-{steps - 1}, vocabulary index {v}")
     if not why:
         return metrics, ""
     first = next((i for i, s in enumerate(per_step) if rule.failure(s, isolated=False)), None)
     where = "" if first is None else (
-        f"; step by step the first over budget is step {first} of 0-{truth.shape[1] - 1} ({per_step[first].ratio:.3g}x"
+        f"; step by step the first over budget is step {first} of 0-{steps - 1} ({per_step[first].ratio:.3g}x"
         + (f", after step{'s' if first > 1 else ''} 0{f'-{first - 1}' if first > 1 else ''} within it: a cache "
            f"entry written wrong, or a position past the prompt" if first > 0 else "") + ")")
-    return metrics, (f"KV-cache decoding (the continuation's {truth.shape[1]} steps, one token each with the "
-                     f"cache): {why}{where}")
+    return metrics, f"{what}: {why}{where}"
+
+
+def _nonfinite_logits(lc: Any, lr: Any, lt: Any, valid: Any) -> tuple[int, list[int] | None]:
+    """Non-finite candidate logits at ``valid`` positions where the reference's and the truth's are
+    finite, and the first (batch, position, vocabulary index): the perplexity, KL and top-1 metrics
+    over them are NaN, which no budget comparison fails."""
+    import torch
+
+    bad = torch.isfinite(lr) & torch.isfinite(lt) & ~torch.isfinite(lc) & valid.unsqueeze(-1)
+    n = int(bad.sum())
+    return n, ([int(x) for x in bad.nonzero()[0]] if n else None)
 
 
 def check_lm(parity: Any, model: Any, input_ids: Any, *, name: str | None = None, dtypes: Any = None,
@@ -377,6 +402,19 @@ def _judge(prompt_len: int, generate: int, top_k: int, ids_cpu: Any, mask_cpu: A
               if qkey in reader.keys and differing_modules(meta, m) else None)
         logits = judge_logits(lc, lr, lt, ids, valid, prompt_len, u, tol.propagated_for(rung), tol.quant_noise, top_k, lq)
         metrics, fails, delta = logits.metrics, logits.fails, logits.near_tie_margin
+        nonfinite: dict[str, int] = {}
+        n_bad, at = _nonfinite_logits(lc, lr, lt, valid)
+        if n_bad and at is not None:
+            nonfinite["forward"] = n_bad
+            fails.insert(0, f"{n_bad} non-finite candidate logit(s) where the reference's are finite; first at batch "
+                            f"row {at[0]}, position {at[1]}, vocabulary index {at[2]} (the perplexity, KL and top-1 "
+                            f"metrics over them are NaN)")
+        else:
+            # finite logits whose metrics are not (an overflow inside the softmax): NaN passes any budget
+            for cand_key, ref_key, what in (("log_ppl_err", "log_ppl_err_ref", "log-perplexity error"),
+                                            ("kl_truth_cand_mean", "kl_truth_ref_mean", "KL(truth||cand) mean")):
+                if not math.isfinite(metrics[cand_key]) and math.isfinite(metrics[ref_key]):
+                    fails.append(f"{what} is {metrics[cand_key]} where the reference's is {metrics[ref_key]:.3g}")
         flips, confident, margin = logits.flips, logits.confident, logits.margin
         a_r, a_c = logits.ref_top1, logits.cand_top1
         first = None
@@ -391,8 +429,15 @@ def _judge(prompt_len: int, generate: int, top_k: int, ids_cpu: Any, mask_cpu: A
             gold = reader.get("extra/gen_tokens").to(dev)
             gmarg = reader.get("extra/gen_margins").to(dev, torch.float64)
             pm = None if mask_cpu is None else mask_cpu[:, :prompt_len].to(dev)
-            cand_toks, _ = greedy(m, ids[:, :prompt_len], pm, generate)
+            cand_toks, cand_marg = greedy(m, ids[:, :prompt_len], pm, generate)
             diverged = cand_toks.to(dev) != gold
+            # a non-finite logit makes the step's top-1/top-2 margin non-finite, where the reference's is not
+            gen_bad = (torch.isfinite(gmarg) & ~torch.isfinite(cand_marg.to(dev))).nonzero()
+            if gen_bad.numel():
+                nonfinite["generation"] = int(gen_bad.shape[0])
+                fails.append(f"greedy generation: non-finite candidate logits at {gen_bad.shape[0]} step(s) where the "
+                             f"reference's are finite; first at batch row {int(gen_bad[0, 0])}, step "
+                             f"{int(gen_bad[0, 1])}")
             steps = []
             conf_div = 0
             for b in range(gold.shape[0]):
@@ -425,6 +470,8 @@ def _judge(prompt_len: int, generate: int, top_k: int, ids_cpu: Any, mask_cpu: A
                         qn = float((lq - lt)[:, span].square().mean().sqrt()) if lq is not None else 0.0
                         metrics["cached_decode"], why = _judge_cached(rung, tol, cached,
                                                                       reader.get("extra/cached_logits"), lt[:, span], qn)
+                        if metrics["cached_decode"]["nonfinite"]:
+                            nonfinite["cached_decode"] = metrics["cached_decode"]["nonfinite"]
                         if why:
                             fails.append(why)
             else:
@@ -436,6 +483,8 @@ def _judge(prompt_len: int, generate: int, top_k: int, ids_cpu: Any, mask_cpu: A
                 n_div = sum(1 for j in steps if j is not None)
                 fails.append(f"greedy generation diverged in {n_div} of {len(steps)} sequences, {conf_div} of them "
                              f"at a confident step (first divergent step: {steps_text(steps)})")
+        if nonfinite:
+            metrics["nonfinite"] = nonfinite
         metrics["fails"] = list(fails)
         result.extra["lm"] = metrics
         if fails:
