@@ -118,13 +118,63 @@ def version_text() -> str:
     return f"rocm-parity {__version__} (pytest-rocm-parity, Python {sys.version.split()[0]})"
 
 
+# The namespace attribute holding the subcommand words the user typed ("golden", "derive"): errors name them.
+COMMAND_PATH = "command_path"
+
+
+class _Subcommands(argparse._SubParsersAction):
+    """Parses a subcommand's arguments strictly, so that an argument it does not take is reported with that
+    subcommand's usage and name ("rocm-parity doctor: error: unrecognized arguments: --bogus"), not left
+    for the top-level parser, whose usage names no option of the subcommand; and records the words typed."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        name, rest = values[0], list(values[1:])
+        if name not in self.choices:
+            super().__call__(parser, namespace, values, option_string)   # argparse's "invalid choice" error
+            return
+        if self.dest is not argparse.SUPPRESS:
+            setattr(namespace, self.dest, name)
+        sub = self.choices[name].parse_args(rest)
+        for key, value in vars(sub).items():
+            setattr(namespace, key, value)
+        setattr(namespace, COMMAND_PATH, [name, *getattr(sub, COMMAND_PATH, [])])
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with two fixes the subcommands share: strict subcommand parsing (_Subcommands), and a
+    positional that takes the rest of the line (``nargs=REMAINDER``, e.g. prune's PYTEST_ARGS) counted as
+    optional, as its help says, so a usage error does not list it among the required arguments."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("action", "parsers", _Subcommands)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        if action.nargs == argparse.REMAINDER and not action.option_strings:
+            action.required = False
+        return action
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rocm-parity", description="Cross-backend numerical parity of PyTorch models: check the migration environment (doctor), scan code for CUDA-only constructs (scan), inspect, compare and manage goldens (show, diff, golden prune, golden derive), fuzz operators (ops).")
+    parser = _Parser(prog="rocm-parity", description="Cross-backend numerical parity of PyTorch models: check the migration environment (doctor), scan code for CUDA-only constructs (scan), inspect, compare and manage goldens (show, diff, golden prune, golden derive), fuzz operators (ops).")
     parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, cmd in COMMANDS.items():
         resolve(cmd.arguments)(sub.add_parser(name, help=cmd.help, description=cmd.help))
     return parser
+
+
+def _without_command_prefix(message: str, words: list[str], argv: Sequence[str] | None) -> str:
+    """The message without a leading "<command>: " that repeats a word of the prefix the CLI prints (some
+    errors name their command for callers outside the CLI). A prefix that is an argument the user typed
+    (a golden directory named "prune") is the message's subject and stays."""
+    typed = list(sys.argv[1:] if argv is None else argv)
+    for word in words:
+        if message.startswith(f"{word}: ") and typed.count(word) <= 1:
+            return message[len(word) + 2:]
+    return message
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -138,8 +188,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ParityError as exc:
         from pytest_rocm_parity.colour import enabled, paint
 
-        print(f"rocm-parity {args.command}: {paint('error:', 'red+bold', enabled(sys.stderr))} {exc}",
-              file=sys.stderr)
+        words = getattr(args, COMMAND_PATH, None) or [args.command]
+        print(f"rocm-parity {' '.join(words)}: {paint('error:', 'red+bold', enabled(sys.stderr))} "
+              f"{_without_command_prefix(str(exc), words, argv)}", file=sys.stderr)
         return 2
     except BrokenPipeError:   # the reader went away (`| head`): not an error of this command
         # stdout's buffered rest would fail again at exit; point it at devnull, as Python's docs advise
