@@ -32,10 +32,12 @@ def _logits(out: Any) -> Any:
         return out
     if hasattr(out, "logits"):
         return out.logits
+    if isinstance(out, dict) and isinstance(out.get("logits"), torch.Tensor):
+        return out["logits"]
     if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
         return out[0]
     raise InvalidArgument(f"check_lm: the model returned {type(out).__name__}; expected logits, a tuple starting "
-                          f"with logits, or an object with .logits")
+                          f"with logits, a dict with 'logits', or an object with .logits")
 
 
 def _require_logits(model: Any, args: Any, kwargs: Any) -> None:
@@ -44,13 +46,38 @@ def _require_logits(model: Any, args: Any, kwargs: Any) -> None:
     import torch
 
     with torch.inference_mode():
-        logits = _logits(model(*args, **kwargs))
+        out = model(*args, **kwargs)
+        logits = _logits(out)
+    _require_recorded(model, out, logits)
     vocab = vocab_size(model) if _is_hf(model) else None   # a plain module's first embedding may be another
     if not (logits.is_floating_point() and logits.dim() == 3 and (vocab is None or logits.shape[-1] == vocab)):
         raise InvalidArgument(
             f"check_lm: {type(model).__name__} returned {tuple(logits.shape)} {logits.dtype} where next-token logits "
             f"(batch, tokens, {vocab if vocab is not None else 'vocabulary'}) belong: not a language model's head. "
             f"Pass the model with its LM head (e.g. AutoModelForCausalLM), or use parity.check for other models")
+
+
+def _logits_path(paths: Any) -> str | None:
+    """Which of an output's tensor leaves (their paths, in order) holds the logits: 'logits' (a
+    ModelOutput, a dict, a dataclass), else the first (a tensor, a tuple starting with them)."""
+    paths = list(paths)
+    return "logits" if "logits" in paths else (paths[0] if paths else None)
+
+
+def _require_recorded(model: Any, out: Any, logits: Any) -> None:
+    """InvalidArgument unless the logits are among the output leaves the golden records: an object
+    the engine does not walk (a SimpleNamespace) has a .logits that check_lm reads but no leaf a
+    replay could compare, so the golden would be written and every replay fail."""
+    from pytest_rocm_parity.runner.tree import tensor_leaves
+
+    leaves = tensor_leaves(out)
+    path = _logits_path(leaves)
+    if path is None or leaves[path] is not logits:
+        raise InvalidArgument(
+            f"check_lm: {type(model).__name__} returned a {type(out).__name__}, whose logits the golden cannot "
+            f"record (an output's tensors are recorded from a tensor, a tuple or list, a dict, a dataclass or a "
+            f"transformers ModelOutput); return the logits, a tuple starting with them, a dict with 'logits', or "
+            f"transformers.modeling_outputs.CausalLMOutputWithPast(logits=..., past_key_values=...)")
 
 
 @contextlib.contextmanager
@@ -500,8 +527,15 @@ def _judge(prompt_len: int, generate: int, top_k: int, ids_cpu: Any, mask_cpu: A
 
 
 def _logits_leaf(meta: dict[str, Any]) -> str:
-    outs = meta["outputs"]["out"]
-    return "logits" if "logits" in outs else next(iter(outs))
+    path = _logits_path(meta["outputs"]["out"])
+    if path is None:   # a golden written before capture refused such outputs
+        from pytest_rocm_parity.errors import GoldenStale
+
+        raise GoldenStale("check_lm: the golden records no output tensor, so there are no logits to judge: the "
+                          "model returned an object whose tensors are not recorded (a SimpleNamespace). Return the "
+                          "logits, a tuple starting with them, a dict with 'logits' or a transformers ModelOutput, "
+                          "and capture the golden again")
+    return path
 
 
 def _first_layer_at(result: Any, b: int, s: int) -> str | None:

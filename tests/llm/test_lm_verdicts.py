@@ -15,6 +15,7 @@ pytest.importorskip("transformers")
 HERE = Path(__file__).parent
 
 CONFTEST = '''
+import math
 import os
 import types
 import torch
@@ -52,6 +53,40 @@ class Logits(torch.nn.Module):
 
 def ids():
     return torch.randint(3, 96, (2, 12), generator=torch.Generator().manual_seed(0))
+
+class CachedLM(torch.nn.Module):
+    """A serving team's own decoder, no Hugging Face config: one attention block whose KV cache is a
+    pair of plain tensors, returned as past_key_values in a transformers ModelOutput (OUT=ns: in a
+    SimpleNamespace, whose tensors the golden cannot record)."""
+    def __init__(self, vocab=96, d=32, heads=4):
+        super().__init__()
+        torch.manual_seed(0)
+        self.heads = heads
+        self.emb = torch.nn.Embedding(vocab, d)
+        self.qkv = torch.nn.Linear(d, 3 * d, bias=False)
+        self.o = torch.nn.Linear(d, d, bias=False)
+        self.head = torch.nn.Linear(d, vocab, bias=False)
+        with torch.no_grad():
+            self.qkv.weight.normal_(0, 0.5)
+    def forward(self, input_ids, attention_mask=None, use_cache=False, past_key_values=None):
+        b, t = input_ids.shape
+        x = self.emb(input_ids)
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        if os.environ.get("BUG") == "decode-scale" and t == 1:
+            q = q * 1.05   # a single-query kernel's softmax scale off by 5%
+        start = 0
+        if past_key_values is not None:
+            start = past_key_values[0].shape[2]
+            k, v = torch.cat([past_key_values[0], k], 2), torch.cat([past_key_values[1], v], 2)
+        s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        s = s.masked_fill(~torch.ones(t, start + t, dtype=torch.bool).tril(start), float("-inf"))
+        y = (s.softmax(-1) @ v).transpose(1, 2).reshape(b, t, -1)
+        logits = self.head(x + self.o(y))
+        past = (k, v) if use_cache else None
+        if os.environ.get("OUT") == "ns":
+            return types.SimpleNamespace(logits=logits, past_key_values=past)
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+        return CausalLMOutputWithPast(logits=logits, past_key_values=past)
 '''
 
 TEST = '''
@@ -63,7 +98,8 @@ def test_lm(parity):
 
 
 @pytest.fixture
-def project(parity_project: Any) -> pytest.Pytester:
+def project(parity_project: Any, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    monkeypatch.delenv("OUT", raising=False)
     p = parity_project(CONFTEST, "BUG", test_lm=TEST)
     shutil.copy(HERE.parent / "parity_models.py", p.path / "parity_models.py")
     return p
@@ -109,3 +145,24 @@ def test_nan_in_the_full_forward_logits_is_named_in_the_metrics_and_the_headline
         "forward, 3 in greedy generation)*"])
     assert "language-model metrics out of bounds" not in result.stdout.str()
     assert _lm(project, "bfloat16")["nonfinite"] == {"forward": 1, "generation": 3}
+
+
+CACHED_TEST = '''
+from conftest import CachedLM, ids
+
+def test_lm(parity):
+    parity.check_lm(CachedLM(), ids(), name="lm", dtypes=["float32"], generate=3)
+'''
+
+
+def test_an_output_whose_logits_the_golden_cannot_record_is_refused_at_capture(
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SimpleNamespace has the .logits check_lm reads but no tensor leaf a golden records: refused
+    before the golden is written, naming the outputs that work, instead of a StopIteration at replay."""
+    project.makepyfile(test_lm=CACHED_TEST)
+    monkeypatch.setenv("OUT", "ns")
+    result = project.runpytest("--rocm-parity", "--parity-mode=capture")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*InvalidArgument: check_lm: CachedLM returned a SimpleNamespace, whose logits the "
+                                 "golden cannot record*CausalLMOutputWithPast(logits=..., past_key_values=...)*"])
+    assert not (project.path / "goldens" / "lm").exists()
