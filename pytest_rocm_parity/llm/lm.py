@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+import warnings
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pytest_rocm_parity.judging import dtypes as dt
@@ -221,35 +222,62 @@ def decode_with_cache(model: Any, prompt: Any, mask: Any, cont: Any) -> Any | No
     prompt in one forward, then one token of ``cont`` (batch, N) per step with the cache, teacher-forced.
     Why beside the full recompute: a served model decodes this way, through kernels of its own (a
     paged or single-query attention) that a forward over the whole sequence never calls. None where
-    the model keeps no cache (not a Hugging Face model, or one that returns none)."""
+    the model keeps no cache (cached_decode says why)."""
+    return cached_decode(model, prompt, mask, cont)[0]
+
+
+def _cache_of(out: Any) -> Any:
+    """The KV cache a forward returned (under transformers' names), None where it returned none."""
+    for key in ("cache", "past_key_values"):
+        found = out.get(key) if isinstance(out, dict) else getattr(out, key, None)
+        if found is not None:
+            return found
+    return None
+
+
+def cached_decode(model: Any, prompt: Any, mask: Any, cont: Any) -> tuple[Any | None, str]:
+    """decode_with_cache's logits, or None and why not. Whether a model decodes with a cache is
+    decided by what it returns (a cache under ``past_key_values`` or ``cache``, passed back to it the
+    next step), not by whether it is a Hugging Face model: a serving team's own decoder returning
+    its cache is decoded this way too."""
     import inspect
 
     import torch
 
-    if not _is_hf(model) or cont is None or cont.shape[1] == 0:
-        return None
+    if cont is None or cont.shape[1] == 0:
+        return None, "no continuation to decode (generate=0)"
+    params: Mapping[str, inspect.Parameter]
+    try:
+        params = inspect.signature(type(unwrap(model)).forward).parameters
+    except (TypeError, ValueError):
+        params = {}
+    any_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     arg = cache_argument(model)
-
-    def cache_of(out: Any) -> Any:
-        return getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+    hf = _is_hf(model)
+    if not (hf or any_kw or arg in params):
+        return None, "its forward takes no past_key_values (or cache) argument to decode with"
+    flag = {"use_cache": True} if hf or any_kw or "use_cache" in params else {}
 
     with torch.inference_mode():
-        kw: dict[str, Any] = {"input_ids": prompt, "use_cache": True}
+        kw: dict[str, Any] = {"input_ids": prompt, **flag}
         if mask is not None:
             kw["attention_mask"] = mask
-        past = cache_of(model(**kw))
+        past = _cache_of(model(**kw))
         steps = []
         for t in range(cont.shape[1]):
             if past is None:
-                return None
-            kw = {"input_ids": cont[:, t:t + 1].to(prompt.dtype), arg: past, "use_cache": True}
+                return None, (f"it returned no KV cache (past_key_values or cache) "
+                              f"{'from the prompt' if t == 0 else f'at decode step {t - 1}'}"
+                              f"{' when called with use_cache=True' if flag else ''}: a recurrent state such as "
+                              f"RWKV's, or a cache kept inside the model")
+            kw = {"input_ids": cont[:, t:t + 1].to(prompt.dtype), arg: past, **flag}
             if mask is not None:
                 mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
                 kw["attention_mask"] = mask
             out = model(**kw)
-            past = cache_of(out)
+            past = _cache_of(out)
             steps.append(_logits(out)[:, -1])
-    return torch.stack(steps, 1)
+    return torch.stack(steps, 1), ""
 
 
 def _rms(x: Any) -> float:
@@ -377,13 +405,16 @@ def check_lm(parity: Any, model: Any, input_ids: Any, *, name: str | None = None
             toks, margins = greedy(m, input_ids.to(dev), pm, generate)
             tensors = {"gen_tokens": toks, "gen_margins": margins}
             try:
-                cached = decode_with_cache(m, input_ids.to(dev), pm, None if cont is None else cont.to(dev))
+                cached, why_not = cached_decode(m, input_ids.to(dev), pm, None if cont is None else cont.to(dev))
             except Exception as exc:   # a model that takes no cache this way: its decoding is not recorded
-                progress(f"{rung}: KV-cache decoding not recorded ({type(exc).__name__}: {exc})", verbose=1)
-                cached = None
+                cached, why_not = None, f"decoding with it raised {type(exc).__name__}: {str(exc)[:200]}"
+            meta: dict[str, Any] = {"generate": generate}
             if cached is not None:
                 tensors["cached_logits"] = cached
-            return {"generate": generate}, tensors
+            elif generate:
+                progress(f"{rung}: KV-cache decoding not recorded ({why_not})", verbose=1)
+                meta["cached_decode_not_recorded"] = why_not   # the replay's note and warning say why
+            return meta, tensors
 
         spec.extra_capture = extra
         return capture(model, _inputs(model, ids, mask), spec, session.store, parity.device,
@@ -404,14 +435,16 @@ def check_lm(parity: Any, model: Any, input_ids: Any, *, name: str | None = None
                               f"Regenerate: {spec.regen_command}", session.store.manifest_path(spec.name))
         ids, mask = full_inputs(cont)
         spec.positions = (int(ids.shape[0]), int(ids.shape[1]))
-        spec.extra_judge = _judge(prompt_len, generate, top_k, ids, mask, spec.tolerance)
+        spec.extra_judge = _judge(prompt_len, generate, top_k, ids, mask, spec.tolerance, spec.name)
         return replay(model, _inputs(model, ids, mask), spec, session.store, parity.device, env=session.env)
 
     results = parity._run(spec, do_capture, do_replay, kind="lm")
     return results
 
 
-def _judge(prompt_len: int, generate: int, top_k: int, ids_cpu: Any, mask_cpu: Any, tol: Any) -> Any:
+def _judge(prompt_len: int, generate: int, top_k: int, ids_cpu: Any, mask_cpu: Any, tol: Any, name: str) -> Any:
+    warned: set[str] = set()   # one warning per reason, not one per rung
+
     def judge(rung: str, m: Any, args: Any, kwargs: Any, out: Any, reader: Any, meta: Any, result: Any) -> None:
         import torch
 
@@ -444,6 +477,16 @@ def _judge(prompt_len: int, generate: int, top_k: int, ids_cpu: Any, mask_cpu: A
                     fails.append(f"{what} is {metrics[cand_key]} where the reference's is {metrics[ref_key]:.3g}")
         flips, confident, margin = logits.flips, logits.confident, logits.margin
         a_r, a_c = logits.ref_top1, logits.cand_top1
+        def not_judged(why: str) -> None:
+            """A note, and a warning: a passing check shows no notes, and must not hide that its
+            decoding with the cache was not judged."""
+            text = (f"{why}, so decoding step by step with a KV cache is not judged; the full forward and greedy "
+                    f"generation (a full forward each step) are")
+            result.notes.append(f"lm: {text}")
+            if text not in warned:
+                warned.add(text)
+                warnings.warn(f"rocm-parity: {name}: {text}", stacklevel=2)
+
         first = None
         if bool(confident.any()):
             b, s = (int(x) for x in confident.nonzero()[0])
@@ -485,14 +528,13 @@ def _judge(prompt_len: int, generate: int, top_k: int, ids_cpu: Any, mask_cpu: A
             if "extra/cached_logits" in reader.keys:
                 span = slice(prompt_len, prompt_len + generate)
                 try:
-                    cached = decode_with_cache(m, ids[:, :prompt_len], pm, ids[:, span])
+                    cached, why_not = cached_decode(m, ids[:, :prompt_len], pm, ids[:, span])
                 except Exception as exc:   # the reference decoded this way: the candidate must too
                     fails.append(f"KV-cache decoding raised {type(exc).__name__}: {exc} (the reference's "
                                  f"decoded the continuation with its cache)")
                 else:
                     if cached is None:
-                        result.notes.append("lm: the reference decoded with a KV cache and the candidate returned "
-                                            "none: its cached decoding is not judged")
+                        not_judged(f"the reference decoded with a KV cache and the candidate does not ({why_not})")
                     else:
                         qn = float((lq - lt)[:, span].square().mean().sqrt()) if lq is not None else 0.0
                         metrics["cached_decode"], why = _judge_cached(rung, tol, cached,
@@ -502,10 +544,9 @@ def _judge(prompt_len: int, generate: int, top_k: int, ids_cpu: Any, mask_cpu: A
                         if why:
                             fails.append(why)
             else:
-                result.notes.append(f"lm: generate={generate}: the golden holds no cached decoding (the model "
-                                    f"returned no KV cache at capture: a recurrent state such as RWKV's, or a "
-                                    f"cache kept inside the model), so decoding step by step with a cache is not "
-                                    f"judged; the full forward and greedy generation are")
+                why_not = (meta.get("extra") or {}).get("cached_decode_not_recorded") or (
+                    "the golden predates the record of why: capture it again to see the reason")
+                not_judged(f"generate={generate}: the golden holds no cached decoding ({why_not})")
             if conf_div:
                 n_div = sum(1 for j in steps if j is not None)
                 fails.append(f"greedy generation diverged in {n_div} of {len(steps)} sequences, {conf_div} of them "

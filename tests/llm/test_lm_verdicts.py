@@ -155,6 +155,41 @@ def test_lm(parity):
 '''
 
 
+def test_a_model_that_is_not_hugging_faces_is_decoded_with_the_cache_it_returns(
+        project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether a model decodes with a cache is decided by what it returns, not by a config with a
+    vocab_size: a hand-written decoder returning past_key_values has its cached decoding recorded,
+    and a decode-only bug in it fails."""
+    project.makepyfile(test_lm=CACHED_TEST)
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    ok = project.runpytest("--rocm-parity", "--parity-report=rep")
+    ok.assert_outcomes(passed=1)
+    assert _lm(project, "float32")["cached_decode"]["steps"] == 3
+    monkeypatch.setenv("BUG", "decode-scale")
+    bad = project.runpytest("--rocm-parity")
+    bad.assert_outcomes(failed=1)
+    bad.stdout.fnmatch_lines(["*lm: KV-cache decoding (the continuation's 3 steps, one token each with the cache): "
+                              "propagated error *x the reference's (budget 3x)*",
+                              "*FAIL lm [[]float32[]]  KV-cache decoding out of bounds*"])
+
+
+def test_a_passing_check_whose_decoding_is_not_judged_warns_and_says_why(project: pytest.Pytester) -> None:
+    """A PASS shows no notes: a model whose forward takes no cache still passes on its full forward
+    and greedy generation, with a warning that names why its cached decoding was not judged."""
+    project.makepyfile(test_lm='''
+from conftest import Logits, build, ids
+
+def test_lm(parity):
+    parity.check_lm(Logits(build()), ids(), name="lm", dtypes=["float32"], generate=2)
+''')
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    result = project.runpytest("--rocm-parity", "--parity-report=rep")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*UserWarning: rocm-parity: lm: generate=2: the golden holds no cached decoding "
+                                 "(its forward takes no past_key_values (or cache) argument to decode with), so "
+                                 "decoding step by step with a KV cache is not judged*"])
+
+
 def test_an_output_whose_logits_the_golden_cannot_record_is_refused_at_capture(
         project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """A SimpleNamespace has the .logits check_lm reads but no tensor leaf a golden records: refused
