@@ -650,7 +650,8 @@ class ParitySession:
             return
         try:
             done: list[Path | str] = list(self.leftovers) if dry else list(self.store.remove_leftovers(self.leftovers))
-            gone = self.store_leftovers if dry else self.store.remove_upload_leftovers(self.store_leftovers)
+            gone = self.store_leftovers if dry or not self.store_leftovers else \
+                self.store.remove_upload_leftovers(self.store_leftovers)
         except OSError as exc:
             self.prune_lines.append(f"rocm-parity: leftover files of stopped captures not deleted: {exc}")
             return
