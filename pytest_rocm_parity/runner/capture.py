@@ -23,6 +23,7 @@ from pytest_rocm_parity import __version__
 from pytest_rocm_parity.judging import dtypes as dt
 from pytest_rocm_parity.runner.engine import (
     KEEP_PLACEMENT,
+    model_config,
     autocast_dtype,
     OUTPUT,
     BufferState,
@@ -715,7 +716,7 @@ def capture(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, device
     manifest: dict[str, Any] = {
         "format": FORMAT_VERSION, "name": spec.name, "test": spec.test, "tool_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "fingerprint": fingerprint(model), "model_class": type(model).__name__,
+        "fingerprint": fingerprint(model), "model_class": type(model).__name__, "config": model_config(model),
         "seed": int(torch.initial_seed()), "dtypes": list(spec.dtypes),
         "layers": [{"name": s.name, "level": s.level, "primary": s.primary} for s in selected],
         "drill": spec.drill, "layer_patterns": list(spec.layers) if spec.layers else None,

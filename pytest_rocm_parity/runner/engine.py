@@ -238,6 +238,37 @@ def same_weights(model: Any, recorded: dict[str, Any]) -> bool:
     return weights_now(model, recorded)["weights"] == recorded.get("weights")
 
 
+# a Hugging Face config's fields that name how a run computes, not what the model is: another
+# attention implementation or dtype is a migration the replay judges, not a changed model
+_RUN_SETTINGS = frozenset({"attn_implementation", "dtype", "torch_dtype", "transformers_version", "use_cache",
+                           "return_dict", "output_attentions", "output_hidden_states", "architectures",
+                           "name_or_path", "experts_implementation"})
+
+
+def model_config(model: Any) -> dict[str, Any] | None:
+    """The scalar fields of a model's Hugging Face config (``model.config.to_dict()``), those that say
+    what it computes (an eps, a rope theta, a softcap); None for a model without one."""
+    to_dict = getattr(getattr(model, "config", None), "to_dict", None)
+    if not callable(to_dict):
+        return None
+    try:
+        d = to_dict()
+    except Exception:   # a config that cannot serialise itself tells nothing
+        return None
+    if not isinstance(d, dict):
+        return None
+    return {k: v for k, v in sorted(d.items())
+            if isinstance(k, str) and not k.startswith("_") and k not in _RUN_SETTINGS
+            and (v is None or isinstance(v, (bool, int, float, str)))}
+
+
+def config_changes(recorded: dict[str, Any] | None, now: dict[str, Any] | None) -> list[str]:
+    """``field: before -> now`` for each config field the golden recorded that differs now."""
+    if not recorded or now is None:
+        return []
+    return [f"{k}: {recorded[k]!r} -> {now[k]!r}" for k in sorted(recorded) if k in now and recorded[k] != now[k]]
+
+
 def weights_now(model: Any, recorded: dict[str, Any]) -> dict[str, str]:
     """``model``'s fingerprint, its weights hashed as the golden that recorded ``recorded`` hashed them."""
     return fingerprint(model, computed_buffers=recorded.get("weights_of") != WEIGHTS_OF)

@@ -15,6 +15,8 @@ from pytest_rocm_parity.judging import dtypes as dt
 from pytest_rocm_parity.judging.compare import block_stats, exact_metrics, float_metrics, metrics_many, residual_metrics
 from pytest_rocm_parity.runner.engine import (
     KEEP_PLACEMENT,
+    config_changes,
+    model_config,
     BufferState,
     golden_regen_command,
     autocast_note,
@@ -191,6 +193,12 @@ def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, An
                      f"{'are' if len(merged) > 1 else 'is'} merged into the base weights on one side and not on "
                      f"the other (merge_and_unload): those weights may differ by the merge, and the modules are "
                      f"judged by their outputs")
+    changed_config = config_changes(manifest.get("config"), model_config(model))
+    if changed_config and not problems:
+        # the weights are the golden's, the configuration is not: what that changes is no backend's doing
+        notes.append(f"the model's config differs from the golden's ({'; '.join(changed_config[:4])}"
+                     f"{' ...' if len(changed_config) > 4 else ''}): what it computes differently comes from the "
+                     f"configuration, not the backend; if the change is intended, regenerate: {regen}")
     selected = [s.name for s in select(model, spec.layers, spec.drill)]
     old_layers = [l["name"] for l in manifest.get("layers", [])]
     gd = manifest.get("drill")

@@ -306,3 +306,18 @@ def test_a_stale_golden_of_another_test_mentions_the_default_name_only_where_it_
         replay(tiny(), tiny_inputs() * 2, CheckSpec(name=name, test="b/test_a.py::test_one", dtypes=["float32"]),
                store, "cpu")
     assert ("the default leaves the directory out" in str(err.value)) == says_default, str(err.value)
+
+
+def test_a_changed_config_is_named_beside_the_failure_it_causes() -> None:
+    """The same weights under another config (an RMSNorm eps): the failure is the config's doing, and
+    the note names the field with both values; another attention implementation is no such change."""
+    from parity_models import capture_then_replay, llama, tokens
+
+    spec = CheckSpec(name="llama", dtypes=["float32"])
+    inputs = {**tokens(), "use_cache": False}
+    (res,) = capture_then_replay(llama, llama(rms_norm_eps=1e-2), inputs, spec)
+    assert not res.passed
+    assert any(n.startswith("the model's config differs from the golden's (rms_norm_eps: 1e-06 -> 0.01)")
+               for n in res.notes), res.notes
+    (res,) = capture_then_replay(llama, llama(attn="eager"), inputs, spec)
+    assert res.passed and not any("config differs" in n for n in res.notes), res.notes
