@@ -285,14 +285,30 @@ def _rms(x: Any) -> float:
     return float(x.square().mean().sqrt()) if x.numel() else 0.0
 
 
-def _judge_cached(rung: str, tol: Any, cand: Any, ref: Any, truth: Any, noise: float = 0.0) -> tuple[dict[str, Any], str]:
+def _rows_text(rows: list[int], of: int, padded: list[int]) -> str:
+    """'; it fails only in batch rows 0, 3 of 0-3' where some rows fail and others pass ('' where all do):
+    a decode kernel that mishandles padding fails exactly the padded rows."""
+    if not rows or len(rows) == of:
+        return ""
+    text = f"; it fails only in batch row{'s' if len(rows) > 1 else ''} {', '.join(map(str, rows[:8]))}" \
+           f"{' ...' if len(rows) > 8 else ''} of 0-{of - 1}"
+    if padded and rows == padded:
+        text += (f", exactly the row{'s' if len(rows) > 1 else ''} with padding in the prompt (attention_mask 0): a "
+                 f"decode kernel that ignores the padding mask, or counts positions from the padded start")
+    return text
+
+
+def _judge_cached(rung: str, tol: Any, cand: Any, ref: Any, truth: Any, noise: float = 0.0,
+                  padded: list[int] | None = None) -> tuple[dict[str, Any], str]:
     """The cached decode's logits judged as the model's outputs are (Dynamo's rule, judge.Rule):
     the candidate's error against the float64 truth of the same positions within ``k`` times the
     reference's cached decode's, or within ``quant_noise`` times ``noise``, the activation-quantization
     noise of an FP8 candidate in another format (docs/fp8.md), where that is larger. A non-finite
     candidate value where the reference and the truth are finite fails, as in the full forward: a
     NaN error is never over any budget, so the errors are measured where all three are finite and the
-    non-finite ones counted apart. Returns the metrics and the failure ('' when it passes)."""
+    non-finite ones counted apart. A failure names the batch rows it is in where others pass
+    (``padded``: the rows with padding in the prompt). Returns the metrics and the failure ('' when
+    it passes)."""
     import torch
 
     from pytest_rocm_parity.judging.judge import Rule
@@ -321,19 +337,25 @@ def _judge_cached(rung: str, tol: Any, cand: Any, ref: Any, truth: Any, noise: f
                "budget": rule.quant_noise if m.noise > m.err_ref else rule.k, "quant_noise": m.noise,
                "step_ratios": [s.ratio for s in per_step], "nonfinite": int(bad.sum())}
     what = f"KV-cache decoding (the continuation's {steps} steps, one token each with the cache)"
+    batch, padded = int(truth.shape[0]), sorted(padded or [])
     if metrics["nonfinite"]:
         b, s, v = (int(x) for x in bad.nonzero()[0])
         metrics["first_nonfinite"] = [b, s, v]
+        rows = [r for r in range(batch) if bool(bad[r].any())]
         return metrics, (f"{what}: {metrics['nonfinite']} non-finite candidate value(s) where the reference is "
-                         f"finite; first at batch row {b}, step {s} of 0-{steps - 1}, vocabulary index {v}")
+                         f"finite; first at batch row {b}, step {s} of 0-{steps - 1}, vocabulary index {v}"
+                         f"{_rows_text(rows, batch, padded)}")
     if not why:
         return metrics, ""
+    per_row = [judged((r,)) for r in range(batch)]
+    metrics["row_ratios"] = [r.ratio for r in per_row]
+    rows = [r for r, m_r in enumerate(per_row) if rule.failure(m_r, isolated=False)]
     first = next((i for i, s in enumerate(per_step) if rule.failure(s, isolated=False)), None)
     where = "" if first is None else (
         f"; step by step the first over budget is step {first} of 0-{steps - 1} ({per_step[first].ratio:.3g}x"
         + (f", after step{'s' if first > 1 else ''} 0{f'-{first - 1}' if first > 1 else ''} within it: a cache "
            f"entry written wrong, or a position past the prompt" if first > 0 else "") + ")")
-    return metrics, f"{what}: {why}{where}"
+    return metrics, f"{what}: {why}{where}{_rows_text(rows, batch, padded)}"
 
 
 def _nonfinite_logits(lc: Any, lr: Any, lt: Any, valid: Any) -> tuple[int, list[int] | None]:
@@ -537,8 +559,11 @@ def _judge(prompt_len: int, generate: int, top_k: int, ids_cpu: Any, mask_cpu: A
                         not_judged(f"the reference decoded with a KV cache and the candidate does not ({why_not})")
                     else:
                         qn = float((lq - lt)[:, span].square().mean().sqrt()) if lq is not None else 0.0
+                        padded = ([] if pm is None else
+                                  [int(r) for r in (pm == 0).any(dim=1).nonzero().flatten().tolist()])
                         metrics["cached_decode"], why = _judge_cached(rung, tol, cached,
-                                                                      reader.get("extra/cached_logits"), lt[:, span], qn)
+                                                                      reader.get("extra/cached_logits"), lt[:, span], qn,
+                                                                      padded)
                         if metrics["cached_decode"]["nonfinite"]:
                             nonfinite["cached_decode"] = metrics["cached_decode"]["nonfinite"]
                         if why:

@@ -36,6 +36,14 @@ def build():
     bug = os.environ.get("BUG", "")
     if bug == "nan-decode":
         m.lm_head.register_forward_hook(nan_hook(decode_only=True))
+    if bug == "decode-nomask":
+        # a single-query attention kernel that ignores the padding mask: only left-padded rows go wrong
+        for layer in m.model.layers:
+            def nomask(self, hidden_states, *a, **kw):
+                if hidden_states.shape[1] == 1:
+                    kw["attention_mask"] = None
+                return type(self).forward(self, hidden_states, *a, **kw)
+            layer.self_attn.forward = types.MethodType(nomask, layer.self_attn)
     return m
 
 class Logits(torch.nn.Module):
@@ -201,3 +209,27 @@ def test_an_output_whose_logits_the_golden_cannot_record_is_refused_at_capture(
     result.stdout.fnmatch_lines(["*InvalidArgument: check_lm: CachedLM returned a SimpleNamespace, whose logits the "
                                  "golden cannot record*CausalLMOutputWithPast(logits=..., past_key_values=...)*"])
     assert not (project.path / "goldens" / "lm").exists()
+
+
+def test_a_decode_failure_names_the_batch_rows_it_is_in(project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode kernel that ignores the padding mask fails only the left-padded rows: the failure
+    names them, and says they are the padded ones."""
+    project.makepyfile(test_lm='''
+import torch
+from conftest import build, ids
+
+def test_lm(parity):
+    x = ids()
+    mask = torch.ones_like(x)
+    mask[1, :5] = 0
+    parity.check_lm(build(), x, attention_mask=mask, name="lm", dtypes=["float32"], generate=3)
+''')
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    monkeypatch.setenv("BUG", "decode-nomask")
+    result = project.runpytest("--rocm-parity", "--parity-report=rep")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*lm: KV-cache decoding (the continuation's 3 steps*propagated error *x the "
+                                 "reference's (budget 3x)*; it fails only in batch row 1 of 0-1, exactly the row with "
+                                 "padding in the prompt (attention_mask 0)*"])
+    rows = _lm(project, "float32")["cached_decode"]["row_ratios"]
+    assert rows[0] <= 3 < rows[1]
