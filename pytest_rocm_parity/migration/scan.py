@@ -1397,7 +1397,7 @@ def scan_path(path: str | os.PathLike[str], *, include_vendored: bool = False, m
     """Scan a directory (or one file).  Binary, oversized and hipify-generated files are skipped."""
     given = Path(path)
     if not given.exists():
-        raise InvalidArgument(f"scan: PATH={str(path)!r} does not exist; pass a directory or file to scan")
+        raise InvalidArgument(f"PATH={str(path)!r} does not exist; pass a directory or file to scan")
     root = given.resolve()
     result = ScanResult(root=str(root))
     t0 = time.perf_counter()

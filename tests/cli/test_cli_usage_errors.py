@@ -58,3 +58,11 @@ def test_a_subject_named_like_the_command_is_kept(capsys: pytest.CaptureFixture[
     monkeypatch.chdir(tmp_path)
     assert cli.main(["golden", "prune", "prune"]) == 2
     assert capsys.readouterr().err.startswith("rocm-parity golden prune: error: prune: no such golden directory")
+
+
+def test_a_missing_path_named_like_the_command_is_said_once(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scanner's own message names no command: the CLI's prefix does, once, whatever the path."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["scan", "scan"]) == 2
+    assert capsys.readouterr().err.startswith("rocm-parity scan: error: PATH='scan' does not exist")
