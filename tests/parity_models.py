@@ -74,6 +74,26 @@ def mixtral(experts: str | None = None) -> nn.Module:
     return m
 
 
+def plant_expert(model: nn.Module, expert: int | None, scale: float = 1.05, layer: int = 0) -> nn.Module:
+    """A bug in the first Mixtral layer's experts module: expert ``expert``'s output scaled by
+    ``scale`` on the tokens routed to it (its weights' slice read wrong), or every expert's (None)."""
+    exp = model.model.layers[layer].mlp.experts   # type: ignore[union-attr, index]
+
+    def hook(mod: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
+        if expert is None:
+            return out * scale
+        h, idx, w = args[:3]
+        sel = idx == expert
+        rows = sel.any(-1)
+        gate, up = F.linear(h[rows], mod.gate_up_proj[expert]).chunk(2, dim=-1)
+        y = F.linear(mod.act_fn(gate) * up, mod.down_proj[expert])
+        out = out.clone()
+        out[rows] += (scale - 1) * (w * sel).sum(-1)[rows].unsqueeze(-1).to(y.dtype) * y
+        return out
+    exp.register_forward_hook(hook)
+    return model
+
+
 def t5(**config: Any) -> nn.Module:
     """A 2+2-layer T5 (cross-attention, relative positions); ``config`` overrides any field."""
     from transformers import T5Config, T5Model

@@ -283,3 +283,23 @@ class Decisions:
         return out[:3] + ([f"... and {more} more call{'s' if more > 1 else ''} so"] if more > 0 else [])
 
 
+def expert_errors(c: Any, ref: Any, truth: Any, routed: Any) -> list[tuple[int, float, int]]:
+    """``(expert, ratio without it, tokens)`` for each expert that tokens were routed to, the one
+    whose tokens hold the excess first: the candidate's error against the float64 ``truth`` over
+    the reference's, on the output rows of every token that ``routed`` (an integer (tokens, k) top-k)
+    did not send to that expert. A token's row mixes its k experts' outputs, so the error of a fault
+    in one expert is on its tokens only: leaving them out leaves the reference's error."""
+    import torch
+
+    rows = c.reshape(-1, c.shape[-1]).to(torch.float64)
+    t = truth.reshape(-1, truth.shape[-1]).to(rows.device, torch.float64)
+    r = ref.reshape(-1, ref.shape[-1]).to(rows.device, torch.float64)
+    idx = routed.reshape(rows.shape[0], -1).to(rows.device)
+    err_c, err_r = ((rows - t) ** 2).sum(-1), ((r - t) ** 2).sum(-1)
+    out = []
+    for e in torch.unique(idx).tolist():
+        off = ~(idx == e).any(-1)
+        base = float(err_r[off].sum())
+        ratio = (float(err_c[off].sum()) / base) ** 0.5 if base > 0 else (0.0 if not off.any() else float("inf"))
+        out.append((int(e), ratio, int((~off).sum())))
+    return sorted(out, key=lambda x: x[1])

@@ -48,7 +48,7 @@ from pytest_rocm_parity.golden.reader import RungReader
 from pytest_rocm_parity.golden.store import GoldenStore, expected_digest
 from pytest_rocm_parity.judging.judge import Rule, fail_moved_choices, finish, judge_layer, jumped, may_fail
 from pytest_rocm_parity.judging.records import NOT_CALLED, CheckResult, LayerRecord, LeafMetrics
-from pytest_rocm_parity.runner.choices import Decisions, present
+from pytest_rocm_parity.runner.choices import Decisions, expert_errors, present
 from pytest_rocm_parity.runner.selection import Selected, select, unselected_children, unselected_region
 from pytest_rocm_parity.judging.tolerance import Tolerance
 from pytest_rocm_parity.runner.tree import (aligned_leaves, constant_leaves, map_tensors, named_fields, same_constant,
@@ -57,7 +57,7 @@ from pytest_rocm_parity.quant.allowance import noise_allowance
 from pytest_rocm_parity.quant.diagnosis import quant_notes
 from pytest_rocm_parity.quant.storage import quantized_tensor_ids
 from pytest_rocm_parity.runner.padding import Padding
-from pytest_rocm_parity.runner.wrappers import (cast_in_place, inlines_compiled_children, is_exported,
+from pytest_rocm_parity.runner.wrappers import (cast_in_place, inlines_compiled_children, is_dispatched_experts, is_exported,
                                                 torch_training_kinds, training_paths, unwrap)
 
 
@@ -802,6 +802,10 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
 
     recorded_names = {e["name"] for e in layers.values()}
     beyond: dict[str, None] = {}   # calls of a recorded module past the golden's count of them
+    # a MoE experts module's isolated output, kept to say which expert's tokens hold a failure's excess
+    experts = {s.name for s in selected if is_dispatched_experts(submodule(inner, s.name))} \
+        if any(is_dispatched_experts(m) for m in walk.modules) else set()
+    experts_out: dict[str, tuple[Any, Any, str]] = {}
 
     def compare(key: str, out: Any, prefix: str, sink: dict[str, list[LeafMetrics]]) -> None:
         e = layers.get(key)
@@ -835,6 +839,8 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
                 truth = ""
             judge.leaf(res, key, p, c, ref, truth, tols[key], isolated,
                        f"{key}/{p}/{'isolated' if isolated else 'propagated'}")
+            if isolated and e["name"] in experts and truth is not None and not isinstance(truth, str) and p == "0":
+                experts_out[key] = (c.detach().clone(), ref, tname)
             if truth is None and isolated and e.get("decides") and res[-1] is not None and res[-1].mismatches:
                 # a choice that differs where the reference's own scores do not tie is no near-tie
                 n = decisions.untied(key, p, c, ref)
@@ -988,6 +994,9 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
                                 "ones inside one teacher-forced run of the candidate's forward, and the model outputs "
                                 "that code outside them computes; propagated drift not judged")
         finish(result, tol)
+        result.notes += [n for rec in result.layers if not rec.iso_passed and rec.name in experts_out
+                         for n in [_experts_note(rec, layers[rec.name], reader, *experts_out[rec.name])] if n]
+        experts_out.clear()
         if beyond and fast and result.passed:   # a passing check shows no notes
             import warnings
 
@@ -1031,6 +1040,28 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
             finally:
                 result.extra.pop("_pos_err", None)
     return result
+
+
+def _experts_note(rec: LayerRecord, entry: dict[str, Any], reader: RungReader, c: Any, ref: Any, tname: str) -> str:
+    """Which expert's tokens hold a failing experts module's excess (choices.expert_errors): the one
+    whose tokens, left out, leave an error within the budget; or every expert's, a fault common to all."""
+    routed = next((t for t in (reader.get(gk) for gk in entry["in"].values())
+                   if not (t.is_floating_point() or t.is_complex()) and t.dim() == 2 and t.shape[0] == c.shape[0]), None)
+    if routed is None or c.shape != ref.shape:
+        return ""
+    ranked = expert_errors(c, ref, load_truth(reader, tname, ref), routed)
+    if len(ranked) < 2:
+        return ""
+    (best, without, n), others = ranked[0], ranked[1:]
+    if without <= rec.budget < others[0][1]:
+        return (f"{rec.name}: the excess is on the {n} tokens routed to expert {best}: without them the error is "
+                f"{without:.3g}x the reference's, without any other expert's tokens still {others[0][1]:.3g}x or "
+                f"more. Look at expert {best} (its slice of the weights, its part of a grouped GEMM)")
+    if without > rec.budget:
+        return (f"{rec.name}: the excess is on the tokens of every expert (without any one expert's tokens the "
+                f"error is still {without:.3g}x the reference's or more): a fault common to the experts (the GEMM "
+                f"they share, the activation, the weighting or the combine), not one expert's")
+    return ""
 
 
 def _direct_level(inner: Any, keys: list[str], layers: dict[str, dict[str, Any]], acts: dict[str, dict[str, str]],
