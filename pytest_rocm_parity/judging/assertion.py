@@ -263,7 +263,9 @@ def message(result: CheckResult) -> str:
         lines.append(f"  setting: {setting}")
     culprit = next((l for l in result.layers if l.name == result.culprit), None)
     if culprit is not None:
-        inside = f" (inside block {result.culprit_block})" if result.culprit_block and result.culprit_block != result.culprit else ""
+        # a block's later call (block#1) is the block itself, not inside it
+        inside = f" (inside block {result.culprit_block})" \
+            if result.culprit_block and result.culprit_block != culprit.module else ""
         lines.append(f"  culprit: {result.culprit}{inside}: {culprit.reason}"
                      + (" (the first module the setting above changes, not necessarily a bug)" if setting else ""))
         # a note about the culprit itself (an FP8 layer's likely cause: quant/diagnosis.py) goes beside it

@@ -90,3 +90,18 @@ def test_an_input_one_side_leaves_none_keeps_each_call_its_own_key(mode: str) ->
     judged = {l.name: l.iso.numel for l in res.layers if l.iso is not None}
     assert judged == {"gated": 32, "gated.lin": 32, "gated#1": 16, "gated.lin#1": 16}, judged
     assert not any("other shapes" in n for n in res.notes), res.notes
+
+
+def test_a_blocks_later_call_as_culprit_is_not_said_to_be_inside_itself() -> None:
+    from pytest_rocm_parity.judging.assertion import message
+
+    torch.manual_seed(0)
+    reference = MaskedTwice(builds_mask=False)
+    torch.manual_seed(0)
+    candidate = MaskedTwice(builds_mask=False)
+    candidate.gated.register_forward_hook(lambda mod, args, out: out * 1.05 if out.shape[0] == 2 else out)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    (res,) = capture_then_replay(reference, candidate, x, CheckSpec(name="m", dtypes=["float32"], drill=0))
+    assert res.culprit == "gated#1" and res.culprit_block == "gated", verdicts([res])
+    text = message(res)
+    assert "culprit: gated#1: " in text and "inside block" not in text, text
