@@ -252,10 +252,13 @@ def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, An
     missing = [d for d in spec.dtypes if d not in held]
     if missing and not problems:
         # the same model asked at a precision its golden lacks: a setting, or new rungs to capture
+        # "too" where every rung it holds is asked as well; else the asked ones stand in for some it holds
+        instead = [d for d in held if d not in spec.dtypes]
+        also = f" instead of {', '.join(instead)}" if instead else " too"
         raise GoldenStale(
             f"golden {golden_path} for {spec.name!r} holds the rungs {', '.join(held)}; this run asks for "
-            f"{', '.join(missing)}{' too' if len(missing) < len(spec.dtypes) else ''} ({_dtypes_advice(spec, held)}, "
-            f"or capture the new ones on the reference machine: {regen}", golden_path)
+            f"{', '.join(missing)}{also} "
+            f"({_dtypes_advice(spec, held)}, or capture the new ones on the reference machine: {regen}", golden_path)
     if missing:
         problems.append(f"dtypes {missing} were not captured (golden holds {held})")
     if problems:

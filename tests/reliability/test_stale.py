@@ -124,9 +124,12 @@ def test_dtype_not_captured_is_named_as_a_setting(golden: Golden) -> None:
     with pytest.raises(GoldenStale) as info:
         golden.replay(None, None, CheckSpec(name="tiny", dtypes=["float16"]))
     held = ",".join(golden.manifest_json()["rungs"])
-    message_names(info.value, golden.manifest, f"holds the rungs {held.replace(',', ', ')}; this run asks for float16",
-                  f"--parity-dtypes={held}", "--parity-regen='tiny'")
+    message_names(info.value, golden.manifest, f"holds the rungs {held.replace(',', ', ')}; this run asks for float16 "
+                  f"instead of {held.replace(',', ', ')} (", f"--parity-dtypes={held}", "--parity-regen='tiny'")
     assert "changed" not in str(info.value) and golden.snapshot() == before
+    with pytest.raises(GoldenStale) as info:   # every rung it holds asked as well: the new one is asked too
+        golden.replay(None, None, CheckSpec(name="tiny", dtypes=[*golden.manifest_json()["rungs"], "float16"]))
+    assert "this run asks for float16 too (" in str(info.value), str(info.value)
 
 
 def test_dtypes_the_check_sets_are_named_where_to_change_them(golden: Golden) -> None:
