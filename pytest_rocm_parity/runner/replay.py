@@ -806,8 +806,9 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
     recorded_names = {e["name"] for e in layers.values()}
     beyond: dict[str, None] = {}   # calls of a recorded module past the golden's count of them
     # a MoE experts module's isolated output, kept to say which expert's tokens hold a failure's excess
+    # (the walk's module classes first: a handful, where the modules are hundreds on every pass)
     experts = {s.name for s in selected if is_dispatched_experts(submodule(inner, s.name))} \
-        if any(is_dispatched_experts(m) for m in walk.modules) else set()
+        if any(hasattr(t, "_apply_gate") for t in set(walk.structure[2])) else set()
     experts_out: dict[str, tuple[Any, Any, str]] = {}
 
     def compare(key: str, out: Any, prefix: str, sink: dict[str, list[LeafMetrics]]) -> None:
