@@ -819,7 +819,7 @@ class Hooks:
 def _canonical(consts: dict[str, Any]) -> str:
     """A call's constants as one string, the None ones left out: an input one implementation leaves
     None (no mask where the attention is causal anyway) and another fills with a tensor tells no
-    call from another, and keyed by it the candidate's first call took a later call's key."""
+    call from another, and keyed by it a candidate's first call would take a later call's key."""
     import json
 
     return json.dumps({k: v for k, v in consts.items() if v is not None}, sort_keys=True, default=str)

@@ -78,8 +78,9 @@ class MaskedTwice(nn.Module):
 @pytest.mark.parametrize("mode", ["full", "fast"])
 def test_an_input_one_side_leaves_none_keeps_each_call_its_own_key(mode: str) -> None:
     """None on the reference's first call, a tensor on the candidate's: no constant tells the calls
-    apart, so each keeps its place in order and is judged on its own golden inputs (the first call
-    took the second's key, and went unjudged, a StaticCache decode crashed on the other call's shapes)."""
+    apart, so each keeps its place in order and is judged on its own golden inputs (keyed by the None,
+    the first call would take the second's key and go unjudged, and a StaticCache decode would run on
+    another call's shapes)."""
     torch.manual_seed(0)
     reference = MaskedTwice(builds_mask=False)
     torch.manual_seed(0)
