@@ -1010,6 +1010,9 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
                           f"reference did. The fast replay judged each call on golden inputs, so what the extra "
                           f"ones change downstream was not judged: replay with --parity-replay=full", stacklevel=2)
         built = _caller_built_inputs(result.culprit, layers, acts, calls, reader.get, padded=padding is not None)
+        if not built and result.culprit is not None:
+            built = _writes_its_input(result, layers, acts, calls, inner, golden, reader)
+            state.restore()
         calls.clear()
         if built:
             result.notes.append(built)
@@ -1044,6 +1047,46 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
             finally:
                 result.extra.pop("_pos_err", None)
     return result
+
+
+def _writes_its_input(result: CheckResult, layers: dict[str, dict[str, Any]], acts: dict[str, dict[str, str]],
+                      calls: dict[str, tuple[Any, Any]], inner: Any, golden: Callable[[str, str], Any],
+                      reader: RungReader) -> str:
+    """A note where the culprit's judged modules all pass and one of them writes its activation input
+    in place: called again on copies of the golden inputs, the copy it was handed changed. The
+    culprit's own code that reads that tensor after the call (a residual add) sees the written value,
+    so the fault starts in that module though its output is right (a kernel wrapper that stores its
+    result into its input)."""
+    import torch
+
+    rec = next((l for l in result.layers if l.name == result.culprit), None)
+    inside = [l.name for l in result.layers if rec is not None and rec.holds(l) and l.iso is not None]
+    if rec is None or not inside or any(not l.iso_passed for l in result.layers if l.name in inside):
+        return ""
+    found = []
+    with torch.inference_mode():
+        for key in inside:
+            if key not in calls or key not in acts:
+                continue
+            a, kw = calls[key]
+            sa, skw, reshaped = _swap(key, a, kw, acts[key], golden, [], standalone=True)
+            if reshaped:
+                continue
+            handed = {p: t for p, t in tensor_leaves({"args": sa, "kwargs": skw}).items() if p in acts[key]}
+            try:
+                submodule(inner, layers[key]["name"])(*sa, **skw)
+            except Exception:   # a call that needs its caller's context tells nothing here
+                continue
+            wrote = [p for p, t in handed.items()
+                     if not torch.equal(t, reader.get(layers[key]["in"][p]).to(t.device, t.dtype))]
+            if wrote:
+                found.append(f"{key} ({', '.join(wrote)})")
+    if not found:
+        return ""
+    return (f"{', '.join(found[:3])} {'write their' if len(found) > 1 else 'writes its'} activation input in place "
+            f"(called on a copy of the golden's, the copy changed): {rec.name}'s code that reads that tensor after the "
+            f"call (a residual add) sees the written value. Unless the reference's module writes it too, the fault "
+            f"starts there, in a kernel or wrapper that stores its result into its input, though its own output is right")
 
 
 def _experts_note(rec: LayerRecord, entry: dict[str, Any], reader: RungReader, c: Any, ref: Any, tname: str) -> str:
