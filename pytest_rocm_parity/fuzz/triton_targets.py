@@ -48,6 +48,10 @@ TARGETS: dict[str, tuple[str, Any, int, str]] = {
 DEFAULT_TARGETS = ("sm_90", "gfx942", "gfx90a")
 
 
+# threads one block (workgroup) may have, on every GPU named here: CUDA's limit and HIP's
+MAX_BLOCK_THREADS = 1024
+
+
 def resolve_target(name: str) -> tuple[str, Any, int, str]:
     """(backend, arch, warp size, GPU) of a target: a name of TARGETS, or any "gfxNNNN" (wave64 on
     gfx9, wave32 on gfx10-12) or "sm_NN" (the doctor asks for the visible GPUs' own archs)."""
@@ -173,10 +177,37 @@ def assert_compiles_for(kernel: Any, *args: Any, targets: tuple[str, ...] | list
     return builds
 
 
+def block_threads_error(name: str, num_warps: int) -> str:
+    """Why a launch of ``num_warps`` warps cannot run on target ``name``, or "" where it can.
+
+    Why here: Triton compiles any num_warps and only the GPU's loader refuses a block over 1024
+    threads, so a CPU-only check would pass a kernel whose every launch fails. The warp is the
+    target's: 64 lanes on gfx9 (CDNA), where num_warps=32 tuned on NVIDIA makes 2048 threads.
+    """
+    _, _, warp, gpu = resolve_target(name)
+    threads = num_warps * warp
+    if threads <= MAX_BLOCK_THREADS:
+        return ""
+    return (f"num_warps={num_warps} makes {threads} threads per block on {name} ({gpu}), whose wavefront is "
+            f"{warp} lanes: over the {MAX_BLOCK_THREADS} threads a block may have, so Triton compiles it and "
+            f"every launch fails on the GPU. Pass num_warps <= {MAX_BLOCK_THREADS // warp} for {name} "
+            f"(num_warps x {warp} <= {MAX_BLOCK_THREADS})")
+
+
 def _advice(source: str, builds: list[TargetBuild]) -> str:
     """What to change, from which targets failed: a kernel no target builds is wrong for every GPU
     (its code or the launch's constants), so AMD-specific advice would mislead there."""
     bad = [b for b in builds if not b.ok]
+    if all("threads per block" in b.error for b in bad):
+        limits: dict[int, list[str]] = {}
+        for b in bad:
+            limits.setdefault(MAX_BLOCK_THREADS // resolve_target(b.target)[2], []).append(b.target)
+        said = "; ".join(f"<= {n} for {', '.join(t)}" for n, t in sorted(limits.items()))
+        return (f"lower num_warps ({said}): "
+                f"a warp is 64 lanes "
+                f"on gfx9 (CDNA) and 32 on NVIDIA and RDNA, so a num_warps tuned on NVIDIA can overrun an AMD "
+                f"block; give AMD its own autotune configs (triton.runtime.driver.active.get_current_target()"
+                f".arch says which GPU runs).")
     amd = [b for b in bad if b.target.startswith("gfx")]
     if len(bad) == len(builds) and len(amd) < len(bad):
         return ("the kernel does not compile for any target, NVIDIA's included, so the cause is in the kernel or "
@@ -399,6 +430,11 @@ def _worker() -> None:
     for name in job["targets"]:
         backend, arch, warp, gpu = resolve_target(name)
         row: dict[str, Any] = {"target": name, "gpu": gpu, "ok": False, "error": "", "resources": {}}
+        too_many = block_threads_error(name, int(job["options"].get("num_warps", 4)))
+        if too_many:
+            row["error"] = too_many
+            rows.append(row)
+            continue
         with tempfile.TemporaryFile(mode="w+") as err:
             saved = os.dup(2)
             os.dup2(err.fileno(), 2)
