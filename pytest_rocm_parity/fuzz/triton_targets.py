@@ -31,6 +31,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import warnings
 from typing import Any
 
 from pytest_rocm_parity.errors import InvalidArgument, ParityError
@@ -50,6 +51,21 @@ DEFAULT_TARGETS = ("sm_90", "gfx942", "gfx90a")
 
 # threads one block (workgroup) may have, on every GPU named here: CUDA's limit and HIP's
 MAX_BLOCK_THREADS = 1024
+
+
+# bytes of shared memory (LDS on AMD) one block may take, by NVIDIA compute capability (the opt-in
+# maximum, which Triton's launcher requests); None where this check does not know the GPU
+_NVIDIA_SHARED = {70: 98304, 75: 65536, 80: 166912, 86: 101376, 87: 166912, 89: 101376, 90: 232448,
+                  100: 232448, 120: 101376}
+
+
+def shared_memory_limit(name: str) -> int | None:
+    """Bytes of shared memory (LDS) a block of target ``name`` may have: 160 KiB on gfx950, 64 KiB on
+    other AMD GPUs (CDNA's LDS, RDNA's per-workgroup share), NVIDIA's per-block maximum by arch."""
+    backend, arch, _, _ = resolve_target(name)
+    if backend == "hip":
+        return 160 * 1024 if arch == "gfx950" else 64 * 1024
+    return _NVIDIA_SHARED.get(int(arch))
 
 
 def resolve_target(name: str) -> tuple[str, Any, int, str]:
@@ -77,6 +93,10 @@ class TritonTargetError(ParityError):
     """A Triton kernel does not compile for a GPU target."""
 
 
+class TargetResourceWarning(UserWarning):
+    """A kernel compiles for a target but spills registers there: it runs, slower."""
+
+
 @dataclasses.dataclass
 class TargetBuild:
     """What compiling for one target gave: ``ok``, or the compiler's error; and, where the backend
@@ -87,6 +107,8 @@ class TargetBuild:
     ok: bool
     error: str = ""
     resources: dict[str, int] = dataclasses.field(default_factory=dict)
+    # what compiled but costs at run time (register spills), said without failing the build
+    notes: list[str] = dataclasses.field(default_factory=list)
 
 
 def launch_signature(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
@@ -174,6 +196,10 @@ def assert_compiles_for(kernel: Any, *args: Any, targets: tuple[str, ...] | list
             lines.append(f"  {b.target}: {b.error}")
         lines.append(f"Fix: {_advice(source, builds)}")
         raise TritonTargetError("\n".join(lines))
+    for b in builds:
+        for note in b.notes:
+            warnings.warn(TargetResourceWarning(f"{_python_function(kernel).__qualname__} on {b.target} ({b.gpu}): "
+                                                f"{note}"), stacklevel=2)
     return builds
 
 
@@ -194,6 +220,36 @@ def block_threads_error(name: str, num_warps: int) -> str:
             f"(num_warps x {warp} <= {MAX_BLOCK_THREADS})")
 
 
+def shared_memory_error(name: str, used: int) -> str:
+    """Why a block taking ``used`` bytes of shared memory (LDS) cannot launch on ``name``, or "".
+
+    Why here: as with the threads of a block, the compiler builds it and only the loader refuses, so
+    a tile or num_stages sized for an H100's 227 KiB passes a CPU-only compile for a 64 KiB MI300.
+    """
+    limit = shared_memory_limit(name)
+    if limit is None or used <= limit:
+        return ""
+    _, _, _, gpu = resolve_target(name)
+    memory = "LDS" if name.startswith("gfx") else "shared memory"
+    return (f"the kernel takes {used} bytes of {memory} per block on {name} ({gpu}), which has {limit} "
+            f"({limit // 1024} KiB): Triton compiles it and every launch fails on the GPU (out of resources). "
+            f"Lower num_stages (each stage holds its own copy of the tiles) or the tile sizes (BLOCK_*)")
+
+
+def _spill_notes(resources: dict[str, int]) -> list[str]:
+    """The register spills of an AMD build, in words: they compile and run, so they fail nothing,
+    yet a kernel spilling hundreds of VGPRs to scratch memory may run several times slower."""
+    vgpr, sgpr = resources.get("vgpr_spills", 0), resources.get("sgpr_spills", 0)
+    if not vgpr and not sgpr:
+        return []
+    said = " and ".join(f"{n} {kind}s" for n, kind in ((vgpr, "VGPR"), (sgpr, "SGPR")) if n)
+    scratch = resources.get("scratch_bytes", 0)
+    return [f"{said} spill ({resources.get('vgprs', 0)} VGPRs in use; {scratch} bytes of scratch memory per "
+            f"lane): it runs, slower, as each spilled VGPR goes through memory. Smaller tiles (BLOCK_*), fewer "
+            f"num_stages, or more warps for the same tile (within 1024 threads a block) lower the registers "
+            f"each lane needs"]
+
+
 def _advice(source: str, builds: list[TargetBuild]) -> str:
     """What to change, from which targets failed: a kernel no target builds is wrong for every GPU
     (its code or the launch's constants), so AMD-specific advice would mislead there."""
@@ -203,11 +259,15 @@ def _advice(source: str, builds: list[TargetBuild]) -> str:
         for b in bad:
             limits.setdefault(MAX_BLOCK_THREADS // resolve_target(b.target)[2], []).append(b.target)
         said = "; ".join(f"<= {n} for {', '.join(t)}" for n, t in sorted(limits.items()))
-        return (f"lower num_warps ({said}): "
-                f"a warp is 64 lanes "
-                f"on gfx9 (CDNA) and 32 on NVIDIA and RDNA, so a num_warps tuned on NVIDIA can overrun an AMD "
-                f"block; give AMD its own autotune configs (triton.runtime.driver.active.get_current_target()"
+        return (f"lower num_warps ({said}): a warp is 64 lanes on gfx9 (CDNA) and 32 on NVIDIA and RDNA, so a "
+                f"num_warps tuned on NVIDIA can overrun an AMD block; give AMD its own autotune configs (triton.runtime.driver.active.get_current_target()"
                 f".arch says which GPU runs).")
+    if all("of LDS per block" in b.error or "of shared memory per block" in b.error for b in bad):
+        return (f"lower num_stages or the tile sizes for {', '.join(b.target for b in bad)}: a block's shared "
+                f"memory is 64 KiB of LDS on gfx90a/gfx942 and 160 KiB on gfx950, where an H100 has 227 KiB, so "
+                f"a configuration tuned on NVIDIA can overrun an AMD GPU; give AMD its own autotune configs.")
+    if all("per block on" in b.error for b in bad):
+        return "each message above names the limit a block overruns and what to lower."
     amd = [b for b in bad if b.target.startswith("gfx")]
     if len(bad) == len(builds) and len(amd) < len(bad):
         return ("the kernel does not compile for any target, NVIDIA's included, so the cause is in the kernel or "
@@ -442,14 +502,22 @@ def _worker() -> None:
                 built = triton.compile(ASTSource(kernel, job["signature"], constexprs),
                                        target=GPUTarget(backend, arch, warp), options=job["options"])
                 row["ok"] = True
+                # Triton allocates its shared memory dynamically and reports it here; the code object's
+                # group_segment_fixed_size counts only static LDS, which Triton kernels leave at 0
+                shared = int(getattr(built.metadata, "shared", 0) or 0)
                 if backend == "hip":
                     asm = built.asm.get("amdgcn", "")
                     for key, label in _RESOURCES.items():
                         m = re.search(rf"\.{key}:\s+(\d+)", asm)
                         if m:
                             row["resources"][label] = int(m.group(1))
+                    row["resources"]["lds_bytes"] = max(row["resources"].get("lds_bytes", 0), shared)
+                    row["notes"] = _spill_notes(row["resources"])
                 else:
-                    row["resources"]["shared_bytes"] = int(getattr(built.metadata, "shared", 0) or 0)
+                    row["resources"]["shared_bytes"] = shared
+                over = shared_memory_error(name, row["resources"].get("lds_bytes", shared))
+                if over:
+                    row["ok"], row["error"] = False, over
             except Exception as exc:   # the compiler's refusal is the result
                 row["error"] = _compiler_message(exc)
             finally:
