@@ -232,19 +232,24 @@ class Parity:
                     s.goldens.corrupt.append(spec.name)
                     s.skip_check(spec, f"golden for {spec.name!r} exists but is corrupt ({exc}); capture never "
                                        f"overwrites: replace it with {spec.regen_command}")
+                    return []
                 why = _stale_reason(stale, manifest)
                 owner = s.other_project(manifest) if why else ""
                 if owner:   # not stale: another project's model under this check's name
                     s.skip_check(spec, f"kept: {s.foreign(spec, owner, regen=False)}")
+                    return []
                 if why:
                     s.goldens.stale.append(spec.name)
                     s.skip_check(spec, f"kept, and no longer matches this check: {why} (capture never overwrites a "
                                        f"golden)")
+                    return []
                 s.goldens.kept.append(spec.name)
                 s.skip_check(spec, f"golden for {spec.name!r} exists at {s.store.manifest_path(spec.name)}; capture "
                                    f"never overwrites: rewrite it with {spec.regen_command}")
+                return []
             if not exists and s.options.regen not in (None, "*") and not s.regen_matches(spec.name):
                 s.skip_check(spec, f"{spec.name!r} does not match --parity-regen={s.options.regen!r}")
+                return []
 
             def refuse(exc: ParityError) -> None:
                 """A refused write is a check without a verdict: listed as an error, as a failed capture is."""
@@ -273,6 +278,7 @@ class Parity:
             except GoldenExists:
                 s.goldens.kept.append(spec.name)
                 s.skip_check(spec, f"golden for {spec.name!r} was just captured by another worker")
+                return []
             except Exception as exc:   # no golden: listed as an error, as a replay that raises is
                 self._error(spec, exc, kind)
                 raise

@@ -230,7 +230,7 @@ class ParitySession:
                     f"goldens; capture into a folder or a persistent URL (file://, s3://, gs://)"), stacklevel=2)
             self.store = StagingStore(self.store, self.project())
         self.pending: list[Pending] = []      # goldens captured by the test in progress, not yet written
-        self.own_skip = ""                    # the test in progress, skipped by skip_check
+        self.passed_over: dict[str, list[str]] = {}   # test -> why each check it passed over (skip_check)
         self.regen_matched_nothing = False
         self._shows_progress = False
         self.results: list[dict[str, Any]] = []
@@ -786,12 +786,11 @@ class ParitySession:
                 f"reference machine's results: regenerate them there, or pass {ALLOW_REFERENCE_CHANGE} to "
                 f"change the reference on purpose")
 
-    def skip_check(self, spec: Any, why: str) -> NoReturn:
-        """Skip a check a capture run writes no golden for (its golden kept, or not asked for by
-        --parity-regen). Unlike a skip of the test's own, it leaves the goldens of the test's other
-        checks to be written (pytest_runtest_makereport)."""
-        self.own_skip = spec.test
-        raise pytest.skip.Exception(why)
+    def skip_check(self, spec: Any, why: str) -> None:
+        """Pass over a check a capture run writes no golden for (its golden kept, or not asked for by
+        --parity-regen): the test goes on, so a check after it (a new one) is captured, and the test
+        reads skipped, with ``why``, where it captured nothing (pytest_runtest_makereport)."""
+        self.passed_over.setdefault(spec.test, []).append(why)
 
     def record_capture(self, spec: Any, existed: bool) -> None:
         """Hold the staged capture until its test's outcome is known (``pytest_runtest_makereport``)."""
@@ -802,10 +801,14 @@ class ParitySession:
         """Write the goldens a test captured once it passed (or skipped at a kept golden); withhold them
         when it failed or skipped itself. A test still in setup keeps them pending until its call phase."""
         report = yield
-        ours, self.own_skip = self.own_skip == item.nodeid, ""
+        over = self.passed_over.pop(item.nodeid, []) if report.when == "call" or report.failed else []
+        if over and report.passed and not any(p.test == item.nodeid for p in self.pending):
+            report.outcome = "skipped"   # every check passed over, none captured: as a skip reads
+            report.longrepr = (str(item.path), (item.location[1] or 0) + 1, "Skipped: " + "; ".join(over))
         if not self.pending:
             return report
-        failed = report.failed or (report.skipped and (hasattr(report, "wasxfail") or not ours))
+        # a skip after a capture is the test's own (a check passed over raises nothing): as a failure
+        failed = report.failed or report.skipped
         if failed:
             what = "failed" if report.failed or hasattr(report, "wasxfail") else "skipped"
             lines = [self._withhold(p, f"{p.test} {what} after the capture") for p in self.pending]

@@ -123,14 +123,15 @@ def test_tiny(parity):
 
 
 def test_a_kept_golden_after_a_capture_still_writes_it(project: pytest.Pytester) -> None:
-    """A later check whose golden exists skips the test (capture never overwrites): the capture before it stands."""
+    """A later check whose golden exists is passed over (capture never overwrites): the capture before
+    it stands, and the test, which captured, passes."""
     project.makepyfile(test_tiny=RAISES_AFTER)
     project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
     (project.path / "goldens" / "tiny" / "manifest.json").unlink()
     for f in (project.path / "goldens" / "tiny").iterdir():
         f.unlink()
     result = project.runpytest("--rocm-parity", "--parity-mode=capture")
-    result.assert_outcomes(skipped=1)
+    result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["goldens created: tiny", "goldens kept (*): second"])
     assert json.loads((project.path / "goldens" / "tiny" / "manifest.json").read_text())["name"] == "tiny"
 
@@ -143,3 +144,23 @@ def test_a_golden_written_after_the_test_reads_back_as_captured(project: pytest.
     result = project.runpytest("--rocm-parity", f"{REGEN}=tiny")
     result.stdout.fnmatch_lines(["goldens unchanged (*): tiny"])
     assert snapshot(project) == before
+
+
+def test_a_new_check_after_one_whose_golden_exists_is_captured(project: pytest.Pytester) -> None:
+    """A check added after one whose golden exists: the capture command its missing golden suggests
+    captures it (the kept check is passed over, not the end of the test); a run where every check
+    is kept reads skipped, with why."""
+    project.makepyfile(test_tiny=RAISES_AFTER.replace('    parity.check(make_model(), make_inputs(), name="second", '
+                                                      'dtypes=["float32"])\n', ''))
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    project.makepyfile(test_tiny=RAISES_AFTER)
+    missing = project.runpytest("--rocm-parity")
+    missing.assert_outcomes(failed=1)
+    missing.stdout.fnmatch_lines(["*GoldenMissing*second*--parity-mode=capture*"])
+    result = project.runpytest("--rocm-parity", "--parity-mode=capture")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["goldens created: second", "goldens kept (*): tiny"])
+    project.runpytest("--rocm-parity").assert_outcomes(passed=1)
+    again = project.runpytest("--rocm-parity", "--parity-mode=capture", "-rs")
+    again.assert_outcomes(skipped=1)
+    again.stdout.fnmatch_lines(["SKIPPED*golden for 'tiny' exists at *; golden for 'second' exists at *"])
