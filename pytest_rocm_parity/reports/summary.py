@@ -199,8 +199,9 @@ def summary_lines(session: Any) -> list[str]:
                          (kept_label(getattr(getattr(session, "options", None), "regen", None)), g.kept),
                          ("obsolete (no check of this run uses them: their test is gone or checks other names; "
                           "--parity-prune-obsolete deletes)", obsolete),
-                         ("unchecked (their test ran and passed without making any check, as one that returns early "
-                          "does; kept, not obsolete: pytest.skip such a test)", unchecked),
+                         ("unchecked (their test ran and passed without checking them: it made no check, as one "
+                          "that returns early does, or its file still names them, a check behind a condition; kept, "
+                          "not obsolete)", unchecked),
                          ("pruned", pruned)):
         if items:
             lines.append(f"goldens {label}: {_listed(list(items))}")

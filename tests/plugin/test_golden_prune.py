@@ -542,7 +542,7 @@ def test_a_golden_whose_test_returned_early_is_kept_and_said_unchecked(project: 
     out = result.stdout.str()
     assert "goldens obsolete" not in out and "deleted" not in out.replace("deleted no", "")
     result.stdout.fnmatch_lines([
-        "goldens unchecked (their test ran and passed without making any check*): flagged",
+        "goldens unchecked (their test ran and passed without checking them: it made no check*): flagged",
         "rocm-parity: kept 'flagged': its test test_flagged.py::test_flagged ran and passed without checking it*"])
     monkeypatch.delenv("SKIP_CHECK")
     project.makepyfile(test_flagged=FLAGGED.replace('name="flagged"', 'name="flagged2"'))
@@ -551,6 +551,38 @@ def test_a_golden_whose_test_returned_early_is_kept_and_said_unchecked(project: 
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["goldens obsolete (*their test is gone or checks other names*): flagged"])
     assert goldens(project) == {"flagged2", "other"}
+
+
+NIGHTLY = '''
+import os
+from conftest import make_model, make_inputs
+
+def test_model(parity):
+    parity.check(make_model(), make_inputs(), name="base", dtypes=["float32"])
+    if os.environ.get("NIGHTLY"):   # a longer check only the nightly job makes
+        parity.check(make_model(), make_inputs(), name="long", dtypes=["float32"])
+'''
+
+
+def test_a_check_behind_a_condition_is_kept_when_its_test_checks_another(project: pytest.Pytester,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test that always checks one name and, in the nightly job, a second: a run without the
+    nightly variable does not make the second check, yet its file still names it, so its golden is
+    unchecked and kept, not obsolete and pruned."""
+    (project.path / "test_tiny.py").unlink()
+    project.makepyfile(test_nightly=NIGHTLY)
+    monkeypatch.setenv("NIGHTLY", "1")
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    monkeypatch.delenv("NIGHTLY")
+    result = project.runpytest("--rocm-parity", PRUNE)
+    result.assert_outcomes(passed=1)
+    assert goldens(project) == {"base", "long"}
+    out = result.stdout.str()
+    assert "goldens obsolete" not in out, out
+    result.stdout.fnmatch_lines([
+        "goldens unchecked (*): long",
+        "rocm-parity: kept 'long': its test test_nightly.py::test_model ran and passed without checking it, and "
+        "test_nightly.py still names 'long'*"])
 
 
 def test_a_run_that_names_the_testpaths_is_the_whole_suite(renamed: pytest.Pytester) -> None:
