@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -293,15 +294,20 @@ def _build_message(result: OpResult) -> str:
         lines.append(f"Candidate {result.candidate} raised on {result.device}: {result.error}")
     else:
         bad = [o for o in result.outputs if not o.passed]
-        lines.append(f"Operator outputs are not close to the float64 truth! "
-                     f"({len(bad)} of {len(result.outputs)} output(s) off)")
+        returned = any(o.path.startswith("out") for o in result.outputs)
+        if bad and all(o.judged_as == "written" for o in bad):
+            lines.append(f"Operator writes into its inputs! ({len(bad)} argument(s) the reference leaves unchanged)")
+        else:
+            lines.append(f"Operator outputs are not close to the float64 truth! "
+                         f"({len(bad)} of {len(result.outputs)} output(s) off)")
         for o in result.outputs:
             if o.passed:
                 continue
-            if o.judged_as == "structure":
+            if o.judged_as in ("structure", "written"):
                 lines.append(f"  {o.path}: {o.reason}")
                 continue
-            written = "" if o.path.startswith("out") else " (an argument both functions write; they returned None)"
+            written = ("" if o.path.startswith("out") else " (an argument both functions write)" if returned
+                       else " (an argument both functions write; they returned None)")
             lines.append(f"  {o.path}{written}: shape {list(o.shape)}, {o.dtype}"
                          + (f" judged as {o.judged_as}" if o.judged_as != "shape" else ""))
             if o.reason:
@@ -990,8 +996,9 @@ def _judge_output_dtypes(result: OpResult, cand_out: Any, reference: Callable[..
     on the CPU in the inputs' own dtypes; where it cannot (a dtype the CPU lacks), nothing is judged."""
     try:
         with _grad_mode():
-            native = reference(*_map(tuple(args), lambda t: t.detach().cpu()),
-                               **_map(dict(kwargs), lambda t: t.detach().cpu()))
+            # copies: an in-place reference would otherwise write into the caller's own tensors
+            native = reference(*_map(tuple(args), lambda t: t.detach().to("cpu", copy=True)),
+                               **_map(dict(kwargs), lambda t: t.detach().to("cpu", copy=True)))
     except Exception:
         return
     want = {p: v.dtype for p, v in _flatten(native) if isinstance(v, torch.Tensor) and v.dtype.is_floating_point}
@@ -1090,6 +1097,59 @@ def _judge_written(result: OpResult, reference: Callable[..., Any], args: Sequen
             alt = (flushed[i][1], alt_scale)
         result.outputs.append(_judge(path, c, t, scale, model, _judged_dtype(c, in_dtypes), k, tf32, alt))
     result.passed = all(o.passed for o in result.outputs)
+
+
+def _judge_argument_writes(result: OpResult, candidate: Callable[..., Any], args: Sequence[Any],
+                           kwargs: Mapping[str, Any], cand_args: Sequence[Any], cand_kwargs: Mapping[str, Any],
+                           truth: _Truth, model: ErrorModel, in_dtypes: Sequence[torch.dtype], k: int, tf32: bool,
+                           names: Sequence[str]) -> None:
+    """The functions returned their results: fail each argument the candidate wrote that the reference
+    left unchanged, and judge one both wrote (an in-place reference) against the reference's copy.
+
+    Why: a kernel that writes its result into an input and returns it (``g.copy_(y); return g``) has
+    right outputs, yet overwrites a tensor its caller still holds; judging the returned values alone
+    passed it. ``args``/``kwargs`` are the caller's own tensors, which neither side was given."""
+    given = _argument_leaves(args, kwargs)
+    cand = _argument_leaves(cand_args, cand_kwargs)
+    ref = _argument_leaves(truth.args, truth.kwargs)
+    for i, (path, before) in enumerate(given):
+        c, t = cand[i][1], ref[i][1]
+        if _same_values(before, c):
+            continue
+        label = _argument_label(path, candidate, names)
+        if not _same_values(before, t):
+            result.outputs.append(_judge(label, c, t, None, model, _judged_dtype(c, in_dtypes), k, tf32))
+            continue
+        if tuple(c.shape) != tuple(before.shape):
+            what = f"resized it from {list(before.shape)} to {list(c.shape)}"
+        else:
+            x, y = before.detach().to("cpu", torch.float64), c.detach().to("cpu", torch.float64)
+            changed = int((~((x == y) | (torch.isnan(x) & torch.isnan(y)))).sum())
+            what = f"changed {changed} of {before.numel()} elements"
+        result.outputs.append(OutputRecord(
+            label, False, tuple(c.shape), _dname(c.dtype), "written", numel=c.numel(),
+            reason=(f"the candidate wrote into this argument ({what}; shape {list(before.shape)}, "
+                    f"{_dname(before.dtype)}), which the reference leaves unchanged: its caller's tensor is "
+                    f"overwritten. Write the result into a tensor of its own (torch.empty_like) and return that")))
+    result.passed = all(o.passed for o in result.outputs)
+
+
+def _argument_label(path: str, fn: Callable[..., Any], names: Sequence[str]) -> str:
+    """``args[0] (g)``: an argument's path with its name, the strategy's (OpArgs.names) or else the
+    candidate's own parameter's, so a failure says which argument in the words of the code."""
+    m = re.fullmatch(r"args\[(\d+)\](.*)", path)
+    if m is None:
+        return path
+    i = int(m.group(1))
+    name = names[i] if i < len(names) else None
+    if name is None:
+        try:
+            params = [p for p in inspect.signature(fn).parameters.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+            name = params[i].name if i < len(params) else None
+        except (TypeError, ValueError):
+            name = None
+    return f"args[{i}] ({name}){m.group(2)}" if name else path
 
 
 def _broadcasts(scale: Any, t: torch.Tensor) -> bool:
@@ -1237,6 +1297,8 @@ def check_op(candidate: Callable[..., Any], reference: Callable[..., Any], *args
     else:
         _judge_outputs(result, cand_out, truth.out, truth.scale, model, in_dtypes, k, tf32, truth.alternative())
         _judge_output_dtypes(result, cand_out, reference, args, kwargs)
+        _judge_argument_writes(result, candidate, args, kwargs, cand_args, cand_kwargs, truth, model, in_dtypes, k,
+                               tf32, names)
     if judged is None:
         _describe_floating_outputs(result, model, k, tf32)
     if not result.passed:

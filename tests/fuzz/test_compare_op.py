@@ -201,8 +201,11 @@ def test_inputs_are_not_mutated_and_views_survive_place():
     moved = place(x, "cpu")
     assert moved.stride() == x.stride() and torch.equal(moved, x)
     inplace = lambda t: t.mul_(2)  # noqa: E731
-    compare_op(inplace, lambda t: t * 2, x, device="cpu")
+    # the candidate writes its own copy, never the caller's; writing an input the reference leaves fails
+    result = check_op(inplace, lambda t: t * 2, x, device="cpu")
+    assert [(o.path, o.passed) for o in result.outputs] == [("out", True), ("args[0] (t)", False)]
     assert torch.equal(x, torch.arange(12.0).reshape(3, 4).t())
+    assert check_op(inplace, lambda t: t.mul_(2), x, device="cpu").passed
 
 
 def test_bad_policy_and_missing_device_are_explained():

@@ -97,3 +97,50 @@ def test_a_golden_of_a_reference_that_returns_none_is_refused(tmp_path: Path) ->
     with pytest.raises(InvalidArgument, match="returned None, and a golden stores returned outputs only"):
         record_golden(tmp_path / "add_into", add_into, add_into_ref, strategy, max_examples=1, device="cpu")
     assert not list(tmp_path.iterdir())
+
+
+def silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.silu(g) * u
+
+
+def test_a_candidate_that_returns_its_result_written_into_an_input_fails_naming_it() -> None:
+    """Right values returned, yet the caller's g is overwritten: the returned outputs alone passed it."""
+    g, u = torch.randn(4, 176, generator=torch.Generator().manual_seed(1)), torch.randn(4, 176)
+
+    def into_g(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        return g.copy_(silu_mul(g, u))
+
+    result = check_op(into_g, silu_mul, g, u, device="cpu")
+    assert not result.passed
+    assert [(o.path, o.passed, o.judged_as) for o in result.outputs] == [
+        ("out", True, "float32"), ("args[0] (g)", False, "written")], result.outputs
+    text = result.message()
+    assert text.startswith("Operator writes into its inputs! (1 argument(s) the reference leaves unchanged)"), text
+    assert ("args[0] (g): the candidate wrote into this argument (changed 704 of 704 elements; shape [4, 176], "
+            "float32), which the reference leaves unchanged") in text and "torch.empty_like" in text, text
+    with pytest.raises(AssertionError, match=r"args\[0\] \(g\): the candidate wrote into this argument"):
+        compare_op(into_g, silu_mul, g, u, device="cpu")
+    # the strategy's name for an argument is used where it gave one
+    case = S.OpArgs((g, u), names=("gate", "up"))
+    assert [o.path for o in check_op(into_g, silu_mul, case, device="cpu").outputs] == ["out", "args[0] (gate)"]
+
+
+def test_an_argument_an_in_place_reference_writes_is_judged_against_the_references_copy() -> None:
+    x = torch.randn(64, generator=torch.Generator().manual_seed(2))
+
+    def doubles_in_place(x: torch.Tensor) -> torch.Tensor:
+        return x.mul_(2)
+
+    def writes_a_wrong_value(x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        x.mul_(3)
+        return y
+
+    ok = check_op(doubles_in_place, doubles_in_place, x, device="cpu")
+    assert ok.passed and [o.path for o in ok.outputs] == ["out", "args[0] (x)"], ok.outputs
+    bad = check_op(writes_a_wrong_value, doubles_in_place, x, device="cpu")
+    assert [(o.path, o.passed) for o in bad.outputs] == [("out", True), ("args[0] (x)", False)], bad.outputs
+    assert "  args[0] (x) (an argument both functions write): shape [64], float32 judged as float32" in bad.message()
+    # an out-of-place candidate of an in-place reference is judged by what it returns
+    assert check_op(lambda x: x * 2, doubles_in_place, x, device="cpu").passed
+    assert torch.equal(x, torch.randn(64, generator=torch.Generator().manual_seed(2)))
