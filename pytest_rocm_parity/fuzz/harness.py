@@ -264,6 +264,8 @@ class OpResult(_OkAlias):
     reference_error: str | None = None
     # what the candidate raised, for compare_op's failure to chain (its traceback points into the kernel)
     raised: BaseException | None = field(default=None, repr=False, compare=False)
+    # what the reader needs to weigh the verdict (Triton's interpreter at bfloat16)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def max_ratio(self) -> float:
@@ -329,6 +331,7 @@ def _build_message(result: OpResult) -> str:
             if worst.reproduction:
                 lines.append("  Reproduce the worst seen:")
                 lines.extend(f"    {line}" for line in worst.reproduction.splitlines())
+    lines.extend(f"Note: {note}" for note in result.notes)
     lines.append(f"Candidate: {result.candidate} on {result.device}; truth: {result.reference} in float64 on cpu")
     lines.append(_model_line(result))
     lines.append("Inputs:")
@@ -341,6 +344,24 @@ def _build_message(result: OpResult) -> str:
         lines.append(f"Hypothesis keeps this failing example in its database ({database}) and replays it first "
                      "on the next run; settings(print_blob=True) prints a @reproduce_failure line.")
     return "\n".join(lines)
+
+
+INTERPRETER_BF16_NOTE = ("TRITON_INTERPRET=1: a Triton kernel here runs in Triton's interpreter, which rounds "
+                         "float32 to bfloat16 by truncation and computes bfloat16 arithmetic wrongly, so a correct "
+                         "kernel can fail at bfloat16; judge it at float32 here, and at bfloat16 on a GPU "
+                         "(docs/fuzzing.md)")
+
+
+def _note_interpreter(result: OpResult) -> None:
+    """Add the interpreter's bfloat16 caveat to a mismatch judged at bfloat16 under TRITON_INTERPRET=1.
+
+    Why: the interpreter computes bfloat16 wrongly (1 + 1 gives 1.7e38 in a bf16 accumulator), so such a
+    failure reads as a kernel bug that a GPU would not show. Float16 is left out: the interpreter
+    computes and rounds it as a GPU does. The text is the model check's (api.ladder_notes)."""
+    if os.environ.get("TRITON_INTERPRET") != "1" or result.passed or result.error:
+        return
+    if any(not o.passed and o.judged_as == "bfloat16" for o in result.outputs):
+        result.notes.append(INTERPRETER_BF16_NOTE)
 
 
 def _model_line(result: OpResult) -> str:
@@ -1301,6 +1322,7 @@ def check_op(candidate: Callable[..., Any], reference: Callable[..., Any], *args
                                tf32, names)
     if judged is None:
         _describe_floating_outputs(result, model, k, tf32)
+    _note_interpreter(result)
     if not result.passed:
         result.reproduction = _reproduction(candidate, reference, args, kwargs, dev, model)
     _observe_search(result, _named(args, kwargs, names),
@@ -1466,6 +1488,7 @@ class GoldenExample:
             ref = OpResult(passed=False, candidate="reference device", reference="truth", device="recorded")
             _judge_outputs(ref, self.reference_output, self.truth, self.scale, model, in_dtypes, k, tf32, alt)
             result.reference_error = f"reference device worst err/tol {ref.max_ratio:.3g}"
+        _note_interpreter(result)
         if not result.passed:
             result.reproduction = self._reproduction(candidate, dev, model)
         return result
