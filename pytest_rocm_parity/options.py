@@ -421,17 +421,29 @@ def xdist_worker_index() -> int | None:
     return int(w[2:]) if w.startswith("gw") and w[2:].isdigit() else None
 
 
-def resolve_device(device: str, worker: int | None = None) -> str:
+def resolve_device(device: str, worker: int | None = None, ci: bool = False) -> str:
     """'auto' -> cuda when available, else cpu; a named device that is absent is an error.
 
     Under pytest-xdist an unindexed GPU device is pinned to one GPU per worker (gw<i> -> cuda:<i>),
-    so two workers never share a GPU; more workers than GPUs is an error naming the fix.
+    so two workers never share a GPU; more workers than GPUs is an error naming the fix. ``ci``
+    (CI=true): 'auto' on a ROCm or CUDA build of torch that sees no GPU is an error, not the CPU: a
+    GPU job whose container lost its devices would otherwise replay on the CPU and pass.
     """
     import torch
 
     if device == "model":
         return device
     if device == "auto":
+        build = ("ROCm " + str(torch.version.hip)) if getattr(torch.version, "hip", None) else \
+            ("CUDA " + str(torch.version.cuda)) if torch.version.cuda else ""
+        if ci and build and not torch.cuda.is_available():
+            from pytest_rocm_parity.errors import BackendUnavailable
+
+            raise BackendUnavailable(
+                f"{DEVICE}=auto: this torch is a {build} build but sees no GPU, so the replay would run on the "
+                f"CPU, and a GPU job would pass without its GPU. Give the job its GPU (a ROCm container needs "
+                f"--device=/dev/kfd --device=/dev/dri; check with rocm-parity doctor), or pass {DEVICE}=cpu to "
+                f"replay on the CPU on purpose")
         device = "cuda" if torch.cuda.is_available() else "cpu"
     base, _, index = device.partition(":")
     if base == "cuda" and not index and worker is not None and torch.cuda.is_available():

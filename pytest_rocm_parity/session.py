@@ -258,7 +258,7 @@ class ParitySession:
     @property
     def device(self) -> str:
         if self._device is None:
-            self._device = resolve_device(self.options.device, xdist_worker_index())
+            self._device = resolve_device(self.options.device, xdist_worker_index(), self.options.ci)
         return self._device
 
     @property

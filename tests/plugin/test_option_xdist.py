@@ -134,3 +134,4 @@ def test_a_golden_withheld_by_an_interrupted_worker_is_listed_once(project: pyte
     doc = json.loads((project.path / "rep" / "parity-report.json").read_text())
     assert [w["name"] for w in doc["goldens"]["withheld"]] == ["held"]
     assert not (project.path / "goldens" / "held").exists()
+
