@@ -516,8 +516,21 @@ def resolve_drill(model: Any, inputs: Any, spec: CheckSpec, explicit: int | None
         return drill_for(model)
     if inputs is None:
         return drill_for(model)
-    return default_drill(model, inputs, spec.dtypes, getattr(spec, "golden_size_limit", DEFAULT_GOLDEN_SIZE_LIMIT),
-                         int(spec.sketch or 0))
+    limit = getattr(spec, "golden_size_limit", DEFAULT_GOLDEN_SIZE_LIMIT)
+    drill = default_drill(model, inputs, spec.dtypes, limit, int(spec.sketch or 0))
+    try:
+        was = store.read_manifest(spec.name).get("drill") if store is not None and store.exists(spec.name) else None
+    except ParityError:
+        was = None
+    if isinstance(was, int) and not isinstance(was, bool) and drill < was:
+        # a regeneration that judges less deep than the golden it replaces: said, not only seen in a diff
+        import warnings
+
+        warnings.warn(f"rocm-parity: {spec.name}: captured at drill {drill}, where its golden was at drill {was}: "
+                      f"at drill {was} the golden would exceed the size limit ({limit / 1e6:g} MB), so a failure will "
+                      f"name modules at most {drill} levels below the blocks. Keep the depth with drill={was} in the "
+                      f"check (a larger golden), or raise --parity-golden-size-limit", stacklevel=2)
+    return drill
 
 
 class OpChecker:

@@ -61,6 +61,19 @@ def test_size_limit_from_the_ini_and_the_flag_over_it(project: pytest.Pytester) 
     assert "KB limit" not in result.stdout.str()
 
 
+def test_a_regeneration_that_drills_shallower_says_so(project: pytest.Pytester) -> None:
+    """The default depth is the deepest whose golden fits the size limit: a regeneration under a
+    smaller limit judges less deep than the golden it replaces, and says so with both depths."""
+    project.runpytest("--rocm-parity", "--parity-mode=capture").assert_outcomes(passed=1)
+    result = project.runpytest("--rocm-parity", "--parity-regen=tiny", f"{GOLDEN_SIZE_LIMIT}=0.005")
+    result.assert_outcomes(passed=1, warnings=2)
+    text = " ".join(result.stdout.str().split())
+    assert "rocm-parity: tiny: captured at drill 0, where its golden was at drill 1" in text, text
+    assert "Keep the depth with drill=1 in the check" in text
+    again = project.runpytest("--rocm-parity", "--parity-regen=tiny")
+    assert "where its golden was at drill" not in again.stdout.str()
+
+
 def test_bad_size_limit_is_a_usage_error(project: pytest.Pytester) -> None:
     result = project.runpytest("--rocm-parity", f"{GOLDEN_SIZE_LIMIT}=big")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
