@@ -34,6 +34,7 @@ from pytest_rocm_parity.golden.reader import RungReader
 from pytest_rocm_parity.golden.store import (MANIFEST, check_safetensors, check_size, expected_digest, load_manifest,
                                               verify_sha)
 from pytest_rocm_parity.runner.selection import describe
+from pytest_rocm_parity.progress import megabytes
 from pytest_rocm_parity.tables import text_table
 
 OUTPUT = "<output>"
@@ -328,12 +329,8 @@ def _table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[s
 
 
 def _bytes(n: Any) -> str:
-    n = int(n or 0)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
+    """A size as capture's progress lines and the size limit say it (decimal KB and MB)."""
+    return megabytes(int(n or 0))
 
 
 def _txt(v: Any) -> str:

@@ -30,6 +30,7 @@ from typing import Any
 from pytest_rocm_parity.judging.assertion import SUGGEST_WITHIN, verdict_label
 from pytest_rocm_parity.judging.records import layer_columns, layer_rows, layers_frame
 from pytest_rocm_parity.atomic import atomic_write
+from pytest_rocm_parity.progress import megabytes
 from pytest_rocm_parity.reports.summary import EXPECTED, counts, error_text, ordered_checks, verdict
 from pytest_rocm_parity.tables import write_csv
 
@@ -742,7 +743,7 @@ def _tensor_link(c: Mapping[str, Any], out: Path) -> str:
     rel = path.relative_to(out).as_posix()
     size = path.stat().st_size
     return (f'<p>Obtained tensors of the failing layers: <a class="tensors" href="{html.escape(rel)}" download>'
-            f'{html.escape(rel)}</a> <span class="muted">({size / 1024:.1f} KiB, safetensors; '
+            f'{html.escape(rel)}</a> <span class="muted">({megabytes(size)}, safetensors; '
             f'<code>safetensors.torch.load_file(path)</code>)</span></p>')
 
 

@@ -44,7 +44,7 @@ def test_show_text(goldens: dict[str, Path], capsys: pytest.CaptureFixture[str])
                    "reference backend=cpu", "[float32] float32-", "rms(ref)", "max|ref-truth|/max|truth|"):
         assert needle in out, needle
     row = next(l for l in out.splitlines() if l.strip().startswith("blocks.2.fc1 "))
-    assert "16x64" in row and "F32" in row and "4.0 KiB" in row
+    assert "16x64" in row and "F32" in row and "4.1 KB" in row   # 4096 bytes, as capture counts sizes
 
 
 def test_show_json_accepts_manifest_path(goldens: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
