@@ -633,13 +633,16 @@ def autocast_note(manifest: dict[str, Any], device: Any) -> str | None:
 
 
 @contextlib.contextmanager
-def explained_by(name: str, why: str | None) -> Iterator[None]:
+def explained_by(name: str, why: str | None | Callable[[], str | None]) -> Iterator[None]:
     """A replay that raises while a setting differs from the capture's (``why``, autocast_note's):
     the error names the setting. A golden bf16 activation fed to an fp32 matmul fails in torch with
-    a dtype message that does not say where the bf16 came from."""
+    a dtype message that does not say where the bf16 came from. ``why`` may be a function, read
+    when the error comes (what the replay saw before it raised)."""
     try:
         yield
     except Exception as exc:
+        if callable(why):
+            why = why()
         if why and not isinstance(exc, ParityError):
             raise InvalidArgument(f"the replay of {name!r} failed ({type(exc).__name__}: {str(exc)[:300]}): "
                                   f"{why}") from exc

@@ -436,8 +436,10 @@ def _replay_one(model: Any, inner: Any, spec: CheckSpec, store: GoldenStore, man
     try:
         _preload(reader, spec, meta)
         _refuse_changed_inputs(_inputs_changed(args0, kwargs0, reader, rung, meta), spec, mpath, manifest)
-        with explained_by(spec.name, autocast):
-            result = _replay_rung(model, spec, meta, reader, rung, device, {"args": args0, "kwargs": kwargs0})
+        changed: list[str] = []
+        with explained_by(spec.name, autocast), explained_by(spec.name, lambda: _dtype_changes_text(changed)):
+            result = _replay_rung(model, spec, meta, reader, rung, device, {"args": args0, "kwargs": kwargs0},
+                                  changed)
     except Exception:
         reader.verification.result()   # a damaged file is named before the error it caused
         raise
@@ -453,6 +455,15 @@ def _replay_one(model: Any, inner: Any, spec: CheckSpec, store: GoldenStore, man
     result.golden = str(path)
     result.regen = golden_regen_command(manifest, spec)
     return result
+
+
+def _dtype_changes_text(changed: list[str]) -> str | None:
+    """Why a replay raised, where a judged module returned another dtype than the golden's first."""
+    if not changed:
+        return None
+    return (f"{changed[0]}{f' (and {len(changed) - 1} more)' if len(changed) > 1 else ''}, and the operations "
+            f"after it got mixed dtypes: a kernel or wrapper that returns another dtype than its input (cast its "
+            f"result back: out.to(x.dtype))")
 
 
 PRELOAD_FRACTION = 0.5
@@ -743,7 +754,7 @@ def _callable_again(obj: Any) -> bool:
 
 
 def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: RungReader, rung: str,
-                 device: str, inputs_template: Any) -> CheckResult:
+                 device: str, inputs_template: Any, dtype_changes: list[str] | None = None) -> CheckResult:
     """The passes of one rung on the candidate's own model object (wrappers, compiled code and all).
 
     Propagated: the candidate's forward on the stored inputs, every selected module's output judged
@@ -824,6 +835,11 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         for p, gk in e["out"].items():
             ref = reader.get(gk)
             c = got.get(p)
+            if dtype_changes is not None and c is not None and c.dtype != ref.dtype and c.is_floating_point() \
+                    and ref.is_floating_point():
+                # what the forward may then fail on, in an operation that names no module
+                dtype_changes.append(f"{key} returned {c.dtype} where the golden recorded {ref.dtype}"
+                                     f"{f' (output {p})' if p != '0' else ''}")
             if c is None:
                 if not optional_leaf(p):
                     res.append(LeafMetrics(leaf=p, numel=int(ref.numel()), ratio=float("inf"), ratio_lo=float("inf"),

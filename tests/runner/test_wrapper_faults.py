@@ -1,6 +1,7 @@
-"""A module whose output is right but which stores it into its input (a kernel wrapper writing in
-place) breaks its parent's later use of that tensor: the parent fails while every module inside it
-passes, and the failure names the module that wrote its input."""
+"""Faults of a kernel's wrapper rather than its arithmetic, named at the module: one that stores its
+right output into its input (the parent's later use of that tensor breaks, every module inside it
+passing), and one that returns another dtype (the forward then raises in an operation that names
+no module)."""
 from __future__ import annotations
 
 import pytest
@@ -62,3 +63,16 @@ def test_a_correct_module_writes_nothing_and_gets_no_such_note() -> None:
     x = torch.randn(8, 16, generator=torch.Generator().manual_seed(0))
     (res,) = capture_then_replay(_net, _net(), x, CheckSpec(name="m", dtypes=["float32"], drill=1))
     assert res.passed and not any("in place" in n for n in res.notes)
+
+
+def test_a_module_returning_another_dtype_is_named_when_the_forward_then_raises() -> None:
+    """A wrapper that returns float32 in a bfloat16 model makes the next matmul raise torch's dtype
+    error, which names no module: the replay's error names the module and both dtypes."""
+    from pytest_rocm_parity.errors import InvalidArgument
+
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(0))
+    candidate = _net()
+    candidate.blocks[0].norm.register_forward_hook(lambda mod, args, out: out.float())
+    with pytest.raises(InvalidArgument, match=r"blocks\.0\.norm returned torch\.float32 where the golden recorded "
+                                              r"torch\.bfloat16.*out\.to\(x\.dtype\)"):
+        capture_then_replay(_net, candidate, x, CheckSpec(name="m", dtypes=["bfloat16"], drill=1))
