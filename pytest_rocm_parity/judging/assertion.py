@@ -250,8 +250,8 @@ def _inside(result: CheckResult, culprit: LayerRecord) -> str:
     what = "backward through its own" if result.kind == "train" else "own forward's"
     return (f"inside it: {', '.join(inner[:4])}{' ...' if len(inner) > 4 else ''} "
             f"{'each pass' if len(inner) > 1 else 'passes'} in isolation, so the fault is in its {what} "
-            f"code between them (a softmax, mask, scale or residual add it computes itself, or a kernel that "
-            f"replaced them)")
+            f"code between them (a softmax, mask, scale, rotary embedding or residual add it computes itself, or "
+            f"a kernel that replaced them)")
 
 
 def message(result: CheckResult) -> str:

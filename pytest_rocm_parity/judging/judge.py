@@ -71,7 +71,7 @@ class Rule:
             return ""
         ratio = self.propagated_ratio(m)
         if ratio > self.k:
-            return f"propagated error {ratio:.3g}x the reference's (budget {self.k:g}x)"
+            return f"propagated error {over(ratio, self.k)}x the reference's (budget {self.k:g}x)"
         return ""
 
     @property
@@ -248,6 +248,15 @@ CONFINED_BOUND_OVER = 10.0
 # not errors that each module kept within bounds adding up (accumulated drift crosses its budget
 # gradually, a layer or a few at a time)
 JUMP = 100.0
+
+
+def over(ratio: float, budget: float) -> str:
+    """A ratio over its budget, with digits enough to read as over it (3.0004, not 3)."""
+    for digits in (3, 4, 5, 6):
+        text = f"{ratio:.{digits}g}"
+        if float(text) > budget:
+            return text
+    return f"{ratio:.6g}"
 
 
 def jumped(l: LayerRecord) -> bool:

@@ -38,3 +38,16 @@ def test_a_passing_rows_propagated_ratio_is_within_its_budget() -> None:
     assert row.prop_passed == (row.prop.ratio <= row.prop_budget), (row.prop.ratio, row.prop_budget)
     assert res.to_frame().set_index("layer").loc["d", "prop_ratio"] == row.prop.ratio
 
+
+
+def test_a_propagated_failure_just_over_its_budget_shows_digits_that_read_over_it() -> None:
+    """3.0004x against a budget of 3x reads '3.0004x', not '3x (budget 3x)', which hides the verdict."""
+    from pytest_rocm_parity.judging.judge import Rule
+    from pytest_rocm_parity.judging.records import LeafMetrics
+    from pytest_rocm_parity.judging.tolerance import Tolerance
+
+    rule = Rule.of(Tolerance(), "bfloat16")
+    m = LeafMetrics(leaf="0", numel=1024, err_cand=rule.k * 1.0001 * 1e-3, err_ref=1e-3, rms_truth=0.01)
+    assert rule.failure(m, isolated=False) == f"propagated error {rule.k * 1.0001:.5g}x the reference's (budget 3x)"
+    far = LeafMetrics(leaf="0", numel=1024, err_cand=12.3456e-3, err_ref=1e-3, rms_truth=0.01)
+    assert rule.failure(far, isolated=False) == "propagated error 12.3x the reference's (budget 3x)"
