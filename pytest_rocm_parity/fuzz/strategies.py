@@ -34,6 +34,8 @@ __all__ = [
     "LONG_BLOCKS",
     "OpArgs",
     "REGIMES",
+    "ROTARY_COS_LAYOUTS",
+    "ROTARY_HEAD_DIMS",
     "abs_magnitude",
     "binary_args",
     "dtypes",
@@ -534,15 +536,20 @@ def _sdpa_magnitude(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs:
 
 @st.composite
 def softmax_args(draw: st.DrawFn, dtype: DtypeArg = None, *, max_side: int = 160, long_side: int | None = 2048,
-                 regimes: Sequence[str] = REGIMES) -> OpArgs:
+                 regimes: Sequence[str] = REGIMES, dim: int | None = None) -> OpArgs:
     """``softmax(x, dim)``, usually over the last (block) dimension; large values included; a quarter of
-    the rows up to ``long_side`` (:func:`reduction_shapes`)."""
+    the rows up to ``long_side`` (:func:`reduction_shapes`). ``dim=-1`` always reduces the last
+    dimension, for a kernel that only does (a row-wise Triton softmax); ``None`` draws any."""
+    if dim not in (None, -1):
+        raise InvalidArgument(f"softmax_args(dim={dim!r}) must be -1 (always the last dimension) or None (any "
+                              f"dimension of the drawn shape)")
     _check_long_side("softmax_args", long_side)
     dt = draw(_dtype_strategy(dtype))
     shp = draw(reduction_shapes(max_side=max_side, long_side=long_side))
     x = draw(tensors(dt, shp, elements=values(dt, max_magnitude=1e4, regimes=regimes)))
     # a long row is drawn to be reduced: its leading dims are 1s, which test nothing
-    dim = -1 if shp[-1] > max_side else draw(st.sampled_from([-1] + list(range(-len(shp), -1))))
+    if dim is None:
+        dim = -1 if shp[-1] > max_side else draw(st.sampled_from([-1] + list(range(-len(shp), -1))))
     return OpArgs((x,), {"dim": dim}, reduction_length=shp[dim], names=("x",))
 
 
@@ -579,8 +586,12 @@ def _layer_norm_magnitude(x: torch.Tensor, shape: Any, w: torch.Tensor | None, b
 @st.composite
 def rms_norm_args(draw: st.DrawFn, dtype: DtypeArg = None, *, max_side: int = 160, long_side: int | None = 2048,
                   max_magnitude: float | None = None, layouts: Sequence[str] = LAYOUTS,
-                  regimes: Sequence[str] = REGIMES, affine: bool | None = None) -> OpArgs:
+                  regimes: Sequence[str] = REGIMES, affine: bool | None = None,
+                  weight_layouts: Sequence[str] | None = None) -> OpArgs:
     """``F.rms_norm(x, (N,), weight, eps)``; magnitudes up to what float32 can square and sum.
+
+    ``layouts`` are x's; ``weight_layouts`` the weight's, ``layouts`` where None: ``("contiguous",)``
+    fuzzes x's strides against a kernel that requires a contiguous weight (an nn.Parameter's).
 
     ``affine``: ``None`` draws the weight or ``weight=None`` (shrinking to None, the simpler call), so a
     kernel that breaks without a weight is found; ``True`` always draws one, for a kernel whose contract
@@ -596,7 +607,8 @@ def rms_norm_args(draw: st.DrawFn, dtype: DtypeArg = None, *, max_side: int = 16
     n = shp[-1]
     top = _scaled_max(dt, n) if max_magnitude is None else max_magnitude
     x = draw(tensors(dt, shp, elements=values(dt, max_magnitude=top, regimes=regimes), layouts=layouts))
-    weight = tensors(dt, (n,), elements=values(dt, regimes=("ordinary",)), layouts=layouts)
+    weight = tensors(dt, (n,), elements=values(dt, regimes=("ordinary",)),
+                     layouts=layouts if weight_layouts is None else weight_layouts)
     w = draw(weight if affine else st.none() if affine is False else st.none() | weight)
     eps = draw(st.sampled_from([1e-6, 1e-5]))
     if draw(st.booleans()):   # rows whose mean square is eps: only there does where eps is added show
@@ -622,21 +634,53 @@ def _rows_near_eps(x: torch.Tensor, eps: float, *, centred: bool, regimes: Seque
     x.copy_(scaled.to(x.dtype))
 
 
+# Llama's 128 and a non-power-of-two (96: Phi-2 style, 48 per half) beside the small ones
+ROTARY_HEAD_DIMS: tuple[int, ...] = (2, 8, 16, 64, 128, 96)
+ROTARY_COS_LAYOUTS: tuple[str, ...] = ("table", "batched")
+# b*h*t*d of the largest case before head dims over 64 were drawn: a larger head takes fewer positions
+_ROTARY_NUMEL = 2 * 3 * 40 * 64
+
+
 @st.composite
 def rotary_args(draw: st.DrawFn, dtype: DtypeArg = None, *, max_seq: int = 40,
-                regimes: Sequence[str] = REGIMES) -> OpArgs:
-    """``(x, cos, sin)`` for rotate-half rotary embedding; positions up to ``max_seq``, base 10000."""
+                regimes: Sequence[str] = REGIMES, head_dims: Sequence[int] = ROTARY_HEAD_DIMS,
+                cos_layout: str = "table") -> OpArgs:
+    """``(x, cos, sin)`` for rotate-half rotary embedding, ``x`` of shape (B, H, T, D); positions up to
+    ``max_seq``, base 10000.
+
+    ``head_dims``: the D drawn, even numbers; the default holds 128 and 96, whose half (48) is not a
+    power of two, which a kernel's ``tl.arange(0, D // 2)`` cannot take. ``cos_layout``: ``"table"``
+    gives cos/sin of shape (T, D), one table for the batch; ``"batched"`` of shape (B, T, D), each
+    sequence at its own positions, as Hugging Face's rotary embedding returns them (its
+    ``apply_rotary_pos_emb`` unsqueezes dim 1, as :func:`apply_rotary` does).
+    """
+    if cos_layout not in ROTARY_COS_LAYOUTS:
+        raise InvalidArgument(f"rotary_args(cos_layout={cos_layout!r}): choose from {ROTARY_COS_LAYOUTS}")
+    bad = [d for d in head_dims if not isinstance(d, int) or d < 2 or d % 2]
+    if bad or not head_dims:
+        raise InvalidArgument(f"rotary_args(head_dims={tuple(head_dims)!r}): give even head dims >= 2 (rotate-half "
+                              f"splits D in two halves)")
     dt = draw(_dtype_strategy(dtype))
     b, h = draw(st.integers(1, 2)), draw(st.integers(1, 3))
     t = draw(sizes(1, max_seq))
-    d = draw(st.sampled_from([2, 8, 16, 64]))
+    d = draw(st.sampled_from(list(head_dims)))
+    t = max(1, min(t, _ROTARY_NUMEL // (b * h * d))) if d > 64 else t
     x = draw(tensors(dt, (b, h, t, d), elements=values(dt, max_magnitude=1e3, regimes=regimes)))
-    start = draw(st.integers(0, 4096))
+    starts = [draw(st.integers(0, 4096)) for _ in range(b if cos_layout == "batched" else 1)]
     inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-    angles = torch.outer(torch.arange(start, start + t, dtype=torch.float64), inv)
+    angles = torch.stack([torch.outer(torch.arange(s0, s0 + t, dtype=torch.float64), inv) for s0 in starts])
     emb = torch.cat([angles, angles], dim=-1)
+    if cos_layout == "table":
+        emb = emb[0]
     return OpArgs((x, emb.cos().to(dt), emb.sin().to(dt)), reduction_length=2,
                   magnitude=_rotary_magnitude, names=("x", "cos", "sin"))
+
+
+def _rotary_tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin broadcast against x (B, H, T, D): Hugging Face's (B, T, D) get the head dimension."""
+    if x.dim() == 4 and cos.dim() == 3:
+        return cos.unsqueeze(1), sin.unsqueeze(1)
+    return cos, sin
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -646,11 +690,14 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Eager rotary embedding, the operator fuzzed by :func:`rotary_args`."""
+    """Eager rotary embedding, the operator fuzzed by :func:`rotary_args`; cos/sin of shape (T, D) or,
+    with x of shape (B, H, T, D), Hugging Face's (B, T, D)."""
+    cos, sin = _rotary_tables(x, cos, sin)
     return x * cos + rotate_half(x) * sin
 
 
 def _rotary_magnitude(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    cos, sin = _rotary_tables(x, cos, sin)
     return x.abs() * cos.abs() + rotate_half(x).abs() * sin.abs()
 
 
