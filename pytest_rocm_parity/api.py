@@ -554,12 +554,11 @@ def ladder_notes(results: list[CheckResult]) -> None:
     """Say, on each failing low-precision rung, what the float32 rung found: a bug of the function
     (float32 fails too) or of precision only (float32 holds)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
+        from pytest_rocm_parity.fuzz.harness import INTERPRETER_BF16
+
         for r in results:
             if r.dtype == "bfloat16" and not r.passed:
-                r.notes.append("TRITON_INTERPRET=1: a Triton kernel here runs in Triton's interpreter, which rounds "
-                               "float32 to bfloat16 by truncation and computes bfloat16 arithmetic wrongly, so a "
-                               "correct kernel can fail this rung; judge it by the float32 rung here, and at "
-                               "bfloat16 on a GPU (docs/migrations.md)")
+                r.notes.append(f"{INTERPRETER_BF16} (docs/migrations.md)")
     by = {r.dtype: r for r in results}
     f32 = by.get("float32")
     if f32 is None:

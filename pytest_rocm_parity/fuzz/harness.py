@@ -346,10 +346,11 @@ def _build_message(result: OpResult) -> str:
     return "\n".join(lines)
 
 
-INTERPRETER_BF16_NOTE = ("TRITON_INTERPRET=1: a Triton kernel here runs in Triton's interpreter, which rounds "
-                         "float32 to bfloat16 by truncation and computes bfloat16 arithmetic wrongly, so a correct "
-                         "kernel can fail at bfloat16; judge it at float32 here, and at bfloat16 on a GPU "
-                         "(docs/fuzzing.md)")
+# said by a failing bfloat16 operator check (here) and model check (api.ladder_notes) under the interpreter
+INTERPRETER_BF16 = ("TRITON_INTERPRET=1: a Triton kernel here runs in Triton's interpreter, which rounds float32 to "
+                    "bfloat16 by truncation and computes bfloat16 arithmetic wrongly, so a correct kernel can fail at "
+                    "bfloat16; judge it at float32 here, and at bfloat16 on a GPU")
+INTERPRETER_BF16_NOTE = f"{INTERPRETER_BF16} (docs/fuzzing.md)"
 
 
 def _note_interpreter(result: OpResult) -> None:
