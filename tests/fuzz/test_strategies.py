@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from hypothesis import find, given, settings
+from hypothesis import find, given, seed, settings
 from hypothesis import strategies as st
 
 from pytest_rocm_parity.fuzz import strategies as S
@@ -364,7 +364,10 @@ def test_softmax_args_find_a_running_sum_kept_in_bfloat16() -> None:
 
     in_bf16 = functools.partial(_online_softmax, running=torch.bfloat16)
 
-    @settings(max_examples=150, derandomize=True, database=None, deadline=None)
+    # a pinned seed, not derandomize: derandomize seeds from the function's code, which pytest's
+    # assertion rewriting changes, so the search drew other cases alone than in the whole suite
+    @seed(0)
+    @settings(max_examples=150, database=None, deadline=None)
     @given(S.softmax_args(torch.bfloat16))
     def search(case: S.OpArgs) -> None:
         correct = check_op(_online_softmax, torch.softmax, case, device="cpu")
