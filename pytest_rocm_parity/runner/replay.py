@@ -437,7 +437,8 @@ def _replay_one(model: Any, inner: Any, spec: CheckSpec, store: GoldenStore, man
         _preload(reader, spec, meta)
         _refuse_changed_inputs(_inputs_changed(args0, kwargs0, reader, rung, meta), spec, mpath, manifest)
         changed: list[str] = []
-        with explained_by(spec.name, autocast), explained_by(spec.name, lambda: _dtype_changes_text(changed)):
+        # a differing autocast explains mixed dtypes first (the inner one names it; the outer leaves ours be)
+        with explained_by(spec.name, lambda: _dtype_changes_text(changed)), explained_by(spec.name, autocast):
             result = _replay_rung(model, spec, meta, reader, rung, device, {"args": args0, "kwargs": kwargs0},
                                   changed)
     except Exception:
