@@ -696,7 +696,7 @@ class _Judge:
         # under its record's name: a model output's tag "<output>/<leaf>/..." is "<output>.<leaf>/..."
         key = f"{OUTPUT}.{tag[len(OUTPUT) + 1:]}" if tag.startswith(OUTPUT + "/") else tag
         self.obtained[key] = c.detach().to("cpu").contiguous()
-        leaf_key, run = key.rsplit("/", 1)
+        leaf_key = key.rsplit("/", 1)[0]
         self.obtained[f"{leaf_key}/reference"] = ref.detach().to("cpu").contiguous()
         if res is not None and not isinstance(res, str) and tuple(res.shape) == tuple(ref.shape):
             import torch
