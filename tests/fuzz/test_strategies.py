@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from hypothesis import find, given, seed, settings
+from hypothesis import Phase, find, given, seed, settings
 from hypothesis import strategies as st
 
 from pytest_rocm_parity.fuzz import strategies as S
@@ -192,7 +192,7 @@ def test_rms_norm_args_finds_a_kernel_that_needs_a_weight() -> None:
 def test_rms_norm_args_affine_draws_a_weight_always_never_or_sometimes() -> None:
     """None (the default) shrinks to the simpler call without a weight; True keeps a kernel that requires
     one fed; False leaves it out."""
-    quick = settings(max_examples=60, database=None)
+    quick = settings(max_examples=60, database=None, phases=[Phase.generate])   # no shrinking: whether, not which
     weight = 2   # F.rms_norm(x, normalized_shape, weight, eps)
     assert find(S.rms_norm_args(torch.float32), lambda c: True, settings=quick).args[weight] is None
     assert isinstance(find(S.rms_norm_args(torch.float32), lambda c: c.args[weight] is not None,
@@ -328,7 +328,7 @@ def test_row_strategies_draw_long_rows_within_the_element_budget(name: str) -> N
             assert case.reduction_length == x.shape[-1], f"{name}: a long row not reduced: {case!r}"
 
     draw()
-    quick = settings(max_examples=60, database=None, suppress_health_check=list(HealthCheck))
+    quick = settings(max_examples=60, database=None, suppress_health_check=list(HealthCheck), phases=[Phase.generate])
     # that long rows are drawn at all, by a search for one: how many a run of draws holds depends on
     # what the rest of the suite leaves Hypothesis exploring
     long_case = find(strategy(torch.float32), lambda c: c.args[0].shape[-1] > 160, settings=quick)
