@@ -446,9 +446,17 @@ def unselected_region(model: Any, result: Any, patterns: Sequence[str] | None = 
     skipped = [module_of(l.name) for l in top[(i_ok if i_ok is not None else -1) + 1:end] if l.not_called]
     after = module_of(ok.name) if ok is not None else None
     before = module_of(top[bad].name) if bad is not None else None
+    region = region_between(model, after, before, {module_of(l.name) for l in result.layers}, patterns)
+    return {**region, **({"not_called": skipped} if skipped else {})}
+
+
+def region_between(model: Any, after: str | None, before: str | None, selected: set[str],
+                   patterns: Sequence[str] | None = None) -> dict[str, Any]:
+    """The region between two modules (None: the model's inputs / outputs) as region_text shows it:
+    the maximal modules in it, in registration order, that no selected module covers, and the
+    ``layers=`` globs (added to ``patterns``) that would judge them."""
     named = _named(model)
     order = {n: i for i, (n, _) in enumerate(named)}
-    selected = {module_of(l.name) for l in result.layers}
     lo = order.get(after, -1) if after is not None else -1
     hi = order.get(before, len(named)) if before is not None else len(named)
     if lo >= hi:     # executed out of registration order: everything registered before the divergent one
@@ -467,8 +475,7 @@ def unselected_region(model: Any, result: Any, patterns: Sequence[str] | None = 
         region.append(n)
     globs = [g for n in region for g in _globs_for(model, n)]
     return {"after": after, "before": before, "modules": region,
-            "layers": list(dict.fromkeys([*(patterns or []), *globs])) if globs else [],
-            **({"not_called": skipped} if skipped else {})}
+            "layers": list(dict.fromkeys([*(patterns or []), *globs])) if globs else []}
 
 
 def region_text(region: dict[str, Any]) -> str:

@@ -10,7 +10,8 @@ the golden gradient of its output).
 Each rung of the golden holds (keys of the rung's safetensors file):
 
 * ``input/<path>``: the model inputs, cast to the rung; ``loss`` and ``gtruth/loss``;
-* per selected module call: ``x/<call>`` its golden input, ``g/<call>`` the golden gradient of its
+* per selected module call: ``x/<call>`` its golden input with ``truth/x/<call>``, ``y/<call>`` its
+  output with ``truth/y/<call>`` (the step's forward), ``g/<call>`` the golden gradient of its
   output (the propagated reference too) with ``gtruth/go/<call>``, ``ix/<call>`` with
   ``truth/ix/<call>`` (its isolated input gradient) and ``ip/<call>/<param>`` with
   ``truth/ip/<call>/<param>`` (its own parameters' isolated gradients);
@@ -42,8 +43,8 @@ from pytest_rocm_parity.golden.sketch import leaf_group
 from pytest_rocm_parity.golden.reader import RungReader
 from pytest_rocm_parity.golden.store import FORMAT_VERSION, GoldenStore, expected_digest
 from pytest_rocm_parity.judging.judge import Rule, judge_layer, jumped, minimal_failing, note_undecided
-from pytest_rocm_parity.judging.records import CheckResult, LayerRecord, LeafMetrics
-from pytest_rocm_parity.runner.selection import Selected, select
+from pytest_rocm_parity.judging.records import CheckResult, LayerRecord, LeafMetrics, module_of
+from pytest_rocm_parity.runner.selection import Selected, region_between, select
 from pytest_rocm_parity.runner.tree import map_tensors, tensor_leaves
 from pytest_rocm_parity.runner.wrappers import inlines_compiled_children, plain_copy, training_paths, unwrap
 
@@ -291,8 +292,11 @@ class _Run:
         self.model, self.selected, self.call = model, selected, model if call is None else call
         self.calls: dict[str, tuple[Any, Any, str, str]] = {}   # key -> (args, kwargs, x path, y path)
         self.x: dict[str, Any] = {}
+        self.y: dict[str, Any] = {}   # key -> its primary output in this run's forward
         self.g: dict[str, Any] = {}
         self.order: list[str] = []
+        # ("start" | "end", key) in the forward's order: which calls had completed when another began
+        self.events: list[tuple[str, str]] = []
         # call key -> whether the module itself cut the autograd graph: its primary output carries none
         # (no grad_fn) although an input or a parameter of it required grad (True), or because its
         # inputs carried none, cut before it (False)
@@ -316,6 +320,7 @@ class _Run:
             self.calls[key] = (a, kw, xp, "")
             self.amp[key] = autocast_state()
             self.order.append(key)
+            self.events.append(("start", key))
             return None
 
         def post(key: str, sel: Selected, out: Any) -> None:
@@ -323,6 +328,8 @@ class _Run:
             yp = _first_float(leaves)
             if yp is None or key not in self.calls:
                 return
+            self.y[key] = leaves[yp].detach().clone()
+            self.events.append(("end", key))
             a, kw, xp, _ = self.calls[key]
             if not leaves[yp].requires_grad:
                 mod = submodule(unwrap(self.model), sel.name)
@@ -551,6 +558,16 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
                     t[f"x/{key}"] = x.to("cpu").contiguous()
                 t[f"g/{key}"] = run.g[key].to("cpu").contiguous()
                 t[f"gtruth/go/{key}"] = residual(truth.g[key], run.g[key], rdt)
+                # the step's forward, judged propagated (_forward_fault): what its isolated backward,
+                # an eager call of the module, never runs (the candidate's compiled graph, glue code)
+                fwd: dict[str, str] = {}
+                if key in run.y and key in truth.y and truth.y[key].shape == run.y[key].shape:
+                    t[f"y/{key}"] = run.y[key].to("cpu").contiguous()
+                    t[f"truth/y/{key}"] = residual(truth.y[key], run.y[key], rdt)
+                    fwd["out"] = f"y/{key}"
+                if x is not None and key in truth.x and truth.x[key].shape == x.shape:
+                    t[f"truth/x/{key}"] = residual(truth.x[key], x, rdt)
+                    fwd["in"] = f"x/{key}"
                 start.restore()
                 dx, dps = isolated_backward(mod, run.calls[key], x, run.g[key], own, run.amp.get(key))
                 tstart.restore()
@@ -565,7 +582,7 @@ def capture_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, 
                 layers.append({"key": key, "name": name, "level": sel.level, "primary": sel.primary,
                                "in": {run.calls[key][2]: f"x/{key}"} if x is not None else {},
                                "out": {run.calls[key][3]: f"g/{key}"},
-                               "params": sorted(own)})
+                               "params": sorted(own), **({"forward": fwd} if fwd else {})})
             # gradients kept to the selected layers: the parameters the selected modules own
             owned: set[str] = {pn for e in layers for pn in e["params"]}
             params = {pn: p for pn, p in ref.named_parameters() if pn in owned}
@@ -1197,7 +1214,13 @@ def _replay_rung(cand: Any, meta: dict[str, Any], reader: RungReader, spec: Chec
         if not iso:
             rec.reason = rec.reason or "its backward was not run in isolation (no call recorded on the candidate)"
         result.layers.append(rec)
-    _finish_train(result, lambda: _loss_factor_note(scales, loss_scale, accumulate))
+    forward = _forward_records(meta, run, runs[1][0], reader, tol, rung, u)
+    outs = [(k, y) for k, (_, y) in forward.items() if y is not None and y.prop is not None]
+    if outs:   # the forward's closest call to its budget, passing or not (the JSON report's extra)
+        k, y = max(outs, key=lambda ky: ky[1].prop.ratio / max(ky[1].prop_budget, 1e-30))  # type: ignore[union-attr]
+        result.extra["forward_worst"] = {"call": k, "output_ratio": y.prop.ratio, "budget": y.prop_budget}  # type: ignore[union-attr]
+    _finish_train(result, lambda: _loss_factor_note(scales, loss_scale, accumulate),
+                  lambda: _forward_fault(forward, run, cand, names))
     note_undecided(result, tol)
     if spread:
         result.notes.append("nondeterministic backward (two runs on the candidate differ) in: "
@@ -1232,12 +1255,93 @@ def _cast_elsewhere(name: str, mod: Any, x: Any, exc: Exception) -> InvalidArgum
         f"from a reference without it")
 
 
-def _finish_train(result: CheckResult, factor_note: Callable[[], tuple[float, str, bool] | None]) -> None:
+def _forward_records(meta: dict[str, Any], run: _Run, again: _Run, reader: RungReader, tol: Any, rung: str,
+                     u: float) -> dict[str, tuple[LayerRecord | None, LayerRecord | None]]:
+    """Each judged call's input and output in the candidate's step, judged propagated against the
+    golden's forward and its float64 truth by the layer's rule: call key -> (input, output) records,
+    None where the golden (one captured before the forward was recorded) or the run has none. A
+    value that differs between the candidate's two runs is judged against that spread too."""
+    import torch
+
+    records: dict[str, tuple[LayerRecord | None, LayerRecord | None]] = {}
+    for e in meta["layers"]:
+        fwd, key = e.get("forward") or {}, e["key"]
+        pair: list[LayerRecord | None] = []
+        for side, mine, other in (("in", run.x, again.x), ("out", run.y, again.y)):
+            at, c = fwd.get(side), mine.get(key)
+            if at is None or c is None or tuple(c.shape) != tuple(reader.get(at).shape):
+                pair.append(None)
+                continue
+            m = _metric("input" if side == "in" else "output", c, reader, at, f"truth/{at}", u, tol.confidence)
+            b = other.get(key)
+            if b is not None and b.shape == c.shape and not torch.equal(b, c):
+                m.allow_spread(float((b.double() - c.double()).norm()) / max(c.numel(), 1) ** 0.5)
+            rec = LayerRecord(name=key, level=e["level"], primary=e["primary"])
+            judge_layer(rec, [], [m], Rule.of(tol.for_layer(e["name"]), rung))
+            pair.append(rec)
+        if any(r is not None for r in pair):
+            records[key] = (pair[0], pair[1])
+    return records
+
+
+def _forward_fault(forward: dict[str, tuple[LayerRecord | None, LayerRecord | None]], run: _Run, model: Any,
+                   selected: set[str]) -> dict[str, Any] | None:
+    """Where the step's forward first leaves its propagated budget, for a step whose modules' own
+    backwards all agree in isolation: the first call, in the order the forward completed them, whose
+    output is out of bounds. Its input within bounds: the call itself computes otherwise in the step
+    than called alone and eagerly in isolation (a torch.compile graph, a hook or a patch acting only
+    in the whole model), the culprit. Its input out of bounds too: the code that ran between it and
+    the last call completed before it (the region region_text names). None: the forward agrees, or
+    the golden holds no forward."""
+    ended = [k for what, k in run.events if what == "end"]
+    key = next((k for k in ended if k in forward and (out := forward[k][1]) is not None and not out.prop_passed),
+               None)
+    if key is None:
+        return None
+    x_rec, y_rec = forward[key]
+    assert y_rec is not None and y_rec.prop is not None
+    fault: dict[str, Any] = {"call": key, "output_ratio": y_rec.prop.ratio, "budget": y_rec.prop_budget,
+                             "input_ratio": x_rec.prop.ratio if x_rec is not None and x_rec.prop is not None
+                             else None}
+    if x_rec is None or x_rec.prop_passed:
+        fault["culprit"] = module_of(key)
+    else:
+        began = run.events.index(("start", key))
+        after = next((k for what, k in reversed(run.events[:began]) if what == "end"), None)
+        fault["region"] = region_between(model, module_of(after) if after else None, module_of(key), selected)
+    return fault
+
+
+def _apply_forward_fault(result: CheckResult, fault: dict[str, Any]) -> None:
+    """The failure a forward fault makes (_forward_fault): its culprit's reason, or the region."""
+    result.passed = False
+    result.extra["forward_fault"] = fault
+    key, k = fault["call"], fault["budget"]
+    outside = f"{fault['output_ratio']:.3g}x the reference's error (budget {k:g}x)"
+    if fault.get("culprit"):
+        rec = next(l for l in result.layers if l.name == fault["culprit"])
+        rec.passed = False
+        seen = "" if fault["input_ratio"] is None else f" ({fault['input_ratio']:.3g}x)"
+        rec.reason = (f"its output in the step's forward{' (call ' + key + ')' if key != rec.name else ''} is "
+                      f"{outside} where its input is within bounds{seen}, while its own forward and backward "
+                      f"called alone agree: the step runs other code for it than an eager call (a torch.compile "
+                      f"graph, a hook or a patch that acts only in the whole model)")
+        result.culprit, result.culprit_block = rec.name, rec.primary
+    else:
+        result.extra["unselected_region"] = fault["region"]
+        result.notes.append(f"the step's forward leaves its budget first at the input of {key}: {outside}, with "
+                            f"every call completed before it within bounds and every module's own backward "
+                            f"within bounds in isolation")
+
+
+def _finish_train(result: CheckResult, factor_note: Callable[[], tuple[float, str, bool] | None],
+                  forward_fault: Callable[[], dict[str, Any] | None] = lambda: None) -> None:
     """Culprit: the smallest module whose own backward is out of bounds (or whose output lost its
     grad_fn); first divergent: the first layer, in the backward's order (last module first), whose
     gradients drifted. Parameters left without a gradient fail the step (_graph_cut_note). With no
     module out of bounds and the step off, ``factor_note`` tells a loss off by one factor from
-    accumulated drift, and gradients off by one factor the loss does not share from a scale."""
+    accumulated drift, and gradients off by one factor the loss does not share from a scale; before
+    them, ``forward_fault`` (_forward_fault) names a fault of the step's forward."""
     failing = [l for l in result.layers if not l.iso_passed]
     minimal = minimal_failing(failing)
     result.culprit = minimal[-1].name if minimal else None
@@ -1247,7 +1351,13 @@ def _finish_train(result: CheckResult, factor_note: Callable[[], tuple[float, st
     drifted = div is not None or not all(o.passed for o in result.outputs)
     cut = _graph_cut_note(result)
     result.passed = not failing and not cut and all(o.passed for o in result.outputs)
-    if failing or cut or not drifted:
+    if failing or cut:
+        return
+    # a forward fault changes every gradient after it: named from the forward, not from the loss
+    if (fault := forward_fault()) is not None:
+        _apply_forward_fault(result, fault)
+        return
+    if not drifted:
         return
     found = factor_note()
     failed_loss = next((o for o in result.outputs if o.name == LOSS and not o.prop_passed), None)
