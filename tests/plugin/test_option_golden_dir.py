@@ -234,3 +234,24 @@ def test_a_failures_regenerate_command_keeps_the_golden_directory(project: pytes
     rep.assert_outcomes(failed=1)
     text = " ".join(rep.stdout.str().split())
     assert "regenerate with pytest --rocm-parity --parity-golden-dir=shared --parity-regen='tiny'" in text, text
+
+
+def test_a_self_test_may_replay_another_tests_default_named_golden(project: pytest.Pytester) -> None:
+    """A planted-bug self-test names the model test's default golden explicitly: a replay of both,
+    in either order, judges both against it (only two tests whose own defaults coincide clash)."""
+    project.makepyfile(test_x='''
+import pytest
+from conftest import make_model, make_inputs
+
+def test_a(parity):
+    parity.check(make_model(), make_inputs(), dtypes=["float32"])
+
+def test_planted(parity):
+    m = make_model()
+    m.blocks[1].act.register_forward_hook(lambda mod, args, out: out * 1.05)
+    with pytest.raises(AssertionError, match="culprit: blocks.1.act"):
+        parity.check(m, make_inputs(), name="test_x.py::test_a", dtypes=["float32"])
+''')
+    project.runpytest("--rocm-parity", "--parity-mode=capture", "test_x.py", "-k", "test_a").assert_outcomes(passed=1)
+    project.runpytest("--rocm-parity", "test_x.py").assert_outcomes(passed=2)
+    project.runpytest("--rocm-parity", "test_x.py::test_planted", "test_x.py::test_a").assert_outcomes(passed=2)
