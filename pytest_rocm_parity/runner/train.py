@@ -1046,19 +1046,35 @@ def _mode_notes(model: Any) -> list[str]:
     from the judged one (BatchNorm on the batch's statistics, dropout): the step runs in eval mode
     (docs/training.md), so that path is not judged, and a user who passed a model in train() would
     otherwise believe it was."""
+    import torch
+
     mods = training_paths(model)
-    notes = [f"the model came in training mode: {', '.join(mods[:3])}{' ...' if len(mods) > 3 else ''} "
-             f"{'were' if len(mods) > 1 else 'was'} judged in eval mode (BatchNorm on its running statistics, "
-             f"dropout off), as every training check runs, so their training-mode path (the batch's statistics) "
-             f"is not judged; docs/training.md says why"] if mods else []
+    notes: list[str] = []
+    if mods:
+        kinds = {type(model.get_submodule(n) if n != type(model).__name__ else model) for n in mods}
+        norm = any(issubclass(k, torch.nn.modules.batchnorm._NormBase) for k in kinds)
+        drop = any(issubclass(k, torch.nn.modules.dropout._DropoutNd) for k in kinds)
+        own = not all(issubclass(k, (torch.nn.modules.batchnorm._NormBase, torch.nn.modules.dropout._DropoutNd))
+                      for k in kinds)
+        how = [w for w, on in (("BatchNorm on its running statistics, which the step does not update, so "
+                                "their momentum is not judged either", norm), ("dropout off", drop),
+                               ("their own code's eval branch (it reads self.training)", own)) if on]
+        notes.append(f"the model came in training mode: {_some(mods)} {'were' if len(mods) > 1 else 'was'} judged "
+                     f"in eval mode ({'; '.join(how)}), as every training check runs, so their training-mode path "
+                     f"is not judged; docs/training.md says why")
     # Hugging Face's gradient_checkpointing_enable() recomputes only where self.training is true
     checkpointed = [n or "the model" for n, m in model.named_modules()
                     if getattr(m, "gradient_checkpointing", False) is True]
     if checkpointed:
-        notes.append(f"gradient checkpointing is on in {', '.join(checkpointed[:2])} (gradient_checkpointing_enable), "
+        notes.append(f"gradient checkpointing is on in {_some(checkpointed)} (gradient_checkpointing_enable), "
                      f"which recomputes only in training mode: the step runs in eval mode, so the recomputation "
                      f"is not judged (docs/training.md says how to judge a checkpointed layer)")
     return notes
+
+
+def _some(names: list[str], shown: int = 3) -> str:
+    """The first few names and how many more."""
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def _trainable(model: Any) -> list[str]:

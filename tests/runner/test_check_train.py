@@ -463,6 +463,8 @@ def test_a_model_in_training_mode_with_batchnorm_is_told_its_batch_statistics_ar
     res = replay_train(cnn().train(), x, spec, store, "cpu", loss=loss)[0]
     assert res.passed and any(n.startswith("the model came in training mode: 1 was judged in eval mode") for n in res.notes), \
         res.notes
+    note = next(n for n in res.notes if "came in training mode" in n)
+    assert "momentum is not judged" in note and "dropout" not in note   # what applies to a BatchNorm alone
     assert not any("came in training mode" in n for n in replay_train(cnn().eval(), x, spec, store, "cpu", loss=loss)[0].notes)
 
 
@@ -571,15 +573,20 @@ def test_a_loss_whose_value_agrees_and_whose_gradient_does_not_fails(tmp_path: A
     assert any("the backward of the loss (loss= or the model's own)" in n for n in r.notes), r.notes
 
 
-def test_hugging_face_gradient_checkpointing_is_said_not_to_run(golden) -> None:  # type: ignore[no-untyped-def]
+def test_hugging_face_gradient_checkpointing_is_said_not_to_run(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """gradient_checkpointing_enable() recomputes only in training mode, which the step does not run:
     a note says its recomputation is not judged, so a pass is not read as covering it."""
-    model = llama("sdpa")
+    spec = CheckSpec(name="ckpt", dtypes=["float32"], drill=0)
+    golden = (GoldenStore(str(tmp_path)), spec)
+    capture_train(llama("sdpa", num_hidden_layers=4), _inputs(), spec, golden[0], "cpu", optimizer=ADAMW)
+    model = llama("sdpa", num_hidden_layers=4)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     r = _replay(golden, model)
     assert r.passed and any(n.startswith("gradient checkpointing is on in model") and "not judged" in n
                             for n in r.notes), r.notes
-    assert not any("gradient checkpointing" in n for n in _replay(golden, llama("sdpa")).notes)
+    # every checkpointed module counted (the model and its 4 layers), not the first two alone
+    assert any("model, model.layers.0, model.layers.1 and 2 more" in n for n in r.notes), r.notes
+    assert not any("gradient checkpointing" in n for n in _replay(golden, llama("sdpa", num_hidden_layers=4)).notes)
 
 
 def test_a_stale_training_golden_another_test_captured_says_whose_it_is(tmp_path: Any) -> None:
