@@ -626,6 +626,10 @@ class ParitySession:
             if test_file(test) not in complete and not deleted:
                 continue
             if test not in collected and not whole:
+                # a renamed test: its file ran whole, but a check of that name may have moved elsewhere
+                self.kept_why.append(f"rocm-parity: kept {name!r}: its test {test} is gone from {test_file(test)}, "
+                                     f"which ran whole, but this run did not run the whole suite unfiltered, where "
+                                     f"a check of that name may live now; a run of the whole suite prunes it")
                 continue
             why_kept = self.owned_here(d, manifest)
             if why_kept:   # a test path of another project's can match one of this project's, or none

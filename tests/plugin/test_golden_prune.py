@@ -603,3 +603,16 @@ def test_a_run_that_names_the_testpaths_is_the_whole_suite(renamed: pytest.Pytes
     result = renamed.runpytest("--rocm-parity", PRUNE, PRUNE_DRY_RUN, "tests")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["goldens obsolete (*): alpha, beta"])
+
+
+def test_a_renamed_tests_golden_kept_by_a_run_of_its_file_says_why(renamed: pytest.Pytester) -> None:
+    """test_beta renamed inside test_b.py: a run of that file alone keeps its golden (the check may have
+    moved, name and all, to a file the run did not collect) and says so; the whole suite prunes it."""
+    renamed.makepyfile(test_b=TEST_B.replace("def test_beta", "def test_gamma").replace('name="beta"', 'name="gamma"'))
+    renamed.runpytest("--rocm-parity", "--parity-mode=capture", "test_b.py").assert_outcomes(passed=1)
+    result = renamed.runpytest("--rocm-parity", PRUNE, "test_b.py")
+    assert "beta" in goldens(renamed)
+    result.stdout.fnmatch_lines(["rocm-parity: kept 'beta': its test test_b.py::test_beta is gone from test_b.py, "
+                                 "which ran whole, but this run did not run the whole suite unfiltered*"])
+    renamed.runpytest("--rocm-parity", PRUNE)
+    assert "beta" not in goldens(renamed)
