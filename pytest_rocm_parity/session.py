@@ -359,10 +359,11 @@ class ParitySession:
             return ""
         return (f"regenerating {spec.name!r} from {spec.test} would replace the golden at "
                 f"{self.store.dir_for(spec.name)}, which {owner} captured and which that test still replays "
-                f"({test_file(owner)} is there): the two tests share the check name {spec.name!r} (the default "
-                f"leaves the directory out). Give one of them its own name, parity.check(..., name=...), and "
-                f"capture it; or, if {owner} is to replay the golden this test captures, pass "
-                f"{ALLOW_REFERENCE_CHANGE}")
+                f"({test_file(owner)} is there): the two tests share the check name {spec.name!r}"
+                f"{' (the default leaves the directory out)' if spec.name == default_name(spec.test) else ''}. "
+                f"Regenerate it from {owner} (pytest --rocm-parity --parity-regen={spec.name!r} {owner}) to keep "
+                f"both judged against it; give one of them its own name, parity.check(..., name=...), and capture "
+                f"it; or, if {owner} is to replay the golden this test captures, pass {ALLOW_REFERENCE_CHANGE}")
 
     def test_defined(self, nodeid: str) -> bool:
         """Whether the test ``nodeid`` (a golden manifest's ``test``) is still there: its file, under

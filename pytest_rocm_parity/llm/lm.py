@@ -451,10 +451,11 @@ def check_lm(parity: Any, model: Any, input_ids: Any, *, name: str | None = None
         cont = torch.tensor(cont_list, dtype=torch.long) if cont_list else None
         if int(lm.get("generate", 0)) != generate or int(lm.get("prompt_len", prompt_len)) != prompt_len:
             from pytest_rocm_parity.errors import GoldenStale
+            from pytest_rocm_parity.runner.engine import golden_regen_command
 
             raise GoldenStale(f"stale golden for {spec.name!r}: captured with generate={lm.get('generate')} and a "
                               f"{lm.get('prompt_len')}-token prompt, asked generate={generate} on {prompt_len}. "
-                              f"Regenerate: {spec.regen_command}", session.store.manifest_path(spec.name))
+                              f"Regenerate: {golden_regen_command(manifest, spec)}", session.store.manifest_path(spec.name))
         ids, mask = full_inputs(cont)
         spec.positions = (int(ids.shape[0]), int(ids.shape[1]))
         spec.extra_judge = _judge(prompt_len, generate, top_k, ids, mask, spec.tolerance, spec.name)

@@ -165,7 +165,7 @@ def _dtypes_advice(spec: CheckSpec, held: list[str]) -> str:
 def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, Any], golden_path: str) -> list[str]:
     """Raise GoldenStale where the golden describes another model, selection or setting; returns notes
     on what differs and is judged all the same (modules without parameters fused away or added)."""
-    regen = spec.regen_command
+    regen = golden_regen_command(manifest, spec)
     old = manifest.get("fingerprint", {})
     problems = []
     notes: list[str] = []
@@ -343,7 +343,7 @@ def _refuse_changed_inputs(why: str, spec: CheckSpec, mpath: str, manifest: dict
         raise GoldenStale(
             f"stale golden {mpath} for {spec.name!r}: {why}{captured_elsewhere(manifest, spec)}. A replay judges "
             f"the candidate on the inputs the golden stored, so the test must build the same ones.{rng} If the "
-            f"test's inputs changed on purpose, regenerate: {spec.regen_command}", mpath)
+            f"test's inputs changed on purpose, regenerate: {golden_regen_command(manifest, spec)}", mpath)
 
 
 def check_inputs(inputs: Any, spec: CheckSpec, store: GoldenStore, manifest: dict[str, Any]) -> None:

@@ -954,7 +954,7 @@ def replay_train(model: Any, inputs: Any, spec: CheckSpec, store: GoldenStore, d
     micro_batches(*normalize_inputs(inputs), accumulate)   # refuse inputs that do not split before any work
     manifest = store.read_manifest(spec.name)
     mpath = str(store.manifest_path(spec.name))
-    regen = spec.regen_command
+    regen = golden_regen_command(manifest, spec)
     if manifest.get("kind") != "train":
         raise GoldenStale(f"{mpath}: the golden of {spec.name!r} is not a training golden; regenerate: {regen}", mpath)
     recorded = manifest.get("fingerprint", {})

@@ -324,3 +324,20 @@ def test_a_changed_config_is_named_beside_the_failure_it_causes() -> None:
                for n in res.notes), res.notes
     (res,) = capture_then_replay(llama, llama(attn="eager"), inputs, spec)
     assert res.passed and not any("config differs" in n for n in res.notes), res.notes
+
+
+def test_the_config_note_of_a_test_judged_against_another_tests_golden_regenerates_from_that_test(
+        tmp_path: Path) -> None:
+    """Variants judged against one golden: a regeneration comes from the test that captured it (the
+    run refuses one from the variant), in the config note as in the result's regen line."""
+    from parity_models import llama, tokens
+    from pytest_rocm_parity import GoldenStore, capture, replay
+
+    store = GoldenStore(tmp_path)
+    inputs = {**tokens(), "use_cache": False}
+    capture(llama(), inputs, CheckSpec(name="shared", test="test_m.py::test_a", dtypes=["float32"]), store, "cpu")
+    (res,) = replay(llama(rms_norm_eps=1e-2), inputs,
+                    CheckSpec(name="shared", test="test_m.py::test_b", dtypes=["float32"]), store, "cpu")
+    note = next(n for n in res.notes if n.startswith("the model's config differs"))
+    assert note.endswith("--parity-regen='shared' 'test_m.py::test_a'") and "test_b" not in note, note
+    assert res.regen.endswith("'test_m.py::test_a'"), res.regen
