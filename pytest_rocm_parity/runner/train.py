@@ -46,7 +46,8 @@ from pytest_rocm_parity.judging.judge import Rule, judge_layer, jumped, minimal_
 from pytest_rocm_parity.judging.records import CheckResult, LayerRecord, LeafMetrics, module_of
 from pytest_rocm_parity.runner.selection import Selected, region_between, select
 from pytest_rocm_parity.runner.tree import map_tensors, tensor_leaves
-from pytest_rocm_parity.runner.wrappers import inlines_compiled_children, plain_copy, training_paths, unwrap
+from pytest_rocm_parity.runner.wrappers import (inlines_compiled_children, plain_copy, torch_training_kinds,
+                                                training_paths, unwrap)
 
 LOSS = "<loss>"
 OPTIMIZER = "optimizer"
@@ -1046,16 +1047,13 @@ def _mode_notes(model: Any) -> list[str]:
     from the judged one (BatchNorm on the batch's statistics, dropout): the step runs in eval mode
     (docs/training.md), so that path is not judged, and a user who passed a model in train() would
     otherwise believe it was."""
-    import torch
-
     mods = training_paths(model)
     notes: list[str] = []
     if mods:
+        norms, drops = torch_training_kinds()
         kinds = {type(model.get_submodule(n) if n != type(model).__name__ else model) for n in mods}
-        norm = any(issubclass(k, torch.nn.modules.batchnorm._NormBase) for k in kinds)
-        drop = any(issubclass(k, torch.nn.modules.dropout._DropoutNd) for k in kinds)
-        own = not all(issubclass(k, (torch.nn.modules.batchnorm._NormBase, torch.nn.modules.dropout._DropoutNd))
-                      for k in kinds)
+        norm, drop = any(issubclass(k, norms) for k in kinds), any(issubclass(k, drops) for k in kinds)
+        own = not all(issubclass(k, (norms, drops)) for k in kinds)
         how = [w for w, on in (("BatchNorm on its running statistics, which the step does not update, so "
                                 "their momentum is not judged either", norm), ("dropout off", drop),
                                ("their own code's eval branch (it reads self.training)", own)) if on]
