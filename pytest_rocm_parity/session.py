@@ -17,7 +17,7 @@ from pytest_rocm_parity import progress as progress_lines
 from pytest_rocm_parity.options import (
     ALLOW_REFERENCE_CHANGE, ALLOW_WRITE, ENABLE, GOLDEN_DIR, GOLDEN_SIZE_LIMIT, PRUNE, REGEN, REGEN_ALL, REPORT,
     Mode, ParityOptions,
-    default_name, resolve_device, xdist_worker_index,
+    default_name, regen_command, resolve_device, xdist_worker_index,
 )
 
 WORKER_KEY = "rocm_parity_results"
@@ -361,7 +361,7 @@ class ParitySession:
                 f"{self.store.dir_for(spec.name)}, which {owner} captured and which that test still replays "
                 f"({test_file(owner)} is there): the two tests share the check name {spec.name!r}"
                 f"{' (the default leaves the directory out)' if spec.name == default_name(spec.test) else ''}. "
-                f"Regenerate it from {owner} (pytest --rocm-parity --parity-regen={spec.name!r} {owner}) to keep "
+                f"Regenerate it from {owner} ({regen_command(spec.name, owner, spec.command_flags)}) to keep "
                 f"both judged against it; give one of them its own name, parity.check(..., name=...), and capture "
                 f"it; or, if {owner} is to replay the golden this test captures, pass {ALLOW_REFERENCE_CHANGE}")
 

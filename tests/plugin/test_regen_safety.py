@@ -358,7 +358,10 @@ def test_model(parity):
     regen.assert_outcomes(failed=1)
     regen.stdout.fnmatch_lines(["*ReferenceChange: regenerating 'test_model.py::test_model' from "
                                 "b/test_model.py::test_model would replace the golden at*, which "
-                                "a/test_model.py::test_model captured and which that test still replays*"])
+                                "a/test_model.py::test_model captured and which that test still replays*"
+                                "(the default leaves the directory out). Regenerate it from a/test_model.py::test_model "
+                                "(pytest --rocm-parity --parity-regen='test_model.py::test_model' "
+                                "'a/test_model.py::test_model')*"])
     # a refused write is a check without a verdict: the summary lists it as an error, not as nothing
     regen.stdout.fnmatch_lines(["ERROR test_model.py::test_model [[]float32[]]*", "*1 error*"])
     assert {f.name: f.read_bytes() for f in golden.iterdir()} == before
