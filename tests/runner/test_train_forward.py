@@ -103,6 +103,7 @@ def test_figures_a_two_percent_miscompile_at_bfloat16_in_the_step_and_in_the_for
     assert culprit.iso is not None
     worst = step.extra["forward_worst"]
     assert worst["call"].startswith("model.layers.1.mlp")   # the MLP returns down_proj's output
+    assert step.passed and worst["output_ratio"] <= worst["budget"]   # docs/training.md: within the budget
     print(f"\n2% miscompile of model.layers.1.mlp.down_proj at bf16: check_train's forward "
           f"{worst['output_ratio']:.3g}x (budget {worst['budget']:g}x, {'passed' if step.passed else 'named'}); "
           f"forward check {culprit.iso.ratio:.3g}x (budget {culprit.budget:g}x)")
