@@ -257,6 +257,20 @@ def verdicts(results: list[CheckResult]) -> str:
     return "\n".join(out)
 
 
+def suggested_tolerances(text: str) -> list[Any]:
+    """Every ``tolerance=Tolerance(...)`` a failure's message suggests, evaluated as a user pastes it."""
+    from pytest_rocm_parity import Tolerance
+
+    found = []
+    for part in text.split("tolerance=Tolerance(")[1:]:
+        depth, end = 1, 0
+        while depth:
+            depth += {"(": 1, ")": -1}.get(part[end], 0)
+            end += 1
+        found.append(eval("Tolerance(" + part[:end], {"Tolerance": Tolerance}))
+    return found
+
+
 # One training step's batch, optimizer and loss for the small check_train models (width 32 in)
 TRAIN_X = torch.randn(16, 32, generator=torch.Generator().manual_seed(2))
 TRAIN_SGD = (torch.optim.SGD, {"lr": 0.1})

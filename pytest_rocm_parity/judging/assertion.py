@@ -146,13 +146,21 @@ def regen_hint(result: CheckResult) -> str:
 
 
 SUGGEST_WITHIN = 10.0   # a tolerance is suggested only up to this multiple of the layer's budget
+SUGGEST_LAYERS = 6      # a per-layer suggestion lists every layer it needs, so only up to this many
+
+
+def ratio_tolerance(rung: str, ratio: float) -> str:
+    """``Tolerance(ratio=...)`` widening ``rung`` alone: a plain number would also set every other
+    rung's budget to it (float32's 10 down to a bf16 ratio of 2)."""
+    return f'Tolerance(ratio={{"{rung}": {ratio:g}}})'
 
 
 def tolerance_hint(result: CheckResult) -> str:
     """A tolerance that would pass, only when it is a modest widening (within 10x of each budget).
 
     A larger ratio, a non-finite or exact-kind failure, or propagated drift is a bug to fix, not a
-    tolerance to widen, so no suggestion is made for them.
+    tolerance to widen, so no suggestion is made for them. Each suggestion passes as printed: it
+    names every failing layer, and widens only this rung.
     """
     failing = [l for l in result.layers if not l.iso_passed]
     if not failing or any(not o.prop_passed for o in result.outputs) or result.extra.get("changed_at_float32"):
@@ -162,9 +170,12 @@ def tolerance_hint(result: CheckResult) -> str:
         if not l.would_pass_ratio or not l.budget or l.would_pass_ratio > SUGGEST_WITHIN * l.budget:
             return ""
         fixes[l.module] = max(fixes.get(l.module, 0.0), l.would_pass_ratio)   # per-layer keys are module names
-    worst = max(fixes.values())
-    return (f"  would have passed with tolerance=Tolerance(ratio={worst:g}) (or per layer: "
-            + ", ".join(f'"{k}": Tolerance(ratio={v:g})' for k, v in list(fixes.items())[:3]) + ")")
+    rung = result.dtype
+    text = f"  would have passed with tolerance={ratio_tolerance(rung, max(fixes.values()))}"
+    if len(fixes) <= SUGGEST_LAYERS:
+        text += (" (or only these layers: tolerance=Tolerance(layers={"
+                 + ", ".join(f'"{k}": {ratio_tolerance(rung, v)}' for k, v in fixes.items()) + "}))")
+    return text
 
 
 def steps_text(steps: Any) -> str:

@@ -54,7 +54,9 @@ QUANT_NOISE = 3.0
 class Tolerance:
     """A tolerance policy; every field left None takes the per-dtype default.
 
-    ratio: allowed candidate/reference error ratio against the truth (isolated replay).
+    ratio: allowed candidate/reference error ratio against the truth (isolated replay); a number for
+        every rung, or a dict of rung -> number that widens only the rungs it names (the others keep
+        their defaults: a number meant for bf16 would also set float32's 10 to it).
     propagated: Dynamo multiplier for the propagated replay.
     z: minimum paired sign-test z-score for a failure (per-layer false-alarm control).
     confidence: z of the one-sided jackknife bound on the ratio.
@@ -65,7 +67,7 @@ class Tolerance:
     layers: per-module overrides, glob over module names -> Tolerance.
     """
 
-    ratio: float | None = None
+    ratio: float | dict[str, float] | None = None
     propagated: float | None = None
     z: float = 3.0
     confidence: float = 3.0
@@ -75,8 +77,23 @@ class Tolerance:
     layers: dict[str, Tolerance] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if isinstance(self.ratio, dict):
+            per_rung = {}
+            for rung, v in self.ratio.items():
+                try:
+                    name = canonical_name(rung)
+                except InvalidArgument:
+                    raise InvalidArgument(f"Tolerance(ratio={self.ratio!r}): {rung!r} is not a rung; name "
+                                          f"{', '.join(DEFAULT_RATIO)}") from None
+                if not (isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 1.0):
+                    raise InvalidArgument(f"Tolerance(ratio={self.ratio!r}): the {name} ratio {v!r} must be a "
+                                          f"number >= 1.0 (a ratio of errors)")
+                per_rung[name] = float(v)
+            object.__setattr__(self, "ratio", per_rung)
         for fname in ("ratio", "propagated", "quant_noise"):
             v = getattr(self, fname)
+            if isinstance(v, dict):
+                continue
             if v is not None and not (isinstance(v, (int, float)) and v >= 1.0):
                 raise InvalidArgument(f"Tolerance({fname}={v!r}): must be a number >= 1.0 (a ratio of errors)")
         if self.nan not in NAN_POLICIES:
@@ -89,7 +106,10 @@ class Tolerance:
         return self
 
     def ratio_for(self, rung: str) -> float:
-        return float(self.ratio if self.ratio is not None else DEFAULT_RATIO[canonical_name(rung)])
+        name = canonical_name(rung)
+        if isinstance(self.ratio, dict):
+            return self.ratio.get(name, DEFAULT_RATIO[name])
+        return float(self.ratio if self.ratio is not None else DEFAULT_RATIO[name])
 
     def _tf32(self, rung: str) -> bool:
         """Whether ``rung`` is judged as TF32 arithmetic (the policy, on the float32 rung)."""

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_rocm_parity.judging.assertion import SUGGEST_WITHIN, verdict_label
+from pytest_rocm_parity.judging.assertion import SUGGEST_WITHIN, ratio_tolerance, verdict_label
 from pytest_rocm_parity.judging.records import layer_columns, layer_rows, layers_frame
 from pytest_rocm_parity.atomic import atomic_write
 from pytest_rocm_parity.progress import megabytes
@@ -782,7 +782,8 @@ def _check_section(c: Mapping[str, Any], label: str, out: Path) -> str:
         kv.append(("culprit", f'<span class="culprit">{e(str(culprit))}</span>'
                    + (f' (block <code>{e(str(c.get("culprit_block")))}</code>)' if c.get("culprit_block") else "")
                    + (f"<br>{e(str(reason))}" if reason else "")
-                   + (f'<br><span class="muted">would pass with Tolerance(ratio={_fmt_num(wp)})</span>' if wp else "")))
+                   + (f'<br><span class="muted">would pass with {e(ratio_tolerance(str(c.get("dtype", "")), wp))}</span>'
+                      if wp else "")))
     elif not passed and isinstance((c.get("extra") or {}).get("unselected_region"), dict):
         from pytest_rocm_parity.runner.selection import region_text
 

@@ -141,7 +141,7 @@ def test_outputs_that_differ_after_every_layer_passed_say_so_once() -> None:
 
 def test_suggested_tolerance_only_within_ten_times_the_budget() -> None:
     modest = _deep()   # would pass at ratio 28 with a budget of 10: 2.8x the budget
-    assert "would have passed with tolerance=Tolerance(ratio=28)" in message(modest)
+    assert 'would have passed with tolerance=Tolerance(ratio={"float32": 28})' in message(modest)
     absurd = _deep()
     absurd.layers[20] = _layer("blocks.20", iso_ok=False, prop_ok=False, ratio=1e6, would_pass=990000)
     text = message(absurd)
@@ -151,7 +151,7 @@ def test_suggested_tolerance_only_within_ten_times_the_budget() -> None:
     edge.layers[20] = _layer("blocks.20", iso_ok=False, ratio=101, would_pass=101, budget=10.0)
     assert "would have passed" not in message(edge)
     edge.layers[20] = _layer("blocks.20", iso_ok=False, ratio=100, would_pass=100, budget=10.0)
-    assert "Tolerance(ratio=100)" in message(edge)
+    assert 'Tolerance(ratio={"float32": 100})' in message(edge)
 
 
 def test_regen_hint_only_when_the_candidate_runs_where_the_golden_was_captured() -> None:
