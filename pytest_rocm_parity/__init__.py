@@ -48,7 +48,7 @@ _LAZY = {
     "compare_shares": "pytest_rocm_parity.reports.profiling",
     # errors: every one the plugin raises (docs/reliability.md), for except clauses and pytest.raises
     **{name: "pytest_rocm_parity.errors" for name in (
-        "ParityError", "InvalidArgument", "InputError", "LayerSelectionError", "DuplicateCheckName",
+        "ParityError", "BackwardError", "InvalidArgument", "InputError", "LayerSelectionError", "DuplicateCheckName",
         "GoldenError", "GoldenMissing", "GoldenCorrupt", "GoldenTooNew", "GoldenStale", "GoldenExists",
         "GoldenWriteError", "WriteForbidden", "ReferenceChange", "BackendUnavailable", "CaptureError")},
 }

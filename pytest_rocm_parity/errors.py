@@ -74,3 +74,8 @@ class ReferenceChange(GoldenError):
 
 class DuplicateCheckName(InvalidArgument):
     """Two checks in one run use one name, so they would share (and overwrite) one golden."""
+
+
+class BackwardError(ParityError):
+    """A training check's backward raised inside the model (an op with no backward formula, a custom
+    autograd function that fails); names the module it raised in."""

@@ -38,7 +38,7 @@ from pytest_rocm_parity.runner.engine import (BufferState, CheckSpec, Hooks, aut
                                               captured_elsewhere, cast_inputs, explained_by, fingerprint,
                                               golden_regen_command, home_device, normalize_inputs, same_structure,
                                               structure_changes, submodule, weights_changed)
-from pytest_rocm_parity.errors import GoldenStale, InvalidArgument, ParityError
+from pytest_rocm_parity.errors import BackwardError, GoldenStale, InvalidArgument, ParityError
 from pytest_rocm_parity.golden.sketch import leaf_group
 from pytest_rocm_parity.golden.reader import RungReader
 from pytest_rocm_parity.golden.store import FORMAT_VERSION, GoldenStore, expected_digest
@@ -295,6 +295,7 @@ class _Run:
         self.x: dict[str, Any] = {}
         self.y: dict[str, Any] = {}   # key -> its primary output in this run's forward
         self.g: dict[str, Any] = {}
+        self.gx: set[str] = set()   # call keys whose primary input received its gradient
         self.order: list[str] = []
         # ("start" | "end", key) in the forward's order: which calls had completed when another began
         self.events: list[tuple[str, str]] = []
@@ -318,6 +319,8 @@ class _Run:
             xp = _first_float(leaves) or ""
             if xp:
                 self.x[key] = leaves[xp].detach().clone()
+                if leaves[xp].requires_grad:
+                    leaves[xp].register_hook(lambda g, k=key: self.gx.add(k))
             self.calls[key] = (a, kw, xp, "")
             self.amp[key] = autocast_state()
             self.order.append(key)
@@ -341,7 +344,28 @@ class _Run:
             leaves[yp].register_hook(lambda g, k=key: self.g.__setitem__(k, g.detach().clone()))
 
         with Hooks(self.model, self.selected, pre, post):
-            return _backward(self.call, micro_batches(args, kwargs, accumulate), loss)
+            try:
+                return _backward(self.call, micro_batches(args, kwargs, accumulate), loss)
+            except RuntimeError as exc:
+                if not self.g:
+                    raise   # the forward or the loss raised, or the backward before any module: torch's words
+                raise BackwardError(self._backward_failure(exc)) from exc
+
+    def _backward_failure(self, exc: BaseException) -> str:
+        """Where the backward raised: in the innermost call whose output received its gradient while
+        its input did not (the backward got into it and never out), else between the modules."""
+        inside = [k for k in self.order if k in self.g and k not in self.gx]
+        torch_said = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        if inside:
+            where = (f"inside {inside[-1]}: its output received its gradient and its input did not, so the "
+                     f"backward failed in its own computation")
+        else:
+            where = "in code outside the selected modules (each one's backward either ran whole or was not reached)"
+        fix = ("an op with no backward formula needs one: torch.library.register_autograd for a torch.library "
+               "custom op, or a torch.autograd.Function around a kernel launched directly"
+               if "autograd formula" in str(exc) or "derivative for" in str(exc) else
+               "the backward's own error above says what it met")
+        return f"the backward raised {where} ({torch_said}). Fix: {fix}"
 
 
 # The device types whose torch.autocast state a module call is recorded under (ROCm's is "cuda")

@@ -127,3 +127,47 @@ def test_a_detach_between_selected_modules_fails_naming_the_parameters(tmp_path)
     text = message(r)
     assert WORDS in text and "culprit: none among the selected modules' outputs" in text, text
     assert "in code between the selected modules" in text, text
+
+
+def _op_without_backward(name: str) -> Any:
+    """A torch.library custom op with no registered autograd: its forward builds a graph whose
+    backward raises (a port that registered the kernel and not its derivative)."""
+    @torch.library.custom_op(f"parity_tests::{name}", mutates_args=())
+    def op(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(x)
+
+    @op.register_fake
+    def _(x: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(x)
+    return op
+
+
+def test_an_op_without_a_backward_formula_is_named_at_its_module(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The candidate's b1.act runs a custom op with no backward: the check raises our error naming
+    b1.act and the fix, torch's own words kept, where torch's traceback named no module."""
+    from pytest_rocm_parity import BackwardError
+
+    op = _op_without_backward("gelu_no_backward")
+    cand = _model()
+    cand.b1.act.forward = op  # type: ignore[method-assign]
+    with pytest.raises(BackwardError) as info:
+        _replay(tmp_path, cand)
+    text = str(info.value)
+    assert text.startswith("the backward raised inside b1.act: its output received its gradient and its input "
+                           "did not"), text
+    assert "no autograd formula was registered" in text and "torch.library.register_autograd" in text, text
+
+
+def test_an_op_without_a_backward_between_the_modules_is_placed_outside_them(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    op = _op_without_backward("gelu_between_modules")
+
+    class Glue(TwoBlocks):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.b1(op(self.b0(x))))
+
+    from pytest_rocm_parity import BackwardError
+
+    torch.manual_seed(0)
+    cand = Glue().eval()
+    with pytest.raises(BackwardError, match="the backward raised in code outside the selected modules"):
+        _replay(tmp_path, cand)
