@@ -550,10 +550,25 @@ class OpChecker:
 LOW_PRECISION = ("bfloat16", "float16")
 
 
+def _nonfinite_cause(rung: str, interpreted: bool) -> str:
+    """Why a rung gives inf or NaN where float32 holds. float16 overflows at 65504; bfloat16 has
+    float32's exponent, so what overflows it overflows float32 too, and its inf or NaN comes of lost
+    precision instead."""
+    if rung == "float16":
+        return ("this is float16's range: values overflow to inf or NaN there (above 65504) where the truth is "
+                "finite (a sum or an exponent without the max subtracted), not a changed computation")
+    return ((f"this comes of the Triton interpreter's {rung} arithmetic (above) or of {rung}'s precision, "
+             if interpreted else f"this is {rung}'s precision, ")
+            + f"not its range (it has float32's): a value rounded to zero or to another's value is then divided "
+              f"by or taken the log of (an epsilon below its spacing, a difference of near-equal values), not a "
+              f"changed computation")
+
+
 def ladder_notes(results: list[CheckResult]) -> None:
     """Say, on each failing low-precision rung, what the float32 rung found: a bug of the function
     (float32 fails too) or of precision only (float32 holds)."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    if interpreted:
         from pytest_rocm_parity.fuzz.harness import INTERPRETER_BF16
 
         for r in results:
@@ -570,9 +585,7 @@ def ladder_notes(results: list[CheckResult]) -> None:
             overflow = any(m is not None and m.nonfinite for l in [*r.layers, *r.outputs] if not l.passed
                            for m in (l.iso, l.prop))
             r.notes.append(f"less accurate at {r.dtype}, same function at float32: the float32 rung passed, so "
-                           + (f"this is {r.dtype}'s range: values overflow to inf or NaN there where the truth is "
-                              f"finite (a sum or an exponent without the max subtracted), not a changed computation"
-                              if overflow else
+                           + (_nonfinite_cause(r.dtype, interpreted and r.dtype == "bfloat16") if overflow else
                               "this is a precision difference (accumulation, rounding), not a changed computation"))
         elif not r.passed and not f32.passed:
             r.extra["changed_at_float32"] = True

@@ -212,3 +212,33 @@ def test_a_float16_overflow_that_float32_holds_is_named_as_the_range_not_roundin
     f16, f32 = res
     assert not f16.passed and f32.passed, verdicts(res)
     assert any("this is float16's range: values overflow to inf or NaN there" in n for n in f16.notes), f16.notes
+
+
+class Offset(nn.Module):
+    """1 / ((x + 256) - 256): exact in float32; at bfloat16 (spacing 2 at 256) the difference rounds
+    to zero unless the module computes in float32 (``naive=False``)."""
+
+    def __init__(self, naive: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(16, 16)
+        self.naive = naive
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        h = h if self.naive else h.float()
+        return (1 / ((h.abs() + 0.5 + 256) - 256)).to(x.dtype)
+
+
+def test_a_bfloat16_inf_that_float32_holds_is_named_as_precision_not_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bfloat16 has float32's exponent, so its inf comes of lost precision, never of its range."""
+    from pytest_rocm_parity.api import ladder_notes
+
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+    res = capture_then_replay(Offset, Offset(naive=True), x, CheckSpec(name="s", dtypes=["bfloat16", "float32"]))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    ladder_notes(res)
+    bf16, f32 = res
+    assert not bf16.passed and f32.passed, verdicts(res)
+    note = next(n for n in bf16.notes if n.startswith("less accurate at bfloat16"))
+    assert "this is bfloat16's precision, not its range" in note and "overflow" not in note, note
