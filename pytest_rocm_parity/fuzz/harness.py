@@ -659,11 +659,11 @@ def _reproduction(candidate: Callable[..., Any], reference: Callable[..., Any], 
     """A script that runs as pasted: the imports of the modules defining the candidate and the reference,
     the inputs as literals, the two calls, and the ``compare_op`` call that raises this failure again.
 
-    ``spill``: a safetensors file to write the tensors too large to print into, which the script loads;
-    without it they are elided (the failing example itself is what Hypothesis replays)."""
+    ``spill``: the safetensors file to write the tensors too large to print into, which the script
+    loads; by default one _spill_file names. Where it cannot be written they are elided."""
     imports: set[str] = {"torch"}
-    lines: list[str] = []
-    too_big: list[str] = []
+    # a line, or for a spilled tensor (the line that loads it, the line that elides it), chosen once written
+    lines: list[str | tuple[str, str]] = []
     spilled: dict[str, torch.Tensor] = {}
 
     head = [_assignment("candidate", candidate, imports), _assignment("reference", reference, imports)]
@@ -678,15 +678,13 @@ def _reproduction(candidate: Callable[..., Any], reference: Callable[..., Any], 
                 name = tensor_names[id(value)] = f"t{len(tensor_names)}"
                 if _storage_span(value) <= _INLINE_LIMIT:
                     lines.append(f"{name} = {_tensor_literal(value)}")
-                elif spill is not None:
+                else:
                     t = value.detach().cpu()
                     span = _storage_span(t)
                     spilled[name] = t.as_strided((span,), (1,), 0).clone() if span else torch.empty(0, dtype=t.dtype)
-                    lines.append(f"{name} = load_file({str(spill)!r})[{name!r}].as_strided({tuple(t.shape)}, "
-                                 f"{tuple(t.stride())}, {t.storage_offset()})  # {describe_value(value)}")
-                else:
-                    too_big.append(name)
-                    lines.append(f"{name} = ...  # {describe_value(value)}")
+                    lines.append((f"{name} = load_file({_SPILL_TOKEN})[{name!r}].as_strided({tuple(t.shape)}, "
+                                  f"{tuple(t.stride())}, {t.storage_offset()})  # {describe_value(value)}",
+                                  f"{name} = ...  # {describe_value(value)}"))
             return wrap(name, value)
         if isinstance(value, (list, tuple)):
             inner = ", ".join(literal(v, wrap) for v in value)
@@ -707,25 +705,51 @@ def _reproduction(candidate: Callable[..., Any], reference: Callable[..., Any], 
     notes: list[str] = []
     model_text = _model_expr(model, imports, notes)
     policy = "" if model_text == "ErrorModel()" else f", dtype_policy={model_text}"
+    written = None
+    if spilled:
+        from safetensors.torch import save_file
+
+        written = spill if spill is not None else _spill_file(spilled)
+        try:
+            written.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(written, lambda p: save_file(spilled, str(p)))
+        except OSError:   # no temp dir to write to: the script without the large tensors
+            written = None
+    too_big = [name for name in spilled if written is None]
+    shown = [line if isinstance(line, str) else
+             line[0].replace(_SPILL_TOKEN, repr(str(written))) if written is not None else line[1] for line in lines]
     script = [f"# torch {torch.__version__}, candidate device {dev}", *_variables(),
               *(f"import {m}" for m in sorted(imports)),
               "from pytest_rocm_parity.fuzz.harness import ErrorModel, compare_op, place",
-              *head, *lines,
+              *(["from safetensors.torch import load_file"] if written is not None else []),
+              *head, *shown,
               f"out = candidate({out_args})",
               f"truth = reference({truth_args})  # the float64 truth, on the CPU",
               *notes,
               f"compare_op(candidate, reference, {joined}{', ' if joined else ''}device={dev!r}{policy})"
               "  # raises this failure"]
-    if spilled and spill is not None:
-        from safetensors.torch import save_file
-
-        spill.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(spill, lambda p: save_file(spilled, str(p)))
-        script.insert(script.index("from pytest_rocm_parity.fuzz.harness import ErrorModel, compare_op, place"),
-                      "from safetensors.torch import load_file")
     if too_big:
-        script.append(f"# {', '.join(too_big)} too large to print: replay the Hypothesis example or record a golden")
+        script.append(f"# {', '.join(too_big)} too large to print and not written (no temp dir): replay the "
+                      f"Hypothesis example or record a golden")
     return "\n".join(script)
+
+
+_SPILL_TOKEN = "\x00spill\x00"   # where a reproduction's line names its spill file, known once written
+
+
+def _spill_file(spilled: Mapping[str, torch.Tensor]) -> Path:
+    """Where a reproduction's tensors too large to print go: under a Hypothesis test one file per test
+    and process, which each failing example rewrites (the last is the shrunk one Hypothesis reports);
+    elsewhere a file named by the tensors' contents, so that two failures never share one."""
+    found = _search_context()
+    if found is not None:
+        worst = _worst_file(found[0])
+        return worst.with_name(f"{worst.stem}-example.safetensors")
+    digest = hashlib.sha256()
+    for name, t in sorted(spilled.items()):
+        digest.update(f"{name}:{t.dtype}:{t.numel()};".encode())
+        digest.update(t.contiguous().view(torch.uint8).numpy().tobytes())
+    return Path(tempfile.gettempdir()) / "rocm-parity-repro" / f"{digest.hexdigest()[:16]}.safetensors"
 
 
 # variables read when a kernel library is imported, which the failing process had: a pasted script

@@ -98,6 +98,22 @@ def test_reproduction_of_a_fuzzed_module_function_runs_as_pasted(kernels, tmp_pa
             assert line.strip() in proc.stderr, (line, proc.stderr)
 
 
+def test_a_direct_checks_reproduction_of_large_inputs_runs_as_pasted(kernels, tmp_path: Path) -> None:
+    """Outside Hypothesis there is no example to replay: inputs over 64 elements are written to a file
+    named by their contents, which the script loads, so it raises the same failure again."""
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(0))
+    result = check_op(kernels.drifting, torch.clone, x, device="cpu")
+    assert not result.passed
+    script = result.reproduction
+    assert "load_file(" in script and "= ..." not in script, script
+    proc = _run_pasted(script, tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    worst = result.message().split("Greatest error/tolerance: ", 1)[1].split(" at index", 1)[0]
+    assert f"Greatest error/tolerance: {worst} at index" in proc.stderr, proc.stderr[-2000:]
+    again = check_op(kernels.drifting, torch.clone, x + 1, device="cpu")   # other inputs: another file
+    assert again.reproduction.split("load_file(")[1][:80] != script.split("load_file(")[1][:80]
+
+
 def test_the_worst_example_seen_is_reproduced_as_pasted(kernels, tmp_path: Path) -> None:
     """Shrinking ends at a barely failing example; the worst one the search met gets its own script, its
     tensors too large to print loaded from a file, and that script raises the worst failure again."""
