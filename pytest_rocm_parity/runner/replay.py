@@ -255,10 +255,17 @@ def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, An
         # "too" where every rung it holds is asked as well; else the asked ones stand in for some it holds
         instead = [d for d in held if d not in spec.dtypes]
         also = f" instead of {', '.join(instead)}" if instead else " too"
+        owner = manifest.get("test")
+        if isinstance(owner, str) and owner and spec.test and owner != spec.test:
+            # that test's regeneration captures the rungs it asks for, not this one's
+            capture = (f"or capture the new ones on the reference machine from the test that captured it, {owner}, "
+                       f"once it asks for {', '.join(missing)} too: {regen}; or give this check its own name= and "
+                       f"capture that")
+        else:
+            capture = f"or capture the new ones on the reference machine: {regen}"
         raise GoldenStale(
             f"golden {golden_path} for {spec.name!r} holds the rungs {', '.join(held)}; this run asks for "
-            f"{', '.join(missing)}{also} "
-            f"({_dtypes_advice(spec, held)}, or capture the new ones on the reference machine: {regen}", golden_path)
+            f"{', '.join(missing)}{also} ({_dtypes_advice(spec, held)}, {capture}", golden_path)
     if missing:
         problems.append(f"dtypes {missing} were not captured (golden holds {held})")
     if problems:

@@ -132,6 +132,20 @@ def test_dtype_not_captured_is_named_as_a_setting(golden: Golden) -> None:
     assert "this run asks for float16 too (" in str(info.value), str(info.value)
 
 
+def test_a_rung_missing_from_another_tests_golden_is_captured_from_that_test_once_it_asks(tmp_path: Path) -> None:
+    """Two tests of one name: the one that captured the golden asks for other rungs, so its
+    regeneration alone would capture the same ones again. The message says to add the rung there
+    first, or to give this check its own name."""
+    owner = "tests/test_serve.py::test_bf16"
+    golden = make_golden(tmp_path, test=owner)
+    assert golden.manifest_json()["test"] == owner
+    with pytest.raises(GoldenStale) as info:
+        golden.replay(None, None, CheckSpec(name="tiny", dtypes=["float16"], test="tests/test_other.py::test_fp16"))
+    msg = str(info.value)
+    assert f"from the test that captured it, {owner}, once it asks for float16 too: " in msg, msg
+    assert msg.endswith("or give this check its own name= and capture that"), msg
+
+
 def test_dtypes_the_check_sets_are_named_where_to_change_them(golden: Golden) -> None:
     """--parity-dtypes does not override the check's own dtypes=: the advice says to change them there."""
     with pytest.raises(GoldenStale) as info:
