@@ -319,7 +319,7 @@ class _Run:
             xp = _first_float(leaves) or ""
             if xp:
                 self.x[key] = leaves[xp].detach().clone()
-                if leaves[xp].requires_grad:
+                if leaves[xp].grad_fn is not None:   # not a leaf: the hook goes with this step's graph
                     leaves[xp].register_hook(lambda g, k=key: self.gx.add(k))
             self.calls[key] = (a, kw, xp, "")
             self.amp[key] = autocast_state()
