@@ -214,15 +214,9 @@ def test_a_float16_overflow_that_float32_holds_is_named_as_the_range_not_roundin
     assert any("this is float16's range: values overflow to inf or NaN there" in n for n in f16.notes), f16.notes
 
 
-class Offset(nn.Module):
+class Offset(Scores):
     """1 / ((x + 256) - 256): exact in float32; at bfloat16 (spacing 2 at 256) the difference rounds
     to zero unless the module computes in float32 (``naive=False``)."""
-
-    def __init__(self, naive: bool = False) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.proj = nn.Linear(16, 16)
-        self.naive = naive
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.proj(x)
