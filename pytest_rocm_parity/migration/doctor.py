@@ -930,8 +930,8 @@ def add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_doctor(args: argparse.Namespace) -> int:
-    if args.timeout <= 0:
-        raise InvalidArgument(f"--timeout must be positive, got {args.timeout!r}")
+    if not 0 < args.timeout < float("inf"):   # NaN too, which compares false with everything
+        raise InvalidArgument(f"--timeout must be a positive number of seconds, got {args.timeout!r}")
     facts = gather_facts(run_tools=not args.no_tools, timeout=args.timeout, kernels=not args.no_kernels)
     checks = run_checks(facts)
     if args.json:

@@ -289,3 +289,12 @@ def test_ops_on_a_device_this_torch_lacks_is_a_usage_error(device: str, phrase: 
     out, err = capsys.readouterr()
     assert phrase in err and f"device={device!r}" in err and "cpu" in err, err
     assert "failed" not in out and not database.exists()
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+def test_doctor_refuses_a_timeout_that_is_no_positive_number_of_seconds(value: str,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from pytest_rocm_parity import cli
+
+    assert cli.main(["doctor", "--timeout", value, "--no-tools"]) == 2
+    assert "--timeout must be a positive number of seconds" in capsys.readouterr().err
