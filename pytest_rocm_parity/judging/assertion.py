@@ -207,6 +207,17 @@ def headline(extra: Mapping[str, Any]) -> str:
     return lm_failure(extra) or "no culprit in isolation"
 
 
+def nonfinite_logits(lm: Mapping[str, Any]) -> str:
+    """Where a language-model check met NaN or Inf candidate logits, in words ('' where it met none)."""
+    nonfinite = {k: v for k, v in (lm.get("nonfinite") or {}).items() if v}
+    if not nonfinite:
+        return ""
+    where = {"forward": "the full forward", "cached_decode": "KV-cache decoding", "generation": "greedy generation"}
+    unit = {"generation": " step(s)"}
+    return ("non-finite candidate logits where the reference's are finite ("
+            + ", ".join(f"{n}{unit.get(k, '')} in {where.get(k, k)}" for k, n in nonfinite.items()) + ")")
+
+
 def lm_failure(extra: Mapping[str, Any]) -> str:
     """What a language-model check failed on, in a few words ('' when its metrics passed)."""
     lm = extra.get("lm") or {}
@@ -214,11 +225,9 @@ def lm_failure(extra: Mapping[str, Any]) -> str:
     if not fails:
         return ""
     # a NaN or Inf is the cause to name: the metrics it makes fail (or NaN) follow from it
-    nonfinite = {k: v for k, v in (lm.get("nonfinite") or {}).items() if v}
+    nonfinite = nonfinite_logits(lm)
     if nonfinite:
-        where = {"forward": "the full forward", "cached_decode": "KV-cache decoding", "generation": "greedy generation"}
-        return ("non-finite candidate logits where the reference's are finite ("
-                + ", ".join(f"{n} in {where.get(k, k)}" for k, n in nonfinite.items()) + ")")
+        return nonfinite
     if all(str(f).startswith("KV-cache decoding") for f in fails):
         return "KV-cache decoding out of bounds; the full forward within them"
     return "language-model metrics out of bounds"
@@ -341,6 +350,7 @@ def message(result: CheckResult) -> str:
         lines.append(f"  lm: ppl {lm['ppl']:.6g} vs reference {lm['ppl_ref']:.6g} (rel {lm['ppl_rel_delta']:+.2e}), "
                      f"top-1 agreement {lm['top1_agreement']:.4f} ({lm['confident_flips']} confident flips), "
                      f"KL mean {lm['kl_mean']:.2e} max {lm['kl_max']:.2e}"
+                     + (f", {nonfinite_logits(lm)}" if nonfinite_logits(lm) else "")
                      + (f", first divergent generation step: {steps_text(gen.get('first_divergent_step'))}" if gen else ""))
     lines += table(result)
     hint = tolerance_hint(result)

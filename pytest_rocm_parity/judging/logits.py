@@ -82,13 +82,17 @@ def judge_logits(lc: Any, lr: Any, lt: Any, ids: Any, valid: Any, prompt_len: in
     top2 = lr.topk(2, dim=-1)
     margin = top2.values[..., 0] - top2.values[..., 1]
     a_c, a_r = lc.argmax(-1), top2.indices[..., 0]
+    # a candidate row with a NaN or Inf where the reference's is finite prefers no token: it agrees with
+    # nothing, which every comparison with a NaN would otherwise count as agreement
+    broken = ~torch.isfinite(lc).all(-1) & torch.isfinite(lr).all(-1)
     # a flip: the candidate strictly prefers another token than the reference's top-1 (exact ties are not flips)
-    flips = (lc.gather(-1, a_r.unsqueeze(-1)).squeeze(-1) < lc.gather(-1, a_c.unsqueeze(-1)).squeeze(-1)) & valid
-    confident = flips & (margin > delta)
+    flips = ((lc.gather(-1, a_r.unsqueeze(-1)).squeeze(-1) < lc.gather(-1, a_c.unsqueeze(-1)).squeeze(-1))
+             | broken) & valid
+    confident = flips & ((margin > delta) | broken)
     n = int(valid.sum())
     k = min(top_k, lc.shape[-1])
     tk_c, tk_r = lc.topk(k, -1).indices, lr.topk(k, -1).indices
-    contain = ((tk_r == a_c.unsqueeze(-1)).any(-1) & (tk_c == a_r.unsqueeze(-1)).any(-1)) | ~valid
+    contain = ((tk_r == a_c.unsqueeze(-1)).any(-1) & (tk_c == a_r.unsqueeze(-1)).any(-1) & ~broken) | ~valid
     metrics.update({"positions": n, "top1_agreement": 1.0 - int(flips.sum()) / max(n, 1),
                     "flips": int(flips.sum()), "confident_flips": int(confident.sum()),
                     "near_tie_margin": delta, "logit_noise_rms": noise,

@@ -150,7 +150,7 @@ def test_nan_in_the_full_forward_logits_is_named_in_the_metrics_and_the_headline
         "*greedy generation: non-finite candidate logits at 3 step(s) where the reference's are finite; first at "
         "batch row 0, step 0*",
         "*FAIL lm [[]bfloat16[]]  non-finite candidate logits where the reference's are finite (1 in the full "
-        "forward, 3 in greedy generation)*"])
+        "forward, 3 step(s) in greedy generation)*"])
     assert "language-model metrics out of bounds" not in result.stdout.str()
     assert _lm(project, "bfloat16")["nonfinite"] == {"forward": 1, "generation": 3}
 
