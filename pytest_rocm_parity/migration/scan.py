@@ -287,7 +287,9 @@ RULES: tuple[Rule, ...] = (
     Rule("RP215", "nvml", "error", P, ("nvml", "nvidia_smi", "nvidia-smi"),
          # the command alone, by an absolute or relative path, or with its arguments in one string (shell=True, os.popen)
          _IMPORT + r"(?:pynvml|nvidia_smi|py3nvml)\b|[\"'](?:[^\s\"']{0,256}/)?nvidia-smi(?:[ \t][^\"'\n]*)?[\"']",
-         "NVML / nvidia-smi: no AMD support (an installed pynvml broke torch on ROCm); use amdsmi or amd-smi", "rocm-library"),
+         "NVML / nvidia-smi: no AMD support (an installed pynvml broke torch on ROCm); use amdsmi or amd-smi", "rocm-library",
+         # a line that reaches for an AMD tool first is a probe with nvidia-smi as its fallback
+         unless_line=("amd-smi", "rocm-smi", "amdsmi")),
     Rule("RP216", "mamba-cuda-ext", "warning", P, ("selective_scan_cuda", "causal_conv1d", "mamba_ssm"),
          _IMPORT + r"(?:selective_scan_cuda|causal_conv1d_cuda|causal_conv1d|mamba_ssm)\b",
          "mamba selective_scan / causal_conv1d CUDA extensions fail or are skipped on HIP; Mamba-2 uses Triton", "triton"),
@@ -304,10 +306,14 @@ RULES: tuple[Rule, ...] = (
          r"(?<!\bxpu\.)(?<!\bnpu\.)(?<!\bmlu\.)(?<!\bmps\.)\bget_device_capability\s*\("
          r"|(?<!\bxpu\.)(?<!\bnpu\.)(?<!\bmlu\.)(?<!\bmps\.)\bget_device_properties\s*\([^()\n]{0,128}(?:\([^()\n]*\))?\)\s*\.\s*(?:major|minor)\b"
          r"|\b\w*prop\w*\s*\.\s*(?:major|minor)\b",
-         "compute-capability gate: on ROCm (major, minor) is derived from gfx ((9,0)=MI200, not Hopper); check gcnArchName", "manual"),
+         "compute-capability gate: on ROCm (major, minor) is derived from gfx ((9,0)=MI200, not Hopper); check gcnArchName", "manual",
+         unless_line=("version.hip",)),
     Rule("RP221", "device-name-check", "warning", P, ("get_device_name", "NVIDIA", "H100", "A100", "H200", "B200", "GeForce", "RTX", "Tesla"),
          r"\bget_device_name\s*\([^)\n]{0,256}\)\s*(?:\.\s*(?:startswith|endswith|lower|upper)\b|==|!=)"
-         r"|[\"'](?:NVIDIA|H100|H200|A100|B200|GB200|Tesla|GeForce|RTX)[^\"'\n]*[\"']\s+(?:not\s+)?in\b",
+         r"|[\"'](?:NVIDIA|H100|H200|A100|B200|GB200|Tesla|GeForce|RTX)[^\"'\n]*[\"']\s+(?:not\s+)?in\b"
+         # the name through the device's properties, chained or by a props-named variable
+         r"|(?:\bget_device_properties\s*\([^()\n]{0,128}\)|\b\w*prop\w*)\s*\.\s*name\s*"
+         r"(?:\.\s*(?:startswith|endswith|lower|upper)\b|==|!=)",
          "device-name check: AMD names ('AMD Instinct MI300X', sometimes '') never match NVIDIA names", "manual"),
     Rule("RP222", "torch-version-cuda", "warning", P, ("version.cuda",), r"\btorch\.version\.cuda\b",
          "torch.version.cuda is None on ROCm: test torch.version.hip too", "manual",
@@ -336,7 +342,8 @@ RULES: tuple[Rule, ...] = (
     # ---- shell scripts, Dockerfiles and notebook shell lines (!cmd, %%bash)
     Rule("RP230", "shell-nvidia-smi", "error", S, ("nvidia-smi",), _cmd("nvidia-smi"),
          "nvidia-smi in a script: no AMD GPU answers it (the command is missing or reports no device); "
-         "use amd-smi (or rocm-smi on older ROCm)", "rocm-library"),
+         "use amd-smi (or rocm-smi on older ROCm)", "rocm-library",
+         unless_line=("amd-smi", "rocm-smi")),
     Rule("RP231", "shell-nvcc", "warning", S, ("nvcc",), _cmd("nvcc"),
          "nvcc in a script: ROCm compiles with hipcc (or amdclang++ -x hip) and takes --offload-arch=gfx942, not sm_XX",
          "hipify"),

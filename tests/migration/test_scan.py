@@ -1006,3 +1006,22 @@ def test_shell_command_rules_take_linear_time_on_a_long_line() -> None:
     found = scan.scan_text(line, "a.sh", scan.S)
     assert time.process_time() - t0 < 2.0
     assert [f.rule for f in found] == ["RP230"]
+
+
+@pytest.mark.parametrize(("text", "kind", "rules"), [
+    # the device name read through its properties is the same vendor check as get_device_name's
+    ('ok = torch.cuda.get_device_properties(0).name.startswith("NVIDIA")\n', "P", ["RP221"]),
+    ('if props.name == "NVIDIA H100":\n    pass\n', "P", ["RP221"]),
+    # an AMD tool probed first, nvidia-smi only as the fallback, on one line
+    ('smi = shutil.which("amd-smi") or shutil.which("nvidia-smi")\n', "P", []),
+    ('smi = shutil.which("nvidia-smi")\n', "P", ["RP215"]),
+    ("if command -v amd-smi >/dev/null; then amd-smi static; else nvidia-smi -L; fi\n", "S", []),
+    ("nvidia-smi -L\n", "S", ["RP230"]),
+    # a capability gate that only a CUDA build reaches
+    ("if torch.version.hip is None and torch.cuda.get_device_capability()[0] >= 9:\n    pass\n", "P", []),
+    ("if torch.cuda.get_device_capability()[0] >= 9:\n    pass\n", "P", ["RP220"]),
+])
+def test_vendor_probes_guarded_on_their_line_pass_and_property_name_checks_are_found(text: str, kind: str,
+                                                                                     rules: list[str]) -> None:
+    name = "m.py" if kind == "P" else "run.sh"
+    assert [f.rule for f in scan.scan_text(text, name, getattr(scan, kind))] == rules
