@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pytest_rocm_parity.judging.records import CheckResult, LayerRecord, LeafMetrics
-from pytest_rocm_parity.judging.tolerance import Tolerance
+from pytest_rocm_parity.judging.dtypes import UNIT_ROUNDOFF
+from pytest_rocm_parity.judging.tolerance import LOW_PRECISION_ULPS, Tolerance
 
 
 def _round_up(x: float) -> float:
@@ -35,12 +36,21 @@ class Rule:
     k: float             # propagated: Dynamo's multiplier
     floor: float         # propagated: the additive floor per unit of RMS (Tolerance.propagated_floor)
     quant_noise: float = 3.0   # both: allowed error in units of a leaf's activation-quantization noise
+    low_budget: float | None = None   # isolated, float32 rung: a leaf computed at low precision (autocast)
 
     @classmethod
     def of(cls, tol: Tolerance, rung: str) -> Rule:
         """``tol`` as resolved for the layer already (Tolerance.for_layer)."""
         return cls(tol.ratio_for(rung), tol.z, tol.confidence, tol.propagated_for(rung), tol.propagated_floor(rung),
-                   tol.quant_noise)
+                   tol.quant_noise, tol.low_precision_ratio(rung))
+
+    def low_precision(self, m: LeafMetrics) -> bool:
+        """Whether the leaf's reference computed it at bf16/fp16 precision on the float32 rung."""
+        return self.low_budget is not None and m.err_ref > LOW_PRECISION_ULPS * UNIT_ROUNDOFF["float32"] * m.rms_truth
+
+    def budget_for(self, m: LeafMetrics) -> float:
+        """The isolated budget of this leaf: the low-precision one where its reference computed so."""
+        return self.low_budget if self.low_budget is not None and self.low_precision(m) else self.budget
 
     def propagated_ratio(self, m: LeafMetrics) -> float:
         """The candidate's error over the reference's, floored at one rounding of the output (Dynamo's
@@ -65,9 +75,12 @@ class Rule:
                         f"noise (budget {self.quant_noise:g}x)")
             return ""
         if isolated:
-            if m.ratio_lo > self.budget and m.z > self.z:
+            budget = self.budget_for(m)
+            if m.ratio_lo > budget and m.z > self.z:
+                low = (", the bf16/fp16 one: its reference computed at low precision, as under torch.autocast"
+                       if budget != self.budget else "")
                 return (f"isolated error {m.ratio:.3g}x the reference's (>= {m.ratio_lo:.3g}x at "
-                        f"{self.confidence:g} sigma; budget {self.budget:g}x; sign test z={m.z:+.1f})")
+                        f"{self.confidence:g} sigma; budget {budget:g}x{low}; sign test z={m.z:+.1f})")
             return ""
         ratio = self.propagated_ratio(m)
         if ratio > self.k:
@@ -87,7 +100,7 @@ class Rule:
             return self.failure(m, True)
         if m.noise > m.err_ref:   # the candidate quantizes its activations otherwise: the noise rule
             return self.failure(m, False)
-        budget = self.sketch_budget
+        budget = max(self.budget_for(m), self.k)
         if m.ratio_lo > budget and m.z > self.z:
             return (f"drift {m.ratio:.3g}x the reference's error (>= {m.ratio_lo:.3g}x at {self.confidence:g} sigma "
                     f"over the sketch; budget {budget:g}x; sign test z={m.z:+.1f})")
@@ -104,7 +117,7 @@ def may_fail(m: LeafMetrics, tol: Tolerance, rung: str, isolated: bool) -> bool:
     blocks or by its bound, which fails a module that makes no discrete choice (_fail_confined)."""
     r = Rule.of(tol, rung)
     return bool(r.failure(m, isolated)) or (isolated and (
-        _on_few_blocks(m, r.budget) or _by_ratio(m) and m.ratio_lo > CONFINED_BOUND_OVER * r.budget))
+        _on_few_blocks(m, r.budget_for(m)) or _by_ratio(m) and m.ratio_lo > CONFINED_BOUND_OVER * r.budget_for(m)))
 
 
 # At most this share of an integer output's elements may differ where every floating output of the
@@ -165,6 +178,7 @@ def judge_layer(rec: LayerRecord, iso: list[LeafMetrics], prop: list[LeafMetrics
     rec.passed = rec.iso_passed
     if iso:   # the worst leaf: a failing one by the largest bound, else the largest ratio
         rec.iso = iso[0] if len(iso) == 1 else max(iso_reasons, key=_worst)[0]
+        rec.budget = r.budget_for(rec.iso)
         if rec.iso.noise > rec.iso.err_ref:
             rec.budget = r.quant_noise   # judged against the activation-quantization noise
     if prop:

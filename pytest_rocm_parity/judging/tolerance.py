@@ -42,6 +42,13 @@ TF32_FLOOR_ULPS = 2.0
 # ... and its propagated multiplier: TF32 drift at a model's outputs is 5.2 u_tf32 (2-layer decoder, CPU
 # emulation) to 5.5 u_tf32 (22-layer 1.1B Llama, H200; docs/calibration.md): 5 x the floor allows 10 u_tf32.
 TF32_PROPAGATED = 5.0
+# On the float32 rung, a leaf whose reference is this many float32 unit roundoffs of the output's RMS
+# from the truth was computed at low precision (a model that opens torch.autocast in its own forward:
+# its convolutions and matmuls run in bf16 or fp16 on every rung): it is judged by the bf16/fp16 budget,
+# which the float32 one of 10 would leave a 2% bug under. One bf16 rounding is about 2e4 of them and
+# one fp16 rounding 3e3; a float32 computation stays far below 1e3 unless its output is ill-conditioned
+# beyond a thousandfold.
+LOW_PRECISION_ULPS = 1000.0
 NAN_POLICIES = ("equal", "fail")
 # A candidate that quantizes its activations in another FP8 format than the reference (quant/allowance.py)
 # is judged against the quantization noise capture measured: its error may reach QUANT_NOISE times that
@@ -114,6 +121,16 @@ class Tolerance:
     def _tf32(self, rung: str) -> bool:
         """Whether ``rung`` is judged as TF32 arithmetic (the policy, on the float32 rung)."""
         return self.tf32 and canonical_name(rung) == "float32"
+
+    def low_precision_ratio(self, rung: str) -> float | None:
+        """The budget of a float32 leaf whose reference computed at low precision (LOW_PRECISION_ULPS),
+        or None where none applies: another rung, the TF32 policy, or a float32 ratio the policy sets."""
+        if canonical_name(rung) != "float32" or self._tf32(rung):
+            return None
+        if self.ratio is not None and (not isinstance(self.ratio, dict) or "float32" in self.ratio):
+            return None
+        low = min(self.ratio_for("bfloat16"), self.ratio_for("float16"))
+        return low if low < self.ratio_for(rung) else None
 
     def propagated_for(self, rung: str) -> float:
         if self.propagated is not None:
