@@ -205,13 +205,17 @@ def check_stale(model: Any, inputs: Any, spec: CheckSpec, manifest: dict[str, An
     if selected != old_layers and isinstance(gd, int) and gd != spec.drill and not problems \
             and [s.name for s in select(model, spec.layers, gd)] == old_layers:
         # the same model judged at another depth: a setting to change, not a golden to regenerate
+        if spec.drill < gd:   # a shallower golden is a subset of this one
+            other = (f"derive a golden at drill {spec.drill} from this one, no GPU needed: rocm-parity golden derive "
+                     f"{shell_quote(str(Path(golden_path).parent.parent))} {shell_quote(spec.name)} --to NEW_NAME "
+                     f"--drill {spec.drill}{' --test ' + shell_quote(spec.test) if spec.test else ''}, then name the "
+                     f"check NEW_NAME (name=)")
+        else:   # a deeper one holds modules this golden never recorded: only the reference can capture them
+            other = f"capture drill {spec.drill} on the reference machine: {regen}"
         raise GoldenStale(
             f"golden {golden_path} for {spec.name!r} was captured at drill {gd}; this run asks for drill "
-            f"{spec.drill} (--parity-drill, parity_drill or the check's drill=). Replay at drill {gd}, or derive "
-            f"a golden at drill {spec.drill} from this one, no GPU needed: rocm-parity golden derive "
-            f"{shell_quote(str(Path(golden_path).parent.parent))} {shell_quote(spec.name)} --to NEW_NAME --drill "
-            f"{spec.drill}{' --test ' + shell_quote(spec.test) if spec.test else ''}, then name the check NEW_NAME "
-            f"(name=)", golden_path)
+            f"{spec.drill} (--parity-drill, parity_drill or the check's drill=). Replay at drill {gd}, or {other}",
+            golden_path)
     if selected != old_layers and sorted(selected) != sorted(old_layers):
         names = {n for n, _ in model.named_modules()}
         added = [n for n in selected if n not in old_layers]

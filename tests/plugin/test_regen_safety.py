@@ -156,6 +156,17 @@ def test_a_shallower_drill_than_the_golden_is_named_as_a_setting_not_a_stale_gol
     project.runpytest("--rocm-parity", f"--parity-drill={drill}").assert_outcomes(passed=1)
 
 
+def test_a_deeper_drill_than_the_golden_is_captured_by_regeneration_not_derived(project: pytest.Pytester) -> None:
+    """derive makes shallower goldens only: a deeper drill's modules were never recorded."""
+    project.runpytest("--rocm-parity", "--parity-mode=capture", "--parity-drill=0").assert_outcomes(passed=1)
+    result = project.runpytest("--rocm-parity", "--parity-drill=1")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*GoldenStale: golden *tiny* was captured at drill 0; this run asks for drill 1*"
+                                 "Replay at drill 0, or capture drill 1 on the reference machine: pytest --rocm-parity "
+                                 "--parity-drill=1 --parity-regen='tiny' 'test_tiny.py::test_tiny'"])
+    assert "golden derive" not in result.stdout.str()
+
+
 def test_two_checks_of_one_name_name_both_tests(project: pytest.Pytester) -> None:
     (project.path / "test_tiny.py").unlink()
     project.makepyfile(test_dup=TWO_TESTS_ONE_NAME)
