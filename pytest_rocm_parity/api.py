@@ -64,7 +64,7 @@ class Parity:
     def _spec(self, model: Any, name: str | None, dtypes: Sequence[str] | str | None,
               layers: Sequence[str] | str | None, tolerance: Any, drill: int | None,
               sketch: int | bool | None = None, replay_kind: str | None = None,
-              ladder: bool | None = None, inputs: Any = None) -> CheckSpec:
+              ladder: bool | None = None, inputs: Any = None, golden_scale: float = 1.0) -> CheckSpec:
         if self._marker_error:
             raise InvalidArgument(self._marker_error)
         dtypes_from = "check" if dtypes is not None else "marker" if self._defaults.get("dtypes") is not None else ""
@@ -96,7 +96,8 @@ class Parity:
             command_flags=self._session.options.command_flags,
         )
         check_tolerance_layers(unwrap(model), list(spec.tolerance.layers))
-        spec.drill = resolve_drill(model, inputs, spec, explicit, self._session.store, self._session.capturing)
+        spec.drill = resolve_drill(model, inputs, spec, explicit, self._session.store, self._session.capturing,
+                                   golden_scale)
         return spec
 
     @known_keywords
@@ -159,13 +160,14 @@ class Parity:
         keeps sketches of the gradients and updates, for models whose full gradients are too large to
         keep; judged on the propagated step."""
         __tracebackhide__ = True
-        from pytest_rocm_parity.runner.train import capture_train, replay_train
+        from pytest_rocm_parity.runner.train import TRAIN_GOLDEN_SCALE, capture_train, replay_train
 
         with self.refusing(name, dtypes, "train"):
             require_model(model)
             require_trainable(model)
             require_inputs(inputs)
-            spec = self._spec(model, name, dtypes, layers, tolerance, drill, sketch)
+            spec = self._spec(model, name, dtypes, layers, tolerance, drill, sketch, inputs=inputs,
+                              golden_scale=TRAIN_GOLDEN_SCALE)
         store, device, env = self._session.store, self.device, self._session.env
         return self._run(spec,
                          lambda: capture_train(model, inputs, spec, store, device, loss, optimizer, steps,
@@ -481,23 +483,25 @@ def drill_for(model: Any, *choices: Any) -> int:
     return 0 if n > AUTO_DRILL_MAX_PARAMS else max_drill(model)
 
 
-def default_drill(model: Any, inputs: Any, rungs: Sequence[str], limit: int | None, sketch: int = 0) -> int:
+def default_drill(model: Any, inputs: Any, rungs: Sequence[str], limit: int | None, sketch: int = 0,
+                  scale: float = 1.0) -> int:
     """The deepest drill whose golden for ``inputs`` over ``rungs`` stays under ``limit`` bytes (None: no
     limit, every module down to the leaves).
 
     Why a budget and not a fixed depth: a bug is named at the smallest selected module that fails in
     isolation, so the deeper the selection the more exact the culprit (a value projection four levels
     below a T5 block); what bounds it is the golden's size, estimated from one shape-only pass
-    (selection.activation_sizes, within about 15% of the file's bytes on the family matrix).
+    (selection.activation_sizes, within about 15% of the file's bytes on the family matrix), times
+    ``scale`` for a golden that holds more per call than a forward's (a training step's).
     """
     from pytest_rocm_parity.runner.selection import activation_sizes, deepest_drill
 
     acts = activation_sizes(model, inputs) if limit is not None else None
-    return deepest_drill(model, acts, rungs, limit, sketch)
+    return deepest_drill(model, acts, rungs, limit, sketch, scale)
 
 
 def resolve_drill(model: Any, inputs: Any, spec: CheckSpec, explicit: int | None, store: Any,
-                   capturing: bool) -> int:
+                   capturing: bool, golden_scale: float = 1.0) -> int:
     """``explicit`` if given; with ``layers=`` globs the depth plays no part (0); on a replay the depth the
     golden was captured with (its selection is what the replay must find again); on a capture the
     deepest within the golden-size limit."""
@@ -517,7 +521,7 @@ def resolve_drill(model: Any, inputs: Any, spec: CheckSpec, explicit: int | None
     if inputs is None:
         return drill_for(model)
     limit = getattr(spec, "golden_size_limit", DEFAULT_GOLDEN_SIZE_LIMIT)
-    drill = default_drill(model, inputs, spec.dtypes, limit, int(spec.sketch or 0))
+    drill = default_drill(model, inputs, spec.dtypes, limit, int(spec.sketch or 0), golden_scale)
     try:
         was = store.read_manifest(spec.name).get("drill") if store is not None and store.exists(spec.name) else None
     except ParityError:

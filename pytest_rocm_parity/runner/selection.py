@@ -395,16 +395,16 @@ def golden_bytes(acts: Activations, selected: Sequence[Selected], rungs: Sequenc
 
 
 def deepest_drill(model: Any, acts: Activations | None, rungs: Sequence[str], limit: int | None,
-                  sketch: int = 0) -> int:
-    """The deepest drill whose estimated golden (a sketch golden's, with ``sketch`` its group) fits
-    ``limit`` bytes (all the way down when ``limit`` is None); 0 where even the blocks alone exceed
-    it (the golden-size warning then names the budget)."""
+                  sketch: int = 0, scale: float = 1.0) -> int:
+    """The deepest drill whose estimated golden (a sketch golden's, with ``sketch`` its group; times
+    ``scale``) fits ``limit`` bytes (all the way down when ``limit`` is None); 0 where even the blocks
+    alone exceed it (the golden-size warning then names the budget)."""
     deepest = max_drill(model)
     if limit is None or acts is None:
         return deepest
     best = 0
     for d in range(deepest + 1):
-        if golden_bytes(acts, select(model, None, d), rungs, sketch) > limit:
+        if golden_bytes(acts, select(model, None, d), rungs, sketch) * scale > limit:
             break
         best = d
     return best

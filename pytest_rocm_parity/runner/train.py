@@ -368,6 +368,13 @@ class _Run:
         return f"the backward raised {where} ({torch_said}). Fix: {fix}"
 
 
+# A training golden's bytes over the forward golden's estimate (selection.golden_bytes) at the same
+# depth: it holds each call's input and output, its output's gradient and the float64 truth of each,
+# the parameters' gradients and updates too: docs/judging.md has the measured ratios; the default
+# depth takes the larger.
+TRAIN_GOLDEN_SCALE = 3.5
+
+
 # The device types whose torch.autocast state a module call is recorded under (ROCm's is "cuda")
 AUTOCAST_DEVICES = ("cpu", "cuda")
 

@@ -11,7 +11,7 @@ from parity_models import backward_only, bert, llama, scaled_grad, tokens, wrap_
 from pytest_rocm_parity.runner.engine import CheckSpec
 from pytest_rocm_parity.golden.store import GoldenStore
 from pytest_rocm_parity.judging.records import CheckResult
-from pytest_rocm_parity.runner.train import capture_train, replay_train
+from pytest_rocm_parity.runner.train import TRAIN_GOLDEN_SCALE, capture_train, replay_train
 
 ADAMW = (torch.optim.AdamW, {"lr": 1e-3})
 
@@ -601,3 +601,74 @@ def test_a_stale_training_golden_another_test_captured_says_whose_it_is(tmp_path
                                           r"a\.py::test_a, and this check runs in b\.py::test_b"):
         replay_train(llama("sdpa"), _inputs(), CheckSpec(name="t", dtypes=["float32"], drill=0, test="b.py::test_b"),
                      store, "cpu", optimizer=ADAMW, steps=1)
+
+
+CONV_NET = '''
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.bn, self.act, self.c2 = nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1)
+
+    def forward(self, x):
+        return x + self.c2(self.act(self.bn(self.c1(x))))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem, self.layers, self.fc = nn.Conv2d(3, 16, 3, padding=1), nn.ModuleList([Block() for _ in range(3)]), nn.Linear(16, 10)
+
+    def forward(self, x):
+        h = self.stem(x)
+        for layer in self.layers:
+            h = layer(h)
+        return self.fc(h.mean((2, 3)))
+
+
+X = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+'''
+
+
+def test_the_default_depth_keeps_a_training_golden_under_the_size_limit(pytester: pytest.Pytester) -> None:
+    """A training golden holds 2.5x-3.5x a forward golden's bytes at one depth: its default depth is
+    the deepest whose golden, so estimated, fits the limit. Here the forward's estimate fits 20 MB at
+    drill 1 (14.4 MB), where the training golden is 50 MB; drill 0's is 12 MB."""
+    import json
+
+    from pytest_rocm_parity.runner.selection import activation_sizes, golden_bytes, select
+
+    pytester.makepyfile(conv_net=CONV_NET, test_t='''
+import torch
+from conv_net import Net, X
+
+def test_train(parity):
+    parity.check_train(Net().eval(), X, name="t", dtypes=["bfloat16"], loss=lambda out: out.pow(2).mean(),
+                       optimizer=(torch.optim.SGD, {"lr": 0.1}))
+''')
+    result = pytester.runpytest("--rocm-parity", "--parity-mode=capture", "--parity-golden-size-limit=20")
+    result.assert_outcomes(passed=1)
+    assert "over the 20.0 MB limit" not in result.stdout.str()
+    golden = pytester.path / "goldens" / "t"
+    assert json.loads((golden / "manifest.json").read_text())["drill"] == 0
+    held = sum(p.stat().st_size for p in golden.glob("*.safetensors"))
+    assert 5e6 < held <= 20e6, held
+    import sys
+
+    sys.path.insert(0, str(pytester.path))
+    from conv_net import Net, X   # type: ignore[import-not-found]
+
+    model, rungs = Net().eval(), ["bfloat16", "float32"]
+    acts = activation_sizes(model, X)
+    deeper = GoldenStore(tempfile.mkdtemp(prefix="parity-train-size-"))
+    capture_train(model, X, CheckSpec(name="t", dtypes=rungs, drill=1), deeper, "cpu",
+                  loss=lambda out: out.pow(2).mean(), optimizer=(torch.optim.SGD, {"lr": 0.1}))
+    held1 = sum(p.stat().st_size for p in deeper.dir_for("t").glob("*.safetensors"))
+    ratios = [size / golden_bytes(acts, select(model, None, d), rungs) for d, size in ((0, held), (1, held1))]
+    print("training golden over the forward estimate, drill 0 and 1: "
+          + ", ".join(f"{r:.2f}x" for r in ratios))   # the figures behind train.TRAIN_GOLDEN_SCALE (-s)
+    assert all(1.5 < r <= TRAIN_GOLDEN_SCALE for r in ratios), ratios
