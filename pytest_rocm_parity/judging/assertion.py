@@ -297,6 +297,11 @@ def message(result: CheckResult) -> str:
         inside_it = "" if "built by its caller" in cause else _inside(result, culprit)
         if inside_it:
             lines.append(f"    {inside_it}")
+        if "sketch_after" in result.extra:
+            after = result.extra["sketch_after"]
+            lines.append(f"    a sketch golden keeps no module inputs, so the drift may come in with its input: from "
+                         f"code that ran after {after or 'the model inputs'} and before it (a parent's own forward, "
+                         f"or code between modules); a full golden (sketch off) judges each module on its own")
     elif result.extra.get("no_gradient"):
         n_params = len(result.extra["no_gradient"])
         lines.append(f"  culprit: none among the selected modules' outputs: {n_params} "

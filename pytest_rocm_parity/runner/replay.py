@@ -122,7 +122,16 @@ def _replay_rung_sketch(m: Any, spec: CheckSpec, meta: dict[str, Any], reader: R
                                    [p for p, keys in optional.items() if OUTPUT in keys])
     result.notes.append(f"sketch golden (groups of {group}): propagated judgement only; the culprit is the "
                         f"smallest module where the candidate first drifts")
-    return finish(result, tol)
+    result = finish(result, tol)
+    if result.culprit is not None:
+        # no inputs are kept: the first drift may come in with the culprit's input, from code that ran
+        # after the last module that agreed (a parent's own forward before it, glue between modules)
+        at = next(i for i, l in enumerate(result.layers) if l.name == result.culprit)
+        module = result.layers[at].module
+        prev = next((l.name for l in reversed(result.layers[:at])
+                     if l.passed and not module.startswith(f"{l.module}.")), None)
+        result.extra["sketch_after"] = prev
+    return result
 
 
 def _records_in_order(meta: dict[str, Any], layers: dict[str, dict[str, Any]]) -> Iterator[tuple[str, LayerRecord]]:

@@ -144,3 +144,44 @@ def test_a_check_spec_takes_sketch_as_the_fixture_does() -> None:
     assert CheckSpec(name="n", dtypes=["float32"], sketch=False).sketch == 0
     with pytest.raises(InvalidArgument, match="sketch=1"):
         CheckSpec(name="n", dtypes=["float32"], sketch=1)
+
+
+class _Up(nn.Module):
+    """Upsampling in its own forward before its first child, as a UNet's up block does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.act = nn.Conv2d(8, 8, 3, padding=1), nn.SiLU()
+        self.align = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.nn.functional.interpolate(x, scale_factor=2, mode="bilinear", align_corners=self.align)
+        return self.act(self.c1(x))
+
+
+class _Ups(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem, self.ups = nn.Conv2d(3, 8, 3, padding=1), nn.ModuleList([_Up(), _Up()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for up in self.ups:
+            x = up(x)
+        return x
+
+
+def test_a_sketch_culprit_says_its_drift_may_come_in_with_its_input() -> None:
+    """The bug is ups.1's own code before its first child: a sketch golden, which keeps no inputs,
+    sees the drift first at ups.1.c1, and the message says where else it may begin."""
+    from pytest_rocm_parity.judging.assertion import message
+
+    cand = _Ups().eval()
+    cand.ups[1].align = True
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    (res,) = capture_then_replay(lambda: _Ups().eval(), cand, x, CheckSpec(name="s", dtypes=["float32"], sketch=64))
+    assert not res.passed and res.culprit == "ups.1.c1", verdicts([res])
+    assert res.extra["sketch_after"] == "ups.0.act"
+    assert ("a sketch golden keeps no module inputs, so the drift may come in with its input: from code that ran "
+            "after ups.0.act and before it") in message(res)
