@@ -330,6 +330,13 @@ def message(result: CheckResult) -> str:
         from pytest_rocm_parity.runner.selection import region_text
 
         lines.append(f"  culprit: none among the selected modules; {region_text(result.extra['unselected_region'])}")
+        first = next((l for l in result.layers if l.name == result.first_divergent), None)
+        if first is not None and first.prop is not None and first.prop.nonfinite and first.iso_passed:
+            # NaN out of inputs within budget: the module may be at fault on values the golden lacks
+            lines.append(f"    or {first.name} itself: its propagated output holds {first.prop.nonfinite} non-finite "
+                         f"value(s) where the truth is finite, from inputs within their budget, and it passed on "
+                         f"the golden's inputs: a fault at input values the golden does not hold (an FP8 code at "
+                         f"negative zero, a value past a format's range)")
     elif result.first_divergent:
         lines.append("  culprit: none in isolation; the model outputs drifted (accumulated error)")
     else:

@@ -300,3 +300,21 @@ def test_a_culprit_whose_inner_modules_all_pass_is_said_to_hold_the_fault_in_its
     assert "own forward's code" in line
     alone = message(_result([_layer("attn", iso_ok=False, prop_ok=False, ratio=30.0), _layer("mlp")], "attn", "attn"))
     assert "inside it:" not in alone
+
+
+def test_nan_out_of_inputs_within_budget_names_the_first_divergent_module_beside_the_code_between() -> None:
+    """A module that passes on the golden's inputs and turns its propagated inputs, within budget,
+    into NaN may be at fault on values the golden lacks (an FP8 code at negative zero): the message
+    names it beside the parent's code, which the region alone would blame."""
+    nan = _layer("blocks.1", prop_ok=False)
+    assert nan.prop is not None
+    nan.prop.nonfinite = 256
+    region = {"after": "blocks.0", "before": "blocks.1", "modules": [], "layers": []}
+    text = message(_result([_layer("blocks.0"), nan, _layer("blocks.2", prop_ok=False)], None, "blocks.1",
+                           extra={"unselected_region": region}))
+    assert "in no module: the forward code of their parent" in text
+    assert ("or blocks.1 itself: its propagated output holds 256 non-finite value(s) where the truth is finite, "
+            "from inputs within their budget, and it passed on the golden's inputs") in text, text
+    finite = message(_result([_layer("blocks.0"), _layer("blocks.1", prop_ok=False)], None, "blocks.1",
+                             extra={"unselected_region": region}))
+    assert "itself" not in finite
