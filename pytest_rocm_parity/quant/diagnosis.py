@@ -134,7 +134,9 @@ def weight_finding(cand: Any, entry: dict[str, Any], get: Callable[[str], Any]) 
     spread = ((got[nz] / ref[nz]) / ratio - 1).abs().max().item()
     if spread < _FACTOR_TOL:
         for factor, cause in ((0.5, "FNUZ codes with the OCP scale: the weight scale was not doubled after the "
-                                    "OCP-to-FNUZ conversion"),
+                                    "OCP-to-FNUZ conversion, or OCP bytes read as FNUZ with no conversion (then "
+                                    "its negative zeros, 0x80, are FNUZ's NaN too: quant.fp8.ocp_to_fnuz converts "
+                                    "both)"),
                               (2.0, "OCP codes with a doubled scale, or FNUZ bytes read as OCP")):
             if abs(ratio / factor - 1) < _FACTOR_TOL:
                 return f"its dequantized weight is {factor:g}x the reference's: {cause}"

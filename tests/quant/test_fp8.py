@@ -158,6 +158,12 @@ def test_block_scaled_weights_are_compared_tile_by_tile() -> None:
     fnuz, doubled = ocp_to_fnuz(codes, scale)
     cand.weight = nn.Parameter(fnuz, requires_grad=False)      # converted, the scale left as it was
     assert "0.5x the reference's" in weight_finding(cand, entry, stored.__getitem__)
+    # the OCP bytes read as FNUZ with no conversion mean the same halves: both causes are named
+    raw = codes.view(torch.uint8)
+    raw = torch.where(raw == 0x80, torch.zeros_like(raw), raw)   # no negative zero: no NaN to name instead
+    cand.weight = nn.Parameter(raw.view(torch.float8_e4m3fnuz), requires_grad=False)
+    assert "or OCP bytes read as FNUZ with no conversion" in weight_finding(cand, entry, stored.__getitem__)
+    cand.weight = nn.Parameter(fnuz, requires_grad=False)
     cand.weight_scale_inv = nn.Parameter(doubled, requires_grad=False)
     assert weight_finding(cand, entry, stored.__getitem__) == ""
 
