@@ -45,9 +45,9 @@ TF32_PROPAGATED = 5.0
 # On the float32 rung, a leaf whose reference is this many float32 unit roundoffs of the output's RMS
 # from the truth was computed at low precision (a model that opens torch.autocast in its own forward:
 # its convolutions and matmuls run in bf16 or fp16 on every rung): it is judged by the bf16/fp16 budget,
-# which the float32 one of 10 would leave a 2% bug under. One bf16 rounding is about 2e4 of them and
-# one fp16 rounding 3e3; a float32 computation stays far below 1e3 unless its output is ill-conditioned
-# beyond a thousandfold.
+# since against the float32 one a bug of a few percent passes (docs/judging.md). One bf16 rounding is
+# about 2e4 of them and one fp16 rounding 3e3; a float32 computation stays far below 1e3 unless its
+# output is ill-conditioned beyond a thousandfold.
 LOW_PRECISION_ULPS = 1000.0
 NAN_POLICIES = ("equal", "fail")
 # A candidate that quantizes its activations in another FP8 format than the reference (quant/allowance.py)
