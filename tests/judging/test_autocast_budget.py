@@ -59,6 +59,8 @@ def test_a_two_percent_bug_under_autocast_fails_on_the_float32_rung_by_the_bf16_
     (res,) = capture_then_replay(Net().eval(), _scaled(Net().eval(), 1.02), X, SPEC)
     assert not res.passed and res.culprit == "blocks.1.0", verdicts([res])
     row = next(l for l in res.layers if l.name == "blocks.1.0")
+    assert row.iso is not None
+    print(f"2% conv bug under autocast, float32 rung: {row.iso.ratio:.3g}x the reference's error")   # docs (-s)
     assert row.budget == 1.75 and "its reference computed at low precision, as under torch.autocast" in row.reason
     norm = next(l for l in res.layers if l.name == "norm")
     assert norm.budget == 10.0   # computed in float32 inside the autocast region: the float32 budget
