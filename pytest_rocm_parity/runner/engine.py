@@ -612,6 +612,32 @@ def autocast_dtype(device: Any) -> str | None:
         return None
 
 
+# The device types whose torch.autocast state a module call is recorded under (ROCm's is "cuda")
+AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def autocast_state() -> tuple[tuple[str, bool, Any], ...]:
+    """(device type, enabled, dtype) of torch.autocast for each of AUTOCAST_DEVICES, as it is now."""
+    import torch
+
+    return tuple((kind, torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)) for kind in AUTOCAST_DEVICES)
+
+
+@contextlib.contextmanager
+def autocast_as(state: tuple[tuple[str, bool, Any], ...] | None) -> Iterator[None]:
+    """torch.autocast as ``state`` (autocast_state) had it, for the device types where it differs from
+    now. Why: a module's isolated call runs outside its parent's forward, so an autocast the model
+    opens in its own forward (AMP as training scripts write it) is off there, and the module would
+    meet its bf16 golden input with float32 weights, or compute in another precision than it did."""
+    import torch
+
+    with contextlib.ExitStack() as stack:
+        for kind, enabled, dtype in state or ():
+            if (torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)) != (enabled, dtype):
+                stack.enter_context(torch.autocast(kind, dtype=dtype, enabled=enabled))
+        yield
+
+
 def autocast_note(manifest: dict[str, Any], device: Any) -> str | None:
     """Why a replay's numbers may differ from the golden's for a reason that is not the backend: the
     candidate ran under another torch.autocast than the capture. A note, not an error: a rung at or

@@ -19,7 +19,9 @@ from pytest_rocm_parity.runner.engine import (
     model_config,
     BufferState,
     golden_regen_command,
+    autocast_as,
     autocast_note,
+    autocast_state,
     captured_elsewhere,
     explained_by,
     OUTPUT,
@@ -897,6 +899,9 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
 
     calls: dict[str, tuple[Any, Any]] = {}
     plain: dict[str, bool] = {}
+    # call key -> the torch.autocast state it ran under, which its direct call re-enters: an autocast
+    # the model opens in its own forward is off outside it
+    amp: dict[str, Any] = {}
 
     def keep_call(key: str, sel: Selected, a: Any, kw: Any) -> None:
         if key in layers:
@@ -904,6 +909,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
             plain[key] = again
             if again:
                 calls[key] = (a, kw)
+                amp[key] = autocast_state()
         return None
 
     def keep_only(key: str, sel: Selected, a: Any, kw: Any) -> None:
@@ -913,6 +919,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         if drop is not None:
             calls[key] = (tuple(None if f"args.{i}" in drop else x for i, x in enumerate(a)),
                           {k: None if f"kwargs.{k}" in drop else v for k, v in kw.items()})
+            amp[key] = autocast_state()
 
     def on_prop(key: str, sel: Selected, out: Any) -> None:
         compare(key, out, "gtruth", prop)
@@ -988,7 +995,7 @@ def _replay_rung(model: Any, spec: CheckSpec, meta: dict[str, Any], reader: Rung
         for level in deeper:
             keys = [k for k in meta.get("order", list(layers)) if k in layers and layers[k]["level"] == level]
             state.restore()
-            if compiled or not _direct_level(inner, keys, layers, acts, calls, plain, golden, compare, iso, judge,
+            if compiled or not _direct_level(inner, keys, layers, acts, calls, amp, plain, golden, compare, iso, judge,
                                              notes, rerouted, level, decisions):
                 _hooked_level(model, inner, selected, level, layers, acts, golden, compare, iso, judge, notes, rerouted,
                               stored_inputs, decisions=decisions)
@@ -1149,7 +1156,8 @@ def _experts_note(rec: LayerRecord, entry: dict[str, Any], reader: RungReader, c
 
 
 def _direct_level(inner: Any, keys: list[str], layers: dict[str, dict[str, Any]], acts: dict[str, dict[str, str]],
-                  calls: dict[str, tuple[Any, Any]], plain: dict[str, bool], golden: Callable[[str, str], Any],
+                  calls: dict[str, tuple[Any, Any]], amp: dict[str, Any], plain: dict[str, bool],
+                  golden: Callable[[str, str], Any],
                   compare: Callable[..., None], iso: dict[str, list[LeafMetrics]], judge: _Judge,
                   notes: list[str], rerouted: list[str], level: int, decisions: Decisions | None = None) -> bool:
     """One level by direct calls on the candidate's own calls, activations swapped for the golden
@@ -1169,15 +1177,16 @@ def _direct_level(inner: Any, keys: list[str], layers: dict[str, dict[str, Any]]
                 a, kw = calls[key]
                 mod = submodule(inner, layers[key]["name"])
                 sa, skw, reshaped = _swap(key, a, kw, acts[key], golden, notes, standalone=True)
-                try:
-                    out = mod(*sa, **skw)
-                    if reshaped:
-                        rerouted.append(key)
-                except Exception:
-                    if not reshaped:
-                        raise
-                    sa, skw, _ = _swap(key, a, kw, acts[key], golden, notes)
-                    out = mod(*sa, **skw)
+                with autocast_as(amp.get(key)):
+                    try:
+                        out = mod(*sa, **skw)
+                        if reshaped:
+                            rerouted.append(key)
+                    except Exception:
+                        if not reshaped:
+                            raise
+                        sa, skw, _ = _swap(key, a, kw, acts[key], golden, notes)
+                        out = mod(*sa, **skw)
                 compare(key, out, "truth", iso)
                 if decisions is not None:
                     decisions.run_done()

@@ -34,7 +34,8 @@ from pytest_rocm_parity import __version__
 from pytest_rocm_parity.judging import dtypes as dt
 from pytest_rocm_parity.judging.compare import residual_metrics
 from pytest_rocm_parity.runner.capture import float64_kernels, residual, truth_errors
-from pytest_rocm_parity.runner.engine import (BufferState, CheckSpec, Hooks, autocast_dtype, autocast_note,
+from pytest_rocm_parity.runner.engine import (BufferState, CheckSpec, Hooks, autocast_as, autocast_dtype, autocast_note,
+                                              autocast_state,
                                               captured_elsewhere, cast_inputs, explained_by, fingerprint,
                                               golden_regen_command, home_device, normalize_inputs, same_structure,
                                               structure_changes, submodule, weights_changed)
@@ -373,32 +374,6 @@ class _Run:
 # the parameters' gradients and updates too: docs/judging.md has the measured ratios; the default
 # depth takes the larger.
 TRAIN_GOLDEN_SCALE = 3.5
-
-
-# The device types whose torch.autocast state a module call is recorded under (ROCm's is "cuda")
-AUTOCAST_DEVICES = ("cpu", "cuda")
-
-
-def autocast_state() -> tuple[tuple[str, bool, Any], ...]:
-    """(device type, enabled, dtype) of torch.autocast for each of AUTOCAST_DEVICES, as it is now."""
-    import torch
-
-    return tuple((kind, torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)) for kind in AUTOCAST_DEVICES)
-
-
-@contextlib.contextmanager
-def autocast_as(state: tuple[tuple[str, bool, Any], ...] | None) -> Iterator[None]:
-    """torch.autocast as ``state`` (autocast_state) had it, for the device types where it differs from
-    now. Why: a module's isolated call runs outside its parent's forward, so an autocast the model
-    opens in its own forward (AMP as training scripts write it) is off there, and the module would
-    meet its bf16 golden input with float32 weights, or compute in another precision than it did."""
-    import torch
-
-    with contextlib.ExitStack() as stack:
-        for kind, enabled, dtype in state or ():
-            if (torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)) != (enabled, dtype):
-                stack.enter_context(torch.autocast(kind, dtype=dtype, enabled=enabled))
-        yield
 
 
 def isolated_backward(mod: Any, call: tuple[Any, Any, str, str], x: Any, g: Any,
