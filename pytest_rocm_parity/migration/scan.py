@@ -1055,30 +1055,58 @@ def _own_nodes(scope: ast.AST) -> Iterator[ast.AST]:
             stack.extend(ast.iter_child_nodes(node))
 
 
-def device_name_tests(text: str) -> list[tuple[int, int]]:
-    """(line, byte column) of each NVIDIA-name test of a variable that the same function (or module)
-    assigns from ``get_device_name(...)``: ``name = torch.cuda.get_device_name(0)`` then, lines later,
-    ``name.startswith("NVIDIA")``. A file that does not parse has none."""
+def _assigned_from(nodes: list[ast.AST], function: str) -> set[str]:
+    """The names that ``nodes`` (one scope's) assign from a call of ``function`` (``torch.cuda.f(...)`` or ``f(...)``)."""
+    names: set[str] = set()
+    for node in nodes:
+        value = getattr(node, "value", None)
+        if not isinstance(node, (ast.Assign, ast.AnnAssign, ast.NamedExpr)) or value is None:
+            continue
+        if not any(isinstance(c, ast.Call) and (getattr(c.func, "attr", None) == function
+                                                or getattr(c.func, "id", None) == function)
+                   for c in ast.walk(value)):
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return names
+
+
+def _parsed(text: str) -> ast.AST | None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            tree = ast.parse(text)
+            return ast.parse(text)
     except (SyntaxError, ValueError):
+        return None
+
+
+def capability_reads(text: str) -> list[tuple[int, int]]:
+    """(line, byte column) of each ``.major``/``.minor`` read of a variable that the same function (or
+    module) assigns from ``get_device_properties(...)``, whatever its name: ``dev =
+    torch.cuda.get_device_properties(0)`` then ``dev.major >= 9``. A file that does not parse has none."""
+    tree = _parsed(text)
+    if tree is None:
         return []
     out: list[tuple[int, int]] = []
     for scope in [tree, *(n for n in ast.walk(tree) if isinstance(n, _SCOPES))]:
         nodes = list(_own_nodes(scope))
-        names: set[str] = set()
-        for node in nodes:
-            value = getattr(node, "value", None)
-            if not isinstance(node, (ast.Assign, ast.AnnAssign, ast.NamedExpr)) or value is None:
-                continue
-            if not any(isinstance(c, ast.Call) and (getattr(c.func, "attr", None) == "get_device_name"
-                                                    or getattr(c.func, "id", None) == "get_device_name")
-                       for c in ast.walk(value)):
-                continue
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names.update(t.id for t in targets if isinstance(t, ast.Name))
+        names = _assigned_from(nodes, "get_device_properties")
+        out += [(n.lineno, n.col_offset) for n in nodes if isinstance(n, ast.Attribute) and n.attr in ("major", "minor")
+                and isinstance(n.value, ast.Name) and n.value.id in names]
+    return sorted(set(out))
+
+
+def device_name_tests(text: str) -> list[tuple[int, int]]:
+    """(line, byte column) of each NVIDIA-name test of a variable that the same function (or module)
+    assigns from ``get_device_name(...)``: ``name = torch.cuda.get_device_name(0)`` then, lines later,
+    ``name.startswith("NVIDIA")``. A file that does not parse has none."""
+    tree = _parsed(text)
+    if tree is None:
+        return []
+    out: list[tuple[int, int]] = []
+    for scope in [tree, *(n for n in ast.walk(tree) if isinstance(n, _SCOPES))]:
+        nodes = list(_own_nodes(scope))
+        names = _assigned_from(nodes, "get_device_name")
         if names:
             out += [(n.lineno, n.col_offset) for n in nodes if isinstance(n, ast.expr) and _vendor_test(n, names)]
     return sorted(set(out))
@@ -1301,14 +1329,19 @@ def scan_text(text: str, rel: str, kinds: frozenset[str], rules: tuple[Rule, ...
                              + RULES_BY_ID["RP101"].message)
                     continue
             emit(rule, idx, col, m.end() - start)
-    if python and "RP221" in active and "get_device_name" in text:
-        rule = RULES_BY_ID["RP221"]
-        for lineno, byte_col in device_name_tests(text):
-            if (rule.id, lineno - 1) not in seen:
-                seen.add((rule.id, lineno - 1))
-                line_text = f.line(lineno - 1)
-                col = len(line_text.encode("utf-8")[:byte_col].decode("utf-8", "ignore"))
-                emit(rule, lineno - 1, col, col + 1)
+    # the variables the line rules cannot follow: read from the file's syntax tree
+    for rule_id, needle, found in (("RP221", "get_device_name", device_name_tests),
+                                   ("RP220", "get_device_properties", capability_reads)):
+        if not (python and rule_id in active and needle in text):
+            continue
+        rule = RULES_BY_ID[rule_id]
+        for lineno, byte_col in found(text):
+            line_text = f.line(lineno - 1)
+            if (rule.id, lineno - 1) in seen or any(u in line_text for u in rule.unless_line):
+                continue
+            seen.add((rule.id, lineno - 1))
+            col = len(line_text.encode("utf-8")[:byte_col].decode("utf-8", "ignore"))
+            emit(rule, lineno - 1, col, col + 1)
     if marked and UNKNOWN_SUPPRESSION in active:
         out += unknown_suppressions(text, rel, f.hash_comments, f.c_map if f.c_file else None)
     if len(out) > 1:

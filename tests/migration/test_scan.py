@@ -1025,3 +1025,15 @@ def test_vendor_probes_guarded_on_their_line_pass_and_property_name_checks_are_f
                                                                                      rules: list[str]) -> None:
     name = "m.py" if kind == "P" else "run.sh"
     assert [f.rule for f in scan.scan_text(text, name, getattr(scan, kind))] == rules
+
+
+@pytest.mark.parametrize(("text", "lines"), [
+    ("dev = torch.cuda.get_device_properties(0)\nif dev.major >= 9:\n    pass\n", [2]),
+    ("def f():\n    d = get_device_properties(0)\n    return (d.major, d.minor) >= (9, 0)\n", [3]),
+    ("props = torch.cuda.get_device_properties(0)\nif props.major >= 9:\n    pass\n", [2]),   # once, not twice
+    ("dev = torch.cuda.get_device_properties(0)\nif torch.version.hip is None and dev.major >= 9:\n    pass\n", []),
+    ("dev = torch.cuda.get_device_properties(0)\nprint(dev.total_memory)\n", []),
+    ("dev = torch.device('cuda')\nv = sys.version_info.major\n", []),
+])
+def test_a_capability_read_through_any_variable_of_device_properties_is_a_gate(text: str, lines: list[int]) -> None:
+    assert [f.line for f in scan.scan_text(text, "m.py", scan.P) if f.rule == "RP220"] == lines
