@@ -25,7 +25,7 @@ import tokenize
 import warnings
 from bisect import bisect_right
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -1080,36 +1080,32 @@ def _parsed(text: str) -> ast.AST | None:
         return None
 
 
-def capability_reads(text: str) -> list[tuple[int, int]]:
-    """(line, byte column) of each ``.major``/``.minor`` read of a variable that the same function (or
-    module) assigns from ``get_device_properties(...)``, whatever its name: ``dev =
-    torch.cuda.get_device_properties(0)`` then ``dev.major >= 9``. A file that does not parse has none."""
+def _reads_of(text: str, function: str, read: Callable[[ast.expr, set[str]], bool]) -> list[tuple[int, int]]:
+    """(line, byte column) of each node that ``read`` finds in a scope (a function, or the module)
+    given the names that scope assigns from ``function(...)``. A file that does not parse has none."""
     tree = _parsed(text)
     if tree is None:
         return []
     out: list[tuple[int, int]] = []
     for scope in [tree, *(n for n in ast.walk(tree) if isinstance(n, _SCOPES))]:
         nodes = list(_own_nodes(scope))
-        names = _assigned_from(nodes, "get_device_properties")
-        out += [(n.lineno, n.col_offset) for n in nodes if isinstance(n, ast.Attribute) and n.attr in ("major", "minor")
-                and isinstance(n.value, ast.Name) and n.value.id in names]
+        names = _assigned_from(nodes, function)
+        if names:
+            out += [(n.lineno, n.col_offset) for n in nodes if isinstance(n, ast.expr) and read(n, names)]
     return sorted(set(out))
+
+
+def capability_reads(text: str) -> list[tuple[int, int]]:
+    """Each ``.major``/``.minor`` read of a variable assigned from ``get_device_properties(...)``,
+    whatever its name: ``dev = torch.cuda.get_device_properties(0)`` then ``dev.major >= 9``."""
+    return _reads_of(text, "get_device_properties", lambda n, names: isinstance(n, ast.Attribute)
+                     and n.attr in ("major", "minor") and isinstance(n.value, ast.Name) and n.value.id in names)
 
 
 def device_name_tests(text: str) -> list[tuple[int, int]]:
-    """(line, byte column) of each NVIDIA-name test of a variable that the same function (or module)
-    assigns from ``get_device_name(...)``: ``name = torch.cuda.get_device_name(0)`` then, lines later,
-    ``name.startswith("NVIDIA")``. A file that does not parse has none."""
-    tree = _parsed(text)
-    if tree is None:
-        return []
-    out: list[tuple[int, int]] = []
-    for scope in [tree, *(n for n in ast.walk(tree) if isinstance(n, _SCOPES))]:
-        nodes = list(_own_nodes(scope))
-        names = _assigned_from(nodes, "get_device_name")
-        if names:
-            out += [(n.lineno, n.col_offset) for n in nodes if isinstance(n, ast.expr) and _vendor_test(n, names)]
-    return sorted(set(out))
+    """Each NVIDIA-name test of a variable assigned from ``get_device_name(...)``: ``name =
+    torch.cuda.get_device_name(0)`` then, lines later, ``name.startswith("NVIDIA")``."""
+    return _reads_of(text, "get_device_name", lambda n, names: _vendor_test(n, names))
 
 
 class _File:
