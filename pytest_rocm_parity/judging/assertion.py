@@ -359,10 +359,11 @@ def message(result: CheckResult) -> str:
     lm = result.extra.get("lm")
     if lm:
         gen = lm.get("generation") or {}
+        nonfinite = nonfinite_logits(lm)
         lines.append(f"  lm: ppl {lm['ppl']:.6g} vs reference {lm['ppl_ref']:.6g} (rel {lm['ppl_rel_delta']:+.2e}), "
                      f"top-1 agreement {lm['top1_agreement']:.4f} ({lm['confident_flips']} confident flips), "
                      f"KL mean {lm['kl_mean']:.2e} max {lm['kl_max']:.2e}"
-                     + (f", {nonfinite_logits(lm)}" if nonfinite_logits(lm) else "")
+                     + (f", {nonfinite}" if nonfinite else "")
                      + (f", first divergent generation step: {steps_text(gen.get('first_divergent_step'))}" if gen else ""))
     lines += table(result)
     hint = tolerance_hint(result)

@@ -44,13 +44,12 @@ class Rule:
         return cls(tol.ratio_for(rung), tol.z, tol.confidence, tol.propagated_for(rung), tol.propagated_floor(rung),
                    tol.quant_noise, tol.low_precision_ratio(rung))
 
-    def low_precision(self, m: LeafMetrics) -> bool:
-        """Whether the leaf's reference computed it at bf16/fp16 precision on the float32 rung."""
-        return self.low_budget is not None and m.err_ref > LOW_PRECISION_ULPS * UNIT_ROUNDOFF["float32"] * m.rms_truth
-
     def budget_for(self, m: LeafMetrics) -> float:
-        """The isolated budget of this leaf: the low-precision one where its reference computed so."""
-        return self.low_budget if self.low_budget is not None and self.low_precision(m) else self.budget
+        """The isolated budget of this leaf: the low-precision one where, on the float32 rung, its
+        reference computed it at bf16/fp16 precision (Tolerance.low_precision_ratio)."""
+        if self.low_budget is not None and m.err_ref > LOW_PRECISION_ULPS * UNIT_ROUNDOFF["float32"] * m.rms_truth:
+            return self.low_budget
+        return self.budget
 
     def propagated_ratio(self, m: LeafMetrics) -> float:
         """The candidate's error over the reference's, floored at one rounding of the output (Dynamo's

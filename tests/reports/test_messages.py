@@ -318,3 +318,13 @@ def test_nan_out_of_inputs_within_budget_names_the_first_divergent_module_beside
     finite = message(_result([_layer("blocks.0"), _layer("blocks.1", prop_ok=False)], None, "blocks.1",
                              extra={"unselected_region": region}))
     assert "itself" not in finite
+
+
+def test_the_lm_line_names_non_finite_logits_where_notes_may_be_capped() -> None:
+    lm = {"ppl": float("nan"), "ppl_ref": 280.0, "ppl_rel_delta": float("nan"), "top1_agreement": 0.0,
+          "confident_flips": 56, "kl_mean": float("nan"), "kl_max": float("nan"), "fails": ["perplexity"],
+          "nonfinite": {"forward": 14336, "generation": 8}}
+    text = message(_result([_layer("blocks.0")], None, None, extra={"lm": lm}))
+    line = next(l for l in text.splitlines() if l.strip().startswith("lm: ppl"))
+    assert line.endswith("non-finite candidate logits where the reference's are finite (14336 in the full forward, "
+                         "8 step(s) in greedy generation)"), line
