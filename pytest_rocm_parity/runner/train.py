@@ -365,7 +365,7 @@ class _Run:
         fix = ("an op with no backward formula needs one: torch.library.register_autograd for a torch.library "
                "custom op, or a torch.autograd.Function around a kernel launched directly"
                if "autograd formula" in str(exc) or "derivative for" in str(exc) else
-               "the backward's own error above says what it met")
+               "torch's error, in parentheses, says what the backward met")
         return f"the backward raised {where} ({torch_said}). Fix: {fix}"
 
 

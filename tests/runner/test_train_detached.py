@@ -171,3 +171,25 @@ def test_an_op_without_a_backward_between_the_modules_is_placed_outside_them(tmp
     cand = Glue().eval()
     with pytest.raises(BackwardError, match="the backward raised in code outside the selected modules"):
         _replay(tmp_path, cand)
+
+
+class _BackwardRaises(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(x)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("the port's backward kernel failed")
+
+
+def test_a_custom_backward_that_raises_is_named_at_its_module_with_torchs_words(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from pytest_rocm_parity import BackwardError
+
+    cand = _model()
+    cand.b1.act.forward = _BackwardRaises.apply  # type: ignore[method-assign]
+    with pytest.raises(BackwardError) as info:
+        _replay(tmp_path, cand)
+    text = str(info.value)
+    assert text.startswith("the backward raised inside b1.act"), text
+    assert "(RuntimeError: the port's backward kernel failed). Fix: torch's error, in parentheses, says what" in text
